@@ -1,0 +1,89 @@
+// The backend contract: the op table is the only way a model computes. A model passes
+// weights (kaon_tensor, any stored format) and activation buffers (void *, in the backend's
+// activation dtype: f32 on the CPU) that it got from the backend's own allocator.
+#ifndef KAON_BACKEND_BACKEND_H
+#define KAON_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/tensor.h"
+
+typedef struct kaon_backend kaon_backend;
+
+typedef struct kaon_rope {
+    int rot_dim;             // rotated dims per head (the first rot_dim of head_dim)
+    bool interleaved;        // pairs (2j, 2j+1); else NeoX pairs (j, j + rot_dim/2)
+    const float *inv_freq;   // [rot_dim/2], scaling (llama3, linear) already applied
+} kaon_rope;
+
+// One layer's paged KV cache: K and V are [n_blocks, block_size, n_kv_heads, head_dim].
+typedef struct kaon_kv_layer {
+    void *k;
+    void *v;
+} kaon_kv_layer;
+
+// Attention metadata of one flat batch (prefill chunks and decodes mixed). Token t of
+// sequence s = token_seq[t] sits at position positions[t]; it attends to positions
+// 0..positions[t] of s, all of which are in the cache once kv_write has run for this step.
+// The cache slot of position p of s is block_tables[s*max_blocks + p/block_size]*block_size
+// + p%block_size.
+typedef struct kaon_attn_meta {
+    int n_tokens;
+    int n_seqs;
+    const int32_t *positions;     // [n_tokens]
+    const int32_t *token_seq;     // [n_tokens]
+    const int32_t *slot_mapping;  // [n_tokens] slot of each new token's K/V
+    const int32_t *block_tables;  // [n_seqs, max_blocks]
+    int max_blocks;
+    int block_size;
+} kaon_attn_meta;
+
+typedef struct kaon_backend_ops {
+    const char *name;
+    // Activation and KV memory (bytes); zero-filled.
+    void *(*alloc)(kaon_backend *be, size_t bytes);
+    void (*free)(kaon_backend *be, void *p);
+    size_t act_elem_bytes;  // bytes per activation element (4 on the CPU)
+
+    // out[i] = table[ids[i]]                     table [vocab, dim] -> out [n, dim]
+    void (*embed)(kaon_backend *be, const kaon_tensor *table, const int32_t *ids, int n,
+                  void *out);
+    // out[i] = x[idx[i]]                          x [*, dim] -> out [n, dim]
+    void (*get_rows)(kaon_backend *be, const void *x, const int32_t *idx, int n, int dim,
+                     void *out);
+    // When add != NULL: x += add (the residual stream, in place). Then
+    // out = x / rms(x) * w.                       x, add, out [n, dim]; w [dim]
+    void (*rmsnorm)(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                    int n, int dim, void *out);
+    // y = x @ w^T (+ bias)                         x [n, in]; w [out, in]; bias [out]; y [n, out]
+    void (*linear)(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
+                   const kaon_tensor *bias, void *y);
+    // Rotates the first rot_dim of each head in place.   x [n, n_heads, head_dim]
+    void (*rope)(kaon_backend *be, void *x, int n, int n_heads, int head_dim,
+                 const int32_t *positions, const kaon_rope *rope);
+    // Stores this step's K and V at their slots.  k, v [n_tokens, n_kv_heads, head_dim]
+    void (*kv_write)(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
+                     const kaon_attn_meta *m, int n_kv_heads, int head_dim);
+    // Causal paged attention with GQA.             q, out [n_tokens, n_heads, head_dim]
+    void (*attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                      const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                      float scale, void *out);
+    // out = silu(gate) * up                        gate, up, out [n, dim]
+    void (*silu_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
+                         void *out);
+    // Copies n activation elements to host floats (logits out of the backend).
+    void (*to_host_f32)(kaon_backend *be, const void *x, size_t n, float *out);
+    void (*destroy)(kaon_backend *be);
+} kaon_backend_ops;
+
+struct kaon_backend {
+    const kaon_backend_ops *ops;
+    int n_threads;
+};
+
+// The CPU backend: C with OpenMP; AVX2/FMA/F16C chosen at run time, portable C otherwise.
+kaon_backend *kaon_backend_cpu_create(int n_threads);
+
+#endif

@@ -1,0 +1,70 @@
+// One description of a model, whatever file it came from: the architecture, its
+// hyper-parameters, and the generation defaults. Filled from config.json (io/hf_config.c) or
+// from GGUF metadata (model/config.c).
+#ifndef KAON_MODEL_CONFIG_H
+#define KAON_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum kaon_arch {
+    KAON_ARCH_UNKNOWN = 0,
+    KAON_ARCH_LLAMA,    // LlamaForCausalLM, MistralForCausalLM, GGUF llama
+    KAON_ARCH_QWEN2,    // Qwen2ForCausalLM: q/k/v biases
+    KAON_ARCH_QWEN3,    // Qwen3ForCausalLM: per-head q/k RMSNorm
+} kaon_arch;
+
+typedef enum kaon_rope_scaling_type {
+    KAON_ROPE_SCALING_NONE = 0,
+    KAON_ROPE_SCALING_LINEAR,
+    KAON_ROPE_SCALING_LLAMA3,
+} kaon_rope_scaling_type;
+
+typedef struct kaon_model_config {
+    kaon_arch arch;
+    char arch_name[64];  // as written in the file (e.g. "LlamaForCausalLM" or "llama")
+    int n_layers;
+    int hidden_size;
+    int intermediate_size;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int vocab_size;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    int rope_dim;            // rotated dims per head (== head_dim unless partial)
+    bool rope_interleaved;   // true: pairs (2j, 2j+1) (GGUF llama Q/K permutation); false: NeoX
+    kaon_rope_scaling_type rope_scaling;
+    float rope_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int rope_original_max_pos;
+    bool tie_word_embeddings;
+    bool attention_bias;     // q/k/v biases (Qwen2)
+    bool qk_norm;            // per-head q/k RMSNorm (Qwen3)
+    // Token ids (-1 when unknown). eos may list several (generation_config.json).
+    int bos_token_id;
+    int eos_token_ids[8];
+    int n_eos_token_ids;
+    // Generation defaults from generation_config.json (negative = unset).
+    float gen_temperature;
+    float gen_top_p;
+    int gen_top_k;
+    float gen_repetition_penalty;
+    char torch_dtype[16];
+} kaon_model_config;
+
+void kaon_model_config_init(kaon_model_config *c);  // zeros + "unset" markers
+kaon_arch kaon_arch_from_name(const char *name);    // HF class name or GGUF arch
+const char *kaon_arch_label(kaon_arch a);
+// Checks the hyper-parameters make sense (positive, divisible, bounded); -1 + error if not.
+int kaon_model_config_validate(const kaon_model_config *c);
+
+// Reads <dir>/config.json and, when present, <dir>/generation_config.json.
+int kaon_hf_config_load(const char *dir, kaon_model_config *c);
+// Parses config.json text (fuzzable).
+int kaon_hf_config_parse(const char *json, size_t len, kaon_model_config *c);
+int kaon_hf_generation_config_parse(const char *json, size_t len, kaon_model_config *c);
+
+#endif
