@@ -55,6 +55,7 @@ typedef struct kaon_backend_ops {
                      void *out);
     // When add != NULL: x += add (the residual stream, in place). Then
     // out = x / rms(x) * w.                       x, add, out [n, dim]; w [dim]
+    // out may be x itself (in-place norm, used for Qwen3's per-head q/k norm).
     void (*rmsnorm)(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
                     int n, int dim, void *out);
     // y = x @ w^T (+ bias)                         x [n, in]; w [out, in]; bias [out]; y [n, out]
@@ -70,7 +71,7 @@ typedef struct kaon_backend_ops {
     void (*attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                       const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                       float scale, void *out);
-    // out = silu(gate) * up                        gate, up, out [n, dim]
+    // out = silu(gate) * up                        gate, up, out [n, dim]; out may be gate
     void (*silu_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                          void *out);
     // Copies n activation elements to host floats (logits out of the backend).

@@ -1,0 +1,35 @@
+// Token sampling on host logits: greedy, temperature, top-k, top-p, min-p, with a seeded
+// per-request random stream (so a seeded request samples the same whatever else runs).
+#ifndef KAON_ENGINE_SAMPLER_H
+#define KAON_ENGINE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kaon_sampling_params {
+    float temperature;  // 0 = greedy
+    int top_k;          // <= 0: off
+    float top_p;        // >= 1: off
+    float min_p;        // <= 0: off
+    uint64_t seed;
+} kaon_sampling_params;
+
+void kaon_sampling_params_default(kaon_sampling_params *p);
+
+typedef struct kaon_rng {
+    uint64_t s[2];
+} kaon_rng;
+
+void kaon_rng_seed(kaon_rng *r, uint64_t seed);
+double kaon_rng_uniform(kaon_rng *r);  // [0, 1)
+
+// Index of the largest logit (the first one on ties, like torch.argmax).
+int kaon_argmax(const float *logits, int n);
+
+// Samples one id from logits [n]. scratch must hold n (float, int32) pairs; logits are not
+// modified.
+int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
+                void *scratch);
+size_t kaon_sample_scratch_bytes(int n);
+
+#endif

@@ -1,0 +1,76 @@
+#include "model/config.h"
+
+#include <string.h>
+
+#include "util/err.h"
+
+void kaon_model_config_init(kaon_model_config *c) {
+    memset(c, 0, sizeof *c);
+    c->arch = KAON_ARCH_UNKNOWN;
+    c->rms_norm_eps = 1e-6f;
+    c->rope_theta = 10000.0f;
+    c->rope_factor = 1.0f;
+    c->bos_token_id = -1;
+    c->gen_temperature = -1.0f;
+    c->gen_top_p = -1.0f;
+    c->gen_top_k = -1;
+    c->gen_repetition_penalty = -1.0f;
+}
+
+static const struct {
+    const char *name;
+    kaon_arch arch;
+} arch_names[] = {
+    {"LlamaForCausalLM", KAON_ARCH_LLAMA},   {"MistralForCausalLM", KAON_ARCH_LLAMA},
+    {"Qwen2ForCausalLM", KAON_ARCH_QWEN2},   {"Qwen3ForCausalLM", KAON_ARCH_QWEN3},
+    {"llama", KAON_ARCH_LLAMA},              {"qwen2", KAON_ARCH_QWEN2},
+    {"qwen3", KAON_ARCH_QWEN3},
+};
+
+kaon_arch kaon_arch_from_name(const char *name) {
+    if (!name) return KAON_ARCH_UNKNOWN;
+    for (size_t i = 0; i < sizeof arch_names / sizeof arch_names[0]; i++)
+        if (!strcmp(arch_names[i].name, name)) return arch_names[i].arch;
+    return KAON_ARCH_UNKNOWN;
+}
+
+const char *kaon_arch_label(kaon_arch a) {
+    switch (a) {
+    case KAON_ARCH_LLAMA: return "llama";
+    case KAON_ARCH_QWEN2: return "qwen2";
+    case KAON_ARCH_QWEN3: return "qwen3";
+    default: return "unknown";
+    }
+}
+
+#define CHECK_RANGE(field, lo, hi)                                                              \
+    if (!(c->field >= (lo) && c->field <= (hi)))                                                \
+        return kaon_set_error("model config: %s = %g is out of range [%g, %g]", #field,         \
+                              (double)c->field, (double)(lo), (double)(hi));
+
+int kaon_model_config_validate(const kaon_model_config *c) {
+    if (c->arch == KAON_ARCH_UNKNOWN)
+        return kaon_set_error("unsupported architecture '%s' (kaon knows: LlamaForCausalLM, "
+                              "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; GGUF "
+                              "llama, qwen2, qwen3)",
+                              c->arch_name[0] ? c->arch_name : "(none given)");
+    CHECK_RANGE(n_layers, 1, 1024);
+    CHECK_RANGE(hidden_size, 1, 1 << 17);
+    CHECK_RANGE(intermediate_size, 1, 1 << 20);
+    CHECK_RANGE(n_heads, 1, 1024);
+    CHECK_RANGE(n_kv_heads, 1, c->n_heads);
+    CHECK_RANGE(head_dim, 2, 1024);
+    CHECK_RANGE(vocab_size, 1, 1 << 24);
+    CHECK_RANGE(rms_norm_eps, 0, 1);
+    CHECK_RANGE(rope_theta, 1e-3, 1e12);
+    CHECK_RANGE(rope_dim, 2, c->head_dim);
+    if (c->n_heads % c->n_kv_heads)
+        return kaon_set_error("model config: %d attention heads are not a multiple of %d KV heads",
+                              c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2 || c->rope_dim % 2)
+        return kaon_set_error("model config: head_dim %d and rope dims %d must be even",
+                              c->head_dim, c->rope_dim);
+    if (c->max_position_embeddings <= 0)
+        return kaon_set_error("model config: max_position_embeddings must be positive");
+    return 0;
+}

@@ -1,0 +1,70 @@
+// A loaded model: its description (config), its weights used in place from the file mapping,
+// and the forward pass of its architecture written against the backend's op table.
+#ifndef KAON_MODEL_MODEL_H
+#define KAON_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+typedef struct kaon_layer_weights {
+    kaon_tensor attn_norm;            // [dim]
+    kaon_tensor wq, wk, wv, wo;       // [nh*hd, dim] [nkv*hd, dim] [nkv*hd, dim] [dim, nh*hd]
+    kaon_tensor bq, bk, bv;           // biases (Qwen2); data == NULL when absent
+    kaon_tensor q_norm, k_norm;       // [hd] (Qwen3); data == NULL when absent
+    kaon_tensor ffn_norm;             // [dim]
+    kaon_tensor w_gate, w_up, w_down; // [ffn, dim] [ffn, dim] [dim, ffn]
+} kaon_layer_weights;
+
+typedef enum kaon_model_format { KAON_FORMAT_GGUF, KAON_FORMAT_SAFETENSORS } kaon_model_format;
+
+typedef struct kaon_model {
+    kaon_model_config cfg;
+    kaon_model_format format;
+    char path[4096];
+    kaon_gguf *gguf;               // owns the mapping (GGUF files)
+    kaon_safetensors *st;          // owns the mapping (HF folders)
+    kaon_tensor tok_embd;          // [vocab, dim]
+    kaon_tensor out_norm;          // [dim]
+    kaon_tensor lm_head;           // [vocab, dim]; the embedding when tied
+    kaon_layer_weights *layers;    // [n_layers]
+    float *rope_inv_freq;          // [rope_dim/2], scaling applied
+    kaon_rope rope;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+} kaon_model;
+
+// path: a .gguf file or a Hugging Face folder. NULL + kaon_last_error() on failure.
+kaon_model *kaon_model_load(const char *path);
+void kaon_model_free(kaon_model *m);
+
+// Bytes of KV cache one token needs across all layers (f32 K and V on the CPU).
+size_t kaon_model_kv_bytes_per_token(const kaon_model *m, size_t elem_bytes);
+
+// One flat batch: every scheduled token of every sequence.
+typedef struct kaon_batch {
+    int n_tokens;
+    const int32_t *tokens;         // [n_tokens]
+    kaon_attn_meta attn;           // positions, sequences, slots, block tables
+    int n_logits;
+    const int32_t *logit_rows;     // [n_logits] rows of the batch that need logits
+} kaon_batch;
+
+// Scratch activations and the KV cache for one model on one backend, sized at creation:
+// no allocation happens per step.
+typedef struct kaon_runner kaon_runner;
+
+kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
+                                int max_logits, int n_blocks, int block_size);
+void kaon_runner_free(kaon_runner *r);
+int kaon_runner_block_size(const kaon_runner *r);
+int kaon_runner_n_blocks(const kaon_runner *r);
+// Runs the forward pass; logits [n_logits, vocab] in host floats.
+int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits);
+
+#endif

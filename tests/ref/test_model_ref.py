@@ -1,0 +1,153 @@
+"""kaon's forward pass against an independent numpy reference (refmodel.py): tiny random HF
+checkpoints of each architecture (F32, BF16, and as GGUF), and the real SmolLM2 Q4_1 file read
+through the `gguf` package's own dequantizers."""
+import numpy as np
+import pytest
+
+from conftest import kaon_logits
+from refmodel import RefModel
+from tiny_models import (make_config, make_weights, round_bf16, save_gguf, save_hf)
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31]
+
+
+def rel_err(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fmt,tol", [("F32", 1e-4), ("BF16", 1e-2), ("GGUF-F32", 1e-4)])
+def test_tiny_checkpoint(kaon_bin, tmp_path, arch, fmt, tol):
+    cfg = make_config(arch)
+    w = make_weights(cfg, seed=ARCHS.index(arch))
+    if fmt == "BF16":
+        w = round_bf16(w)  # the reference sees exactly the stored bf16 values
+    ref = RefModel(cfg, w).forward(IDS)
+    if fmt.startswith("GGUF"):
+        model = save_gguf(tmp_path / f"{arch}.gguf", cfg, w)
+    else:
+        model = save_hf(tmp_path / f"{arch}-{fmt}", cfg, w, fmt)
+    ours = kaon_logits(kaon_bin, model, IDS, tmp_path)
+    err = rel_err(ours, ref)
+    print(f"{arch} {fmt}: relative logit error {err:.2e}")
+    assert err < tol
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+    # The decode path (one token per step through the paged cache) gives the same logits.
+    dec = kaon_logits(kaon_bin, model, IDS, tmp_path, decode=True)
+    assert rel_err(dec, ref) < tol
+
+
+# ---- the real SmolLM2 Q4_1 file ----------------------------------------------------------
+
+GGUF_TO_HF = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def unpermute_qk(w, n_head):
+    rows = w.shape[0]
+    hd = rows // n_head
+    return w.reshape(n_head, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf_reference(path):
+    import gguf
+    r = gguf.GGUFReader(str(path))
+
+    def field(k):
+        return r.fields[k].contents()
+
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": int(field("llama.embedding_length")),
+        "intermediate_size": int(field("llama.feed_forward_length")),
+        "num_hidden_layers": int(field("llama.block_count")),
+        "num_attention_heads": int(field("llama.attention.head_count")),
+        "num_key_value_heads": int(field("llama.attention.head_count_kv")),
+        "rms_norm_eps": float(field("llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(field("llama.rope.freq_base")),
+    }
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = {}
+    for t in r.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        a = a.reshape([int(x) for x in reversed(t.shape)]) if a.ndim > 1 or len(t.shape) > 1 else a
+        name = t.name
+        if name == "token_embd.weight":
+            w["model.embed_tokens.weight"] = a
+        elif name == "output_norm.weight":
+            w["model.norm.weight"] = a
+        elif name == "output.weight":
+            w["lm_head.weight"] = a
+        else:
+            _, l, rest = name.split(".", 2)
+            hf = GGUF_TO_HF[rest]
+            if rest == "attn_q.weight":
+                a = unpermute_qk(a, nh)
+            elif rest == "attn_k.weight":
+                a = unpermute_qk(a, nkv)
+            w[f"model.layers.{l}.{hf}"] = a
+    tokens = [bytes(x).decode("utf-8", "replace") for x in
+              (r.fields["tokenizer.ggml.tokens"].parts[i] for i in r.fields["tokenizer.ggml.tokens"].data)]
+    return cfg, w, tokens
+
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time there was a little",
+    "The best way to learn a new language is to",
+    "Water boils at a temperature of",
+]
+
+
+def words_to_ids(text, tokens):
+    """Prompt ids by whole-word vocabulary lookup (GPT-2 byte-level: 'Ġ' marks a space)."""
+    index = {t: i for i, t in enumerate(tokens)}
+    ids = [1]  # BOS (<|im_start|> is 1 in SmolLM2, as add_bos_token says)
+    for k, word in enumerate(text.split(" ")):
+        piece = word if k == 0 else "\u0120" + word
+        assert piece in index, piece
+        ids.append(index[piece])
+    return ids
+
+
+def test_smollm2_q4_1_greedy_against_gguf_dequantizers(kaon_bin, default_model, tmp_path):
+    cfg, w, tokens = load_gguf_reference(default_model)
+    cfg["vocab_size"] = w["model.embed_tokens.weight"].shape[0]
+    ref = RefModel(cfg, w, dtype=np.float32)
+    n_new = 64
+    agree = total = 0
+    errs, misses = [], []
+    for text in PROMPTS:
+        ids = words_to_ids(text, tokens)
+        ref.reset()
+        logits = [ref.forward(ids)[-1]]
+        seq = list(ids)
+        for _ in range(n_new - 1):
+            seq.append(int(np.argmax(logits[-1])))
+            logits.append(ref.forward([seq[-1]])[-1])
+        seq.append(int(np.argmax(logits[-1])))
+        ref_logits = np.stack(logits)  # [n_new, V]: at positions len(ids)-1 .. end-1
+        ours = kaon_logits(kaon_bin, default_model, seq[:-1], tmp_path)[len(ids) - 1:]
+        assert ours.shape == ref_logits.shape
+        errs.append(rel_err(ours, ref_logits))
+        for i in range(n_new):
+            a, b = int(ours[i].argmax()), int(ref_logits[i].argmax())
+            total += 1
+            if a == b:
+                agree += 1
+            else:
+                misses.append(float(ref_logits[i][b] - ref_logits[i][a]))
+        print(f"{text!r}: greedy ref continuation {seq[len(ids):len(ids)+12]}... rel err {errs[-1]:.3e}")
+    rate = agree / total
+    print(f"SmolLM2 Q4_1: top-1 agreement {agree}/{total} = {rate:.4f}; relative logit error "
+          f"mean {np.mean(errs):.3e} max {np.max(errs):.3e}; misses' reference margins {misses}")
+    assert total == 256
+    assert rate >= 0.98
+    # Every miss is a near-tie in the reference's own logits.
+    assert all(m < 0.5 for m in misses), misses
