@@ -1,11 +1,34 @@
+// kaon's command line: one binary, one sub-command per job.
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kaon <command> [options]\n"
+            "commands:\n"
+            "  run      generate from a prompt, streaming tokens to stdout\n"
+            "  info     describe a model: architecture, parameters, formats, memory\n"
+            "  generate offline batch generation: JSONL prompts in, JSONL outputs out\n"
+            "  logits   write the logits of every position of a prompt (for tests)\n"
+            "Run 'kaon <command> --help' for its options.\n");
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        printf("usage: kaon <run|chat|generate|tokenize|detokenize|info|serve|bench> ...\n");
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    fprintf(stderr, "kaon: unknown command '%s'\n", argv[1]);
-    return 2;
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "run")) return kaon_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return kaon_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return kaon_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "logits")) return kaon_cmd_logits(argc - 1, argv + 1);
+    usage(stderr);
+    return kaon_cli_fail("unknown command '%s'", cmd);
 }

@@ -5,6 +5,7 @@
 #define KAON_MODEL_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum kaon_arch {

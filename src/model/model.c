@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "util/err.h"
+#include "util/half.h"
 #include "util/log.h"
 
 // ---- config from GGUF metadata ---------------------------------------------------------
@@ -212,6 +213,35 @@ static int load_weights(kaon_model *m) {
     return 0;
 }
 
+// Biases are tiny; stored F16/BF16 ones get an F32 copy so every backend sees one format.
+static int widen_biases(kaon_model *m) {
+    size_t total = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        kaon_tensor *bs[3] = {&m->layers[l].bq, &m->layers[l].bk, &m->layers[l].bv};
+        for (int i = 0; i < 3; i++)
+            if (bs[i]->data && bs[i]->dtype != KAON_F32) total += (size_t)bs[i]->shape[0];
+    }
+    if (!total) return 0;
+    m->bias_f32 = malloc(sizeof(float) * total);
+    if (!m->bias_f32) return kaon_set_error("out of memory");
+    float *dst = m->bias_f32;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        kaon_tensor *bs[3] = {&m->layers[l].bq, &m->layers[l].bk, &m->layers[l].bv};
+        for (int i = 0; i < 3; i++) {
+            kaon_tensor *t = bs[i];
+            if (!t->data || t->dtype == KAON_F32) continue;
+            const uint16_t *src = t->data;
+            for (int64_t k = 0; k < t->shape[0]; k++)
+                dst[k] = t->dtype == KAON_BF16 ? kaon_bf16_to_f32(src[k]) : kaon_f16_to_f32(src[k]);
+            t->data = dst;
+            t->dtype = KAON_F32;
+            t->nbytes = sizeof(float) * (size_t)t->shape[0];
+            dst += t->shape[0];
+        }
+    }
+    return 0;
+}
+
 // ---- RoPE frequencies ----------------------------------------------------------------------
 
 static int build_rope(kaon_model *m) {
@@ -286,7 +316,7 @@ kaon_model *kaon_model_load(const char *path) {
             goto fail;
         }
     }
-    if (load_weights(m) || build_rope(m)) goto fail;
+    if (load_weights(m) || widen_biases(m) || build_rope(m)) goto fail;
     return m;
 fail:
     kaon_model_free(m);
@@ -299,6 +329,7 @@ void kaon_model_free(kaon_model *m) {
     if (m->st) kaon_safetensors_close(m->st);
     free(m->layers);
     free(m->rope_inv_freq);
+    free(m->bias_f32);
     free(m);
 }
 

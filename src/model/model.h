@@ -34,6 +34,7 @@ typedef struct kaon_model {
     kaon_tensor lm_head;           // [vocab, dim]; the embedding when tied
     kaon_layer_weights *layers;    // [n_layers]
     float *rope_inv_freq;          // [rope_dim/2], scaling applied
+    float *bias_f32;               // biases widened to F32 (the backend takes F32 biases)
     kaon_rope rope;
     uint64_t n_params;
     uint64_t weight_bytes;

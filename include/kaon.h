@@ -1,0 +1,178 @@
+// kaon's public C API: an engine that serves many requests at once (continuous batching over
+// a paged, prefix-cached KV cache) and streams each request's outputs.
+//
+//   kaon_engine *e = kaon_engine_create(&opts);          // loads the model, starts its thread
+//   kaon_request *r = kaon_engine_submit(e, ids, n, &params);
+//   kaon_output out;
+//   while (kaon_request_next(r, &out, -1) == 1 && !out.finished) { ... out.text ... }
+//   kaon_request_free(r);                                 // aborts if still running
+//
+// All functions are thread-safe. Errors: NULL / negative status and kaon_last_error() (this
+// thread's message).
+#ifndef KAON_H
+#define KAON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *kaon_last_error(void);
+const char *kaon_version(void);
+
+typedef struct kaon_engine kaon_engine;
+typedef struct kaon_request kaon_request;
+
+typedef struct kaon_engine_options {
+    const char *model;              // GGUF file or HF folder (NULL: error)
+    const char *device;             // "cpu" (default) or "cuda"
+    int n_threads;                  // CPU threads (0: all cores)
+    int max_num_seqs;               // sequences running at once (0: 256)
+    int max_num_batched_tokens;     // token budget of one step (0: 512 on the CPU)
+    int max_model_len;              // context limit (0: the model's, capped by the KV pool)
+    size_t kv_cache_memory;         // bytes of KV cache on the CPU (0: 1 GiB or what fits)
+    double gpu_memory_utilization;  // fraction of GPU memory (0: 0.9)
+    int block_size;                 // KV block size in tokens (0: chosen by the architecture)
+    bool disable_prefix_caching;    // prefix caching is on unless this is set
+    bool load_tokenizer;            // true: text deltas and stop strings need the tokenizer
+} kaon_engine_options;
+
+void kaon_engine_options_default(kaon_engine_options *o);
+
+typedef struct kaon_logit_bias {
+    int32_t token;
+    float bias;
+} kaon_logit_bias;
+
+// Sampling parameters of one request; kaon_sampling_default() fills OpenAI's defaults.
+typedef struct kaon_sampling {
+    int n;                          // parallel samples (>= 1); prompt blocks are shared
+    float temperature;              // 0: greedy
+    int top_k;                      // <= 0: off
+    float top_p;                    // 1: off
+    float min_p;                    // 0: off
+    float repetition_penalty;       // 1: off (HF semantics, over prompt and output)
+    float presence_penalty;         // 0: off (OpenAI semantics, over output)
+    float frequency_penalty;        // 0: off
+    const kaon_logit_bias *logit_bias;
+    int n_logit_bias;
+    bool has_seed;
+    uint64_t seed;
+    int max_tokens;                 // >= 1; -1 (the default): until the context is full
+    int min_tokens;                 // EOS and stop tokens are masked until this many
+    bool ignore_eos;
+    const char *const *stop;        // stop strings (found across token boundaries)
+    int n_stop;
+    bool include_stop_str_in_output;
+    const int32_t *stop_token_ids;
+    int n_stop_token_ids;
+    int logprobs;                   // -1: off; k >= 0: the sampled token's logprob + top k
+    int prompt_logprobs;            // -1: off; k >= 0: per prompt position
+    bool skip_special_tokens;       // in text (default true)
+    int priority;                   // lower runs first (default 0); FCFS within a priority
+} kaon_sampling;
+
+void kaon_sampling_default(kaon_sampling *s);
+
+typedef enum kaon_finish {
+    KAON_FINISH_NONE = 0,   // still running
+    KAON_FINISH_STOP,       // EOS, a stop string or a stop token
+    KAON_FINISH_LENGTH,     // max_tokens or the context limit
+    KAON_FINISH_ABORT,      // aborted (client gone, shutdown)
+    KAON_FINISH_ERROR,      // failed; message in kaon_output.error
+} kaon_finish;
+
+typedef struct kaon_top_logprob {
+    int32_t token;
+    float logprob;
+} kaon_top_logprob;
+
+// One token's logprob and the top alternatives (top[0..n_top)).
+typedef struct kaon_token_logprob {
+    int32_t token;
+    float logprob;
+    int n_top;
+    kaon_top_logprob *top;
+} kaon_token_logprob;
+
+// One step's output for one of a request's n sequences. Everything it points to stays valid
+// until the next kaon_request_next() on the same request or kaon_request_free().
+typedef struct kaon_output {
+    int index;                       // which of the n sequences
+    const int32_t *token_ids;        // the tokens new since the last output of this index
+    int n_tokens;
+    const char *text;                // their text (complete UTF-8; stop strings applied)
+    size_t text_len;
+    const kaon_token_logprob *logprobs;  // [n_tokens] when asked, else NULL
+    const kaon_token_logprob *prompt_logprobs;  // [n_prompt] once (first output), position 0 has none
+    int n_prompt_logprobs;
+    kaon_finish finish;              // this index finished with this output (NONE: not yet)
+    const char *stop_reason;         // the stop string, or NULL
+    int32_t stop_token;              // the stop token id, or -1
+    bool finished;                   // every index of the request has finished
+    const char *error;               // KAON_FINISH_ERROR's message
+    // Usage, cumulative for the whole request.
+    int prompt_tokens;
+    int completion_tokens;
+    int cached_tokens;               // prompt tokens served from the prefix cache
+    // Timing (seconds since the request was submitted).
+    double queue_time;               // until first scheduled
+    double first_token_time;         // until its first token (0: none yet)
+} kaon_output;
+
+// Starts an engine; NULL + kaon_last_error() on failure.
+kaon_engine *kaon_engine_create(const kaon_engine_options *opts);
+// Stops the engine thread (aborting what runs) and frees everything.
+void kaon_engine_destroy(kaon_engine *e);
+
+// Submits a request. The prompt and parameters are copied. NULL + kaon_last_error() when the
+// request is invalid (empty prompt, too long, bad parameters): the engine is unaffected.
+kaon_request *kaon_engine_submit(kaon_engine *e, const int32_t *prompt, int n_prompt,
+                                 const kaon_sampling *params);
+uint64_t kaon_request_id(const kaon_request *r);
+// Waits up to timeout_ms (-1: forever, 0: poll) for the next output. 1: *out filled; 0:
+// timeout; -1: error. After an output with finished == true, returns -1.
+int kaon_request_next(kaon_request *r, kaon_output *out, int timeout_ms);
+// Aborts (its KV blocks return to the pool at once); outputs end with KAON_FINISH_ABORT.
+void kaon_request_abort(kaon_request *r);
+// Aborts if running, then frees the handle.
+void kaon_request_free(kaon_request *r);
+// Abort by id; -1 when no such request is live.
+int kaon_engine_abort(kaon_engine *e, uint64_t request_id);
+
+typedef struct kaon_engine_stats {
+    int running, waiting;
+    int kv_blocks_total, kv_blocks_used;
+    double kv_usage;                 // used / total
+    uint64_t prefix_queries_tokens, prefix_hit_tokens;
+    double prefix_hit_rate;
+    uint64_t preemptions;
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t finished_stop, finished_length, finished_abort, finished_error;
+    uint64_t steps;
+} kaon_engine_stats;
+
+void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s);
+
+// The model's facts a front end needs.
+typedef struct kaon_engine_info {
+    const char *model_path;
+    const char *arch;
+    int vocab_size;
+    int max_model_len;
+    int block_size;
+    int kv_blocks;
+} kaon_engine_info;
+
+void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info);
+// The engine's tokenizer (NULL when created without one); a `kaon_tokenizer *`.
+const void *kaon_engine_tokenizer(kaon_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

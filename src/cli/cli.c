@@ -1,0 +1,95 @@
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
+
+const char *kaon_cli_default_model(void) {
+    static char path[PATH_MAX + 64];
+    const char *env = getenv("KAON_MODEL");
+    if (env && *env) return env;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, sizeof path, "%s/../models/%s", exe, KAON_DEFAULT_MODEL_FILE);
+            if (file_exists(path)) return path;
+        }
+    }
+    snprintf(path, sizeof path, "models/%s", KAON_DEFAULT_MODEL_FILE);
+    if (file_exists(path)) return path;
+    return NULL;
+}
+
+int kaon_cli_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kaon: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 2;
+}
+
+bool kaon_cli_parse_int(const char *s, long lo, long hi, long *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bool kaon_cli_parse_float(const char *s, double lo, double hi, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+int kaon_cli_parse_ids(const char *s, int32_t **ids, int *n) {
+    int cap = 16, cnt = 0;
+    int32_t *a = malloc(sizeof *a * (size_t)cap);
+    if (!a) return -1;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            free(a);
+            return -1;
+        }
+        if (cnt == cap) {
+            cap *= 2;
+            int32_t *b = realloc(a, sizeof *a * (size_t)cap);
+            if (!b) { free(a); return -1; }
+            a = b;
+        }
+        a[cnt++] = (int32_t)v;
+        p = end;
+    }
+    *ids = a;
+    *n = cnt;
+    return 0;
+}
+
+int kaon_cli_default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}

@@ -1,0 +1,26 @@
+// Shared pieces of the kaon command line.
+#ifndef KAON_CLI_CLI_H
+#define KAON_CLI_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KAON_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+// The model to use when -m is not given: $KAON_MODEL, else the default model next to the
+// binary (../models/) or in ./models/. NULL (and a message) when none is found.
+const char *kaon_cli_default_model(void);
+// Prints "kaon: error: <msg>" to stderr and returns 2 (the exit status for bad input).
+int kaon_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Parses "1,2,3" into a malloc'd array.
+int kaon_cli_parse_ids(const char *s, int32_t **ids, int *n);
+bool kaon_cli_parse_int(const char *s, long lo, long hi, long *out);
+bool kaon_cli_parse_float(const char *s, double lo, double hi, double *out);
+int kaon_cli_default_threads(void);
+
+int kaon_cmd_run(int argc, char **argv);
+int kaon_cmd_info(int argc, char **argv);
+int kaon_cmd_logits(int argc, char **argv);
+int kaon_cmd_generate(int argc, char **argv);
+
+#endif

@@ -1,0 +1,709 @@
+// The engine: the public API (include/kaon.h) and the loop of its thread. Each step:
+// admit new requests and aborts, schedule (scheduler.c), build one flat batch, run the
+// forward pass, sample and postprocess (postprocess.c), and hand outputs to the requests.
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "util/err.h"
+#include "util/log.h"
+#include "util/timer.h"
+
+const char *kaon_version(void) { return "0.1.0"; }
+
+void kaon_engine_options_default(kaon_engine_options *o) {
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->load_tokenizer = true;
+}
+
+void kaon_sampling_default(kaon_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->n = 1;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
+    s->max_tokens = -1;
+    s->logprobs = -1;
+    s->prompt_logprobs = -1;
+    s->skip_special_tokens = true;
+}
+
+static void *engine_main(void *arg);
+
+static int alloc_step_buffers(kaon_engine *e) {
+    size_t T = (size_t)e->opts.max_num_batched_tokens, S = (size_t)e->opts.max_num_seqs;
+    e->b_tokens = malloc(sizeof(int32_t) * T);
+    e->b_pos = malloc(sizeof(int32_t) * T);
+    e->b_slot = malloc(sizeof(int32_t) * T);
+    e->b_seq = malloc(sizeof(int32_t) * T);
+    e->b_rows = malloc(sizeof(int32_t) * T);
+    e->b_tables = malloc(sizeof(int32_t) * S * (size_t)e->max_blocks);
+    e->logits = malloc(sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
+    e->work = malloc(sizeof(float) * (size_t)e->vocab);
+    e->sample_scratch = malloc(kaon_sample_scratch_bytes(e->vocab));
+    e->row_of_sched = malloc(sizeof(int) * S);
+    e->nrows_of_sched = malloc(sizeof(int) * S);
+    e->cap_waiting = 1024;
+    e->waiting = malloc(sizeof(seq *) * (size_t)e->cap_waiting);
+    e->running = malloc(sizeof(seq *) * S);
+    e->sched = malloc(sizeof(seq *) * S);
+    if (!e->b_tokens || !e->b_pos || !e->b_slot || !e->b_seq || !e->b_rows || !e->b_tables ||
+        !e->logits || !e->work || !e->sample_scratch || !e->row_of_sched || !e->nrows_of_sched ||
+        !e->waiting || !e->running || !e->sched)
+        return kaon_set_error("engine: out of memory for step buffers");
+    return 0;
+}
+
+kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
+    if (!opts || !opts->model) {
+        kaon_set_error("engine: no model given");
+        return NULL;
+    }
+    const char *dev = opts->device ? opts->device : "cpu";
+    if (strcmp(dev, "cpu") != 0) {
+        kaon_set_error("engine: device '%s' is not available in this build (cpu only)", dev);
+        return NULL;
+    }
+    kaon_engine *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->opts = *opts;
+    kaon_engine_options *o = &e->opts;
+    o->device = "cpu";
+    if (o->n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        o->n_threads = n > 0 ? (int)n : 1;
+    }
+    if (o->max_num_seqs <= 0) o->max_num_seqs = 256;
+    if (o->max_num_batched_tokens <= 0) o->max_num_batched_tokens = 512;
+    if (o->max_num_batched_tokens < o->max_num_seqs) o->max_num_batched_tokens = o->max_num_seqs;
+    if (o->kv_cache_memory == 0) o->kv_cache_memory = (size_t)1 << 30;
+    e->prefix_caching = !o->disable_prefix_caching;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work_cv, NULL);
+    e->next_id = 1;
+
+    e->model = kaon_model_load(o->model);
+    if (!e->model) goto fail;
+    const kaon_model_config *c = &e->model->cfg;
+    e->vocab = c->vocab_size;
+    e->block_size = o->block_size > 0 ? o->block_size : 16;
+    size_t per_token = kaon_model_kv_bytes_per_token(e->model, sizeof(float));
+    size_t tokens = o->kv_cache_memory / per_token;
+    e->n_blocks = (int)(tokens / (size_t)e->block_size);
+    if (e->n_blocks < 2) {
+        kaon_set_error("engine: --kv-cache-memory %zu bytes holds fewer than 2 blocks of %d tokens "
+                       "(%zu bytes per token)", o->kv_cache_memory, e->block_size, per_token);
+        goto fail;
+    }
+    int pool_tokens = e->n_blocks * e->block_size;
+    e->max_model_len = o->max_model_len > 0 ? o->max_model_len : c->max_position_embeddings;
+    if (e->max_model_len > pool_tokens) {
+        if (o->max_model_len > 0) {
+            kaon_set_error("engine: max_model_len %d exceeds the KV pool (%d tokens); raise "
+                           "--kv-cache-memory", o->max_model_len, pool_tokens);
+            goto fail;
+        }
+        e->max_model_len = pool_tokens;
+    }
+    e->max_blocks = (e->max_model_len + e->block_size - 1) / e->block_size;
+    e->max_logits = o->max_num_seqs;
+    o->max_model_len = e->max_model_len;
+    if (o->load_tokenizer) {
+        e->tok = e->model->gguf ? kaon_tokenizer_from_gguf(e->model->gguf)
+                                : kaon_tokenizer_from_hf_dir(e->model->path);
+        if (!e->tok) goto fail;
+    }
+    e->be = kaon_backend_cpu_create(o->n_threads);
+    if (!e->be) goto fail;
+    e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
+                                   e->n_blocks, e->block_size);
+    if (!e->runner) goto fail;
+    e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
+    if (!e->pool) {
+        kaon_set_error("engine: out of memory for the block pool");
+        goto fail;
+    }
+    if (alloc_step_buffers(e)) goto fail;
+    e->stats.kv_blocks_total = e->n_blocks;
+    KAON_INFO("engine: %s, %d KV blocks x %d tokens (%.1f MiB, %zu B/token), max_model_len %d, "
+              "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, %d threads",
+              e->model->path, e->n_blocks, e->block_size,
+              (double)e->n_blocks * e->block_size * per_token / 1048576.0, per_token,
+              e->max_model_len, o->max_num_seqs, o->max_num_batched_tokens,
+              e->prefix_caching ? "on" : "off", o->n_threads);
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        kaon_set_error("engine: cannot start its thread");
+        goto fail;
+    }
+    e->thread_started = true;
+    return e;
+fail:
+    kaon_engine_destroy(e);
+    return NULL;
+}
+
+// ---- requests ------------------------------------------------------------------------------
+
+static void seq_free(seq *s) {
+    free(s->tokens);
+    free(s->blocks);
+    free(s->hashes);
+    kaon_token_counts_free(&s->seen);
+    kaon_token_counts_free(&s->output);
+    if (s->detok) kaon_detok_free(s->detok);
+    free(s->text);
+    free(s->stop_reason);
+    for (int i = 0; i < s->n_pend; i++) free(s->pend_lps[i].top);
+    free(s->pend_ids);
+    free(s->pend_lps);
+    if (s->prompt_lps) {
+        for (int i = 0; i < s->req->n_prompt; i++) free(s->prompt_lps[i].top);
+        free(s->prompt_lps);
+    }
+}
+
+static void request_destroy(struct kaon_request *r) {
+    for (int i = 0; r->seqs && i < r->n_seqs; i++) seq_free(&r->seqs[i]);
+    free(r->seqs);
+    for (out_item *it = r->head; it;) {
+        out_item *n = it->next;
+        kaon_out_item_free(it);
+        it = n;
+    }
+    kaon_out_item_free(r->current);
+    for (int i = 0; r->stop && i < r->sp.n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_ids);
+    free(r->bias);
+    free(r->prompt);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+// Drops one reference (under e->mu); the last one unlinks and frees the request.
+static void request_unref(kaon_engine *e, struct kaon_request *r) {
+    if (--r->refs > 0) return;
+    for (struct kaon_request **p = &e->live; *p; p = &(*p)->next_live)
+        if (*p == r) {
+            *p = r->next_live;
+            break;
+        }
+    request_destroy(r);
+}
+
+static int validate(const kaon_engine *e, const int32_t *prompt, int n, const kaon_sampling *sp) {
+    if (!prompt || n <= 0) return kaon_set_error("the prompt is empty");
+    if (n >= e->max_model_len)
+        return kaon_set_error("the prompt has %d tokens; this model's maximum context length is "
+                              "%d tokens (the prompt must leave room for at least one more)",
+                              n, e->max_model_len);
+    for (int i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return kaon_set_error("prompt token %d at position %d is outside the vocabulary (0..%d)",
+                                  prompt[i], i, e->vocab - 1);
+    if (sp->n < 1 || sp->n > 128) return kaon_set_error("n must be in [1, 128], got %d", sp->n);
+    if (!(sp->temperature >= 0 && sp->temperature <= 100))
+        return kaon_set_error("temperature must be in [0, 100], got %g", sp->temperature);
+    if (!(sp->top_p > 0 && sp->top_p <= 1)) return kaon_set_error("top_p must be in (0, 1], got %g", sp->top_p);
+    if (sp->top_k < -1) return kaon_set_error("top_k must be -1 (off), 0 (off) or positive, got %d", sp->top_k);
+    if (!(sp->min_p >= 0 && sp->min_p <= 1)) return kaon_set_error("min_p must be in [0, 1], got %g", sp->min_p);
+    if (!(sp->repetition_penalty > 0 && sp->repetition_penalty <= 10))
+        return kaon_set_error("repetition_penalty must be in (0, 10], got %g", sp->repetition_penalty);
+    if (!(sp->presence_penalty >= -2 && sp->presence_penalty <= 2))
+        return kaon_set_error("presence_penalty must be in [-2, 2], got %g", sp->presence_penalty);
+    if (!(sp->frequency_penalty >= -2 && sp->frequency_penalty <= 2))
+        return kaon_set_error("frequency_penalty must be in [-2, 2], got %g", sp->frequency_penalty);
+    if (sp->max_tokens == 0 || sp->max_tokens < -1)
+        return kaon_set_error("max_tokens must be at least 1, got %d", sp->max_tokens);
+    if (sp->max_tokens > 0 && (int64_t)n + sp->max_tokens > e->max_model_len)
+        return kaon_set_error("this model's maximum context length is %d tokens; the request has %d "
+                              "prompt tokens and asks for %d more", e->max_model_len, n, sp->max_tokens);
+    if (sp->min_tokens < 0) return kaon_set_error("min_tokens must be >= 0, got %d", sp->min_tokens);
+    if (sp->max_tokens > 0 && sp->min_tokens > sp->max_tokens)
+        return kaon_set_error("min_tokens (%d) exceeds max_tokens (%d)", sp->min_tokens, sp->max_tokens);
+    if (sp->logprobs < -1 || sp->logprobs > 20) return kaon_set_error("logprobs must be in [0, 20], got %d", sp->logprobs);
+    if (sp->prompt_logprobs < -1 || sp->prompt_logprobs > 20)
+        return kaon_set_error("prompt_logprobs must be in [0, 20], got %d", sp->prompt_logprobs);
+    if (sp->n_stop < 0 || sp->n_stop > 16 || (sp->n_stop && !sp->stop))
+        return kaon_set_error("at most 16 stop strings");
+    for (int i = 0; i < sp->n_stop; i++)
+        if (!sp->stop[i] || !sp->stop[i][0] || strlen(sp->stop[i]) > 1024)
+            return kaon_set_error("stop strings must be non-empty and at most 1024 bytes");
+    if (sp->n_stop && !e->tok) return kaon_set_error("stop strings need the tokenizer");
+    if (sp->n_stop_token_ids < 0 || (sp->n_stop_token_ids && !sp->stop_token_ids))
+        return kaon_set_error("bad stop_token_ids");
+    for (int i = 0; i < sp->n_stop_token_ids; i++)
+        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= e->vocab)
+            return kaon_set_error("stop token id %d is outside the vocabulary", sp->stop_token_ids[i]);
+    if (sp->n_logit_bias < 0 || sp->n_logit_bias > 1024 || (sp->n_logit_bias && !sp->logit_bias))
+        return kaon_set_error("at most 1024 logit_bias entries");
+    for (int i = 0; i < sp->n_logit_bias; i++) {
+        if (sp->logit_bias[i].token < 0 || sp->logit_bias[i].token >= e->vocab)
+            return kaon_set_error("logit_bias token %d is outside the vocabulary", sp->logit_bias[i].token);
+        if (!(sp->logit_bias[i].bias >= -100 && sp->logit_bias[i].bias <= 100))
+            return kaon_set_error("logit_bias values must be in [-100, 100]");
+    }
+    return 0;
+}
+
+static int seq_init(kaon_engine *e, struct kaon_request *r, seq *s, int index) {
+    s->req = r;
+    s->index = index;
+    s->status = SEQ_WAITING;
+    s->stop_token = -1;
+    s->cap = e->max_model_len;
+    s->tokens = malloc(sizeof(int32_t) * (size_t)s->cap);
+    s->blocks = malloc(sizeof(int32_t) * (size_t)e->max_blocks);
+    s->hashes = malloc(sizeof(uint64_t) * (size_t)e->max_blocks);
+    if (!s->tokens || !s->blocks || !s->hashes) return -1;
+    memcpy(s->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    s->n_tokens = r->n_prompt;
+    uint64_t seed = r->sp.has_seed ? r->sp.seed + (uint64_t)index : (r->id * 0x9e3779b97f4a7c15ull) ^ (uint64_t)time(NULL);
+    kaon_rng_seed(&s->rng, seed);
+    if (r->sp.repetition_penalty != 1.0f)
+        for (int i = 0; i < r->n_prompt; i++)
+            if (kaon_token_counts_add(&s->seen, r->prompt[i], 1)) return -1;
+    if (e->tok) {
+        s->detok = kaon_detok_new(e->tok, r->sp.skip_special_tokens);
+        if (!s->detok) return -1;
+    }
+    if (r->sp.prompt_logprobs >= 0 && index == 0) {
+        s->want_prompt_lp = true;
+        s->prompt_lps = calloc((size_t)r->n_prompt, sizeof(kaon_token_logprob));
+        if (!s->prompt_lps) return -1;
+        s->prompt_lps[0].token = r->prompt[0];
+        s->prompt_lps[0].logprob = NAN;  // the first position has no distribution
+    }
+    return 0;
+}
+
+kaon_request *kaon_engine_submit(kaon_engine *e, const int32_t *prompt, int n_prompt,
+                                 const kaon_sampling *params) {
+    kaon_sampling dflt;
+    if (!params) {
+        kaon_sampling_default(&dflt);
+        params = &dflt;
+    }
+    if (validate(e, prompt, n_prompt, params)) return NULL;
+    struct kaon_request *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    pthread_cond_init(&r->cv, NULL);
+    r->e = e;
+    r->sp = *params;
+    r->refs = 2;
+    r->n_prompt = n_prompt;
+    r->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    r->n_seqs = params->n;
+    r->seqs = calloc((size_t)r->n_seqs, sizeof(seq));
+    bool ok = r->prompt && r->seqs;
+    if (ok) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    if (ok && params->n_stop) {
+        r->stop = calloc((size_t)params->n_stop, sizeof(char *));
+        ok = r->stop != NULL;
+        for (int i = 0; ok && i < params->n_stop; i++) {
+            r->stop[i] = strdup(params->stop[i]);
+            ok = r->stop[i] != NULL;
+            int L = (int)strlen(params->stop[i]);
+            if (L > r->max_stop_len) r->max_stop_len = L;
+        }
+    }
+    if (ok && params->n_stop_token_ids) {
+        r->stop_ids = malloc(sizeof(int32_t) * (size_t)params->n_stop_token_ids);
+        ok = r->stop_ids != NULL;
+        if (ok) memcpy(r->stop_ids, params->stop_token_ids, sizeof(int32_t) * (size_t)params->n_stop_token_ids);
+    }
+    if (ok && params->n_logit_bias) {
+        r->bias = malloc(sizeof(kaon_logit_bias) * (size_t)params->n_logit_bias);
+        ok = r->bias != NULL;
+        if (ok) memcpy(r->bias, params->logit_bias, sizeof(kaon_logit_bias) * (size_t)params->n_logit_bias);
+    }
+    r->sp.stop = NULL;
+    r->sp.stop_token_ids = NULL;
+    r->sp.logit_bias = NULL;
+    pthread_mutex_lock(&e->mu);
+    r->id = e->next_id++;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; ok && i < r->n_seqs; i++) ok = seq_init(e, r, &r->seqs[i], i) == 0;
+    if (!ok) {
+        kaon_set_error("out of memory for a request");
+        request_destroy(r);
+        return NULL;
+    }
+    r->t_submit = kaon_now();
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        kaon_set_error("the engine is shutting down");
+        request_destroy(r);
+        return NULL;
+    }
+    r->next_live = e->live;
+    e->live = r;
+    if (e->inbox_tail) e->inbox_tail->next_inbox = r;
+    else e->inbox_head = r;
+    e->inbox_tail = r;
+    e->stats.waiting += r->n_seqs;
+    pthread_cond_signal(&e->work_cv);
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+uint64_t kaon_request_id(const kaon_request *r) { return r->id; }
+
+static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int timeout_ms) {
+    if (timeout_ms < 0) return pthread_cond_wait(cv, mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return pthread_cond_timedwait(cv, mu, &ts);
+}
+
+int kaon_request_next(kaon_request *r, kaon_output *out, int timeout_ms) {
+    kaon_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    kaon_out_item_free(r->current);
+    r->current = NULL;
+    while (!r->head) {
+        if (r->finished) {
+            pthread_mutex_unlock(&e->mu);
+            kaon_set_error("request %llu has finished", (unsigned long long)r->id);
+            return -1;
+        }
+        if (timeout_ms == 0) {
+            pthread_mutex_unlock(&e->mu);
+            return 0;
+        }
+        if (wait_until(&r->cv, &e->mu, timeout_ms) == ETIMEDOUT && !r->head) {
+            pthread_mutex_unlock(&e->mu);
+            return 0;
+        }
+    }
+    out_item *it = r->head;
+    r->head = it->next;
+    if (!r->head) r->tail = NULL;
+    r->current = it;
+    *out = it->o;
+    if (out->finished) r->finished = true;
+    pthread_mutex_unlock(&e->mu);
+    return 1;
+}
+
+void kaon_request_abort(kaon_request *r) {
+    kaon_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    r->abort_requested = true;
+    pthread_cond_signal(&e->work_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void kaon_request_free(kaon_request *r) {
+    if (!r) return;
+    kaon_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    r->abort_requested = true;
+    pthread_cond_signal(&e->work_cv);
+    request_unref(e, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int kaon_engine_abort(kaon_engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    for (struct kaon_request *r = e->live; r; r = r->next_live)
+        if (r->id == id && r->n_done < r->n_seqs) {
+            r->abort_requested = true;
+            pthread_cond_signal(&e->work_cv);
+            pthread_mutex_unlock(&e->mu);
+            return 0;
+        }
+    pthread_mutex_unlock(&e->mu);
+    return kaon_set_error("no running request with id %llu", (unsigned long long)id);
+}
+
+void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s) {
+    pthread_mutex_lock(&e->mu);
+    *s = e->stats;
+    pthread_mutex_unlock(&e->mu);
+    s->kv_usage = s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0;
+    s->prefix_hit_rate = s->prefix_queries_tokens ? (double)s->prefix_hit_tokens / s->prefix_queries_tokens : 0;
+}
+
+void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info) {
+    info->model_path = e->model->path;
+    info->arch = e->model->cfg.arch_name;
+    info->vocab_size = e->vocab;
+    info->max_model_len = e->max_model_len;
+    info->block_size = e->block_size;
+    info->kv_blocks = e->n_blocks;
+}
+
+const void *kaon_engine_tokenizer(kaon_engine *e) { return e->tok; }
+
+// ---- the loop ------------------------------------------------------------------------------
+
+// Queues an output on its request (under e->mu) and wakes its reader.
+static void deliver(struct kaon_request *r, out_item *it) {
+    if (r->tail) r->tail->next = it;
+    else r->head = it;
+    r->tail = it;
+    pthread_cond_broadcast(&r->cv);
+}
+
+static void fill_usage(struct kaon_request *r, out_item *it) {
+    int cached = r->seqs[0].cached_tokens;
+    it->o.prompt_tokens = r->n_prompt;
+    it->o.completion_tokens = r->completion_tokens;
+    it->o.cached_tokens = cached;
+    it->o.queue_time = r->t_first_sched ? r->t_first_sched - r->t_submit : 0;
+    it->o.first_token_time = r->t_first_token ? r->t_first_token - r->t_submit : 0;
+}
+
+// A seq has finished (under e->mu): free its blocks, count it, close the request when last.
+static void retire(kaon_engine *e, seq *s, out_item *it) {
+    struct kaon_request *r = s->req;
+    kaon_sched_release(e, s);
+    kaon_sched_remove(e, s);
+    s->status = SEQ_DONE;
+    r->n_done++;
+    switch (s->finish) {
+    case KAON_FINISH_STOP: e->stats.finished_stop++; break;
+    case KAON_FINISH_LENGTH: e->stats.finished_length++; break;
+    case KAON_FINISH_ABORT: e->stats.finished_abort++; break;
+    default: e->stats.finished_error++; break;
+    }
+    if (it) {
+        fill_usage(r, it);
+        it->o.finished = r->n_done == r->n_seqs;
+        deliver(r, it);
+    }
+    if (r->n_done == r->n_seqs) request_unref(e, r);  // the engine's reference
+}
+
+static void admit_inbox(kaon_engine *e) {
+    for (struct kaon_request *r = e->inbox_head; r; r = r->next_inbox) {
+        for (int i = 0; i < r->n_seqs; i++) {
+            seq *s = &r->seqs[i];
+            s->order = e->next_order++;
+            if (e->n_waiting == e->cap_waiting) {
+                int cap = e->cap_waiting * 2;
+                seq **w = realloc(e->waiting, sizeof(seq *) * (size_t)cap);
+                if (!w) {  // cannot queue: fail this seq
+                    kaon_seq_finish(s, KAON_FINISH_ERROR);
+                    out_item *it = calloc(1, sizeof *it);
+                    if (it) { it->o.finish = KAON_FINISH_ERROR; it->o.index = i; it->o.stop_token = -1;
+                              it->error = strdup("engine out of memory"); it->o.error = it->error; }
+                    retire(e, s, it);
+                    continue;
+                }
+                e->waiting = w;
+                e->cap_waiting = cap;
+            }
+            kaon_sched_waiting_insert(e, s);
+        }
+        r->admitted = true;
+    }
+    e->inbox_head = e->inbox_tail = NULL;
+}
+
+static void process_aborts(kaon_engine *e) {
+    for (struct kaon_request *r = e->live, *next; r; r = next) {
+        next = r->next_live;  // retire() may free r
+        if (!r->abort_requested || !r->admitted || r->n_done == r->n_seqs) continue;
+        int left = r->n_seqs - r->n_done;
+        for (int i = 0; i < r->n_seqs && left > 0; i++) {
+            seq *s = &r->seqs[i];
+            if (s->status == SEQ_DONE) continue;
+            left--;
+            kaon_seq_finish(s, KAON_FINISH_ABORT);
+            out_item *it = kaon_post_make_output(e, s);
+            retire(e, s, it);
+        }
+    }
+}
+
+static void update_counts(kaon_engine *e) {
+    e->stats.running = e->n_running;
+    int waiting = e->n_waiting;
+    for (struct kaon_request *r = e->inbox_head; r; r = r->next_inbox) waiting += r->n_seqs;
+    e->stats.waiting = waiting;
+    e->stats.kv_blocks_used = e->n_blocks - kaon_kv_pool_n_free(e->pool);
+}
+
+// Builds the flat batch of the scheduled sequences.
+static void build_batch(kaon_engine *e, kaon_batch *b) {
+    int t = 0, rows = 0, maxb = 1;
+    for (int i = 0; i < e->n_sched; i++) {
+        int need = (e->sched[i]->n_computed + e->sched[i]->scheduled_tokens + e->block_size - 1) / e->block_size;
+        if (need > maxb) maxb = need;
+    }
+    for (int i = 0; i < e->n_sched; i++) {
+        seq *s = e->sched[i];
+        int n = s->scheduled_tokens;
+        memcpy(e->b_tables + (size_t)i * maxb, s->blocks, sizeof(int32_t) * (size_t)s->n_blocks);
+        bool prompt_rows = s->want_prompt_lp && s->n_computed < s->req->n_prompt;
+        e->row_of_sched[i] = -1;
+        e->nrows_of_sched[i] = 0;
+        for (int k = 0; k < n; k++) {
+            int p = s->n_computed + k;
+            e->b_tokens[t] = s->tokens[p];
+            e->b_pos[t] = p;
+            e->b_slot[t] = s->blocks[p / e->block_size] * e->block_size + p % e->block_size;
+            e->b_seq[t] = i;
+            if (prompt_rows || (k == n - 1 && p + 1 == s->n_tokens)) {
+                if (e->row_of_sched[i] < 0) e->row_of_sched[i] = rows;
+                e->nrows_of_sched[i]++;
+                e->b_rows[rows++] = t;
+            }
+            t++;
+        }
+    }
+    *b = (kaon_batch){
+        .n_tokens = t,
+        .tokens = e->b_tokens,
+        .attn = {.n_tokens = t, .n_seqs = e->n_sched, .positions = e->b_pos, .token_seq = e->b_seq,
+                 .slot_mapping = e->b_slot, .block_tables = e->b_tables, .max_blocks = maxb,
+                 .block_size = e->block_size},
+        .n_logits = rows,
+        .logit_rows = e->b_rows,
+    };
+}
+
+// Names the newly completed full blocks in the prefix cache.
+static void commit_blocks(kaon_engine *e, seq *s) {
+    if (!e->prefix_caching) return;
+    int full = s->n_computed / e->block_size;
+    for (int i = s->n_hashed; i < full; i++) {
+        uint64_t parent = i ? s->hashes[i - 1] : 0;
+        const int32_t *toks = s->tokens + (size_t)i * e->block_size;
+        s->hashes[i] = kaon_kv_block_hash(parent, toks, e->block_size);
+        kaon_kv_commit(e->pool, s->blocks[i], s->hashes[i], parent, toks);
+    }
+    if (full > s->n_hashed) s->n_hashed = full;
+}
+
+static void fail_all(kaon_engine *e, const char *msg) {
+    for (int i = e->n_sched - 1; i >= 0; i--) {
+        seq *s = e->sched[i];
+        kaon_seq_finish(s, KAON_FINISH_ERROR);
+        out_item *it = kaon_post_make_output(e, s);
+        if (it) {
+            it->error = strdup(msg);
+            it->o.error = it->error;
+        }
+        retire(e, s, it);
+    }
+}
+
+static void *engine_main(void *arg) {
+    kaon_engine *e = arg;
+    out_item **items = calloc((size_t)e->opts.max_num_seqs, sizeof *items);
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        admit_inbox(e);
+        process_aborts(e);
+        update_counts(e);
+        if (e->n_running == 0 && e->n_waiting == 0) {
+            pthread_cond_wait(&e->work_cv, &e->mu);
+            continue;
+        }
+        int n_tokens = kaon_sched_step(e);
+        update_counts(e);
+        if (n_tokens == 0) {  // nothing fits (e.g. a gated sibling): wait for a change
+            wait_until(&e->work_cv, &e->mu, 5);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+
+        kaon_batch b;
+        build_batch(e, &b);
+        int rc = kaon_runner_forward(e->runner, &b, e->logits);
+        char err[512] = "";
+        if (rc) snprintf(err, sizeof err, "forward pass failed: %s", kaon_last_error());
+        uint64_t prompt_toks = 0, gen_toks = 0;
+        for (int i = 0; !rc && i < e->n_sched; i++) {
+            seq *s = e->sched[i];
+            int first = s->n_computed;
+            if (first < s->req->n_prompt) {
+                int end = first + s->scheduled_tokens;
+                prompt_toks += (uint64_t)((end < s->req->n_prompt ? end : s->req->n_prompt) - first);
+            }
+            s->n_computed += s->scheduled_tokens;
+            commit_blocks(e, s);
+            items[i] = NULL;
+            int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
+            if (row < 0) continue;
+            const float *rows = e->logits + (size_t)row * e->vocab;
+            if (s->want_prompt_lp && first < s->req->n_prompt)
+                kaon_post_prompt_logprobs(e, s, first, rows, nrows);
+            if (s->n_computed == s->n_tokens) {
+                kaon_post_sample(e, s, rows + (size_t)(nrows - 1) * e->vocab);
+                gen_toks++;
+                items[i] = kaon_post_make_output(e, s);
+            }
+        }
+
+        pthread_mutex_lock(&e->mu);
+        e->stats.steps++;
+        if (rc) {
+            KAON_WARN("engine: %s", err);
+            fail_all(e, err);
+            continue;
+        }
+        e->stats.prompt_tokens += prompt_toks;
+        e->stats.generation_tokens += gen_toks;
+        for (int i = 0; i < e->n_sched; i++) {
+            seq *s = e->sched[i];
+            if (s->finish != KAON_FINISH_NONE) {
+                retire(e, s, items[i]);
+            } else if (items[i]) {
+                fill_usage(s->req, items[i]);
+                deliver(s->req, items[i]);
+            }
+        }
+    }
+    // Shutdown: everything still here ends as aborted.
+    admit_inbox(e);
+    for (struct kaon_request *r = e->live; r; r = r->next_live) r->abort_requested = true;
+    process_aborts(e);
+    pthread_mutex_unlock(&e->mu);
+    free(items);
+    return NULL;
+}
+
+void kaon_engine_destroy(kaon_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_signal(&e->work_cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    // Requests whose handles are still held keep pointing at e: callers free them first.
+    while (e->live) {
+        struct kaon_request *r = e->live;
+        e->live = r->next_live;
+        request_destroy(r);
+    }
+    free(e->b_tokens); free(e->b_pos); free(e->b_slot); free(e->b_seq); free(e->b_rows);
+    free(e->b_tables); free(e->logits); free(e->work); free(e->sample_scratch);
+    free(e->row_of_sched); free(e->nrows_of_sched); free(e->waiting); free(e->running); free(e->sched);
+    kaon_kv_pool_free(e->pool);
+    kaon_runner_free(e->runner);
+    if (e->be) e->be->ops->destroy(e->be);
+    if (e->tok) kaon_tokenizer_free(e->tok);
+    kaon_model_free(e->model);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work_cv);
+    free(e);
+}

@@ -1,0 +1,135 @@
+// The engine's internal state, shared by engine.c (API + loop), scheduler.c and
+// postprocess.c. Everything under "engine thread" is touched only by the engine thread;
+// the rest is guarded by kaon_engine.mu.
+#ifndef KAON_ENGINE_INTERNAL_H
+#define KAON_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kv_cache.h"
+#include "engine/penalties.h"
+#include "engine/sampler.h"
+#include "kaon.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+enum seq_status { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+// One output record in a request's queue; owns what its kaon_output points to.
+typedef struct out_item {
+    struct out_item *next;
+    kaon_output o;
+    int32_t *ids;
+    char *text;
+    kaon_token_logprob *lps;
+    kaon_top_logprob *tops;
+    kaon_token_logprob *plps;
+    kaon_top_logprob *ptops;
+    char *error;
+    char *stop_reason;
+} out_item;
+
+typedef struct seq {
+    struct kaon_request *req;
+    int index;
+    enum seq_status status;
+    uint64_t order;              // admission order: FCFS and preemption (newest first)
+    int32_t *tokens;             // prompt then output [cap]
+    int n_tokens, cap;
+    int n_computed;              // tokens whose K/V are in the cache
+    int32_t *blocks;             // block table [max_blocks]
+    int n_blocks;
+    uint64_t *hashes;            // chain hash of each full block in the table [max_blocks]
+    int n_hashed;                // leading full blocks named in the prefix cache
+    int n_out;                   // generated tokens
+    kaon_finish finish;
+    int32_t stop_token;
+    char *stop_reason;
+    kaon_rng rng;
+    kaon_token_counts seen, output;  // for penalties (only when enabled)
+    kaon_detok *detok;
+    char *text;                  // all output text so far (for stop strings)
+    size_t text_len, text_cap, emitted;
+    int32_t *pend_ids;           // tokens not yet emitted
+    kaon_token_logprob *pend_lps;
+    int n_pend, pend_cap;
+    int cached_tokens;
+    bool want_prompt_lp;
+    kaon_token_logprob *prompt_lps;  // [n_prompt]
+    int scheduled_tokens;        // this step
+} seq;
+
+struct kaon_request {
+    kaon_engine *e;
+    uint64_t id;
+    int refs;                    // the handle + the engine (until every seq is done)
+    kaon_sampling sp;            // arrays below are owned copies
+    char **stop;
+    int32_t *stop_ids;
+    kaon_logit_bias *bias;
+    int max_stop_len;
+    int32_t *prompt;
+    int n_prompt;
+    int n_seqs, n_done;
+    seq *seqs;
+    bool abort_requested, admitted, finished;
+    out_item *head, *tail, *current;
+    pthread_cond_t cv;
+    double t_submit, t_first_sched, t_first_token;
+    int completion_tokens;
+    struct kaon_request *next_live, *next_inbox;
+};
+
+struct kaon_engine {
+    kaon_engine_options opts;
+    kaon_model *model;
+    kaon_backend *be;
+    kaon_runner *runner;
+    kaon_tokenizer *tok;
+    kaon_kv_pool *pool;
+    int block_size, n_blocks, max_blocks, max_model_len, max_logits, vocab;
+    bool prefix_caching;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    pthread_t thread;
+    bool thread_started, stop;
+    uint64_t next_id, next_order;
+    struct kaon_request *inbox_head, *inbox_tail;  // submitted, not yet admitted
+    struct kaon_request *live;                     // every request not yet freed
+    kaon_engine_stats stats;
+
+    // engine thread
+    seq **waiting;               // sorted by (priority, order)
+    int n_waiting, cap_waiting;
+    seq **running;               // admission order
+    int n_running, cap_running;
+    seq **sched;                 // scheduled this step
+    int n_sched;
+    // step buffers, sized at creation
+    int32_t *b_tokens, *b_pos, *b_slot, *b_seq, *b_rows, *b_tables;
+    float *logits;               // [max_logits, vocab]
+    float *work;                 // [vocab] processed logits
+    void *sample_scratch;
+    int *row_of_sched;           // first logit row of each scheduled seq (-1: none)
+    int *nrows_of_sched;
+};
+
+// scheduler.c
+int kaon_sched_step(kaon_engine *e);      // fills e->sched; returns scheduled token count
+void kaon_sched_release(kaon_engine *e, seq *s);
+void kaon_sched_waiting_insert(kaon_engine *e, seq *s);
+void kaon_sched_remove(kaon_engine *e, seq *s);
+
+// postprocess.c
+// Samples and appends a token for s from logits row; builds the seq's pending output.
+void kaon_post_sample(kaon_engine *e, seq *s, const float *logits);
+void kaon_post_prompt_logprobs(kaon_engine *e, seq *s, int first_pos, const float *rows, int n);
+// Turns the seq's pending tokens/text into an out_item (NULL when there is nothing new).
+out_item *kaon_post_make_output(kaon_engine *e, seq *s);
+void kaon_out_item_free(out_item *it);
+void kaon_seq_finish(seq *s, kaon_finish why);
+
+#endif

@@ -1,0 +1,173 @@
+#include "engine/kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct block {
+    int32_t ref;
+    int32_t prev, next;  // free-list links (-1 at the ends); valid while ref == 0
+    bool hashed;
+    uint64_t hash, parent;
+} block;
+
+struct kaon_kv_pool {
+    int n_blocks, block_size;
+    block *b;
+    int32_t *tokens;     // [n_blocks, block_size] contents of hashed blocks
+    int32_t *table;      // open addressing: hash -> block, -1 empty, -2 deleted
+    uint32_t table_mask;
+    uint32_t n_tombstones;  // deleted slots; the table is rebuilt when they pile up
+    int free_head, free_tail, n_free;
+};
+
+static void list_push_tail(kaon_kv_pool *p, int i) {
+    p->b[i].prev = p->free_tail;
+    p->b[i].next = -1;
+    if (p->free_tail >= 0) p->b[p->free_tail].next = i;
+    else p->free_head = i;
+    p->free_tail = i;
+    p->n_free++;
+}
+
+static void list_remove(kaon_kv_pool *p, int i) {
+    block *x = &p->b[i];
+    if (x->prev >= 0) p->b[x->prev].next = x->next;
+    else p->free_head = x->next;
+    if (x->next >= 0) p->b[x->next].prev = x->prev;
+    else p->free_tail = x->prev;
+    x->prev = x->next = -1;
+    p->n_free--;
+}
+
+kaon_kv_pool *kaon_kv_pool_create(int n_blocks, int block_size) {
+    if (n_blocks < 1 || block_size < 1) return NULL;
+    kaon_kv_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n_blocks = n_blocks;
+    p->block_size = block_size;
+    uint32_t cap = 16;
+    while (cap < (uint32_t)n_blocks * 2) cap <<= 1;
+    p->table_mask = cap - 1;
+    p->b = calloc((size_t)n_blocks, sizeof *p->b);
+    p->tokens = malloc(sizeof(int32_t) * (size_t)n_blocks * block_size);
+    p->table = malloc(sizeof(int32_t) * cap);
+    if (!p->b || !p->tokens || !p->table) {
+        kaon_kv_pool_free(p);
+        return NULL;
+    }
+    memset(p->table, 0xff, sizeof(int32_t) * cap);  // -1
+    p->free_head = p->free_tail = -1;
+    for (int i = 0; i < n_blocks; i++) list_push_tail(p, i);
+    return p;
+}
+
+void kaon_kv_pool_free(kaon_kv_pool *p) {
+    if (!p) return;
+    free(p->b);
+    free(p->tokens);
+    free(p->table);
+    free(p);
+}
+
+int kaon_kv_pool_n_blocks(const kaon_kv_pool *p) { return p->n_blocks; }
+int kaon_kv_pool_n_free(const kaon_kv_pool *p) { return p->n_free; }
+
+uint64_t kaon_kv_block_hash(uint64_t parent, const int32_t *tokens, int n) {
+    uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n; i++) {
+        h ^= (uint32_t)tokens[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    h ^= h >> 29;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 32;
+    return h ? h : 1;
+}
+
+static bool same_content(const kaon_kv_pool *p, int i, uint64_t parent, const int32_t *tokens) {
+    return p->b[i].parent == parent &&
+           !memcmp(p->tokens + (size_t)i * p->block_size, tokens, sizeof(int32_t) * p->block_size);
+}
+
+// The table slot holding block i (whose hash is `hash`), or NULL.
+static int32_t *slot_of_block(kaon_kv_pool *p, uint64_t hash, int i) {
+    uint32_t k = (uint32_t)hash & p->table_mask;
+    for (uint32_t probes = 0; probes <= p->table_mask; probes++, k = (k + 1) & p->table_mask) {
+        if (p->table[k] == -1) return NULL;
+        if (p->table[k] == i) return &p->table[k];
+    }
+    return NULL;
+}
+
+// The table slot of the block holding exactly (parent, tokens), or NULL.
+static int32_t *slot_of_content(kaon_kv_pool *p, uint64_t hash, uint64_t parent,
+                                const int32_t *tokens) {
+    uint32_t k = (uint32_t)hash & p->table_mask;
+    for (uint32_t probes = 0; probes <= p->table_mask; probes++, k = (k + 1) & p->table_mask) {
+        int32_t v = p->table[k];
+        if (v == -1) return NULL;
+        if (v >= 0 && p->b[v].hash == hash && same_content(p, v, parent, tokens)) return &p->table[k];
+    }
+    return NULL;
+}
+
+static void unhash(kaon_kv_pool *p, int i) {
+    if (!p->b[i].hashed) return;
+    int32_t *s = slot_of_block(p, p->b[i].hash, i);
+    if (s) {
+        *s = -2;
+        p->n_tombstones++;
+    }
+    p->b[i].hashed = false;
+}
+
+static void insert(kaon_kv_pool *p, uint64_t hash, int i) {
+    uint32_t k = (uint32_t)hash & p->table_mask;
+    while (p->table[k] >= 0) k = (k + 1) & p->table_mask;
+    if (p->table[k] == -2) p->n_tombstones--;
+    p->table[k] = i;
+}
+
+// Lookups of absent keys stop only at empty slots, so tombstones must not take them all.
+static void rebuild_if_needed(kaon_kv_pool *p) {
+    if (p->n_tombstones <= (p->table_mask + 1) / 4) return;
+    memset(p->table, 0xff, sizeof(int32_t) * (p->table_mask + 1));
+    p->n_tombstones = 0;
+    for (int i = 0; i < p->n_blocks; i++)
+        if (p->b[i].hashed) insert(p, p->b[i].hash, i);
+}
+
+int kaon_kv_alloc(kaon_kv_pool *p) {
+    int i = p->free_head;
+    if (i < 0) return -1;
+    list_remove(p, i);
+    unhash(p, i);
+    p->b[i].ref = 1;
+    return i;
+}
+
+void kaon_kv_release(kaon_kv_pool *p, int i) {
+    if (i < 0 || i >= p->n_blocks || p->b[i].ref <= 0) return;
+    if (--p->b[i].ref == 0) list_push_tail(p, i);
+}
+
+int kaon_kv_lookup(kaon_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    int32_t *s = slot_of_content(p, hash, parent, tokens);
+    if (!s) return -1;
+    int i = *s;
+    if (p->b[i].ref == 0) list_remove(p, i);
+    p->b[i].ref++;
+    return i;
+}
+
+void kaon_kv_commit(kaon_kv_pool *p, int i, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    if (i < 0 || i >= p->n_blocks || p->b[i].hashed) return;
+    if (slot_of_content(p, hash, parent, tokens)) return;  // the same content is cached already
+    rebuild_if_needed(p);
+    insert(p, hash, i);
+    p->b[i].hashed = true;
+    p->b[i].hash = hash;
+    p->b[i].parent = parent;
+    memcpy(p->tokens + (size_t)i * p->block_size, tokens, sizeof(int32_t) * p->block_size);
+}

@@ -1,0 +1,154 @@
+// Continuous batching: each step takes the running sequences' next tokens (decodes and
+// unfinished prefill chunks) and then new sequences, under one token budget. When KV blocks
+// run out, the newest running sequence is preempted (its blocks freed, recomputed later).
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/timer.h"
+
+static bool before(const seq *a, const seq *b) {
+    if (a->req->sp.priority != b->req->sp.priority) return a->req->sp.priority < b->req->sp.priority;
+    return a->order < b->order;
+}
+
+void kaon_sched_waiting_insert(kaon_engine *e, seq *s) {
+    int lo = 0, hi = e->n_waiting;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (before(e->waiting[mid], s)) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(e->waiting + lo + 1, e->waiting + lo, sizeof(seq *) * (size_t)(e->n_waiting - lo));
+    e->waiting[lo] = s;
+    e->n_waiting++;
+    s->status = SEQ_WAITING;
+}
+
+static void remove_at(seq **arr, int *n, int i) {
+    memmove(arr + i, arr + i + 1, sizeof(seq *) * (size_t)(*n - i - 1));
+    (*n)--;
+}
+
+void kaon_sched_remove(kaon_engine *e, seq *s) {
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i] == s) { remove_at(e->running, &e->n_running, i); return; }
+    for (int i = 0; i < e->n_waiting; i++)
+        if (e->waiting[i] == s) { remove_at(e->waiting, &e->n_waiting, i); return; }
+}
+
+// Frees a sequence's blocks, last block first, so the LRU hands out tails before heads.
+void kaon_sched_release(kaon_engine *e, seq *s) {
+    for (int i = s->n_blocks - 1; i >= 0; i--) kaon_kv_release(e->pool, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_hashed = 0;
+    s->n_computed = 0;
+}
+
+static void preempt(kaon_engine *e, seq *s) {
+    kaon_sched_release(e, s);
+    kaon_sched_remove(e, s);
+    kaon_sched_waiting_insert(e, s);
+    e->stats.preemptions++;
+}
+
+// Allocates blocks so positions [0, upto) have a slot. false when the pool is dry.
+static bool grow_blocks(kaon_engine *e, seq *s, int upto) {
+    int need = (upto + e->block_size - 1) / e->block_size;
+    while (s->n_blocks < need) {
+        int b = kaon_kv_alloc(e->pool);
+        if (b < 0) return false;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return true;
+}
+
+// Reuses cached blocks for the longest matching prefix of full blocks (at least one token is
+// left to compute, so the step still yields logits).
+static void match_prefix(kaon_engine *e, seq *s) {
+    if (!e->prefix_caching || s->want_prompt_lp || s->n_computed > 0) return;
+    int full = (s->n_tokens - 1) / e->block_size;
+    uint64_t parent = 0;
+    int hits = 0;
+    for (int i = 0; i < full; i++) {
+        const int32_t *toks = s->tokens + (size_t)i * e->block_size;
+        uint64_t h = kaon_kv_block_hash(parent, toks, e->block_size);
+        int b = kaon_kv_lookup(e->pool, h, parent, toks);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        s->hashes[i] = h;
+        parent = h;
+        hits++;
+    }
+    s->n_hashed = hits;
+    s->n_computed = hits * e->block_size;
+    e->stats.prefix_queries_tokens += (uint64_t)s->n_tokens;
+    e->stats.prefix_hit_tokens += (uint64_t)s->n_computed;
+    if (s->req->n_prompt <= s->n_tokens && s->cached_tokens == 0)
+        s->cached_tokens = s->n_computed < s->req->n_prompt ? s->n_computed : s->req->n_prompt;
+}
+
+// A request's later samples wait for the first one's prefill so they share its blocks.
+static bool gated(const seq *s) {
+    const seq *first = &s->req->seqs[0];
+    return s->index > 0 && first->status != SEQ_DONE && first->n_computed < s->req->n_prompt;
+}
+
+// Prompt-logprob rows come out of the step's logits buffer, so such chunks are capped.
+static int logit_room(kaon_engine *e, int rows_used) { return e->max_logits - rows_used; }
+
+int kaon_sched_step(kaon_engine *e) {
+    int budget = e->opts.max_num_batched_tokens, total = 0, rows = 0;
+    bool preempted = false;
+    e->n_sched = 0;
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        seq *s = e->running[i];
+        int n = s->n_tokens - s->n_computed;
+        if (n > budget) n = budget;
+        if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) {
+            int room = logit_room(e, rows);
+            if (room < 1) continue;
+            if (n > room) n = room;
+        }
+        if (n <= 0) continue;
+        while (!grow_blocks(e, s, s->n_computed + n)) {
+            seq *victim = e->running[e->n_running - 1];
+            preempted = true;
+            preempt(e, victim);
+            if (victim == s) { n = 0; break; }
+        }
+        if (n == 0) break;  // s itself was the newest and got preempted
+        s->scheduled_tokens = n;
+        e->sched[e->n_sched++] = s;
+        budget -= n;
+        total += n;
+        rows += s->want_prompt_lp && s->n_computed < s->req->n_prompt ? n : 1;
+    }
+    double now = kaon_now();
+    for (int i = 0; !preempted && i < e->n_waiting && budget > 0 &&
+                    e->n_running < e->opts.max_num_seqs && rows < e->max_logits;) {
+        seq *s = e->waiting[i];
+        if (gated(s)) { i++; continue; }
+        match_prefix(e, s);
+        int n = s->n_tokens - s->n_computed;
+        if (n > budget) n = budget;
+        if (s->want_prompt_lp) {
+            int room = logit_room(e, rows);
+            if (n > room) n = room;
+        }
+        if (n <= 0 || !grow_blocks(e, s, s->n_computed + n)) {
+            kaon_sched_release(e, s);  // give back the prefix hits and any partial allocation
+            break;
+        }
+        remove_at(e->waiting, &e->n_waiting, i);
+        e->running[e->n_running++] = s;
+        s->status = SEQ_RUNNING;
+        if (s->req->t_first_sched == 0) s->req->t_first_sched = now;
+        s->scheduled_tokens = n;
+        e->sched[e->n_sched++] = s;
+        budget -= n;
+        total += n;
+        rows += s->want_prompt_lp ? n : 1;
+    }
+    return total;
+}

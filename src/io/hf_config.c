@@ -1,0 +1,300 @@
+// Hugging Face config.json / generation_config.json -> kaon_model_config.
+//
+// The caller initialises the config (kaon_model_config_init) and validates it afterwards
+// (kaon_model_config_validate); parsing only fills what the files say plus the defaults HF
+// applies when a key is absent. A key holding JSON null counts as absent. A key of the wrong
+// type, or a number that does not fit its field, is an error naming the key.
+#include <float.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io/json_util.h"
+#include "model/config.h"
+#include "util/err.h"
+
+#define HF_MAX_CONFIG_BYTES (16u << 20)
+
+// A key's value, or NULL when absent or null.
+static const cJSON *field(const cJSON *obj, const char *key) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return j && !cJSON_IsNull(j) ? j : NULL;
+}
+
+static int type_error(const char *file, const char *prefix, const char *key, const char *want,
+                      const cJSON *got) {
+    return kaon_set_error("%s: \"%s%s\" must be %s (got %s)", file, prefix, key, want,
+                          kaon_json_type_name(got));
+}
+
+// Optional integer in int range; *set tells whether it was there.
+static int get_int(const char *file, const cJSON *obj, const char *prefix, const char *key,
+                   int *out, bool *set) {
+    const cJSON *j = field(obj, key);
+    if (set) *set = false;
+    if (!j) return 0;
+    if (!cJSON_IsNumber(j)) return type_error(file, prefix, key, "an integer", j);
+    double d = j->valuedouble;
+    if (!(d >= INT_MIN && d <= INT_MAX) || d != (double)(int)d)
+        return kaon_set_error("%s: \"%s%s\" = %g is not an integer in range", file, prefix, key, d);
+    *out = (int)d;
+    if (set) *set = true;
+    return 0;
+}
+
+// Optional number that fits a float.
+static int get_float(const char *file, const cJSON *obj, const char *prefix, const char *key,
+                     float *out, bool *set) {
+    const cJSON *j = field(obj, key);
+    if (set) *set = false;
+    if (!j) return 0;
+    if (!cJSON_IsNumber(j)) return type_error(file, prefix, key, "a number", j);
+    double d = j->valuedouble;
+    if (!(d >= -FLT_MAX && d <= FLT_MAX))
+        return kaon_set_error("%s: \"%s%s\" = %g does not fit a float", file, prefix, key, d);
+    *out = (float)d;
+    if (set) *set = true;
+    return 0;
+}
+
+static int get_bool(const char *file, const cJSON *obj, const char *key, bool *out) {
+    const cJSON *j = field(obj, key);
+    if (!j) return 0;
+    if (!cJSON_IsBool(j)) return type_error(file, "", key, "true or false", j);
+    *out = cJSON_IsTrue(j);
+    return 0;
+}
+
+static int get_str(const char *file, const cJSON *obj, const char *key, char *dst, size_t cap,
+                   bool *set) {
+    const cJSON *j = field(obj, key);
+    if (set) *set = false;
+    if (!j) return 0;
+    if (!cJSON_IsString(j) || !j->valuestring) return type_error(file, "", key, "a string", j);
+    if (strlen(j->valuestring) >= cap)
+        return kaon_set_error("%s: \"%s\" is longer than %zu characters", file, key, cap - 1);
+    strcpy(dst, j->valuestring);
+    if (set) *set = true;
+    return 0;
+}
+
+// eos_token_id: an integer or a list of integers (Llama 3.1 lists three).
+static int get_eos(const char *file, const cJSON *obj, kaon_model_config *c) {
+    const cJSON *j = field(obj, "eos_token_id");
+    if (!j) return 0;
+    int ids[8], n = 0;
+    if (cJSON_IsNumber(j)) {
+        if (get_int(file, obj, "", "eos_token_id", &ids[0], NULL)) return -1;
+        n = 1;
+    } else if (cJSON_IsArray(j)) {
+        int count = cJSON_GetArraySize(j);
+        if (count > 8)
+            return kaon_set_error("%s: \"eos_token_id\" lists %d ids (kaon keeps at most 8)", file,
+                                  count);
+        for (const cJSON *e = j->child; e; e = e->next, n++) {
+            double d = cJSON_IsNumber(e) ? e->valuedouble : -1.0;
+            if (!(d >= 0 && d <= INT_MAX) || d != (double)(int)d)
+                return kaon_set_error("%s: \"eos_token_id\"[%d] must be a token id (got %s)", file,
+                                      n, kaon_json_type_name(e));
+            ids[n] = (int)d;
+        }
+    } else {
+        return type_error(file, "", "eos_token_id", "an integer or a list of integers", j);
+    }
+    memcpy(c->eos_token_ids, ids, (size_t)n * sizeof ids[0]);
+    c->n_eos_token_ids = n;
+    return 0;
+}
+
+static int parse_rope_scaling(const char *file, const cJSON *root, kaon_model_config *c) {
+    const cJSON *rs = field(root, "rope_scaling");
+    c->rope_scaling = KAON_ROPE_SCALING_NONE;
+    if (!rs) return 0;
+    if (!cJSON_IsObject(rs)) return type_error(file, "", "rope_scaling", "an object", rs);
+    // Newer configs write "rope_type", older ones "type".
+    const cJSON *t = field(rs, "rope_type");
+    const char *tkey = "rope_scaling.rope_type";
+    if (!t) {
+        t = field(rs, "type");
+        tkey = "rope_scaling.type";
+    }
+    if (!t) return kaon_set_error("%s: \"rope_scaling\" has no \"rope_type\"", file);
+    if (!cJSON_IsString(t) || !t->valuestring) return type_error(file, "", tkey, "a string", t);
+    const char *type = t->valuestring;
+    const char *pre = "rope_scaling.";
+    bool set;
+    if (!strcmp(type, "default")) return 0;
+    if (!strcmp(type, "linear")) {
+        c->rope_scaling = KAON_ROPE_SCALING_LINEAR;
+        if (get_float(file, rs, pre, "factor", &c->rope_factor, &set)) return -1;
+        if (!set) return kaon_set_error("%s: linear \"rope_scaling\" needs \"factor\"", file);
+        return 0;
+    }
+    if (!strcmp(type, "llama3")) {
+        static const char *keys[] = {"factor", "low_freq_factor", "high_freq_factor"};
+        float *dst[] = {&c->rope_factor, &c->rope_low_freq_factor, &c->rope_high_freq_factor};
+        c->rope_scaling = KAON_ROPE_SCALING_LLAMA3;
+        for (int i = 0; i < 3; i++) {
+            if (get_float(file, rs, pre, keys[i], dst[i], &set)) return -1;
+            if (!set)
+                return kaon_set_error("%s: llama3 \"rope_scaling\" needs \"%s\"", file, keys[i]);
+        }
+        if (get_int(file, rs, pre, "original_max_position_embeddings", &c->rope_original_max_pos,
+                    &set))
+            return -1;
+        if (!set)
+            return kaon_set_error("%s: llama3 \"rope_scaling\" needs "
+                                  "\"original_max_position_embeddings\"", file);
+        return 0;
+    }
+    return kaon_set_error("%s: rope_scaling type '%.40s' is not supported (kaon reads llama3 and "
+                          "linear)", file, type);
+}
+
+static int parse_root(const char *file, const char *text, size_t len, cJSON **out) {
+    // A NUL-terminated copy, so the parser never depends on the caller's buffer end.
+    char *json = malloc(len + 1);
+    if (!json) return kaon_set_error("%s: out of memory", file);
+    memcpy(json, text, len);
+    json[len] = 0;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    size_t at = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
+    free(json);  // cJSON copies every string it keeps
+    if (!root) return kaon_set_error("%s: not valid JSON (near byte %zu)", file, at);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return kaon_set_error("%s: not a JSON object", file);
+    }
+    *out = root;
+    return 0;
+}
+
+static int config_fields(const char *file, const cJSON *root, kaon_model_config *c) {
+    // Architecture: architectures[0], else model_type (which matches GGUF names: llama, ...).
+    const cJSON *archs = field(root, "architectures");
+    if (archs) {
+        const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
+        if (!a0 || !cJSON_IsString(a0) || !a0->valuestring)
+            return kaon_set_error("%s: \"architectures\" must be a list of class names", file);
+        if (strlen(a0->valuestring) >= sizeof c->arch_name)
+            return kaon_set_error("%s: \"architectures\"[0] is longer than %zu characters", file,
+                                  sizeof c->arch_name - 1);
+        strcpy(c->arch_name, a0->valuestring);
+    } else if (get_str(file, root, "model_type", c->arch_name, sizeof c->arch_name, NULL)) {
+        return -1;
+    }
+    c->arch = kaon_arch_from_name(c->arch_name);
+
+    bool kv_set, hd_set, theta_set;
+    if (get_int(file, root, "", "num_hidden_layers", &c->n_layers, NULL) ||
+        get_int(file, root, "", "hidden_size", &c->hidden_size, NULL) ||
+        get_int(file, root, "", "intermediate_size", &c->intermediate_size, NULL) ||
+        get_int(file, root, "", "num_attention_heads", &c->n_heads, NULL) ||
+        get_int(file, root, "", "num_key_value_heads", &c->n_kv_heads, &kv_set) ||
+        get_int(file, root, "", "head_dim", &c->head_dim, &hd_set) ||
+        get_int(file, root, "", "vocab_size", &c->vocab_size, NULL) ||
+        get_int(file, root, "", "max_position_embeddings", &c->max_position_embeddings, NULL) ||
+        get_float(file, root, "", "rms_norm_eps", &c->rms_norm_eps, NULL) ||
+        get_float(file, root, "", "rope_theta", &c->rope_theta, &theta_set))
+        return -1;
+    if (!kv_set) c->n_kv_heads = c->n_heads;
+    if (!hd_set) c->head_dim = c->n_heads > 0 ? c->hidden_size / c->n_heads : 0;
+    if (!theta_set) c->rope_theta = 10000.0f;
+
+    c->rope_dim = c->head_dim;
+    float prf;
+    bool prf_set;
+    if (get_float(file, root, "", "partial_rotary_factor", &prf, &prf_set)) return -1;
+    if (prf_set) {
+        if (!(prf > 0.0f && prf <= 1.0f))
+            return kaon_set_error("%s: \"partial_rotary_factor\" = %g must lie in (0, 1]", file,
+                                  (double)prf);
+        c->rope_dim = (int)((float)c->head_dim * prf);
+    }
+    c->rope_interleaved = false;  // HF checkpoints rotate NeoX pairs (j, j + head_dim/2)
+    if (parse_rope_scaling(file, root, c)) return -1;
+
+    c->tie_word_embeddings = false;
+    c->attention_bias = false;
+    if (get_bool(file, root, "tie_word_embeddings", &c->tie_word_embeddings) ||
+        get_bool(file, root, "attention_bias", &c->attention_bias))
+        return -1;
+    // Qwen2 always has q/k/v biases (its config has no attention_bias key); Qwen3 normalises
+    // q and k per head.
+    if (c->arch == KAON_ARCH_QWEN2 || !strncmp(c->arch_name, "Qwen2", 5)) c->attention_bias = true;
+    c->qk_norm = c->arch == KAON_ARCH_QWEN3 || !strncmp(c->arch_name, "Qwen3", 5);
+
+    bool bos_set;
+    int bos;
+    if (get_int(file, root, "", "bos_token_id", &bos, &bos_set)) return -1;
+    if (bos_set) c->bos_token_id = bos;
+    if (get_eos(file, root, c)) return -1;
+
+    bool dt_set;
+    if (get_str(file, root, "torch_dtype", c->torch_dtype, sizeof c->torch_dtype, &dt_set))
+        return -1;
+    if (!dt_set && get_str(file, root, "dtype", c->torch_dtype, sizeof c->torch_dtype, NULL))
+        return -1;
+    return 0;
+}
+
+static int parse_config(const char *file, const char *json, size_t len, kaon_model_config *c) {
+    if (!json || !c) return kaon_set_error("%s: no input", file);
+    cJSON *root = NULL;
+    if (parse_root(file, json, len, &root)) return -1;
+    int rc = config_fields(file, root, c);
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int parse_generation(const char *file, const char *json, size_t len,
+                            kaon_model_config *c) {
+    if (!json || !c) return kaon_set_error("%s: no input", file);
+    cJSON *root = NULL;
+    if (parse_root(file, json, len, &root)) return -1;
+    // vLLM-style: sampling defaults are taken whatever "do_sample" says.
+    int rc = get_float(file, root, "", "temperature", &c->gen_temperature, NULL) ||
+             get_float(file, root, "", "top_p", &c->gen_top_p, NULL) ||
+             get_int(file, root, "", "top_k", &c->gen_top_k, NULL) ||
+             get_float(file, root, "", "repetition_penalty", &c->gen_repetition_penalty, NULL) ||
+             get_eos(file, root, c);
+    cJSON_Delete(root);
+    return rc ? -1 : 0;
+}
+
+int kaon_hf_config_parse(const char *json, size_t len, kaon_model_config *c) {
+    return parse_config("config.json", json, len, c);
+}
+
+int kaon_hf_generation_config_parse(const char *json, size_t len, kaon_model_config *c) {
+    return parse_generation("generation_config.json", json, len, c);
+}
+
+int kaon_hf_config_load(const char *dir, kaon_model_config *c) {
+    size_t n = strlen(dir) + 32;
+    char *path = malloc(n);
+    if (!path) return kaon_set_error("%s: out of memory", dir);
+    snprintf(path, n, "%s/config.json", dir);
+    if (access(path, F_OK) != 0) {
+        free(path);
+        return kaon_set_error("%s: no config.json", dir);
+    }
+    size_t len;
+    char *text = kaon_read_file(path, HF_MAX_CONFIG_BYTES, &len);
+    int rc = text ? parse_config(path, text, len, c) : -1;
+    free(text);
+    if (!rc) {
+        snprintf(path, n, "%s/generation_config.json", dir);
+        if (access(path, F_OK) == 0) {
+            text = kaon_read_file(path, HF_MAX_CONFIG_BYTES, &len);
+            rc = text ? parse_generation(path, text, len, c) : -1;
+            free(text);
+        }
+    }
+    free(path);
+    return rc;
+}
