@@ -86,5 +86,7 @@ struct kaon_backend {
 
 // The CPU backend: C with OpenMP; AVX2/FMA/F16C chosen at run time, portable C otherwise.
 kaon_backend *kaon_backend_cpu_create(int n_threads);
+// A backend that computes nothing (for measuring the engine's own overhead).
+kaon_backend *kaon_backend_noop_create(void);
 
 #endif

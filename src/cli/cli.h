@@ -22,5 +22,8 @@ int kaon_cmd_run(int argc, char **argv);
 int kaon_cmd_info(int argc, char **argv);
 int kaon_cmd_logits(int argc, char **argv);
 int kaon_cmd_generate(int argc, char **argv);
+int kaon_cmd_tokenize(int argc, char **argv);
+int kaon_cmd_detokenize(int argc, char **argv);
+int kaon_cmd_chat(int argc, char **argv);
 
 #endif

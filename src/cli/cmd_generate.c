@@ -19,7 +19,8 @@ static void usage(void) {
            "  presence_penalty, frequency_penalty, repetition_penalty (the flags below set defaults)\n"
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
-           "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n");
+           "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
+           "  --device cpu|noop (noop: no math, to measure the engine's own cost)\n");
 }
 
 typedef struct job {
@@ -173,6 +174,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) eo.model = argv[++i];
         else if (!strcmp(a, "--input")) in_path = argv[++i];
+        else if (!strcmp(a, "--device")) eo.device = argv[++i];
         else if (!strcmp(a, "--output")) out_path = argv[++i];
         else if (!strcmp(a, "--ignore-eos")) dflt.ignore_eos = true;
         else if (!strcmp(a, "--no-prefix-caching")) eo.disable_prefix_caching = true;

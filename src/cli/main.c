@@ -9,6 +9,8 @@ static void usage(FILE *f) {
             "usage: kaon <command> [options]\n"
             "commands:\n"
             "  run      generate from a prompt, streaming tokens to stdout\n"
+            "  chat     talk with a model interactively (its chat template, streamed answers)\n"
+            "  tokenize   text -> token ids (JSON list);  detokenize: ids -> text\n"
             "  info     describe a model: architecture, parameters, formats, memory\n"
             "  generate offline batch generation: JSONL prompts in, JSONL outputs out\n"
             "  logits   write the logits of every position of a prompt (for tests)\n"
@@ -27,6 +29,9 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "run")) return kaon_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return kaon_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return kaon_cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return kaon_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "detokenize")) return kaon_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return kaon_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return kaon_cmd_logits(argc - 1, argv + 1);
     usage(stderr);

@@ -66,15 +66,15 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         return NULL;
     }
     const char *dev = opts->device ? opts->device : "cpu";
-    if (strcmp(dev, "cpu") != 0) {
-        kaon_set_error("engine: device '%s' is not available in this build (cpu only)", dev);
+    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "noop") != 0) {
+        kaon_set_error("engine: device '%s' is not available in this build (cpu, noop)", dev);
         return NULL;
     }
     kaon_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->opts = *opts;
     kaon_engine_options *o = &e->opts;
-    o->device = "cpu";
+    o->device = strcmp(dev, "noop") ? "cpu" : "noop";
     if (o->n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         o->n_threads = n > 0 ? (int)n : 1;
@@ -119,7 +119,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                 : kaon_tokenizer_from_hf_dir(e->model->path);
         if (!e->tok) goto fail;
     }
-    e->be = kaon_backend_cpu_create(o->n_threads);
+    e->be = strcmp(o->device, "noop") ? kaon_backend_cpu_create(o->n_threads) : kaon_backend_noop_create();
     if (!e->be) goto fail;
     e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                    e->n_blocks, e->block_size);

@@ -133,8 +133,12 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     struct kaon_request *r = s->req;
     const kaon_sampling *sp = &r->sp;
     const int V = e->vocab;
-    float *w = e->work;
-    memcpy(w, raw, sizeof(float) * (size_t)V);
+    bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                     sp->frequency_penalty != 0.0f;
+    bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties;
+    // The raw row is kept intact for logprobs; a copy is made only when something edits it.
+    float *w = edits ? e->work : (float *)raw;
+    if (edits) memcpy(w, raw, sizeof(float) * (size_t)V);
     for (int i = 0; i < sp->n_logit_bias; i++) w[r->bias[i].token] += r->bias[i].bias;
     if (s->n_out < sp->min_tokens) {  // no ending before min_tokens
         const kaon_model_config *c = &e->model->cfg;
@@ -145,7 +149,7 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
             for (int t = 0; t < V; t++)
                 if (kaon_tokenizer_is_eog(e->tok, t)) w[t] = -INFINITY;
     }
-    kaon_apply_penalties(w, &s->seen, &s->output, sp->repetition_penalty, sp->presence_penalty,
+    if (penalties) kaon_apply_penalties(w, &s->seen, &s->output, sp->repetition_penalty, sp->presence_penalty,
                          sp->frequency_penalty);
     kaon_sampling_params p = {sp->temperature, sp->top_k, sp->top_p, sp->min_p, 0};
     int32_t tok = kaon_sample(w, V, &p, &s->rng, e->sample_scratch);

@@ -1,0 +1,62 @@
+// A backend that computes nothing: every op returns at once and logits come back as a fixed
+// pattern. It exists to measure what the engine itself costs per step (scheduling, batch
+// building, postprocessing) with the model's math taken away.
+#include <stdlib.h>
+
+#include "backend/backend.h"
+
+static void *noop_alloc(kaon_backend *be, size_t bytes) {
+    (void)be;
+    return calloc(1, bytes ? bytes : 1);
+}
+static void noop_free(kaon_backend *be, void *p) { (void)be; free(p); }
+static void noop_embed(kaon_backend *be, const kaon_tensor *t, const int32_t *ids, int n, void *out) {
+    (void)be; (void)t; (void)ids; (void)n; (void)out;
+}
+static void noop_get_rows(kaon_backend *be, const void *x, const int32_t *idx, int n, int dim, void *out) {
+    (void)be; (void)x; (void)idx; (void)n; (void)dim; (void)out;
+}
+static void noop_rmsnorm(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                         int n, int dim, void *out) {
+    (void)be; (void)x; (void)add; (void)w; (void)eps; (void)n; (void)dim; (void)out;
+}
+static void noop_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
+                        const kaon_tensor *bias, void *y) {
+    (void)be; (void)x; (void)n; (void)w; (void)bias; (void)y;
+}
+static void noop_rope(kaon_backend *be, void *x, int n, int nh, int hd, const int32_t *pos,
+                      const kaon_rope *r) {
+    (void)be; (void)x; (void)n; (void)nh; (void)hd; (void)pos; (void)r;
+}
+static void noop_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
+                          const kaon_attn_meta *m, int nkv, int hd) {
+    (void)be; (void)kv; (void)k; (void)v; (void)m; (void)nkv; (void)hd;
+}
+static void noop_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, void *out) {
+    (void)be; (void)q; (void)kv; (void)m; (void)nh; (void)nkv; (void)hd; (void)scale; (void)out;
+}
+static void noop_silu(kaon_backend *be, const void *g, const void *u, int n, int dim, void *out) {
+    (void)be; (void)g; (void)u; (void)n; (void)dim; (void)out;
+}
+// Logits: left as they are (zeros from the start), so greedy picks token 0 every step.
+static void noop_to_host(kaon_backend *be, const void *x, size_t n, float *out) {
+    (void)be; (void)x; (void)n; (void)out;
+}
+static void noop_destroy(kaon_backend *be) { free(be); }
+
+static const kaon_backend_ops noop_ops = {
+    .name = "noop", .alloc = noop_alloc, .free = noop_free, .act_elem_bytes = 4,
+    .embed = noop_embed, .get_rows = noop_get_rows, .rmsnorm = noop_rmsnorm, .linear = noop_linear,
+    .rope = noop_rope, .kv_write = noop_kv_write, .attention = noop_attention,
+    .silu_and_mul = noop_silu, .to_host_f32 = noop_to_host, .destroy = noop_destroy,
+};
+
+kaon_backend *kaon_backend_noop_create(void) {
+    kaon_backend *be = calloc(1, sizeof *be);
+    if (be) {
+        be->ops = &noop_ops;
+        be->n_threads = 1;
+    }
+    return be;
+}
