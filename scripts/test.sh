@@ -19,8 +19,14 @@ ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
-echo "== reference tests (pytest)"
+echo "== reference tests (pytest: numpy, gguf, HF tokenizers, jinja2)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/ref
+
+echo "== end-to-end tests (pytest + the openai client against a real kaon serve)"
+KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/e2e
+
+echo "== engine and model tests again on the ASan + UBSan build"
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
 
 echo "== fuzzers (${fuzz_seconds}s each, ASan + UBSan)"
 [ -f build-fuzz/build.ninja ] || CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAON_FUZZ=ON -DKAON_TESTS=OFF -DKAON_CUDA=OFF >/dev/null

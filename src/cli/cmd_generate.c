@@ -20,7 +20,9 @@ static void usage(void) {
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
-           "  --device cpu|noop (noop: no math, to measure the engine's own cost)\n");
+           "  --device cpu|cuda|noop (noop: no math, to measure the engine's own cost)\n"
+           "  --load-format auto|dummy (dummy: random weights from -m CONFIG, a config.json or its folder)\n"
+           "  --gpu-memory-utilization F (fraction of GPU memory for weights, activations and KV; 0.9)\n");
 }
 
 typedef struct job {
@@ -163,7 +165,8 @@ int kaon_cmd_generate(int argc, char **argv) {
     kaon_sampling dflt;
     kaon_sampling_default(&dflt);
     const char *in_path = NULL, *out_path = NULL;
-    bool quiet = false;
+    bool quiet = false, dummy = false;
+    char *dummy_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -175,6 +178,8 @@ int kaon_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) eo.model = argv[++i];
         else if (!strcmp(a, "--input")) in_path = argv[++i];
         else if (!strcmp(a, "--device")) eo.device = argv[++i];
+        else if (!strcmp(a, "--load-format") && (!strcmp(v, "auto") || !strcmp(v, "dummy"))) { dummy = !strcmp(v, "dummy"); i++; }
+        else if (!strcmp(a, "--gpu-memory-utilization") && kaon_cli_parse_float(v, 0.05, 1, &d)) { eo.gpu_memory_utilization = d; i++; }
         else if (!strcmp(a, "--output")) out_path = argv[++i];
         else if (!strcmp(a, "--ignore-eos")) dflt.ignore_eos = true;
         else if (!strcmp(a, "--no-prefix-caching")) eo.disable_prefix_caching = true;
@@ -194,17 +199,25 @@ int kaon_cmd_generate(int argc, char **argv) {
         else return kaon_cli_fail("bad option or value: %s %s (see kaon generate --help)", a, v ? v : "");
     }
     if (!in_path || !out_path) return kaon_cli_fail("--input and --output are required");
+    if (dummy && !eo.model) return kaon_cli_fail("--load-format dummy needs -m CONFIG");
     if (!eo.model) eo.model = kaon_cli_default_model();
     if (!eo.model) return kaon_cli_fail("no model given and the default model is missing");
+    if (dummy) {  // the model loader reads "dummy:<config>" as a dummy model
+        size_t n = strlen(eo.model) + 8;
+        dummy_path = malloc(n);
+        if (!dummy_path) return kaon_cli_fail("out of memory");
+        snprintf(dummy_path, n, "dummy:%s", eo.model);
+        eo.model = dummy_path;
+    }
     FILE *in = !strcmp(in_path, "-") ? stdin : fopen(in_path, "r");
-    if (!in) return kaon_cli_fail("cannot read %s", in_path);
+    if (!in) { free(dummy_path); return kaon_cli_fail("cannot read %s", in_path); }
 
     // The engine loads a tokenizer when the model has one; tiny test checkpoints may not.
     kaon_engine *e = kaon_engine_create(&eo);
     if (!e) {
         eo.load_tokenizer = false;
         e = kaon_engine_create(&eo);
-        if (!e) { if (in != stdin) fclose(in); return kaon_cli_fail("%s", kaon_last_error()); }
+        if (!e) { if (in != stdin) fclose(in); free(dummy_path); return kaon_cli_fail("%s", kaon_last_error()); }
     }
     const kaon_tokenizer *tok = kaon_engine_tokenizer(e);
     int cap = 64, n = 0, rc = 2;
@@ -307,5 +320,6 @@ out:
     free(line);
     if (in != stdin) fclose(in);
     kaon_engine_destroy(e);
+    free(dummy_path);
     return rc;
 }

@@ -22,13 +22,16 @@ static void usage(void) {
            "  --min-p P            (default 0.05)\n"
            "  --seed S             random seed (default: time)\n"
            "  --threads N          CPU threads (default: all cores)\n"
+           "  --device cpu|cuda    where the model runs (default cpu)\n"
+           "  --load-format F      auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N         context length (default: min(model's, 4096))\n"
            "  --ignore-eos         keep generating past end-of-sequence tokens\n"
            "  --print-ids          print the generated ids as one JSON list instead of text\n");
 }
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_ids;
+    const char *model, *prompt, *prompt_ids, *device;
+    bool dummy;
     long n_predict, threads, ctx;
     kaon_sampling_params sp;
     bool ignore_eos, print_ids, seed_set, temp_set, top_k_set, top_p_set;
@@ -78,6 +81,14 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 16, 1 << 24, &l)) return kaon_cli_fail("bad --ctx-size '%s'", v);
             o->ctx = l;
+        } else if (!strcmp(a, "--device")) {
+            NEED_VALUE();
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return kaon_cli_fail("bad --device '%s' (cpu, cuda)", v);
+            o->device = v;
+        } else if (!strcmp(a, "--load-format")) {
+            NEED_VALUE();
+            if (strcmp(v, "auto") && strcmp(v, "dummy")) return kaon_cli_fail("bad --load-format '%s' (auto, dummy)", v);
+            o->dummy = !strcmp(v, "dummy");
         } else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
         else if (!strcmp(a, "--print-ids")) o->print_ids = true;
         else return kaon_cli_fail("unknown option '%s' (see kaon run --help)", a);
@@ -97,7 +108,14 @@ int kaon_cmd_run(int argc, char **argv) {
     run_opts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
-    kaon_model *m = kaon_cli_load_model(o.model);
+    kaon_model *m = NULL;
+    if (o.dummy) {
+        if (!o.model) return kaon_cli_fail("--load-format dummy needs -m CONFIG (a config.json or its folder)");
+        m = kaon_model_load_dummy(o.model);
+        if (!m) return kaon_cli_fail("%s", kaon_last_error());
+    } else {
+        m = kaon_cli_load_model(o.model);
+    }
     if (!m) return 2;
     const kaon_model_config *c = &m->cfg;
     // Sampling defaults from generation_config.json where the user gave none.
@@ -144,7 +162,8 @@ int kaon_cmd_run(int argc, char **argv) {
         }
         o.n_predict = ctx - n_prompt;
     }
-    kaon_backend *be = kaon_backend_cpu_create((int)o.threads);
+    kaon_backend *be = o.device && !strcmp(o.device, "cuda") ? kaon_backend_cuda_create(0)
+                                                              : kaon_backend_cpu_create((int)o.threads);
     if (!be) { kaon_cli_fail("%s", kaon_last_error()); goto out; }
     kaon_seq seq;
     if (kaon_seq_init(&seq, m, be, (int)ctx, 256, false)) {

@@ -8,6 +8,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kaon <command> [options]\n"
             "commands:\n"
+            "  serve    the OpenAI-compatible server (default: the default model on 127.0.0.1:8000)\n"
             "  run      generate from a prompt, streaming tokens to stdout\n"
             "  chat     talk with a model interactively (its chat template, streamed answers)\n"
             "  tokenize   text -> token ids (JSON list);  detokenize: ids -> text\n"
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(cmd, "serve")) return kaon_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return kaon_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return kaon_cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return kaon_cmd_chat(argc - 1, argv + 1);

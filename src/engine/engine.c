@@ -66,15 +66,17 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         return NULL;
     }
     const char *dev = opts->device ? opts->device : "cpu";
-    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "noop") != 0) {
-        kaon_set_error("engine: device '%s' is not available in this build (cpu, noop)", dev);
+    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "noop") != 0 && strcmp(dev, "cuda") != 0) {
+        kaon_set_error("engine: unknown device '%s' (cpu, cuda, noop)", dev);
         return NULL;
     }
     kaon_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->opts = *opts;
     kaon_engine_options *o = &e->opts;
-    o->device = strcmp(dev, "noop") ? "cpu" : "noop";
+    o->device = !strcmp(dev, "noop") ? "noop" : !strcmp(dev, "cuda") ? "cuda" : "cpu";
+    const bool on_gpu = !strcmp(o->device, "cuda");
+    const bool kv_given = o->kv_cache_memory != 0;
     if (o->n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         o->n_threads = n > 0 ? (int)n : 1;
@@ -93,7 +95,37 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     const kaon_model_config *c = &e->model->cfg;
     e->vocab = c->vocab_size;
     e->block_size = o->block_size > 0 ? o->block_size : 16;
-    size_t per_token = kaon_model_kv_bytes_per_token(e->model, sizeof(float));
+    // The backend comes first: the KV plan depends on its element size and, on a GPU, on its
+    // free memory.
+    e->be = on_gpu ? kaon_backend_cuda_create(0)
+            : strcmp(o->device, "noop") ? kaon_backend_cpu_create(o->n_threads)
+                                        : kaon_backend_noop_create();
+    if (!e->be) goto fail;
+    size_t per_token = kaon_model_kv_bytes_per_token(e->model, e->be->ops->act_elem_bytes);
+    // GPU memory plan: weights (bf16 on the device), then the activation buffers (plus a
+    // reserve for cuBLAS, attention partials and graphs), then KV blocks up to
+    // --gpu-memory-utilization of the device.
+    size_t plan_weights = 0, plan_act = 0, gpu_total = 0, gpu_free = 0;
+    double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
+    if (on_gpu && e->be->ops->mem_info) {
+        if (e->be->ops->mem_info(e->be, &gpu_free, &gpu_total)) goto fail;
+        plan_weights = (size_t)e->model->n_params * 2;
+        plan_act = kaon_runner_act_bytes(e->model, e->be->ops->act_elem_bytes,
+                                         o->max_num_batched_tokens, o->max_num_seqs) +
+                   ((size_t)512 << 20);
+        if (!kv_given) {
+            double budget = util * (double)gpu_total - (double)(gpu_total - gpu_free) -
+                            (double)plan_weights - (double)plan_act;
+            if (budget < (double)per_token * 2 * e->block_size) {
+                kaon_set_error("engine: no GPU memory left for the KV cache (%.2f GiB total, %.2f free, "
+                               "weights %.2f GiB, activations %.2f GiB, --gpu-memory-utilization %.2f)",
+                               gpu_total / 1073741824.0, gpu_free / 1073741824.0,
+                               plan_weights / 1073741824.0, plan_act / 1073741824.0, util);
+                goto fail;
+            }
+            o->kv_cache_memory = (size_t)budget;
+        }
+    }
     size_t tokens = o->kv_cache_memory / per_token;
     e->n_blocks = (int)(tokens / (size_t)e->block_size);
     if (e->n_blocks < 2) {
@@ -119,8 +151,6 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                 : kaon_tokenizer_from_hf_dir(e->model->path);
         if (!e->tok) goto fail;
     }
-    e->be = strcmp(o->device, "noop") ? kaon_backend_cpu_create(o->n_threads) : kaon_backend_noop_create();
-    if (!e->be) goto fail;
     e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                    e->n_blocks, e->block_size);
     if (!e->runner) goto fail;
@@ -130,6 +160,17 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         goto fail;
     }
     if (alloc_step_buffers(e)) goto fail;
+    if (on_gpu && e->be->ops->mem_info) {
+        size_t fr = 0, tot = 0;
+        e->be->ops->mem_info(e->be, &fr, &tot);
+        const double G = 1073741824.0;
+        KAON_INFO("engine: GPU memory plan: %.2f GiB of %.2f (%.0f%%): weights %.2f GiB, activations "
+                  "%.2f GiB (with reserve), KV cache %d blocks x %d tokens = %.2f GiB; in use after "
+                  "start-up %.2f GiB",
+                  util * gpu_total / G, gpu_total / G, util * 100, plan_weights / G, plan_act / G,
+                  e->n_blocks, e->block_size, (double)e->n_blocks * e->block_size * per_token / G,
+                  (tot - fr) / G);
+    }
     e->stats.kv_blocks_total = e->n_blocks;
     KAON_INFO("engine: %s, %d KV blocks x %d tokens (%.1f MiB, %zu B/token), max_model_len %d, "
               "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, %d threads",
@@ -519,8 +560,9 @@ static void process_aborts(kaon_engine *e) {
     for (struct kaon_request *r = e->live, *next; r; r = next) {
         next = r->next_live;  // retire() may free r
         if (!r->abort_requested || !r->admitted || r->n_done == r->n_seqs) continue;
+        // retire() frees r with its last sequence, so r is not read after that call.
         int left = r->n_seqs - r->n_done;
-        for (int i = 0; i < r->n_seqs && left > 0; i++) {
+        for (int i = 0; left > 0; i++) {
             seq *s = &r->seqs[i];
             if (s->status == SEQ_DONE) continue;
             left--;

@@ -1,0 +1,255 @@
+// kaon serve [MODEL] [options]: the OpenAI-compatible server (src/server/, docs/API.md).
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "server/server.h"
+#include "util/err.h"
+#include "util/log.h"
+
+static volatile sig_atomic_t stop_flag = 0;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (stop_flag) _exit(130);  // a second Ctrl-C: leave now
+    stop_flag = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kaon serve [MODEL] [options]\n"
+            "Serves MODEL (a GGUF file or a Hugging Face folder; default: the bundled\n"
+            "SmolLM2-135M-Instruct) over an OpenAI-compatible HTTP API, with a chat page at /.\n"
+            "options:\n"
+            "  -m, --model PATH               the model (same as the positional MODEL)\n"
+            "  --host ADDR                    bind address (default 127.0.0.1)\n"
+            "  --port N                       port (default 8000; 0 picks a free one)\n"
+            "  --api-key KEY                  require 'Authorization: Bearer KEY' (also $KAON_API_KEY)\n"
+            "  --served-model-name NAME       the model's name in the API (default: file name)\n"
+            "  --max-num-seqs N               sequences running at once (default 256)\n"
+            "  --max-model-len N              context limit (default: the model's, capped by the KV pool)\n"
+            "  --max-num-batched-tokens N     token budget of one engine step (default 512 on the CPU)\n"
+            "  --gpu-memory-utilization F     fraction of GPU memory (default 0.9)\n"
+            "  --kv-cache-memory SIZE         KV-cache bytes on the CPU, e.g. 512M, 2G (default 1G)\n"
+            "  --device cpu|cuda              where the model runs (default cpu)\n"
+            "  --threads N                    CPU threads (default: all cores)\n"
+            "  --block-size N                 KV block size in tokens\n"
+            "  --no-prefix-caching            turn prefix caching off\n"
+            "  --chat-template FILE           a Jinja chat template overriding the model's\n"
+            "  --max-body-size SIZE           largest request body (default 8M)\n"
+            "  --max-connections N            concurrent connections (default 4096)\n"
+            "  --drain-timeout SECONDS        on SIGTERM/SIGINT, time for running requests (default 30)\n"
+            "  --port-file FILE               write \"HOST PORT\" here once listening\n");
+}
+
+// "123", "512K", "64M", "2G" (binary units), "1.5G".
+static int parse_size(const char *s, size_t *out) {
+    if (!s || !*s) return -1;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) return -1;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024; break;
+        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
+        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+        default: return -1;
+        }
+        end++;
+        if (*end == 'i' || *end == 'I') end++;
+        if (*end == 'b' || *end == 'B') end++;
+        if (*end) return -1;
+    }
+    double bytes = v * mul;
+    if (bytes > 9.0e18) return -1;
+    *out = (size_t)bytes;
+    return 0;
+}
+
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            if (cap > ((size_t)16 << 20)) {  // 16 MiB is far beyond any chat template
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            char *b = realloc(buf, cap * 2);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        if (!got) break;
+        n += got;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+// Many concurrent clients need many file descriptors: raise the soft limit to the hard one.
+static int raise_fd_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return rl.rlim_cur > 1000000 ? 1000000 : (int)rl.rlim_cur;
+}
+
+int kaon_cmd_serve(int argc, char **argv) {
+    kaon_server_options o;
+    kaon_server_options_default(&o);
+    kaon_engine_options_default(&o.engine);
+    o.api_key = getenv("KAON_API_KEY");
+    const char *model = NULL, *template_file = NULL;
+    bool conns_set = false;
+    long v;
+    double d;
+    // argv[0] is "serve".
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED()                                                                   \
+    do {                                                                         \
+        if (!next) return kaon_cli_fail("%s needs a value (see --help)", a);     \
+        i++;                                                                     \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            NEED();
+            model = next;
+        } else if (!strcmp(a, "--host")) {
+            NEED();
+            o.host = next;
+        } else if (!strcmp(a, "--port")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 0, 65535, &v)) return kaon_cli_fail("bad --port '%s'", next);
+            o.port = (int)v;
+        } else if (!strcmp(a, "--api-key")) {
+            NEED();
+            o.api_key = next;
+        } else if (!strcmp(a, "--served-model-name")) {
+            NEED();
+            o.served_model_name = next;
+        } else if (!strcmp(a, "--max-num-seqs")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 1 << 20, &v)) return kaon_cli_fail("bad --max-num-seqs '%s'", next);
+            o.engine.max_num_seqs = (int)v;
+        } else if (!strcmp(a, "--max-model-len")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 2, 1 << 30, &v)) return kaon_cli_fail("bad --max-model-len '%s'", next);
+            o.engine.max_model_len = (int)v;
+        } else if (!strcmp(a, "--max-num-batched-tokens")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 1 << 30, &v))
+                return kaon_cli_fail("bad --max-num-batched-tokens '%s'", next);
+            o.engine.max_num_batched_tokens = (int)v;
+        } else if (!strcmp(a, "--gpu-memory-utilization")) {
+            NEED();
+            if (!kaon_cli_parse_float(next, 0.01, 1.0, &d))
+                return kaon_cli_fail("bad --gpu-memory-utilization '%s' (0.01..1)", next);
+            o.engine.gpu_memory_utilization = d;
+        } else if (!strcmp(a, "--kv-cache-memory")) {
+            NEED();
+            if (parse_size(next, &o.engine.kv_cache_memory) || !o.engine.kv_cache_memory)
+                return kaon_cli_fail("bad --kv-cache-memory '%s' (e.g. 512M, 2G)", next);
+        } else if (!strcmp(a, "--device")) {
+            NEED();
+            if (strcmp(next, "cpu") && strcmp(next, "cuda"))
+                return kaon_cli_fail("bad --device '%s' (cpu or cuda)", next);
+            o.engine.device = next;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --threads '%s'", next);
+            o.engine.n_threads = (int)v;
+        } else if (!strcmp(a, "--block-size")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --block-size '%s'", next);
+            o.engine.block_size = (int)v;
+        } else if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) {
+            o.engine.disable_prefix_caching = true;
+        } else if (!strcmp(a, "--enable-prefix-caching")) {
+            o.engine.disable_prefix_caching = false;
+        } else if (!strcmp(a, "--chat-template")) {
+            NEED();
+            template_file = next;
+        } else if (!strcmp(a, "--max-body-size")) {
+            NEED();
+            if (parse_size(next, &o.max_body_bytes) || o.max_body_bytes < 1024)
+                return kaon_cli_fail("bad --max-body-size '%s' (at least 1K)", next);
+        } else if (!strcmp(a, "--max-connections")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 1000000, &v)) return kaon_cli_fail("bad --max-connections '%s'", next);
+            o.max_connections = (int)v;
+            conns_set = true;
+        } else if (!strcmp(a, "--drain-timeout")) {
+            NEED();
+            if (!kaon_cli_parse_float(next, 0, 86400, &d)) return kaon_cli_fail("bad --drain-timeout '%s'", next);
+            o.drain_timeout_s = d;
+        } else if (!strcmp(a, "--port-file")) {
+            NEED();
+            o.ready_file = next;
+        } else if (a[0] == '-' && a[1]) {
+            return kaon_cli_fail("unknown option '%s' (see kaon serve --help)", a);
+        } else if (!model) {
+            model = a;
+        } else {
+            return kaon_cli_fail("more than one model given ('%s' and '%s')", model, a);
+        }
+#undef NEED
+    }
+    if (!model) model = kaon_cli_default_model();
+    if (!model)
+        return kaon_cli_fail("no model given and the default model (models/%s) was not found; run "
+                             "scripts/setup.sh or pass a MODEL",
+                             KAON_DEFAULT_MODEL_FILE);
+    o.engine.model = model;
+    o.engine.load_tokenizer = true;
+
+    char *tmpl = NULL;
+    if (template_file) {
+        tmpl = read_text_file(template_file);
+        if (!tmpl) return kaon_cli_fail("cannot read --chat-template '%s'", template_file);
+        o.chat_template = tmpl;
+    }
+    int fds = raise_fd_limit();
+    if (!conns_set && o.max_connections > fds - 64) o.max_connections = fds > 128 ? fds - 64 : 64;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);  // a client gone mid-write must not kill the server
+
+    int rc = kaon_server_run(&o, &stop_flag);
+    free(tmpl);
+    if (rc < 0) {
+        fprintf(stderr, "kaon: error: %s\n", kaon_last_error());
+        return 1;
+    }
+    return 0;
+}

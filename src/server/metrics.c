@@ -1,0 +1,214 @@
+#include "server/metrics.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/sse.h"
+
+const double kaon_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                    0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                    20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const int kaon_n_ttft_buckets = (int)(sizeof kaon_ttft_buckets / sizeof *kaon_ttft_buckets);
+const double kaon_itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,
+                                   0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0,
+                                   7.5,  10.0,  20.0, 40.0,  80.0};
+const int kaon_n_itl_buckets = (int)(sizeof kaon_itl_buckets / sizeof *kaon_itl_buckets);
+const double kaon_latency_buckets[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,
+                                       5.0,  10.0, 15.0, 20.0, 30.0,  40.0,  50.0,
+                                       60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const int kaon_n_latency_buckets =
+    (int)(sizeof kaon_latency_buckets / sizeof *kaon_latency_buckets);
+
+static const int status_codes[KAON_METRICS_N_STATUS] = {200, 204, 400, 401, 404, 405,
+                                                        413, 422, 499, 500, 503, 504};
+
+void kaon_histogram_init(kaon_histogram *h, const double *bounds, int n_bounds) {
+    memset(h, 0, sizeof *h);
+    if (n_bounds > KAON_HIST_MAX_BUCKETS) n_bounds = KAON_HIST_MAX_BUCKETS;
+    h->bounds = bounds;
+    h->n_bounds = n_bounds < 0 ? 0 : n_bounds;
+}
+
+void kaon_histogram_observe(kaon_histogram *h, double v) {
+    if (isnan(v)) return;
+    int i = 0;
+    while (i < h->n_bounds && v > h->bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+void kaon_metrics_init(kaon_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    kaon_histogram_init(&m->ttft, kaon_ttft_buckets, kaon_n_ttft_buckets);
+    kaon_histogram_init(&m->itl, kaon_itl_buckets, kaon_n_itl_buckets);
+    kaon_histogram_init(&m->e2e, kaon_latency_buckets, kaon_n_latency_buckets);
+    kaon_histogram_init(&m->queue, kaon_latency_buckets, kaon_n_latency_buckets);
+}
+
+void kaon_metrics_destroy(kaon_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+static void observe(kaon_metrics *m, kaon_histogram *h, double v, int count) {
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < count; i++) kaon_histogram_observe(h, v);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void kaon_metrics_observe_ttft(kaon_metrics *m, double v) { observe(m, &m->ttft, v, 1); }
+void kaon_metrics_observe_itl(kaon_metrics *m, double v, int count) { observe(m, &m->itl, v, count); }
+void kaon_metrics_observe_e2e(kaon_metrics *m, double v) { observe(m, &m->e2e, v, 1); }
+void kaon_metrics_observe_queue(kaon_metrics *m, double v) { observe(m, &m->queue, v, 1); }
+
+void kaon_metrics_count_status(kaon_metrics *m, int status) {
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < KAON_METRICS_N_STATUS && status_codes[i] != status) i++;
+    if (i < KAON_METRICS_N_STATUS)
+        m->http_status[i]++;
+    else
+        m->http_other++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+// A label value: backslash, double quote and newline escaped (exposition format rules).
+static void put_label(kaon_sbuf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '\\')
+            kaon_sbuf_append(b, "\\\\", 2);
+        else if (*s == '"')
+            kaon_sbuf_append(b, "\\\"", 2);
+        else if (*s == '\n')
+            kaon_sbuf_append(b, "\\n", 2);
+        else
+            kaon_sbuf_append(b, s, 1);
+    }
+}
+
+static void head(kaon_sbuf *b, const char *name, const char *type, const char *help) {
+    kaon_sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+// name{model_name="..."[,extra]} value
+static void sample(kaon_sbuf *b, const char *name, const char *model, const char *extra,
+                   double v) {
+    kaon_sbuf_printf(b, "%s{model_name=\"", name);
+    put_label(b, model);
+    kaon_sbuf_puts(b, "\"");
+    if (extra) {
+        kaon_sbuf_puts(b, ",");
+        kaon_sbuf_puts(b, extra);
+    }
+    if (v == floor(v) && fabs(v) < 1e15) {
+        kaon_sbuf_printf(b, "} %.0f\n", v);
+        return;
+    }
+    char num[32];
+    for (int prec = 1; prec <= 17; prec++) {  // shortest exact form
+        snprintf(num, sizeof num, "%.*g", prec, v);
+        if (strtod(num, NULL) == v) break;
+    }
+    kaon_sbuf_printf(b, "} %s\n", num);
+}
+
+static void metric(kaon_sbuf *b, const char *name, const char *type, const char *help,
+                   const char *model, double v) {
+    head(b, name, type, help);
+    sample(b, name, model, NULL, v);
+}
+
+static void histogram(kaon_sbuf *b, const char *name, const char *help, const char *model,
+                      const kaon_histogram *h) {
+    head(b, name, "histogram", help);
+    char bucket[128], le[64];
+    snprintf(bucket, sizeof bucket, "%s_bucket", name);
+    uint64_t cum = 0;
+    for (int i = 0; i <= h->n_bounds; i++) {
+        cum += h->counts[i];
+        if (i < h->n_bounds) {
+            // The shortest form that reads back exactly: 0.04, not 0.040000000000000001.
+            char num[32];
+            for (int prec = 1; prec <= 17; prec++) {
+                snprintf(num, sizeof num, "%.*g", prec, h->bounds[i]);
+                if (strtod(num, NULL) == h->bounds[i]) break;
+            }
+            // Prometheus clients print bounds as floats: 1.0, not 1.
+            snprintf(le, sizeof le, "le=\"%s%s\"", num, strpbrk(num, ".e") ? "" : ".0");
+        } else {
+            snprintf(le, sizeof le, "le=\"+Inf\"");
+        }
+        sample(b, bucket, model, le, (double)cum);
+    }
+    char n2[128];
+    snprintf(n2, sizeof n2, "%s_sum", name);
+    sample(b, n2, model, NULL, h->sum);
+    snprintf(n2, sizeof n2, "%s_count", name);
+    sample(b, n2, model, NULL, (double)h->count);
+}
+
+char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s, const char *model,
+                          size_t *len) {
+    kaon_sbuf b = {0};
+    if (!model) model = "";
+    if (s) {
+        metric(&b, "kaon:num_requests_running", "gauge",
+               "Number of requests in model execution batches.", model, s->running);
+        metric(&b, "kaon:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               model, s->waiting);
+        metric(&b, "kaon:kv_cache_usage_perc", "gauge",
+               "KV-cache usage. 1 means 100 percent usage.", model, s->kv_usage);
+        metric(&b, "kaon:prefix_cache_queries_total", "counter",
+               "Prefix cache queries, in terms of number of queried tokens.", model,
+               (double)s->prefix_queries_tokens);
+        metric(&b, "kaon:prefix_cache_hits_total", "counter",
+               "Prefix cache hits, in terms of number of cached tokens.", model,
+               (double)s->prefix_hit_tokens);
+        metric(&b, "kaon:num_preemptions_total", "counter", "Cumulative number of preemptions.",
+               model, (double)s->preemptions);
+        metric(&b, "kaon:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               model, (double)s->prompt_tokens);
+        metric(&b, "kaon:generation_tokens_total", "counter",
+               "Number of generation tokens processed.", model, (double)s->generation_tokens);
+        head(&b, "kaon:request_success_total", "counter",
+             "Count of successfully processed requests.");
+        sample(&b, "kaon:request_success_total", model, "finished_reason=\"stop\"",
+               (double)s->finished_stop);
+        sample(&b, "kaon:request_success_total", model, "finished_reason=\"length\"",
+               (double)s->finished_length);
+        sample(&b, "kaon:request_success_total", model, "finished_reason=\"abort\"",
+               (double)s->finished_abort);
+        sample(&b, "kaon:request_success_total", model, "finished_reason=\"error\"",
+               (double)s->finished_error);
+        metric(&b, "kaon:num_kv_blocks_total", "gauge", "Number of KV-cache blocks.", model,
+               s->kv_blocks_total);
+        metric(&b, "kaon:engine_steps_total", "counter", "Number of engine steps run.", model,
+               (double)s->steps);
+    }
+    pthread_mutex_lock(&m->mu);
+    kaon_histogram ttft = m->ttft, itl = m->itl, e2e = m->e2e, queue = m->queue;
+    uint64_t st[KAON_METRICS_N_STATUS], other = m->http_other;
+    memcpy(st, m->http_status, sizeof st);
+    pthread_mutex_unlock(&m->mu);
+    histogram(&b, "kaon:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              model, &ttft);
+    histogram(&b, "kaon:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+              model, &itl);
+    histogram(&b, "kaon:e2e_request_latency_seconds",
+              "Histogram of end to end request latency in seconds.", model, &e2e);
+    histogram(&b, "kaon:request_queue_time_seconds",
+              "Histogram of time spent in WAITING phase for request.", model, &queue);
+    head(&b, "kaon:http_requests_total", "counter", "HTTP responses by status code.");
+    for (int i = 0; i < KAON_METRICS_N_STATUS; i++) {
+        char extra[32];
+        snprintf(extra, sizeof extra, "code=\"%d\"", status_codes[i]);
+        sample(&b, "kaon:http_requests_total", model, extra, (double)st[i]);
+    }
+    sample(&b, "kaon:http_requests_total", model, "code=\"other\"", (double)other);
+    if (b.failed) {
+        kaon_sbuf_free(&b);
+        return NULL;
+    }
+    return kaon_sbuf_take(&b, len);
+}

@@ -1,0 +1,150 @@
+// The OpenAI API's JSON, both ways: request bodies parsed and validated (as strictly as vLLM:
+// every known field's type and range, 400 with `param` set) into kaon_sampling plus a prompt
+// or chat messages, and the response / stream-chunk / error objects built from engine
+// outputs. Pure functions over cJSON: no engine or tokenizer calls, so all of it is unit
+// tested and fuzzed on its own; server/http.c does the tokenizing and the engine work.
+#ifndef KAON_SERVER_OPENAI_H
+#define KAON_SERVER_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "kaon.h"
+#include "util/err.h"
+
+typedef enum kaon_api_kind {
+    KAON_API_CHAT = 0,     // POST /v1/chat/completions
+    KAON_API_COMPLETION,   // POST /v1/completions
+    KAON_API_TOKENIZE,     // POST /tokenize (a prompt or chat messages)
+    KAON_API_DETOKENIZE,   // POST /detokenize
+} kaon_api_kind;
+
+// An error as OpenAI shapes it: {"error": {"message", "type", "param", "code"}}.
+typedef struct kaon_api_error {
+    int status;            // HTTP status
+    const char *type;      // "invalid_request_error", "authentication_error", ...
+    const char *code;      // short machine code or NULL (null)
+    char param[96];        // the offending field ("" = null), e.g. "messages[1].role"
+    char message[512];
+} kaon_api_error;
+
+// Sets *e; type and code follow from the status (400/404/405/413: invalid_request_error,
+// 401: authentication_error, 503: service_unavailable, else server_error).
+void kaon_api_error_set(kaon_api_error *e, int status, const char *code, const char *param,
+                        const char *fmt, ...) KAON_PRINTF(5, 6);
+// The error body (malloc'd, NUL-terminated); NULL only when out of memory.
+char *kaon_api_error_json(const kaon_api_error *e, size_t *len);
+
+// What the parser checks against; zero fields take the documented defaults.
+typedef struct kaon_api_limits {
+    int vocab_size;                   // token ids must be in [0, vocab_size) (0: unchecked)
+    int max_n;                        // n <= max_n (0: 128)
+    int max_logprobs;                 // logprobs / top_logprobs <= this (0: 20)
+    int max_prompts;                  // prompts in one completions request (0: 256)
+    int max_stop;                     // stop strings (0: 16), each at most 1024 bytes
+    const char *const *model_names;   // accepted `model` values; none: any is accepted
+    int n_model_names;
+    int default_max_tokens;           // completions' max_tokens when absent (0: 16)
+} kaon_api_limits;
+
+// One prompt of a completions request: text, or token ids (already range checked).
+typedef struct kaon_api_prompt {
+    char *text;
+    int32_t *ids;
+    int n_ids;
+} kaon_api_prompt;
+
+typedef struct kaon_api_request {
+    kaon_api_kind kind;
+    char *model;                       // as sent, or NULL
+    bool stream, include_usage, continuous_usage;
+    // The defaults passed to kaon_api_parse, overridden by the request. Its pointers (stop,
+    // stop_token_ids, logit_bias) point into the arrays below. max_tokens: the request's value
+    // (max_tokens_set), else the completions default, else 0 (chat: the server fills it from
+    // the room left in the context).
+    kaon_sampling sampling;
+    bool max_tokens_set;
+    char **stop;
+    int n_stop;
+    int32_t *stop_token_ids;
+    int n_stop_token_ids;
+    kaon_logit_bias *logit_bias;
+    int n_logit_bias;
+    // Completions, /tokenize with a prompt, /detokenize (ids in prompts[0]).
+    kaon_api_prompt *prompts;
+    int n_prompts;
+    bool echo;
+    // Chat and /tokenize with messages.
+    cJSON *messages;                   // normalised: each content is a string or null
+    cJSON *tools;                      // NULL when absent
+    cJSON *template_kwargs;            // chat_template_kwargs object, or NULL
+    char *chat_template;               // a per-request template, or NULL
+    bool add_generation_prompt;        // default true
+    bool continue_final_message;       // default false
+    bool add_special_tokens;           // default: true for prompts, false for chat
+    bool logprobs;                     // logprobs wanted (chat: the flag; completions: int >= 0)
+    int top_logprobs;                  // alternatives per token
+    bool return_token_strs;            // /tokenize
+} kaon_api_request;
+
+// Parses and validates body[0..len) (not necessarily NUL-terminated). On success fills *out
+// (free with kaon_api_request_free) and returns 0; otherwise fills *err (status 400, or 404
+// for an unknown model) and returns -1 with *out zeroed. Unknown fields are logged at debug
+// level and ignored. `defaults` may be NULL (then OpenAI's defaults).
+int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
+                   const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err);
+void kaon_api_request_free(kaon_api_request *r);
+
+// Fills OpenAI's defaults (the same values as kaon_sampling_default, without the engine).
+void kaon_api_sampling_defaults(kaon_sampling *s);
+// Applies a generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty,
+// max_new_tokens -> *max_tokens when not NULL) over s. -1 on malformed JSON; unknown or
+// mistyped keys are skipped.
+int kaon_api_generation_config(const char *json, size_t len, kaon_sampling *s, int *max_tokens);
+
+// The chat template's variables: chat_template_kwargs first, then messages, tools (when
+// given), add_generation_prompt, bos_token, eos_token (a kwarg cannot replace those).
+cJSON *kaon_api_chat_context(const kaon_api_request *r, const char *bos, const char *eos);
+// With continue_final_message: the length of the rendered text up to the end of the final
+// message's content (its closing tokens cut), or len when the content is not found.
+size_t kaon_api_continue_final_cut(const kaon_api_request *r, const char *text, size_t len);
+
+// ---- responses -------------------------------------------------------------------------------
+
+// A token's text for logprobs; NULL when the id is unknown.
+typedef const char *(*kaon_api_token_text_fn)(void *ctx, int32_t id, size_t *len);
+
+// A JSON string from bytes, made valid UTF-8 first.
+cJSON *kaon_api_string(const char *s, size_t n);
+// A logprob as JSON: -inf and NaN become -9999.0 (as vLLM), 7 significant digits.
+double kaon_api_logprob_value(float lp);
+const char *kaon_api_finish_reason(kaon_finish f);  // "stop", "length", "abort", "error"; NULL
+cJSON *kaon_api_usage(long long prompt, long long completion, long long cached);
+
+// Chat logprobs: appends {token, logprob, bytes, top_logprobs} for lp[0..n) to `content`.
+int kaon_api_chat_logprobs_append(cJSON *content, const kaon_token_logprob *lp, int n,
+                                  int top_logprobs, kaon_api_token_text_fn fn, void *ctx);
+// Completions logprobs: {tokens, token_logprobs, top_logprobs, text_offset}.
+cJSON *kaon_api_completion_logprobs_new(void);
+// Appends ids[0..n) with their logprobs lp (NULL, or entries whose n_top < 0 or logprob is
+// NaN: null entries, as for the first prompt token). *text_offset advances by each token's text length.
+int kaon_api_completion_logprobs_append(cJSON *obj, const int32_t *ids,
+                                        const kaon_token_logprob *lp, int n, int top_logprobs,
+                                        kaon_api_token_text_fn fn, void *ctx,
+                                        size_t *text_offset);
+
+// {"id", "object", "created", "model", "choices": []} for a response (stream = false) or a
+// stream chunk: object is chat.completion(.chunk) or text_completion.
+cJSON *kaon_api_response_new(kaon_api_kind kind, bool stream, const char *id, long long created,
+                             const char *model);
+// Appends one choice. Chat: stream chunks carry "delta" (with role when role != NULL; content
+// only when text != NULL), responses carry "message". logprobs and stop_reason are owned
+// (NULL: null). finish_reason NULL: null.
+int kaon_api_add_choice(cJSON *resp, kaon_api_kind kind, bool stream, int index, const char *role,
+                        const char *text, size_t text_len, cJSON *logprobs,
+                        const char *finish_reason, cJSON *stop_reason);
+
+#endif

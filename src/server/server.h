@@ -1,0 +1,42 @@
+// kaon serve: the OpenAI-compatible HTTP server over one engine (docs/API.md).
+//
+// Threading: libmicrohttpd with one thread per connection (MHD_USE_THREAD_PER_CONNECTION over
+// poll, so file descriptors above 1024 work). JSON parsing, chat templating and tokenizing run
+// in those threads; each then waits on its own request's output queue (kaon_request_next) and
+// writes to its own socket, so a slow client only ever slows its own thread: the engine thread
+// only appends to queues and never blocks on a socket. While waiting, a thread wakes every
+// 200 ms to see whether its peer hung up; a client that disconnects has its request aborted
+// (kaon_request_free), which returns its KV blocks to the pool.
+#ifndef KAON_SERVER_SERVER_H
+#define KAON_SERVER_SERVER_H
+
+#include <signal.h>
+#include <stddef.h>
+
+#include "kaon.h"
+
+typedef struct kaon_server_options {
+    kaon_engine_options engine;     // engine.model must be set
+    const char *host;               // bind address (default 127.0.0.1)
+    int port;                       // default 8000; 0 picks a free port (logged)
+    const char *api_key;            // Bearer key for /v1/*, /tokenize, /detokenize (NULL: none)
+    const char *served_model_name;  // NULL: the model file name without .gguf
+    size_t max_body_bytes;          // larger bodies get 413 (default 8 MiB)
+    int max_connections;            // concurrent connections (default 4096)
+    double drain_timeout_s;         // on stop: how long running requests may finish (default 30)
+    const char *chat_template;      // template source overriding the model's (NULL: the model's)
+    const char *ready_file;         // when set, "host port\n" is written here once ready
+} kaon_server_options;
+
+void kaon_server_options_default(kaon_server_options *o);
+
+// Listens (/health answers 503 while the model loads), creates the engine, serves until *stop
+// becomes non-zero (e.g. set by a SIGINT/SIGTERM handler), then drains: new requests get 503,
+// running ones may finish for drain_timeout_s, the rest are aborted. Returns 0, or -1 with
+// kaon_last_error() when the server could not start or the model could not be loaded.
+int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop);
+
+// The chat page served at GET / (server/chat_page.c).
+extern const char kaon_chat_page_html[];
+
+#endif
