@@ -77,6 +77,49 @@ typedef struct kaon_backend_ops {
     // Copies n activation elements to host floats (logits out of the backend).
     void (*to_host_f32)(kaon_backend *be, const void *x, size_t n, float *out);
     void (*destroy)(kaon_backend *be);
+
+    // ---- Optional ops (NULL where a backend has no use for them: the CPU and noop
+    // backends use weights in place and run every op synchronously). ----
+
+    // Copies a host weight into backend memory. dev gets the same shape, the backend's own
+    // weight format (CUDA: matrices in bf16, vectors in f32; quantized blocks are expanded)
+    // and data the backend owns (give it back with release). 0, or -1 + error.
+    int (*upload)(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev);
+    // Creates a weight of like->shape (like->data is not read) filled with reproducible
+    // random values offset + uniform(-scale, scale) from seed; as upload otherwise.
+    int (*fill_dummy)(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
+                      float offset, kaon_tensor *dev);
+    void (*release)(kaon_backend *be, kaon_tensor *dev);
+    // Called once per forward pass before its first op, with the host arrays that the ops
+    // of this pass will receive (tokens, m's arrays, logit_rows): a device backend copies
+    // them in one transfer and then recognises the same host pointers in the ops.
+    int (*begin_step)(kaon_backend *be, const int32_t *tokens, const kaon_attn_meta *m,
+                      const int32_t *logit_rows, int n_logits);
+    // Whole-step graphs. graph_begin(key): 1 = a graph recorded for key was launched (the
+    // caller skips its ops up to graph_end); 0 = the caller issues its ops (recorded when the
+    // backend decides to); -1 = error. key must name everything that fixes the ops' shapes
+    // and buffers (the caller's buffers must not move while graphs exist).
+    int (*graph_begin)(kaon_backend *be, uint64_t key);
+    int (*graph_end)(kaon_backend *be);
+    // The first error of an asynchronous op since the last call: -1 + kaon_set_error, else 0.
+    int (*status)(kaon_backend *be);
+    // Free and total bytes of the device's memory.
+    int (*mem_info)(kaon_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+    // Fused ops. Each returns 0 when done, 1 when it declines (the caller then runs the
+    // unfused ops), -1 on error.
+    // y[i] = x @ w[i]^T (+ bias[i]) for i < count (<= 4): one pass over x, several weights.
+    int (*linear_multi)(kaon_backend *be, const void *x, int n, int count,
+                        const kaon_tensor *const *w, const kaon_tensor *const *bias,
+                        void *const *y);
+    // out = silu(x @ w_gate^T) * (x @ w_up^T)       x [n, in]; out [n, ffn]
+    int (*linear_silu_mul)(kaon_backend *be, const void *x, int n, const kaon_tensor *w_gate,
+                           const kaon_tensor *w_up, void *out);
+    // rope(q) in place, then rope(k) and v stored at their slots (k's buffer is left
+    // unspecified): rope + rope + kv_write in one.
+    int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
+                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                         const kaon_rope *rope);
 } kaon_backend_ops;
 
 struct kaon_backend {
@@ -88,5 +131,8 @@ struct kaon_backend {
 kaon_backend *kaon_backend_cpu_create(int n_threads);
 // A backend that computes nothing (for measuring the engine's own overhead).
 kaon_backend *kaon_backend_noop_create(void);
+// The CUDA backend (bf16 activations and weights, f32 accumulation) on one GPU. Without CUDA
+// in the build it returns NULL with the error "built without CUDA".
+kaon_backend *kaon_backend_cuda_create(int device);
 
 #endif

@@ -11,6 +11,12 @@ struct kaon_runner {
     const kaon_model *m;
     kaon_backend *be;
     int max_tokens, max_logits, n_blocks, block_size;
+    // The weights the forward pass reads: the model's own (used in place from the mapping)
+    // or, on a backend with an upload op, the backend's copies (owned here).
+    const kaon_layer_weights *layers;
+    kaon_tensor tok_embd, out_norm, lm_head;
+    kaon_layer_weights *dev_layers;   // [n_layers] device copies, NULL when in place
+    bool dev_weights, lm_head_tied;
     kaon_kv_layer *kv;                       // [n_layers]
     // Scratch activations in the backend's memory, sized for max_tokens.
     void *x;       // [T, dim] residual stream
@@ -30,6 +36,116 @@ static void *act(kaon_runner *r, size_t elems, int *fail) {
     return p;
 }
 
+// Every weight of the model in one list (absent optional tensors have data == NULL);
+// norm[i] marks the RMSNorm weights (dummy values near 1 instead of near 0).
+static int weight_list(const kaon_model *m, kaon_layer_weights *layers, kaon_tensor *embd,
+                       kaon_tensor *onorm, kaon_tensor *head, kaon_tensor **out, bool *norm) {
+    int n = 0;
+#define ADD(t, is_norm) (out[n] = (t), norm[n] = (is_norm), n++)
+    ADD(embd, false);
+    ADD(onorm, true);
+    if (head) ADD(head, false);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        kaon_layer_weights *w = &layers[l];
+        ADD(&w->attn_norm, true);
+        ADD(&w->wq, false);
+        ADD(&w->wk, false);
+        ADD(&w->wv, false);
+        ADD(&w->wo, false);
+        ADD(&w->bq, false);
+        ADD(&w->bk, false);
+        ADD(&w->bv, false);
+        ADD(&w->q_norm, true);
+        ADD(&w->k_norm, true);
+        ADD(&w->ffn_norm, true);
+        ADD(&w->w_gate, false);
+        ADD(&w->w_up, false);
+        ADD(&w->w_down, false);
+    }
+#undef ADD
+    return n;
+}
+
+static size_t weight_list_cap(const kaon_model *m) { return 3 + (size_t)m->cfg.n_layers * 14; }
+
+static void release_weights(kaon_runner *r) {
+    if (!r->dev_weights) return;
+    size_t cap = weight_list_cap(r->m);
+    kaon_tensor **list = malloc(sizeof *list * cap);
+    bool *norm = malloc(cap);
+    if (list && norm) {
+        int n = weight_list(r->m, r->dev_layers, &r->tok_embd, &r->out_norm,
+                            r->lm_head_tied ? NULL : &r->lm_head, list, norm);
+        for (int i = 0; i < n; i++)
+            if (list[i]->data) r->be->ops->release(r->be, list[i]);
+    }
+    free(list);
+    free(norm);
+    free(r->dev_layers);
+    r->dev_layers = NULL;
+    r->dev_weights = false;
+}
+
+// Device copies of every weight, uploaded once; for --load-format dummy, created on the
+// device instead: matrices uniform in +-1/sqrt(in), norm weights 1 +- 0.1, biases +- 0.1.
+static int upload_weights(kaon_runner *r) {
+    const kaon_model *m = r->m;
+    const kaon_backend_ops *op = r->be->ops;
+    const bool dummy = m->format == KAON_FORMAT_DUMMY;
+    if (dummy && !op->fill_dummy)
+        return kaon_set_error("--load-format dummy needs a backend that creates weights (cuda)");
+    const size_t cap = weight_list_cap(m);
+    r->dev_layers = calloc((size_t)m->cfg.n_layers, sizeof *r->dev_layers);
+    kaon_tensor **src = malloc(sizeof *src * cap), **dst = malloc(sizeof *dst * cap);
+    bool *norm = malloc(cap);
+    int rc = 0;
+    if (!r->dev_layers || !src || !dst || !norm) {
+        rc = kaon_set_error("out of memory");
+        goto out;
+    }
+    r->dev_weights = true;
+    // (Dummy weights all share one placeholder pointer: their config says whether tied.)
+    r->lm_head_tied = dummy ? m->cfg.tie_word_embeddings : m->lm_head.data == m->tok_embd.data;
+    memset(&r->tok_embd, 0, sizeof r->tok_embd);  // nothing to release until uploaded
+    memset(&r->out_norm, 0, sizeof r->out_norm);
+    memset(&r->lm_head, 0, sizeof r->lm_head);
+    kaon_tensor embd = m->tok_embd, onorm = m->out_norm, head = m->lm_head;
+    const int n = weight_list(m, m->layers, &embd, &onorm, r->lm_head_tied ? NULL : &head, src, norm);
+    weight_list(m, r->dev_layers, &r->tok_embd, &r->out_norm, r->lm_head_tied ? NULL : &r->lm_head,
+                dst, norm);
+    for (int i = 0; i < n && !rc; i++) {
+        const kaon_tensor *t = src[i];
+        if (!t->data) continue;
+        if (dummy) {
+            const float scale = t->ndim == 1 ? 0.1f : 1.0f / sqrtf((float)t->shape[t->ndim - 1]);
+            rc = op->fill_dummy(r->be, t, 0x6b616f6e00000000ull + (uint64_t)i, scale,
+                                norm[i] ? 1.0f : 0.0f, dst[i]);
+        } else {
+            rc = op->upload(r->be, t, dst[i]);
+        }
+    }
+    if (!rc) {
+        if (r->lm_head_tied) r->lm_head = r->tok_embd;
+        r->layers = r->dev_layers;
+    }
+out:
+    free(src);
+    free(dst);
+    free(norm);
+    return rc ? -1 : 0;
+}
+
+size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
+                             int max_logits) {
+    const kaon_model_config *c = &m->cfg;
+    size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ffn = (size_t)c->intermediate_size;
+    size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn) +
+                   (size_t)max_logits * (dim + (size_t)c->vocab_size);
+    return elems * elem_bytes;
+}
+
 kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
                                 int max_logits, int n_blocks, int block_size) {
     const kaon_model_config *c = &m->cfg;
@@ -43,6 +159,20 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
     if (!r) return NULL;
     r->m = m;
     r->be = be;
+    r->layers = m->layers;
+    r->tok_embd = m->tok_embd;
+    r->out_norm = m->out_norm;
+    r->lm_head = m->lm_head;
+    if (be->ops->upload) {
+        if (upload_weights(r)) {
+            kaon_runner_free(r);
+            return NULL;
+        }
+    } else if (m->format == KAON_FORMAT_DUMMY) {
+        kaon_set_error("--load-format dummy needs a backend that creates weights (cuda)");
+        kaon_runner_free(r);
+        return NULL;
+    }
     r->max_tokens = max_batch_tokens;
     r->max_logits = max_logits;
     r->n_blocks = n_blocks;
@@ -74,6 +204,10 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
         kaon_runner_free(r);
         return NULL;
     }
+    if (be->ops->status && be->ops->status(be)) {
+        kaon_runner_free(r);
+        return NULL;
+    }
     return r;
 }
 
@@ -90,6 +224,7 @@ void kaon_runner_free(kaon_runner *r) {
         }
         free(r->kv);
     }
+    release_weights(r);
     free(r);
 }
 
@@ -116,8 +251,8 @@ static int check_batch(const kaon_runner *r, const kaon_batch *b) {
     return 0;
 }
 
-int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
-    if (check_batch(r, b)) return -1;
+// The layers of one step, from the embedding to the logits (left in r->logits).
+static void run_layers(kaon_runner *r, const kaon_batch *b) {
     const kaon_model *m = r->m;
     const kaon_model_config *c = &m->cfg;
     const kaon_backend_ops *op = r->be->ops;
@@ -127,35 +262,80 @@ int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t *pos = b->attn.positions;
 
-    op->embed(be, &m->tok_embd, b->tokens, T, r->x);  // x [T, dim]
+    op->embed(be, &r->tok_embd, b->tokens, T, r->x);  // x [T, dim]
     for (int l = 0; l < c->n_layers; l++) {
-        const kaon_layer_weights *w = &m->layers[l];
+        const kaon_layer_weights *w = &r->layers[l];
         // Attention block. The previous block's output (proj) joins the residual here.
         op->rmsnorm(be, r->x, l ? r->proj : NULL, &w->attn_norm, c->rms_norm_eps, T, dim, r->xn);
-        op->linear(be, r->xn, T, &w->wq, w->bq.data ? &w->bq : NULL, r->q);  // [T, nh*hd]
-        op->linear(be, r->xn, T, &w->wk, w->bk.data ? &w->bk : NULL, r->k);  // [T, nkv*hd]
-        op->linear(be, r->xn, T, &w->wv, w->bv.data ? &w->bv : NULL, r->v);  // [T, nkv*hd]
+        // A fused op returns 1 when it declines; its errors (-1) surface through status().
+        int rc = 1;
+        if (op->linear_multi) {
+            const kaon_tensor *ws[3] = {&w->wq, &w->wk, &w->wv};
+            const kaon_tensor *bs[3] = {w->bq.data ? &w->bq : NULL, w->bk.data ? &w->bk : NULL,
+                                        w->bv.data ? &w->bv : NULL};
+            void *ys[3] = {r->q, r->k, r->v};
+            rc = op->linear_multi(be, r->xn, T, 3, ws, bs, ys);
+        }
+        if (rc == 1) {
+            op->linear(be, r->xn, T, &w->wq, w->bq.data ? &w->bq : NULL, r->q);  // [T, nh*hd]
+            op->linear(be, r->xn, T, &w->wk, w->bk.data ? &w->bk : NULL, r->k);  // [T, nkv*hd]
+            op->linear(be, r->xn, T, &w->wv, w->bv.data ? &w->bv : NULL, r->v);  // [T, nkv*hd]
+        }
         if (c->qk_norm) {  // Qwen3: RMSNorm over each head's vector, before RoPE
             op->rmsnorm(be, r->q, NULL, &w->q_norm, c->rms_norm_eps, T * nh, hd, r->q);
             op->rmsnorm(be, r->k, NULL, &w->k_norm, c->rms_norm_eps, T * nkv, hd, r->k);
         }
-        op->rope(be, r->q, T, nh, hd, pos, &m->rope);
-        op->rope(be, r->k, T, nkv, hd, pos, &m->rope);
-        op->kv_write(be, &r->kv[l], r->k, r->v, &b->attn, nkv, hd);
+        rc = op->rope_kv_write ? op->rope_kv_write(be, r->q, r->k, r->v, &r->kv[l], &b->attn, nh,
+                                                   nkv, hd, &m->rope)
+                               : 1;
+        if (rc == 1) {
+            op->rope(be, r->q, T, nh, hd, pos, &m->rope);
+            op->rope(be, r->k, T, nkv, hd, pos, &m->rope);
+            op->kv_write(be, &r->kv[l], r->k, r->v, &b->attn, nkv, hd);
+        }
         op->attention(be, r->q, &r->kv[l], &b->attn, nh, nkv, hd, scale, r->att);
         op->linear(be, r->att, T, &w->wo, NULL, r->proj);  // [T, dim]
         // MLP block.
         op->rmsnorm(be, r->x, r->proj, &w->ffn_norm, c->rms_norm_eps, T, dim, r->xn);
-        op->linear(be, r->xn, T, &w->w_gate, NULL, r->gate);  // [T, ffn]
-        op->linear(be, r->xn, T, &w->w_up, NULL, r->up);      // [T, ffn]
-        op->silu_and_mul(be, r->gate, r->up, T, c->intermediate_size, r->gate);
+        rc = op->linear_silu_mul ? op->linear_silu_mul(be, r->xn, T, &w->w_gate, &w->w_up, r->gate) : 1;
+        if (rc == 1) {
+            op->linear(be, r->xn, T, &w->w_gate, NULL, r->gate);  // [T, ffn]
+            op->linear(be, r->xn, T, &w->w_up, NULL, r->up);      // [T, ffn]
+            op->silu_and_mul(be, r->gate, r->up, T, c->intermediate_size, r->gate);
+        }
         op->linear(be, r->gate, T, &w->w_down, NULL, r->proj);  // [T, dim]
     }
-    if (b->n_logits == 0) return 0;
+    if (b->n_logits == 0) return;
     // Only the rows that will be sampled go through the final norm and the LM head.
-    op->rmsnorm(be, r->x, r->proj, &m->out_norm, c->rms_norm_eps, T, dim, r->xn);
+    op->rmsnorm(be, r->x, r->proj, &r->out_norm, c->rms_norm_eps, T, dim, r->xn);
     op->get_rows(be, r->xn, b->logit_rows, b->n_logits, dim, r->rows);
-    op->linear(be, r->rows, b->n_logits, &m->lm_head, NULL, r->logits);
-    op->to_host_f32(be, r->logits, (size_t)b->n_logits * c->vocab_size, logits);
+    op->linear(be, r->rows, b->n_logits, &r->lm_head, NULL, r->logits);
+}
+
+// Steps of at most this many tokens are recorded as graphs by backends that have them.
+#define KAON_GRAPH_MAX_TOKENS 256
+
+int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
+    if (check_batch(r, b)) return -1;
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
+    if (op->begin_step && op->begin_step(be, b->tokens, &b->attn, b->logit_rows, b->n_logits))
+        return -1;
+    // A step's shapes and buffers are fixed by these sizes (and by this runner).
+    const bool graph = op->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS;
+    int replayed = 0;
+    if (graph) {
+        uint64_t key = (uint64_t)(uintptr_t)r;
+        const int64_t parts[5] = {b->n_tokens, b->attn.n_seqs, b->n_logits, b->attn.max_blocks,
+                                  b->attn.block_size};
+        for (int i = 0; i < 5; i++) key = (key ^ (uint64_t)parts[i]) * 0x100000001b3ull;
+        replayed = op->graph_begin(be, key);
+        if (replayed < 0) return -1;
+    }
+    if (!replayed) run_layers(r, b);
+    if (graph && op->graph_end(be)) return -1;
+    if (b->n_logits)
+        op->to_host_f32(be, r->logits, (size_t)b->n_logits * r->m->cfg.vocab_size, logits);
+    if (op->status && op->status(be)) return -1;
     return 0;
 }

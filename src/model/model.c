@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "io/json_util.h"
 #include "util/err.h"
 #include "util/half.h"
 #include "util/log.h"
@@ -289,7 +290,87 @@ static bool has_suffix(const char *s, const char *suf) {
     return n >= k && !strcmp(s + n - k, suf);
 }
 
+// ---- dummy weights (--load-format dummy) ---------------------------------------------------
+
+// Placeholder data of dummy weights: marks a weight as present; never read (the runner asks
+// the backend to create the values).
+static const uint16_t dummy_data[8];
+
+static void dummy_tensor(kaon_model *m, kaon_tensor *t, int ndim, int64_t d0, int64_t d1) {
+    memset(t, 0, sizeof *t);
+    t->dtype = KAON_BF16;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 0;
+    t->data = (void *)dummy_data;
+    t->nbytes = (size_t)kaon_tensor_numel(t) * 2;
+    m->n_params += (uint64_t)kaon_tensor_numel(t);
+    m->weight_bytes += t->nbytes;
+}
+
+kaon_model *kaon_model_load_dummy(const char *path) {
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0) {
+        kaon_set_error("%s: %s", path ? path : "(null)", path ? strerror(errno) : "no path");
+        return NULL;
+    }
+    kaon_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->format = KAON_FORMAT_DUMMY;
+    kaon_model_config *c = &m->cfg;
+    kaon_model_config_init(c);
+    if (S_ISDIR(sb.st_mode)) {
+        if (kaon_hf_config_load(path, c)) goto fail;
+    } else {
+        size_t len = 0;
+        char *text = kaon_read_file(path, (size_t)16 << 20, &len);
+        int rc = text ? kaon_hf_config_parse(text, len, c) : -1;
+        free(text);
+        if (rc) goto fail;
+    }
+    if (kaon_model_config_validate(c)) goto fail;
+    const int64_t dim = c->hidden_size, ffn = c->intermediate_size, V = c->vocab_size;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    dummy_tensor(m, &m->tok_embd, 2, V, dim);
+    dummy_tensor(m, &m->out_norm, 1, dim, 0);
+    if (c->tie_word_embeddings) m->lm_head = m->tok_embd;
+    else dummy_tensor(m, &m->lm_head, 2, V, dim);
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        kaon_set_error("out of memory");
+        goto fail;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        kaon_layer_weights *w = &m->layers[l];
+        dummy_tensor(m, &w->attn_norm, 1, dim, 0);
+        dummy_tensor(m, &w->wq, 2, qd, dim);
+        dummy_tensor(m, &w->wk, 2, kvd, dim);
+        dummy_tensor(m, &w->wv, 2, kvd, dim);
+        dummy_tensor(m, &w->wo, 2, dim, qd);
+        if (c->attention_bias) {
+            dummy_tensor(m, &w->bq, 1, qd, 0);
+            dummy_tensor(m, &w->bk, 1, kvd, 0);
+            dummy_tensor(m, &w->bv, 1, kvd, 0);
+        }
+        if (c->qk_norm) {
+            dummy_tensor(m, &w->q_norm, 1, c->head_dim, 0);
+            dummy_tensor(m, &w->k_norm, 1, c->head_dim, 0);
+        }
+        dummy_tensor(m, &w->ffn_norm, 1, dim, 0);
+        dummy_tensor(m, &w->w_gate, 2, ffn, dim);
+        dummy_tensor(m, &w->w_up, 2, ffn, dim);
+        dummy_tensor(m, &w->w_down, 2, dim, ffn);
+    }
+    if (build_rope(m)) goto fail;
+    return m;
+fail:
+    kaon_model_free(m);
+    return NULL;
+}
+
 kaon_model *kaon_model_load(const char *path) {
+    if (path && !strncmp(path, "dummy:", 6)) return kaon_model_load_dummy(path + 6);
     struct stat sb;
     if (stat(path, &sb) != 0) {
         kaon_set_error("%s: %s", path, strerror(errno));

@@ -21,7 +21,13 @@ typedef struct kaon_layer_weights {
     kaon_tensor w_gate, w_up, w_down; // [ffn, dim] [ffn, dim] [dim, ffn]
 } kaon_layer_weights;
 
-typedef enum kaon_model_format { KAON_FORMAT_GGUF, KAON_FORMAT_SAFETENSORS } kaon_model_format;
+// DUMMY: shapes from config.json alone; the weights' data pointers are placeholders that only a
+// backend with fill_dummy turns into real (random) weights.
+typedef enum kaon_model_format {
+    KAON_FORMAT_GGUF,
+    KAON_FORMAT_SAFETENSORS,
+    KAON_FORMAT_DUMMY,
+} kaon_model_format;
 
 typedef struct kaon_model {
     kaon_model_config cfg;
@@ -41,7 +47,11 @@ typedef struct kaon_model {
 } kaon_model;
 
 // path: a .gguf file or a Hugging Face folder. NULL + kaon_last_error() on failure.
+// "dummy:<config>" is kaon_model_load_dummy(<config>).
 kaon_model *kaon_model_load(const char *path);
+// --load-format dummy: a model described by a config.json (the file, or a folder holding
+// one) whose weights (bf16) are created by the backend when a runner is made.
+kaon_model *kaon_model_load_dummy(const char *path);
 void kaon_model_free(kaon_model *m);
 
 // Bytes of KV cache one token needs across all layers (f32 K and V on the CPU).
@@ -67,5 +77,8 @@ int kaon_runner_block_size(const kaon_runner *r);
 int kaon_runner_n_blocks(const kaon_runner *r);
 // Runs the forward pass; logits [n_logits, vocab] in host floats.
 int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits);
+// Bytes of the activation buffers a runner of these sizes allocates (for memory plans).
+size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
+                             int max_logits);
 
 #endif
