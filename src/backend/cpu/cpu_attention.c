@@ -1,0 +1,161 @@
+// Paged KV cache writes and causal attention with GQA on the CPU.
+//
+// K and V of one layer are [n_blocks, block_size, n_kv_heads, head_dim] f32. A work item is a
+// token and the query heads of one KV head (a single head when few tokens must be spread over
+// the threads). It walks the token's sequence through its block table in chunks of at most 64
+// positions (runs inside consecutive blocks), computes the chunk's scores for each head, and
+// folds them into a running max / sum / weighted V accumulator (online softmax), so nothing
+// grows with the context. Items are handed out dynamically: their cost grows with position.
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "util/err.h"
+
+#define KAON_ATTN_CHUNK 64
+#define KAON_ATTN_MAX_HD 512
+#define KAON_ATTN_HEADS 8  // query heads one work item handles (GQA sharing)
+
+void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
+                       const kaon_attn_meta *m, int n_kv_heads, int head_dim) {
+    (void)be;
+    if (!kv || !kv->k || !kv->v || !k || !v || !m || n_kv_heads <= 0 || head_dim <= 0) {
+        kaon_set_error("cpu kv_write: bad arguments");
+        return;
+    }
+    if (m->n_tokens <= 0) return;
+    if (!m->slot_mapping) {
+        kaon_set_error("cpu kv_write: no slot mapping");
+        return;
+    }
+    const size_t row = (size_t)n_kv_heads * (size_t)head_dim;
+    float *K = kv->k, *V = kv->v;
+    const float *kf = k, *vf = v;
+    for (int t = 0; t < m->n_tokens; t++) {
+        const int32_t slot = m->slot_mapping[t];
+        if (slot < 0) continue;  // a padding token: nothing to store
+        memcpy(K + (size_t)slot * row, kf + (size_t)t * row, row * sizeof(float));
+        memcpy(V + (size_t)slot * row, vf + (size_t)t * row, row * sizeof(float));
+    }
+}
+
+typedef struct attn_job {
+    const kaon_cpu_kernels *k;
+    const float *q, *K, *V;
+    float *out;
+    const kaon_attn_meta *m;
+    int n_heads, n_kv, hd, group;
+    float scale;
+} attn_job;
+
+// Token t, query heads h0..h0+nh-1, which share one KV head: each chunk of K and V is loaded
+// into L1 once and used by all nh heads (GQA), instead of streaming it from L2 per head.
+// Returns -1 when the metadata points outside the tables (the rows are then zeroed).
+static int attend_heads(const attn_job *j, int t, int h0, int nh) {
+    const kaon_attn_meta *m = j->m;
+    const int hd = j->hd, bs = m->block_size;
+    float *o0 = j->out + ((size_t)t * j->n_heads + h0) * hd;
+    const int s = m->token_seq[t], pos = m->positions[t];
+    if (s < 0 || s >= m->n_seqs || pos < 0 || pos / bs >= m->max_blocks) {
+        memset(o0, 0, (size_t)nh * hd * sizeof(float));
+        return -1;
+    }
+    const int32_t *bt = m->block_tables + (size_t)s * m->max_blocks;
+    const float *q0 = j->q + ((size_t)t * j->n_heads + h0) * hd;
+    const size_t rs = (size_t)j->n_kv * hd;                // floats between consecutive slots
+    const size_t hoff = (size_t)(h0 / j->group) * hd;      // the KV head inside a slot
+    float acc[KAON_ATTN_HEADS][KAON_ATTN_MAX_HD], sc[KAON_ATTN_HEADS][KAON_ATTN_CHUNK];
+    float mx[KAON_ATTN_HEADS], l[KAON_ATTN_HEADS];
+    for (int h = 0; h < nh; h++) {
+        memset(acc[h], 0, (size_t)hd * sizeof(float));
+        mx[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    // A chunk: up to KAON_ATTN_CHUNK positions, made of runs inside consecutive blocks (small
+    // blocks would otherwise make the per-chunk softmax bookkeeping dominate).
+    size_t seg_base[KAON_ATTN_CHUNK];
+    int seg_len[KAON_ATTN_CHUNK];
+    for (int p0 = 0; p0 <= pos;) {
+        int nseg = 0, cnt = 0;
+        while (cnt < KAON_ATTN_CHUNK && p0 + cnt <= pos) {
+            const int p = p0 + cnt, blk = p / bs, off = p % bs;
+            int len = bs - off;
+            if (len > pos + 1 - p) len = pos + 1 - p;
+            if (len > KAON_ATTN_CHUNK - cnt) len = KAON_ATTN_CHUNK - cnt;
+            const int32_t bid = bt[blk];
+            if (bid < 0) {
+                memset(o0, 0, (size_t)nh * hd * sizeof(float));
+                return -1;
+            }
+            seg_base[nseg] = ((size_t)bid * bs + off) * rs + hoff;
+            seg_len[nseg++] = len;
+            cnt += len;
+        }
+        for (int h = 0; h < nh; h++)
+            for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
+                j->k->attn_scores(q0 + (size_t)h * hd, j->K + seg_base[g], rs, seg_len[g], hd,
+                                  j->scale, sc[h] + c);
+        for (int h = 0; h < nh; h++) {
+            float cm = sc[h][0];
+            for (int i = 1; i < cnt; i++) cm = sc[h][i] > cm ? sc[h][i] : cm;
+            if (cm > mx[h]) {  // a new maximum: rescale what was accumulated so far
+                const float corr = expf(mx[h] - cm);
+                l[h] *= corr;
+                for (int i = 0; i < hd; i++) acc[h][i] *= corr;
+                mx[h] = cm;
+            }
+            l[h] += j->k->exp_sum(sc[h], cnt, mx[h]);
+        }
+        for (int h = 0; h < nh; h++)
+            for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
+                j->k->attn_accum(acc[h], j->V + seg_base[g], rs, sc[h] + c, seg_len[g], hd);
+        p0 += cnt;
+    }
+    for (int h = 0; h < nh; h++) {
+        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        for (int i = 0; i < hd; i++) o0[(size_t)h * hd + i] = acc[h][i] * inv;
+    }
+    return 0;
+}
+
+void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
+                        const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                        float scale, void *out) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (!q || !kv || !kv->k || !kv->v || !m || !out || n_heads <= 0 || n_kv_heads <= 0 ||
+        n_heads % n_kv_heads != 0 || head_dim <= 0 || head_dim > KAON_ATTN_MAX_HD) {
+        kaon_set_error("cpu attention: bad arguments (heads %d, kv heads %d, head_dim %d)",
+                       n_heads, n_kv_heads, head_dim);
+        return;
+    }
+    const int T = m->n_tokens;
+    if (T <= 0) return;
+    if (!m->positions || !m->token_seq || !m->block_tables || m->block_size <= 0 ||
+        m->max_blocks <= 0 || m->n_seqs <= 0) {
+        kaon_set_error("cpu attention: incomplete metadata");
+        return;
+    }
+    attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->v, .out = out, .m = m,
+                  .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim,
+                  .group = n_heads / n_kv_heads, .scale = scale};
+    double work = 0.0;
+    for (int t = 0; t < T; t++) work += (double)(m->positions[t] > 0 ? m->positions[t] + 1 : 1);
+    work *= 8.0 * n_heads * head_dim;  // 2 float FMAs per (position, dim), ~4x an int8 MAC
+    const int nt = kaon_cpu_threads_for(be_, work);
+    // Work items: a token and up to KAON_ATTN_HEADS query heads of one KV head. With few
+    // tokens and short contexts (decode), one head per item spreads the work more evenly
+    // over the threads; otherwise sharing the K/V loads between the heads matters more.
+    const int group = n_heads / n_kv_heads;
+    int hg = group < KAON_ATTN_HEADS ? group : KAON_ATTN_HEADS;
+    if (nt > 1 && T * n_kv_heads < 4 * nt && work < 8.0 * n_heads * head_dim * 512.0 * T) hg = 1;
+    const int nsub = (group + hg - 1) / hg, per_tok = n_kv_heads * nsub, items = T * per_tok;
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad) if (nt > 1)
+    for (int it = 0; it < items; it++) {
+        const int t = it / per_tok, r = it % per_tok, g = r / nsub, sb = r % nsub;
+        const int nh = group - sb * hg < hg ? group - sb * hg : hg;
+        if (attend_heads(&j, t, g * group + sb * hg, nh)) bad |= 1;
+    }
+    if (bad) kaon_set_error("cpu attention: a token's sequence, position or block is out of range");
+}

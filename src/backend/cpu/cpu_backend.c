@@ -1,0 +1,374 @@
+// The CPU backend's op table: memory, embedding, norms, RoPE and the element-wise ops. The
+// heavy ops live in cpu_linear.c and cpu_attention.c; the SIMD kernels in cpu_x86.h.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_internal.h"
+#include "util/err.h"
+#include "util/half.h"
+
+static const kaon_backend_ops cpu_ops;
+
+void *kaon_cpu_scratch(kaon_cpu_backend *be, size_t bytes) {
+    if (bytes <= be->scratch_cap) return be->scratch;
+    size_t cap = bytes + bytes / 4 + 4096;
+    cap = (cap + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, cap) != 0) {
+        kaon_set_error("cpu: out of memory for %zu bytes of scratch", bytes);
+        return NULL;
+    }
+    free(be->scratch);
+    be->scratch = p;
+    be->scratch_cap = cap;
+    return p;
+}
+
+static void *cpu_alloc(kaon_backend *be, size_t bytes) {
+    (void)be;
+    if (bytes > SIZE_MAX - 127) {
+        kaon_set_error("cpu alloc: %zu bytes is too large", bytes);
+        return NULL;
+    }
+    size_t sz = bytes ? (bytes + 63) & ~(size_t)63 : 64;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sz) != 0) {
+        kaon_set_error("cpu alloc: out of memory for %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, sz);
+    return p;
+}
+
+static void cpu_free(kaon_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+// Element i of a small float vector stored as F32, F16 or BF16.
+static inline float load_any(kaon_dtype t, const void *p, int i) {
+    switch (t) {
+    case KAON_F16: return kaon_f16_to_f32(((const uint16_t *)p)[i]);
+    case KAON_BF16: return kaon_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static void cpu_embed(kaon_backend *be, const kaon_tensor *table, const int32_t *ids, int n,
+                      void *out_) {
+    (void)be;
+    float *out = out_;
+    if (n <= 0) return;
+    if (!table || !table->data || table->ndim != 2 || !ids || !out) {
+        kaon_set_error("cpu embed: bad arguments");
+        return;
+    }
+    const int64_t vocab = table->shape[0], dim = table->shape[1];
+    const size_t rb = kaon_dtype_row_bytes(table->dtype, dim);
+    if (vocab <= 0 || dim <= 0 || dim > INT32_MAX || rb == 0 || kaon_cpu_kind(table->dtype) < 0 ||
+        (table->nbytes && table->nbytes / rb < (size_t)vocab)) {
+        kaon_set_error("cpu embed: unsupported table %s [%lld, %lld]",
+                       kaon_dtype_name(table->dtype), (long long)vocab, (long long)dim);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * dim;
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            memset(o, 0, (size_t)dim * sizeof(float));
+            kaon_set_error("cpu embed: token id %d outside the vocabulary of %lld", ids[i],
+                           (long long)vocab);
+            continue;
+        }
+        kaon_cpu_dequantize_row(table->dtype, table->data, ids[i], dim, o);
+    }
+}
+
+static void cpu_get_rows(kaon_backend *be, const void *x, const int32_t *idx, int n, int dim,
+                         void *out) {
+    (void)be;
+    if (n <= 0 || dim <= 0) return;
+    if (!x || !idx || !out) {
+        kaon_set_error("cpu get_rows: bad arguments");
+        return;
+    }
+    const size_t row = (size_t)dim * sizeof(float);
+    for (int i = 0; i < n; i++) {
+        if (idx[i] < 0) {
+            memset((char *)out + i * row, 0, row);
+            kaon_set_error("cpu get_rows: negative row %d", idx[i]);
+            continue;
+        }
+        memmove((char *)out + i * row, (const char *)x + (size_t)idx[i] * row, row);
+    }
+}
+
+typedef struct norm_job {
+    const kaon_cpu_kernels *k;
+    float *x, *out;
+    const float *add;
+    const kaon_tensor *w;
+    float eps;
+    int dim;
+} norm_job;
+
+static void norm_rows(const norm_job *j, int t0, int t1) {
+    const int dim = j->dim;
+    const kaon_dtype wt = j->w->dtype;
+    const float *wf = wt == KAON_F32 ? (const float *)j->w->data : NULL;
+    for (int t = t0; t < t1; t++) {
+        float *xr = j->x + (size_t)t * dim, *o = j->out + (size_t)t * dim;
+        if (j->add) {
+            const float *ar = j->add + (size_t)t * dim;
+            for (int i = 0; i < dim; i++) xr[i] += ar[i];
+        }
+        const float r = 1.0f / sqrtf(j->k->dot_f32(xr, xr, dim) / (float)dim + j->eps);
+        if (wf)
+            for (int i = 0; i < dim; i++) o[i] = xr[i] * r * wf[i];
+        else
+            for (int i = 0; i < dim; i++) o[i] = xr[i] * r * load_any(wt, j->w->data, i);
+    }
+}
+
+static void cpu_rmsnorm(kaon_backend *be_, void *x_, const void *add_, const kaon_tensor *w,
+                        float eps, int n, int dim, void *out_) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (n <= 0 || dim <= 0) return;
+    if (!x_ || !out_ || !w || !w->data || kaon_tensor_numel(w) != dim ||
+        (w->dtype != KAON_F32 && w->dtype != KAON_F16 && w->dtype != KAON_BF16)) {
+        kaon_set_error("cpu rmsnorm: bad arguments (weight must be F32/F16/BF16 [%d])", dim);
+        return;
+    }
+    norm_job j = {.k = be->k, .x = x_, .add = add_, .out = out_, .w = w, .eps = eps, .dim = dim};
+    const int nt = kaon_cpu_threads_for(be_, 8.0 * n * dim);
+    if (nt == 1) {
+        norm_rows(&j, 0, n);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < n; t++) norm_rows(&j, t, t + 1);
+}
+
+// cos/sin of every (token, frequency) pair, cached while positions and frequencies repeat.
+static const float *rope_table(kaon_cpu_backend *be, int n, const int32_t *pos, int half,
+                               const float *inv_freq) {
+    if (be->rope_valid && be->rope_n == n && be->rope_half == half &&
+        memcmp(be->rope_pos, pos, (size_t)n * sizeof *pos) == 0 &&
+        memcmp(be->rope_freq, inv_freq, (size_t)half * sizeof *inv_freq) == 0)
+        return be->rope_cs;
+    be->rope_valid = 0;
+    const size_t need_cs = (size_t)n * half * 2;
+    if ((size_t)n > be->rope_cap_tok || need_cs > be->rope_cap_cs || (size_t)half > be->rope_cap_half) {
+        const size_t cap_t = (size_t)n > be->rope_cap_tok ? (size_t)n : be->rope_cap_tok;
+        const size_t cap_cs = need_cs > be->rope_cap_cs ? need_cs : be->rope_cap_cs;
+        const size_t cap_h = (size_t)half > be->rope_cap_half ? (size_t)half : be->rope_cap_half;
+        float *cs = malloc(cap_cs * sizeof(float)), *f = malloc(cap_h * sizeof(float));
+        int32_t *p = malloc(cap_t * sizeof(int32_t));
+        if (!cs || !p || !f) {
+            free(cs);
+            free(p);
+            free(f);
+            kaon_set_error("cpu rope: out of memory");
+            return NULL;
+        }
+        free(be->rope_cs);
+        free(be->rope_pos);
+        free(be->rope_freq);
+        be->rope_cs = cs;
+        be->rope_pos = p;
+        be->rope_freq = f;
+        be->rope_cap_tok = cap_t;
+        be->rope_cap_cs = cap_cs;
+        be->rope_cap_half = cap_h;
+    }
+    for (int t = 0; t < n; t++) {
+        float *cs = be->rope_cs + (size_t)t * half * 2;
+        for (int j = 0; j < half; j++) {
+            // The angle is a float product, as in the reference implementations; its cosine
+            // and sine are then computed accurately.
+            const float theta = (float)pos[t] * inv_freq[j];
+            cs[2 * j] = (float)cos((double)theta);
+            cs[2 * j + 1] = (float)sin((double)theta);
+        }
+    }
+    memcpy(be->rope_pos, pos, (size_t)n * sizeof *pos);
+    memcpy(be->rope_freq, inv_freq, (size_t)half * sizeof *inv_freq);
+    be->rope_n = n;
+    be->rope_half = half;
+    be->rope_valid = 1;
+    return be->rope_cs;
+}
+
+typedef struct rope_job {
+    float *x;
+    const float *tab;
+    int n_heads, head_dim, half, inter;
+} rope_job;
+
+static void rope_rows(const rope_job *j, int t0, int t1) {
+    const int half = j->half;
+    for (int t = t0; t < t1; t++) {
+        const float *cs = j->tab + (size_t)t * half * 2;
+        for (int h = 0; h < j->n_heads; h++) {
+            float *v = j->x + ((size_t)t * j->n_heads + h) * j->head_dim;
+            if (j->inter) {
+                for (int i = 0; i < half; i++) {
+                    const float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+                    v[2 * i] = a * c - b * s;
+                    v[2 * i + 1] = a * s + b * c;
+                }
+            } else {
+                for (int i = 0; i < half; i++) {
+                    const float a = v[i], b = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+                    v[i] = a * c - b * s;
+                    v[i + half] = a * s + b * c;
+                }
+            }
+        }
+    }
+}
+
+static void cpu_rope(kaon_backend *be_, void *x_, int n, int n_heads, int head_dim,
+                     const int32_t *positions, const kaon_rope *rope) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (n <= 0) return;
+    if (!x_ || !positions || !rope || !rope->inv_freq || n_heads <= 0 || head_dim <= 0 ||
+        rope->rot_dim <= 0 || rope->rot_dim > head_dim || rope->rot_dim % 2) {
+        kaon_set_error("cpu rope: bad arguments (rot_dim %d, head_dim %d)", rope ? rope->rot_dim : -1,
+                       head_dim);
+        return;
+    }
+    const int half = rope->rot_dim / 2;
+    const float *tab = rope_table(be, n, positions, half, rope->inv_freq);
+    if (!tab) return;
+    rope_job j = {.x = x_, .tab = tab, .n_heads = n_heads, .head_dim = head_dim, .half = half,
+                  .inter = rope->interleaved};
+    const int nt = kaon_cpu_threads_for(be_, 4.0 * n * n_heads * half);
+    if (nt == 1) {
+        rope_rows(&j, 0, n);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < n; t++) rope_rows(&j, t, t + 1);
+}
+
+static void cpu_silu_and_mul(kaon_backend *be_, const void *gate, const void *up, int n, int dim,
+                             void *out) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (n <= 0 || dim <= 0) return;
+    if (!gate || !up || !out) {
+        kaon_set_error("cpu silu_and_mul: bad arguments");
+        return;
+    }
+    const size_t total = (size_t)n * dim;
+    const int nt = kaon_cpu_threads_for(be_, 16.0 * (double)total);
+    const kaon_cpu_kernels *k = be->k;
+    if (nt == 1) {
+        // One call over the whole contiguous [n, dim] array.
+        size_t done = 0;
+        while (done < total) {
+            size_t c = total - done > (size_t)1 << 30 ? (size_t)1 << 30 : total - done;
+            k->silu_mul((const float *)gate + done, (const float *)up + done, (float *)out + done,
+                        (int)c);
+            done += c;
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < n; t++)
+        k->silu_mul((const float *)gate + (size_t)t * dim, (const float *)up + (size_t)t * dim,
+                    (float *)out + (size_t)t * dim, dim);
+}
+
+static void cpu_to_host_f32(kaon_backend *be, const void *x, size_t n, float *out) {
+    (void)be;
+    if (n && x && out && x != out) memcpy(out, x, n * sizeof(float));
+}
+
+static void cpu_destroy(kaon_backend *be_) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (!be) return;
+    free(be->scratch);
+    free(be->rope_cs);
+    free(be->rope_pos);
+    free(be->rope_freq);
+    free(be);
+}
+
+static const kaon_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .act_elem_bytes = sizeof(float),
+    .embed = cpu_embed,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .linear = kaon_cpu_linear,
+    .rope = cpu_rope,
+    .kv_write = kaon_cpu_kv_write,
+    .attention = kaon_cpu_attention,
+    .silu_and_mul = cpu_silu_and_mul,
+    .to_host_f32 = cpu_to_host_f32,
+    .destroy = cpu_destroy,
+};
+
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] && strcmp(v, "0") != 0;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+
+// CPU features from cpuid, and whether the OS saves the wider registers (xgetbv).
+// (__builtin_cpu_supports cannot ask for f16c on every compiler we support.)
+static void x86_features(int *avx2, int *vnni) {
+    unsigned a, b, c, d;
+    *avx2 = *vnni = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1,
+              f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    (void)xhi;
+    if ((xlo & 0x6) != 0x6) return;  // XMM and YMM state
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    *avx2 = ((b >> 5) & 1) && fma && f16c;
+    const int avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, BW, VL
+    *vnni = *avx2 && avx512 && ((c >> 11) & 1) && (xlo & 0xE6) == 0xE6;       // + opmask/ZMM
+}
+#endif
+
+static const kaon_cpu_kernels *pick_kernels(void) {
+    if (env_on("KAON_CPU_NO_SIMD")) return kaon_cpu_kernels_scalar();
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    int avx2, vnni;
+    x86_features(&avx2, &vnni);
+    if (vnni && !env_on("KAON_CPU_NO_AVX512") && kaon_cpu_kernels_vnni()) return kaon_cpu_kernels_vnni();
+    if (avx2 && kaon_cpu_kernels_avx2()) return kaon_cpu_kernels_avx2();
+#endif
+    return kaon_cpu_kernels_scalar();
+}
+
+kaon_backend *kaon_backend_cpu_create(int n_threads) {
+    kaon_cpu_backend *be = calloc(1, sizeof *be);
+    if (!be) {
+        kaon_set_error("cpu backend: out of memory");
+        return NULL;
+    }
+    // More threads than processors only adds spinning at every fork/join.
+    const int nproc = omp_get_num_procs() > 0 ? omp_get_num_procs() : 1;
+    if (n_threads <= 0 || n_threads > nproc) n_threads = nproc;
+    be->base.ops = &cpu_ops;
+    be->base.n_threads = n_threads;
+    be->k = pick_kernels();
+    return &be->base;
+}
+
+const char *kaon_cpu_kernel_name(const kaon_backend *be) {
+    if (!be || be->ops != &cpu_ops) return NULL;
+    return ((const kaon_cpu_backend *)be)->k->name;
+}

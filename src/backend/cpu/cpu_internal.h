@@ -1,0 +1,161 @@
+// Internals of the CPU backend shared by its files: the GGUF block structs, the 8-bit
+// activation format that every quantized linear uses, and the kernel table chosen at start-up
+// (portable C, AVX2+FMA+F16C, or AVX2 with AVX-512 VNNI dot products).
+//
+// How a quantized linear runs: the activation rows x [n, K] are quantized once per call to
+// 8-bit blocks of 32 (a float scale d, the int8 values, and d * their sum), then each weight
+// row is dotted with up to 4 (AVX2) or 8 (AVX-512) activation rows at a time using integer
+// multiply-adds per block; the block's weight scale times the activation scale turns the
+// integer sum into a float.
+#ifndef KAON_BACKEND_CPU_INTERNAL_H
+#define KAON_BACKEND_CPU_INTERNAL_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#define KAON_QK 32    // elements per block: Q4_0, Q4_1, Q8_0 and the activations
+#define KAON_QKK 256  // elements per K-quant super-block
+#define KAON_MAX_ROWS 8  // most activation rows one kernel call processes (register blocking)
+
+// GGUF block layouts (little-endian f16 stored as uint16_t).
+typedef struct { uint16_t d; uint8_t qs[16]; } kaon_block_q4_0;           // x = (q - 8) d
+typedef struct { uint16_t d, m; uint8_t qs[16]; } kaon_block_q4_1;        // x = q d + m
+typedef struct { uint16_t d; int8_t qs[32]; } kaon_block_q8_0;            // x = q d
+typedef struct {                                                          // 8 x 32 sub-blocks
+    uint16_t d, dmin;
+    uint8_t scales[12];  // 6-bit scale and min per sub-block
+    uint8_t qs[128];     // 64 elements per 32 bytes: low nibbles, then high nibbles
+} kaon_block_q4_k;
+typedef struct {         // 16 x 16 sub-blocks
+    uint8_t ql[128];     // low 4 bits
+    uint8_t qh[64];      // high 2 bits
+    int8_t scales[16];
+    uint16_t d;
+} kaon_block_q6_k;
+
+static_assert(sizeof(kaon_block_q4_0) == 18, "Q4_0 block is 18 bytes");
+static_assert(sizeof(kaon_block_q4_1) == 20, "Q4_1 block is 20 bytes");
+static_assert(sizeof(kaon_block_q8_0) == 34, "Q8_0 block is 34 bytes");
+static_assert(sizeof(kaon_block_q4_k) == 144, "Q4_K block is 144 bytes");
+static_assert(sizeof(kaon_block_q6_k) == 210, "Q6_K block is 210 bytes");
+
+// Order of the int8 values inside an activation row.
+//  NATURAL: block b holds elements 32b..32b+31 in order.
+//  Q4PAIRS: blocks (2i, 2i+1) are stored as [2i: 0..15][2i+1: 0..15][2i: 16..31][2i+1: 16..31],
+//           which is the order the low/high nibbles of two consecutive Q4_0/Q4_1 blocks come out
+//           in when their 16-byte payloads are loaded side by side; and inside each group of 8
+//           blocks, d and s are stored in the order 0,2,4,6,1,3,5,7 (the order a horizontal-add
+//           tree leaves the 8 block sums in).
+enum { KAON_ACT_NATURAL = 0, KAON_ACT_Q4PAIRS = 1 };
+
+// n rows of K = 32 nb elements, quantized. Rows are padded to nbp blocks (a multiple of 8)
+// with zero values and zero scales, so SIMD kernels may read whole groups of 8 blocks.
+typedef struct kaon_q8_act {
+    int n, nb, nbp, layout;
+    int8_t *qs;     // [n, nbp * 32]
+    float *d;       // [n, nbp]  scale of each block: x ~= d * q
+    float *s;       // [n, nbp]  d * sum(q) of each block (for the weight formats' offsets)
+    int16_t *s16;   // [n, nbp, 2] sum(q) of each 16-element half (Q6_K's -32 offset); may be NULL
+} kaon_q8_act;
+
+// Index of a dtype in the kernel tables; -1 when the CPU backend cannot compute with it.
+enum { KAON_KI_F32, KAON_KI_F16, KAON_KI_BF16, KAON_KI_Q4_0, KAON_KI_Q4_1, KAON_KI_Q8_0,
+       KAON_KI_Q4_K, KAON_KI_Q6_K, KAON_KI_COUNT };
+int kaon_cpu_kind(kaon_dtype t);
+
+// out[r] = dot(weight row, activation row r0 + r) for r < nr (nr <= the table's max_rows).
+typedef void (*kaon_qdot_fn)(const void *wrow, const kaon_q8_act *a, int r0, int nr, float *out);
+// out[r] = dot(weight row of K elements, x + r * ldx) for r < nr (float weight formats).
+typedef void (*kaon_fdot_fn)(const void *wrow, int K, const float *x, size_t ldx, int nr,
+                             float *out);
+
+typedef struct kaon_cpu_kernels {
+    const char *name;
+    int max_rows;                       // activation rows per kernel call (<= KAON_MAX_ROWS)
+    kaon_qdot_fn qdot[KAON_KI_COUNT];   // quantized formats (NULL for float ones)
+    kaon_fdot_fn fdot[KAON_KI_COUNT];   // float formats (NULL for quantized ones)
+    int layout[KAON_KI_COUNT];          // activation layout each quantized kernel reads
+    // Quantizes one row of K = 32 nb elements into row `row` of a (layout a->layout).
+    void (*quantize_row)(const float *x, kaon_q8_act *a, int row);
+    float (*dot_f32)(const float *a, const float *b, int n);
+    // scores[j] = scale * dot(q, k + j * kstride) for j < n                 k [n, kstride]
+    void (*attn_scores)(const float *q, const float *k, size_t kstride, int n, int hd,
+                        float scale, float *scores);
+    // acc[0..hd) += sum_j p[j] * v[j * vstride + 0..hd)
+    void (*attn_accum)(float *acc, const float *v, size_t vstride, const float *p, int n, int hd);
+    // s[j] = exp(s[j] - mx); returns the sum.
+    float (*exp_sum)(float *s, int n, float mx);
+    // out = silu(g) * u
+    void (*silu_mul)(const float *g, const float *u, float *out, int n);
+} kaon_cpu_kernels;
+
+const kaon_cpu_kernels *kaon_cpu_kernels_scalar(void);
+// NULL when not compiled for x86.
+const kaon_cpu_kernels *kaon_cpu_kernels_avx2(void);
+const kaon_cpu_kernels *kaon_cpu_kernels_vnni(void);
+
+// The scalar quantizer handles both layouts; the SIMD tables may use it as their reference.
+void kaon_cpu_quantize_row_ref(const float *x, kaon_q8_act *a, int row);
+// Position of block b's d/s inside its row for a layout.
+static inline int kaon_act_dpos(int layout, int b) {
+    if (layout != KAON_ACT_Q4PAIRS) return b;
+    int i = b & 7;
+    return (b & ~7) + ((i & 1) ? 4 + (i >> 1) : (i >> 1));
+}
+// Byte position of element e (< 32) of block b inside its row's qs for a layout.
+static inline int kaon_act_qpos(int layout, int b, int e) {
+    if (layout != KAON_ACT_Q4PAIRS) return b * 32 + e;
+    return (b & ~1) * 32 + (e >= 16 ? 32 : 0) + (b & 1) * 16 + (e & 15);
+}
+
+// Dequantizes row `row` of a [rows, K] tensor of any supported dtype into out [K].
+// Returns -1 (error set) for an unsupported dtype or a K that is not a whole number of blocks.
+int kaon_cpu_dequantize_row(kaon_dtype t, const void *data, int64_t row, int64_t K, float *out);
+
+// Q4_K's 6-bit scale and min of sub-block j.
+static inline void kaon_q4k_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// The backend object: the public part first so the pointers convert.
+typedef struct kaon_cpu_backend {
+    kaon_backend base;
+    const kaon_cpu_kernels *k;
+    // Scratch for quantized activations; grows on demand and is then reused (one engine
+    // thread drives a backend, so it is not shared between concurrent calls).
+    void *scratch;
+    size_t scratch_cap;
+    // RoPE cos/sin of the last call, reused while positions and frequencies repeat (every
+    // layer of one step rotates the same positions).
+    float *rope_cs;          // [n, rot_dim/2, 2]
+    int32_t *rope_pos;       // [n]
+    float *rope_freq;        // [rot_dim/2]
+    size_t rope_cap_tok, rope_cap_cs, rope_cap_half;
+    int rope_n, rope_half;
+    int rope_valid;
+} kaon_cpu_backend;
+
+// Returns at least `bytes` of 64-byte aligned scratch, or NULL (error set).
+void *kaon_cpu_scratch(kaon_cpu_backend *be, size_t bytes);
+
+void kaon_cpu_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
+                     const kaon_tensor *bias, void *y);
+void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
+                       const kaon_attn_meta *m, int n_kv_heads, int head_dim);
+void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                        const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                        float scale, void *out);
+
+// Threads worth using for `work` multiply-adds (1 below a size where a fork/join costs more).
+int kaon_cpu_threads_for(const kaon_backend *be, double work);
+
+#endif

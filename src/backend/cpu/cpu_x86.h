@@ -1,0 +1,659 @@
+// x86 SIMD kernels of the CPU backend, written once and compiled twice: cpu_avx2.c builds them
+// for AVX2+FMA+F16C (u8 x s8 products with vpmaddubsw + vpmaddwd) and cpu_vnni.c for CPUs that
+// also have AVX-512 VNNI (vpdpbusd does both steps in one instruction, 256-bit registers).
+// The including file sets KX(name) (name mangling), KX_VNNI (0/1), KX_ROWS (activation rows
+// per call: 4 fit AVX2's 16 vector registers, 8 fit AVX-512's 32) and the target pragma.
+//
+// The quantized kernels work on groups of 8 blocks of 32: each block's integer dot product
+// ends as 8 int32 lanes, a horizontal-add tree turns 8 such vectors into one vector of the 8
+// block sums, and one float multiply-add per group applies the 8 (weight scale x activation
+// scale) products. One weight group is unpacked once and used for up to 4 activation rows.
+#ifndef KX_VNNI
+#error "include cpu_x86.h from cpu_avx2.c or cpu_vnni.c"
+#endif
+
+// ---- small helpers ---------------------------------------------------------------------
+
+static inline float KX(hsum)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256i KX(load2x128)(const void *lo, const void *hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                   _mm_loadu_si128((const __m128i *)hi), 1);
+}
+
+static inline __m256i KX(ld)(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+// 8 int32 lanes, lane i = sum of products of bytes 4i..4i+3 (u unsigned, s signed).
+static inline __m256i KX(dot_u8s8)(__m256i u, __m256i s) {
+#if KX_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// dot_u8s8(lo, xa) + dot_u8s8(hi, xb) for nibbles (<= 15): the int16 sums cannot overflow.
+static inline __m256i KX(dot_pair)(__m256i lo, __m256i xa, __m256i hi, __m256i xb) {
+#if KX_VNNI
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xa), hi, xb);
+#else
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+// Eight vectors, each holding partial sums of one block, to one vector of the 8 block sums.
+static inline __m256i KX(reduce8)(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4,
+                                  __m256i v5, __m256i v6, __m256i v7) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// 8 f16 values found in the low 16 bits of the 8 int32 lanes -> 8 floats.
+static inline __m256 KX(f16lo_to_ps)(__m256i v) {
+    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    __m256i t = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sh), 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(t));
+}
+
+// Both f16 halves of 8 int32 lanes -> (low halves, high halves) as floats.
+static inline void KX(f16pair_to_ps)(__m256i v, __m256 *lo, __m256 *hi) {
+    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256i t = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sh), 0xD8);
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(t));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(t, 1));
+}
+
+static inline uint32_t KX(ld32)(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t KX(ld16)(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+// One f16 -> float with the F16C instruction (the portable converter is much longer).
+static inline float KX(h2f)(uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+// ---- Q4_0 / Q4_1 (activations in the Q4PAIRS layout) ----------------------------------
+
+// One group of 8 blocks for one activation row. lo[p]/hi[p]: nibbles of blocks (2p, 2p+1);
+// dw, mw: weight scale and offset per block in the order 0,2,4,6,1,3,5,7 (as are dx, sx).
+static inline __attribute__((always_inline)) __m256 KX(q4_group)(
+    __m256 acc, const __m256i *lo, const __m256i *hi, const int8_t *x, __m256 dw, __m256 mw,
+    const float *dx, const float *sx) {
+    __m256i v0 = KX(dot_pair)(lo[0], KX(ld)(x), hi[0], KX(ld)(x + 32));
+    __m256i v1 = KX(dot_pair)(lo[1], KX(ld)(x + 64), hi[1], KX(ld)(x + 96));
+    __m256i v2 = KX(dot_pair)(lo[2], KX(ld)(x + 128), hi[2], KX(ld)(x + 160));
+    __m256i v3 = KX(dot_pair)(lo[3], KX(ld)(x + 192), hi[3], KX(ld)(x + 224));
+    // v_p = [block 2p: 4 partial sums | block 2p+1: 4 partial sums]
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_loadu_ps(dx)), acc);
+    return _mm256_fmadd_ps(mw, _mm256_loadu_ps(sx), acc);
+}
+
+// bsize: 18 (Q4_0: x = (q - 8) d) or 20 (Q4_1: x = q d + m); qs sit at byte bsize - 16.
+static inline __attribute__((always_inline)) void KX(q4_rows)(const uint8_t *w, const int bsize,
+                                                               const kaon_q8_act *a, int r0,
+                                                               const int nr, float *out) {
+    const int nb = a->nb, nbp = a->nbp;
+    const size_t xs = (size_t)nbp * 32;
+    const int8_t *x0 = a->qs + (size_t)r0 * xs;
+    const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int qo = bsize - 16;
+    __m256 acc[KX_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    int g = 0;
+    for (; g + 8 <= nb; g += 8) {
+        const uint8_t *b = w + (size_t)g * bsize;
+        __m256i lo[4], hi[4];
+        for (int p = 0; p < 4; p++) {
+            __m256i q = KX(load2x128)(b + (2 * p) * bsize + qo, b + (2 * p + 1) * bsize + qo);
+            lo[p] = _mm256_and_si256(q, m4);
+            hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+        // Scales of blocks 0,2,4,6,1,3,5,7: a 32-bit load at each block start (d, then m or
+        // the first qs bytes; always inside the block).
+        __m256i raw = _mm256_setr_epi32(
+            (int)KX(ld32)(b), (int)KX(ld32)(b + 2 * bsize), (int)KX(ld32)(b + 4 * bsize),
+            (int)KX(ld32)(b + 6 * bsize), (int)KX(ld32)(b + bsize), (int)KX(ld32)(b + 3 * bsize),
+            (int)KX(ld32)(b + 5 * bsize), (int)KX(ld32)(b + 7 * bsize));
+        __m256 dw, mw;
+        if (bsize == 20) {
+            KX(f16pair_to_ps)(raw, &dw, &mw);
+        } else {
+            dw = KX(f16lo_to_ps)(raw);
+            mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+        }
+        for (int r = 0; r < nr; r++)
+            acc[r] = KX(q4_group)(acc[r], lo, hi, x0 + r * xs + (size_t)g * 32, dw, mw,
+                                  d0 + (size_t)r * nbp + g, s0 + (size_t)r * nbp + g);
+    }
+    // The last blocks (fewer than 8), a pair at a time: the pair's 8 lanes are 4 partial sums
+    // of each block, so one vector [dw dx of block b x 4 | of block b+1 x 4] scales them.
+    // A lone last block pairs with a zero block (its activation padding is zero too).
+    float mtail[KX_ROWS] = {0};
+    for (; g < nb; g += 2) {
+        const uint8_t *b = w + (size_t)g * bsize;
+        const int two = g + 1 < nb;
+        __m256i q = two ? KX(load2x128)(b + qo, b + bsize + qo)
+                        : _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                                  _mm_loadu_si128((const __m128i *)(b + qo)), 0);
+        const __m256i lo = _mm256_and_si256(q, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const float dw0 = KX(h2f)(KX(ld16)(b)), dw1 = two ? KX(h2f)(KX(ld16)(b + bsize)) : 0.0f;
+        const float mw0 = bsize == 20 ? KX(h2f)(KX(ld16)(b + 2)) : -8.0f * dw0;
+        const float mw1 = !two ? 0.0f : bsize == 20 ? KX(h2f)(KX(ld16)(b + bsize + 2)) : -8.0f * dw1;
+        const int p0 = kaon_act_dpos(KAON_ACT_Q4PAIRS, g), p1 = kaon_act_dpos(KAON_ACT_Q4PAIRS, g + 1);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = x0 + r * xs + (size_t)g * 32;
+            const float *dx = d0 + (size_t)r * nbp, *sx = s0 + (size_t)r * nbp;
+            __m256i v = KX(dot_pair)(lo, KX(ld)(x), hi, KX(ld)(x + 32));
+            __m256 sc = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(dw0 * dx[p0])),
+                                             _mm_set1_ps(dw1 * dx[p1]), 1);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sc, acc[r]);
+            mtail[r] += mw0 * sx[p0] + mw1 * sx[p1];
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]) + mtail[r];
+}
+
+// ---- Q8_0 (natural layout) -------------------------------------------------------------
+
+static inline __attribute__((always_inline)) __m256 KX(q8_group)(__m256 acc, const __m256i *wp,
+                                                                 const int8_t *x, __m256 dw,
+                                                                 const float *dx,
+                                                                 const float *sx) {
+    __m256i v[8];
+    for (int i = 0; i < 8; i++) {
+#if KX_VNNI
+        v[i] = KX(dot_u8s8)(wp[i], KX(ld)(x + 32 * i));  // wp = w + 128 (unsigned)
+#else
+        v[i] = KX(dot_u8s8)(_mm256_abs_epi8(wp[i]), _mm256_sign_epi8(KX(ld)(x + 32 * i), wp[i]));
+#endif
+    }
+    __m256i h = KX(reduce8)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_loadu_ps(dx)), acc);
+#if KX_VNNI
+    // sum (w + 128) x = sum w x + 128 sum x: take 128 d_w d_x sum(x) = 128 d_w s back out.
+    acc = _mm256_fnmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(128.0f)), _mm256_loadu_ps(sx), acc);
+#else
+    (void)sx;
+#endif
+    return acc;
+}
+
+static inline __attribute__((always_inline)) void KX(q8_rows)(const kaon_block_q8_0 *w,
+                                                               const kaon_q8_act *a, int r0,
+                                                               const int nr, float *out) {
+    const int nb = a->nb, nbp = a->nbp;
+    const size_t xs = (size_t)nbp * 32;
+    const int8_t *x0 = a->qs + (size_t)r0 * xs;
+    const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
+    __m256 acc[KX_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    int g = 0;
+    for (; g + 8 <= nb; g += 8) {
+        const kaon_block_q8_0 *b = w + g;
+        __m256i wp[8];
+        __m256i raw = _mm256_setr_epi32((int)KX(ld16)(&b[0].d), (int)KX(ld16)(&b[1].d),
+                                        (int)KX(ld16)(&b[2].d), (int)KX(ld16)(&b[3].d),
+                                        (int)KX(ld16)(&b[4].d), (int)KX(ld16)(&b[5].d),
+                                        (int)KX(ld16)(&b[6].d), (int)KX(ld16)(&b[7].d));
+        const __m256 dw = KX(f16lo_to_ps)(raw);
+        for (int i = 0; i < 8; i++) {
+            wp[i] = KX(ld)(b[i].qs);
+#if KX_VNNI
+            wp[i] = _mm256_xor_si256(wp[i], _mm256_set1_epi8((char)0x80));
+#endif
+        }
+        for (int r = 0; r < nr; r++)
+            acc[r] = KX(q8_group)(acc[r], wp, x0 + r * xs + (size_t)g * 32, dw,
+                                  d0 + (size_t)r * nbp + g, s0 + (size_t)r * nbp + g);
+    }
+    float tail[KX_ROWS] = {0};
+    for (; g < nb; g++) {  // the last blocks (fewer than 8) one at a time
+        const __m256i wq = KX(ld)(w[g].qs);
+        const float dw = KX(h2f)(KX(ld16)(&w[g].d));
+#if KX_VNNI
+        const __m256i wu = _mm256_xor_si256(wq, _mm256_set1_epi8((char)0x80));
+#else
+        const __m256i wa = _mm256_abs_epi8(wq);
+#endif
+        for (int r = 0; r < nr; r++) {
+            const __m256i xv = KX(ld)(x0 + r * xs + (size_t)g * 32);
+            const float dx = d0[(size_t)r * nbp + g];
+#if KX_VNNI
+            __m256i v = KX(dot_u8s8)(wu, xv);
+            tail[r] -= 128.0f * dw * s0[(size_t)r * nbp + g];
+#else
+            __m256i v = KX(dot_u8s8)(wa, _mm256_sign_epi8(xv, wq));
+#endif
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(dw * dx), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]) + tail[r];
+}
+
+// ---- Q4_K (natural layout; one super-block = one group of 8) ----------------------------
+
+static inline __attribute__((always_inline)) void KX(q4k_rows)(const kaon_block_q4_k *w,
+                                                                const kaon_q8_act *a, int r0,
+                                                                const int nr, float *out) {
+    const int nsb = a->nb / 8, nbp = a->nbp;
+    const size_t xs = (size_t)nbp * 32;
+    const int8_t *x0 = a->qs + (size_t)r0 * xs;
+    const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[KX_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const kaon_block_q4_k *b = w + i;
+        uint32_t u[3], scm[4];
+        memcpy(u, b->scales, 12);
+        scm[0] = u[0] & 0x3f3f3f3fu;                                        // scales 0..3
+        scm[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // scales 4..7
+        scm[2] = u[1] & 0x3f3f3f3fu;                                        // mins 0..3
+        scm[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
+        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scm)));
+        __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm + 2))));
+        sc = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(b->d)));
+        mn = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(b->dmin)));
+        __m256i q[8];
+        for (int k = 0; k < 4; k++) {
+            __m256i v = KX(ld)(b->qs + 32 * k);
+            q[2 * k] = _mm256_and_si256(v, m4);
+            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = x0 + r * xs + (size_t)i * 256;
+            __m256i v[8];
+            for (int j = 0; j < 8; j++) v[j] = KX(dot_u8s8)(q[j], KX(ld)(x + 32 * j));
+            __m256i h = KX(reduce8)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+            const float *dx = d0 + (size_t)r * nbp + 8 * i, *sx = s0 + (size_t)r * nbp + 8 * i;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(sc, _mm256_loadu_ps(dx)),
+                                     acc[r]);
+            acc[r] = _mm256_fnmadd_ps(mn, _mm256_loadu_ps(sx), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
+}
+
+// ---- Q6_K (natural layout; needs the per-16 activation sums) ----------------------------
+
+static inline __attribute__((always_inline)) void KX(q6k_rows)(const kaon_block_q6_k *w,
+                                                                const kaon_q8_act *a, int r0,
+                                                                const int nr, float *out) {
+    const int nsb = a->nb / 8, nbp = a->nbp;
+    const size_t xs = (size_t)nbp * 32;
+    const int8_t *x0 = a->qs + (size_t)r0 * xs;
+    const float *d0 = a->d + (size_t)r0 * nbp;
+    const int16_t *h0 = a->s16 + (size_t)r0 * nbp * 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[KX_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const kaon_block_q6_k *b = w + i;
+        // Raw values 0..63 of the 8 chunks of 32 (value - 32 is the signed weight).
+        __m256i c[8];
+        for (int hf = 0; hf < 2; hf++) {
+            __m256i l0 = KX(ld)(b->ql + 64 * hf), l1 = KX(ld)(b->ql + 64 * hf + 32);
+            __m256i hb = KX(ld)(b->qh + 32 * hf);
+            c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                            _mm256_and_si256(hb, m30));
+            c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        }
+        // Chunk j's halves use scales 2j and 2j+1: [s_2j x 8 | s_2j+1 x 8] as int16.
+        __m256i scv[8];
+        for (int j = 0; j < 8; j++)
+            scv[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(b->scales[2 * j])),
+                                             _mm_set1_epi16(b->scales[2 * j + 1]), 1);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        const __m256 dw = _mm256_set1_ps(KX(h2f)(b->d));
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = x0 + r * xs + (size_t)i * 256;
+            __m256i v[8];
+            for (int j = 0; j < 8; j++)
+                v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[j], KX(ld)(x + 32 * j)), scv[j]);
+            __m256i h = KX(reduce8)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+            // The -32 offset: 32 * (s_2j * sum of half 0 + s_2j+1 * sum of half 1) per chunk.
+            __m256i off = _mm256_madd_epi16(KX(ld)(h0 + (size_t)r * nbp * 2 + 16 * i), sc16);
+            h = _mm256_sub_epi32(h, _mm256_slli_epi32(off, 5));
+            const float *dx = d0 + (size_t)r * nbp + 8 * i;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_loadu_ps(dx)),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
+}
+
+// Instantiate each kernel for a compile-time row count, so accumulators stay in registers.
+#if KX_ROWS == 8
+#define KX_DISPATCH_ROWS(CALL) \
+    switch (nr) {              \
+    case 1: CALL(1); break;    \
+    case 2: CALL(2); break;    \
+    case 3: CALL(3); break;    \
+    case 4: CALL(4); break;    \
+    case 5: CALL(5); break;    \
+    case 6: CALL(6); break;    \
+    case 7: CALL(7); break;    \
+    default: CALL(8); break;   \
+    }
+#else
+#define KX_DISPATCH_ROWS(CALL) \
+    switch (nr) {              \
+    case 1: CALL(1); break;    \
+    case 2: CALL(2); break;    \
+    case 3: CALL(3); break;    \
+    default: CALL(4); break;   \
+    }
+#endif
+
+static void KX(qdot_q4_0)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define C(N) KX(q4_rows)((const uint8_t *)w, 18, a, r0, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+static void KX(qdot_q4_1)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define C(N) KX(q4_rows)((const uint8_t *)w, 20, a, r0, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+static void KX(qdot_q8_0)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define C(N) KX(q8_rows)((const kaon_block_q8_0 *)w, a, r0, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+static void KX(qdot_q4_k)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define C(N) KX(q4k_rows)((const kaon_block_q4_k *)w, a, r0, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+static void KX(qdot_q6_k)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define C(N) KX(q6k_rows)((const kaon_block_q6_k *)w, a, r0, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+
+// ---- float weights ---------------------------------------------------------------------
+
+enum { KX_W_F32, KX_W_F16, KX_W_BF16 };
+
+static inline __attribute__((always_inline)) __m256 KX(load_w8)(const void *w, const int kind,
+                                                                 int k) {
+    if (kind == KX_W_F32) return _mm256_loadu_ps((const float *)w + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + k));
+    if (kind == KX_W_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) float KX(load_w1)(const void *w, const int kind, int k) {
+    if (kind == KX_W_F32) return ((const float *)w)[k];
+    uint16_t h = ((const uint16_t *)w)[k];
+    return kind == KX_W_F16 ? KX(h2f)(h) : kaon_bf16_to_f32(h);
+}
+
+static inline __attribute__((always_inline)) void KX(fdot_rows)(const void *w, const int kind,
+                                                                 int K, const float *x, size_t ldx,
+                                                                 const int nr, float *out) {
+    __m256 a0[KX_ROWS], a1[KX_ROWS];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256 w0 = KX(load_w8)(w, kind, k), w1 = KX(load_w8)(w, kind, k + 8);
+        for (int r = 0; r < nr; r++) {
+            a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), a0[r]);
+            a1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + k + 8), a1[r]);
+        }
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 w0 = KX(load_w8)(w, kind, k);
+        for (int r = 0; r < nr; r++)
+            a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), a0[r]);
+    }
+    for (int r = 0; r < nr; r++) {
+        float s = KX(hsum)(_mm256_add_ps(a0[r], a1[r]));
+        for (int kk = k; kk < K; kk++) s += KX(load_w1)(w, kind, kk) * x[r * ldx + kk];
+        out[r] = s;
+    }
+}
+
+static void KX(fdot_f32)(const void *w, int K, const float *x, size_t ldx, int nr, float *out) {
+#define C(N) KX(fdot_rows)(w, KX_W_F32, K, x, ldx, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+static void KX(fdot_f16)(const void *w, int K, const float *x, size_t ldx, int nr, float *out) {
+#define C(N) KX(fdot_rows)(w, KX_W_F16, K, x, ldx, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+static void KX(fdot_bf16)(const void *w, int K, const float *x, size_t ldx, int nr, float *out) {
+#define C(N) KX(fdot_rows)(w, KX_W_BF16, K, x, ldx, N, out)
+    KX_DISPATCH_ROWS(C)
+#undef C
+}
+
+// ---- activation quantization (same numbers as kaon_cpu_quantize_row_ref) ----------------
+
+static int KX(hsum_epi32)(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void KX(quantize_row)(const float *x, kaon_q8_act *a, int row) {
+    const int nb = a->nb, nbp = a->nbp, layout = a->layout;
+    int8_t *qs = a->qs + (size_t)row * nbp * 32;
+    float *d = a->d + (size_t)row * nbp, *s = a->s + (size_t)row * nbp;
+    int16_t *s16 = a->s16 ? a->s16 + (size_t)row * nbp * 2 : NULL;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < nbp; b++) {
+        __m256i q = _mm256_setzero_si256();
+        float db = 0.0f;
+        int slo = 0, shi = 0;
+        if (b < nb) {
+            const float *xb = x + (size_t)b * 32;
+            __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+            __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+            __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                      _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ss(m, _mm_movehdup_ps(m));
+            float amax = _mm_cvtss_f32(m);
+            db = amax / 127.0f;
+            float id = db != 0.0f ? 1.0f / db : 0.0f;
+            __m256 vid = _mm256_set1_ps(id);
+            // cvtps rounds to nearest even (the default MXCSR mode), like nearbyintf.
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+            __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+            slo = KX(hsum_epi32)(_mm256_add_epi32(i0, i1));
+            shi = KX(hsum_epi32)(_mm256_add_epi32(i2, i3));
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            q = _mm256_permutevar8x32_epi32(p, perm);
+        }
+        if (layout == KAON_ACT_Q4PAIRS) {
+            _mm_storeu_si128((__m128i *)(qs + kaon_act_qpos(layout, b, 0)), _mm256_castsi256_si128(q));
+            _mm_storeu_si128((__m128i *)(qs + kaon_act_qpos(layout, b, 16)), _mm256_extracti128_si256(q, 1));
+        } else {
+            _mm256_storeu_si256((__m256i *)(qs + (size_t)b * 32), q);
+        }
+        int dp = kaon_act_dpos(layout, b);
+        d[dp] = db;
+        s[dp] = db * (float)(slo + shi);
+        if (s16) {
+            s16[2 * b] = (int16_t)slo;
+            s16[2 * b + 1] = (int16_t)shi;
+        }
+    }
+}
+
+// ---- attention and element-wise helpers ------------------------------------------------
+
+static float KX(dot_f32)(const float *a, const float *b, int n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    float s = KX(hsum)(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// Sum of each of 8 vectors, as one vector [sum c0, ..., sum c7].
+static inline __m256 KX(hsum8_ps)(__m256 c0, __m256 c1, __m256 c2, __m256 c3, __m256 c4,
+                                  __m256 c5, __m256 c6, __m256 c7) {
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(c0, c1), _mm256_hadd_ps(c2, c3));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(c4, c5), _mm256_hadd_ps(c6, c7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// 8 positions at a time: 8 independent FMA chains keep both FMA units busy.
+static void KX(attn_scores)(const float *q, const float *k, size_t kstride, int n, int hd,
+                            float scale, float *scores) {
+    int j = 0;
+    const int hd8 = hd & ~7;
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (; j + 8 <= n; j += 8) {
+        const float *kj = k + (size_t)j * kstride;
+        __m256 c[8];
+        for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
+        for (int i = 0; i < hd8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            for (int u = 0; u < 8; u++)
+                c[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + (size_t)u * kstride + i), c[u]);
+        }
+        __m256 sum = KX(hsum8_ps)(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+        if (hd8 < hd) {
+            float tail[8] = {0};
+            for (int u = 0; u < 8; u++)
+                for (int i = hd8; i < hd; i++) tail[u] += q[i] * kj[(size_t)u * kstride + i];
+            sum = _mm256_add_ps(sum, _mm256_loadu_ps(tail));
+        }
+        _mm256_storeu_ps(scores + j, _mm256_mul_ps(sum, vs));
+    }
+    for (; j < n; j++) scores[j] = scale * KX(dot_f32)(q, k + (size_t)j * kstride, hd);
+}
+
+// acc += sum_j p[j] v_j, 64 dims at a time in 8 registers (8 independent FMA chains).
+static void KX(attn_accum)(float *acc, const float *v, size_t vstride, const float *p, int n,
+                           int hd) {
+    int i = 0;
+    for (; i + 64 <= hd; i += 64) {
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_loadu_ps(acc + i + 8 * u);
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (size_t)j * vstride + i;
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * u), a[u]);
+        }
+        for (int u = 0; u < 8; u++) _mm256_storeu_ps(acc + i + 8 * u, a[u]);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + (size_t)j * vstride + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 1]),
+                                 _mm256_loadu_ps(v + (size_t)(j + 1) * vstride + i), a1);
+        }
+        if (j < n)
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + (size_t)j * vstride + i), a0);
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(a0, a1));
+    }
+    for (; i < hd; i++)
+        for (int j = 0; j < n; j++) acc[i] += p[j] * v[(size_t)j * vstride + i];
+}
+
+// exp(x) for 8 floats: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2 (Cephes' expf polynomial,
+// about 2 ulp). Inputs are clamped to +-88.376; below about -87.3 the result is 0.
+static inline __m256 KX(exp_ps)(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static float KX(exp_sum)(float *s, int n, float mx) {
+    __m256 sum = _mm256_setzero_ps(), m = _mm256_set1_ps(mx);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = KX(exp_ps)(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float t = KX(hsum)(sum);
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        t += s[j];
+    }
+    return t;
+}
+
+static void KX(silu_mul)(const float *g, const float *u, float *out, int n) {
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = KX(exp_ps)(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static const kaon_cpu_kernels KX(kernels) = {
+    .name = KX_NAME,
+    .max_rows = KX_ROWS,
+    .qdot = {[KAON_KI_Q4_0] = KX(qdot_q4_0), [KAON_KI_Q4_1] = KX(qdot_q4_1),
+             [KAON_KI_Q8_0] = KX(qdot_q8_0), [KAON_KI_Q4_K] = KX(qdot_q4_k),
+             [KAON_KI_Q6_K] = KX(qdot_q6_k)},
+    .fdot = {[KAON_KI_F32] = KX(fdot_f32), [KAON_KI_F16] = KX(fdot_f16),
+             [KAON_KI_BF16] = KX(fdot_bf16)},
+    .layout = {[KAON_KI_Q4_0] = KAON_ACT_Q4PAIRS, [KAON_KI_Q4_1] = KAON_ACT_Q4PAIRS},
+    .quantize_row = KX(quantize_row),
+    .dot_f32 = KX(dot_f32),
+    .attn_scores = KX(attn_scores),
+    .attn_accum = KX(attn_accum),
+    .exp_sum = KX(exp_sum),
+    .silu_mul = KX(silu_mul),
+};

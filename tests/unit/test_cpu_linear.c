@@ -1,0 +1,661 @@
+// The CPU backend's linear op for every weight format.
+//
+//   test_cpu_linear               self-checks (ctest): every kernel set this CPU has (scalar,
+//                                 AVX2, AVX-512 VNNI) against a double-precision reference,
+//                                 within the bound 8-bit activation quantization allows, and
+//                                 the SIMD kernels against the scalar ones
+//   test_cpu_linear --ref IN OUT  for tests/ref/test_cpu_quant.py: runs linear and embed on
+//                                 the weights of a GGUF file written by the gguf package
+//   test_cpu_linear --bench       times linear at SmolLM2-135M's shapes (1 and 2 threads), then
+//                                 a model-shaped pp512 / tg128 built from the backend's ops
+//   test_cpu_linear --bench model [THREADS [PROMPT [GEN [REPS]]]]
+//                                 only the model-shaped run (KAON_BENCH_PROFILE=1: time per op)
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_internal.h"
+#include "io/gguf.h"
+#include "test.h"
+#include "util/err.h"
+#include "util/half.h"
+#include "util/timer.h"
+
+// ---- random data ---------------------------------------------------------------------
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static double rnd_u(void) { return (double)(rnd64() >> 11) / 9007199254740992.0; }
+static double rnd_n(void) {
+    double u = rnd_u() + 1e-12, v = rnd_u();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+static void rnd_bytes(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd64();
+}
+
+// A random [M, K] weight in format t: random payload bytes with plausible f16 scales.
+static void *make_weight(kaon_dtype t, int M, int K) {
+    const size_t rb = kaon_dtype_row_bytes(t, K);
+    uint8_t *w = malloc(rb * M);
+    for (int m = 0; m < M; m++) {
+        uint8_t *r = w + rb * m;
+        switch (t) {
+        case KAON_F32:
+            for (int k = 0; k < K; k++) ((float *)r)[k] = (float)(0.1 * rnd_n());
+            break;
+        case KAON_F16:
+            for (int k = 0; k < K; k++) ((uint16_t *)r)[k] = kaon_f32_to_f16((float)(0.1 * rnd_n()));
+            break;
+        case KAON_BF16:
+            for (int k = 0; k < K; k++) ((uint16_t *)r)[k] = kaon_f32_to_bf16((float)(0.1 * rnd_n()));
+            break;
+        case KAON_Q4_0:
+            for (kaon_block_q4_0 *b = (void *)r; (uint8_t *)b < r + rb; b++) {
+                b->d = kaon_f32_to_f16((float)(0.002 + 0.02 * rnd_u()));
+                rnd_bytes(b->qs, 16);
+            }
+            break;
+        case KAON_Q4_1:
+            for (kaon_block_q4_1 *b = (void *)r; (uint8_t *)b < r + rb; b++) {
+                b->d = kaon_f32_to_f16((float)(0.002 + 0.02 * rnd_u()));
+                b->m = kaon_f32_to_f16((float)(-0.15 + 0.05 * rnd_n()));
+                rnd_bytes(b->qs, 16);
+            }
+            break;
+        case KAON_Q8_0:
+            for (kaon_block_q8_0 *b = (void *)r; (uint8_t *)b < r + rb; b++) {
+                b->d = kaon_f32_to_f16((float)(0.0005 + 0.002 * rnd_u()));
+                rnd_bytes((uint8_t *)b->qs, 32);  // the full int8 range, -128 included
+            }
+            break;
+        case KAON_Q4_K:
+            for (kaon_block_q4_k *b = (void *)r; (uint8_t *)b < r + rb; b++) {
+                b->d = kaon_f32_to_f16((float)(0.0005 + 0.002 * rnd_u()));
+                b->dmin = kaon_f32_to_f16((float)(0.0005 + 0.002 * rnd_u()));
+                rnd_bytes(b->scales, 12);
+                rnd_bytes(b->qs, 128);
+            }
+            break;
+        case KAON_Q6_K:
+            for (kaon_block_q6_k *b = (void *)r; (uint8_t *)b < r + rb; b++) {
+                rnd_bytes(b->ql, 128);
+                rnd_bytes(b->qh, 64);
+                rnd_bytes((uint8_t *)b->scales, 16);
+                b->d = kaon_f32_to_f16((float)(0.00005 + 0.0002 * rnd_u()));
+            }
+            break;
+        default: break;
+        }
+    }
+    return w;
+}
+
+// Activations: mostly N(0, 1), with a few large values so block scales vary.
+static float *make_x(int n, int K) {
+    float *x = malloc(sizeof(float) * (size_t)n * K);
+    for (size_t i = 0; i < (size_t)n * K; i++) {
+        double v = rnd_n();
+        if (rnd_u() < 0.02) v *= 12.0;
+        x[i] = (float)v;
+    }
+    return x;
+}
+
+static kaon_tensor tensor2(kaon_dtype t, int M, int K, void *data) {
+    kaon_tensor w = {.dtype = t, .ndim = 2, .shape = {M, K}, .data = data,
+                     .nbytes = kaon_dtype_row_bytes(t, K) * (size_t)M};
+    return w;
+}
+
+static int is_quant(kaon_dtype t) { return kaon_dtype_block_elems(t) > 1; }
+
+// ---- self-checks ---------------------------------------------------------------------
+
+typedef struct {
+    kaon_backend *be;
+    const char *name;
+} kset;
+
+static int n_sets;
+static kset sets[3];
+
+static void make_sets(int n_threads) {
+    // Every kernel set this CPU has, chosen through the environment as users would.
+    const char *envs[3][2] = {{"KAON_CPU_NO_SIMD", "1"}, {"KAON_CPU_NO_AVX512", "1"}, {NULL, NULL}};
+    n_sets = 0;
+    for (int i = 0; i < 3; i++) {
+        unsetenv("KAON_CPU_NO_SIMD");
+        unsetenv("KAON_CPU_NO_AVX512");
+        if (envs[i][0]) setenv(envs[i][0], envs[i][1], 1);
+        kaon_backend *be = kaon_backend_cpu_create(n_threads);
+        CHECK(be != NULL);
+        if (!be) continue;
+        const char *nm = kaon_cpu_kernel_name(be);
+        int dup = 0;
+        for (int j = 0; j < n_sets; j++) dup |= strcmp(sets[j].name, nm) == 0;
+        if (dup) {
+            be->ops->destroy(be);
+            continue;
+        }
+        sets[n_sets++] = (kset){be, nm};
+    }
+    unsetenv("KAON_CPU_NO_SIMD");
+    unsetenv("KAON_CPU_NO_AVX512");
+}
+
+static void free_sets(void) {
+    for (int i = 0; i < n_sets; i++) sets[i].be->ops->destroy(sets[i].be);
+    n_sets = 0;
+}
+
+// Checks y [n, M] of every kernel set against the double-precision product with the
+// dequantized weight. The bound: quantizing x to 8 bits moves each element by at most half
+// a step, amax(block) / 254, so |y - y_ref| <= sum over blocks of amax/254 * sum |w| in the
+// block; plus float rounding, 1e-5 * sum |w x|.
+static void check_linear(kaon_dtype t, int M, int K, int n, int with_bias) {
+    void *wd = make_weight(t, M, K);
+    kaon_tensor w = tensor2(t, M, K, wd);
+    float *x = make_x(n, K);
+    float *bias = NULL;
+    kaon_tensor bt = {0};
+    if (with_bias) {
+        bias = malloc(sizeof(float) * M);
+        for (int m = 0; m < M; m++) bias[m] = (float)rnd_n();
+        bt = (kaon_tensor){.dtype = KAON_F32, .ndim = 1, .shape = {M}, .data = bias, .nbytes = 4u * M};
+    }
+    float *wf = malloc(sizeof(float) * (size_t)M * K);
+    for (int m = 0; m < M; m++) CHECK(kaon_cpu_dequantize_row(t, wd, m, K, wf + (size_t)m * K) == 0);
+    double *ref = malloc(sizeof(double) * (size_t)n * M), *bound = malloc(sizeof(double) * (size_t)n * M);
+    // For quantized weights the activations are quantized as documented (per block of 32:
+    // d = max|x| / 127, q = round-half-even(x / d)); the product with those exact values,
+    // in double, must match the backend up to float rounding.
+    double *refq = malloc(sizeof(double) * (size_t)n * M);
+    float *xq = malloc(sizeof(float) * (size_t)n * K);
+    for (int r = 0; r < n && is_quant(t); r++)
+        for (int b = 0; b < K / 32; b++) {
+            const float *xb = x + (size_t)r * K + 32 * b;
+            float amax = 0.0f;
+            for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int e = 0; e < 32; e++) xq[(size_t)r * K + 32 * b + e] = d * nearbyintf(xb[e] * id);
+        }
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * K;
+        for (int m = 0; m < M; m++) {
+            const float *wr = wf + (size_t)m * K;
+            double acc = with_bias ? bias[m] : 0.0, mag = 0.0, qerr = 0.0;
+            for (int b = 0; b < K / 32; b++) {
+                double amax = 0.0, wabs = 0.0;
+                for (int e = 32 * b; e < 32 * b + 32; e++) {
+                    acc += (double)wr[e] * xr[e];
+                    mag += fabs((double)wr[e] * xr[e]);
+                    amax = fmax(amax, fabs(xr[e]));
+                    wabs += fabs(wr[e]);
+                }
+                qerr += amax / 254.0 * wabs;
+            }
+            for (int e = (K / 32) * 32; e < K; e++) {
+                acc += (double)wr[e] * xr[e];
+                mag += fabs((double)wr[e] * xr[e]);
+            }
+            ref[(size_t)r * M + m] = acc;
+            double accq = with_bias ? bias[m] : 0.0;
+            for (int e = 0; e < K && is_quant(t); e++) accq += (double)wr[e] * xq[(size_t)r * K + e];
+            refq[(size_t)r * M + m] = accq;
+            bound[(size_t)r * M + m] = (is_quant(t) ? qerr * 1.0001 : 0.0) + 1e-5 * mag + 1e-6;
+        }
+    }
+    float *y0 = NULL;
+    for (int s = 0; s < n_sets; s++) {
+        float *y = malloc(sizeof(float) * (size_t)n * M);
+        kaon_clear_error();
+        sets[s].be->ops->linear(sets[s].be, x, n, &w, with_bias ? &bt : NULL, y);
+        int bad = 0;
+        double worst = 0.0;
+        for (size_t i = 0; i < (size_t)n * M; i++) {
+            double e = fabs(y[i] - ref[i]);
+            if (!(e <= bound[i])) bad++;
+            worst = fmax(worst, e / bound[i]);
+        }
+        if (is_quant(t)) {  // against the exactly quantized activations: rounding only
+            int badq = 0;
+            for (size_t i = 0; i < (size_t)n * M; i++) {
+                double tol = 2e-5 * (bound[i] + fabs(refq[i])) + 1e-5;
+                if (!(fabs(y[i] - refq[i]) <= tol)) badq++;
+            }
+            if (badq)
+                fprintf(stderr, "linear %s %s M=%d K=%d n=%d: %d outputs differ from the exact "
+                        "quantized product\n", sets[s].name, kaon_dtype_name(t), M, K, n, badq);
+            CHECK(badq == 0);
+        }
+        if (bad || getenv("KAON_TEST_VERBOSE"))
+            fprintf(stderr, "linear %s %s M=%d K=%d n=%d: %d outputs past the bound (worst %.3fx)\n",
+                    sets[s].name, kaon_dtype_name(t), M, K, n, bad, worst);
+        CHECK(bad == 0);
+        // The SIMD sets quantize x to the same bytes as the scalar set, so they may differ
+        // from it only by float summation order.
+        if (s == 0) {
+            y0 = y;
+        } else {
+            int diff = 0;
+            for (size_t i = 0; i < (size_t)n * M; i++) {
+                double tol = 2e-5 * (bound[i] + fabs(ref[i])) + 1e-5;
+                if (!(fabs(y[i] - y0[i]) <= tol)) diff++;
+            }
+            if (diff)
+                fprintf(stderr, "linear %s vs %s %s M=%d K=%d n=%d: %d outputs differ\n",
+                        sets[s].name, sets[0].name, kaon_dtype_name(t), M, K, n, diff);
+            CHECK(diff == 0);
+            free(y);
+        }
+    }
+    free(y0);
+    free(refq);
+    free(xq);
+    free(ref);
+    free(bound);
+    free(wf);
+    free(bias);
+    free(x);
+    free(wd);
+}
+
+static void self_checks(void) {
+    const kaon_dtype types[] = {KAON_F32, KAON_F16, KAON_BF16, KAON_Q4_0, KAON_Q4_1,
+                                KAON_Q8_0, KAON_Q4_K, KAON_Q6_K};
+    const int ns[] = {1, 2, 3, 4, 5, 8, 13};
+    make_sets(1);
+    fprintf(stderr, "kernel sets:");
+    for (int s = 0; s < n_sets; s++) fprintf(stderr, " %s", sets[s].name);
+    fprintf(stderr, "\n");
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        kaon_dtype t = types[ti];
+        const int kq = kaon_dtype_block_elems(t) == 256;
+        // K values: whole groups of 8 blocks, a tail of 2 blocks, an odd block count, one block.
+        const int ks32[] = {32, 96, 256, 320, 576};
+        const int ksk[] = {256, 512, 1536};
+        const int ksf[] = {7, 40, 576};
+        const int *ks = kq ? ksk : (is_quant(t) ? ks32 : ksf);
+        const int nk = kq ? 3 : (is_quant(t) ? 5 : 3);
+        for (int ki = 0; ki < nk; ki++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+                check_linear(t, 19, ks[ki], ns[ni], ni == 2);
+    }
+    free_sets();
+
+    // Two threads: each output row is computed by the same kernel, so the result must be
+    // bitwise the same as with one thread.
+    kaon_backend *b1 = kaon_backend_cpu_create(1), *b2 = kaon_backend_cpu_create(2);
+    const kaon_dtype tt[] = {KAON_Q4_1, KAON_Q8_0, KAON_Q6_K, KAON_F16};
+    for (size_t ti = 0; ti < sizeof tt / sizeof *tt; ti++) {
+        const int M = 1000, K = 512, n = 6;
+        void *wd = make_weight(tt[ti], M, K);
+        kaon_tensor w = tensor2(tt[ti], M, K, wd);
+        float *x = make_x(n, K);
+        float *y1 = malloc(sizeof(float) * n * M), *y2 = malloc(sizeof(float) * n * M);
+        b1->ops->linear(b1, x, n, &w, NULL, y1);
+        b2->ops->linear(b2, x, n, &w, NULL, y2);
+        CHECK(memcmp(y1, y2, sizeof(float) * n * M) == 0);
+        b2->ops->linear(b2, x, 1, &w, NULL, y2);
+        CHECK(memcmp(y1, y2, sizeof(float) * M) == 0);
+        free(y1);
+        free(y2);
+        free(x);
+        free(wd);
+    }
+
+    // Bad inputs set an error and do not crash.
+    float x[64] = {0}, y[64];
+    uint8_t raw[64] = {0};
+    kaon_tensor bad = {.dtype = (kaon_dtype)7, .ndim = 2, .shape = {1, 32}, .data = raw, .nbytes = 64};
+    kaon_clear_error();
+    b1->ops->linear(b1, x, 1, &bad, NULL, y);
+    CHECK(strstr(kaon_last_error(), "not supported") != NULL);
+    kaon_tensor odd = {.dtype = KAON_Q4_0, .ndim = 2, .shape = {1, 33}, .data = raw, .nbytes = 64};
+    kaon_clear_error();
+    b1->ops->linear(b1, x, 1, &odd, NULL, y);
+    CHECK(strstr(kaon_last_error(), "whole blocks") != NULL);
+    kaon_tensor small = {.dtype = KAON_Q8_0, .ndim = 2, .shape = {2, 32}, .data = raw, .nbytes = 34};
+    kaon_clear_error();
+    b1->ops->linear(b1, x, 1, &small, NULL, y);
+    CHECK(strstr(kaon_last_error(), "needs") != NULL);
+    b1->ops->destroy(b1);
+    b2->ops->destroy(b2);
+}
+
+// ---- --ref mode ----------------------------------------------------------------------
+
+static int write_record(FILE *f, const char *tag, const char *name, size_t name_len, int rows,
+                        int cols, const float *data) {
+    uint32_t nl = (uint32_t)name_len;
+    int32_t rc[2] = {rows, cols};
+    if (fwrite(tag, 1, 4, f) != 4 || fwrite(&nl, 4, 1, f) != 1 || fwrite(name, 1, nl, f) != nl ||
+        fwrite(rc, 4, 2, f) != 2 ||
+        fwrite(data, sizeof(float), (size_t)rows * cols, f) != (size_t)rows * cols)
+        return -1;
+    return 0;
+}
+
+// For every tensor "w.NAME" [M, K] with an F32 "x.NAME" [N, K]: records "LIN " (linear of the
+// first n rows of x, n in 1, 3, 8, 33) and one "EMB " (embed of every row of w).
+static int ref_mode(const char *in, const char *outp) {
+    kaon_gguf *g = kaon_gguf_open(in);
+    if (!g) {
+        fprintf(stderr, "cannot open %s: %s\n", in, kaon_last_error());
+        return 1;
+    }
+    FILE *f = fopen(outp, "wb");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", outp);
+        kaon_gguf_close(g);
+        return 1;
+    }
+    kaon_backend *be = kaon_backend_cpu_create(2);
+    fprintf(stderr, "kernels: %s\n", kaon_cpu_kernel_name(be));
+    int rc = 0;
+    for (int64_t i = 0; i < kaon_gguf_tensor_count(g) && rc == 0; i++) {
+        const kaon_gguf_tensor *wt = kaon_gguf_tensor_at(g, i);
+        if (wt->name.len < 3 || memcmp(wt->name.ptr, "w.", 2) != 0) continue;
+        char xname[256];
+        snprintf(xname, sizeof xname, "x.%.*s", (int)(wt->name.len - 2), wt->name.ptr + 2);
+        const kaon_gguf_tensor *xt = kaon_gguf_find_tensor(g, xname);
+        kaon_dtype dt = kaon_dtype_from_ggml(wt->ggml_type);
+        if (!xt || xt->ggml_type != 0 || wt->n_dims != 2 || xt->n_dims != 2 ||
+            xt->dims[0] != wt->dims[0] || dt == KAON_DTYPE_INVALID) {
+            fprintf(stderr, "bad pair for %.*s\n", (int)wt->name.len, wt->name.ptr);
+            rc = 1;
+            break;
+        }
+        const int K = (int)wt->dims[0], M = (int)wt->dims[1], N = (int)xt->dims[1];
+        kaon_tensor w = {.dtype = dt, .ndim = 2, .shape = {M, K}, .data = (void *)wt->data,
+                         .nbytes = wt->nbytes};
+        const int ns[] = {1, 3, 8, 33};
+        float *y = malloc(sizeof(float) * (size_t)(M > 33 ? M : 33) * (M > K ? M : K) + 64);
+        for (int j = 0; j < 4 && rc == 0; j++) {
+            if (ns[j] > N) continue;
+            kaon_clear_error();
+            be->ops->linear(be, xt->data, ns[j], &w, NULL, y);
+            if (strcmp(kaon_last_error(), "unknown error") != 0) {
+                fprintf(stderr, "linear failed: %s\n", kaon_last_error());
+                rc = 1;
+            }
+            if (write_record(f, "LIN ", wt->name.ptr, wt->name.len, ns[j], M, y)) rc = 1;
+        }
+        int32_t *ids = malloc(sizeof(int32_t) * M);
+        for (int m = 0; m < M; m++) ids[m] = m;
+        be->ops->embed(be, &w, ids, M, y);
+        if (rc == 0 && write_record(f, "EMB ", wt->name.ptr, wt->name.len, M, K, y)) rc = 1;
+        free(ids);
+        free(y);
+    }
+    be->ops->destroy(be);
+    if (fclose(f) != 0) rc = 1;
+    kaon_gguf_close(g);
+    return rc;
+}
+
+// ---- --bench mode --------------------------------------------------------------------
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// Wall seconds per call; *cpu gets the process CPU seconds per call (all threads), which
+// stays meaningful when other processes share the machine.
+static double bench_linear(kaon_backend *be, const kaon_tensor *w, int n, double min_time,
+                           double *cpu) {
+    const int K = (int)w->shape[1], M = (int)w->shape[0];
+    float *x = make_x(n, K), *y = malloc(sizeof(float) * (size_t)n * M);
+    be->ops->linear(be, x, n, w, NULL, y);  // warm up
+    int iters = 0;
+    double t0 = kaon_now(), c0 = cpu_seconds(), t;
+    do {
+        be->ops->linear(be, x, n, w, NULL, y);
+        iters++;
+        t = kaon_now() - t0;
+    } while (t < min_time);
+    *cpu = (cpu_seconds() - c0) / iters;
+    free(x);
+    free(y);
+    return t / iters;
+}
+
+typedef struct {
+    kaon_tensor wq, wk, wv, wo, wg, wu, wd, norm1, norm2;
+} bench_layer;
+
+enum { BM_L = 30, BM_D = 576, BM_H = 9, BM_KVH = 3, BM_HD = 64, BM_F = 1536, BM_V = 49152,
+       BM_BS = 16 };
+
+typedef struct {
+    kaon_backend *be;
+    bench_layer ly[BM_L];
+    kaon_tensor emb, norm;
+    float *normw, inv_freq[BM_HD / 2];
+    kaon_rope rope;
+    kaon_kv_layer kv[BM_L];
+    int nblk, T;
+    float *x, *xn, *q, *k, *v, *att, *proj, *g, *u, *logits;
+    int32_t *tok, *pos, *seq, *slot, *btab;
+    double prof[8];  // seconds per op kind when profiling
+} bench_net;
+
+static const char *prof_names[8] = {"embed+head", "rmsnorm", "linear", "rope", "kv_write",
+                                    "attention", "silu_mul", ""};
+
+// SmolLM2-135M's shape (30 layers, dim 576, 9 heads of 64, 3 KV heads, ffn 1536, vocab
+// 49152; Q4_1 matrices, tied Q8_0 embedding) on random weights.
+static void net_init(bench_net *N, int n_threads, int max_tokens, int ctx) {
+    memset(N, 0, sizeof *N);
+    N->be = kaon_backend_cpu_create(n_threads);
+    const kaon_backend_ops *o = N->be->ops;
+    N->normw = malloc(sizeof(float) * BM_D);
+    for (int i = 0; i < BM_D; i++) N->normw[i] = 1.0f + 0.1f * (float)rnd_n();
+    N->norm = (kaon_tensor){.dtype = KAON_F32, .ndim = 1, .shape = {BM_D}, .data = N->normw,
+                            .nbytes = 4 * BM_D};
+    for (int l = 0; l < BM_L; l++) {
+        bench_layer *y = &N->ly[l];
+        y->wq = tensor2(KAON_Q4_1, BM_H * BM_HD, BM_D, make_weight(KAON_Q4_1, BM_H * BM_HD, BM_D));
+        y->wk = tensor2(KAON_Q4_1, BM_KVH * BM_HD, BM_D, make_weight(KAON_Q4_1, BM_KVH * BM_HD, BM_D));
+        y->wv = tensor2(KAON_Q4_1, BM_KVH * BM_HD, BM_D, make_weight(KAON_Q4_1, BM_KVH * BM_HD, BM_D));
+        y->wo = tensor2(KAON_Q4_1, BM_D, BM_H * BM_HD, make_weight(KAON_Q4_1, BM_D, BM_H * BM_HD));
+        y->wg = tensor2(KAON_Q4_1, BM_F, BM_D, make_weight(KAON_Q4_1, BM_F, BM_D));
+        y->wu = tensor2(KAON_Q4_1, BM_F, BM_D, make_weight(KAON_Q4_1, BM_F, BM_D));
+        y->wd = tensor2(KAON_Q4_1, BM_D, BM_F, make_weight(KAON_Q4_1, BM_D, BM_F));
+        y->norm1 = y->norm2 = N->norm;
+    }
+    N->emb = tensor2(KAON_Q8_0, BM_V, BM_D, make_weight(KAON_Q8_0, BM_V, BM_D));
+    for (int j = 0; j < BM_HD / 2; j++) N->inv_freq[j] = (float)pow(100000.0, -2.0 * j / BM_HD);
+    N->rope = (kaon_rope){.rot_dim = BM_HD, .interleaved = false, .inv_freq = N->inv_freq};
+    N->nblk = (ctx + BM_BS - 1) / BM_BS;
+    const size_t kvb = sizeof(float) * (size_t)N->nblk * BM_BS * BM_KVH * BM_HD;
+    for (int l = 0; l < BM_L; l++) {
+        N->kv[l].k = o->alloc(N->be, kvb);
+        N->kv[l].v = o->alloc(N->be, kvb);
+    }
+    const size_t T = (size_t)max_tokens;
+    N->T = max_tokens;
+    N->x = o->alloc(N->be, 4 * T * BM_D);
+    N->xn = o->alloc(N->be, 4 * T * BM_D);
+    N->q = o->alloc(N->be, 4 * T * BM_H * BM_HD);
+    N->k = o->alloc(N->be, 4 * T * BM_KVH * BM_HD);
+    N->v = o->alloc(N->be, 4 * T * BM_KVH * BM_HD);
+    N->att = o->alloc(N->be, 4 * T * BM_H * BM_HD);
+    N->proj = o->alloc(N->be, 4 * T * BM_D);
+    N->g = o->alloc(N->be, 4 * T * BM_F);
+    N->u = o->alloc(N->be, 4 * T * BM_F);
+    N->logits = o->alloc(N->be, 4 * BM_V);
+    N->tok = malloc(4 * T);
+    N->pos = malloc(4 * T);
+    N->seq = calloc(T, 4);
+    N->slot = malloc(4 * T);
+    N->btab = malloc(4 * (size_t)N->nblk);
+    for (int i = 0; i < N->nblk; i++) N->btab[i] = N->nblk - 1 - i;  // non-contiguous blocks
+}
+
+static void net_free(bench_net *N) {
+    const kaon_backend_ops *o = N->be->ops;
+    for (int l = 0; l < BM_L; l++) {
+        bench_layer *y = &N->ly[l];
+        free(y->wq.data); free(y->wk.data); free(y->wv.data); free(y->wo.data);
+        free(y->wg.data); free(y->wu.data); free(y->wd.data);
+        o->free(N->be, N->kv[l].k);
+        o->free(N->be, N->kv[l].v);
+    }
+    free(N->emb.data);
+    free(N->normw);
+    void *acts[] = {N->x, N->xn, N->q, N->k, N->v, N->att, N->proj, N->g, N->u, N->logits};
+    for (size_t i = 0; i < sizeof acts / sizeof *acts; i++) o->free(N->be, acts[i]);
+    free(N->tok); free(N->pos); free(N->seq); free(N->slot); free(N->btab);
+    o->destroy(N->be);
+}
+
+#define NET_OP(N, kind, call)                          \
+    do {                                               \
+        double _t = prof ? kaon_now() : 0.0;           \
+        call;                                          \
+        if (prof) (N)->prof[kind] += kaon_now() - _t;  \
+    } while (0)
+
+// One forward of n tokens at positions p0..p0+n-1 of one sequence: the op sequence of a
+// llama forward pass, with the final norm and LM head for the last token only.
+static void net_forward(bench_net *N, int n, int p0, int prof) {
+    const kaon_backend_ops *o = N->be->ops;
+    kaon_backend *be = N->be;
+    for (int i = 0; i < n; i++) {
+        N->tok[i] = (int32_t)(rnd64() % BM_V);
+        N->pos[i] = p0 + i;
+        N->slot[i] = N->btab[(p0 + i) / BM_BS] * BM_BS + (p0 + i) % BM_BS;
+    }
+    kaon_attn_meta m = {.n_tokens = n, .n_seqs = 1, .positions = N->pos, .token_seq = N->seq,
+                        .slot_mapping = N->slot, .block_tables = N->btab, .max_blocks = N->nblk,
+                        .block_size = BM_BS};
+    NET_OP(N, 0, o->embed(be, &N->emb, N->tok, n, N->x));
+    for (int l = 0; l < BM_L; l++) {
+        bench_layer *y = &N->ly[l];
+        NET_OP(N, 1, o->rmsnorm(be, N->x, l ? N->proj : NULL, &y->norm1, 1e-5f, n, BM_D, N->xn));
+        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wq, NULL, N->q));
+        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wk, NULL, N->k));
+        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wv, NULL, N->v));
+        NET_OP(N, 3, o->rope(be, N->q, n, BM_H, BM_HD, N->pos, &N->rope));
+        NET_OP(N, 3, o->rope(be, N->k, n, BM_KVH, BM_HD, N->pos, &N->rope));
+        NET_OP(N, 4, o->kv_write(be, &N->kv[l], N->k, N->v, &m, BM_KVH, BM_HD));
+        NET_OP(N, 5, o->attention(be, N->q, &N->kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, N->att));
+        NET_OP(N, 2, o->linear(be, N->att, n, &y->wo, NULL, N->proj));
+        NET_OP(N, 1, o->rmsnorm(be, N->x, N->proj, &y->norm2, 1e-5f, n, BM_D, N->xn));
+        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wg, NULL, N->g));
+        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wu, NULL, N->u));
+        NET_OP(N, 6, o->silu_and_mul(be, N->g, N->u, n, BM_F, N->g));
+        NET_OP(N, 2, o->linear(be, N->g, n, &y->wd, NULL, N->proj));
+    }
+    const size_t last = (size_t)(n - 1) * BM_D;
+    NET_OP(N, 1, o->rmsnorm(be, N->x + last, N->proj + last, &N->norm, 1e-5f, 1, BM_D, N->xn));
+    NET_OP(N, 0, o->linear(be, N->xn, 1, &N->emb, NULL, N->logits));
+}
+
+static void mean_sd(const double *v, int n, double *mean, double *sd) {
+    double s = 0.0, s2 = 0.0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) s2 += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(s2 / (n - 1)) : 0.0;
+}
+
+// Like llama-bench: ppP = one forward of P prompt tokens, tgG = G single-token forwards from
+// an empty context; each repeated `reps` times, reported as mean +- sd tokens per second.
+static void bench_model(int n_threads, int prompt, int gen, int reps) {
+    bench_net N;
+    const int maxt = prompt > 1 ? prompt : 1;
+    net_init(&N, n_threads, maxt, (prompt > gen ? prompt : gen) + BM_BS);
+    const int prof = getenv("KAON_BENCH_PROFILE") != NULL;
+    double pp[16] = {0}, tg[16] = {0}, tgc[16] = {0}, m, sd;
+    if (reps > 16) reps = 16;
+    net_forward(&N, 1, 0, 0);  // warm up (pages, caches)
+    memset(N.prof, 0, sizeof N.prof);
+    for (int r = 0; r < reps; r++) {
+        double t0 = kaon_now();
+        if (prompt > 0) net_forward(&N, prompt, 0, prof);
+        pp[r] = prompt / (kaon_now() - t0);
+    }
+    printf("model-shaped SmolLM2-135M (Q4_1, Q8_0 head), %d thread(s), kernels %s:\n", n_threads,
+           kaon_cpu_kernel_name(N.be));
+    if (prompt > 0) {
+        mean_sd(pp, reps, &m, &sd);
+        printf("  pp%-4d %8.1f +- %.1f tok/s\n", prompt, m, sd);
+        if (prof)
+            for (int i = 0; i < 7; i++)
+                printf("      %-10s %7.2f ms/forward\n", prof_names[i], N.prof[i] * 1e3 / reps);
+    }
+    memset(N.prof, 0, sizeof N.prof);
+    for (int r = 0; r < reps && gen > 0; r++) {
+        double t0 = kaon_now(), c0 = cpu_seconds();
+        for (int i = 0; i < gen; i++) net_forward(&N, 1, i, prof);
+        tg[r] = gen / (kaon_now() - t0);
+        tgc[r] = gen / (cpu_seconds() - c0) * n_threads;
+    }
+    if (gen > 0) {
+        mean_sd(tg, reps, &m, &sd);
+        printf("  tg%-4d %8.1f +- %.1f tok/s", gen, m, sd);
+        mean_sd(tgc, reps, &m, &sd);
+        printf("   (by CPU time / threads: %.1f +- %.1f)\n", m, sd);
+        if (prof)
+            for (int i = 0; i < 7; i++)
+                printf("      %-10s %7.3f ms/token\n", prof_names[i], N.prof[i] * 1e3 / reps / gen);
+    }
+    net_free(&N);
+}
+
+static void bench(void) {
+    struct { const char *name; kaon_dtype t; int M, K; } shapes[] = {
+        {"q 576x576", KAON_Q4_1, 576, 576},     {"k/v 192x576", KAON_Q4_1, 192, 576},
+        {"gate/up 1536x576", KAON_Q4_1, 1536, 576}, {"down 576x1536", KAON_Q4_1, 576, 1536},
+        {"lm_head 49152x576", KAON_Q8_0, 49152, 576},
+    };
+    const int ns[] = {1, 128};
+    for (int nth = 1; nth <= 2; nth++) {
+        kaon_backend *be = kaon_backend_cpu_create(nth);
+        printf("linear, %d thread(s), kernels %s\n", nth, kaon_cpu_kernel_name(be));
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            void *wd = make_weight(shapes[s].t, shapes[s].M, shapes[s].K);
+            kaon_tensor w = tensor2(shapes[s].t, shapes[s].M, shapes[s].K, wd);
+            for (int ni = 0; ni < 2; ni++) {
+                double cpu, t = bench_linear(be, &w, ns[ni], 0.3, &cpu);
+                printf("  %-18s %-4s n=%-3d %9.1f us (cpu %9.1f us)  %6.1f GB/s  %7.1f GFLOP/s\n",
+                       shapes[s].name, kaon_dtype_name(shapes[s].t), ns[ni], t * 1e6, cpu * 1e6,
+                       w.nbytes / t * 1e-9, 2.0 * shapes[s].M * shapes[s].K * ns[ni] / t * 1e-9);
+            }
+            free(wd);
+        }
+        be->ops->destroy(be);
+    }
+    for (int nth = 1; nth <= 2; nth++) bench_model(nth, 512, 128, 3);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 4 && strcmp(argv[1], "--ref") == 0) return ref_mode(argv[2], argv[3]);
+    if (argc >= 2 && strcmp(argv[1], "--bench") == 0) {
+        if (argc >= 3 && strcmp(argv[2], "model") == 0) {
+            int th = argc >= 4 ? atoi(argv[3]) : 2;
+            bench_model(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 512,
+                        argc >= 6 ? atoi(argv[5]) : 128, argc >= 7 ? atoi(argv[6]) : 3);
+        } else {
+            bench();
+        }
+        return 0;
+    }
+    self_checks();
+    TEST_MAIN_END();
+}
