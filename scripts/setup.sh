@@ -54,5 +54,7 @@ fi
 # nvcc is used when present (the CUDA toolkit's usual place counts too).
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-ninja -C build kaon >/dev/null
+log=$(mktemp)
+if ! ninja -C build kaon >"$log" 2>&1; then cat "$log"; echo "setup: build failed" >&2; exit 1; fi
+rm -f "$log"
 echo "setup: ready (build/kaon, $model)"
