@@ -106,6 +106,11 @@ typedef struct kaon_backend_ops {
     // Free and total bytes of the device's memory.
     int (*mem_info)(kaon_backend *be, size_t *free_bytes, size_t *total_bytes);
 
+    // Logits in f32: y = x @ w^T into f32 backend memory ([n, out] floats, from alloc), and the
+    // copy of such f32 memory to the host. (bf16 logits tie too often for greedy choices.)
+    void (*linear_f32)(kaon_backend *be, const void *x, int n, const kaon_tensor *w, float *y);
+    void (*copy_f32_to_host)(kaon_backend *be, const float *x, size_t n, float *out);
+
     // Fused ops. Each returns 0 when done, 1 when it declines (the caller then runs the
     // unfused ops), -1 on error.
     // y[i] = x @ w[i]^T (+ bias[i]) for i < count (<= 4): one pass over x, several weights.

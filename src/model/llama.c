@@ -17,6 +17,7 @@ struct kaon_runner {
     kaon_tensor tok_embd, out_norm, lm_head;
     kaon_layer_weights *dev_layers;   // [n_layers] device copies, NULL when in place
     bool dev_weights, lm_head_tied;
+    bool logits_f32;   // logits computed and copied in f32 (linear_f32 + copy_f32_to_host)
     kaon_kv_layer *kv;                       // [n_layers]
     // Scratch activations in the backend's memory, sized for max_tokens.
     void *x;       // [T, dim] residual stream
@@ -141,9 +142,8 @@ size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_bat
     size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t ffn = (size_t)c->intermediate_size;
-    size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn) +
-                   (size_t)max_logits * (dim + (size_t)c->vocab_size);
-    return elems * elem_bytes;
+    size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn) + (size_t)max_logits * dim;
+    return elems * elem_bytes + (size_t)max_logits * (size_t)c->vocab_size * sizeof(float);
 }
 
 kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
@@ -191,7 +191,13 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
     r->gate = act(r, T * ffn, &fail);
     r->up = act(r, T * ffn, &fail);
     r->rows = act(r, (size_t)max_logits * dim, &fail);
-    r->logits = act(r, (size_t)max_logits * c->vocab_size, &fail);
+    r->logits_f32 = be->ops->linear_f32 && be->ops->copy_f32_to_host;
+    if (r->logits_f32) {
+        r->logits = be->ops->alloc(be, (size_t)max_logits * c->vocab_size * sizeof(float));
+        if (!r->logits) fail = 1;
+    } else {
+        r->logits = act(r, (size_t)max_logits * c->vocab_size, &fail);
+    }
     r->kv = calloc((size_t)c->n_layers, sizeof *r->kv);
     if (!r->kv) fail = 1;
     size_t kv_elems = (size_t)n_blocks * block_size * kvd;
@@ -309,7 +315,8 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
     // Only the rows that will be sampled go through the final norm and the LM head.
     op->rmsnorm(be, r->x, r->proj, &r->out_norm, c->rms_norm_eps, T, dim, r->xn);
     op->get_rows(be, r->xn, b->logit_rows, b->n_logits, dim, r->rows);
-    op->linear(be, r->rows, b->n_logits, &r->lm_head, NULL, r->logits);
+    if (r->logits_f32) op->linear_f32(be, r->rows, b->n_logits, &r->lm_head, r->logits);
+    else op->linear(be, r->rows, b->n_logits, &r->lm_head, NULL, r->logits);
 }
 
 // Steps of at most this many tokens are recorded as graphs by backends that have them.
@@ -334,8 +341,9 @@ int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
     }
     if (!replayed) run_layers(r, b);
     if (graph && op->graph_end(be)) return -1;
-    if (b->n_logits)
-        op->to_host_f32(be, r->logits, (size_t)b->n_logits * r->m->cfg.vocab_size, logits);
+    const size_t n_out = (size_t)b->n_logits * r->m->cfg.vocab_size;
+    if (b->n_logits && r->logits_f32) op->copy_f32_to_host(be, r->logits, n_out, logits);
+    else if (b->n_logits) op->to_host_f32(be, r->logits, n_out, logits);
     if (op->status && op->status(be)) return -1;
     return 0;
 }

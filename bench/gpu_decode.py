@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Batch-1 decode (and prefill) speed of `kaon run --device cuda` on dummy bf16 weights of a
+real config, with the HBM roofline measured in the same run.
+
+roofline tok/s = copy bandwidth (device-to-device, bytes read + written, torch) / bytes read per
+decoded token (every weight matrix and norm, the LM head, one embedding row, and the KV cache of
+the average context). Prints one JSON line per run and a table.
+
+  python3 bench/gpu_decode.py --kaon build/kaon --config bench/configs/meta-llama__Llama-3.1-8B.json
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def copy_bandwidth(gib=4, reps=10):
+    import torch
+    n = gib << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    a.random_(0, 255)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e.record()
+    torch.cuda.synchronize()
+    bw = 2 * n * reps / (s.elapsed_time(e) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+def bytes_per_token(cfg, ctx):
+    d, f, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads", nh)
+    hd = cfg.get("head_dim") or d // nh
+    per_layer = d * nh * hd + 2 * d * nkv * hd + nh * hd * d + 3 * d * f + 2 * d
+    if cfg["architectures"][0].startswith("Qwen3"):
+        per_layer += 2 * hd
+    weights = 2 * (L * per_layer + V * d + d + d)  # layers, LM head, final norm, one embedding row
+    kv = 2 * L * 2 * nkv * hd * ctx                 # K and V of ctx positions, bf16
+    return weights, kv
+
+
+def run_kaon(kaon, config, prompt_len, n_new, env_extra=None):
+    ids = ",".join(str(1000 + (i * 7919) % 30000) for i in range(prompt_len))
+    cmd = [kaon, "run", "--device", "cuda", "--load-format", "dummy", "-m", config, "--prompt-ids", ids,
+           "-n", str(n_new), "--temp", "0", "--ignore-eos", "--print-ids",
+           "--ctx-size", str(prompt_len + n_new + 16)]
+    env = dict(os.environ, **(env_extra or {}))
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"kaon failed ({p.returncode}): {p.stderr[-2000:]}")
+    m = re.search(r"prompt (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); generated (\d+) tokens, ([\d.]+) tok/s",
+                  p.stderr)
+    if not m:
+        raise RuntimeError(f"no speed line in kaon's output: {p.stderr[-2000:]}")
+    return dict(prompt_tokens=int(m.group(1)), prefill_s=float(m.group(2)), prefill_tok_s=float(m.group(3)),
+                generated=int(m.group(4)), decode_tok_s=float(m.group(5)), wall_s=wall,
+                ids=json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kaon", default=str(REPO / "build" / "kaon"))
+    ap.add_argument("--config", default=str(REPO / "bench/configs/meta-llama__Llama-3.1-8B.json"))
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--prefill", type=int, nargs="*", default=[],
+                    help="also time prefill of prompts of these lengths (1 generated token)")
+    ap.add_argument("--no-graphs", action="store_true", help="also run with KAON_CUDA_GRAPHS=0")
+    ap.add_argument("--gemv-occ", action="store_true", help="also run with KAON_GEMV_OCC=1")
+    ap.add_argument("--json", default=None, help="append result lines here")
+    a = ap.parse_args()
+    cfg = json.loads(Path(a.config).read_text())
+    bw = copy_bandwidth()
+    rows = []
+    variants = [("graphs", None)] + ([("no-graphs", {"KAON_CUDA_GRAPHS": "0"})] if a.no_graphs else []) + \
+        ([("gemv-occ", {"KAON_GEMV_OCC": "1"})] if a.gemv_occ else [])
+    for name, env in variants:
+        r = run_kaon(a.kaon, a.config, a.prompt_len, a.tokens, env)
+        ctx = a.prompt_len + a.tokens / 2
+        w, kv = bytes_per_token(cfg, ctx)
+        roof = bw / (w + kv)
+        rows.append(dict(kind="decode", variant=name, config=Path(a.config).name, batch=1,
+                         prompt=a.prompt_len, tokens=r["generated"], decode_tok_s=r["decode_tok_s"],
+                         ms_per_token=1e3 / r["decode_tok_s"], roofline_tok_s=roof,
+                         roofline_fraction=r["decode_tok_s"] / roof, copy_bw_TBs=bw / 1e12,
+                         bytes_per_token_GB=(w + kv) / 1e9, startup_and_run_wall_s=r["wall_s"],
+                         first_ids=r["ids"][:8]))
+    for plen in a.prefill:
+        r = run_kaon(a.kaon, a.config, plen, 1)
+        L, d, nh = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
+        hd = cfg.get("head_dim") or d // nh
+        w, _ = bytes_per_token(cfg, 0)
+        flops = 2 * (w / 2) * plen + 4 * L * nh * hd * plen * plen / 2  # matrices + causal attention
+        rows.append(dict(kind="prefill", config=Path(a.config).name, prompt=plen, prefill_s=r["prefill_s"],
+                         prefill_tok_s=r["prefill_tok_s"], tflops=flops / r["prefill_s"] / 1e12,
+                         fraction_of_790_tflops=flops / r["prefill_s"] / 790e12, wall_s=r["wall_s"]))
+    for row in rows:
+        print(json.dumps(row))
+        if a.json:
+            with open(a.json, "a") as f:
+                f.write(json.dumps(dict(row, date=time.strftime("%Y-%m-%d %H:%M"))) + "\n")
+    print(f"\ncopy bandwidth {bw / 1e12:.3f} TB/s (read + write)")
+    for row in rows:
+        if row["kind"] == "decode":
+            print(f"decode  {row['variant']:9s} {row['decode_tok_s']:8.1f} tok/s  {row['ms_per_token']:.3f} ms/token  "
+                  f"roofline {row['roofline_tok_s']:.1f} tok/s  fraction {row['roofline_fraction'] * 100:.1f}%  "
+                  f"(wall incl. start-up {row['startup_and_run_wall_s']:.1f} s)")
+        else:
+            print(f"prefill {row['prompt']:6d} tokens {row['prefill_s']:.3f} s  {row['prefill_tok_s']:.0f} tok/s  "
+                  f"{row['tflops']:.0f} TFLOP/s = {row['fraction_of_790_tflops'] * 100:.1f}% of 790")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+// Paged causal attention with GQA on the GPU, one kernel for decode and prefill.
+//
+// A block serves one query token t and one KV head: the g = n_heads / n_kv_heads query heads
+// that share it. It walks t's keys 0..positions[t] through the block table in tiles of 128
+// (one key per thread: its K row read with 16-byte loads, its g scores against the q vectors
+// held in shared memory), folds each tile into a running max / sum per head (online
+// softmax), and accumulates P V with each thread owning a pair of output dims for some heads.
+//
+// Short batches (decode) do not fill the GPU with (token, kv head) blocks, so the context is
+// split: blockIdx.z takes one of S contiguous ranges of keys and writes an unnormalised
+// partial (acc, max, sum); the last block of a (token, kv head) to arrive (an atomic counter)
+// merges the S partials and resets the counter. The number of ranges in use is derived from
+// each token's own length inside the kernel, so one launch shape (and one CUDA graph) serves
+// every context length.
+#include "backend/cuda/cuda_internal.h"
+
+#include <math.h>
+
+#define ATT_THREADS 128
+#define ATT_TILE 128  // keys per tile: one per thread
+#define ATT_MAXG 16   // query heads per KV head
+#define ATT_MAXJ 8    // heads one thread accumulates in P V
+#define ATT_MIN_CHUNK 32  // keys per context range at least (short ranges: short load chains)
+#define ATT_MAX_SPLITS 64
+
+static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// grid (n_tokens, n_kv_heads, S); dynamic shared memory: see att_smem_bytes.
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
+            const bf16 *__restrict__ vcache, const int32_t *__restrict__ pos,
+            const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int n_seqs,
+            int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int hd, float scale,
+            bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
+    extern __shared__ float sm[];
+    __shared__ int last_flag;
+    const int g = nh / nkv;
+    float *q_s = sm;                       // [g, hd]
+    float *p_s = q_s + g * hd;             // [g, TILE] scores, then probabilities
+    float *m_s = p_s + g * ATT_TILE;       // [g] running max
+    float *l_s = m_s + g;                  // [g] running sum
+    float *a_s = l_s + g;                  // [g] this tile's rescale factor
+    int *slot_s = (int *)(a_s + g);        // [TILE] cache slot of each key of the tile
+
+    const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int p = pos[t], sq = seq[t];
+    const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
+    const int len = ok ? p + 1 : 1;
+    const int n_act = min(S, (len + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK);
+    if (z >= n_act) return;
+    const int chunk = (len + n_act - 1) / n_act;
+    const int k0 = min(len, z * chunk), k1 = ok ? min(len, k0 + chunk) : 0;
+    const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
+    const size_t row = (size_t)nkv * hd;
+
+    const bf16 *qt = q + ((size_t)t * nh + (size_t)kvh * g) * hd;
+    for (int i = tid; i < g * hd; i += ATT_THREADS) q_s[i] = bf(qt[i]);
+    if (tid < g) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.f;
+    }
+    // P V work split: thread -> (pair of dims dp, heads hg, hg + hsplit, ...).
+    const int npairs = hd / 2, hsplit = ATT_THREADS / npairs;
+    const int dp = tid % npairs, hg = tid / npairs;
+    const bool pv = hg < hsplit;
+    float2 acc[ATT_MAXJ];
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) acc[j] = make_float2(0.f, 0.f);
+    __syncthreads();
+
+    for (int base = k0; base < k1; base += ATT_TILE) {
+        // Scores of this thread's key against the g heads.
+        const int kk = base + tid;
+        int slot = -1;
+        if (kk < k1) {
+            const int blk = bt[kk / bs];
+            const int64_t s64 = (int64_t)blk * bs + kk % bs;
+            if (blk >= 0 && s64 < n_slots) slot = (int)s64;
+        }
+        slot_s[tid] = slot;
+        if (slot >= 0) {
+            float s[ATT_MAXG];
+#pragma unroll
+            for (int h = 0; h < ATT_MAXG; h++) s[h] = 0.f;
+            const uint4 *kr = (const uint4 *)(kcache + (size_t)slot * row + (size_t)kvh * hd);
+            // Unrolled so that several of the row's 16-byte loads are in flight at once.
+#pragma unroll 8
+            for (int d8 = 0; d8 < hd / 8; d8++) {
+                const uint4 kv = kr[d8];
+                const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kv;
+                float kf[8];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(k2[e]);
+                    kf[2 * e] = f.x;
+                    kf[2 * e + 1] = f.y;
+                }
+#pragma unroll
+                for (int h = 0; h < ATT_MAXG; h++) {
+                    if (h < g) {
+                        const float4 a = *(const float4 *)(q_s + h * hd + d8 * 8);
+                        const float4 c = *(const float4 *)(q_s + h * hd + d8 * 8 + 4);
+                        s[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
+                                c.x * kf[4] + c.y * kf[5] + c.z * kf[6] + c.w * kf[7];
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < ATT_MAXG; h++)
+                if (h < g) p_s[h * ATT_TILE + tid] = s[h] * scale;
+        } else {
+            for (int h = 0; h < g; h++) p_s[h * ATT_TILE + tid] = -INFINITY;
+        }
+        __syncthreads();
+        // Online softmax per head: one warp per head.
+        for (int h = warp; h < g; h += ATT_THREADS / 32) {
+            float v[ATT_TILE / 32];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < ATT_TILE / 32; i++) {
+                v[i] = p_s[h * ATT_TILE + lane + 32 * i];
+                mx = fmaxf(mx, v[i]);
+            }
+            mx = warp_max(mx);
+            const float mold = m_s[h], mnew = fmaxf(mold, mx);
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < ATT_TILE / 32; i++) {
+                const float e = v[i] == -INFINITY ? 0.f : __expf(v[i] - mnew);
+                p_s[h * ATT_TILE + lane + 32 * i] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float alpha = mold == -INFINITY ? 0.f : __expf(mold - mnew);
+                a_s[h] = alpha;
+                l_s[h] = l_s[h] * alpha + sum;
+                m_s[h] = mnew;
+            }
+        }
+        __syncthreads();
+        if (pv) {
+            const int nk = min(ATT_TILE, k1 - base);
+#pragma unroll
+            for (int j = 0; j < ATT_MAXJ; j++) {
+                const int h = hg + j * hsplit;
+                if (h < g) {
+                    acc[j].x *= a_s[h];
+                    acc[j].y *= a_s[h];
+                }
+            }
+            // V rows in groups of 16 keys, all loads of a group issued before the first use
+            // (one load at a time would make every key a round trip to memory).
+            const __nv_bfloat162 *vbase = (const __nv_bfloat162 *)(vcache + (size_t)kvh * hd) + dp;
+            for (int k0 = 0; k0 < nk; k0 += 16) {
+                float2 vv[16];
+#pragma unroll
+                for (int u = 0; u < 16; u++) {
+                    const int sl = k0 + u < nk ? slot_s[k0 + u] : -1;
+                    vv[u] = sl >= 0 ? __bfloat1622float2(vbase[(size_t)sl * row / 2]) : make_float2(0.f, 0.f);
+                }
+                // Keys past nk have probability 0 (and vv 0): no bound check needed (TILE % 16 == 0).
+#pragma unroll
+                for (int u = 0; u < 16; u++) {
+#pragma unroll
+                    for (int j = 0; j < ATT_MAXJ; j++) {
+                        const int h = hg + j * hsplit;
+                        if (h < g) {
+                            const float pk = p_s[h * ATT_TILE + k0 + u];
+                            acc[j].x += pk * vv[u].x;
+                            acc[j].y += pk * vv[u].y;
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    if (S == 1) {
+        if (pv) {
+#pragma unroll
+            for (int j = 0; j < ATT_MAXJ; j++) {
+                const int h = hg + j * hsplit;
+                if (h < g) {
+                    const float inv = l_s[h] > 0.f ? 1.f / l_s[h] : 0.f;
+                    ((__nv_bfloat162 *)(out + ((size_t)t * nh + (size_t)kvh * g + h) * hd))[dp] =
+                        __floats2bfloat162_rn(acc[j].x * inv, acc[j].y * inv);
+                }
+            }
+        }
+        return;
+    }
+    // Partial of range z: [t, head, z, hd + 2] = acc (unnormalised), max, sum.
+    const size_t stride = (size_t)hd + 2;
+    if (pv) {
+#pragma unroll
+        for (int j = 0; j < ATT_MAXJ; j++) {
+            const int h = hg + j * hsplit;
+            if (h < g) {
+                float *pp = part + (((size_t)t * nh + (size_t)kvh * g + h) * S + z) * stride;
+                pp[2 * dp] = acc[j].x;
+                pp[2 * dp + 1] = acc[j].y;
+            }
+        }
+    }
+    if (tid < g) {
+        float *pp = part + (((size_t)t * nh + (size_t)kvh * g + tid) * S + z) * stride;
+        pp[hd] = m_s[tid];
+        pp[hd + 1] = l_s[tid];
+    }
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = count + (size_t)t * nkv + kvh;
+    if (tid == 0) last_flag = atomicAdd(cnt, 1u) == (unsigned)(n_act - 1);
+    __syncthreads();
+    if (!last_flag) return;
+    __threadfence();
+    for (int i = tid; i < g * hd; i += ATT_THREADS) {
+        const int h = i / hd, d = i % hd;
+        const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
+        float M = -INFINITY;
+        for (int zz = 0; zz < n_act; zz++) M = fmaxf(M, __ldcg(pb + zz * stride + hd));
+        float L = 0.f, O = 0.f;
+        for (int zz = 0; zz < n_act; zz++) {
+            const float mz = __ldcg(pb + zz * stride + hd);
+            if (mz == -INFINITY) continue;
+            const float w = __expf(mz - M);
+            L += w * __ldcg(pb + zz * stride + hd + 1);
+            O += w * __ldcg(pb + zz * stride + d);
+        }
+        out[((size_t)t * nh + (size_t)kvh * g + h) * hd + d] = __float2bfloat16(L > 0.f ? O / L : 0.f);
+    }
+    if (tid == 0) *cnt = 0u;
+}
+
+static size_t att_smem_bytes(int g, int hd) {
+    return sizeof(float) * ((size_t)g * hd + (size_t)g * ATT_TILE + 3 * (size_t)g) +
+           sizeof(int) * ATT_TILE;
+}
+
+int kc_attention_init(kc_backend *b) {
+    (void)b;
+    return 0;
+}
+
+int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                 const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
+                 bf16 *out) {
+    const int T = m->n_tokens;
+    if (T <= 0) return 0;
+    if (nkv <= 0 || nh % nkv || hd % 8 || hd > 256 || hd < 8)
+        return kc_fail(b, "cuda attention: unsupported heads %d/%d, head_dim %d", nh, nkv, hd);
+    const int g = nh / nkv, hsplit = ATT_THREADS / (hd / 2);
+    if (g > ATT_MAXG || (g + hsplit - 1) / hsplit > ATT_MAXJ)
+        return kc_fail(b, "cuda attention: %d query heads per KV head with head_dim %d is not supported", g, hd);
+    if (m->n_seqs <= 0 || m->max_blocks <= 0 || m->block_size <= 0)
+        return kc_fail(b, "cuda attention: bad metadata");
+    const int32_t *d_pos = kc_dev_i32(b, m->positions, (size_t)T);
+    const int32_t *d_seq = kc_dev_i32(b, m->token_seq, (size_t)T);
+    const int32_t *d_tab = kc_dev_i32(b, m->block_tables, (size_t)m->n_seqs * m->max_blocks);
+    if (!d_pos || !d_seq || !d_tab) return -1;
+    // Enough (token, kv head, range) blocks for two waves of the GPU; the ranges in use
+    // shrink with the context inside the kernel.
+    int64_t want = (2LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
+    int S = want > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : (int)want;
+    if (S < 1) S = 1;
+    if (S > 1) {
+        const size_t need_part = (size_t)T * nh * S * ((size_t)hd + 2);
+        if (kc_grow(b, (void **)&b->attn_part, &b->attn_part_cap, need_part, sizeof(float), "attention partials") ||
+            kc_grow(b, (void **)&b->attn_count, &b->attn_count_cap, (size_t)T * nkv, sizeof(unsigned), "attention counters"))
+            return -1;
+    }
+    const size_t smem = att_smem_bytes(g, hd);
+    dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
+    k_attention<<<grid, ATT_THREADS, smem, b->stream>>>(q, kcache, vcache, d_pos, d_seq, d_tab, m->n_seqs,
+                                                        m->max_blocks, m->block_size, n_slots, nh, nkv, hd,
+                                                        scale, out, b->attn_part, b->attn_count);
+    return kc_launched(b, "attention");
+}

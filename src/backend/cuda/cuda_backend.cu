@@ -1,0 +1,740 @@
+// The CUDA backend's op table: device memory, weight upload (and dummy weights), the step's
+// index arrays, whole-step CUDA graphs, and thin wrappers that check arguments and call the
+// launchers of cuda_kernels.cu, cuda_attention.cu and cuda_linear.cu.
+//
+// Every op is asynchronous on the backend's own stream; errors of a launch or a copy are
+// kept (the first one) and reported by status(), which the runner calls once per step after
+// the logits have come back (the one synchronisation of a step).
+#include "backend/cuda/cuda_internal.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "util/log.h"
+}
+
+// ---- errors -----------------------------------------------------------------------------
+
+int kc_fail(kc_backend *b, const char *fmt, ...) {
+    if (!b->err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(b->errmsg, sizeof b->errmsg, fmt, ap);
+        va_end(ap);
+        b->err = 1;
+    }
+    kaon_set_error("%s", b->errmsg);
+    return -1;
+}
+
+int kc_check(kc_backend *b, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    return kc_fail(b, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+int kc_launched(kc_backend *b, const char *what) { return kc_check(b, cudaGetLastError(), what); }
+
+// ---- graphs -----------------------------------------------------------------------------
+
+static void graphs_reset(kc_backend *b) {
+    for (int i = 0; i < KC_MAX_GRAPHS; i++) {
+        if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+        memset(&b->graphs[i], 0, sizeof b->graphs[i]);
+    }
+}
+
+// A step's ops are recorded the second time its key is seen (the first eager run has grown
+// every scratch buffer and chosen every cuBLAS algorithm) and replayed from then on.
+static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
+    kc_backend *b = kc(be);
+    b->in_graph_step = 1;
+    b->cur_graph = -1;
+    if (b->graphs_disabled || b->err || b->capturing) return 0;
+    int idx = -1;
+    for (int i = 0; i < KC_MAX_GRAPHS; i++)
+        if (b->graphs[i].seen && b->graphs[i].key == key) idx = i;
+    if (idx >= 0 && b->graphs[idx].exec) {
+        b->graphs[idx].last_use = ++b->tick;
+        if (kc_check(b, cudaGraphLaunch(b->graphs[idx].exec, b->stream), "graph launch")) return -1;
+        return 1;
+    }
+    if (idx < 0) {
+        for (int i = 0; i < KC_MAX_GRAPHS && idx < 0; i++)
+            if (!b->graphs[i].seen) idx = i;
+        if (idx < 0) {
+            idx = 0;
+            for (int i = 1; i < KC_MAX_GRAPHS; i++)
+                if (b->graphs[i].last_use < b->graphs[idx].last_use) idx = i;
+        }
+        kc_graph *g = &b->graphs[idx];
+        if (g->exec) cudaGraphExecDestroy(g->exec);
+        memset(g, 0, sizeof *g);
+        g->key = key;
+    }
+    kc_graph *g = &b->graphs[idx];
+    g->last_use = ++b->tick;
+    if (g->seen < 0) return 0;  // recording failed once: stay eager
+    if (++g->seen < 2) return 0;
+    if (kc_check(b, cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal),
+                 "begin graph capture"))
+        return -1;
+    b->capturing = 1;
+    b->cur_graph = idx;
+    return 0;
+}
+
+static int cuda_graph_end(kaon_backend *be) {
+    kc_backend *b = kc(be);
+    b->in_graph_step = 0;
+    if (!b->capturing) return 0;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(b->stream, &graph);
+    b->capturing = 0;
+    kc_graph *g = &b->graphs[b->cur_graph];
+    b->cur_graph = -1;
+    if (e != cudaSuccess || b->err || !graph) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        g->seen = INT_MIN / 2;
+        // The recorded ops did not run: the step has no result.
+        return kc_fail(b, "cuda: recording the step's graph failed (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : b->errmsg);
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (kc_check(b, e, "graph instantiate")) {
+        g->seen = INT_MIN / 2;
+        return -1;
+    }
+    g->exec = exec;
+    return kc_check(b, cudaGraphLaunch(exec, b->stream), "graph launch");
+}
+
+// ---- memory -------------------------------------------------------------------------------
+
+static void *cuda_alloc(kaon_backend *be, size_t bytes) {
+    kc_backend *b = kc(be);
+    if (b->capturing) {
+        kc_fail(b, "cuda: alloc while recording a graph");
+        return NULL;
+    }
+    if (b->n_allocs == b->cap_allocs) {
+        int cap = b->cap_allocs ? 2 * b->cap_allocs : 64;
+        kc_alloc_rec *r = (kc_alloc_rec *)realloc(b->allocs, sizeof *r * (size_t)cap);
+        if (!r) {
+            kaon_set_error("cuda: out of host memory");
+            return NULL;
+        }
+        b->allocs = r;
+        b->cap_allocs = cap;
+    }
+    void *p = NULL;
+    const size_t sz = bytes ? (bytes + 255) & ~(size_t)255 : 256;
+    cudaError_t e = cudaMalloc(&p, sz);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        kaon_set_error("cuda: out of device memory for %zu bytes (%.2f of %.2f GiB free)", bytes,
+                       fr / 1073741824.0, tot / 1073741824.0);
+        return NULL;
+    }
+    if (cudaMemsetAsync(p, 0, sz, b->stream) != cudaSuccess) {
+        cudaFree(p);
+        kaon_set_error("cuda: memset failed");
+        return NULL;
+    }
+    b->allocs[b->n_allocs].p = p;
+    b->allocs[b->n_allocs].bytes = sz;
+    b->n_allocs++;
+    b->bytes_alloc += sz;
+    return p;
+}
+
+static void cuda_free(kaon_backend *be, void *p) {
+    kc_backend *b = kc(be);
+    if (!p) return;
+    cudaStreamSynchronize(b->stream);
+    graphs_reset(b);  // recorded graphs may name this buffer
+    for (int i = 0; i < b->n_allocs; i++)
+        if (b->allocs[i].p == p) {
+            b->bytes_alloc -= b->allocs[i].bytes;
+            b->allocs[i] = b->allocs[--b->n_allocs];
+            break;
+        }
+    cudaFree(p);
+}
+
+static size_t alloc_size(const kc_backend *b, const void *p) {
+    for (int i = 0; i < b->n_allocs; i++)
+        if (b->allocs[i].p == p) return b->allocs[i].bytes;
+    return 0;
+}
+
+int kc_grow(kc_backend *b, void **p, size_t *cap, size_t need, size_t elem, const char *what) {
+    if (need <= *cap) return 0;
+    if (b->capturing) return kc_fail(b, "cuda: %s must grow while recording a graph", what);
+    size_t ncap = need + need / 2 + 64;
+    void *np = NULL;
+    if (kc_check(b, cudaMalloc(&np, ncap * elem), what)) return -1;
+    if (kc_check(b, cudaMemsetAsync(np, 0, ncap * elem, b->stream), what)) {
+        cudaFree(np);
+        return -1;
+    }
+    if (*p) {
+        cudaStreamSynchronize(b->stream);
+        cudaFree(*p);
+    }
+    graphs_reset(b);
+    *p = np;
+    *cap = ncap;
+    return 0;
+}
+
+// ---- index arrays --------------------------------------------------------------------------
+
+static size_t al4(size_t n) { return (n + 3) & ~(size_t)3; }
+
+static int cuda_begin_step(kaon_backend *be, const int32_t *tokens, const kaon_attn_meta *m,
+                           const int32_t *rows, int n_rows) {
+    kc_backend *b = kc(be);
+    if (b->capturing) return kc_fail(b, "cuda: begin_step while recording a graph");
+    const int T = m ? m->n_tokens : 0, S = m ? m->n_seqs : 0, MB = m ? m->max_blocks : 0;
+    if (T < 0 || S < 0 || MB < 0 || n_rows < 0) return kc_fail(b, "cuda: bad step sizes");
+    const size_t tab = (size_t)S * (size_t)MB;
+    const size_t o_pos = al4((size_t)T), o_seq = o_pos + al4((size_t)T);
+    const size_t o_slot = o_seq + al4((size_t)T), o_rows = o_slot + al4((size_t)T);
+    const size_t o_tab = o_rows + al4((size_t)n_rows), total = o_tab + al4(tab);
+    if (total > b->meta_cap) {
+        size_t cap = total + total / 2 + 1024;
+        cudaStreamSynchronize(b->stream);
+        if (b->meta_dev) cudaFree(b->meta_dev);
+        if (b->meta_host) cudaFreeHost(b->meta_host);
+        b->meta_dev = b->meta_host = NULL;
+        b->meta_cap = 0;
+        graphs_reset(b);
+        if (kc_check(b, cudaMalloc(&b->meta_dev, cap * 4), "step metadata") ||
+            kc_check(b, cudaMallocHost(&b->meta_host, cap * 4), "step metadata (pinned)"))
+            return -1;
+        b->meta_cap = cap;
+    }
+    // The previous step's copy must have left the staging before it is rewritten.
+    if (kc_check(b, cudaEventSynchronize(b->meta_done), "step metadata")) return -1;
+    int32_t *h = b->meta_host;
+    if (tokens && T) memcpy(h, tokens, sizeof(int32_t) * (size_t)T);
+    if (m && m->positions && T) memcpy(h + o_pos, m->positions, sizeof(int32_t) * (size_t)T);
+    if (m && m->token_seq && T) memcpy(h + o_seq, m->token_seq, sizeof(int32_t) * (size_t)T);
+    if (m && m->slot_mapping && T) memcpy(h + o_slot, m->slot_mapping, sizeof(int32_t) * (size_t)T);
+    if (rows && n_rows) memcpy(h + o_rows, rows, sizeof(int32_t) * (size_t)n_rows);
+    if (m && m->block_tables && tab) memcpy(h + o_tab, m->block_tables, sizeof(int32_t) * tab);
+    if (kc_check(b, cudaMemcpyAsync(b->meta_dev, h, total * 4, cudaMemcpyHostToDevice, b->stream),
+                 "step metadata copy") ||
+        kc_check(b, cudaEventRecord(b->meta_done, b->stream), "step metadata"))
+        return -1;
+    b->h_tokens = tokens;
+    b->h_pos = m ? m->positions : NULL;
+    b->h_seq = m ? m->token_seq : NULL;
+    b->h_slot = m ? m->slot_mapping : NULL;
+    b->h_tables = m ? m->block_tables : NULL;
+    b->h_rows = rows;
+    b->d_tokens = b->meta_dev;
+    b->d_pos = b->meta_dev + o_pos;
+    b->d_seq = b->meta_dev + o_seq;
+    b->d_slot = b->meta_dev + o_slot;
+    b->d_rows = b->meta_dev + o_rows;
+    b->d_tables = b->meta_dev + o_tab;
+    b->m_tokens = T;
+    b->m_seqs = S;
+    b->m_max_blocks = MB;
+    b->m_rows = n_rows;
+    b->loose_used = 0;
+    return 0;
+}
+
+const int32_t *kc_dev_i32(kc_backend *b, const int32_t *h, size_t n) {
+    if (!h) {
+        kc_fail(b, "cuda: missing index array");
+        return NULL;
+    }
+    const struct {
+        const int32_t *h;
+        int32_t *d;
+        size_t n;
+    } known[6] = {
+        {b->h_tokens, b->d_tokens, (size_t)b->m_tokens},
+        {b->h_pos, b->d_pos, (size_t)b->m_tokens},
+        {b->h_seq, b->d_seq, (size_t)b->m_tokens},
+        {b->h_slot, b->d_slot, (size_t)b->m_tokens},
+        {b->h_tables, b->d_tables, (size_t)b->m_seqs * (size_t)b->m_max_blocks},
+        {b->h_rows, b->d_rows, (size_t)b->m_rows},
+    };
+    for (int i = 0; i < 6; i++)
+        if (known[i].h == h && n <= known[i].n) return known[i].d;
+    if (b->capturing) {
+        kc_fail(b, "cuda: an index array that begin_step did not see, while recording a graph");
+        return NULL;
+    }
+    // A loose copy; the ring's reuse is ordered after earlier readers by the stream.
+    const size_t need = al4(n ? n : 1);
+    if (b->loose_used + need > b->loose_cap) {
+        if (need > b->loose_cap) {
+            size_t cap = need * 4 > 65536 ? need * 4 : 65536;
+            cudaStreamSynchronize(b->stream);
+            if (b->loose_dev) cudaFree(b->loose_dev);
+            b->loose_dev = NULL;
+            b->loose_cap = 0;
+            if (kc_check(b, cudaMalloc(&b->loose_dev, cap * 4), "index copy")) return NULL;
+            b->loose_cap = cap;
+        }
+        b->loose_used = 0;
+    }
+    int32_t *d = b->loose_dev + b->loose_used;
+    b->loose_used += need;
+    if (n && kc_check(b, cudaMemcpyAsync(d, h, n * 4, cudaMemcpyHostToDevice, b->stream), "index copy"))
+        return NULL;
+    return d;
+}
+
+// ---- weights ------------------------------------------------------------------------------
+
+static int weight_dims(kc_backend *b, const kaon_tensor *t, int64_t *rows, int64_t *cols) {
+    if (!t || t->ndim < 1 || t->ndim > 2) return kc_fail(b, "cuda upload: weights are vectors or matrices");
+    *cols = t->shape[t->ndim - 1];
+    *rows = t->ndim == 2 ? t->shape[0] : 1;
+    if (*rows <= 0 || *cols <= 0 || *rows > INT32_MAX || *cols > INT32_MAX ||
+        (uint64_t)*rows * (uint64_t)*cols > ((uint64_t)1 << 40))
+        return kc_fail(b, "cuda upload: bad shape");
+    return 0;
+}
+
+static int cuda_upload(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev) {
+    kc_backend *b = kc(be);
+    int64_t rows = 0, cols = 0;
+    if (weight_dims(b, host, &rows, &cols)) return -1;
+    if (!host->data) return kc_fail(b, "cuda upload: no data");
+    const size_t rb = kaon_dtype_row_bytes(host->dtype, cols);
+    if (rb == 0) return kc_fail(b, "cuda upload: %s rows of %lld are not supported",
+                                kaon_dtype_name(host->dtype), (long long)cols);
+    const size_t src_bytes = rb * (size_t)rows;
+    if (host->nbytes && host->nbytes < src_bytes) return kc_fail(b, "cuda upload: tensor data is short");
+    const int f32 = host->ndim == 1;  // vectors (norms, biases) are kept in f32
+    const size_t n = (size_t)rows * (size_t)cols, dst_bytes = n * (f32 ? 4 : 2);
+    void *dst = cuda_alloc(be, dst_bytes);
+    if (!dst) return kc_fail(b, "%s", kaon_last_error());
+    if (!f32 && host->dtype == KAON_BF16) {
+        if (kc_check(b, cudaMemcpyAsync(dst, host->data, src_bytes, cudaMemcpyHostToDevice, b->stream), "upload"))
+            goto fail;
+    } else {
+        void *tmp = NULL;
+        if (kc_check(b, cudaMalloc(&tmp, src_bytes), "upload staging")) goto fail;
+        int rc = kc_check(b, cudaMemcpyAsync(tmp, host->data, src_bytes, cudaMemcpyHostToDevice, b->stream), "upload");
+        if (!rc) rc = kc_convert(b, host->dtype, tmp, rows, cols, dst, f32);
+        cudaStreamSynchronize(b->stream);
+        cudaFree(tmp);
+        if (rc) goto fail;
+    }
+    if (kc_check(b, cudaStreamSynchronize(b->stream), "upload")) goto fail;
+    memset(dev, 0, sizeof *dev);
+    dev->dtype = f32 ? KAON_F32 : KAON_BF16;
+    dev->ndim = host->ndim;
+    memcpy(dev->shape, host->shape, sizeof dev->shape);
+    dev->data = dst;
+    dev->nbytes = dst_bytes;
+    b->bytes_weights += dst_bytes;
+    return 0;
+fail:
+    cuda_free(be, dst);
+    return -1;
+}
+
+static int cuda_fill_dummy(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
+                           float offset, kaon_tensor *dev) {
+    kc_backend *b = kc(be);
+    int64_t rows = 0, cols = 0;
+    if (weight_dims(b, like, &rows, &cols)) return -1;
+    const int f32 = like->ndim == 1;
+    const size_t n = (size_t)rows * (size_t)cols, dst_bytes = n * (f32 ? 4 : 2);
+    void *dst = cuda_alloc(be, dst_bytes);
+    if (!dst) return kc_fail(b, "%s", kaon_last_error());
+    kc_fill_uniform(b, dst, f32, n, seed, scale, offset);
+    if (b->err) {
+        cuda_free(be, dst);
+        return -1;
+    }
+    memset(dev, 0, sizeof *dev);
+    dev->dtype = f32 ? KAON_F32 : KAON_BF16;
+    dev->ndim = like->ndim;
+    memcpy(dev->shape, like->shape, sizeof dev->shape);
+    dev->data = dst;
+    dev->nbytes = dst_bytes;
+    b->bytes_weights += dst_bytes;
+    return 0;
+}
+
+static void cuda_release(kaon_backend *be, kaon_tensor *dev) {
+    kc_backend *b = kc(be);
+    if (!dev || !dev->data) return;
+    b->bytes_weights -= dev->nbytes < b->bytes_weights ? dev->nbytes : b->bytes_weights;
+    cuda_free(be, dev->data);
+    dev->data = NULL;
+}
+
+// ---- argument checks -------------------------------------------------------------------------
+
+static bool is_matrix(kc_backend *b, const kaon_tensor *w, const char *what) {
+    if (!w || !w->data || w->ndim != 2 || w->dtype != KAON_BF16 || w->shape[0] <= 0 ||
+        w->shape[1] <= 0 || w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX) {
+        kc_fail(b, "cuda %s: the weight must be an uploaded bf16 matrix (got %s)", what,
+                w ? kaon_dtype_name(w->dtype) : "none");
+        return false;
+    }
+    return true;
+}
+
+static bool is_vector(kc_backend *b, const kaon_tensor *v, int64_t n, const char *what) {
+    if (!v || !v->data || v->dtype != KAON_F32 || kaon_tensor_numel(v) != n) {
+        kc_fail(b, "cuda %s: expected an uploaded f32 vector of %lld", what, (long long)n);
+        return false;
+    }
+    return true;
+}
+
+static int rope_sync(kc_backend *b, const kaon_rope *r, int hd) {
+    if (!r || !r->inv_freq || r->rot_dim <= 0 || r->rot_dim % 2 || r->rot_dim > hd || r->rot_dim / 2 > 512)
+        return kc_fail(b, "cuda rope: bad arguments (rot_dim %d, head_dim %d)", r ? r->rot_dim : -1, hd);
+    const int half = r->rot_dim / 2;
+    if (b->d_inv_freq && half == b->rope_half &&
+        !memcmp(b->h_inv_freq, r->inv_freq, sizeof(float) * (size_t)half))
+        return 0;
+    if (b->capturing) return kc_fail(b, "cuda rope: frequencies changed while recording a graph");
+    if (!b->d_inv_freq && kc_check(b, cudaMalloc(&b->d_inv_freq, sizeof(float) * 512), "rope"))
+        return -1;
+    memcpy(b->h_inv_freq, r->inv_freq, sizeof(float) * (size_t)half);
+    b->rope_half = half;
+    // Synchronous: the host copy of the frequencies stays the reference for the next compare.
+    cudaStreamSynchronize(b->stream);
+    return kc_check(b, cudaMemcpy(b->d_inv_freq, b->h_inv_freq, sizeof(float) * (size_t)half,
+                                  cudaMemcpyHostToDevice), "rope");
+}
+
+// ---- ops --------------------------------------------------------------------------------------
+
+static void cuda_embed(kaon_backend *be, const kaon_tensor *table, const int32_t *ids, int n, void *out) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || !is_matrix(b, table, "embed")) return;
+    const int32_t *d = kc_dev_i32(b, ids, (size_t)n);
+    if (!d) return;
+    kc_embed(b, (const bf16 *)table->data, table->shape[0], (int)table->shape[1], d, n, (bf16 *)out);
+}
+
+static void cuda_get_rows(kaon_backend *be, const void *x, const int32_t *idx, int n, int dim, void *out) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || dim <= 0) return;
+    const int32_t *d = kc_dev_i32(b, idx, (size_t)n);
+    if (!d) return;
+    kc_get_rows(b, (const bf16 *)x, d, n, dim, (bf16 *)out);
+}
+
+static void cuda_rmsnorm(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                         int n, int dim, void *out) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || dim <= 0 || !is_vector(b, w, dim, "rmsnorm")) return;
+    kc_rmsnorm(b, (bf16 *)x, (const bf16 *)add, (const float *)w->data, eps, n, dim, (bf16 *)out);
+}
+
+static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
+                        const kaon_tensor *bias, void *y) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || !is_matrix(b, w, "linear")) return;
+    if (bias && !is_vector(b, bias, w->shape[0], "linear bias")) return;
+    kc_gemm_bf16(b, (const bf16 *)x, n, (const bf16 *)w->data, (int)w->shape[0], (int)w->shape[1],
+                 bias ? (const float *)bias->data : NULL, y, 0);
+}
+
+static void cuda_linear_f32(kaon_backend *be, const void *x, int n, const kaon_tensor *w, float *y) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || !is_matrix(b, w, "linear_f32")) return;
+    kc_gemm_bf16(b, (const bf16 *)x, n, (const bf16 *)w->data, (int)w->shape[0], (int)w->shape[1], NULL, y, 1);
+}
+
+static void cuda_rope(kaon_backend *be, void *x, int n, int n_heads, int head_dim,
+                      const int32_t *positions, const kaon_rope *rope) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || n_heads <= 0 || head_dim <= 0) return;
+    if (rope_sync(b, rope, head_dim)) return;
+    const int32_t *d = kc_dev_i32(b, positions, (size_t)n);
+    if (!d) return;
+    kc_rope(b, (bf16 *)x, n, n_heads, head_dim, d, rope->rot_dim, rope->interleaved);
+}
+
+static int64_t cache_slots(const kc_backend *b, const kaon_kv_layer *kv, int nkv, int hd) {
+    const size_t bytes = alloc_size(b, kv->k), vbytes = alloc_size(b, kv->v);
+    const size_t row = (size_t)nkv * hd * sizeof(bf16);
+    if (!bytes || !vbytes) return INT64_MAX;  // not from alloc: trust the caller
+    return (int64_t)((bytes < vbytes ? bytes : vbytes) / row);
+}
+
+static void cuda_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
+                          const kaon_attn_meta *m, int nkv, int hd) {
+    kc_backend *b = kc(be);
+    if (!kv || !kv->k || !kv->v || !m || nkv <= 0 || hd <= 0 || ((int64_t)nkv * hd) % 8) {
+        kc_fail(b, "cuda kv_write: bad arguments");
+        return;
+    }
+    if (m->n_tokens <= 0) return;
+    const int32_t *d = kc_dev_i32(b, m->slot_mapping, (size_t)m->n_tokens);
+    if (!d) return;
+    kc_kv_write(b, (bf16 *)kv->k, (bf16 *)kv->v, (const bf16 *)k, (const bf16 *)v, d,
+                cache_slots(b, kv, nkv, hd), m->n_tokens, nkv * hd);
+}
+
+static void cuda_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, void *out) {
+    kc_backend *b = kc(be);
+    if (!kv || !kv->k || !kv->v || !m) {
+        kc_fail(b, "cuda attention: bad arguments");
+        return;
+    }
+    kc_attention(b, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, m,
+                 cache_slots(b, kv, nkv, hd), nh, nkv, hd, scale, (bf16 *)out);
+}
+
+static void cuda_silu_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
+                              void *out) {
+    kc_backend *b = kc(be);
+    if (n <= 0 || dim <= 0) return;
+    kc_silu_mul(b, (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+}
+
+// Pinned staging of at least bytes (outside graph recording).
+static int host_staging(kc_backend *b, size_t bytes) {
+    if (bytes <= b->host_out_cap * 2) return 0;
+    if (b->host_out) cudaFreeHost(b->host_out);
+    b->host_out = NULL;
+    b->host_out_cap = 0;
+    size_t cap = bytes + bytes / 4 + 64;
+    if (kc_check(b, cudaMallocHost(&b->host_out, cap), "pinned host buffer")) return -1;
+    b->host_out_cap = cap / 2;  // counted in bf16 elements
+    return 0;
+}
+
+static void cuda_to_host_f32(kaon_backend *be, const void *x, size_t n, float *out) {
+    kc_backend *b = kc(be);
+    if (!n) return;
+    if (b->capturing) {
+        kc_fail(b, "cuda: to_host_f32 while recording a graph");
+        return;
+    }
+    if (host_staging(b, n * 2)) {
+        memset(out, 0, n * sizeof(float));
+        return;
+    }
+    if (kc_check(b, cudaMemcpyAsync(b->host_out, x, n * 2, cudaMemcpyDeviceToHost, b->stream), "logits copy") ||
+        kc_check(b, cudaStreamSynchronize(b->stream), "step")) {
+        memset(out, 0, n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = b->host_out;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t bits = (uint32_t)h[i] << 16;
+        memcpy(&out[i], &bits, 4);
+    }
+}
+
+static void cuda_copy_f32_to_host(kaon_backend *be, const float *x, size_t n, float *out) {
+    kc_backend *b = kc(be);
+    if (!n) return;
+    if (b->capturing) {
+        kc_fail(b, "cuda: copy_f32_to_host while recording a graph");
+        return;
+    }
+    if (host_staging(b, n * sizeof(float)) ||
+        kc_check(b, cudaMemcpyAsync(b->host_out, x, n * sizeof(float), cudaMemcpyDeviceToHost, b->stream), "logits copy") ||
+        kc_check(b, cudaStreamSynchronize(b->stream), "step")) {
+        memset(out, 0, n * sizeof(float));
+        return;
+    }
+    memcpy(out, b->host_out, n * sizeof(float));
+}
+
+static int cuda_status(kaon_backend *be) {
+    kc_backend *b = kc(be);
+    if (!b->err) return 0;
+    kaon_set_error("%s", b->errmsg);
+    b->err = 0;
+    return -1;
+}
+
+static int cuda_mem_info(kaon_backend *be, size_t *free_b, size_t *total_b) {
+    return kc_check(kc(be), cudaMemGetInfo(free_b, total_b), "memory info");
+}
+
+// ---- fused ops ----------------------------------------------------------------------------------
+
+static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
+                             const kaon_tensor *const *w, const kaon_tensor *const *bias, void *const *y) {
+    kc_backend *b = kc(be);
+    if (n > KC_GEMV_MAX_N || count < 1 || count > 4) return 1;
+    const bf16 *ws[4];
+    const float *bs[4];
+    void *ys[4];
+    int rows[4];
+    for (int i = 0; i < count; i++) {
+        if (!is_matrix(b, w[i], "linear")) return -1;
+        if (w[i]->shape[1] != w[0]->shape[1]) return 1;
+        if (bias && bias[i] && !is_vector(b, bias[i], w[i]->shape[0], "linear bias")) return -1;
+        ws[i] = (const bf16 *)w[i]->data;
+        bs[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
+        ys[i] = y[i];
+        rows[i] = (int)w[i]->shape[0];
+    }
+    return kc_gemv_multi(b, (const bf16 *)x, n, (int)w[0]->shape[1], count, ws, rows, bs, ys, 0);
+}
+
+static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_tensor *wg,
+                                const kaon_tensor *wu, void *out) {
+    kc_backend *b = kc(be);
+    if (n > KC_GEMV_MAX_N) return 1;
+    if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
+    if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
+    return kc_gemv_silu(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data,
+                        (const bf16 *)wu->data, (int)wg->shape[0], (bf16 *)out);
+}
+
+static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
+                              const kaon_attn_meta *m, int nh, int nkv, int hd, const kaon_rope *rope) {
+    kc_backend *b = kc(be);
+    if (!kv || !kv->k || !kv->v || !m || nh <= 0 || nkv <= 0 || hd <= 0)
+        return kc_fail(b, "cuda rope_kv_write: bad arguments");
+    if (m->n_tokens <= 0) return 0;
+    if (rope_sync(b, rope, hd)) return -1;
+    const int32_t *dp = kc_dev_i32(b, m->positions, (size_t)m->n_tokens);
+    const int32_t *ds = kc_dev_i32(b, m->slot_mapping, (size_t)m->n_tokens);
+    if (!dp || !ds) return -1;
+    kc_rope_kv_write(b, (bf16 *)q, (const bf16 *)k, (const bf16 *)v, (bf16 *)kv->k, (bf16 *)kv->v, dp, ds,
+                     cache_slots(b, kv, nkv, hd), m->n_tokens, nh, nkv, hd, rope->rot_dim, rope->interleaved);
+    return b->err ? -1 : 0;
+}
+
+// ---- lifetime -----------------------------------------------------------------------------------
+
+static void cuda_destroy(kaon_backend *be) {
+    kc_backend *b = kc(be);
+    if (!b) return;
+    if (b->capturing) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(b->stream, &g);
+        if (g) cudaGraphDestroy(g);
+    }
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    graphs_reset(b);
+    kc_gemm_cache_free(b);
+    if (b->lt) cublasLtDestroy(b->lt);
+    if (b->lt_ws) cudaFree(b->lt_ws);
+    for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i].p);
+    free(b->allocs);
+    if (b->meta_dev) cudaFree(b->meta_dev);
+    if (b->meta_host) cudaFreeHost(b->meta_host);
+    if (b->loose_dev) cudaFree(b->loose_dev);
+    if (b->d_inv_freq) cudaFree(b->d_inv_freq);
+    if (b->attn_part) cudaFree(b->attn_part);
+    if (b->attn_count) cudaFree(b->attn_count);
+    if (b->fuse_tmp) cudaFree(b->fuse_tmp);
+    if (b->host_out) cudaFreeHost(b->host_out);
+    if (b->meta_done) cudaEventDestroy(b->meta_done);
+    if (b->stream) cudaStreamDestroy(b->stream);
+    free(b);
+}
+
+static kaon_backend_ops make_ops(void) {
+    kaon_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.alloc = cuda_alloc;
+    o.free = cuda_free;
+    o.act_elem_bytes = sizeof(bf16);
+    o.embed = cuda_embed;
+    o.get_rows = cuda_get_rows;
+    o.rmsnorm = cuda_rmsnorm;
+    o.linear = cuda_linear;
+    o.rope = cuda_rope;
+    o.kv_write = cuda_kv_write;
+    o.attention = cuda_attention;
+    o.silu_and_mul = cuda_silu_and_mul;
+    o.to_host_f32 = cuda_to_host_f32;
+    o.destroy = cuda_destroy;
+    o.upload = cuda_upload;
+    o.fill_dummy = cuda_fill_dummy;
+    o.release = cuda_release;
+    o.begin_step = cuda_begin_step;
+    o.graph_begin = cuda_graph_begin;
+    o.graph_end = cuda_graph_end;
+    o.status = cuda_status;
+    o.mem_info = cuda_mem_info;
+    o.linear_multi = cuda_linear_multi;
+    o.linear_silu_mul = cuda_linear_silu_mul;
+    o.rope_kv_write = cuda_rope_kv_write;
+    o.linear_f32 = cuda_linear_f32;
+    o.copy_f32_to_host = cuda_copy_f32_to_host;
+    return o;
+}
+
+static const kaon_backend_ops cuda_ops = make_ops();
+
+extern "C" kaon_backend *kaon_backend_cuda_create(int device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        kaon_set_error("cuda: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        kaon_set_error("cuda: device %d does not exist (%d found)", device, n);
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    if (cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        kaon_set_error("cuda: cannot open device %d", device);
+        return NULL;
+    }
+    if (prop.major < 9) {
+        kaon_set_error("cuda: %s is compute capability %d.%d; kaon's kernels are built for 9.0 (Hopper)",
+                       prop.name, prop.major, prop.minor);
+        return NULL;
+    }
+    kc_backend *b = (kc_backend *)calloc(1, sizeof *b);
+    if (!b) {
+        kaon_set_error("cuda: out of host memory");
+        return NULL;
+    }
+    b->base.ops = &cuda_ops;
+    b->base.n_threads = 1;
+    b->device = device;
+    b->n_sm = prop.multiProcessorCount;
+    b->cur_graph = -1;
+    const char *g = getenv("KAON_CUDA_GRAPHS");
+    b->graphs_disabled = g && !strcmp(g, "0");
+    const char *occ = getenv("KAON_GEMV_OCC");
+    b->gemv_occ = occ && !strcmp(occ, "1");
+    b->lt_ws_bytes = (size_t)32 << 20;
+    if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&b->meta_done, cudaEventDisableTiming) != cudaSuccess ||
+        cublasLtCreate(&b->lt) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&b->lt_ws, b->lt_ws_bytes) != cudaSuccess || kc_attention_init(b)) {
+        cudaGetLastError();
+        kaon_set_error("cuda: cannot set up device %d (stream, cuBLASLt, workspace)", device);
+        cuda_destroy(&b->base);
+        return NULL;
+    }
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    KAON_INFO("cuda: device %d: %s, %d SMs, %.1f GiB (%.1f free)%s", device, prop.name, b->n_sm,
+              tot / 1073741824.0, fr / 1073741824.0, b->graphs_disabled ? ", graphs off" : "");
+    return &b->base;
+}

@@ -1,0 +1,158 @@
+// Shared by the CUDA backend's .cu files (CUDA C++): the backend's state and the launchers
+// each file exports to the others. Activations, KV cache and matrices are bf16; vectors
+// (norm weights, biases, RoPE frequencies) are f32; every kernel accumulates in f32.
+#ifndef KAON_BACKEND_CUDA_INTERNAL_H
+#define KAON_BACKEND_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/err.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+#define KC_MAX_GRAPHS 24
+#define KC_MAX_GEMMS 64
+
+// One cached cuBLASLt problem: descriptors and the algorithm the heuristic chose.
+typedef struct kc_gemm {
+    int m, n, k, f32out;
+    uint64_t last_use;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    int valid;
+} kc_gemm;
+
+typedef struct kc_graph {
+    uint64_t key;
+    int seen;               // times issued eagerly (recorded on the second)
+    uint64_t last_use;
+    cudaGraphExec_t exec;   // NULL until recorded
+} kc_graph;
+
+typedef struct kc_alloc_rec {
+    void *p;
+    size_t bytes;
+} kc_alloc_rec;
+
+typedef struct kc_backend {
+    kaon_backend base;
+    kc_alloc_rec *allocs;  // what alloc handed out (for the size of a KV cache buffer)
+    int n_allocs, cap_allocs;
+    int device, n_sm;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    kc_gemm gemms[KC_MAX_GEMMS];
+    uint64_t tick;
+
+    // This step's index arrays: the host pointers the ops will be passed, and their device
+    // copies (one buffer, one transfer; the layout is fixed by the sizes, which graphs key on).
+    const int32_t *h_tokens, *h_pos, *h_seq, *h_slot, *h_tables, *h_rows;
+    int32_t *d_tokens, *d_pos, *d_seq, *d_slot, *d_tables, *d_rows;
+    int m_tokens, m_seqs, m_max_blocks, m_rows;
+    int32_t *meta_dev, *meta_host;  // device buffer and its pinned staging
+    size_t meta_cap;                // int32 elements of each
+    cudaEvent_t meta_done;          // the staging may be rewritten once this has passed
+    // Index arrays an op got without begin_step: copied into a small ring of device memory.
+    int32_t *loose_dev;
+    size_t loose_cap, loose_used;
+
+    // RoPE inverse frequencies on the device (copied when the host array changes).
+    float *d_inv_freq;
+    float h_inv_freq[512];
+    int rope_half;
+
+    // Attention partial results of split contexts: [tokens, heads, splits, hd + 2] f32, and
+    // one arrival counter per (token, kv head) (back to 0 after every launch).
+    float *attn_part;
+    size_t attn_part_cap;  // floats
+    unsigned *attn_count;
+    size_t attn_count_cap;
+
+    // Scratch for cuBLAS fallbacks of fused ops ([n, ffn] of the up projection).
+    bf16 *fuse_tmp;
+    size_t fuse_tmp_cap;  // elements
+
+    // Logits on their way to the host: pinned bf16.
+    uint16_t *host_out;
+    size_t host_out_cap;
+
+    // Graphs of whole steps.
+    kc_graph graphs[KC_MAX_GRAPHS];
+    int capturing;       // ops are being recorded into a graph
+    int in_graph_step;   // between graph_begin and graph_end
+    int cur_graph;       // index into graphs, -1 when none
+    int graphs_disabled;
+    int gemv_occ;        // KAON_GEMV_OCC=1: the occupancy-first GEMV variant (for comparison)
+
+    // First asynchronous error (sticky until status() reports it).
+    int err;
+    char errmsg[512];
+    size_t bytes_weights, bytes_alloc;
+} kc_backend;
+
+static inline kc_backend *kc(kaon_backend *be) { return (kc_backend *)be; }
+
+// Records the first error (later ones are dropped) and returns -1.
+int kc_fail(kc_backend *b, const char *fmt, ...) KAON_PRINTF(2, 3);
+// Checks a CUDA runtime call; on failure records "what: <cuda message>".
+int kc_check(kc_backend *b, cudaError_t e, const char *what);
+// Checks the launch that just happened.
+int kc_launched(kc_backend *b, const char *what);
+// Device copy of a host index array the ops got (this step's, else a loose copy); NULL +
+// recorded error when it cannot be had (e.g. an unregistered array while recording a graph).
+const int32_t *kc_dev_i32(kc_backend *b, const int32_t *host, size_t n);
+// Grows a device scratch buffer outside graph recording; 0 or -1.
+int kc_grow(kc_backend *b, void **p, size_t *cap, size_t need, size_t elem, const char *what);
+
+// ---- launchers (cuda_kernels.cu) ----
+void kc_embed(kc_backend *b, const bf16 *table, int64_t vocab, int dim, const int32_t *d_ids,
+              int n, bf16 *out);
+void kc_get_rows(kc_backend *b, const bf16 *x, const int32_t *d_idx, int n, int dim, bf16 *out);
+void kc_rmsnorm(kc_backend *b, bf16 *x, const bf16 *add, const float *w, float eps, int n,
+                int dim, bf16 *out);
+void kc_rope(kc_backend *b, bf16 *x, int n, int n_heads, int hd, const int32_t *d_pos,
+             int rot_dim, int interleaved);
+// Slots outside [0, n_slots) are skipped (negative: padding tokens).
+void kc_kv_write(kc_backend *b, bf16 *kc_, bf16 *vc, const bf16 *k, const bf16 *v,
+                 const int32_t *d_slot, int64_t n_slots, int n, int row);
+void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
+                      bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
+                      int n, int nh, int nkv, int hd, int rot_dim, int interleaved);
+void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
+void kc_add_bias(kc_backend *b, bf16 *y, const float *bias, int n, int out);
+void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, uint64_t seed, float scale,
+                     float offset);
+// Converts n elements of a host-format buffer already on the device to bf16 or f32.
+int kc_convert(kc_backend *b, kaon_dtype src_t, const void *src, int64_t rows, int64_t cols,
+               void *dst, int dst_f32);
+
+// ---- attention (cuda_attention.cu) ----
+// n_slots: token slots the cache holds (keys whose slot falls outside are skipped).
+int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                 const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
+                 bf16 *out);
+int kc_attention_init(kc_backend *b);
+
+// ---- matrices (cuda_linear.cu) ----
+// y [n, out] = x [n, in] @ w [out, in]^T (+ bias f32); y bf16, or f32 when f32out.
+int kc_gemm_bf16(kc_backend *b, const bf16 *x, int n, const bf16 *w, int out, int in,
+                 const float *bias, void *y, int f32out);
+// Up to 4 weights sharing x, through the small-batch kernel; returns 1 when n or the shapes
+// do not suit it.
+#define KC_GEMV_MAX_N 8
+int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
+                  const int *rows, const float *const *bias, void *const *y, int f32out);
+int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
+                 int rows, bf16 *out);
+void kc_gemm_cache_free(kc_backend *b);
+
+#endif

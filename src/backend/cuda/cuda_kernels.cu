@@ -1,0 +1,412 @@
+// The CUDA backend's element-wise and row kernels: embedding, row gather, residual add +
+// RMSNorm, RoPE (alone and fused with the KV-cache write), SiLU-and-mul, bias, random fill,
+// and the conversions of stored weight formats (f16, f32, GGUF blocks) to bf16/f32 at load.
+//
+// Rounding follows the HF bf16 reference where it is cheap to: a residual sum is rounded to
+// bf16 before it is normed, the normed row is rounded before the weight multiplies it, and
+// silu(gate) is rounded before it multiplies up.
+#include "backend/cuda/cuda_internal.h"
+
+#include <cuda_fp16.h>
+
+static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 tobf(float x) { return __float2bfloat16(x); }
+static __device__ __forceinline__ float rbf(float x) { return bf(tobf(x)); }
+
+// ---- embedding and row gather --------------------------------------------------------------
+
+// One block per row; 16-byte copies when the row allows (dim % 8 == 0).
+__global__ void k_gather_rows(const bf16 *__restrict__ src, int64_t n_src, int dim,
+                              const int32_t *__restrict__ idx, bf16 *__restrict__ out) {
+    const int i = blockIdx.x;
+    const int64_t r = idx[i];
+    bf16 *o = out + (size_t)i * dim;
+    if (r < 0 || r >= n_src) {  // the host checked ids; a bad one leaves a zero row
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = tobf(0.f);
+        return;
+    }
+    const bf16 *s = src + (size_t)r * dim;
+    if ((dim & 7) == 0) {
+        const uint4 *s4 = (const uint4 *)s;
+        uint4 *o4 = (uint4 *)o;
+        for (int j = threadIdx.x; j < dim / 8; j += blockDim.x) o4[j] = s4[j];
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = s[j];
+    }
+}
+
+void kc_embed(kc_backend *b, const bf16 *table, int64_t vocab, int dim, const int32_t *d_ids,
+              int n, bf16 *out) {
+    if (n <= 0) return;
+    k_gather_rows<<<n, 128, 0, b->stream>>>(table, vocab, dim, d_ids, out);
+    kc_launched(b, "embed");
+}
+
+void kc_get_rows(kc_backend *b, const bf16 *x, const int32_t *d_idx, int n, int dim, bf16 *out) {
+    if (n <= 0) return;
+    // x's row count is not known here; the runner checked the rows against the batch.
+    k_gather_rows<<<n, 128, 0, b->stream>>>(x, INT64_MAX, dim, d_idx, out);
+    kc_launched(b, "get_rows");
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------
+
+static __device__ __forceinline__ float block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();  // red may still be read from an earlier call
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : 0.f;
+    if (w == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) red[32] = v;
+    __syncthreads();
+    return red[32];
+}
+
+// One block per row. x += add (rounded to bf16, stored back), then
+// out = bf16(w * bf16(x / rms(x))). out may be x.
+template <bool VEC>
+__global__ void k_rmsnorm(bf16 *__restrict__ x, const bf16 *__restrict__ add,
+                          const float *__restrict__ w, float eps, int dim, bf16 *out) {
+    __shared__ float red[33];
+    bf16 *xr = x + (size_t)blockIdx.x * dim;
+    const bf16 *ar = add ? add + (size_t)blockIdx.x * dim : nullptr;
+    bf16 *orow = out + (size_t)blockIdx.x * dim;
+    float ss = 0.f;
+    if (VEC) {
+        for (int j = threadIdx.x; j < dim / 8; j += blockDim.x) {
+            uint4 xv = ((const uint4 *)xr)[j];
+            bf16 *xe = (bf16 *)&xv;
+            if (ar) {
+                uint4 av = ((const uint4 *)ar)[j];
+                const bf16 *ae = (const bf16 *)&av;
+#pragma unroll
+                for (int e = 0; e < 8; e++) xe[e] = tobf(bf(xe[e]) + bf(ae[e]));
+                ((uint4 *)xr)[j] = xv;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += bf(xe[e]) * bf(xe[e]);
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+            float v = bf(xr[j]);
+            if (ar) {
+                v = rbf(v + bf(ar[j]));
+                xr[j] = tobf(v);
+            }
+            ss += v * v;
+        }
+    }
+    const float r = rsqrtf(block_sum(ss, red) / (float)dim + eps);
+    if (VEC) {
+        for (int j = threadIdx.x; j < dim / 8; j += blockDim.x) {
+            uint4 xv = ((const uint4 *)xr)[j];
+            bf16 *xe = (bf16 *)&xv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) xe[e] = tobf(w[8 * j + e] * rbf(bf(xe[e]) * r));
+            ((uint4 *)orow)[j] = xv;
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x)
+            orow[j] = tobf(w[j] * rbf(bf(xr[j]) * r));
+    }
+}
+
+void kc_rmsnorm(kc_backend *b, bf16 *x, const bf16 *add, const float *w, float eps, int n,
+                int dim, bf16 *out) {
+    if (n <= 0 || dim <= 0) return;
+    const bool vec = (dim & 7) == 0;
+    int work = vec ? dim / 8 : dim;
+    int threads = ((work + 31) / 32) * 32;
+    if (threads > 1024) threads = 1024;
+    if (threads < 32) threads = 32;
+    if (vec)
+        k_rmsnorm<true><<<n, threads, 0, b->stream>>>(x, add, w, eps, dim, out);
+    else
+        k_rmsnorm<false><<<n, threads, 0, b->stream>>>(x, add, w, eps, dim, out);
+    kc_launched(b, "rmsnorm");
+}
+
+// ---- RoPE and the KV write -----------------------------------------------------------------
+
+// Rotates pair j of one head vector v in place.
+static __device__ __forceinline__ void rope_pair(bf16 *v, int j, int half, int interleaved,
+                                                 float pos, const float *inv_freq) {
+    const float theta = pos * inv_freq[j];
+    float s, c;
+    sincosf(theta, &s, &c);
+    const int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+    const float a = bf(v[i0]), bb = bf(v[i1]);
+    v[i0] = tobf(a * c - bb * s);
+    v[i1] = tobf(a * s + bb * c);
+}
+
+// x [n, nh, hd]: one thread per (token, head, pair).
+__global__ void k_rope(bf16 *x, int n, int nh, int hd, const int32_t *__restrict__ pos,
+                       const float *__restrict__ inv_freq, int half, int interleaved) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t total = (int64_t)n * nh * half;
+    if (i >= total) return;
+    const int j = (int)(i % half);
+    const int64_t th = i / half;  // token * nh + head
+    const int t = (int)(th / nh);
+    rope_pair(x + th * hd, j, half, interleaved, (float)pos[t], inv_freq);
+}
+
+void kc_rope(kc_backend *b, bf16 *x, int n, int n_heads, int hd, const int32_t *d_pos,
+             int rot_dim, int interleaved) {
+    const int half = rot_dim / 2;
+    const int64_t total = (int64_t)n * n_heads * half;
+    if (total <= 0) return;
+    k_rope<<<(unsigned)((total + 255) / 256), 256, 0, b->stream>>>(x, n, n_heads, hd, d_pos,
+                                                                   b->d_inv_freq, half, interleaved);
+    kc_launched(b, "rope");
+}
+
+// K and V rows of n tokens to their cache slots (negative slot: padding, skipped).
+// row = n_kv_heads * head_dim elements, a multiple of 8.
+__global__ void k_kv_write(bf16 *__restrict__ kc_, bf16 *__restrict__ vc, const bf16 *__restrict__ k,
+                           const bf16 *__restrict__ v, const int32_t *__restrict__ slot,
+                           int64_t n_slots, int row) {
+    const int t = blockIdx.x;
+    const int64_t s = slot[t];
+    if (s < 0 || s >= n_slots) return;
+    const uint4 *ks = (const uint4 *)(k + (size_t)t * row), *vs = (const uint4 *)(v + (size_t)t * row);
+    uint4 *kd = (uint4 *)(kc_ + (size_t)s * row), *vd = (uint4 *)(vc + (size_t)s * row);
+    for (int j = threadIdx.x; j < row / 8; j += blockDim.x) {
+        kd[j] = ks[j];
+        vd[j] = vs[j];
+    }
+}
+
+void kc_kv_write(kc_backend *b, bf16 *kc_, bf16 *vc, const bf16 *k, const bf16 *v,
+                 const int32_t *d_slot, int64_t n_slots, int n, int row) {
+    if (n <= 0) return;
+    k_kv_write<<<n, 128, 0, b->stream>>>(kc_, vc, k, v, d_slot, n_slots, row);
+    kc_launched(b, "kv_write");
+}
+
+// One block per token: rotates its q heads in place, writes rotated k heads and v to the
+// token's cache slot. q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
+__global__ void k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                                bf16 *__restrict__ kcache, bf16 *__restrict__ vcache,
+                                const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
+                                int64_t n_slots, int nh, int nkv, int hd, int half, int interleaved,
+                                const float *__restrict__ inv_freq) {
+    const int t = blockIdx.x;
+    const float p = (float)pos[t];
+    const int64_t s = slot[t];
+    bf16 *qt = q + (size_t)t * nh * hd;
+    const int nq = nh * half;
+    for (int i = threadIdx.x; i < nq; i += blockDim.x)
+        rope_pair(qt + (i / half) * hd, i % half, half, interleaved, p, inv_freq);
+    if (s < 0 || s >= n_slots) return;
+    const size_t row = (size_t)nkv * hd;
+    const bf16 *kt = k + (size_t)t * row;
+    bf16 *kd = kcache + (size_t)s * row;
+    // Whole heads are copied first (the unrotated tail of partial RoPE included), then the
+    // rotated pairs overwrite their places: each element is owned by one thread per phase.
+    for (int i = threadIdx.x; i < (int)row; i += blockDim.x) {
+        kd[i] = kt[i];
+        vcache[(size_t)s * row + i] = v[(size_t)t * row + i];
+    }
+    __syncthreads();
+    const int nk = nkv * half;
+    for (int i = threadIdx.x; i < nk; i += blockDim.x)
+        rope_pair(kd + (i / half) * hd, i % half, half, interleaved, p, inv_freq);
+}
+
+void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
+                      bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
+                      int n, int nh, int nkv, int hd, int rot_dim, int interleaved) {
+    if (n <= 0) return;
+    k_rope_kv_write<<<n, 256, 0, b->stream>>>(q, k, v, kcache, vcache, d_pos, d_slot, n_slots, nh,
+                                              nkv, hd, rot_dim / 2, interleaved, b->d_inv_freq);
+    kc_launched(b, "rope_kv_write");
+}
+
+// ---- element-wise --------------------------------------------------------------------------
+
+__global__ void k_silu_mul(const bf16 *__restrict__ g, const bf16 *__restrict__ u, size_t n,
+                           bf16 *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float x = bf(g[i]);
+        const float s = rbf(x / (1.f + expf(-x)));
+        out[i] = tobf(s * bf(u[i]));
+    }
+}
+
+void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out) {
+    if (!n) return;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    k_silu_mul<<<(unsigned)blocks, 256, 0, b->stream>>>(g, u, n, out);
+    kc_launched(b, "silu_and_mul");
+}
+
+__global__ void k_add_bias(bf16 *y, const float *__restrict__ bias, size_t total, int out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = tobf(bf(y[i]) + bias[i % out]);
+}
+
+void kc_add_bias(kc_backend *b, bf16 *y, const float *bias, int n, int out) {
+    size_t total = (size_t)n * out;
+    if (!total) return;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    k_add_bias<<<(unsigned)blocks, 256, 0, b->stream>>>(y, bias, total, out);
+    kc_launched(b, "bias");
+}
+
+// ---- random fill (dummy weights) ----------------------------------------------------------
+
+static __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__global__ void k_fill_uniform(void *dst, int is_f32, size_t n, uint64_t seed, float scale,
+                               float offset) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t r = splitmix64(seed * 0x632BE59BD9B4E019ull + i);
+        const float u = (float)(r >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f;  // [-1, 1)
+        const float v = offset + scale * u;
+        if (is_f32) ((float *)dst)[i] = v;
+        else ((bf16 *)dst)[i] = tobf(v);
+    }
+}
+
+void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, uint64_t seed, float scale,
+                     float offset) {
+    if (!n) return;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535 * 8) blocks = 65535 * 8;
+    k_fill_uniform<<<(unsigned)blocks, 256, 0, b->stream>>>(dst, is_f32, n, seed, scale, offset);
+    kc_launched(b, "fill");
+}
+
+// ---- weight conversion at load --------------------------------------------------------------
+
+static __device__ __forceinline__ float h2f(uint16_t h) {
+    __half x;
+    memcpy(&x, &h, 2);
+    return __half2float(x);
+}
+static __device__ __forceinline__ uint16_t ld16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static __device__ __forceinline__ void put(void *dst, int f32, size_t i, float v) {
+    if (f32) ((float *)dst)[i] = v;
+    else ((bf16 *)dst)[i] = tobf(v);
+}
+
+// Plain floats: one thread per element.
+__global__ void k_convert_plain(int src_t, const void *src, size_t n, void *dst, int f32) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v;
+        if (src_t == KAON_F32) v = ((const float *)src)[i];
+        else if (src_t == KAON_F16) v = h2f(((const uint16_t *)src)[i]);
+        else v = bf(((const bf16 *)src)[i]);
+        put(dst, f32, i, v);
+    }
+}
+
+// GGUF blocks: one thread per block. Block b of the tensor starts at element b * QK (rows
+// are whole blocks, so the flat order is the row-major order).
+__global__ void k_convert_blocks(int t, const uint8_t *__restrict__ src, size_t n_blocks,
+                                 void *dst, int f32) {
+    for (size_t bi = (size_t)blockIdx.x * blockDim.x + threadIdx.x; bi < n_blocks;
+         bi += (size_t)gridDim.x * blockDim.x) {
+        if (t == KAON_Q4_0) {
+            const uint8_t *p = src + bi * 18;
+            const float d = h2f(ld16(p));
+            const size_t o = bi * 32;
+            for (int j = 0; j < 16; j++) {
+                put(dst, f32, o + j, (float)((p[2 + j] & 0xF) - 8) * d);
+                put(dst, f32, o + j + 16, (float)((p[2 + j] >> 4) - 8) * d);
+            }
+        } else if (t == KAON_Q4_1) {
+            const uint8_t *p = src + bi * 20;
+            const float d = h2f(ld16(p)), m = h2f(ld16(p + 2));
+            const size_t o = bi * 32;
+            for (int j = 0; j < 16; j++) {
+                put(dst, f32, o + j, (float)(p[4 + j] & 0xF) * d + m);
+                put(dst, f32, o + j + 16, (float)(p[4 + j] >> 4) * d + m);
+            }
+        } else if (t == KAON_Q8_0) {
+            const uint8_t *p = src + bi * 34;
+            const float d = h2f(ld16(p));
+            for (int j = 0; j < 32; j++) put(dst, f32, bi * 32 + j, (float)(int8_t)p[2 + j] * d);
+        } else if (t == KAON_Q4_K) {
+            const uint8_t *p = src + bi * 144;
+            const float d = h2f(ld16(p)), dmin = h2f(ld16(p + 2));
+            const uint8_t *sc = p + 4, *qs = p + 16;
+            for (int j = 0; j < 8; j++) {
+                int s, m;
+                if (j < 4) {
+                    s = sc[j] & 63;
+                    m = sc[j + 4] & 63;
+                } else {
+                    s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+                    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+                }
+                const uint8_t *q = qs + (j >> 1) * 32;
+                const float ds = d * (float)s, dm = dmin * (float)m;
+                for (int l = 0; l < 32; l++) {
+                    const int v = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+                    put(dst, f32, bi * 256 + j * 32 + l, ds * (float)v - dm);
+                }
+            }
+        } else if (t == KAON_Q6_K) {
+            const uint8_t *p = src + bi * 210;
+            const uint8_t *qlb = p, *qhb = p + 128;
+            const int8_t *scales = (const int8_t *)(p + 192);
+            const float d = h2f(ld16(p + 208));
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *ql = qlb + 64 * (j >> 2), *qh = qhb + 32 * (j >> 2);
+                for (int l = 0; l < 32; l++) {
+                    int q;
+                    switch (j & 3) {
+                    case 0: q = (ql[l] & 0xF) | ((qh[l] & 3) << 4); break;
+                    case 1: q = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4); break;
+                    case 2: q = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4); break;
+                    default: q = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4); break;
+                    }
+                    put(dst, f32, bi * 256 + j * 32 + l,
+                        d * (float)scales[2 * j + (l >> 4)] * (float)(q - 32));
+                }
+            }
+        }
+    }
+}
+
+int kc_convert(kc_backend *b, kaon_dtype t, const void *src, int64_t rows, int64_t cols, void *dst,
+               int dst_f32) {
+    const size_t n = (size_t)rows * (size_t)cols;
+    if (!n) return 0;
+    if (t == KAON_F32 || t == KAON_F16 || t == KAON_BF16) {
+        size_t blocks = (n + 255) / 256;
+        if (blocks > 65535 * 8) blocks = 65535 * 8;
+        k_convert_plain<<<(unsigned)blocks, 256, 0, b->stream>>>((int)t, src, n, dst, dst_f32);
+        return kc_launched(b, "convert");
+    }
+    const int qk = kaon_dtype_block_elems(t);
+    if (t != KAON_Q4_0 && t != KAON_Q4_1 && t != KAON_Q8_0 && t != KAON_Q4_K && t != KAON_Q6_K)
+        return kc_fail(b, "cuda: weights of type %s are not supported", kaon_dtype_name(t));
+    if (qk <= 0 || n % (size_t)qk) return kc_fail(b, "cuda: %s tensor is not whole blocks", kaon_dtype_name(t));
+    const size_t nb = n / (size_t)qk;
+    size_t blocks = (nb + 127) / 128;
+    if (blocks > 65535 * 8) blocks = 65535 * 8;
+    k_convert_blocks<<<(unsigned)blocks, 128, 0, b->stream>>>((int)t, (const uint8_t *)src, nb, dst,
+                                                              dst_f32);
+    return kc_launched(b, "dequantize");
+}

@@ -1,0 +1,331 @@
+// Linear layers on the GPU. y [n, out] = x [n, in] @ w [out, in]^T, bf16 in and out, f32
+// accumulation.
+//
+// Small batches (n <= 8, decode) are bound by reading the weight once: our GEMV gives each
+// warp one output row, streams the row with 16-byte loads (four in flight per lane, not kept
+// in L1), reads the few x rows through the read-only cache, and reduces with shuffles; a block
+// holds 8 rows. One launch can serve several weights that share x (q, k and v), and gate and
+// up can be read side by side with SiLU-and-mul applied before the one store.
+// Larger batches go to cuBLASLt (descriptors and the chosen algorithm cached per shape).
+#include "backend/cuda/cuda_internal.h"
+
+#include <string.h>
+
+#define GEMV_WARPS 8
+
+typedef struct GemvArgs {
+    const bf16 *w[4];
+    const float *bias[4];
+    void *y[4];    // bf16, or f32 when f32out
+    int rows[4];
+    int begin[4];  // first block of each weight
+    int count;
+    int f32out;
+} GemvArgs;
+
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float s) {
+    const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *b2 = (const __nv_bfloat162 *)&b;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 fa = __bfloat1622float2(a2[e]), fb = __bfloat1622float2(b2[e]);
+        s = fmaf(fa.x, fb.x, s);
+        s = fmaf(fa.y, fb.y, s);
+    }
+    return s;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
+// in flight (the default); 4 trades that for occupancy (KAON_GEMV_OCC=1, for comparison).
+template <int NB, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
+    const int bid = blockIdx.x;
+    const bf16 *w = a.w[0];
+    const float *bias = a.bias[0];
+    void *y = a.y[0];
+    int rows = a.rows[0], begin = 0;
+#pragma unroll
+    for (int i = 1; i < 4; i++)
+        if (i < a.count && bid >= a.begin[i]) {
+            w = a.w[i];
+            bias = a.bias[i];
+            y = a.y[i];
+            rows = a.rows[i];
+            begin = a.begin[i];
+        }
+    const int row = (bid - begin) * GEMV_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31, nc = in >> 3;
+    const uint4 *wr = (const uint4 *)(w + (size_t)row * in);
+    const uint4 *xr = (const uint4 *)x;
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+    // U loads of the weight row in flight per lane (fewer when many x rows need registers).
+    constexpr int U = NB <= 2 ? 8 : 4;
+    int c = lane;
+    for (; c + 32 * (U - 1) < nc; c += 32 * U) {
+        uint4 wv[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const uint4 *xb = xr + (size_t)b * nc + c;
+            float s = acc[b];
+#pragma unroll
+            for (int u = 0; u < U; u++) s = dot8(wv[u], __ldg(xb + 32 * u), s);
+            acc[b] = s;
+        }
+    }
+    for (; c < nc; c += 32) {
+        const uint4 w0 = ld_stream(wr + c);
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[b] = dot8(w0, __ldg(xr + (size_t)b * nc + c), acc[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = warp_sum(acc[b]);
+    if (lane == 0) {
+        const float bb = bias ? bias[row] : 0.f;
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            if (a.f32out) ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
+            else ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(acc[b] + bb);
+        }
+    }
+}
+
+// out[b, r] = bf16(bf16(silu(g)) * u) with g = x[b] . wg[r], u = x[b] . wu[r] (each rounded
+// to bf16 first, as the separate ops would).
+template <int NB, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
+            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
+    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31, nc = in >> 3;
+    const uint4 *gr = (const uint4 *)(wg + (size_t)row * in);
+    const uint4 *ur = (const uint4 *)(wu + (size_t)row * in);
+    const uint4 *xr = (const uint4 *)x;
+    float ag[NB], au[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) ag[b] = au[b] = 0.f;
+    constexpr int U = NB <= 2 ? 4 : 2;  // 2U weight loads in flight per lane
+    int c = lane;
+    for (; c + 32 * (U - 1) < nc; c += 32 * U) {
+        uint4 gv[U], uv[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            gv[u] = ld_stream(gr + c + 32 * u);
+            uv[u] = ld_stream(ur + c + 32 * u);
+        }
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const uint4 *xb = xr + (size_t)b * nc + c;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const uint4 xv = __ldg(xb + 32 * u);
+                ag[b] = dot8(gv[u], xv, ag[b]);
+                au[b] = dot8(uv[u], xv, au[b]);
+            }
+        }
+    }
+    for (; c < nc; c += 32) {
+        const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const uint4 x0 = __ldg(xr + (size_t)b * nc + c);
+            ag[b] = dot8(g0, x0, ag[b]);
+            au[b] = dot8(u0, x0, au[b]);
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        ag[b] = warp_sum(ag[b]);
+        au[b] = warp_sum(au[b]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const float g = __bfloat162float(__float2bfloat16(ag[b]));
+            const float u = __bfloat162float(__float2bfloat16(au[b]));
+            const float s = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+            out[(size_t)b * rows + row] = __float2bfloat16(s * u);
+        }
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
+                  const int *rows, const float *const *bias, void *const *y, int f32out) {
+    if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x))
+        return 1;
+    GemvArgs a;
+    memset(&a, 0, sizeof a);
+    a.count = count;
+    a.f32out = f32out;
+    int64_t blocks = 0;
+    for (int i = 0; i < count; i++) {
+        if (!aligned16(w[i]) || rows[i] <= 0) return 1;
+        a.w[i] = w[i];
+        a.bias[i] = bias ? bias[i] : NULL;
+        a.y[i] = y[i];
+        a.rows[i] = rows[i];
+        a.begin[i] = (int)blocks;
+        blocks += (rows[i] + GEMV_WARPS - 1) / GEMV_WARPS;
+    }
+    if (blocks > INT32_MAX / 2) return 1;
+    const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
+    switch (n) {
+    case 1:
+        if (b->gemv_occ) k_gemv<1, 4><<<grid, block, 0, b->stream>>>(x, in, a);
+        else k_gemv<1, 1><<<grid, block, 0, b->stream>>>(x, in, a);
+        break;
+    case 2: k_gemv<2, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    case 3: k_gemv<3, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    case 4: k_gemv<4, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    case 5: k_gemv<5, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    case 6: k_gemv<6, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    case 7: k_gemv<7, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    default: k_gemv<8, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    }
+    return kc_launched(b, "gemv");
+}
+
+int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
+                 int rows, bf16 *out) {
+    if (n < 1 || n > KC_GEMV_MAX_N || in % 8 || in <= 0 || rows <= 0 || !aligned16(x) ||
+        !aligned16(wg) || !aligned16(wu))
+        return 1;
+    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    switch (n) {
+    case 1:
+        if (b->gemv_occ) k_gemv_silu<1, 4><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out);
+        else k_gemv_silu<1, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out);
+        break;
+    case 2: k_gemv_silu<2, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    case 3: k_gemv_silu<3, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    case 4: k_gemv_silu<4, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    case 5: k_gemv_silu<5, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    case 6: k_gemv_silu<6, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    case 7: k_gemv_silu<7, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    default: k_gemv_silu<8, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    }
+    return kc_launched(b, "gemv_silu");
+}
+
+// ---- cuBLASLt ------------------------------------------------------------------------------
+
+static void gemm_destroy(kc_gemm *g) {
+    if (!g->valid) return;
+    cublasLtMatrixLayoutDestroy(g->a);
+    cublasLtMatrixLayoutDestroy(g->b);
+    cublasLtMatrixLayoutDestroy(g->c);
+    cublasLtMatmulDescDestroy(g->op);
+    g->valid = 0;
+}
+
+void kc_gemm_cache_free(kc_backend *b) {
+    for (int i = 0; i < KC_MAX_GEMMS; i++) gemm_destroy(&b->gemms[i]);
+}
+
+// Column-major view of the row-major problem: C [out x n] = W^T' [out x in] * X [in x n],
+// where W is stored as a column-major [in x out] matrix (transposed) and X as [in x n].
+static kc_gemm *gemm_get(kc_backend *b, int m, int n, int k, int f32out) {
+    for (int i = 0; i < KC_MAX_GEMMS; i++) {
+        kc_gemm *g = &b->gemms[i];
+        if (g->valid && g->m == m && g->n == n && g->k == k && g->f32out == f32out) {
+            g->last_use = ++b->tick;
+            return g;
+        }
+    }
+    kc_gemm *slot = NULL;  // a free entry, else the least recently used
+    for (int i = 0; i < KC_MAX_GEMMS && !slot; i++)
+        if (!b->gemms[i].valid) slot = &b->gemms[i];
+    if (!slot) {
+        slot = &b->gemms[0];
+        for (int i = 1; i < KC_MAX_GEMMS; i++)
+            if (b->gemms[i].last_use < slot->last_use) slot = &b->gemms[i];
+    }
+    if (b->capturing) {
+        kc_fail(b, "cuda: new matrix shape %dx%dx%d while recording a graph", m, n, k);
+        return NULL;
+    }
+    gemm_destroy(slot);
+    kc_gemm *g = slot;
+    memset(g, 0, sizeof *g);
+    cublasStatus_t st;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    st = cublasLtMatmulDescCreate(&g->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st != CUBLAS_STATUS_SUCCESS) goto fail;
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16BF, k, m, k) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16BF, k, n, k) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&g->c, f32out ? CUDA_R_32F : CUDA_R_16BF, m, n, m) != CUBLAS_STATUS_SUCCESS) {
+        st = CUBLAS_STATUS_ALLOC_FAILED;
+        goto fail;
+    }
+    {
+        cublasLtMatmulPreference_t pref;
+        if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) goto fail;
+        size_t ws = b->lt_ws_bytes;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        st = cublasLtMatmulAlgoGetHeuristic(b->lt, g->op, g->a, g->b, g->c, g->c, pref, 1, &res, &nres);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (st != CUBLAS_STATUS_SUCCESS || nres < 1) {
+            if (st == CUBLAS_STATUS_SUCCESS) st = CUBLAS_STATUS_NOT_SUPPORTED;
+            goto fail;
+        }
+        g->algo = res.algo;
+    }
+    g->m = m;
+    g->n = n;
+    g->k = k;
+    g->f32out = f32out;
+    g->valid = 1;
+    g->last_use = ++b->tick;
+    return g;
+fail:
+    if (g->a) cublasLtMatrixLayoutDestroy(g->a);
+    if (g->b) cublasLtMatrixLayoutDestroy(g->b);
+    if (g->c) cublasLtMatrixLayoutDestroy(g->c);
+    if (g->op) cublasLtMatmulDescDestroy(g->op);
+    memset(g, 0, sizeof *g);
+    kc_fail(b, "cuBLASLt: no bf16 algorithm for %d x %d x %d (status %d)", m, n, k, (int)st);
+    return NULL;
+}
+
+int kc_gemm_bf16(kc_backend *b, const bf16 *x, int n, const bf16 *w, int out, int in,
+                 const float *bias, void *y, int f32out) {
+    if (n <= 0 || out <= 0 || in <= 0) return 0;
+    if (n <= KC_GEMV_MAX_N) {
+        int rc = kc_gemv_multi(b, x, n, in, 1, &w, &out, &bias, &y, f32out);
+        if (rc <= 0) return rc;
+    }
+    if (bias && f32out) return kc_fail(b, "cuda: bias with f32 output is not supported");
+    kc_gemm *g = gemm_get(b, out, n, in, f32out);
+    if (!g) return -1;
+    const float alpha = 1.f, beta = 0.f;
+    cublasStatus_t st = cublasLtMatmul(b->lt, g->op, &alpha, w, g->a, x, g->b, &beta, y, g->c, y, g->c,
+                                       &g->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return kc_fail(b, "cuBLASLt matmul %d x %d x %d failed (status %d)", out, n, in, (int)st);
+    if (bias) kc_add_bias(b, (bf16 *)y, bias, n, out);
+    return 0;
+}

@@ -1,0 +1,609 @@
+// gpu_driver: runs kaon's backend ops and models for tests/gpu/test_gpu.py, which computes the
+// references (numpy float64, HF transformers, the gguf package) and compares.
+//
+//   gpu_driver op DIR                     one op on the CUDA backend: DIR/params.txt ("key value"
+//                                         lines), inputs DIR/<name>.bin (f32 or i32), outputs
+//                                         DIR/out*.bin (f32). Outputs start as NaN (poisoned).
+//   gpu_driver logits MODEL DEV CHUNK IDS OUT [dummy]
+//                                         logits [n, vocab] f32 of every position of one sequence
+//                                         fed CHUNK tokens per step (n = one prefill, 1 = decode)
+//   gpu_driver batch MODEL DEV SEQS OUT   several sequences (one comma list per line of SEQS)
+//                                         in shared steps: prefill chunks of different lengths and
+//                                         decodes mixed, scattered KV blocks; logits of every
+//                                         position of every sequence, in file order
+//   gpu_driver greedy MODEL DEV IDS N     greedy ids after the prompt: a JSON list of
+//                                         [id, top-2 logit margin, runner-up id]
+//   gpu_driver timings                    decode-shaped linear and attention timings (JSON lines)
+// DEV: cpu or cuda. IDS: a comma list.
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "util/err.h"
+#include "util/half.h"
+
+static void die(const char *fmt, const char *arg) {
+    fprintf(stderr, "gpu_driver: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (%s)\n", kaon_last_error());
+    exit(2);
+}
+
+// ---- files ------------------------------------------------------------------------------------
+
+static void *read_all(const char *dir, const char *name, size_t *len) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(n > 0 ? (size_t)n : 1);
+    if (!p || fread(p, 1, (size_t)n, f) != (size_t)n) die("cannot read %s", path);
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+static void *need(const char *dir, const char *name, size_t bytes) {
+    size_t len = 0;
+    void *p = read_all(dir, name, &len);
+    if (!p || len != bytes) {
+        fprintf(stderr, "gpu_driver: %s/%s: expected %zu bytes, got %zu\n", dir, name, bytes, len);
+        exit(2);
+    }
+    return p;
+}
+
+static void write_f32(const char *dir, const char *name, const float *x, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(x, sizeof(float), n, f) != n || fclose(f)) die("cannot write %s", path);
+}
+
+static double param(const char *dir, const char *key, double dflt) {
+    size_t len = 0;
+    char *t = read_all(dir, "params.txt", &len);
+    if (!t) die("no params.txt in %s", dir);
+    t = realloc(t, len + 1);
+    t[len] = 0;
+    double v = dflt;
+    size_t kl = strlen(key);
+    for (char *line = strtok(t, "\n"); line; line = strtok(NULL, "\n"))
+        if (!strncmp(line, key, kl) && line[kl] == ' ') v = atof(line + kl + 1);
+    free(t);
+    return v;
+}
+
+static const char *param_str(const char *dir, const char *key, char *buf, size_t cap) {
+    size_t len = 0;
+    char *t = read_all(dir, "params.txt", &len);
+    if (!t) die("no params.txt in %s", dir);
+    t = realloc(t, len + 1);
+    t[len] = 0;
+    buf[0] = 0;
+    size_t kl = strlen(key);
+    for (char *line = strtok(t, "\n"); line; line = strtok(NULL, "\n"))
+        if (!strncmp(line, key, kl) && line[kl] == ' ') snprintf(buf, cap, "%s", line + kl + 1);
+    free(t);
+    return buf;
+}
+
+// ---- device buffers through the op table ------------------------------------------------------
+
+static kaon_backend *be;
+static bool on_cpu;  // KAON_OP_DEVICE=cpu: the same ops on the CPU backend (checks the harness)
+
+// A bf16 device buffer [rows, cols] holding x (NULL: NaN, to see unwritten outputs).
+static void *dev_bf16(const float *x, int64_t rows, int64_t cols) {
+    size_t n = (size_t)rows * (size_t)cols;
+    if (on_cpu) {  // f32 activations
+        float *f = be->ops->alloc(be, n * 4);
+        for (size_t i = 0; i < n; i++) f[i] = x ? x[i] : NAN;
+        return f;
+    }
+    uint16_t *h = malloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) {
+        if (!x) {
+            h[i] = 0x7FC0;
+        } else {
+            uint32_t bits;
+            memcpy(&bits, &x[i], 4);
+            bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even (inputs are finite)
+            h[i] = (uint16_t)(bits >> 16);
+        }
+    }
+    kaon_tensor t = {.dtype = KAON_BF16, .ndim = 2, .shape = {rows, cols}, .data = h, .nbytes = n * 2};
+    kaon_tensor d;
+    if (be->ops->upload(be, &t, &d)) die("upload failed%s", "");
+    free(h);
+    return d.data;
+}
+
+static kaon_tensor dev_matrix(const float *x, int64_t rows, int64_t cols) {
+    if (on_cpu) {
+        kaon_tensor t = {.dtype = KAON_F32, .ndim = 2, .shape = {rows, cols}, .data = (void *)x,
+                         .nbytes = (size_t)rows * cols * 4};
+        return t;
+    }
+    kaon_tensor t = {.dtype = KAON_BF16, .ndim = 2, .shape = {rows, cols}};
+    t.data = dev_bf16(x, rows, cols);
+    t.nbytes = (size_t)rows * cols * 2;
+    return t;
+}
+
+static kaon_tensor dev_vector(const float *x, int64_t n) {
+    kaon_tensor t = {.dtype = KAON_F32, .ndim = 1, .shape = {n}, .data = (void *)x, .nbytes = (size_t)n * 4};
+    if (on_cpu) return t;
+    kaon_tensor d;
+    if (be->ops->upload(be, &t, &d)) die("upload failed%s", "");
+    return d;
+}
+
+static void save_dev(const char *dir, const char *name, const void *d, size_t n) {
+    float *h = malloc(n * sizeof(float) + 4);
+    be->ops->to_host_f32(be, d, n, h);
+    if (be->ops->status && be->ops->status(be)) die("op failed%s", "");
+    write_f32(dir, name, h, n);
+    free(h);
+}
+
+// ---- ops ------------------------------------------------------------------------------------------
+
+static int run_op(const char *dir) {
+    char op[64];
+    param_str(dir, "op", op, sizeof op);
+    const char *dv = getenv("KAON_OP_DEVICE");
+    on_cpu = dv && !strcmp(dv, "cpu");
+    be = on_cpu ? kaon_backend_cpu_create(0) : kaon_backend_cuda_create(0);
+    if (!be) die("no backend%s", "");
+    const kaon_backend_ops *o = be->ops;
+#define P(k) ((int)param(dir, k, 0))
+    if (!strcmp(op, "rmsnorm")) {
+        int n = P("n"), dim = P("dim"), has_add = P("has_add"), inplace = P("inplace");
+        float eps = (float)param(dir, "eps", 1e-5);
+        float *x = need(dir, "x.bin", (size_t)n * dim * 4), *w = need(dir, "w.bin", (size_t)dim * 4);
+        void *dx = dev_bf16(x, n, dim), *dadd = NULL;
+        if (has_add) dadd = dev_bf16(need(dir, "add.bin", (size_t)n * dim * 4), n, dim);
+        kaon_tensor dw = dev_vector(w, dim);
+        void *dout = inplace ? dx : dev_bf16(NULL, n, dim);
+        o->rmsnorm(be, dx, dadd, &dw, eps, n, dim, dout);
+        save_dev(dir, "out.bin", dout, (size_t)n * dim);
+        if (!inplace) save_dev(dir, "out_x.bin", dx, (size_t)n * dim);
+    } else if (!strcmp(op, "linear") || !strcmp(op, "multi") || !strcmp(op, "silu")) {
+        int n = P("n"), out = P("out"), in = P("in"), has_bias = P("has_bias");
+        void *dx = dev_bf16(need(dir, "x.bin", (size_t)n * in * 4), n, in);
+        if (!strcmp(op, "linear") && P("f32out")) {  // the LM head's f32 logits
+            kaon_tensor w = dev_matrix(need(dir, "w.bin", (size_t)out * in * 4), out, in);
+            float *y = o->alloc(be, (size_t)n * out * 4), *h = malloc((size_t)n * out * 4);
+            if (o->linear_f32) {
+                o->linear_f32(be, dx, n, &w, y);
+                o->copy_f32_to_host(be, y, (size_t)n * out, h);
+            } else {  // the CPU's activations are f32 already
+                o->linear(be, dx, n, &w, NULL, y);
+                o->to_host_f32(be, y, (size_t)n * out, h);
+            }
+            write_f32(dir, "out.bin", h, (size_t)n * out);
+        } else if (!strcmp(op, "linear")) {
+            kaon_tensor w = dev_matrix(need(dir, "w.bin", (size_t)out * in * 4), out, in), b;
+            if (has_bias) b = dev_vector(need(dir, "b.bin", (size_t)out * 4), out);
+            void *dy = dev_bf16(NULL, n, out);
+            o->linear(be, dx, n, &w, has_bias ? &b : NULL, dy);
+            save_dev(dir, "out.bin", dy, (size_t)n * out);
+        } else if (!strcmp(op, "multi")) {
+            int rows[3] = {P("out0"), P("out1"), P("out2")};
+            kaon_tensor w[3], b[3];
+            const kaon_tensor *wp[3], *bp[3];
+            void *y[3];
+            for (int i = 0; i < 3; i++) {
+                char nm[32];
+                snprintf(nm, sizeof nm, "w%d.bin", i);
+                w[i] = dev_matrix(need(dir, nm, (size_t)rows[i] * in * 4), rows[i], in);
+                wp[i] = &w[i];
+                bp[i] = NULL;
+                if (has_bias) {
+                    snprintf(nm, sizeof nm, "b%d.bin", i);
+                    b[i] = dev_vector(need(dir, nm, (size_t)rows[i] * 4), rows[i]);
+                    bp[i] = &b[i];
+                }
+                y[i] = dev_bf16(NULL, n, rows[i]);
+            }
+            int rc = o->linear_multi ? o->linear_multi(be, dx, n, 3, wp, bp, y) : 1;
+            if (rc == 1)
+                for (int i = 0; i < 3; i++) o->linear(be, dx, n, wp[i], bp[i], y[i]);
+            printf("{\"declined\": %d}\n", on_cpu ? n > 8 : rc == 1);  // the CPU has no fused op
+            for (int i = 0; i < 3; i++) {
+                char nm[32];
+                snprintf(nm, sizeof nm, "out%d.bin", i);
+                save_dev(dir, nm, y[i], (size_t)n * rows[i]);
+            }
+        } else {
+            kaon_tensor wg = dev_matrix(need(dir, "wg.bin", (size_t)out * in * 4), out, in);
+            kaon_tensor wu = dev_matrix(need(dir, "wu.bin", (size_t)out * in * 4), out, in);
+            void *dy = dev_bf16(NULL, n, out);
+            int rc = o->linear_silu_mul ? o->linear_silu_mul(be, dx, n, &wg, &wu, dy) : 1;
+            if (rc == 1) {
+                void *g = dev_bf16(NULL, n, out), *u = dev_bf16(NULL, n, out);
+                o->linear(be, dx, n, &wg, NULL, g);
+                o->linear(be, dx, n, &wu, NULL, u);
+                o->silu_and_mul(be, g, u, n, out, dy);
+            }
+            printf("{\"declined\": %d}\n", on_cpu ? n > 8 : rc == 1);  // the CPU has no fused op
+            save_dev(dir, "out.bin", dy, (size_t)n * out);
+        }
+    } else if (!strcmp(op, "rope")) {
+        int n = P("n"), nh = P("nh"), hd = P("hd"), rot = P("rot");
+        float *x = need(dir, "x.bin", (size_t)n * nh * hd * 4), *inv = need(dir, "inv.bin", (size_t)rot / 2 * 4);
+        int32_t *pos = need(dir, "pos.bin", (size_t)n * 4);
+        kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv};
+        void *dx = dev_bf16(x, n, (int64_t)nh * hd);
+        o->rope(be, dx, n, nh, hd, pos, &r);
+        save_dev(dir, "out.bin", dx, (size_t)n * nh * hd);
+    } else if (!strcmp(op, "attn")) {
+        // Context tokens go into the cache first (kv_write, loose index copies); then one step
+        // of T query tokens through begin_step: (rope_kv_write | kv_write) + attention.
+        int T = P("T"), S = P("n_seqs"), nh = P("nh"), nkv = P("nkv"), hd = P("hd"), bs = P("bs");
+        int n_blocks = P("n_blocks"), mb = P("max_blocks"), C = P("n_ctx"), fused = P("fused");
+        float scale = (float)param(dir, "scale", 1.0);
+        size_t kvrow = (size_t)nkv * hd;
+        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes),
+                            o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes)};
+        int32_t *tables = need(dir, "tables.bin", (size_t)S * mb * 4);
+        if (C > 0) {
+            int32_t *cslot = need(dir, "ctx_slot.bin", (size_t)C * 4);
+            void *ck = dev_bf16(need(dir, "ctx_k.bin", C * kvrow * 4), C, (int64_t)kvrow);
+            void *cv = dev_bf16(need(dir, "ctx_v.bin", C * kvrow * 4), C, (int64_t)kvrow);
+            kaon_attn_meta cm = {.n_tokens = C, .n_seqs = S, .slot_mapping = cslot,
+                                 .block_tables = tables, .max_blocks = mb, .block_size = bs};
+            o->kv_write(be, &kv, ck, cv, &cm, nkv, hd);
+        }
+        int32_t *pos = need(dir, "pos.bin", (size_t)T * 4), *seq = need(dir, "seq.bin", (size_t)T * 4);
+        int32_t *slot = need(dir, "slot.bin", (size_t)T * 4);
+        void *q = dev_bf16(need(dir, "q.bin", (size_t)T * nh * hd * 4), T, (int64_t)nh * hd);
+        void *k = dev_bf16(need(dir, "k.bin", T * kvrow * 4), T, (int64_t)kvrow);
+        void *v = dev_bf16(need(dir, "v.bin", T * kvrow * 4), T, (int64_t)kvrow);
+        kaon_attn_meta m = {.n_tokens = T, .n_seqs = S, .positions = pos, .token_seq = seq,
+                            .slot_mapping = slot, .block_tables = tables, .max_blocks = mb,
+                            .block_size = bs};
+        if (o->begin_step && o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
+        if (fused) {
+            int rot = P("rot");
+            float *inv = need(dir, "inv.bin", (size_t)rot / 2 * 4);
+            kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv};
+            if (!o->rope_kv_write) {
+                o->rope(be, q, T, nh, hd, pos, &r);
+                o->rope(be, k, T, nkv, hd, pos, &r);
+                o->kv_write(be, &kv, k, v, &m, nkv, hd);
+            } else if (o->rope_kv_write(be, q, k, v, &kv, &m, nh, nkv, hd, &r) != 0) {
+                die("rope_kv_write%s", "");
+            }
+            save_dev(dir, "out_q.bin", q, (size_t)T * nh * hd);
+        } else {
+            o->kv_write(be, &kv, k, v, &m, nkv, hd);
+        }
+        void *out = dev_bf16(NULL, T, (int64_t)nh * hd);
+        o->attention(be, q, &kv, &m, nh, nkv, hd, scale, out);
+        save_dev(dir, "out.bin", out, (size_t)T * nh * hd);
+        save_dev(dir, "out_kcache.bin", kv.k, (size_t)n_blocks * bs * kvrow);
+        save_dev(dir, "out_vcache.bin", kv.v, (size_t)n_blocks * bs * kvrow);
+    } else if (!strcmp(op, "embed")) {
+        int V = P("vocab"), dim = P("dim"), n = P("n");
+        kaon_tensor t = dev_matrix(need(dir, "table.bin", (size_t)V * dim * 4), V, dim);
+        int32_t *ids = need(dir, "ids.bin", (size_t)n * 4);
+        void *out = dev_bf16(NULL, n, dim);
+        o->embed(be, &t, ids, n, out);
+        save_dev(dir, "out.bin", out, (size_t)n * dim);
+        int32_t *rows = need(dir, "rows.bin", (size_t)P("n_rows") * 4);
+        void *out2 = dev_bf16(NULL, P("n_rows"), dim);
+        o->get_rows(be, out, rows, P("n_rows"), dim, out2);
+        save_dev(dir, "out_rows.bin", out2, (size_t)P("n_rows") * dim);
+    } else if (!strcmp(op, "silu_mul")) {
+        int n = P("n"), dim = P("dim");
+        void *g = dev_bf16(need(dir, "g.bin", (size_t)n * dim * 4), n, dim);
+        void *u = dev_bf16(need(dir, "u.bin", (size_t)n * dim * 4), n, dim);
+        void *out = dev_bf16(NULL, n, dim);
+        o->silu_and_mul(be, g, u, n, dim, out);
+        save_dev(dir, "out.bin", out, (size_t)n * dim);
+    } else if (!strcmp(op, "dequant")) {
+        int type = P("type"), rows = P("rows"), cols = P("cols");
+        size_t len = 0;
+        void *raw = read_all(dir, "raw.bin", &len);
+        if (!raw) die("no raw.bin%s", "");
+        kaon_tensor t = {.dtype = (kaon_dtype)type, .ndim = 2, .shape = {rows, cols}, .data = raw, .nbytes = len};
+        kaon_tensor d;
+        if (o->upload(be, &t, &d)) die("upload%s", "");
+        save_dev(dir, "out.bin", d.data, (size_t)rows * cols);
+    } else {
+        die("unknown op '%s'", op);
+    }
+#undef P
+    if (o->status && o->status(be)) die("op failed%s", "");
+    o->destroy(be);
+    return 0;
+}
+
+// ---- kernel timings ---------------------------------------------------------------------------
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Waits for the stream: a one-element copy to the host.
+static void sync_dev(const void *d) {
+    float f;
+    be->ops->to_host_f32(be, d, 1, &f);
+}
+
+// Decode-shaped matrix-vector products of Llama-3.1-8B and its attention at a few contexts:
+// GB/s of weights (or KV) read, one JSON line each.
+static int run_timings(void) {
+    be = kaon_backend_cuda_create(0);
+    if (!be) die("no backend%s", "");
+    const kaon_backend_ops *o = be->ops;
+    struct { int rows, in, silu, n; } shapes[] = {
+        {4096, 4096, 0, 1}, {1024, 4096, 0, 1}, {14336, 4096, 1, 1}, {4096, 14336, 0, 1},
+        {128256, 4096, 0, 1}, {6144, 4096, 0, 1}, {4096, 4096, 0, 4}, {4096, 4096, 0, 8},
+        {4096, 4096, 0, 16}, {14336, 4096, 0, 64}};
+    void *y = o->alloc(be, (size_t)64 * 128256 * 2);
+    kaon_tensor xt = {.dtype = KAON_BF16, .ndim = 2, .shape = {64, 14336}}, xd;
+    if (o->fill_dummy(be, &xt, 7, 1.0f, 0.0f, &xd)) die("fill%s", "");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        kaon_tensor like = {.dtype = KAON_BF16, .ndim = 2, .shape = {shapes[i].rows, shapes[i].in}};
+        kaon_tensor w, w2;
+        if (o->fill_dummy(be, &like, 1 + i, 0.01f, 0.0f, &w) || o->fill_dummy(be, &like, 99 + i, 0.01f, 0.0f, &w2))
+            die("fill%s", "");
+        const int n = shapes[i].n, reps = 50;
+        for (int it = 0; it < 5; it++) {  // warm-up (and cuBLAS's algorithm choice)
+            if (shapes[i].silu) {
+                if (o->linear_silu_mul(be, xd.data, n, &w, &w2, y) != 0) die("silu gemv declined%s", "");
+            } else {
+                o->linear(be, xd.data, n, &w, NULL, y);
+            }
+        }
+        sync_dev(y);
+        double t0 = now_s();
+        for (int it = 0; it < reps; it++) {
+            if (shapes[i].silu) o->linear_silu_mul(be, xd.data, n, &w, &w2, y);
+            else o->linear(be, xd.data, n, &w, NULL, y);
+        }
+        sync_dev(y);
+        double dt = (now_s() - t0) / reps;
+        double bytes = (double)shapes[i].rows * shapes[i].in * 2 * (shapes[i].silu ? 2 : 1);
+        printf("{\"timing\": \"linear\", \"rows\": %d, \"in\": %d, \"silu\": %d, \"n\": %d, \"us\": %.2f, "
+               "\"GBps\": %.1f}\n", shapes[i].rows, shapes[i].in, shapes[i].silu, n, dt * 1e6, bytes / dt / 1e9);
+        o->release(be, &w);
+        o->release(be, &w2);
+    }
+    // Attention: one decode token, 32 q heads over 8 KV heads, context L.
+    const int nh = 32, nkv = 8, hd = 128, bs = 16;
+    int ctxs[] = {512, 4096, 32768};
+    for (int c = 0; c < 3; c++) {
+        int L = ctxs[c], nb = L / bs + 1;
+        kaon_kv_layer kv = {o->alloc(be, (size_t)nb * bs * nkv * hd * 2), o->alloc(be, (size_t)nb * bs * nkv * hd * 2)};
+        int32_t *tab = malloc(sizeof(int32_t) * nb), pos = L - 1, seq = 0, slot = L - 1;
+        for (int i = 0; i < nb; i++) tab[i] = i;
+        kaon_attn_meta m = {.n_tokens = 1, .n_seqs = 1, .positions = &pos, .token_seq = &seq,
+                            .slot_mapping = &slot, .block_tables = tab, .max_blocks = nb, .block_size = bs};
+        if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
+        for (int it = 0; it < 5; it++) o->attention(be, xd.data, &kv, &m, nh, nkv, hd, 0.088f, y);
+        sync_dev(y);
+        double t0 = now_s();
+        for (int it = 0; it < 50; it++) o->attention(be, xd.data, &kv, &m, nh, nkv, hd, 0.088f, y);
+        sync_dev(y);
+        double dt = (now_s() - t0) / 50;
+        printf("{\"timing\": \"attention\", \"ctx\": %d, \"us\": %.2f, \"GBps\": %.1f}\n", L, dt * 1e6,
+               (double)L * nkv * hd * 4 / dt / 1e9);
+        o->free(be, kv.k);
+        o->free(be, kv.v);
+        free(tab);
+    }
+    if (o->status(be)) die("timings failed%s", "");
+    o->destroy(be);
+    return 0;
+}
+
+// ---- models -----------------------------------------------------------------------------------
+
+static int parse_ids(const char *s, int32_t **out) {
+    int cap = 16, n = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        if (n == cap) ids = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
+        ids[n++] = (int32_t)v;
+        s = end;
+        while (*s == ',' || *s == ' ' || *s == '\n') s++;
+    }
+    *out = ids;
+    return n;
+}
+
+static kaon_model *load(const char *path, bool dummy) {
+    kaon_model *m = dummy ? kaon_model_load_dummy(path) : kaon_model_load(path);
+    if (!m) die("cannot load %s", path);
+    return m;
+}
+
+static kaon_backend *make_backend(const char *dev) {
+    kaon_backend *b = !strcmp(dev, "cuda") ? kaon_backend_cuda_create(0) : kaon_backend_cpu_create(0);
+    if (!b) die("no backend %s", dev);
+    return b;
+}
+
+// One sequence fed `chunk` tokens per step; logits of every position.
+static int run_logits(const char *path, const char *dev, int chunk, const char *ids_s, const char *out,
+                      bool dummy) {
+    kaon_model *m = load(path, dummy);
+    be = make_backend(dev);
+    int32_t *ids;
+    int n = parse_ids(ids_s, &ids);
+    const int bs = 16, nb = (n + bs - 1) / bs + 1, V = m->cfg.vocab_size;
+    if (chunk < 1 || chunk > n) chunk = n;
+    kaon_runner *r = kaon_runner_create(m, be, chunk, chunk, nb, bs);
+    if (!r) die("runner%s", "");
+    int32_t *table = malloc(sizeof *table * (size_t)nb);
+    for (int i = 0; i < nb; i++) table[i] = nb - 1 - i;  // scattered blocks
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)chunk * 4), *slot = pos + chunk, *seq = slot + chunk,
+            *rows = seq + chunk;
+    float *logits = malloc(sizeof(float) * (size_t)n * V);
+    for (int done = 0; done < n;) {
+        int k = n - done < chunk ? n - done : chunk;
+        for (int i = 0; i < k; i++) {
+            int p = done + i;
+            pos[i] = p;
+            slot[i] = table[p / bs] * bs + p % bs;
+            seq[i] = 0;
+            rows[i] = i;
+        }
+        kaon_batch b = {.n_tokens = k, .tokens = ids + done,
+                        .attn = {.n_tokens = k, .n_seqs = 1, .positions = pos, .token_seq = seq,
+                                 .slot_mapping = slot, .block_tables = table, .max_blocks = nb,
+                                 .block_size = bs},
+                        .n_logits = k, .logit_rows = rows};
+        if (kaon_runner_forward(r, &b, logits + (size_t)done * V)) die("forward%s", "");
+        done += k;
+    }
+    FILE *f = fopen(out, "wb");
+    if (!f || fwrite(logits, sizeof(float) * V, (size_t)n, f) != (size_t)n || fclose(f)) die("write %s", out);
+    kaon_runner_free(r);
+    be->ops->destroy(be);
+    kaon_model_free(m);
+    return 0;
+}
+
+// Several sequences sharing steps. Step s gives sequence i a chunk of 1 + (i + s) % 5 tokens
+// (so prefill chunks and single-token decodes of different sequences meet in one batch).
+static int run_batch(const char *path, const char *dev, const char *seqs_file, const char *out) {
+    kaon_model *m = load(path, false);
+    be = make_backend(dev);
+    FILE *f = fopen(seqs_file, "r");
+    if (!f) die("cannot read %s", seqs_file);
+    int32_t *ids[64];
+    int len[64], S = 0, total = 0, maxlen = 0;
+    char line[1 << 16];
+    while (S < 64 && fgets(line, sizeof line, f)) {
+        len[S] = parse_ids(line, &ids[S]);
+        if (len[S] == 0) continue;
+        total += len[S];
+        if (len[S] > maxlen) maxlen = len[S];
+        S++;
+    }
+    fclose(f);
+    const int bs = 8, mb = (maxlen + bs - 1) / bs, nb = S * mb, V = m->cfg.vocab_size;
+    const int max_t = 5 * S;
+    kaon_runner *r = kaon_runner_create(m, be, max_t, max_t, nb, bs);
+    if (!r) die("runner%s", "");
+    // Blocks dealt out in a scrambled order.
+    int32_t *tables = malloc(sizeof(int32_t) * (size_t)S * mb);
+    for (int i = 0; i < S * mb; i++) tables[i] = (int32_t)((i * 7919L + 13) % nb);
+    int32_t *tok = malloc(sizeof(int32_t) * max_t * 5), *pos = tok + max_t, *seq = pos + max_t,
+            *slot = seq + max_t, *rows = slot + max_t;
+    int *done = calloc((size_t)S, sizeof(int)), *row_seq = malloc(sizeof(int) * max_t),
+        *row_pos = malloc(sizeof(int) * max_t);
+    size_t *offset = malloc(sizeof(size_t) * (size_t)S);
+    for (int i = 0, o = 0; i < S; o += len[i], i++) offset[i] = (size_t)o;
+    float *logits = malloc(sizeof(float) * (size_t)max_t * V), *all = malloc(sizeof(float) * (size_t)total * V);
+    for (int step = 0;; step++) {
+        int T = 0;
+        for (int i = 0; i < S; i++) {
+            int k = 1 + (i + step) % 5;
+            if (k > len[i] - done[i]) k = len[i] - done[i];
+            for (int j = 0; j < k; j++, T++) {
+                int p = done[i] + j;
+                tok[T] = ids[i][p];
+                pos[T] = p;
+                seq[T] = i;
+                slot[T] = tables[i * mb + p / bs] * bs + p % bs;
+                rows[T] = T;
+                row_seq[T] = i;
+                row_pos[T] = p;
+            }
+            done[i] += k;
+        }
+        if (T == 0) break;
+        kaon_batch b = {.n_tokens = T, .tokens = tok,
+                        .attn = {.n_tokens = T, .n_seqs = S, .positions = pos, .token_seq = seq,
+                                 .slot_mapping = slot, .block_tables = tables, .max_blocks = mb,
+                                 .block_size = bs},
+                        .n_logits = T, .logit_rows = rows};
+        if (kaon_runner_forward(r, &b, logits)) die("forward%s", "");
+        for (int t = 0; t < T; t++)
+            memcpy(all + (offset[row_seq[t]] + (size_t)row_pos[t]) * V, logits + (size_t)t * V,
+                   sizeof(float) * V);
+    }
+    FILE *o = fopen(out, "wb");
+    if (!o || fwrite(all, sizeof(float) * V, (size_t)total, o) != (size_t)total || fclose(o)) die("write %s", out);
+    kaon_runner_free(r);
+    be->ops->destroy(be);
+    kaon_model_free(m);
+    return 0;
+}
+
+static int run_greedy(const char *path, const char *dev, const char *ids_s, int n_new) {
+    kaon_model *m = load(path, false);
+    be = make_backend(dev);
+    int32_t *ids;
+    int n = parse_ids(ids_s, &ids);
+    ids = realloc(ids, sizeof(int32_t) * (size_t)(n + n_new + 1));
+    const int bs = 16, nb = (n + n_new + bs) / bs + 1, V = m->cfg.vocab_size;
+    kaon_runner *r = kaon_runner_create(m, be, n, 1, nb, bs);
+    if (!r) die("runner%s", "");
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int i = 0; i < nb; i++) table[i] = i;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n * 3), *slot = pos + n, *seq = slot + n;
+    float *logits = malloc(sizeof(float) * V);
+    printf("[");
+    int fed = 0;
+    for (int g = 0; g < n_new; g++) {
+        int k = fed == 0 ? n : 1;
+        for (int i = 0; i < k; i++) {
+            pos[i] = slot[i] = fed + i;
+            seq[i] = 0;
+        }
+        int32_t row = k - 1;
+        kaon_batch b = {.n_tokens = k, .tokens = ids + fed,
+                        .attn = {.n_tokens = k, .n_seqs = 1, .positions = pos, .token_seq = seq,
+                                 .slot_mapping = slot, .block_tables = table, .max_blocks = nb,
+                                 .block_size = bs},
+                        .n_logits = 1, .logit_rows = &row};
+        if (kaon_runner_forward(r, &b, logits)) die("forward%s", "");
+        fed += k;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        // The top-2 margin, so the test can tell near-ties from real divergences.
+        int second = best ? 0 : 1;
+        for (int v = 0; v < V; v++)
+            if (v != best && logits[v] > logits[second]) second = v;
+        printf(g ? ", [%d, %.5f, %d]" : "[%d, %.5f, %d]", best, logits[best] - logits[second], second);
+        ids[fed] = best;
+    }
+    printf("]\n");
+    kaon_runner_free(r);
+    be->ops->destroy(be);
+    kaon_model_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[1], "op")) return run_op(argv[2]);
+    if (argc >= 2 && !strcmp(argv[1], "timings")) return run_timings();
+    if (argc >= 7 && !strcmp(argv[1], "logits"))
+        return run_logits(argv[2], argv[3], atoi(argv[4]), argv[5], argv[6], argc > 7 && !strcmp(argv[7], "dummy"));
+    if (argc >= 6 && !strcmp(argv[1], "batch")) return run_batch(argv[2], argv[3], argv[4], argv[5]);
+    if (argc >= 6 && !strcmp(argv[1], "greedy")) return run_greedy(argv[2], argv[3], argv[4], atoi(argv[5]));
+    fprintf(stderr, "usage: see the comment at the top of tests/gpu/gpu_driver.c\n");
+    return 2;
+}

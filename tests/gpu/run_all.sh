@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs in one call: build kaon with CUDA, build the test driver, run
+# the kernel and model tests (tests/gpu/test_gpu.py) and the batch-1 decode benchmark. Logs and
+# figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
+# the summary at the end says what passed.
+#
+#   tests/gpu/run_all.sh [all|build|kernels|models|gguf|big|bench|throughput] ...
+# Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/kaon_gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KAON_GPU_RESULTS=$OUT
+BUILD=${KAON_BUILD:-$ROOT/build-gpu}
+export KAON_BUILD=$BUILD KAON_GPU_DRIVER=$BUILD/gpu_driver
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(all)
+tl() { local r=$(( DEADLINE - SECONDS )); [ "$r" -lt "$1" ] && echo $(( r > 5 ? r : 5 )) || echo "$1"; }
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+# KAON_GPU_DEADLINE (seconds since start): a section that would start later than this minus
+# its expected length is skipped, so one call ends with its logs written.
+DEADLINE=${KAON_GPU_DEADLINE:-100000}
+want() {  # section [expected seconds]
+    if [ $(( SECONDS + ${2:-0} )) -gt "$DEADLINE" ]; then note "skipped $1 (deadline)"; return 1; fi
+    for s in "${sections[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1
+}
+
+if [ -f .debs/unpack.sh ]; then
+    source .debs/unpack.sh > /dev/null
+    # Some .pc files (libcjson) name /usr in libdir/includedir without ${prefix}.
+    sed -i -E 's#^(libdir|includedir)=/usr/#\1=/opt/kaon-deps/usr/#' /opt/kaon-deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+fi
+command -v pkg-config > /dev/null || export PATH=$PATH:/opt/kaon-deps/usr/bin
+export PATH=/usr/local/cuda/bin:$PATH
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ -d .whl ] && ! python3 -c 'import gguf' 2> /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# At most 8 files come back from the machine: build.log, pytest.log, bench.log, bench.jsonl,
+# results.jsonl.
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  echo "commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown) $(date -u +%FT%TZ)"; } > "$OUT/build.log" 2>&1
+
+if want build || [ ! -x "$BUILD/kaon" ]; then
+    t0=$(date +%s)
+    L=$ROOT/tests/gpu/nvcc_launcher.sh
+    build() {
+        cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAON_TESTS=OFF \
+            -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_COMPILER_LAUNCHER="$L" \
+            -DCMAKE_C_COMPILER_LAUNCHER="$L" &&
+        ninja -C "$BUILD" ${KAON_NINJA_JOBS:+-j$KAON_NINJA_JOBS} kaon &&
+        gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -I include -I src tests/gpu/gpu_driver.c \
+            "$BUILD/libkaon.a" -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib \
+            -Wl,-rpath,/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ \
+            $(pkg-config --libs libpcre2-8 libcjson) $(pkg-config --libs libmicrohttpd 2> /dev/null) \
+            -fopenmp -lm -lpthread -ldl -lrt -o "$KAON_GPU_DRIVER"
+    }
+    build >> "$OUT/build.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then  # this machine's compiler may warn where ours does not
+        echo "######## retry with KAON_NO_WERROR=1" >> "$OUT/build.log"
+        KAON_NO_WERROR=1 build >> "$OUT/build.log" 2>&1
+        rc=$?
+        note "build needed KAON_NO_WERROR=1 (see build.log)"
+    fi
+    tail -n 30 "$OUT/build.log"
+    note "build rc=$rc ($(( $(date +%s) - t0 )) s)"
+    [ $rc -ne 0 ] && { printf '%s\n' "${summary[@]}"; exit 1; }
+fi
+
+pytest_section() {  # name, timeout, pytest -k expression
+    local t0=$(date +%s)
+    local log=/tmp/pytest_$1.log
+    timeout "$(tl "$2")" python3 -m pytest -q -rA -p no:cacheprovider --timeout 240 tests/gpu/test_gpu.py -k "$3" \
+        > "$log" 2>&1
+    local rc=$?
+    { echo "######## section $1 (rc $rc)"; cat "$log"; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" "$log" | cut -c1-300 | tail -n 30
+    note "tests $1 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 "$log")"
+}
+
+want kernels 30 && pytest_section kernels 200 "not model and not gguf_greedy"
+want models 40 && pytest_section models 240 "small_vs_transformers"
+if want bench 60; then
+    t0=$(date +%s)
+    timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings > /tmp/timings.log 2>&1
+    note "timings rc=$?"
+    KAON_GEMV_OCC=1 timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings 2>&1 | sed 's/^{/{"variant": "gemv-occ", /' >> /tmp/timings.log
+    cat /tmp/timings.log >> "$OUT/bench.log"
+    cat /tmp/timings.log
+    timeout "$(tl 240)" python3 bench/gpu_decode.py --kaon "$BUILD/kaon" --tokens 256 --no-graphs --gemv-occ --prefill 1024 8192 \
+        --json "$OUT/bench.jsonl" > /tmp/bench.log 2>&1
+    note "bench rc=$? ($(( $(date +%s) - t0 )) s)"
+    cat /tmp/bench.log >> "$OUT/bench.log"
+    tail -n 8 /tmp/bench.log
+fi
+want gguf 60 && pytest_section gguf 200 "gguf_greedy"
+want big 60 && pytest_section big 240 "real_size"
+if want throughput 120; then
+    t0=$(date +%s)
+    timeout "$(tl 200)" python3 bench/gpu_throughput.py --kaon "$BUILD/kaon" --requests 64 --output 1024 \
+        --json "$OUT/bench.jsonl" > /tmp/tp.log 2>&1
+    note "throughput 64 rc=$? ($(( $(date +%s) - t0 )) s)"
+    if want throughput 100; then
+        timeout "$(tl 200)" python3 bench/gpu_throughput.py --kaon "$BUILD/kaon" --requests 256 --output 256 \
+            --json "$OUT/bench.jsonl" >> /tmp/tp.log 2>&1
+        note "throughput 256 rc=$? ($(( $(date +%s) - t0 )) s)"
+    fi
+    cat /tmp/tp.log >> "$OUT/bench.log"
+    tail -n 6 /tmp/tp.log
+fi
+echo
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
