@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 void kaon_sampling_params_default(kaon_sampling_params *p) {
@@ -52,12 +53,52 @@ static int by_prob_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+// (logit desc, id asc): the order of the full sort below.
+static bool ranks_before(float la, int32_t ia, float lb, int32_t ib) {
+    return la > lb || (la == lb && ia < ib);
+}
+
+// Sifts entry i of a min-heap of the k best (heap[0] is the worst kept).
+static void sift_down(cand *h, int k, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && ranks_before(h[w].p, h[w].id, h[l].p, h[l].id)) w = l;
+        if (r < k && ranks_before(h[w].p, h[w].id, h[r].p, h[r].id)) w = r;
+        if (w == i) return;
+        cand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+static int finish_sorted(cand *c, int m, const kaon_sampling_params *p, kaon_rng *rng);
+
+// top_k first, by a heap over the raw logits: O(V) compares and only k exponentials.
+static int sample_top_k(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
+                        cand *h) {
+    int k = p->top_k;
+    for (int i = 0; i < k; i++) h[i] = (cand){logits[i], i};
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
+    for (int i = k; i < n; i++) {
+        if (!ranks_before(logits[i], i, h[0].p, h[0].id)) continue;
+        h[0] = (cand){logits[i], i};
+        sift_down(h, k, 0);
+    }
+    float mx = h[0].p;
+    for (int i = 1; i < k; i++) mx = h[i].p > mx ? h[i].p : mx;
+    for (int i = 0; i < k; i++) h[i].p = expf((h[i].p - mx) / p->temperature);
+    qsort(h, (size_t)k, sizeof *h, by_prob_desc);
+    return finish_sorted(h, k, p, rng);
+}
+
 size_t kaon_sample_scratch_bytes(int n) { return sizeof(cand) * (size_t)n; }
 
 int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
                 void *scratch) {
     if (p->temperature <= 0.0f || p->top_k == 1) return kaon_argmax(logits, n);
     cand *c = scratch;
+    if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < n) return sample_top_k(logits, n, p, rng, c);
     float mx = logits[kaon_argmax(logits, n)];
     // Candidates below 1e-12 of the best carry no probability mass worth sorting.
     const float cutoff = mx + p->temperature * logf(1e-12f);
@@ -69,6 +110,11 @@ int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_
         m++;
     }
     qsort(c, (size_t)m, sizeof *c, by_prob_desc);
+    return finish_sorted(c, m, p, rng);
+}
+
+// Applies top_k, min_p and top_p to candidates sorted by probability, then draws one.
+static int finish_sorted(cand *c, int m, const kaon_sampling_params *p, kaon_rng *rng) {
     if (p->top_k > 0 && p->top_k < m) m = p->top_k;
     if (p->min_p > 0.0f) {
         float floor_p = c[0].p * p->min_p;

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_internal.h"
@@ -27,25 +28,34 @@ void *kaon_cpu_scratch(kaon_cpu_backend *be, size_t bytes) {
     return p;
 }
 
+// Memory comes straight from anonymous mappings: page-aligned, zero, and only the pages that
+// are touched become resident (a KV pool sized for the whole context costs nothing until used).
+// A 64-byte header before the returned pointer keeps the mapping's length for cpu_free.
+#define CPU_ALLOC_HEADER 64
+
 static void *cpu_alloc(kaon_backend *be, size_t bytes) {
     (void)be;
-    if (bytes > SIZE_MAX - 127) {
+    if (bytes > SIZE_MAX / 2) {
         kaon_set_error("cpu alloc: %zu bytes is too large", bytes);
         return NULL;
     }
-    size_t sz = bytes ? (bytes + 63) & ~(size_t)63 : 64;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, sz) != 0) {
+    size_t len = bytes + CPU_ALLOC_HEADER;
+    char *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
         kaon_set_error("cpu alloc: out of memory for %zu bytes", bytes);
         return NULL;
     }
-    memset(p, 0, sz);
-    return p;
+    memcpy(base, &len, sizeof len);
+    return base + CPU_ALLOC_HEADER;
 }
 
 static void cpu_free(kaon_backend *be, void *p) {
     (void)be;
-    free(p);
+    if (!p) return;
+    char *base = (char *)p - CPU_ALLOC_HEADER;
+    size_t len;
+    memcpy(&len, base, sizeof len);
+    munmap(base, len);
 }
 
 // Element i of a small float vector stored as F32, F16 or BF16.
@@ -312,6 +322,8 @@ static const kaon_backend_ops cpu_ops = {
     .silu_and_mul = cpu_silu_and_mul,
     .to_host_f32 = cpu_to_host_f32,
     .destroy = cpu_destroy,
+    .linear_multi = kaon_cpu_linear_multi,
+    .linear_silu_mul = kaon_cpu_linear_silu_mul,
 };
 
 static int env_on(const char *name) {

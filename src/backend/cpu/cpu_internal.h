@@ -149,6 +149,13 @@ void *kaon_cpu_scratch(kaon_cpu_backend *be, size_t bytes);
 
 void kaon_cpu_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
                      const kaon_tensor *bias, void *y);
+// The fused forms (backend.h): several weights over one x, and silu(x w_gate^T) * (x w_up^T).
+// 0 when done, 1 when declined (weights of different formats or widths), -1 on error.
+int kaon_cpu_linear_multi(kaon_backend *be, const void *x, int n, int count,
+                          const kaon_tensor *const *w, const kaon_tensor *const *bias,
+                          void *const *y);
+int kaon_cpu_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_tensor *w_gate,
+                             const kaon_tensor *w_up, void *out);
 void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                        const kaon_attn_meta *m, int n_kv_heads, int head_dim);
 void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,

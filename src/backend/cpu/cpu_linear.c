@@ -27,38 +27,71 @@ int kaon_cpu_threads_for(const kaon_backend *be, double work) {
     return nt < 1 ? 1 : nt;
 }
 
+// One call: up to 4 weights of the same format and width over the same x. Their output rows
+// form one index space [0, total) split between the threads. With silu, there are two weights
+// (gate, up) of the same height and the output is silu(x @ gate^T) * (x @ up^T).
+#define KAON_LIN_MAX 4
 typedef struct lin_job {
     const kaon_cpu_kernels *k;
-    int kind, quant;
-    const uint8_t *w;
-    size_t rb;  // bytes per weight row
-    int M, K, n;
-    const float *x, *bias;
-    float *y;
+    int kind, quant, silu;
+    int nseg, K, n, total;
+    const uint8_t *w[KAON_LIN_MAX];
+    const float *bias[KAON_LIN_MAX];
+    float *y[KAON_LIN_MAX];
+    int M[KAON_LIN_MAX], start[KAON_LIN_MAX + 1];  // rows of each weight; first global row
+    size_t rb;                                     // bytes per weight row
+    const float *x;
     const kaon_q8_act *a;
 } lin_job;
 
+// out[r] = row m of weight s dotted with activation rows r0..r0+nr-1.
+static inline void lin_dot(const lin_job *j, int s, int m, int r0, int nr, float *out) {
+    const uint8_t *wr = j->w[s] + (size_t)m * j->rb;
+    if (j->quant)
+        j->k->qdot[j->kind](wr, j->a, r0, nr, out);
+    else
+        j->k->fdot[j->kind](wr, j->K, j->x + (size_t)r0 * j->K, (size_t)j->K, nr, out);
+}
+
+#define KAON_SILU_SUB 64  // gate/up rows computed before one vectorized silu * up pass
+
 static void lin_rows(const lin_job *j, int m0, int m1) {
-    const int n = j->n, M = j->M, R = j->k->max_rows;
+    const int n = j->n, R = j->k->max_rows;
     int mt = m1 - m0;
-    if (n > R) {
-        mt = (int)(KAON_TILE_BYTES / j->rb);
-        if (mt < 4) mt = 4;
+    if (n > R) {  // prefill: a tile of weight rows stays in L1 while all activation rows pass
+        mt = (int)(KAON_TILE_BYTES / (j->rb * (j->silu ? 2 : 1)));
+        mt = (mt + 15) & ~15;  // whole SIMD vectors for silu, whole cache lines of y
     }
-    float out[KAON_MAX_ROWS];
+    float out[KAON_MAX_ROWS], out2[KAON_MAX_ROWS];
     for (int t0 = m0; t0 < m1; t0 += mt) {
         const int t1 = t0 + mt < m1 ? t0 + mt : m1;
         for (int r0 = 0; r0 < n; r0 += R) {
             const int nr = n - r0 < R ? n - r0 : R;
-            float *yr = j->y + (size_t)r0 * M;
+            if (j->silu) {
+                float g[KAON_MAX_ROWS][KAON_SILU_SUB], u[KAON_MAX_ROWS][KAON_SILU_SUB];
+                for (int s0 = t0; s0 < t1; s0 += KAON_SILU_SUB) {
+                    const int s1 = s0 + KAON_SILU_SUB < t1 ? s0 + KAON_SILU_SUB : t1;
+                    for (int m = s0; m < s1; m++) {
+                        lin_dot(j, 0, m, r0, nr, out);
+                        lin_dot(j, 1, m, r0, nr, out2);
+                        for (int r = 0; r < nr; r++) {
+                            g[r][m - s0] = out[r];
+                            u[r][m - s0] = out2[r];
+                        }
+                    }
+                    for (int r = 0; r < nr; r++)
+                        j->k->silu_mul(g[r], u[r], j->y[0] + (size_t)(r0 + r) * j->M[0] + s0, s1 - s0);
+                }
+                continue;
+            }
+            int s = 0;
             for (int m = t0; m < t1; m++) {
-                const uint8_t *wr = j->w + (size_t)m * j->rb;
-                if (j->quant)
-                    j->k->qdot[j->kind](wr, j->a, r0, nr, out);
-                else
-                    j->k->fdot[j->kind](wr, j->K, j->x + (size_t)r0 * j->K, (size_t)j->K, nr, out);
-                const float b = j->bias ? j->bias[m] : 0.0f;
-                for (int r = 0; r < nr; r++) yr[(size_t)r * M + m] = out[r] + b;
+                while (m >= j->start[s + 1]) s++;
+                const int lm = m - j->start[s], M = j->M[s];
+                lin_dot(j, s, lm, r0, nr, out);
+                const float b = j->bias[s] ? j->bias[s][lm] : 0.0f;
+                float *yr = j->y[s] + (size_t)r0 * M + lm;
+                for (int r = 0; r < nr; r++) yr[(size_t)r * M] = out[r] + b;
             }
         }
     }
@@ -73,60 +106,52 @@ static void split_rows(int M, int ith, int nth, int *m0, int *m1) {
     *m1 = b > M ? M : (int)b;
 }
 
-void kaon_cpu_linear(kaon_backend *be_, const void *x_, int n, const kaon_tensor *w,
-                     const kaon_tensor *bias, void *y_) {
-    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
-    if (n <= 0) return;
-    if (!w || !w->data || !x_ || !y_ || w->ndim < 1 || w->ndim > KAON_MAX_DIMS) {
-        kaon_set_error("cpu linear: missing weight, input or output");
-        return;
-    }
+// Checks one weight (and bias): its rows M, width K, bytes per row and kernel kind.
+static int check_weight(const kaon_tensor *w, const kaon_tensor *bias, int64_t *Mo, int64_t *Ko,
+                        size_t *rbo, int *kindo) {
+    if (!w || !w->data || w->ndim < 1 || w->ndim > KAON_MAX_DIMS)
+        return kaon_set_error("cpu linear: missing weight");
     const int kind = kaon_cpu_kind(w->dtype);
-    if (kind < 0) {
-        kaon_set_error("cpu linear: weight dtype %s not supported", kaon_dtype_name(w->dtype));
-        return;
-    }
+    if (kind < 0)
+        return kaon_set_error("cpu linear: weight dtype %s not supported", kaon_dtype_name(w->dtype));
     // w [out, in]: in is the last dim, out the product of the others.
     int64_t K = w->shape[w->ndim - 1], M = 1;
     for (int i = 0; i < w->ndim - 1; i++) {
-        if (w->shape[i] <= 0 || M > INT32_MAX / w->shape[i]) {
-            kaon_set_error("cpu linear: bad weight shape");
-            return;
-        }
+        if (w->shape[i] <= 0 || M > INT32_MAX / w->shape[i])
+            return kaon_set_error("cpu linear: bad weight shape");
         M *= w->shape[i];
     }
     const size_t rb = kaon_dtype_row_bytes(w->dtype, K);
-    if (K <= 0 || K > INT32_MAX / 4 || rb == 0) {
-        kaon_set_error("cpu linear: %s rows of %lld elements are not whole blocks",
-                       kaon_dtype_name(w->dtype), (long long)K);
-        return;
-    }
-    if (w->nbytes && w->nbytes / rb < (size_t)M) {
-        kaon_set_error("cpu linear: weight holds %zu bytes, needs %zu", w->nbytes, rb * (size_t)M);
-        return;
-    }
-    const float *bp = NULL;
-    if (bias && bias->data) {
-        if (bias->dtype != KAON_F32 || kaon_tensor_numel(bias) != M) {
-            kaon_set_error("cpu linear: bias must be F32 [%lld]", (long long)M);
-            return;
-        }
-        bp = bias->data;
-    }
+    if (K <= 0 || K > INT32_MAX / 4 || rb == 0)
+        return kaon_set_error("cpu linear: %s rows of %lld elements are not whole blocks",
+                              kaon_dtype_name(w->dtype), (long long)K);
+    if (w->nbytes && w->nbytes / rb < (size_t)M)
+        return kaon_set_error("cpu linear: weight holds %zu bytes, needs %zu", w->nbytes,
+                              rb * (size_t)M);
+    if (bias && bias->data && (bias->dtype != KAON_F32 || kaon_tensor_numel(bias) != M))
+        return kaon_set_error("cpu linear: bias must be F32 [%lld]", (long long)M);
+    *Mo = M;
+    *Ko = K;
+    *rbo = rb;
+    *kindo = kind;
+    return 0;
+}
 
+// Runs a checked job: quantizes x once, then all rows of all weights in one thread team.
+static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     const kaon_cpu_kernels *k = be->k;
-    lin_job job = {.k = k, .kind = kind, .quant = k->qdot[kind] != NULL, .w = w->data, .rb = rb,
-                   .M = (int)M, .K = (int)K, .n = n, .x = x_, .bias = bp, .y = y_};
-    const float *x = x_;
-    const int nt = kaon_cpu_threads_for(be_, (double)M * (double)K * (double)n * (job.quant ? 1 : 4));
+    const int n = job->n, K = job->K;
+    const float *x = job->x;
+    const double work = (double)job->total * (job->silu ? 2.0 : 1.0) * K * n * (job->quant ? 1 : 4);
+    const int nt = kaon_cpu_threads_for(&be->base, work);
     // Few rows (decode): every thread quantizes x into its own copy, which costs less than
     // a barrier and keeps the copy in the cache of the core that reads it.
-    const int copies = job.quant && nt > 1 && n <= k->max_rows ? nt : 1;
+    const int copies = job->quant && nt > 1 && n <= k->max_rows ? nt : 1;
     kaon_q8_act act = {0};
     size_t act_bytes = 0;
-    if (job.quant) {
-        const int nb = (int)(K / KAON_QK), nbp = (nb + 7) & ~7;
-        const int need16 = w->dtype == KAON_Q6_K;
+    if (job->quant) {
+        const int nb = K / KAON_QK, nbp = (nb + 7) & ~7;
+        const int need16 = job->kind == KAON_KI_Q6_K;
         const size_t nq = (size_t)n * nbp * 32, nd = (size_t)n * nbp * sizeof(float);
         const size_t n16 = need16 ? (size_t)n * nbp * 2 * sizeof(int16_t) : 0;
         const size_t od = (nq + 63) & ~(size_t)63, os = (od + nd + 63) & ~(size_t)63;
@@ -135,23 +160,23 @@ void kaon_cpu_linear(kaon_backend *be_, const void *x_, int n, const kaon_tensor
         uint8_t *sp = kaon_cpu_scratch(be, act_bytes * (size_t)copies);
         if (!sp) return;
         // Copy c lives at sp + c * act_bytes; the offsets inside it are the same for all.
-        act = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[kind],
+        act = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[job->kind],
                             .qs = (int8_t *)sp, .d = (float *)(sp + od), .s = (float *)(sp + os),
                             .s16 = need16 ? (int16_t *)(sp + o16) : NULL};
-        job.a = &act;
+        job->a = &act;
     }
-    if (job.quant && nt == 1)
-        for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &act, r);
     if (nt == 1) {
-        lin_rows(&job, 0, (int)M);
+        if (job->quant)
+            for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &act, r);
+        lin_rows(job, 0, job->total);
         return;
     }
 #pragma omp parallel num_threads(nt)
     {
         const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        lin_job mine = job;
+        lin_job mine = *job;
         kaon_q8_act own;
-        if (job.quant && copies > 1) {
+        if (job->quant && copies > 1) {
             const size_t off = act_bytes * (size_t)(ith < copies ? ith : 0);
             own = act;
             own.qs = (int8_t *)((uint8_t *)act.qs + off);
@@ -160,12 +185,85 @@ void kaon_cpu_linear(kaon_backend *be_, const void *x_, int n, const kaon_tensor
             if (own.s16) own.s16 = (int16_t *)((uint8_t *)act.s16 + off);
             mine.a = &own;
             for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &own, r);
-        } else if (job.quant) {
+        } else if (job->quant) {
 #pragma omp for schedule(static)
             for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &act, r);
         }
         int m0, m1;
-        split_rows((int)M, ith, nth, &m0, &m1);
+        split_rows(job->total, ith, nth, &m0, &m1);
         if (m0 < m1) lin_rows(&mine, m0, m1);
     }
+}
+
+// Builds a job over count weights; 1 when they cannot share one (formats or widths differ).
+static int lin_setup(kaon_cpu_backend *be, lin_job *j, const void *x, int n, int count,
+                     const kaon_tensor *const *w, const kaon_tensor *const *bias,
+                     void *const *y) {
+    memset(j, 0, sizeof *j);
+    if (!x || count < 1 || count > KAON_LIN_MAX || !w || !y)
+        return kaon_set_error("cpu linear: missing input or output");
+    j->k = be->k;
+    j->n = n;
+    j->x = x;
+    j->nseg = count;
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) {
+        const kaon_tensor *b = bias ? bias[i] : NULL;
+        int64_t M = 0, K = 0;
+        size_t rb = 0;
+        int kind = 0;
+        if (!y[i]) return kaon_set_error("cpu linear: missing output");
+        if (check_weight(w[i], b, &M, &K, &rb, &kind)) return -1;
+        if (i > 0 && (kind != j->kind || K != j->K)) return 1;
+        j->kind = kind;
+        j->K = (int)K;
+        j->rb = rb;
+        j->w[i] = w[i]->data;
+        j->bias[i] = b && b->data ? (const float *)b->data : NULL;
+        j->y[i] = y[i];
+        j->M[i] = (int)M;
+        j->start[i] = (int)total;
+        total += M;
+        if (total > INT32_MAX) return kaon_set_error("cpu linear: too many rows");
+    }
+    j->start[count] = (int)total;
+    j->total = (int)total;
+    j->quant = j->k->qdot[j->kind] != NULL;
+    return 0;
+}
+
+void kaon_cpu_linear(kaon_backend *be_, const void *x, int n, const kaon_tensor *w,
+                     const kaon_tensor *bias, void *y) {
+    if (n <= 0) return;
+    lin_job j;
+    const kaon_tensor *bl[1] = {bias};
+    void *yl[1] = {y};
+    if (lin_setup((kaon_cpu_backend *)be_, &j, x, n, 1, &w, bl, yl) == 0)
+        lin_run((kaon_cpu_backend *)be_, &j);
+}
+
+int kaon_cpu_linear_multi(kaon_backend *be_, const void *x, int n, int count,
+                          const kaon_tensor *const *w, const kaon_tensor *const *bias,
+                          void *const *y) {
+    if (n <= 0) return 0;
+    lin_job j;
+    const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, count, w, bias, y);
+    if (rc) return rc;
+    lin_run((kaon_cpu_backend *)be_, &j);
+    return 0;
+}
+
+int kaon_cpu_linear_silu_mul(kaon_backend *be_, const void *x, int n, const kaon_tensor *w_gate,
+                             const kaon_tensor *w_up, void *out) {
+    if (n <= 0) return 0;
+    lin_job j;
+    const kaon_tensor *w[2] = {w_gate, w_up};
+    void *y[2] = {out, out};
+    const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, 2, w, NULL, y);
+    if (rc) return rc;
+    if (j.M[0] != j.M[1]) return kaon_set_error("cpu linear_silu_mul: gate and up heights differ");
+    j.silu = 1;
+    j.total = j.M[0];  // row m gives out[:, m] from gate row m and up row m
+    lin_run((kaon_cpu_backend *)be_, &j);
+    return 0;
 }
