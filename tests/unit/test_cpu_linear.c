@@ -271,6 +271,58 @@ static void check_linear(kaon_dtype t, int M, int K, int n, int with_bias) {
     free(wd);
 }
 
+// The fused forms must give exactly what the separate ops give: the same quantized
+// activations and the same kernels, only fewer passes over x and fewer thread wake-ups.
+static void check_fused(kaon_backend *be, const char *set, kaon_dtype t, int n) {
+    const int K = kaon_dtype_block_elems(t) == 256 ? 512 : 576, Mq = 576, Mk = 192, F = 1536;
+    void *wq = make_weight(t, Mq, K), *wk = make_weight(t, Mk, K), *wv = make_weight(t, Mk, K);
+    void *wg = make_weight(t, F, K), *wu = make_weight(t, F, K);
+    kaon_tensor tq = tensor2(t, Mq, K, wq), tk = tensor2(t, Mk, K, wk), tv = tensor2(t, Mk, K, wv);
+    kaon_tensor tg = tensor2(t, F, K, wg), tu = tensor2(t, F, K, wu);
+    float *bk = malloc(sizeof(float) * Mk);
+    for (int i = 0; i < Mk; i++) bk[i] = (float)rnd_n();
+    kaon_tensor tb = {.dtype = KAON_F32, .ndim = 1, .shape = {Mk}, .data = bk, .nbytes = 4u * Mk};
+    float *x = make_x(n, K);
+    float *y1[3], *y2[3];
+    const int Ms[3] = {Mq, Mk, Mk};
+    for (int i = 0; i < 3; i++) {
+        y1[i] = malloc(sizeof(float) * n * Ms[i]);
+        y2[i] = malloc(sizeof(float) * n * Ms[i]);
+    }
+    const kaon_tensor *ws[3] = {&tq, &tk, &tv}, *bs[3] = {NULL, &tb, NULL};
+    be->ops->linear(be, x, n, &tq, NULL, y1[0]);
+    be->ops->linear(be, x, n, &tk, &tb, y1[1]);
+    be->ops->linear(be, x, n, &tv, NULL, y1[2]);
+    CHECK(be->ops->linear_multi(be, x, n, 3, ws, bs, (void *const *)y2) == 0);
+    int same = 1;
+    for (int i = 0; i < 3; i++) same &= memcmp(y1[i], y2[i], sizeof(float) * n * Ms[i]) == 0;
+    if (!same) fprintf(stderr, "linear_multi %s %s n=%d differs\n", set, kaon_dtype_name(t), n);
+    CHECK(same);
+    float *g = malloc(sizeof(float) * n * F), *u = malloc(sizeof(float) * n * F);
+    float *o1 = malloc(sizeof(float) * n * F), *o2 = malloc(sizeof(float) * n * F);
+    be->ops->linear(be, x, n, &tg, NULL, g);
+    be->ops->linear(be, x, n, &tu, NULL, u);
+    be->ops->silu_and_mul(be, g, u, n, F, o1);
+    CHECK(be->ops->linear_silu_mul(be, x, n, &tg, &tu, o2) == 0);
+    same = memcmp(o1, o2, sizeof(float) * n * F) == 0;
+    if (!same) fprintf(stderr, "linear_silu_mul %s %s n=%d differs\n", set, kaon_dtype_name(t), n);
+    CHECK(same);
+    // Weights that cannot share one pass are declined (the caller runs the plain ops);
+    // gate and up of different heights are an error.
+    kaon_tensor other = tensor2(t == KAON_Q8_0 ? KAON_Q4_1 : KAON_Q8_0, Mk, K, NULL);
+    other.data = make_weight(other.dtype, Mk, K);
+    const kaon_tensor *mixed[2] = {&tq, &other};
+    CHECK(be->ops->linear_multi(be, x, n, 2, mixed, NULL, (void *const *)y2) == 1);
+    CHECK(be->ops->linear_silu_mul(be, x, n, &tg, &tq, o2) == -1);
+    free(other.data);
+    for (int i = 0; i < 3; i++) {
+        free(y1[i]);
+        free(y2[i]);
+    }
+    free(g); free(u); free(o1); free(o2); free(x); free(bk);
+    free(wq); free(wk); free(wv); free(wg); free(wu);
+}
+
 static void self_checks(void) {
     const kaon_dtype types[] = {KAON_F32, KAON_F16, KAON_BF16, KAON_Q4_0, KAON_Q4_1,
                                 KAON_Q8_0, KAON_Q4_K, KAON_Q6_K};
@@ -293,6 +345,17 @@ static void self_checks(void) {
                 check_linear(t, 19, ks[ki], ns[ni], ni == 2);
     }
     free_sets();
+
+    const kaon_dtype ft[] = {KAON_Q4_1, KAON_Q8_0, KAON_Q6_K, KAON_F16};
+    for (int th = 1; th <= 2; th++) {
+        make_sets(th);
+        for (int si = 0; si < n_sets; si++)
+            for (size_t ti = 0; ti < sizeof ft / sizeof *ft; ti++) {
+                check_fused(sets[si].be, sets[si].name, ft[ti], 1);
+                check_fused(sets[si].be, sets[si].name, ft[ti], 11);
+            }
+        free_sets();
+    }
 
     // Two threads: each output row is computed by the same kernel, so the result must be
     // bitwise the same as with one thread.
@@ -547,18 +610,29 @@ static void net_forward(bench_net *N, int n, int p0, int prof) {
     for (int l = 0; l < BM_L; l++) {
         bench_layer *y = &N->ly[l];
         NET_OP(N, 1, o->rmsnorm(be, N->x, l ? N->proj : NULL, &y->norm1, 1e-5f, n, BM_D, N->xn));
-        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wq, NULL, N->q));
-        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wk, NULL, N->k));
-        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wv, NULL, N->v));
+        // The fused forms when the backend has them, as the llama forward pass does.
+        const kaon_tensor *qkv[3] = {&y->wq, &y->wk, &y->wv};
+        void *const outs[3] = {N->q, N->k, N->v};
+        int rc = 1;
+        if (o->linear_multi) NET_OP(N, 2, rc = o->linear_multi(be, N->xn, n, 3, qkv, NULL, outs));
+        if (rc) {
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wq, NULL, N->q));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wk, NULL, N->k));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wv, NULL, N->v));
+        }
         NET_OP(N, 3, o->rope(be, N->q, n, BM_H, BM_HD, N->pos, &N->rope));
         NET_OP(N, 3, o->rope(be, N->k, n, BM_KVH, BM_HD, N->pos, &N->rope));
         NET_OP(N, 4, o->kv_write(be, &N->kv[l], N->k, N->v, &m, BM_KVH, BM_HD));
         NET_OP(N, 5, o->attention(be, N->q, &N->kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, N->att));
         NET_OP(N, 2, o->linear(be, N->att, n, &y->wo, NULL, N->proj));
         NET_OP(N, 1, o->rmsnorm(be, N->x, N->proj, &y->norm2, 1e-5f, n, BM_D, N->xn));
-        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wg, NULL, N->g));
-        NET_OP(N, 2, o->linear(be, N->xn, n, &y->wu, NULL, N->u));
-        NET_OP(N, 6, o->silu_and_mul(be, N->g, N->u, n, BM_F, N->g));
+        rc = 1;
+        if (o->linear_silu_mul) NET_OP(N, 2, rc = o->linear_silu_mul(be, N->xn, n, &y->wg, &y->wu, N->g));
+        if (rc) {
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wg, NULL, N->g));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wu, NULL, N->u));
+            NET_OP(N, 6, o->silu_and_mul(be, N->g, N->u, n, BM_F, N->g));
+        }
         NET_OP(N, 2, o->linear(be, N->g, n, &y->wd, NULL, N->proj));
     }
     const size_t last = (size_t)(n - 1) * BM_D;
