@@ -16,7 +16,7 @@ static void usage(void) {
     printf("usage: kaon generate [-m MODEL] --input prompts.jsonl --output out.jsonl [options]\n"
            "  input lines: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]}, optionally with max_tokens,\n"
            "  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, min_tokens,\n"
-           "  presence_penalty, frequency_penalty, repetition_penalty (the flags below set defaults)\n"
+           "  presence_penalty, frequency_penalty, repetition_penalty, logit_bias (flags set defaults)\n"
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
@@ -50,7 +50,7 @@ static const char *finish_name(kaon_finish f) {
 
 // Reads per-request overrides from a JSON line into sp; stop strings point into j.
 static int read_params(const cJSON *j, kaon_sampling *sp, const char **stops, int32_t *stop_ids,
-                       int line) {
+                       kaon_logit_bias *bias, int line) {
     const cJSON *v;
 #define NUM(name, field, cast)                                                            \
     if ((v = cJSON_GetObjectItemCaseSensitive(j, name))) {                                \
@@ -87,6 +87,19 @@ static int read_params(const cJSON *j, kaon_sampling *sp, const char **stops, in
             }
         } else return kaon_cli_fail("line %d: stop must be a string or a list of strings", line);
         sp->stop = stops;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "logit_bias")) && !cJSON_IsNull(v)) {
+        const cJSON *b;
+        sp->n_logit_bias = 0;
+        if (!cJSON_IsObject(v)) return kaon_cli_fail("line %d: logit_bias must be an object {\"id\": bias}", line);
+        cJSON_ArrayForEach(b, v) {
+            char *end;
+            long id = strtol(b->string, &end, 10);
+            if (*end || !cJSON_IsNumber(b) || id < 0 || id > 0x7fffffff || sp->n_logit_bias == 64)
+                return kaon_cli_fail("line %d: bad logit_bias entry '%s'", line, b->string);
+            bias[sp->n_logit_bias++] = (kaon_logit_bias){(int32_t)id, (float)b->valuedouble};
+        }
+        sp->logit_bias = bias;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids")) && !cJSON_IsNull(v)) {
         const cJSON *s;
@@ -239,7 +252,8 @@ int kaon_cmd_generate(int argc, char **argv) {
         kaon_sampling sp = dflt;
         const char *stops[16];
         int32_t stop_ids[64];
-        if (read_params(j, &sp, stops, stop_ids, n + 1) || parse_prompt(j, tok, jb, n + 1)) { cJSON_Delete(j); goto out; }
+        kaon_logit_bias bias[64];
+        if (read_params(j, &sp, stops, stop_ids, bias, n + 1) || parse_prompt(j, tok, jb, n + 1)) { cJSON_Delete(j); goto out; }
         jb->req = kaon_engine_submit(e, jb->ids, jb->n_ids, &sp);
         cJSON_Delete(j);
         if (!jb->req) { kaon_cli_fail("line %d: %s", n + 1, kaon_last_error()); n++; goto out; }

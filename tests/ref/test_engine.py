@@ -124,3 +124,37 @@ def test_bad_requests_do_not_stop_others(kaon_bin, tiny, tmp_path):
                             str(tmp_path / "bad.out"), "--quiet"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (body, r.stderr)
         assert words in r.stderr, (body, r.stderr)
+
+
+def test_logit_bias_and_penalties_against_reference(kaon_bin, tiny, tmp_path):
+    """The first sampled token under logit_bias / penalties equals the argmax of the numpy
+    reference logits with the same edits applied (computed here)."""
+    import numpy as np
+    from refmodel import RefModel
+    from tiny_models import make_config, make_weights
+    cfg = make_config("llama")
+    ref = RefModel(cfg, make_weights(cfg, seed=7))
+    prompts = make_prompts(n=12, seed=11)
+    cases, expect = [], []
+    for i, p in enumerate(prompts):
+        ref.reset()
+        lg = ref.forward(p)[-1]
+        order = np.argsort(-lg)
+        if i % 3 == 0:  # lift the runner-up just above the top token
+            second = int(order[1])
+            body = {"logit_bias": {str(second): float(lg[order[0]] - lg[second]) + 0.05}}
+            want = second
+        elif i % 3 == 1:  # push the top token down below the runner-up
+            body = {"logit_bias": {str(int(order[0])): -float(lg[order[0]] - lg[order[1]]) - 0.05}}
+            want = int(order[1])
+        else:  # repetition penalty (HF semantics over the prompt), reference computed here
+            pen = lg.copy()
+            for t in set(p):
+                pen[t] = pen[t] / 1.8 if pen[t] > 0 else pen[t] * 1.8
+            body = {"repetition_penalty": 1.8}
+            want = int(np.argmax(pen))
+        cases.append(body)
+        expect.append(want)
+    rows, _ = generate(kaon_bin, tiny, tmp_path, prompts, ["--temp", "0", "--max-tokens", "1", "--ignore-eos"],
+                       lambda i: cases[i], name="bias")
+    assert [r["token_ids"][0] for r in rows] == expect
