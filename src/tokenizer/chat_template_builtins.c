@@ -149,6 +149,7 @@ static size_t *cp_offsets(ct_rs *rs, const ct_str *s, size_t *ncp) {
     if (!ct_budget(rs, (n + 1) * sizeof(size_t))) return NULL;
     size_t *o = malloc((n + 1) * sizeof(size_t));
     if (!o) {
+        ct_release((n + 1) * sizeof(size_t));
         ct_fail(rs, "out of memory");
         return NULL;
     }
@@ -322,7 +323,10 @@ static int cpset_init(ct_rs *rs, cpset *set, const ct_str *chars) {
     if (!chars) return 0;
     if (!ct_budget(rs, (chars->len + 1) * sizeof(uint32_t))) return -1;
     set->v = malloc((chars->len + 1) * sizeof(uint32_t));
-    if (!set->v) return ct_fail(rs, "out of memory");
+    if (!set->v) {
+        ct_release((chars->len + 1) * sizeof(uint32_t));
+        return ct_fail(rs, "out of memory");
+    }
     size_t adv;
     for (size_t i = 0; i < chars->len; i += adv)
         set->v[set->n++] = ct_u8_decode((const unsigned char *)chars->s + i, chars->len - i, &adv);
@@ -360,7 +364,10 @@ static int strip(ct_rs *rs, const ct_str *s, const ct_str *chars, bool left, boo
             if (adv != e - k || !in_chars(c, chars, &set)) break;
             e = k;
         }
-    free(set.v);
+    if (chars) {
+        free(set.v);
+        ct_release((chars->len + 1) * sizeof(uint32_t));
+    }
     ct_add_work(((a + s->len - e) >> 4) + 1);
     return new_str(rs, s->s + a, e - a, out);
 }
@@ -382,6 +389,7 @@ static int rsearch_init(ct_rs *rs, rsearch *r, const char *hay, size_t n, const 
         free(r->rh);
         free(r->rn);
         r->rh = r->rn = NULL;
+        ct_release(n + m + 2);
         return ct_fail(rs, "out of memory");
     }
     for (size_t i = 0; i < n; i++) r->rh[i] = hay[n - 1 - i];
@@ -403,6 +411,7 @@ static size_t rsearch_find(const rsearch *r, size_t end) {
 static void rsearch_free(rsearch *r) {
     free(r->rh);
     free(r->rn);
+    ct_release(r->n + r->m + 2);
 }
 
 static size_t space_len(const char *s, size_t n, size_t i) {
@@ -678,6 +687,7 @@ int ct_slice(ct_rs *rs, ct_value obj, ct_value st, ct_value sp, ct_value stp, ct
         }
     }
     free(offs);
+    ct_release((ncp + 1) * sizeof(size_t));
     return r;
 }
 
@@ -730,6 +740,7 @@ static int method_value(ct_rs *rs, ct_value self, int id, ct_value *out) {
     if (!m) return ct_fail(rs, "out of memory");
     m->h.rc = 1;
     m->h.type = CT_METHOD;
+    m->h.acct = sizeof(ct_method);
     m->self = ct_ref(self);
     m->depth = (uint16_t)(ct_val_depth(self) + 1);
     m->id = id;
@@ -1242,7 +1253,7 @@ static int str_method(ct_rs *rs, const ct_str *s, ct_value self, int id, const c
         static const char *const p[] = {"sep", "maxsplit"};
         if (bind(rs, mn, a, p, 2, v, g) < 0) return -1;
         if (v[0].type != CT_NONE && v[0].type != CT_STR) return ct_fail(rs, "must be str or None, not %s", ct_type_name(v[0]));
-        int64_t maxsplit;
+        int64_t maxsplit = -1;
         if (opt_int(rs, mn, v[1], -1, &maxsplit) < 0) return -1;
         if (maxsplit < 0) maxsplit = -1;
         return split(rs, s, v[0].type == CT_STR ? ct_s(v[0]) : NULL, maxsplit, id == M_RSPLIT, out);
@@ -1259,7 +1270,7 @@ static int str_method(ct_rs *rs, const ct_str *s, ct_value self, int id, const c
         static const char *const p[] = {"old", "new", "count"};
         if (bind(rs, mn, a, p, 3, v, g) < 0) return -1;
         if (str_arg(rs, mn, v[0]) < 0 || str_arg(rs, mn, v[1]) < 0) return -1;
-        int64_t count;
+        int64_t count = -1;
         if (opt_int(rs, mn, v[2], -1, &count) < 0) return -1;
         return replace(rs, s, ct_s(v[0]), ct_s(v[1]), count < 0 ? -1 : count, out);
     }
@@ -1755,7 +1766,10 @@ static int sort_keys_of(ct_rs *rs, const ct_list *items, ct_value attribute, boo
     ct_add_work(items->n);
     if (!ct_budget(rs, (items->n + 1) * sizeof(ct_value))) return -1;
     ct_value *keys = calloc(items->n ? items->n : 1, sizeof(ct_value));
-    if (!keys) return ct_fail(rs, "out of memory");
+    if (!keys) {
+        ct_release((items->n + 1) * sizeof(ct_value));
+        return ct_fail(rs, "out of memory");
+    }
     for (size_t i = 0; i < items->n; i++) {
         ct_value k;
         if (attribute.type != CT_NONE) {
@@ -1777,6 +1791,7 @@ static int sort_keys_of(ct_rs *rs, const ct_list *items, ct_value attribute, boo
 fail:
     for (size_t i = 0; i < items->n; i++) ct_decref(keys[i]);
     free(keys);
+    ct_release((items->n + 1) * sizeof(ct_value));
     return -1;
 }
 
@@ -1820,6 +1835,7 @@ static int sorted_list(ct_rs *rs, const ct_list *items, const ct_value *keys, bo
 static void free_keys(ct_value *keys, size_t n) {
     for (size_t i = 0; i < n; i++) ct_decref(keys[i]);
     free(keys);
+    ct_release((n + 1) * sizeof(ct_value));
 }
 
 // ---- filters ----
@@ -2343,7 +2359,7 @@ int ct_apply_filter(ct_rs *rs, int id, const char *name, ct_value in, ct_args *a
     case F_COUNT:
     case F_LENGTH: {
         if (no_args(rs, what, a) < 0) return -1;
-        int64_t n;
+        int64_t n = 0;
         if (seq_len(rs, in, &n) < 0) return -1;
         *out = ct_int(n);
         return 0;

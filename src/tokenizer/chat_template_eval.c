@@ -278,7 +278,8 @@ static int binop(ct_rs *rs, int op, ct_value a, ct_value b, ct_value *out) {
             ct_s(*out)->markup = true;
             return 0;
         }
-        *out = ct_str_cat(rs, ct_s(a)->s, ct_s(a)->len, ct_s(b)->s, ct_s(b)->len);
+        ct_value parts[2] = {a, b};
+        *out = ct_str_join(rs, parts, 2);
         if (out->type != CT_STR) return -1;
         ct_s(*out)->markup = ct_s(a)->markup;
         return 0;
@@ -506,6 +507,31 @@ __attribute__((noinline)) static int eval_test(ct_rs *rs, ct_frame *f, const ct_
     return r;
 }
 
+// a ~ b ~ c: str() of each part, joined with one exact-size copy (templates that grow a
+// namespace string this way then copy it once per step, as CPython does)
+__attribute__((noinline)) static int eval_concat(ct_rs *rs, ct_frame *f, const ct_node *n, ct_value *out) {
+    ct_value parts[8], *pv = parts;
+    if (n->nkids > 8) {
+        pv = calloc((size_t)n->nkids, sizeof(ct_value));
+        if (!pv) return ct_fail(rs, "out of memory");
+    }
+    int got = 0, r = -1;
+    for (; got < n->nkids; got++) {
+        ct_value v;
+        if (eval(rs, f, n->kids[got], &v) < 0) break;
+        pv[got] = ct_str_of(rs, v);
+        ct_decref(v);
+        if (pv[got].type != CT_STR) break;
+    }
+    if (got == n->nkids) {
+        *out = ct_str_join(rs, pv, got);
+        r = out->type == CT_STR ? 0 : -1;
+    }
+    for (int i = 0; i < got; i++) ct_decref(pv[i]);
+    if (pv != parts) free(pv);
+    return r;
+}
+
 static int eval_inner(ct_rs *rs, ct_frame *f, const ct_node *n, ct_value *out) {
     ct_value a, b;
     int r;
@@ -655,23 +681,8 @@ static int eval_inner(ct_rs *rs, ct_frame *f, const ct_node *n, ct_value *out) {
         *out = ct_bool(res);
         return 0;
     }
-    case N_CONCAT: {
-        ct_buf buf = {0};
-        for (int i = 0; i < n->nkids; i++) {
-            if (eval(rs, f, n->kids[i], &a) < 0) {
-                ct_buf_free(&buf);
-                return -1;
-            }
-            bool ok = ct_to_str(rs, &buf, a);
-            ct_decref(a);
-            if (!ok) {
-                ct_buf_free(&buf);
-                return -1;
-            }
-        }
-        *out = ct_buf_take(rs, &buf);
-        return out->type == CT_STR ? 0 : -1;
-    }
+    case N_CONCAT:
+        return eval_concat(rs, f, n, out);
     case N_CONDEXPR:
         if (eval(rs, f, n->a, &a) < 0) return -1;
         r = ct_truthy(a);
@@ -961,11 +972,13 @@ filtered:;
     }
     ct_loop *lp = calloc(1, sizeof *lp);
     if (!lp) {
+        ct_release(sizeof(ct_loop));
         ct_decref(items);
         return FAIL_AT(rs, n, "out of memory");
     }
     lp->h.rc = 1;
     lp->h.type = CT_LOOP;
+    lp->h.acct = sizeof(ct_loop);
     lp->items = l;  // takes the reference of `items`
     lp->depth_cap = (uint16_t)(ct_val_depth(items) + 1);
     lp->depth = 1;
@@ -1019,6 +1032,81 @@ __attribute__((noinline)) static int exec_callblock(ct_rs *rs, ct_frame *f, cons
     return r;
 }
 
+// {% set ns.x = ns.x ~ a ~ b %} / {% set ns.x = ns.x + a %}: templates that build their
+// output in a namespace string do this once per message. Evaluated in the same order as the
+// generic path, but when the namespace holds the only other reference to the old string it
+// is extended in place (amortised O(total) instead of a fresh copy per step). Returns 1 when
+// the statement does not have this shape (nothing evaluated).
+__attribute__((noinline)) static int set_ns_append(ct_rs *rs, ct_frame *f, const ct_node *n) {
+    const ct_node *t = n->a, *e = n->b, *first;
+    ct_node *const *rest;
+    int nrest;
+    bool concat = e->kind == N_CONCAT;
+    if (concat && e->nkids >= 2 && e->nkids <= 9) {
+        first = e->kids[0];
+        rest = e->kids + 1;
+        nrest = e->nkids - 1;
+    } else if (e->kind == N_BINOP && e->op == OP_ADD) {
+        first = e->a;
+        rest = (ct_node *const *)&e->b;
+        nrest = 1;
+    } else {
+        return 1;
+    }
+    if (first->kind != N_GETATTR || first->a->kind != N_NAME || strcmp(first->a->name, t->name) ||
+        strcmp(first->name, t->name2))
+        return 1;
+    ct_value old, parts[8], res = ct_none(), ns = ct_none();
+    int got = 0, r = -1;
+    if (eval(rs, f, first, &old) < 0) return -1;
+    for (; got < nrest; got++) {
+        ct_value v;
+        if (eval(rs, f, rest[got], &v) < 0) goto done;
+        parts[got] = concat ? ct_str_of(rs, v) : v;
+        if (concat) ct_decref(v);
+        if (parts[got].type == CT_NONE && concat) goto done;
+    }
+    ns = lookup(rs, f, t->name);
+    ct_value *slot = ns.type == CT_NS ? ct_dict_get_str(ct_d(ns), t->name2, strlen(t->name2)) : NULL;
+    bool fast = slot && old.type == CT_STR && slot->type == CT_STR && slot->u.o == old.u.o && old.u.o->rc == 2;
+    for (int i = 0; fast && i < nrest; i++)
+        fast = parts[i].type == CT_STR && (concat || (!ct_s(parts[i])->markup && !ct_s(old)->markup));
+    if (fast) {
+        *slot = ct_none();  // the slot's reference is ours now: the string is exclusively held
+        ct_decref(old);
+        rs->line = n->line;
+        if (!ct_str_append(rs, &old, parts, nrest)) {
+            ct_decref(old);
+            old = ct_none();
+            goto done;
+        }
+        *slot = old;
+        old = ct_none();
+        r = 0;
+        goto done;
+    }
+    rs->line = n->line;
+    if (concat) {
+        ct_value all[9];
+        all[0] = ct_str_of(rs, old);
+        if (all[0].type != CT_STR) goto done;
+        for (int i = 0; i < nrest; i++) all[i + 1] = parts[i];
+        res = ct_str_join(rs, all, nrest + 1);
+        ct_decref(all[0]);
+        if (res.type != CT_STR) goto done;
+    } else if (binop(rs, OP_ADD, old, parts[0], &res) < 0) {
+        goto done;
+    }
+    r = assign(rs, f, t, res);
+    res = ct_none();
+done:
+    ct_decref(old);
+    ct_decref(ns);
+    ct_decref(res);
+    for (int i = 0; i < got; i++) ct_decref(parts[i]);
+    return r;
+}
+
 static int exec_stmt(ct_rs *rs, ct_frame *f, const ct_node *n) {
     ct_value v;
     int r;
@@ -1057,6 +1145,7 @@ static int exec_stmt(ct_rs *rs, ct_frame *f, const ct_node *n) {
         rs->eval_depth--;
         return r;
     case S_SET:
+        if (n->a->kind == N_NSREF && (r = set_ns_append(rs, f, n)) != 1) return r;
         if (eval(rs, f, n->b, &v) < 0) return -1;
         return assign(rs, f, n->a, v);
     case S_SETBLOCK:
@@ -1073,9 +1162,13 @@ static int exec_stmt(ct_rs *rs, ct_frame *f, const ct_node *n) {
     case S_CALLBLOCK: {
         if (!ct_budget(rs, sizeof(ct_macro))) return -1;
         ct_macro *m = calloc(1, sizeof *m);
-        if (!m) return FAIL_AT(rs, n, "out of memory");
+        if (!m) {
+            ct_release(sizeof(ct_macro));
+            return FAIL_AT(rs, n, "out of memory");
+        }
         m->h.rc = 1;
         m->h.type = CT_MACRO;
+        m->h.acct = sizeof(ct_macro);
         m->def = n;
         m->frame_serial = f->serial;
         m->is_caller = n->kind == S_CALLBLOCK;
@@ -1137,6 +1230,7 @@ int ct_render(const ct_template_ast *ast, const cJSON *context, char **out, size
     memset(&rs, 0, sizeof rs);
     rs.stack_base = (uintptr_t)&rs;
     ct_work = 0;
+    ct_release((size_t)-1);  // the per-thread live-bytes counter starts from zero
     ct_buf buf = {0};
     rs.out = &buf;
     rs.ctx = context ? ct_from_cjson(&rs, context, 0) : ct_dict_new(&rs, 0, CT_DICT);

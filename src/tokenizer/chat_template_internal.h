@@ -28,7 +28,7 @@
 #define CT_MAX_LIST 1000000             // elements in any one list / dict
 #define CT_MAX_RANGE 100000             // jinja2's sandbox MAX_RANGE
 #define CT_MAX_VALUE_DEPTH 1100         // nesting of list/dict values (cJSON allows 1000)
-#define CT_MAX_ALLOC ((size_t)512 << 20)  // bytes allocated by one render, cumulative
+#define CT_MAX_LIVE ((size_t)512 << 20)  // bytes of values alive at once during one render
 #define CT_MAX_STEPS 20000000           // AST nodes evaluated (+ builtin work units) per render
 #define CT_MAX_SOURCE (4u << 20)        // template source bytes
 
@@ -59,6 +59,7 @@ enum { CT_UNDEF_NAME, CT_UNDEF_ATTR, CT_UNDEF_INDEX, CT_UNDEF_UNSAFE, CT_UNDEF_H
 typedef struct ct_obj {
     int32_t rc;  // < 0: immortal (owned by a parsed template; shared between threads)
     uint8_t type;
+    uint32_t acct;  // bytes counted against the render's memory budget (0: not counted)
 } ct_obj;
 
 typedef struct ct_value {
@@ -77,6 +78,7 @@ typedef struct ct_value {
 typedef struct ct_str {
     ct_obj h;
     uint32_t len;
+    uint32_t cap;  // bytes allocated for s (>= len); grows only for in-place appends
     bool ascii;   // all bytes < 0x80: code point offsets are byte offsets
     bool markup;  // a markupsafe.Markup (from |safe / |escape): `+` escapes the other side
     char s[];    // NUL-terminated
@@ -175,6 +177,7 @@ enum { CT_MF_CALLER = 1, CT_MF_VARARGS = 2, CT_MF_KWARGS = 4 };
 typedef struct ct_buf {
     char *p;
     size_t n, cap;
+    size_t acct;  // bytes counted against the memory budget
 } ct_buf;
 
 typedef struct ct_frame {
@@ -193,7 +196,6 @@ typedef struct ct_rs {
     uint64_t next_serial;
     ct_value ctx;        // CT_DICT of the render's context variables
     int64_t iters, steps;
-    size_t alloc;        // cumulative bytes allocated
     int call_depth;
     int eval_depth;
     uintptr_t stack_base;  // address of a local in ct_render: the stack guard's origin
@@ -207,7 +209,12 @@ typedef struct ct_rs {
 // ---- value API (chat_template_value.c) ----
 // Every ct_value returned by a function is owned by the caller (one reference).
 int ct_fail(ct_rs *rs, const char *fmt, ...) KAON_PRINTF(2, 3);
-bool ct_budget(ct_rs *rs, size_t bytes);  // false (+ error) when over the cumulative cap
+// Memory accounting: ct_budget() counts `bytes` as live (false + error over CT_MAX_LIVE; a
+// NULL rs counts nothing) and charges the copy as work (1 unit per KiB); ct_release()
+// returns them. Objects remember what they were charged (ct_obj.acct) and release it when
+// freed. The counter is per thread: a render runs on one thread.
+bool ct_budget(ct_rs *rs, size_t bytes);
+void ct_release(size_t bytes);
 // Work done inside builtins (element comparisons, bytes scanned): folded into the step
 // count by the evaluator, so a loop of cheap-looking expressions over big values cannot hang.
 extern _Thread_local uint64_t ct_work;
@@ -237,6 +244,9 @@ void ct_free_immortal(ct_value v);
 // strings (NULL rs: no budget accounting, used by the parser)
 ct_value ct_str_new(ct_rs *rs, const char *s, size_t len);  // type CT_NONE on failure
 ct_value ct_str_cat(ct_rs *rs, const char *a, size_t an, const char *b, size_t bn);
+ct_value ct_str_join(ct_rs *rs, const ct_value *parts, int n);  // all CT_STR
+// Appends parts to *s in place (s must be exclusively owned: rc == 1); may move it.
+bool ct_str_append(ct_rs *rs, ct_value *s, const ct_value *parts, int n);
 size_t ct_str_cplen(const ct_str *s);
 // UTF-8: lenient decode (invalid bytes come back as U+DC80+byte, like surrogateescape).
 uint32_t ct_u8_decode(const unsigned char *s, size_t n, size_t *adv);

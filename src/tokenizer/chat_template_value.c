@@ -22,16 +22,20 @@ int ct_fail(ct_rs *rs, const char *fmt, ...) {
 }
 
 _Thread_local uint64_t ct_work;
+static _Thread_local size_t ct_live;
 
 bool ct_budget(ct_rs *rs, size_t bytes) {
     if (!rs) return true;
-    rs->alloc += bytes;
-    if (rs->alloc > CT_MAX_ALLOC) {
-        ct_fail(rs, "template exceeded its memory budget (%zu MiB allocated)", CT_MAX_ALLOC >> 20);
+    ct_work += bytes >> 10;
+    if (bytes > CT_MAX_LIVE || ct_live > CT_MAX_LIVE - bytes) {
+        ct_fail(rs, "template exceeded its memory budget (%zu MiB in use)", CT_MAX_LIVE >> 20);
         return false;
     }
+    ct_live += bytes;
     return true;
 }
+
+void ct_release(size_t bytes) { ct_live = bytes < ct_live ? ct_live - bytes : 0; }
 
 static bool oom(ct_rs *rs) {
     ct_fail(rs, "out of memory");
@@ -51,6 +55,7 @@ void ct_decref(ct_value v) {
 }
 
 static void obj_free(ct_obj *o) {
+    ct_release(o->acct);
     switch (o->type) {
     case CT_STR:
         break;
@@ -201,23 +206,29 @@ static ct_str *str_alloc(ct_rs *rs, size_t len) {
     }
     o->h.rc = 1;
     o->h.type = CT_STR;
+    o->h.acct = rs ? (uint32_t)(len + sizeof(ct_str)) : 0;
     o->len = (uint32_t)len;
+    o->cap = (uint32_t)len;
     o->s[len] = 0;
     return o;
 }
 
-static ct_value str_done(ct_str *o) {
+// ascii: 1 / 0 when the caller knows (joining ASCII strings), -1 to scan
+static ct_value str_done_k(ct_str *o, int ascii) {
     o->markup = false;
-    o->ascii = true;
-    for (size_t i = 0; i < o->len; i++)
-        if ((unsigned char)o->s[i] >= 0x80) {
-            o->ascii = false;
-            break;
-        }
+    o->ascii = ascii != 0;
+    if (ascii < 0)
+        for (size_t i = 0; i < o->len; i++)
+            if ((unsigned char)o->s[i] >= 0x80) {
+                o->ascii = false;
+                break;
+            }
     ct_value v = {.type = CT_STR};
     v.u.o = &o->h;
     return v;
 }
+
+static ct_value str_done(ct_str *o) { return str_done_k(o, -1); }
 
 ct_value ct_str_new(ct_rs *rs, const char *s, size_t len) {
     ct_str *o = str_alloc(rs, len);
@@ -236,6 +247,69 @@ ct_value ct_str_cat(ct_rs *rs, const char *a, size_t an, const char *b, size_t b
     if (an) memcpy(o->s, a, an);
     if (bn) memcpy(o->s + an, b, bn);
     return str_done(o);
+}
+
+ct_value ct_str_join(ct_rs *rs, const ct_value *parts, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += ct_s(parts[i])->len;
+        if (total > CT_MAX_STR) {
+            ct_fail(rs, "string exceeds the %u MiB limit", CT_MAX_STR >> 20);
+            return ct_none();
+        }
+    }
+    ct_str *o = str_alloc(rs, total);
+    if (!o) return ct_none();
+    size_t off = 0;
+    bool ascii = true;
+    for (int i = 0; i < n; i++) {
+        if (ct_s(parts[i])->len) memcpy(o->s + off, ct_s(parts[i])->s, ct_s(parts[i])->len);
+        off += ct_s(parts[i])->len;
+        ascii = ascii && ct_s(parts[i])->ascii;
+    }
+    return str_done_k(o, ascii);
+}
+
+bool ct_str_append(ct_rs *rs, ct_value *sv, const ct_value *parts, int n) {
+    ct_str *o = ct_s(*sv);
+    size_t len = o->len, add = 0;
+    bool ascii = o->ascii;
+    for (int i = 0; i < n; i++) {
+        add += ct_s(parts[i])->len;
+        ascii = ascii && ct_s(parts[i])->ascii;
+    }
+    if (add > CT_MAX_STR || len > CT_MAX_STR - add) {
+        ct_fail(rs, "string exceeds the %u MiB limit", CT_MAX_STR >> 20);
+        return false;
+    }
+    size_t need = len + add;
+    if (need > o->cap) {  // geometric growth: repeated appends copy O(total), not O(n^2)
+        size_t cap = (size_t)o->cap * 2;
+        if (cap < need) cap = need;
+        if (cap > CT_MAX_STR) cap = CT_MAX_STR;
+        size_t grow = cap - o->cap;
+        if (!ct_budget(rs, grow)) return false;
+        ct_str *no = realloc(o, sizeof(ct_str) + cap + 1);
+        if (!no) {
+            ct_release(grow);
+            return oom(rs);
+        }
+        o = no;
+        o->h.acct += (uint32_t)grow;
+        o->cap = (uint32_t)cap;
+        sv->u.o = &o->h;
+    }
+    ct_work += add >> 10;
+    for (int i = 0; i < n; i++) {
+        const ct_str *p = ct_s(parts[i]);
+        if (p->len) memcpy(o->s + len, p->s, p->len);
+        len += p->len;
+    }
+    o->len = (uint32_t)len;
+    o->s[len] = 0;
+    o->ascii = ascii;
+    o->markup = false;
+    return true;
 }
 
 size_t ct_str_cplen(const ct_str *s) {
@@ -259,7 +333,11 @@ bool ct_buf_put(ct_rs *rs, ct_buf *b, const char *s, size_t n) {
         while (cap < b->n + n + 1) cap *= 2;
         if (!ct_budget(rs, cap - b->cap)) return false;
         char *p = realloc(b->p, cap);
-        if (!p) return oom(rs);
+        if (!p) {
+            ct_release(cap - b->cap);
+            return oom(rs);
+        }
+        if (rs) b->acct += cap - b->cap;
         b->p = p;
         b->cap = cap;
     }
@@ -271,8 +349,9 @@ bool ct_buf_put(ct_rs *rs, ct_buf *b, const char *s, size_t n) {
 
 void ct_buf_free(ct_buf *b) {
     free(b->p);
+    ct_release(b->acct);
     b->p = NULL;
-    b->n = b->cap = 0;
+    b->n = b->cap = b->acct = 0;
 }
 
 ct_value ct_buf_take(ct_rs *rs, ct_buf *b) {
@@ -299,20 +378,24 @@ ct_value ct_list_new(ct_rs *rs, size_t cap, bool tuple) {
 ct_value ct_list_new_kind(ct_rs *rs, size_t cap, int kind) {
     bool tuple = kind == CT_LK_TUPLE;
     if (cap > CT_MAX_LIST) cap = CT_MAX_LIST;
-    if (!ct_budget(rs, sizeof(ct_list) + cap * sizeof(ct_value))) return ct_none();
+    size_t bytes = sizeof(ct_list) + cap * sizeof(ct_value);
+    if (!ct_budget(rs, bytes)) return ct_none();
     ct_list *l = calloc(1, sizeof *l);
     if (!l) {
+        ct_release(rs ? bytes : 0);
         oom(rs);
         return ct_none();
     }
     l->h.rc = 1;
     l->h.type = CT_LIST;
+    l->h.acct = rs ? (uint32_t)bytes : 0;
     l->tuple = tuple;
     l->kind = (uint8_t)kind;
     l->depth = 1;
     if (cap) {
         l->v = malloc(cap * sizeof(ct_value));
         if (!l->v) {
+            ct_release(l->h.acct);
             free(l);
             oom(rs);
             return ct_none();
@@ -339,15 +422,18 @@ bool ct_list_push(ct_rs *rs, ct_value lv, ct_value v) {
     }
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 4;
-        if (!ct_budget(rs, (cap - l->cap) * sizeof(ct_value))) {
+        size_t grow = (cap - l->cap) * sizeof(ct_value);
+        if (!ct_budget(rs, grow)) {
             ct_decref(v);
             return false;
         }
         ct_value *p = realloc(l->v, cap * sizeof(ct_value));
         if (!p) {
+            ct_release(rs ? grow : 0);
             ct_decref(v);
             return oom(rs);
         }
+        if (rs) l->h.acct += (uint32_t)grow;
         l->v = p;
         l->cap = cap;
     }
@@ -358,19 +444,23 @@ bool ct_list_push(ct_rs *rs, ct_value lv, ct_value v) {
 
 ct_value ct_dict_new(ct_rs *rs, size_t cap, uint8_t type) {
     if (cap > CT_MAX_LIST) cap = CT_MAX_LIST;
-    if (!ct_budget(rs, sizeof(ct_dict) + cap * 2 * sizeof(ct_value))) return ct_none();
+    size_t bytes = sizeof(ct_dict) + cap * 2 * sizeof(ct_value);
+    if (!ct_budget(rs, bytes)) return ct_none();
     ct_dict *d = calloc(1, sizeof *d);
     if (!d) {
+        ct_release(rs ? bytes : 0);
         oom(rs);
         return ct_none();
     }
     d->h.rc = 1;
     d->h.type = type;
+    d->h.acct = rs ? (uint32_t)bytes : 0;
     d->depth = 1;
     if (cap) {
         d->k = malloc(cap * sizeof(ct_value));
         d->v = malloc(cap * sizeof(ct_value));
         if (!d->k || !d->v) {
+            ct_release(d->h.acct);
             free(d->k);
             free(d->v);
             free(d);
@@ -436,11 +526,20 @@ bool ct_hashable(ct_value v) {
     }
 }
 
-static bool dict_reindex(ct_dict *d, size_t want) {
+static bool dict_reindex(ct_rs *rs, ct_dict *d, size_t want) {
     size_t cap = 16;
     while (cap < want * 2) cap *= 2;
+    if (!ct_budget(rs, cap * sizeof(int32_t))) return false;
     int32_t *idx = malloc(cap * sizeof(int32_t));
-    if (!idx) return false;
+    if (!idx) {
+        ct_release(rs ? cap * sizeof(int32_t) : 0);
+        return false;
+    }
+    if (d->idx && d->h.acct) {  // the old index leaves
+        ct_release(d->idxcap * sizeof(int32_t));
+        d->h.acct -= (uint32_t)(d->idxcap * sizeof(int32_t));
+    }
+    if (rs) d->h.acct += (uint32_t)(cap * sizeof(int32_t));
     for (size_t i = 0; i < cap; i++) idx[i] = -1;
     for (size_t i = 0; i < d->n; i++) {
         size_t j = val_hash(d->k[i]) & (cap - 1);
@@ -516,12 +615,13 @@ bool ct_dict_set(ct_rs *rs, ct_value dv, ct_value k, ct_value v) {
         return false;
     }
     if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 4;
-        if (!ct_budget(rs, (cap - d->cap) * 2 * sizeof(ct_value))) {
+        size_t cap = d->cap ? d->cap * 2 : 4, grow = (cap - d->cap) * 2 * sizeof(ct_value);
+        if (!ct_budget(rs, grow)) {
             ct_decref(k);
             ct_decref(v);
             return false;
         }
+        if (rs) d->h.acct += (uint32_t)grow;  // released with the object even if a realloc fails
         ct_value *nk = realloc(d->k, cap * sizeof(ct_value));
         if (nk) d->k = nk;
         ct_value *nv = nk ? realloc(d->v, cap * sizeof(ct_value)) : NULL;
@@ -538,7 +638,7 @@ bool ct_dict_set(ct_rs *rs, ct_value dv, ct_value k, ct_value v) {
     d->n++;
     if (d->h.type == CT_DICT && dep + 1 > d->depth) d->depth = (uint16_t)(dep + 1);
     if (d->n > 8 && (!d->idx || d->n * 2 > d->idxcap)) {
-        if (!dict_reindex(d, d->n)) return oom(rs);
+        if (!dict_reindex(rs, d, d->n)) return rs && rs->failed ? false : oom(rs);
     } else if (d->idx) {
         size_t j = val_hash(k) & (d->idxcap - 1);
         while (d->idx[j] >= 0) j = (j + 1) & (d->idxcap - 1);

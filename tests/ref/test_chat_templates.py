@@ -223,6 +223,11 @@ MICRO = [
     ("{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}{% filter trim %}  t  {% endfilter %}", {}),
     ("{% print 1, 'a' %}{% block b %}blk{% endblock %}", {}),
     ("{% set ns = namespace() %}{% set ns.me = ns %}{% set ns.l = [ns] %}{{ ns }}", {}),
+    # growing a namespace string (kaon appends in place when nothing else holds the old value)
+    ("{% set ns = namespace(s='a') %}{% set keep = ns.s %}{% set ns.s = ns.s ~ 'b' %}{{ keep }}|{{ ns.s }}|{% set ns.s = ns.s ~ ns.s %}{{ ns.s }}|{% set ns.s = ns.s + '+' %}{{ ns.s }}", {}),
+    ("{% set ns = namespace(s='a') %}{% macro m() %}{% set ns.s = 'changed' %}x{% endmacro %}{% set ns.s = ns.s ~ m() %}{{ ns.s }}|{% set ns.s = ns.s ~ 1 ~ none ~ [2] %}{{ ns.s }}", {}),
+    ("{% set ns = namespace(s='<'|safe, n=1, u='') %}{% set ns.s = ns.s + '<' %}{{ ns.s }}|{% set ns.n = ns.n + 1 %}{{ ns.n }}|{% for c in 'héllo' %}{% set ns.u = ns.u ~ c %}{% endfor %}{{ ns.u }}{{ ns.u|length }}{{ ns.u[1] }}", {}),
+    ("{% set ns = namespace(s='') %}{% for i in range(3000) %}{% set ns.s = ns.s ~ i ~ ',' %}{% endfor %}{{ ns.s|length }}{{ ns.s[-6:] }}", {}),
     # macros
     ("{% macro m(a, b=a ~ '!', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, c=3) }}|{{ m(b=2, a=0) }}", {}),
     ("{% macro r(n) %}{% if n > 0 %}{{ n }}{{ r(n - 1) }}{% endif %}{% endmacro %}{{ r(5) }}", {}),

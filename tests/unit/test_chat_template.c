@@ -341,6 +341,10 @@ static void test_limits(void) {
            "{{ s.rpartition('a' * 3999999)[2] }} {{ (s ~ 'b').strip('ab' * 100000) | length }} "
            "{{ range(100000) | unique | list | length }}",
            NULL, "3 1000000  0 100000");
+    // a namespace string grown step by step is extended in place: linear, not quadratic
+    EXPECT("{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s ~ 'xxxxxxxxxxxxxxxxxxxx' %}"
+           "{% endfor %}{{ ns.s | length }}",
+           NULL, "2000000");
     double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
     CHECK(secs < 20.0);
     printf("limit tests: %.2f s\n", secs);
