@@ -57,6 +57,8 @@ static int alloc_step_buffers(kaon_engine *e) {
         !e->logits || !e->work || !e->sample_scratch || !e->row_of_sched || !e->nrows_of_sched ||
         !e->waiting || !e->running || !e->sched)
         return kaon_set_error("engine: out of memory for step buffers");
+    // Touched now, so the footprint does not grow when many sequences first need logits.
+    memset(e->logits, 0, sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
     return 0;
 }
 
@@ -154,6 +156,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                    e->n_blocks, e->block_size);
     if (!e->runner) goto fail;
+    if (!strcmp(o->device, "cpu")) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
     e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
     if (!e->pool) {
         kaon_set_error("engine: out of memory for the block pool");

@@ -234,6 +234,15 @@ void kaon_runner_free(kaon_runner *r) {
     free(r);
 }
 
+void kaon_runner_reserve_host_kv(kaon_runner *r) {
+    size_t bytes = (size_t)r->n_blocks * r->block_size * r->m->cfg.n_kv_heads * r->m->cfg.head_dim *
+                   r->be->ops->act_elem_bytes;
+    for (int l = 0; l < r->m->cfg.n_layers; l++) {
+        memset(r->kv[l].k, 0, bytes);
+        memset(r->kv[l].v, 0, bytes);
+    }
+}
+
 int kaon_runner_block_size(const kaon_runner *r) { return r->block_size; }
 int kaon_runner_n_blocks(const kaon_runner *r) { return r->n_blocks; }
 

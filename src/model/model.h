@@ -74,6 +74,9 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
                                 int max_logits, int n_blocks, int block_size);
 void kaon_runner_free(kaon_runner *r);
 int kaon_runner_block_size(const kaon_runner *r);
+// Writes the whole KV pool once so its memory is resident from the start (host backends only):
+// a server's footprint then stays flat under load instead of growing as blocks are first used.
+void kaon_runner_reserve_host_kv(kaon_runner *r);
 int kaon_runner_n_blocks(const kaon_runner *r);
 // Runs the forward pass; logits [n_logits, vocab] in host floats.
 int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits);
