@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--requests", type=int, nargs="*", default=[64])
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--output", type=int, default=1024)
-    ap.add_argument("--batched-tokens", type=int, default=4096)
+    ap.add_argument("--batched-tokens", type=int, default=8192)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = json.loads(Path(a.config).read_text())

@@ -31,13 +31,15 @@ typedef struct kaon_engine_options {
     const char *device;             // "cpu" (default) or "cuda"
     int n_threads;                  // CPU threads (0: all cores)
     int max_num_seqs;               // sequences running at once (0: 256)
-    int max_num_batched_tokens;     // token budget of one step (0: 512 on the CPU)
+    int max_num_batched_tokens;     // token budget of one step (0: 512 on the CPU, 8192 on a GPU)
     int max_model_len;              // context limit (0: the model's, capped by the KV pool)
     size_t kv_cache_memory;         // bytes of KV cache on the CPU (0: 1 GiB or what fits)
     double gpu_memory_utilization;  // fraction of GPU memory (0: 0.9)
     int block_size;                 // KV block size in tokens (0: chosen by the architecture)
     bool disable_prefix_caching;    // prefix caching is on unless this is set
     bool load_tokenizer;            // true: text deltas and stop strings need the tokenizer
+    bool expert_stats;              // MoE models: count the tokens routed to each expert
+                                    // (kaon_engine_expert_load; off by default)
 } kaon_engine_options;
 
 void kaon_engine_options_default(kaon_engine_options *o);
@@ -156,6 +158,14 @@ typedef struct kaon_engine_stats {
 } kaon_engine_stats;
 
 void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s);
+
+// Expert load of a MoE model created with expert_stats: tokens routed to each expert of each
+// layer since the start, counts[l * n_experts + e] for l < n_layers (dense layers: zeros),
+// as of the last finished step. counts may be NULL to ask the sizes; cap is its length.
+// 0, or -1 (+ error) when the engine does not count (not asked, or a dense model) or cap is
+// too small.
+int kaon_engine_expert_load(kaon_engine *e, uint64_t *counts, size_t cap, int *n_layers,
+                            int *n_experts);
 
 // The model's facts a front end needs.
 typedef struct kaon_engine_info {

@@ -40,6 +40,52 @@ typedef struct kaon_attn_meta {
     int block_size;
 } kaon_attn_meta;
 
+// Sampling on the device (only token ids cross to the host). Row r of a step samples from
+// logit row rows[r].logit_row after its edits, applied in this order: bias entries (added; a
+// -inf bias masks), HF repetition penalty over the seen tokens, then presence and frequency
+// penalties over the output tokens with their counts. Then temperature, top_k, min_p and
+// top_p (over what top_k and min_p kept, renormalised) as the host sampler does, and one draw
+// from the rest; the draw's randomness comes from rng_key alone (batch-invariant).
+typedef struct kaon_sample_row {
+    int32_t logit_row;
+    float temperature;  // <= 0: greedy (the first maximum)
+    int32_t top_k;      // <= 0: off
+    float top_p;        // >= 1: off
+    float min_p;        // <= 0: off
+    uint64_t rng_key;
+    float repetition, presence, frequency;  // 1, 0, 0: off
+    int32_t bias_off, n_bias;  // entries [bias_off, +n_bias): (token, value)
+    int32_t seen_off, n_seen;  // entries: (token, -) the repetition penalty applies to
+    int32_t out_off, n_out;    // entries: (token, count) of the output
+    int32_t want_logprob;      // logprob of the chosen id under the raw logits (no edits then)
+} kaon_sample_row;
+
+typedef struct kaon_sample_batch {
+    int n_rows;
+    const kaon_sample_row *rows;
+    int n_entries;
+    const int32_t *entry_token;  // [n_entries]
+    const float *entry_value;    // [n_entries] bias value or output count
+} kaon_sample_batch;
+
+// One mixture-of-experts MLP layer as the moe op sees it. Experts are given one by one ([E]
+// arrays of 2-D weights) so stacked GGUF tensors, per-expert safetensors and fused gate_up
+// tensors all reach a backend as the same kind of view.
+typedef struct kaon_moe_weights {
+    int n_experts;              // E
+    int top_k;                  // experts per token
+    bool norm_topk;             // renormalise the top-k routing probabilities to sum to 1
+    const kaon_tensor *router;  // [E, dim]: routing logits = x @ router^T, softmax over E
+    const kaon_tensor *gate;    // [E] of [ffn, dim]
+    const kaon_tensor *up;      // [E] of [ffn, dim]
+    const kaon_tensor *down;    // [E] of [dim, ffn]
+    // A shared expert every token goes through (Qwen2-MoE), NULL when absent, scaled by
+    // sigmoid(x @ shared_gate_inp^T) when that is given.
+    const kaon_tensor *shared_gate, *shared_up;  // [sffn, dim]
+    const kaon_tensor *shared_down;              // [dim, sffn]
+    const kaon_tensor *shared_gate_inp;          // [1, dim] or NULL
+} kaon_moe_weights;
+
 typedef struct kaon_backend_ops {
     const char *name;
     // Activation and KV memory (bytes); zero-filled.
@@ -125,6 +171,24 @@ typedef struct kaon_backend_ops {
     int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
                          const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                          const kaon_rope *rope);
+
+    // Samples the rows of sb from f32 logits [*, vocab] (from linear_f32) into ids (host
+    // memory, [n_rows]) and, where asked, logprobs; waits for the result. 0 or -1.
+    int (*sample)(kaon_backend *be, const float *logits, int vocab, const kaon_sample_batch *sb,
+                  int32_t *ids, float *logprobs);
+    // Copies f32 logit rows rows[i] of x [*, n] to out + rows[i] * n (host).
+    int (*copy_rows_f32_to_host)(kaon_backend *be, const float *x, int n, const int32_t *rows,
+                                 int n_rows, float *out);
+
+    // Mixture-of-experts MLP: each token t goes to the top_k experts of softmax(x_t @ router^T)
+    // with weights p (renormalised when w->norm_topk), and
+    //   out_t = sum_e p_e * down_e(silu(gate_e x_t) * up_e x_t)  (+ the shared expert)
+    // Only the chosen experts' weights are read. x, out [n, dim] (out != x). positions: NULL or
+    // the step's [n] (host array, as attention gets it): tokens at a negative position are
+    // padding, routed nowhere and given out = 0. counts: NULL, or [E] uint32 counters in
+    // backend memory (from alloc) that get += the tokens routed to each expert. 0, or -1.
+    int (*moe)(kaon_backend *be, const void *x, int n, const int32_t *positions,
+               const kaon_moe_weights *w, uint32_t *counts, void *out);
 } kaon_backend_ops;
 
 struct kaon_backend {

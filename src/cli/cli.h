@@ -26,5 +26,6 @@ int kaon_cmd_tokenize(int argc, char **argv);
 int kaon_cmd_detokenize(int argc, char **argv);
 int kaon_cmd_chat(int argc, char **argv);
 int kaon_cmd_serve(int argc, char **argv);
+int kaon_cmd_bench(int argc, char **argv);
 
 #endif

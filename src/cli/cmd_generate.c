@@ -20,9 +20,32 @@ static void usage(void) {
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
+           "  --expert-stats (MoE models: tokens routed to each expert, a kaon-expert-load line on stderr)\n"
            "  --device cpu|cuda|noop (noop: no math, to measure the engine's own cost)\n"
            "  --load-format auto|dummy (dummy: random weights from -m CONFIG, a config.json or its folder)\n"
            "  --gpu-memory-utilization F (fraction of GPU memory for weights, activations and KV; 0.9)\n");
+}
+
+// {"n_layers": L, "n_experts": E, "counts": [[...] per layer]} on stderr.
+static void print_expert_load(kaon_engine *e) {
+    int L = 0, E = 0;
+    if (kaon_engine_expert_load(e, NULL, 0, &L, &E)) {
+        fprintf(stderr, "kaon: expert load: %s\n", kaon_last_error());
+        return;
+    }
+    uint64_t *c = malloc(sizeof *c * (size_t)L * (size_t)E);
+    if (!c || kaon_engine_expert_load(e, c, (size_t)L * (size_t)E, NULL, NULL)) {
+        free(c);
+        return;
+    }
+    fprintf(stderr, "kaon-expert-load: {\"n_layers\": %d, \"n_experts\": %d, \"counts\": [", L, E);
+    for (int l = 0; l < L; l++) {
+        fprintf(stderr, "%s[", l ? ", " : "");
+        for (int x = 0; x < E; x++) fprintf(stderr, x ? ", %llu" : "%llu", (unsigned long long)c[(size_t)l * E + x]);
+        fprintf(stderr, "]");
+    }
+    fprintf(stderr, "]}\n");
+    free(c);
 }
 
 typedef struct job {
@@ -185,7 +208,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         long l;
         double d;
         bool flag = !strcmp(a, "--ignore-eos") || !strcmp(a, "--no-prefix-caching") || !strcmp(a, "--quiet") ||
-                    !strcmp(a, "-h") || !strcmp(a, "--help");
+                    !strcmp(a, "--expert-stats") || !strcmp(a, "-h") || !strcmp(a, "--help");
         if (!flag && !v) return kaon_cli_fail("option %s needs a value", a);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) eo.model = argv[++i];
@@ -197,6 +220,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--ignore-eos")) dflt.ignore_eos = true;
         else if (!strcmp(a, "--no-prefix-caching")) eo.disable_prefix_caching = true;
         else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--expert-stats")) eo.expert_stats = true;
         else if (!strcmp(a, "--max-tokens") && kaon_cli_parse_int(v, 1, 1 << 24, &l)) { dflt.max_tokens = (int)l; i++; }
         else if (!strcmp(a, "--temp") && kaon_cli_parse_float(v, 0, 100, &d)) { dflt.temperature = (float)d; i++; }
         else if (!strcmp(a, "--top-p") && kaon_cli_parse_float(v, 0, 1, &d)) { dflt.top_p = (float)d; i++; }
@@ -323,6 +347,7 @@ int kaon_cmd_generate(int argc, char **argv) {
             (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.prefix_queries_tokens,
             (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens,
             st.kv_blocks_used, dt);
+    if (eo.expert_stats) print_expert_load(e);
     rc = 0;
 out:
     for (int i = 0; i < n; i++) {

@@ -1,9 +1,29 @@
-// kaon info: what a model is and what it needs.
+// kaon info: what a model is and what it needs. With --expert-load (MoE models), also runs a
+// prompt and prints how many tokens each layer routed to each expert.
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "cli/load.h"
+#include "cli/seq.h"
+#include "model/moe.h"
+#include "util/err.h"
+
+static void usage(void) {
+    printf("usage: kaon info [MODEL] [options]   (GGUF file or Hugging Face folder; default model if absent)\n"
+           "  -m, --model PATH       the model (or give it as the first argument)\n"
+           "  --load-format dummy    describe a config.json (random weights; with --device cuda)\n"
+           "  --expert-load          MoE models: run a prompt and print the tokens each layer\n"
+           "                         routed to each expert (prefill, then -n greedy tokens)\n"
+           "  -p, --prompt TEXT      the prompt (default: a few sentences)\n"
+           "  --prompt-ids IDS       the prompt as token ids\n"
+           "  -n N                   greedy tokens generated after the prompt (default 0)\n"
+           "  --device cpu|cuda      where the prompt runs (default cpu)\n"
+           "  --threads N            CPU threads\n"
+           "  --json                 the expert load as one JSON object on stdout\n");
+}
 
 static void count_format(const kaon_tensor *t, uint64_t *bytes_by_type, uint64_t *n_by_type) {
     if (!t->data) return;
@@ -11,40 +31,217 @@ static void count_format(const kaon_tensor *t, uint64_t *bytes_by_type, uint64_t
     n_by_type[t->dtype]++;
 }
 
-int kaon_cmd_info(int argc, char **argv) {
-    const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kaon info [MODEL]   (GGUF file or Hugging Face folder; default model if absent)\n");
-            return 0;
-        }
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (i + 1 >= argc) return kaon_cli_fail("-m needs a value");
-            path = argv[++i];
-        } else if (argv[i][0] == '-') {
-            return kaon_cli_fail("unknown option '%s'", argv[i]);
-        } else {
-            path = argv[i];
+static const char *default_prompt =
+    "The history of the city begins with a small settlement by the river. Over the centuries "
+    "it grew into a centre of trade, science and music; today its universities, markets and "
+    "old harbour draw visitors from all over the world.";
+
+typedef struct info_opts {
+    const char *path, *prompt, *prompt_ids, *device;
+    bool expert_load, json, dummy;
+    long n_gen, threads;
+} info_opts;
+
+// Runs the prompt (and n_gen greedy tokens) with expert statistics on; prints the load.
+static int expert_load(const kaon_model *m, const info_opts *o) {
+    const kaon_model_config *c = &m->cfg;
+    if (c->n_experts <= 0) return kaon_cli_fail("--expert-load: %s has no experts", m->path);
+    int32_t *ids = NULL;
+    int n = 0, rc = 2;
+    if (o->prompt_ids) {
+        if (kaon_cli_parse_ids(o->prompt_ids, &ids, &n) || n == 0) return kaon_cli_fail("bad --prompt-ids");
+        for (int i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= c->vocab_size) {
+                free(ids);
+                return kaon_cli_fail("prompt id %d is outside the vocabulary (%d)", ids[i], c->vocab_size);
+            }
+    } else {
+        kaon_tokenizer *tok = kaon_cli_load_tokenizer(m);
+        if (!tok) return 2;
+        const char *text = o->prompt ? o->prompt : default_prompt;
+        size_t nn = 0;
+        int trc = kaon_tokenize(tok, text, strlen(text), true, &ids, &nn);
+        kaon_tokenizer_free(tok);
+        if (trc || nn == 0) return kaon_cli_fail("tokenize: %s", trc ? kaon_last_error() : "empty prompt");
+        n = (int)nn;
+    }
+    const bool cuda = o->device && !strcmp(o->device, "cuda");
+    kaon_backend *be = cuda ? kaon_backend_cuda_create(0) : kaon_backend_cpu_create((int)o->threads);
+    if (!be) {
+        free(ids);
+        return kaon_cli_fail("%s", kaon_last_error());
+    }
+    const int L = c->n_layers, E = c->n_experts, total = n + (int)o->n_gen;
+    uint64_t *load = calloc((size_t)L * E, sizeof *load);
+    int32_t *seqids = malloc(sizeof(int32_t) * (size_t)(total + 1));
+    kaon_seq seq;
+    bool seq_ok = false;
+    if (!load || !seqids) {
+        kaon_cli_fail("out of memory");
+        goto out;
+    }
+    memcpy(seqids, ids, sizeof(int32_t) * (size_t)n);
+    if (kaon_seq_init(&seq, m, be, total + 1, 256, false)) {
+        kaon_cli_fail("%s", kaon_last_error());
+        goto out;
+    }
+    seq_ok = true;
+    if (kaon_runner_enable_expert_stats(seq.runner) || kaon_seq_feed(&seq, seqids, n, NULL)) {
+        kaon_cli_fail("%s", kaon_last_error());
+        goto out;
+    }
+    for (int g = 0; g < o->n_gen; g++) {
+        int best = 0;
+        for (int v = 1; v < c->vocab_size; v++)
+            if (seq.logits[v] > seq.logits[best]) best = v;
+        seqids[n + g] = best;
+        if (g + 1 < o->n_gen && kaon_seq_feed(&seq, &seqids[n + g], 1, NULL)) {
+            kaon_cli_fail("%s", kaon_last_error());
+            goto out;
         }
     }
-    kaon_model *m = kaon_cli_load_model(path);
+    if (kaon_runner_expert_load(seq.runner, load) < 0) {
+        kaon_cli_fail("%s", kaon_last_error());
+        goto out;
+    }
+    // Tokens fed: the prompt and all generated tokens but the last.
+    const int fed = n + (o->n_gen > 0 ? (int)o->n_gen - 1 : 0);
+    if (o->json) {
+        printf("{\"tokens\": %d, \"top_k\": %d, \"n_experts\": %d, \"layers\": [", fed, c->n_experts_used, E);
+        bool first = true;
+        for (int l = 0; l < L; l++) {
+            if (!m->layers[l].moe) continue;
+            printf("%s{\"layer\": %d, \"counts\": [", first ? "" : ", ", l);
+            for (int e = 0; e < E; e++) printf(e ? ", %llu" : "%llu", (unsigned long long)load[(size_t)l * E + e]);
+            printf("]}");
+            first = false;
+        }
+        printf("]}\n");
+        rc = 0;
+        goto out;
+    }
+    printf("expert load:    %d tokens x top-%d of %d experts on %s (tokens routed to each expert;\n"
+           "                imbalance = busiest expert / mean, idle = experts that got none)\n",
+           fed, c->n_experts_used, E, be->ops->name);
+    for (int l = 0; l < L; l++) {
+        if (!m->layers[l].moe) continue;
+        const uint64_t *row = load + (size_t)l * E;
+        uint64_t mx = 0, sum = 0;
+        int idle = 0;
+        for (int e = 0; e < E; e++) {
+            sum += row[e];
+            if (row[e] > mx) mx = row[e];
+            idle += row[e] == 0;
+        }
+        const double mean = (double)sum / E;
+        printf("  layer %3d: imbalance %5.2f, idle %3d |", l, mean > 0 ? mx / mean : 0.0, idle);
+        for (int e = 0; e < E; e++) printf(" %llu", (unsigned long long)row[e]);
+        printf("\n");
+    }
+    rc = 0;
+out:
+    if (seq_ok) kaon_seq_free(&seq);
+    be->ops->destroy(be);
+    free(load);
+    free(seqids);
+    free(ids);
+    return rc;
+}
+
+int kaon_cmd_info(int argc, char **argv) {
+    info_opts o;
+    memset(&o, 0, sizeof o);
+    o.threads = kaon_cli_default_threads();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        }
+#define NEED_VALUE() if (!v) return kaon_cli_fail("option %s needs a value", a); i++
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEED_VALUE(); o.path = v; }
+        else if (!strcmp(a, "--expert-load")) o.expert_load = true;
+        else if (!strcmp(a, "--json")) o.json = true;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEED_VALUE(); o.prompt = v; }
+        else if (!strcmp(a, "--prompt-ids")) { NEED_VALUE(); o.prompt_ids = v; }
+        else if (!strcmp(a, "-n")) {
+            NEED_VALUE();
+            if (!kaon_cli_parse_int(v, 0, 1 << 20, &o.n_gen)) return kaon_cli_fail("bad -n '%s'", v);
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            NEED_VALUE();
+            if (!kaon_cli_parse_int(v, 1, 1024, &o.threads)) return kaon_cli_fail("bad --threads '%s'", v);
+        } else if (!strcmp(a, "--device")) {
+            NEED_VALUE();
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return kaon_cli_fail("bad --device '%s' (cpu, cuda)", v);
+            o.device = v;
+        } else if (!strcmp(a, "--load-format")) {
+            NEED_VALUE();
+            if (strcmp(v, "auto") && strcmp(v, "dummy")) return kaon_cli_fail("bad --load-format '%s' (auto, dummy)", v);
+            o.dummy = !strcmp(v, "dummy");
+        } else if (a[0] == '-') {
+            return kaon_cli_fail("unknown option '%s'", a);
+        } else {
+            o.path = a;
+        }
+#undef NEED_VALUE
+    }
+    if (o.prompt && o.prompt_ids) return kaon_cli_fail("give one of -p TEXT or --prompt-ids IDS");
+    kaon_model *m = NULL;
+    if (o.dummy) {
+        if (!o.path) return kaon_cli_fail("--load-format dummy needs -m CONFIG (a config.json or its folder)");
+        m = kaon_model_load_dummy(o.path);
+        if (!m) return kaon_cli_fail("%s", kaon_last_error());
+    } else {
+        m = kaon_cli_load_model(o.path);
+    }
     if (!m) return 2;
     const kaon_model_config *c = &m->cfg;
+    if (o.expert_load && o.json) {
+        int rc = expert_load(m, &o);
+        kaon_model_free(m);
+        return rc;
+    }
     uint64_t bytes[64] = {0}, counts[64] = {0};
     count_format(&m->tok_embd, bytes, counts);
     count_format(&m->out_norm, bytes, counts);
     if (m->lm_head.data != m->tok_embd.data) count_format(&m->lm_head, bytes, counts);
+    int n_moe = 0;
+    uint64_t inactive = 0;  // parameters of the experts a token does not use
     for (int l = 0; l < c->n_layers; l++) {
-        const kaon_tensor *ts = &m->layers[l].attn_norm;
-        for (size_t k = 0; k < sizeof m->layers[l] / sizeof(kaon_tensor); k++) count_format(&ts[k], bytes, counts);
+        const kaon_tensor *ts = &m->layers[l].attn_norm;  // the tensors of kaon_layer_weights
+        for (size_t k = 0; k < 14; k++) count_format(&ts[k], bytes, counts);
+        const kaon_moe_layer *ml = m->layers[l].moe;
+        if (!ml) continue;
+        n_moe++;
+        count_format(&ml->router, bytes, counts);
+        for (int i = 0; i < 3; i++) count_format(&ml->shared[i], bytes, counts);
+        count_format(&ml->shared_gate_inp, bytes, counts);
+        for (int i = 0; i < ml->n_src; i++) count_format(&ml->src[i], bytes, counts);
+        const uint64_t per_expert = 3ull * (uint64_t)c->moe_intermediate_size * (uint64_t)c->hidden_size;
+        inactive += (uint64_t)(c->n_experts - c->n_experts_used) * per_expert;
     }
+    const char *fmt = m->format == KAON_FORMAT_GGUF ? "GGUF"
+                      : m->format == KAON_FORMAT_DUMMY ? "dummy (random weights from config.json)"
+                                                       : "safetensors (Hugging Face folder)";
     printf("model:          %s\n", m->path);
-    printf("format:         %s\n", m->format == KAON_FORMAT_GGUF ? "GGUF" : "safetensors (Hugging Face folder)");
-    printf("architecture:   %s (%s)\n", c->arch_name, kaon_arch_label(c->arch));
+    printf("format:         %s\n", fmt);
+    printf("architecture:   %s (%s%s)\n", c->arch_name, kaon_arch_label(c->arch),
+           c->n_experts > 0 ? " attention, mixture of experts" : "");
     printf("parameters:     %.1f M (%llu)\n", m->n_params / 1e6, (unsigned long long)m->n_params);
+    if (n_moe)
+        printf("active/token:   %.1f M (the routed experts' share: top %d of %d)\n",
+               (m->n_params - inactive) / 1e6, c->n_experts_used, c->n_experts);
     printf("layers:         %d, hidden %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n",
            c->n_layers, c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim,
            c->vocab_size);
+    if (n_moe) {
+        printf("experts:        %d MoE layers of %d (the others dense); %d experts of ffn %d, top %d per "
+               "token, %s\n",
+               n_moe, c->n_layers, c->n_experts, c->moe_intermediate_size, c->n_experts_used,
+               c->norm_topk_prob ? "weights renormalised over the top-k" : "softmax weights (not renormalised)");
+        if (c->shared_expert_intermediate_size > 0)
+            printf("shared expert:  ffn %d, every token, sigmoid-gated\n", c->shared_expert_intermediate_size);
+    }
     printf("context:        %d tokens\n", c->max_position_embeddings);
     printf("rope:           theta %g, %d dims, %s%s\n", c->rope_theta, c->rope_dim,
            c->rope_interleaved ? "interleaved pairs (GGUF llama Q/K permutation)" : "NeoX halves",
@@ -61,6 +258,11 @@ int kaon_cmd_info(int argc, char **argv) {
            "%.1f MiB at the full context\n",
            m->weight_bytes / 1048576.0, kv_tok / 1024.0,
            (double)kv_tok * c->max_position_embeddings / 1048576.0);
+    int rc = 0;
+    if (o.expert_load) {
+        fflush(stdout);
+        rc = expert_load(m, &o);
+    }
     kaon_model_free(m);
-    return 0;
+    return rc;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -37,12 +38,21 @@ static void usage(FILE *f) {
             "  --gpu-memory-utilization F     fraction of GPU memory (default 0.9)\n"
             "  --kv-cache-memory SIZE         KV-cache bytes on the CPU, e.g. 512M, 2G (default 1G)\n"
             "  --device cpu|cuda              where the model runs (default cpu)\n"
+            "  --load-format auto|dummy       dummy: random weights from MODEL = a config.json or its folder\n"
+            "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
             "  --threads N                    CPU threads (default: all cores)\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
+            "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
             "  --chat-template FILE           a Jinja chat template overriding the model's\n"
-            "  --max-body-size SIZE           largest request body (default 8M)\n"
-            "  --max-connections N            concurrent connections (default 4096)\n"
+            "limits (beyond them: an OpenAI error JSON; see docs/SECURITY.md):\n"
+            "  --max-body-size SIZE           largest request body (default 8M; larger: 413)\n"
+            "  --max-connections N            concurrent connections (default 4096; more: 503)\n"
+            "  --max-queue N                  sequences waiting for a slot (default 1024; more: 429)\n"
+            "  --max-prompt-tokens N          longest prompt in tokens (default: the context)\n"
+            "  --max-tokens N                 largest max_tokens, and the cap when absent (default: the context)\n"
+            "  --max-n N                      largest n (default 128)\n"
+            "  --request-timeout SECONDS      abort a generation running longer: 504 (default 0: none)\n"
             "  --drain-timeout SECONDS        on SIGTERM/SIGINT, time for running requests (default 30)\n"
             "  --port-file FILE               write \"HOST PORT\" here once listening\n");
 }
@@ -122,7 +132,7 @@ int kaon_cmd_serve(int argc, char **argv) {
     kaon_engine_options_default(&o.engine);
     o.api_key = getenv("KAON_API_KEY");
     const char *model = NULL, *template_file = NULL;
-    bool conns_set = false;
+    bool conns_set = false, dummy = false;
     long v;
     double d;
     // argv[0] is "serve".
@@ -180,6 +190,11 @@ int kaon_cmd_serve(int argc, char **argv) {
             if (strcmp(next, "cpu") && strcmp(next, "cuda"))
                 return kaon_cli_fail("bad --device '%s' (cpu or cuda)", next);
             o.engine.device = next;
+        } else if (!strcmp(a, "--load-format")) {
+            NEED();
+            if (strcmp(next, "auto") && strcmp(next, "dummy"))
+                return kaon_cli_fail("bad --load-format '%s' (auto or dummy)", next);
+            dummy = !strcmp(next, "dummy");
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --threads '%s'", next);
@@ -192,6 +207,8 @@ int kaon_cmd_serve(int argc, char **argv) {
             o.engine.disable_prefix_caching = true;
         } else if (!strcmp(a, "--enable-prefix-caching")) {
             o.engine.disable_prefix_caching = false;
+        } else if (!strcmp(a, "--expert-stats")) {
+            o.engine.expert_stats = true;
         } else if (!strcmp(a, "--chat-template")) {
             NEED();
             template_file = next;
@@ -204,6 +221,28 @@ int kaon_cmd_serve(int argc, char **argv) {
             if (!kaon_cli_parse_int(next, 1, 1000000, &v)) return kaon_cli_fail("bad --max-connections '%s'", next);
             o.max_connections = (int)v;
             conns_set = true;
+        } else if (!strcmp(a, "--max-queue")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 1 << 24, &v)) return kaon_cli_fail("bad --max-queue '%s'", next);
+            o.max_queue = (int)v;
+        } else if (!strcmp(a, "--max-prompt-tokens")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 1 << 30, &v))
+                return kaon_cli_fail("bad --max-prompt-tokens '%s'", next);
+            o.max_prompt_tokens = (int)v;
+        } else if (!strcmp(a, "--max-tokens")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 1 << 30, &v)) return kaon_cli_fail("bad --max-tokens '%s'", next);
+            o.max_tokens = (int)v;
+        } else if (!strcmp(a, "--max-n")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 128, &v)) return kaon_cli_fail("bad --max-n '%s' (1..128)", next);
+            o.max_n = (int)v;
+        } else if (!strcmp(a, "--request-timeout")) {
+            NEED();
+            if (!kaon_cli_parse_float(next, 0, 86400 * 7, &d))
+                return kaon_cli_fail("bad --request-timeout '%s'", next);
+            o.request_timeout_s = d;
         } else if (!strcmp(a, "--drain-timeout")) {
             NEED();
             if (!kaon_cli_parse_float(next, 0, 86400, &d)) return kaon_cli_fail("bad --drain-timeout '%s'", next);
@@ -220,13 +259,28 @@ int kaon_cmd_serve(int argc, char **argv) {
         }
 #undef NEED
     }
+    if (dummy && !model) return kaon_cli_fail("--load-format dummy needs MODEL: a config.json or its folder");
+    char dummy_spec[4200];
+    if (dummy) {  // the model loader reads "dummy:<config>" as random weights of the config's shapes
+        if (snprintf(dummy_spec, sizeof dummy_spec, "dummy:%s", model) >= (int)sizeof dummy_spec)
+            return kaon_cli_fail("model path too long");
+        char tok[4200];
+        struct stat sb;
+        bool has_tok = stat(model, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+                       snprintf(tok, sizeof tok, "%s/tokenizer.json", model) < (int)sizeof tok && access(tok, R_OK) == 0;
+        if (!has_tok)
+            fprintf(stderr, "kaon: serve: no tokenizer.json beside the dummy config: prompts must be token ids "
+                            "(/v1/completions), and streams carry no text\n");
+        model = dummy_spec;
+        o.engine.load_tokenizer = has_tok;
+    }
     if (!model) model = kaon_cli_default_model();
     if (!model)
         return kaon_cli_fail("no model given and the default model (models/%s) was not found; run "
                              "scripts/setup.sh or pass a MODEL",
                              KAON_DEFAULT_MODEL_FILE);
     o.engine.model = model;
-    o.engine.load_tokenizer = true;
+    if (!dummy) o.engine.load_tokenizer = true;
 
     char *tmpl = NULL;
     if (template_file) {
@@ -235,7 +289,8 @@ int kaon_cmd_serve(int argc, char **argv) {
         o.chat_template = tmpl;
     }
     int fds = raise_fd_limit();
-    if (!conns_set && o.max_connections > fds - 64) o.max_connections = fds > 128 ? fds - 64 : 64;
+    // Leave room for the model, logs and the 64 connections answered 503 beyond the limit.
+    if (!conns_set && o.max_connections > fds - 192) o.max_connections = fds > 256 ? fds - 192 : 64;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

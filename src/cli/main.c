@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  info     describe a model: architecture, parameters, formats, memory\n"
             "  generate offline batch generation: JSONL prompts in, JSONL outputs out\n"
             "  logits   write the logits of every position of a prompt (for tests)\n"
+            "  bench    benchmarks: serve (any OpenAI-compatible server), latency, throughput\n"
             "Run 'kaon <command> --help' for its options.\n");
 }
 
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "detokenize")) return kaon_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return kaon_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return kaon_cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return kaon_cmd_bench(argc - 1, argv + 1);
     usage(stderr);
     return kaon_cli_fail("unknown command '%s'", cmd);
 }

@@ -49,14 +49,22 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->sample_scratch = malloc(kaon_sample_scratch_bytes(e->vocab));
     e->row_of_sched = malloc(sizeof(int) * S);
     e->nrows_of_sched = malloc(sizeof(int) * S);
+    e->smp_rows = malloc(sizeof(kaon_sample_row) * (size_t)e->max_logits);
+    e->smp_of_sched = malloc(sizeof(int) * S);
+    e->smp_ids = malloc(sizeof(int32_t) * (size_t)e->max_logits);
+    e->smp_lps = malloc(sizeof(float) * (size_t)e->max_logits);
+    e->host_rows = malloc(sizeof(int32_t) * T);
     e->cap_waiting = 1024;
     e->waiting = malloc(sizeof(seq *) * (size_t)e->cap_waiting);
     e->running = malloc(sizeof(seq *) * S);
     e->sched = malloc(sizeof(seq *) * S);
     if (!e->b_tokens || !e->b_pos || !e->b_slot || !e->b_seq || !e->b_rows || !e->b_tables ||
         !e->logits || !e->work || !e->sample_scratch || !e->row_of_sched || !e->nrows_of_sched ||
-        !e->waiting || !e->running || !e->sched)
+        !e->waiting || !e->running || !e->sched || !e->smp_rows || !e->smp_of_sched || !e->smp_ids ||
+        !e->smp_lps || !e->host_rows)
         return kaon_set_error("engine: out of memory for step buffers");
+    const char *ds = getenv("KAON_DEVICE_SAMPLING");
+    e->device_sampling = kaon_runner_can_sample(e->runner) && !(ds && !strcmp(ds, "0"));
     // Touched now, so the footprint does not grow when many sequences first need logits.
     memset(e->logits, 0, sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
     return 0;
@@ -84,7 +92,9 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         o->n_threads = n > 0 ? (int)n : 1;
     }
     if (o->max_num_seqs <= 0) o->max_num_seqs = 256;
-    if (o->max_num_batched_tokens <= 0) o->max_num_batched_tokens = 512;
+    // A GPU needs big steps to fill its tensor cores (prefill GEMMs of M = 8192); the CPU is as
+    // fast at 512 and keeps decode latency low while prompts are chunked in.
+    if (o->max_num_batched_tokens <= 0) o->max_num_batched_tokens = on_gpu ? 8192 : 512;
     if (o->max_num_batched_tokens < o->max_num_seqs) o->max_num_batched_tokens = o->max_num_seqs;
     if (o->kv_cache_memory == 0) o->kv_cache_memory = (size_t)1 << 30;
     e->prefix_caching = !o->disable_prefix_caching;
@@ -155,7 +165,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     }
     e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                    e->n_blocks, e->block_size);
-    if (!e->runner) goto fail;
+    if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
     if (!strcmp(o->device, "cpu")) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
     e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
     if (!e->pool) {
@@ -623,6 +633,95 @@ static void build_batch(kaon_engine *e, kaon_batch *b) {
     };
 }
 
+static int push_entry(kaon_engine *e, int *n, int32_t tok, float val) {
+    if (*n == e->ent_cap) {
+        int cap = e->ent_cap ? e->ent_cap * 2 : 4096;
+        int32_t *t = realloc(e->ent_tok, sizeof(int32_t) * (size_t)cap);
+        if (!t) return -1;
+        e->ent_tok = t;
+        float *v = realloc(e->ent_val, sizeof(float) * (size_t)cap);
+        if (!v) return -1;
+        e->ent_val = v;
+        e->ent_cap = cap;
+    }
+    e->ent_tok[*n] = tok;
+    e->ent_val[*n] = val;
+    (*n)++;
+    return 0;
+}
+
+static int push_counts(kaon_engine *e, int *n, const kaon_token_counts *c, bool with_count) {
+    for (uint32_t i = 0; c->keys && i <= c->mask; i++)
+        if (c->keys[i] >= 0 && push_entry(e, n, c->keys[i], with_count ? (float)c->counts[i] : 0.f))
+            return -1;
+    return 0;
+}
+
+// Describes a sampling row for the device, or returns 1 when this row must be sampled on the
+// host (top logprobs, prompt logprobs, or a logprob wanted after edits).
+static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *row, int *n_ent) {
+    const kaon_sampling *sp = &s->req->sp;
+    const bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                           sp->frequency_penalty != 0.0f;
+    const bool mask = s->n_out < sp->min_tokens;
+    const bool edits = sp->n_logit_bias > 0 || mask || penalties;
+    if (sp->logprobs > 0 || (sp->logprobs == 0 && edits)) return 1;
+    if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) return 1;
+    *row = (kaon_sample_row){.logit_row = logit_row, .temperature = sp->temperature, .top_k = sp->top_k,
+                             .top_p = sp->top_p, .min_p = sp->min_p, .repetition = sp->repetition_penalty,
+                             .presence = sp->presence_penalty, .frequency = sp->frequency_penalty,
+                             .want_logprob = sp->logprobs == 0};
+    if (sp->temperature > 0.0f && sp->top_k != 1)  // the sequence's own stream: batch-invariant
+        row->rng_key = (uint64_t)(kaon_rng_uniform(&s->rng) * 9007199254740992.0) * 0x9e3779b97f4a7c15ull;
+    const int start = *n_ent;
+    row->bias_off = *n_ent;
+    for (int i = 0; i < sp->n_logit_bias; i++)
+        if (push_entry(e, n_ent, s->req->bias[i].token, s->req->bias[i].bias)) return -1;
+    if (mask) {
+        const kaon_model_config *c = &e->model->cfg;
+        for (int i = 0; i < c->n_eos_token_ids; i++)
+            if (push_entry(e, n_ent, c->eos_token_ids[i], -INFINITY)) return -1;
+        for (int i = 0; i < sp->n_stop_token_ids; i++)
+            if (push_entry(e, n_ent, s->req->stop_ids[i], -INFINITY)) return -1;
+        if (e->tok)
+            for (int t = 0; t < e->vocab; t++)
+                if (kaon_tokenizer_is_eog(e->tok, t) && push_entry(e, n_ent, t, -INFINITY)) return -1;
+    }
+    row->n_bias = *n_ent - start;
+    row->seen_off = *n_ent;
+    if (sp->repetition_penalty != 1.0f && push_counts(e, n_ent, &s->seen, false)) return -1;
+    row->n_seen = *n_ent - row->seen_off;
+    row->out_off = *n_ent;
+    if ((sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) && push_counts(e, n_ent, &s->output, true))
+        return -1;
+    row->n_out = *n_ent - row->out_off;
+    return 0;
+}
+
+// Splits this step's logit rows between the device's sampler and the host.
+static int plan_sampling(kaon_engine *e, kaon_sample_batch *sb, int *n_host) {
+    int n_rows = 0, n_ent = 0, nh = 0;
+    for (int i = 0; i < e->n_sched; i++) {
+        seq *s = e->sched[i];
+        int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
+        e->smp_of_sched[i] = -1;
+        if (row < 0) continue;
+        int rc = 1;
+        if (s->n_computed + s->scheduled_tokens == s->n_tokens)
+            rc = device_row(e, s, row + nrows - 1, &e->smp_rows[n_rows], &n_ent);
+        if (rc < 0) return kaon_set_error("engine: out of memory for sampling");
+        if (rc == 0) {
+            e->smp_of_sched[i] = n_rows++;
+            nrows--;  // the last row stays on the device
+        }
+        for (int k = 0; k < nrows; k++) e->host_rows[nh++] = row + k;
+    }
+    *sb = (kaon_sample_batch){.n_rows = n_rows, .rows = e->smp_rows, .n_entries = n_ent,
+                              .entry_token = e->ent_tok, .entry_value = e->ent_val};
+    *n_host = nh;
+    return 0;
+}
+
 // Names the newly completed full blocks in the prefix cache.
 static void commit_blocks(kaon_engine *e, seq *s) {
     if (!e->prefix_caching) return;
@@ -671,7 +770,18 @@ static void *engine_main(void *arg) {
 
         kaon_batch b;
         build_batch(e, &b);
-        int rc = kaon_runner_forward(e->runner, &b, e->logits);
+        int rc;
+        if (e->device_sampling) {
+            kaon_sample_batch sb;
+            int n_host = 0;
+            rc = plan_sampling(e, &sb, &n_host);
+            if (!rc)
+                rc = kaon_runner_forward_sample(e->runner, &b, &sb, e->smp_ids, e->smp_lps, e->host_rows,
+                                                n_host, e->logits);
+        } else {
+            for (int i = 0; i < e->n_sched; i++) e->smp_of_sched[i] = -1;
+            rc = kaon_runner_forward(e->runner, &b, e->logits);
+        }
         char err[512] = "";
         if (rc) snprintf(err, sizeof err, "forward pass failed: %s", kaon_last_error());
         uint64_t prompt_toks = 0, gen_toks = 0;
@@ -690,13 +800,20 @@ static void *engine_main(void *arg) {
             const float *rows = e->logits + (size_t)row * e->vocab;
             if (s->want_prompt_lp && first < s->req->n_prompt)
                 kaon_post_prompt_logprobs(e, s, first, rows, nrows);
-            if (s->n_computed == s->n_tokens) {
+            if (s->n_computed == s->n_tokens && e->smp_of_sched[i] >= 0) {
+                const int j = e->smp_of_sched[i];
+                kaon_token_logprob lp = {.token = e->smp_ids[j], .logprob = e->smp_lps[j]};
+                kaon_post_accept(e, s, e->smp_ids[j], e->sched[i]->req->sp.logprobs == 0 ? &lp : NULL);
+                gen_toks++;
+                items[i] = kaon_post_make_output(e, s);
+            } else if (s->n_computed == s->n_tokens) {
                 kaon_post_sample(e, s, rows + (size_t)(nrows - 1) * e->vocab);
                 gen_toks++;
                 items[i] = kaon_post_make_output(e, s);
             }
         }
 
+        if (!rc) kaon_engine_expert_stats_step(e);
         pthread_mutex_lock(&e->mu);
         e->stats.steps++;
         if (rc) {
@@ -742,8 +859,11 @@ void kaon_engine_destroy(kaon_engine *e) {
     }
     free(e->b_tokens); free(e->b_pos); free(e->b_slot); free(e->b_seq); free(e->b_rows);
     free(e->b_tables); free(e->logits); free(e->work); free(e->sample_scratch);
-    free(e->row_of_sched); free(e->nrows_of_sched); free(e->waiting); free(e->running); free(e->sched);
+    free(e->row_of_sched); free(e->nrows_of_sched);
+    free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
+    free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);
     kaon_kv_pool_free(e->pool);
+    kaon_engine_expert_stats_free(e);
     kaon_runner_free(e->runner);
     if (e->be) e->be->ops->destroy(e->be);
     if (e->tok) kaon_tokenizer_free(e->tok);

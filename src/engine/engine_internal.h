@@ -115,7 +115,28 @@ struct kaon_engine {
     void *sample_scratch;
     int *row_of_sched;           // first logit row of each scheduled seq (-1: none)
     int *nrows_of_sched;
+    // Sampling on the device (when the backend can): the rows sampled there this step and
+    // the logit rows that still come to the host (prompt logprobs, top logprobs, ...).
+    bool device_sampling;
+    kaon_sample_row *smp_rows;   // [max_logits]
+    int *smp_of_sched;           // index into smp_rows of each scheduled seq (-1: none)
+    int32_t *smp_ids;            // [max_logits]
+    float *smp_lps;              // [max_logits]
+    int32_t *host_rows;          // [max_logits]
+    int32_t *ent_tok;            // edit entries of the sampled rows
+    float *ent_val;
+    int ent_cap;
+    // Expert load (opts.expert_stats, MoE models; expert_stats.c): totals copied from the
+    // runner after every step, read under mu.
+    uint64_t *expert_load;       // [expert_layers, expert_n]; NULL when not counting
+    uint64_t *expert_tmp;        // engine thread's copy before it is published
+    int expert_layers, expert_n;
 };
+
+// expert_stats.c
+int kaon_engine_expert_stats_init(kaon_engine *e);
+void kaon_engine_expert_stats_step(kaon_engine *e);
+void kaon_engine_expert_stats_free(kaon_engine *e);
 
 // scheduler.c
 int kaon_sched_step(kaon_engine *e);      // fills e->sched; returns scheduled token count
@@ -126,6 +147,8 @@ void kaon_sched_remove(kaon_engine *e, seq *s);
 // postprocess.c
 // Samples and appends a token for s from logits row; builds the seq's pending output.
 void kaon_post_sample(kaon_engine *e, seq *s, const float *logits);
+// Appends a token chosen elsewhere (on the device) with its logprob record (or NULL).
+void kaon_post_accept(kaon_engine *e, seq *s, int32_t tok, const kaon_token_logprob *lp);
 void kaon_post_prompt_logprobs(kaon_engine *e, seq *s, int first_pos, const float *rows, int n);
 // Turns the seq's pending tokens/text into an out_item (NULL when there is nothing new).
 out_item *kaon_post_make_output(kaon_engine *e, seq *s);

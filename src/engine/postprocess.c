@@ -155,14 +155,19 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     int32_t tok = kaon_sample(w, V, &p, &s->rng, e->sample_scratch);
     kaon_token_logprob lp;
     if (sp->logprobs >= 0) fill_logprob(&lp, raw, V, tok, sp->logprobs);  // raw model logprobs
+    kaon_post_accept(e, s, tok, sp->logprobs >= 0 ? &lp : NULL);
+}
 
+void kaon_post_accept(kaon_engine *e, seq *s, int32_t tok, const kaon_token_logprob *lpp) {
+    struct kaon_request *r = s->req;
+    const kaon_sampling *sp = &r->sp;
     s->tokens[s->n_tokens++] = tok;
     s->n_out++;
     r->completion_tokens++;
     if (r->t_first_token == 0) r->t_first_token = kaon_now();
     if (sp->repetition_penalty != 1.0f) kaon_token_counts_add(&s->seen, tok, 1);
     if (sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) kaon_token_counts_add(&s->output, tok, 1);
-    pend_push(s, tok, sp->logprobs >= 0 ? &lp : NULL);
+    pend_push(s, tok, lpp);
 
     bool ends = false;
     if (is_stop_token(r, tok)) {

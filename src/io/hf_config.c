@@ -173,6 +173,56 @@ static int parse_root(const char *file, const char *text, size_t len, cJSON **ou
     return 0;
 }
 
+// Mixture of experts: Mixtral (num_local_experts, every layer, always renormalised) and
+// Qwen2-MoE / Qwen3-MoE (num_experts, moe_intermediate_size, norm_topk_prob,
+// decoder_sparse_step, mlp_only_layers; Qwen2-MoE's shared expert). HF's defaults apply when a
+// key is absent.
+static int moe_fields(const char *file, const cJSON *root, kaon_model_config *c) {
+    const bool mixtral = !strcmp(c->arch_name, "MixtralForCausalLM") || !strcmp(c->arch_name, "mixtral");
+    const bool qwen_moe = !strcmp(c->arch_name, "Qwen2MoeForCausalLM") ||
+                          !strcmp(c->arch_name, "Qwen3MoeForCausalLM") ||
+                          !strcmp(c->arch_name, "qwen2_moe") || !strcmp(c->arch_name, "qwen3_moe");
+    if (!mixtral && !qwen_moe) return 0;
+    bool set;
+    c->n_experts_used = 2;
+    if (get_int(file, root, "", "num_experts_per_tok", &c->n_experts_used, NULL)) return -1;
+    if (mixtral) {
+        c->n_experts = 8;
+        if (get_int(file, root, "", "num_local_experts", &c->n_experts, NULL)) return -1;
+        c->moe_intermediate_size = c->intermediate_size;
+        c->norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalises over the top-k
+        return 0;
+    }
+    c->n_experts = 60;
+    c->moe_intermediate_size = 1408;
+    c->norm_topk_prob = false;
+    if (get_int(file, root, "", "num_experts", &c->n_experts, NULL) ||
+        get_int(file, root, "", "moe_intermediate_size", &c->moe_intermediate_size, NULL) ||
+        get_int(file, root, "", "decoder_sparse_step", &c->decoder_sparse_step, NULL) ||
+        get_bool(file, root, "norm_topk_prob", &c->norm_topk_prob))
+        return -1;
+    if (!strncmp(c->arch_name, "Qwen2", 5) || !strcmp(c->arch_name, "qwen2_moe")) {
+        c->shared_expert_intermediate_size = 5632;
+        if (get_int(file, root, "", "shared_expert_intermediate_size",
+                    &c->shared_expert_intermediate_size, &set) ||
+            get_bool(file, root, "qkv_bias", &c->attention_bias))
+            return -1;
+    }
+    const cJSON *only = field(root, "mlp_only_layers");
+    if (only) {
+        if (!cJSON_IsArray(only)) return type_error(file, "", "mlp_only_layers", "a list of layer indices", only);
+        int i = 0;
+        for (const cJSON *e = only->child; e; e = e->next, i++) {
+            double d = cJSON_IsNumber(e) ? e->valuedouble : -1.0;
+            if (!(d >= 0 && d < KAON_MAX_MLP_ONLY_LAYERS) || d != (double)(int)d)
+                return kaon_set_error("%s: \"mlp_only_layers\"[%d] must be a layer index below %d",
+                                      file, i, KAON_MAX_MLP_ONLY_LAYERS);
+            c->mlp_only_layers[(int)d / 64] |= (uint64_t)1 << ((int)d % 64);
+        }
+    }
+    return 0;
+}
+
 static int config_fields(const char *file, const cJSON *root, kaon_model_config *c) {
     // Architecture: architectures[0], else model_type (which matches GGUF names: llama, ...).
     const cJSON *archs = field(root, "architectures");
@@ -227,6 +277,8 @@ static int config_fields(const char *file, const cJSON *root, kaon_model_config 
     // q and k per head.
     if (c->arch == KAON_ARCH_QWEN2 || !strncmp(c->arch_name, "Qwen2", 5)) c->attention_bias = true;
     c->qk_norm = c->arch == KAON_ARCH_QWEN3 || !strncmp(c->arch_name, "Qwen3", 5);
+
+    if (moe_fields(file, root, c)) return -1;
 
     bool bos_set;
     int bos;

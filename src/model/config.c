@@ -15,6 +15,7 @@ void kaon_model_config_init(kaon_model_config *c) {
     c->gen_top_p = -1.0f;
     c->gen_top_k = -1;
     c->gen_repetition_penalty = -1.0f;
+    c->decoder_sparse_step = 1;
 }
 
 static const struct {
@@ -25,6 +26,9 @@ static const struct {
     {"Qwen2ForCausalLM", KAON_ARCH_QWEN2},   {"Qwen3ForCausalLM", KAON_ARCH_QWEN3},
     {"llama", KAON_ARCH_LLAMA},              {"qwen2", KAON_ARCH_QWEN2},
     {"qwen3", KAON_ARCH_QWEN3},
+    {"MixtralForCausalLM", KAON_ARCH_LLAMA}, {"Qwen2MoeForCausalLM", KAON_ARCH_QWEN2},
+    {"Qwen3MoeForCausalLM", KAON_ARCH_QWEN3}, {"qwen2moe", KAON_ARCH_QWEN2},
+    {"qwen3moe", KAON_ARCH_QWEN3},
 };
 
 kaon_arch kaon_arch_from_name(const char *name) {
@@ -51,8 +55,9 @@ const char *kaon_arch_label(kaon_arch a) {
 int kaon_model_config_validate(const kaon_model_config *c) {
     if (c->arch == KAON_ARCH_UNKNOWN)
         return kaon_set_error("unsupported architecture '%s' (kaon knows: LlamaForCausalLM, "
-                              "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; GGUF "
-                              "llama, qwen2, qwen3)",
+                              "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                              "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; GGUF "
+                              "llama, qwen2, qwen3, qwen2moe, qwen3moe)",
                               c->arch_name[0] ? c->arch_name : "(none given)");
     CHECK_RANGE(n_layers, 1, 1024);
     CHECK_RANGE(hidden_size, 1, 1 << 17);
@@ -72,5 +77,19 @@ int kaon_model_config_validate(const kaon_model_config *c) {
                               c->head_dim, c->rope_dim);
     if (c->max_position_embeddings <= 0)
         return kaon_set_error("model config: max_position_embeddings must be positive");
+    if (c->n_experts) {
+        CHECK_RANGE(n_experts, 1, 4096);
+        CHECK_RANGE(n_experts_used, 1, c->n_experts < 64 ? c->n_experts : 64);
+        CHECK_RANGE(moe_intermediate_size, 1, 1 << 20);
+        CHECK_RANGE(shared_expert_intermediate_size, 0, 1 << 20);
+        CHECK_RANGE(decoder_sparse_step, 1, 1024);
+    }
     return 0;
+}
+
+bool kaon_config_layer_is_moe(const kaon_model_config *c, int l) {
+    if (c->n_experts <= 0 || l < 0) return false;
+    if (l < KAON_MAX_MLP_ONLY_LAYERS && (c->mlp_only_layers[l / 64] >> (l % 64) & 1)) return false;
+    const int step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+    return (l + 1) % step == 0;
 }

@@ -14,6 +14,11 @@ typedef enum kaon_arch {
     KAON_ARCH_QWEN2,    // Qwen2ForCausalLM: q/k/v biases
     KAON_ARCH_QWEN3,    // Qwen3ForCausalLM: per-head q/k RMSNorm
 } kaon_arch;
+// The enum names the attention family; the MoE variants map onto it (MixtralForCausalLM and GGUF
+// llama with expert_count -> LLAMA, Qwen2Moe/qwen2moe -> QWEN2, Qwen3Moe/qwen3moe -> QWEN3) and
+// are told apart by n_experts > 0.
+
+#define KAON_MAX_MLP_ONLY_LAYERS 1024
 
 typedef enum kaon_rope_scaling_type {
     KAON_ROPE_SCALING_NONE = 0,
@@ -54,6 +59,14 @@ typedef struct kaon_model_config {
     int gen_top_k;
     float gen_repetition_penalty;
     char torch_dtype[16];
+    // Mixture of experts (model/moe.c); n_experts == 0: every layer is a dense MLP.
+    int n_experts;               // routed experts of an MoE layer
+    int n_experts_used;          // top-k per token
+    int moe_intermediate_size;   // each expert's ffn width
+    int shared_expert_intermediate_size;  // Qwen2-MoE's shared expert (0: none)
+    bool norm_topk_prob;         // renormalise the top-k routing weights to sum to 1
+    int decoder_sparse_step;     // layer l is MoE when (l + 1) % step == 0 (1: all)
+    uint64_t mlp_only_layers[KAON_MAX_MLP_ONLY_LAYERS / 64];  // bit l: layer l stays dense
 } kaon_model_config;
 
 void kaon_model_config_init(kaon_model_config *c);  // zeros + "unset" markers
@@ -61,6 +74,9 @@ kaon_arch kaon_arch_from_name(const char *name);    // HF class name or GGUF arc
 const char *kaon_arch_label(kaon_arch a);
 // Checks the hyper-parameters make sense (positive, divisible, bounded); -1 + error if not.
 int kaon_model_config_validate(const kaon_model_config *c);
+// Whether layer l's MLP is a mixture of experts (by the config: decoder_sparse_step and
+// mlp_only_layers; a GGUF file says it per layer by the tensors it has).
+bool kaon_config_layer_is_moe(const kaon_model_config *c, int l);
 
 // Reads <dir>/config.json and, when present, <dir>/generation_config.json.
 int kaon_hf_config_load(const char *dir, kaon_model_config *c);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "model/moe.h"
 #include "util/err.h"
 
 struct kaon_runner {
@@ -29,6 +30,13 @@ struct kaon_runner {
     void *gate, *up;  // [T, ffn]
     void *rows;    // [max_logits, dim] hidden states of the rows to sample
     void *logits;  // [max_logits, vocab]
+    struct kaon_moe_layer *dev_moe;  // device copies of the MoE layers (moe.h); NULL in place
+    kaon_moe_stats *moe_stats;       // expert load counters; NULL until enabled
+    // Graph-friendly copies of a step's index arrays: decode batches padded to a ladder of
+    // sizes and block tables to a power-of-two width, so a few graphs serve every step.
+    int32_t *pad_i32;     // tokens, positions, seqs, slots, rows: 5 x max_tokens
+    int32_t *pad_tables;  // [pad_tables_cap]
+    size_t pad_tables_cap;
 };
 
 static void *act(kaon_runner *r, size_t elems, int *fail) {
@@ -71,6 +79,8 @@ static size_t weight_list_cap(const kaon_model *m) { return 3 + (size_t)m->cfg.n
 
 static void release_weights(kaon_runner *r) {
     if (!r->dev_weights) return;
+    kaon_moe_runner_release(r->be, r->m, r->dev_moe);
+    r->dev_moe = NULL;
     size_t cap = weight_list_cap(r->m);
     kaon_tensor **list = malloc(sizeof *list * cap);
     bool *norm = malloc(cap);
@@ -125,6 +135,8 @@ static int upload_weights(kaon_runner *r) {
             rc = op->upload(r->be, t, dst[i]);
         }
     }
+    if (!rc) rc = kaon_moe_runner_upload(r->be, m, dummy, 0x6b616f6e00000000ull + (1ull << 40),
+                                         r->dev_layers, &r->dev_moe);
     if (!rc) {
         if (r->lm_head_tied) r->lm_head = r->tok_embd;
         r->layers = r->dev_layers;
@@ -136,14 +148,22 @@ out:
     return rc ? -1 : 0;
 }
 
+// Width of the dense MLP buffers: the config's, or 1 when every layer has experts instead.
+static size_t dense_ffn(const kaon_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (!m->layers[l].moe) return (size_t)m->cfg.intermediate_size;
+    return 1;
+}
+
 size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
                              int max_logits) {
     const kaon_model_config *c = &m->cfg;
     size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t ffn = (size_t)c->intermediate_size;
+    size_t ffn = dense_ffn(m);
     size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn) + (size_t)max_logits * dim;
-    return elems * elem_bytes + (size_t)max_logits * (size_t)c->vocab_size * sizeof(float);
+    return elems * elem_bytes + (size_t)max_logits * (size_t)c->vocab_size * sizeof(float) +
+           kaon_moe_act_bytes(m, elem_bytes, max_batch_tokens);
 }
 
 kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
@@ -153,6 +173,10 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
         block_size < 1) {
         kaon_set_error("runner: bad sizes (tokens %d, logits %d, blocks %d x %d)", max_batch_tokens,
                        max_logits, n_blocks, block_size);
+        return NULL;
+    }
+    if (c->n_experts > 0 && !be->ops->moe) {
+        kaon_set_error("runner: the %s backend has no mixture-of-experts op", be->ops->name);
         return NULL;
     }
     kaon_runner *r = calloc(1, sizeof *r);
@@ -179,7 +203,7 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
     r->block_size = block_size;
     size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t ffn = (size_t)c->intermediate_size;
+    size_t ffn = dense_ffn(m);
     int fail = 0;
     r->x = act(r, T * dim, &fail);
     r->xn = act(r, T * dim, &fail);
@@ -220,6 +244,9 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
 void kaon_runner_free(kaon_runner *r) {
     if (!r) return;
     kaon_backend *be = r->be;
+    kaon_moe_stats_free(be, r->moe_stats);
+    free(r->pad_i32);
+    free(r->pad_tables);
     void *bufs[] = {r->x, r->xn, r->q, r->k, r->v, r->att, r->proj, r->gate, r->up, r->rows, r->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
@@ -312,6 +339,11 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
         op->linear(be, r->att, T, &w->wo, NULL, r->proj);  // [T, dim]
         // MLP block.
         op->rmsnorm(be, r->x, r->proj, &w->ffn_norm, c->rms_norm_eps, T, dim, r->xn);
+        if (w->moe) {  // experts: routed, grouped and summed by the backend (errors: status())
+            uint32_t *cnt = r->moe_stats ? r->moe_stats->dev + (size_t)l * c->n_experts : NULL;
+            op->moe(be, r->xn, T, pos, &w->moe->w, cnt, r->proj);  // [T, dim]
+            continue;
+        }
         rc = op->linear_silu_mul ? op->linear_silu_mul(be, r->xn, T, &w->w_gate, &w->w_up, r->gate) : 1;
         if (rc == 1) {
             op->linear(be, r->xn, T, &w->w_gate, NULL, r->gate);  // [T, ffn]
@@ -331,8 +363,72 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
 // Steps of at most this many tokens are recorded as graphs by backends that have them.
 #define KAON_GRAPH_MAX_TOKENS 256
 
-int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
+// The batch size a decode step is padded to: 1, 2, 4, 8, then multiples of 8 up to 64, then
+// of 32 (a graph per size).
+static int ladder(int n) {
+    if (n <= 8) {
+        int p = 1;
+        while (p < n) p *= 2;
+        return p;
+    }
+    return n <= 64 ? (n + 7) / 8 * 8 : (n + 31) / 32 * 32;
+}
+
+// A copy of b shaped for graph replay: decode-only batches padded with inert tokens (no
+// sequence, no slot, position -1: attention gives them zeros, their KV is not written) and
+// block tables widened to a power of two. Returns b itself when that does not apply.
+static const kaon_batch *graph_shape(kaon_runner *r, const kaon_batch *b, kaon_batch *out) {
+    const kaon_attn_meta *a = &b->attn;
+    const int n = b->n_tokens;
+    const bool decode = n == a->n_seqs && b->n_logits == n;
+    for (int i = 0; decode && i < n; i++)
+        if (b->logit_rows[i] != i || a->token_seq[i] != i) return b;
+    const int np = decode ? ladder(n) : n;
+    if (np > r->max_tokens || np > r->max_logits) return b;
+    int mb = 1;
+    while (mb < a->max_blocks) mb *= 2;
+    const int ns = decode ? np : a->n_seqs;
+    const size_t need = (size_t)ns * mb;
+    if (!r->pad_i32 && !(r->pad_i32 = malloc(sizeof(int32_t) * 5 * (size_t)r->max_tokens))) return b;
+    if (need > r->pad_tables_cap) {
+        int32_t *t = realloc(r->pad_tables, sizeof(int32_t) * need * 2);
+        if (!t) return b;
+        r->pad_tables = t;
+        r->pad_tables_cap = need * 2;
+    }
+    int32_t *tok = r->pad_i32, *pos = tok + r->max_tokens, *sq = pos + r->max_tokens;
+    int32_t *slot = sq + r->max_tokens, *rows = slot + r->max_tokens;
+    memcpy(tok, b->tokens, sizeof(int32_t) * n);
+    memcpy(pos, a->positions, sizeof(int32_t) * n);
+    memcpy(sq, a->token_seq, sizeof(int32_t) * n);
+    memcpy(slot, a->slot_mapping, sizeof(int32_t) * n);
+    memcpy(rows, b->logit_rows, sizeof(int32_t) * b->n_logits);
+    for (int i = n; i < np; i++) {
+        tok[i] = 0;
+        pos[i] = -1;
+        sq[i] = -1;
+        slot[i] = -1;
+        rows[i] = i;
+    }
+    for (int s = 0; s < a->n_seqs; s++)
+        memcpy(r->pad_tables + (size_t)s * mb, a->block_tables + (size_t)s * a->max_blocks,
+               sizeof(int32_t) * a->max_blocks);
+    *out = (kaon_batch){
+        .n_tokens = np,
+        .tokens = tok,
+        .attn = {.n_tokens = np, .n_seqs = ns, .positions = pos, .token_seq = sq, .slot_mapping = slot,
+                 .block_tables = r->pad_tables, .max_blocks = mb, .block_size = a->block_size},
+        .n_logits = decode ? np : b->n_logits,
+        .logit_rows = rows,
+    };
+    return out;
+}
+
+// Runs the layers of one step (replaying or recording a graph where the backend has them).
+static int forward_layers(kaon_runner *r, const kaon_batch *b) {
     if (check_batch(r, b)) return -1;
+    kaon_batch padded;
+    if (r->be->ops->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS) b = graph_shape(r, b, &padded);
     const kaon_backend_ops *op = r->be->ops;
     kaon_backend *be = r->be;
     if (op->begin_step && op->begin_step(be, b->tokens, &b->attn, b->logit_rows, b->n_logits))
@@ -350,9 +446,50 @@ int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
     }
     if (!replayed) run_layers(r, b);
     if (graph && op->graph_end(be)) return -1;
+    return 0;
+}
+
+int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
+    if (forward_layers(r, b)) return -1;
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
     const size_t n_out = (size_t)b->n_logits * r->m->cfg.vocab_size;
     if (b->n_logits && r->logits_f32) op->copy_f32_to_host(be, r->logits, n_out, logits);
     else if (b->n_logits) op->to_host_f32(be, r->logits, n_out, logits);
     if (op->status && op->status(be)) return -1;
     return 0;
+}
+
+bool kaon_runner_can_sample(const kaon_runner *r) {
+    return r->logits_f32 && r->be->ops->sample && r->be->ops->copy_rows_f32_to_host;
+}
+
+int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
+                               int32_t *ids, float *logprobs, const int32_t *host_rows,
+                               int n_host_rows, float *logits) {
+    if (!kaon_runner_can_sample(r)) return kaon_set_error("runner: this backend does not sample");
+    if (forward_layers(r, b)) return -1;
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
+    const int V = r->m->cfg.vocab_size;
+    // The host's rows first: sampling edits its rows in place.
+    if (n_host_rows && op->copy_rows_f32_to_host(be, r->logits, V, host_rows, n_host_rows, logits))
+        return op->status(be), -1;
+    if (sb && sb->n_rows && op->sample(be, r->logits, V, sb, ids, logprobs)) return op->status(be), -1;
+    if (op->status && op->status(be)) return -1;
+    return 0;
+}
+
+int kaon_runner_enable_expert_stats(kaon_runner *r) {
+    if (r->moe_stats) return 0;
+    r->moe_stats = kaon_moe_stats_create(r->be, r->m);
+    return r->moe_stats ? 0 : -1;
+}
+
+int kaon_runner_expert_load(kaon_runner *r, uint64_t *out) {
+    if (!r->moe_stats) return 0;
+    if (kaon_moe_stats_read(r->be, r->moe_stats)) return -1;
+    const kaon_moe_stats *s = r->moe_stats;
+    memcpy(out, s->total, sizeof *out * (size_t)s->n_layers * (size_t)s->n_experts);
+    return s->n_experts;
 }

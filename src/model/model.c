@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "io/json_util.h"
+#include "model/moe.h"
 #include "util/err.h"
 #include "util/half.h"
 #include "util/log.h"
@@ -74,6 +75,7 @@ static int config_from_gguf(const kaon_gguf *g, kaon_model_config *c) {
     int eos = (int)kaon_gguf_get_int(g, "tokenizer.ggml.eos_token_id", -1);
     if (eos >= 0) c->eos_token_ids[c->n_eos_token_ids++] = eos;
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "gguf");
+    kaon_moe_config_from_gguf(g, c);
     return kaon_model_config_validate(c);
 }
 
@@ -188,6 +190,7 @@ static int load_weights(kaon_model *m) {
     if (!m->layers) return kaon_set_error("out of memory");
     for (int l = 0; l < c->n_layers; l++) {
         kaon_layer_weights *w = &m->layers[l];
+        const bool moe = kaon_moe_layer_wanted(m, l);  // experts instead of the dense MLP
         struct { kaon_tensor *t; bool req; int nd; int64_t d0, d1; } spec[14] = {
             [W_ATTN_NORM] = {&w->attn_norm, true, 1, dim, 0},
             [W_Q] = {&w->wq, true, 2, qd, dim},
@@ -206,9 +209,14 @@ static int load_weights(kaon_model *m) {
         };
         for (int i = 0; i < 14; i++) {
             char name[256];
+            if (moe && i >= W_GATE) break;
             snprintf(name, sizeof name, N->layer_fmt[i], l);
             if (load_weight(&L, name, spec[i].req, spec[i].nd, spec[i].d0, spec[i].d1, spec[i].t))
                 return -1;
+        }
+        if (moe) {
+            if (kaon_moe_load_layer(m, l)) return -1;
+            w->moe = &m->moe[l];
         }
     }
     return 0;
@@ -358,6 +366,11 @@ kaon_model *kaon_model_load_dummy(const char *path) {
             dummy_tensor(m, &w->k_norm, 1, c->head_dim, 0);
         }
         dummy_tensor(m, &w->ffn_norm, 1, dim, 0);
+        if (kaon_config_layer_is_moe(c, l)) {
+            if (kaon_moe_dummy_layer(m, l)) goto fail;
+            w->moe = &m->moe[l];
+            continue;
+        }
         dummy_tensor(m, &w->w_gate, 2, ffn, dim);
         dummy_tensor(m, &w->w_up, 2, ffn, dim);
         dummy_tensor(m, &w->w_down, 2, dim, ffn);
@@ -408,6 +421,7 @@ void kaon_model_free(kaon_model *m) {
     if (!m) return;
     if (m->gguf) kaon_gguf_close(m->gguf);
     if (m->st) kaon_safetensors_close(m->st);
+    kaon_moe_free_model(m);
     free(m->layers);
     free(m->rope_inv_freq);
     free(m->bias_f32);

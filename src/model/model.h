@@ -18,7 +18,9 @@ typedef struct kaon_layer_weights {
     kaon_tensor bq, bk, bv;           // biases (Qwen2); data == NULL when absent
     kaon_tensor q_norm, k_norm;       // [hd] (Qwen3); data == NULL when absent
     kaon_tensor ffn_norm;             // [dim]
-    kaon_tensor w_gate, w_up, w_down; // [ffn, dim] [ffn, dim] [dim, ffn]
+    kaon_tensor w_gate, w_up, w_down; // [ffn, dim] [ffn, dim] [dim, ffn]; absent in MoE layers
+    // (Keep the tensors above first and together: kaon info counts them as an array.)
+    const struct kaon_moe_layer *moe; // the layer's experts (model/moe.h); NULL: dense MLP
 } kaon_layer_weights;
 
 // DUMMY: shapes from config.json alone; the weights' data pointers are placeholders that only a
@@ -41,6 +43,7 @@ typedef struct kaon_model {
     kaon_layer_weights *layers;    // [n_layers]
     float *rope_inv_freq;          // [rope_dim/2], scaling applied
     float *bias_f32;               // biases widened to F32 (the backend takes F32 biases)
+    struct kaon_moe_layer *moe;    // [n_layers] experts of MoE layers (model/moe.h); NULL if dense
     kaon_rope rope;
     uint64_t n_params;
     uint64_t weight_bytes;
@@ -80,8 +83,23 @@ void kaon_runner_reserve_host_kv(kaon_runner *r);
 int kaon_runner_n_blocks(const kaon_runner *r);
 // Runs the forward pass; logits [n_logits, vocab] in host floats.
 int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits);
+// Backends that sample on the device: the rows of sb are sampled there (ids, logprobs: host
+// arrays of sb->n_rows) and only the logit rows host_rows are copied, each to
+// logits + row * vocab.
+bool kaon_runner_can_sample(const kaon_runner *r);
+int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
+                               int32_t *ids, float *logprobs, const int32_t *host_rows,
+                               int n_host_rows, float *logits);
 // Bytes of the activation buffers a runner of these sizes allocates (for memory plans).
 size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
                              int max_logits);
+
+// Expert load of MoE models (off until enabled; it then costs one small copy per read).
+// Enabling allocates [n_layers, n_experts] counters that every later forward pass adds to.
+int kaon_runner_enable_expert_stats(kaon_runner *r);
+// Tokens routed to each expert since enabling, [n_layers, n_experts] (dense layers: zeros).
+// Returns n_experts (0 for a dense model or when not enabled), -1 on error. Run it on the
+// thread that runs the forward passes.
+int kaon_runner_expert_load(kaon_runner *r, uint64_t *out);
 
 #endif

@@ -20,6 +20,8 @@ void kaon_server_options_default(kaon_server_options *o) {
     o->port = 8000;
     o->max_body_bytes = (size_t)8 << 20;
     o->max_connections = 4096;
+    o->max_queue = 1024;
+    o->max_n = 128;
     o->drain_timeout_s = 30;
 }
 
@@ -31,12 +33,26 @@ int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
     return kaon_set_error("kaon was built without libmicrohttpd: `kaon serve` is not available");
 }
 
+kaon_server *kaon_server_start(const kaon_server_options *o) {
+    (void)o;
+    kaon_set_error("kaon was built without libmicrohttpd: `kaon serve` is not available");
+    return NULL;
+}
+
+int kaon_server_port(const kaon_server *s) {
+    (void)s;
+    return -1;
+}
+
+void kaon_server_stop(kaon_server *s) { (void)s; }
+
 #else
 
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
@@ -57,6 +73,11 @@ enum { ST_LOADING, ST_READY, ST_DRAINING, ST_STOPPING };
 // Idle or slow connections (keep-alive, half-sent requests) are closed after this long. While a
 // request generates, its connection has no timeout: the handler watches the socket itself.
 #define IDLE_TIMEOUT_S 60u
+// Connections beyond --max-connections are still accepted up to this many more, and answered
+// 503 + Retry-After; past that libmicrohttpd closes new ones without a word.
+#define CONNECTION_SLACK 64
+// After the drain timeout, how long aborted requests get to send their final chunk.
+#define ABORT_GRACE_S 5.0
 
 typedef struct kaon_server {
     kaon_server_options o;
@@ -72,7 +93,11 @@ typedef struct kaon_server {
     const char *names[2];       // accepted `model` values: the served name and the path
     int n_names;
     kaon_metrics metrics;
-    atomic_int active;          // generation requests in flight
+    atomic_int active;          // generation requests in flight (their state is allocated)
+    atomic_int busy;            // generation requests whose response is not yet fully sent
+    atomic_int conns;           // open connections
+    pthread_mutex_t admit_mu;   // the queue check and the submits of one request, together
+    int port;
     atomic_ullong seq;
     atomic_ullong finished_since_trim;
     uint64_t salt;
@@ -123,6 +148,7 @@ typedef struct conn {
     bool too_large;
     bool preflight;        // CORS OPTIONS
     bool has_error;        // respond with err once the body has been read
+    bool busy;             // counted in s->busy until on_completed
     kaon_api_error err;
 } conn;
 
@@ -136,6 +162,8 @@ static enum MHD_Result queue(struct MHD_Connection *c, kaon_server *s, int statu
                              struct MHD_Response *r) {
     if (!r) return MHD_NO;
     add_common_headers(r);
+    // Shutting down: no keep-alive, so clients' pools reconnect elsewhere.
+    if (atomic_load(&s->state) >= ST_DRAINING) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     kaon_metrics_count_status(&s->metrics, status);
@@ -174,7 +202,8 @@ static enum MHD_Result send_error(struct MHD_Connection *c, kaon_server *s,
     }
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (e->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    if (e->status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (e->status == 503 || e->status == 429) MHD_add_response_header(r, "Retry-After", "1");
+    if (e->status == 503) MHD_add_response_header(r, "Connection", "close");
     KAON_DEBUG("http: %d %s", e->status, e->message);
     return queue(c, s, e->status, r);
 }
@@ -292,7 +321,7 @@ static int render_chat(kaon_server *s, const kaon_api_request *r, int32_t **ids,
 static kaon_api_limits server_limits(kaon_server *s) {
     kaon_api_limits lim = {0};
     lim.vocab_size = s->info.vocab_size;
-    lim.max_n = 128;
+    lim.max_n = s->o.max_n;
     lim.max_logprobs = 20;
     lim.max_prompts = 256;
     lim.max_stop = 16;
@@ -315,6 +344,7 @@ typedef struct gen_prompt {
     double t_submit;
     int prompt_tokens, completion_tokens, cached_tokens;
     cJSON *echo_lp;          // completions echo + logprobs: the prompt's entries
+    kaon_sampling sp;        // the request's parameters with this prompt's max_tokens
 } gen_prompt;
 
 typedef struct gen_choice {
@@ -342,6 +372,8 @@ typedef struct gen {
     char *error;             // an engine failure's message
     int fd;
     int rr;
+    double deadline;         // --request-timeout: abort after this time (0: none)
+    bool timed_out;
 } gen;
 
 static void gen_free(gen *g) {
@@ -594,10 +626,33 @@ static void gen_abort(gen *g) {
         if (g->p[i].r && !g->p[i].done) kaon_request_abort(g->p[i].r);
 }
 
-// The usage chunk (when asked) and [DONE], once.
+// Past its --request-timeout: abort once (the outputs then end with finish_reason "abort").
+static void check_deadline(gen *g) {
+    if (g->deadline > 0 && !g->timed_out && kaon_now() > g->deadline) {
+        KAON_DEBUG("http: %s ran past --request-timeout; aborting", g->id);
+        g->timed_out = true;
+        gen_abort(g);
+    }
+}
+
+static void timeout_error(const gen *g, kaon_api_error *e) {
+    kaon_api_error_set(e, 504, "request_timeout", NULL,
+                       "the request ran longer than the server's limit of %g s (--request-timeout)",
+                       g->s->o.request_timeout_s);
+}
+
+// The timeout's error event (when it fired), the usage chunk (when asked) and [DONE], once.
 static void stream_finish(gen *g) {
     if (g->done_sent) return;
     g->done_sent = true;
+    if (g->timed_out) {
+        kaon_api_error e;
+        timeout_error(g, &e);
+        size_t len = 0;
+        char *text = kaon_api_error_json(&e, &len);
+        if (text) kaon_sse_data(&g->out, text, len);
+        free(text);
+    }
     if (g->rq.include_usage) {
         cJSON *j = kaon_api_response_new(g->rq.kind, true, g->id, g->created, g->model);
         if (j) cJSON_AddItemToObject(j, "usage", gen_usage(g));
@@ -623,6 +678,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             gen_abort(g);  // the outputs then end with finish_reason "abort"
             aborted = true;
         }
+        check_deadline(g);
         int got = gen_poll(g, 200);
         if (got == 0 && !g->all_done && peer_gone(g->fd)) {
             KAON_DEBUG("http: client of %s went away; aborting", g->id);
@@ -638,7 +694,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) { gen_free(cls); }
 
-// Tokenizes the prompts, checks them against the context, and submits them.
+// Tokenizes the prompts, checks them against the context and the server's limits, and submits
+// them (all or none: a full queue refuses the whole request with 429).
 static int gen_prepare(gen *g, kaon_api_error *err) {
     kaon_server *s = g->s;
     kaon_api_request *r = &g->rq;
@@ -699,12 +756,24 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
                                "input.", mml, p->n_ids);
             return -1;
         }
+        if (s->o.max_prompt_tokens > 0 && p->n_ids > s->o.max_prompt_tokens) {
+            kaon_api_error_set(err, 400, "prompt_too_long", param,
+                               "the prompt has %d tokens; this server accepts at most %d "
+                               "(--max-prompt-tokens)", p->n_ids, s->o.max_prompt_tokens);
+            return -1;
+        }
         kaon_sampling sp = r->sampling;
-        int room = mml - p->n_ids;
+        int room = mml - p->n_ids, cap = s->o.max_tokens;
+        const char *mt_param = chat ? "max_completion_tokens" : "max_tokens";
         if (r->max_tokens_set) {
+            if (cap > 0 && sp.max_tokens > cap) {
+                kaon_api_error_set(err, 400, "invalid_value", mt_param,
+                                   "'max_tokens' or 'max_completion_tokens' is too large: %d. This "
+                                   "server allows at most %d (--max-tokens).", sp.max_tokens, cap);
+                return -1;
+            }
             if (sp.max_tokens > room) {
-                kaon_api_error_set(err, 400, "context_length_exceeded",
-                                   chat ? "max_completion_tokens" : "max_tokens",
+                kaon_api_error_set(err, 400, "context_length_exceeded", mt_param,
                                    "'max_tokens' or 'max_completion_tokens' is too large: %d. "
                                    "This model's maximum context length is %d tokens and your "
                                    "request has %d input tokens (%d > %d - %d).",
@@ -714,16 +783,37 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
         } else {
             int m = sp.max_tokens > 0 ? sp.max_tokens
                     : s->default_max_tokens > 0 ? s->default_max_tokens : room;
+            if (cap > 0 && m > cap) m = cap;
             sp.max_tokens = m < room ? m : room;
         }
         if (sp.min_tokens > sp.max_tokens) sp.min_tokens = sp.max_tokens;
+        p->sp = sp;
+    }
+    // The queue check and the submits under one lock, so concurrent requests cannot all slip
+    // in under the limit (the engine thread only ever shortens the queue meanwhile).
+    pthread_mutex_lock(&s->admit_mu);
+    if (s->o.max_queue > 0) {
+        kaon_engine_stats st;
+        kaon_engine_get_stats(s->engine, &st);
+        if (st.waiting >= s->o.max_queue) {
+            pthread_mutex_unlock(&s->admit_mu);
+            kaon_api_error_set(err, 429, "queue_full", NULL,
+                               "the server is busy: %d sequences are waiting for a slot "
+                               "(--max-queue %d); retry later", st.waiting, s->o.max_queue);
+            return -1;
+        }
+    }
+    for (int i = 0; i < g->np; i++) {
+        gen_prompt *p = &g->p[i];
         p->t_submit = kaon_now();
-        p->r = kaon_engine_submit(s->engine, p->ids, p->n_ids, &sp);
+        p->r = kaon_engine_submit(s->engine, p->ids, p->n_ids, &p->sp);
         if (!p->r) {
+            pthread_mutex_unlock(&s->admit_mu);
             kaon_api_error_set(err, 400, "invalid_value", NULL, "%s", kaon_last_error());
             return -1;
         }
     }
+    pthread_mutex_unlock(&s->admit_mu);
     return 0;
 }
 
@@ -751,6 +841,11 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, kaon_server *s,
     if (!g) return send_errorf(c, s, 500, NULL, NULL, "out of memory");
     g->s = s;
     atomic_fetch_add(&s->active, 1);
+    if (!k->busy) {  // until on_completed: the drain waits for the response to be sent
+        k->busy = true;
+        atomic_fetch_add(&s->busy, 1);
+    }
+    if (s->o.request_timeout_s > 0) g->deadline = kaon_now() + s->o.request_timeout_s;
     if (kaon_api_parse(kind, k->body.data, k->body.len, &lim, &s->defaults, &g->rq, &err) < 0) {
         gen_free(g);
         return send_error(c, s, &err);
@@ -782,15 +877,19 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, kaon_server *s,
             gen_abort(g);
             aborted = true;
         }
+        check_deadline(g);
         if (gen_poll(g, 200) == 0 && !g->all_done && peer_gone(g->fd)) {
             KAON_DEBUG("http: client of %s went away; aborting", g->id);
             gen_free(g);
             return MHD_NO;  // closes the connection
         }
     }
-    if (g->error) {
+    if (g->error || g->timed_out) {
         kaon_api_error e;
-        kaon_api_error_set(&e, 500, NULL, NULL, "generation failed: %s", g->error);
+        if (g->error)
+            kaon_api_error_set(&e, 500, NULL, NULL, "generation failed: %s", g->error);
+        else
+            timeout_error(g, &e);
         gen_free(g);
         return send_error(c, s, &e);
     }
@@ -914,6 +1013,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, kaon_server *s) 
     if (have) kaon_engine_get_stats(s->engine, &st);
     size_t len = 0;
     char *text = kaon_metrics_render(&s->metrics, have ? &st : NULL, s->model_name, &len);
+    if (have) text = kaon_metrics_append_expert_load(text, &len, s->engine, s->model_name);
     return send_owned(c, s, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
@@ -985,6 +1085,13 @@ static void classify(conn *k, struct MHD_Connection *c, const char *url, const c
         char *end = NULL;
         unsigned long long v = strtoull(cl, &end, 10);
         if (end && !*end && v > s->o.max_body_bytes) k->too_large = true;
+    }
+    if (k->route->engine && atomic_load(&s->conns) > s->o.max_connections) {
+        k->has_error = true;
+        kaon_api_error_set(&k->err, 503, "too_many_connections", NULL,
+                           "the server has more than %d open connections (--max-connections); "
+                           "retry later", s->o.max_connections);
+        return;
     }
     int st = atomic_load(&s->state);
     if (k->route->engine && st != ST_READY) {
@@ -1065,6 +1172,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)toe;
     conn *k = *con_cls;
     if (!k) return;
+    if (k->busy) atomic_fetch_sub(&k->s->busy, 1);
     // Back to the idle timeout for the next request on this connection (this also restarts
     // MHD's timer, which stood still while the timeout was 0).
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, IDLE_TIMEOUT_S);
@@ -1072,6 +1180,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(k->url);
     free(k);
     *con_cls = NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    (void)c;
+    (void)socket_context;
+    kaon_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&s->conns, 1);
+    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        atomic_fetch_sub(&s->conns, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -1166,7 +1285,8 @@ static struct MHD_Daemon *start_daemon(kaon_server *s, int *port_out) {
         flags, 0, NULL, NULL, on_access, s,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections + CONNECTION_SLACK,
         MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20,
@@ -1188,19 +1308,29 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
-    if (!o || !o->engine.model) return kaon_set_error("serve: no model given");
+static kaon_server *server_new(const kaon_server_options *o) {
+    if (!o || !o->engine.model) {
+        kaon_set_error("serve: no model given");
+        return NULL;
+    }
     kaon_server *s = calloc(1, sizeof *s);
-    if (!s) return kaon_set_error("serve: out of memory");
+    if (!s) {
+        kaon_set_error("serve: out of memory");
+        return NULL;
+    }
     s->o = *o;
     if (!s->o.host) s->o.host = "127.0.0.1";
     if (!s->o.max_body_bytes) s->o.max_body_bytes = (size_t)8 << 20;
     if (s->o.max_connections <= 0) s->o.max_connections = 4096;
+    if (s->o.max_n <= 0 || s->o.max_n > 128) s->o.max_n = 128;
     if (s->o.api_key && !s->o.api_key[0]) s->o.api_key = NULL;
     atomic_init(&s->state, ST_LOADING);
     atomic_init(&s->active, 0);
+    atomic_init(&s->busy, 0);
+    atomic_init(&s->conns, 0);
     atomic_init(&s->seq, 0);
     atomic_init(&s->finished_since_trim, 0);
+    pthread_mutex_init(&s->admit_mu, NULL);
     s->created = (long long)time(NULL);
     s->salt = splitmix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)s);
     kaon_api_sampling_defaults(&s->defaults);
@@ -1209,15 +1339,31 @@ int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
                                                                     : default_model_name(o->engine.model);
     s->names[s->n_names++] = s->model_name;
     if (strcmp(o->engine.model, s->model_name)) s->names[s->n_names++] = o->engine.model;
+    return s;
+}
 
-    int rc = -1, port = 0;
-    s->d = start_daemon(s, &port);
-    if (!s->d) goto out;
-    KAON_INFO("serve: listening on http://%s:%d (model %s loading)", s->o.host, port, s->model_name);
+static void server_free(kaon_server *s) {
+    kaon_chat_template_free(s->tmpl);
+    kaon_metrics_destroy(&s->metrics);
+    pthread_mutex_destroy(&s->admit_mu);
+    free(s->model_name);
+    free(s);
+}
+
+// Listens, then loads the model (so /health answers 503 meanwhile). NULL + kaon_last_error().
+static kaon_server *server_start(const kaon_server_options *o) {
+    kaon_server *s = server_new(o);
+    if (!s) return NULL;
+    s->d = start_daemon(s, &s->port);
+    if (!s->d) {
+        server_free(s);
+        return NULL;
+    }
+    KAON_INFO("serve: listening on http://%s:%d (model %s loading)", s->o.host, s->port, s->model_name);
     if (o->ready_file) {
         FILE *f = fopen(o->ready_file, "w");
         if (f) {
-            fprintf(f, "%s %d\n", s->o.host, port);
+            fprintf(f, "%s %d\n", s->o.host, s->port);
             fclose(f);
         }
     }
@@ -1225,12 +1371,45 @@ int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kaon_last_error());
         MHD_stop_daemon(s->d);
+        server_free(s);
         kaon_set_error("serve: cannot load the model: %s", msg);
-        goto out;
+        return NULL;
     }
     atomic_store(&s->state, ST_READY);
-    KAON_INFO("serve: ready on http://%s:%d  (OpenAI API under /v1, chat page at /)", s->o.host, port);
+    KAON_INFO("serve: ready on http://%s:%d  (OpenAI API under /v1, chat page at /)", s->o.host, s->port);
+    return s;
+}
 
+kaon_server *kaon_server_start(const kaon_server_options *o) { return server_start(o); }
+
+int kaon_server_port(const kaon_server *s) { return s ? s->port : -1; }
+
+// Graceful shutdown: /health and new requests get 503 (Connection: close), running requests
+// may finish for drain_timeout_s; then the rest are aborted: their threads see ST_STOPPING
+// within 200 ms and end each response properly (finish_reason "abort", [DONE]), which they get
+// ABORT_GRACE_S to send. Only then are the connections closed and the engine stopped.
+void kaon_server_stop(kaon_server *s) {
+    if (!s) return;
+    atomic_store(&s->state, ST_DRAINING);
+    KAON_INFO("serve: shutting down; %d request(s) in flight", atomic_load(&s->busy));
+    double t_end = kaon_now() + (s->o.drain_timeout_s > 0 ? s->o.drain_timeout_s : 0);
+    while (atomic_load(&s->busy) > 0 && kaon_now() < t_end) sleep_ms(20);
+    int left = atomic_load(&s->busy);
+    atomic_store(&s->state, ST_STOPPING);
+    if (left > 0) {
+        KAON_INFO("serve: drain timeout; aborting %d request(s)", left);
+        double t_grace = kaon_now() + ABORT_GRACE_S;
+        while (atomic_load(&s->busy) > 0 && kaon_now() < t_grace) sleep_ms(20);
+    }
+    MHD_stop_daemon(s->d);  // closes the idle connections and joins every connection thread
+    kaon_engine_destroy(s->engine);
+    KAON_INFO("serve: stopped");
+    server_free(s);
+}
+
+int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
+    kaon_server *s = server_start(o);
+    if (!s) return -1;
     int ticks = 0;
     while (!*stop) {
         sleep_ms(100);
@@ -1242,22 +1421,8 @@ int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
 #endif
         }
     }
-    // Drain: refuse new work, let running requests finish, then abort what is left.
-    atomic_store(&s->state, ST_DRAINING);
-    int left = atomic_load(&s->active);
-    KAON_INFO("serve: shutting down; %d request(s) in flight", left);
-    double t_end = kaon_now() + (o->drain_timeout_s > 0 ? o->drain_timeout_s : 0);
-    while (atomic_load(&s->active) > 0 && kaon_now() < t_end) sleep_ms(50);
-    atomic_store(&s->state, ST_STOPPING);
-    MHD_stop_daemon(s->d);  // joins the connection threads, which abort their requests
-    kaon_engine_destroy(s->engine);
-    rc = 0;
-out:
-    kaon_chat_template_free(s->tmpl);
-    kaon_metrics_destroy(&s->metrics);
-    free(s->model_name);
-    free(s);
-    return rc;
+    kaon_server_stop(s);
+    return 0;
 }
 
 #endif

@@ -22,7 +22,7 @@ const int kaon_n_latency_buckets =
     (int)(sizeof kaon_latency_buckets / sizeof *kaon_latency_buckets);
 
 static const int status_codes[KAON_METRICS_N_STATUS] = {200, 204, 400, 401, 404, 405,
-                                                        413, 422, 499, 500, 503, 504};
+                                                        413, 422, 429, 499, 500, 503, 504};
 
 void kaon_histogram_init(kaon_histogram *h, const double *bounds, int n_bounds) {
     memset(h, 0, sizeof *h);
@@ -210,5 +210,38 @@ char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s, const cha
         kaon_sbuf_free(&b);
         return NULL;
     }
+    return kaon_sbuf_take(&b, len);
+}
+
+char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *e,
+                                      const char *model) {
+    int L = 0, E = 0;
+    if (!text || !e || kaon_engine_expert_load(e, NULL, 0, &L, &E) || L <= 0 || E <= 0) return text;
+    const size_t n = (size_t)L * (size_t)E;
+    uint64_t *c = malloc(sizeof *c * n);
+    if (!c || kaon_engine_expert_load(e, c, n, NULL, NULL)) {
+        free(c);
+        return text;
+    }
+    kaon_sbuf b = {0};
+    kaon_sbuf_append(&b, text, *len);
+    if (!model) model = "";
+    head(&b, "kaon:moe_expert_tokens_total", "counter",
+         "Tokens routed to each expert of each mixture-of-experts layer.");
+    for (int l = 0; l < L; l++) {
+        bool any = false;  // dense layers of a MoE model route nothing: left out
+        for (int x = 0; x < E && !any; x++) any = c[(size_t)l * E + x] != 0;
+        for (int x = 0; any && x < E; x++) {
+            char extra[64];
+            snprintf(extra, sizeof extra, "layer=\"%d\",expert=\"%d\"", l, x);
+            sample(&b, "kaon:moe_expert_tokens_total", model, extra, (double)c[(size_t)l * E + x]);
+        }
+    }
+    free(c);
+    if (b.failed) {
+        kaon_sbuf_free(&b);
+        return text;
+    }
+    free(text);
     return kaon_sbuf_take(&b, len);
 }

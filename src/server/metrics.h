@@ -33,7 +33,7 @@ void kaon_histogram_init(kaon_histogram *h, const double *bounds, int n_bounds);
 void kaon_histogram_observe(kaon_histogram *h, double v);
 
 // HTTP statuses counted in kaon:http_requests_total.
-#define KAON_METRICS_N_STATUS 12
+#define KAON_METRICS_N_STATUS 13
 
 typedef struct kaon_metrics {
     pthread_mutex_t mu;
@@ -55,5 +55,10 @@ void kaon_metrics_count_status(kaon_metrics *m, int status);
 // left out). model_name is escaped as a label value. Returns malloc'd text or NULL.
 char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *stats, const char *model_name,
                           size_t *len);
+// Appends kaon:moe_expert_tokens_total{layer, expert} (engines created with expert_stats) to
+// text (malloc'd, from kaon_metrics_render); returns the new text (text itself when there is
+// nothing to add or memory runs out).
+char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *e,
+                                      const char *model_name);
 
 #endif

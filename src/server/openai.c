@@ -47,7 +47,9 @@ void kaon_api_error_set(kaon_api_error *e, int status, const char *code, const c
     switch (status) {
     case 400: case 404: case 405: case 413: case 422: e->type = "invalid_request_error"; break;
     case 401: e->type = "authentication_error"; break;
+    case 429: e->type = "rate_limit_error"; break;
     case 503: e->type = "service_unavailable"; break;
+    case 504: e->type = "timeout_error"; break;
     default: e->type = "server_error"; break;
     }
     e->code = code;

@@ -32,7 +32,8 @@ typedef struct kaon_api_error {
 } kaon_api_error;
 
 // Sets *e; type and code follow from the status (400/404/405/413: invalid_request_error,
-// 401: authentication_error, 503: service_unavailable, else server_error).
+// 401: authentication_error, 429: rate_limit_error, 503: service_unavailable, 504:
+// timeout_error, else server_error).
 void kaon_api_error_set(kaon_api_error *e, int status, const char *code, const char *param,
                         const char *fmt, ...) KAON_PRINTF(5, 6);
 // The error body (malloc'd, NUL-terminated); NULL only when out of memory.

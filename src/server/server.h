@@ -21,8 +21,18 @@ typedef struct kaon_server_options {
     int port;                       // default 8000; 0 picks a free port (logged)
     const char *api_key;            // Bearer key for /v1/*, /tokenize, /detokenize (NULL: none)
     const char *served_model_name;  // NULL: the model file name without .gguf
+    // Limits (docs/SECURITY.md). Requests beyond them get an OpenAI error, never a crash.
     size_t max_body_bytes;          // larger bodies get 413 (default 8 MiB)
-    int max_connections;            // concurrent connections (default 4096)
+    int max_connections;            // concurrent connections (default 4096); beyond: 503, and
+                                    // past max_connections + 64 MHD closes new ones at once
+    int max_queue;                  // sequences waiting for a slot (default 1024); a request
+                                    // arriving when this many wait gets 429 + Retry-After
+    int max_prompt_tokens;          // longer prompts get 400 (0: the context length)
+    int max_tokens;                 // larger max_tokens get 400; the default when absent is
+                                    // capped by it (0: no cap beyond the context)
+    int max_n;                      // larger n gets 400 (0: 128, the engine's limit)
+    double request_timeout_s;       // a generation running longer is aborted: 504, or an error
+                                    // event in a stream (0: no timeout, the default)
     double drain_timeout_s;         // on stop: how long running requests may finish (default 30)
     const char *chat_template;      // template source overriding the model's (NULL: the model's)
     const char *ready_file;         // when set, "host port\n" is written here once ready
@@ -31,10 +41,19 @@ typedef struct kaon_server_options {
 void kaon_server_options_default(kaon_server_options *o);
 
 // Listens (/health answers 503 while the model loads), creates the engine, serves until *stop
-// becomes non-zero (e.g. set by a SIGINT/SIGTERM handler), then drains: new requests get 503,
-// running ones may finish for drain_timeout_s, the rest are aborted. Returns 0, or -1 with
+// becomes non-zero (e.g. set by a SIGINT/SIGTERM handler), then drains: /health and new
+// requests get 503, running ones may finish for drain_timeout_s, the rest are aborted (their
+// clients get finish_reason "abort" and a complete response). Returns 0, or -1 with
 // kaon_last_error() when the server could not start or the model could not be loaded.
 int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop);
+
+// The same server driven by its caller (the HTTP fuzz target, tests): kaon_server_start
+// returns once it listens and the model is loaded (NULL + kaon_last_error() on failure);
+// kaon_server_stop drains as above and frees it.
+typedef struct kaon_server kaon_server;
+kaon_server *kaon_server_start(const kaon_server_options *o);
+int kaon_server_port(const kaon_server *s);
+void kaon_server_stop(kaon_server *s);
 
 // The chat page served at GET / (server/chat_page.c).
 extern const char kaon_chat_page_html[];

@@ -92,9 +92,10 @@ static uint64_t word_hash(const char *s, size_t n) {
 // Copies the cached ids of s to the output; false on a miss or when the lock is busy.
 static bool cache_get(enc *c, const char *s, size_t n, uint64_t h) {
     tk_cache *k = c->t->cache;
-    if (!k || !k->hash || pthread_mutex_trylock(&k->mu)) return false;
+    // k->hash is set by cache_put under the lock: read it only while holding the lock.
+    if (!k || pthread_mutex_trylock(&k->mu)) return false;
     bool hit = false;
-    for (uint32_t i = (uint32_t)h & k->mask;; i = (i + 1) & k->mask) {
+    for (uint32_t i = (uint32_t)h & k->mask; k->hash; i = (i + 1) & k->mask) {
         if (!k->hash[i]) break;
         if (k->hash[i] == h && k->key_len[i] == n && !memcmp(k->keys + k->key_off[i], s, n)) {
             for (uint32_t j = 0; j < k->ids_n[i]; j++) emit(c, k->ids[k->ids_off[i] + j]);

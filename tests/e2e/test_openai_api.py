@@ -336,44 +336,4 @@ def test_bad_model_fails_cleanly(tmp_path):
     assert b"cannot load the model" in p.stderr
 
 
-def test_drain_on_sigterm():
-    """SIGTERM: /health and new requests get 503, a running stream still finishes, exit 0."""
-    import signal
-    import threading
-    from conftest import Server
-    s = Server(["--max-model-len", "512", "--kv-cache-memory", "64M", "--drain-timeout", "120"])
-    try:
-        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 40, "stream": True,
-                           "ignore_eos": True}).encode()
-        result = {}
-
-        def run():
-            status, _, data = s.request("POST", "/v1/completions", body)
-            result["status"], result["data"] = status, data.decode()
-
-        t = threading.Thread(target=run)
-        t.start()
-        deadline = time.time() + 60
-        while time.time() < deadline:  # wait until it is generating
-            if (metric(s.metrics(), "kaon:num_requests_running") or 0) >= 1:
-                break
-            time.sleep(0.05)
-        s.proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            status, _, _ = s.request("GET", "/health")
-            if status == 503:
-                break
-            time.sleep(0.02)
-        assert status == 503
-        status, _, data = s.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
-        assert status == 503 and json.loads(data)["error"]["type"] == "service_unavailable"
-        t.join(timeout=120)
-        assert result.get("status") == 200
-        events = [e for e in result["data"].split("\n\n") if e]
-        assert events[-1] == "data: [DONE]"
-        last = json.loads(events[-2][6:])
-        assert last["choices"][0]["finish_reason"] == "length"
-        assert s.proc.wait(timeout=60) == 0
-    finally:
-        s.stop()
+# Graceful shutdown (SIGTERM / SIGINT, drain, drain timeout): test_shutdown.py.

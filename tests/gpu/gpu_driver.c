@@ -14,6 +14,12 @@
 //   gpu_driver greedy MODEL DEV IDS N     greedy ids after the prompt: a JSON list of
 //                                         [id, top-2 logit margin, runner-up id]
 //   gpu_driver timings                    decode-shaped linear and attention timings (JSON lines)
+//   (op moe: the moe op on stacked experts; with "time N" it also prints us per call)
+//   gpu_driver qtimings                   quantized GEMV timings per GGUF format (JSON lines; the
+//                                         ops qlinear/qmulti/qsilu: gpu_driver_quant.c)
+//   gpu_driver attn_bench [NH NKV HD MAXT] prefill attention of one sequence at 1k..16k tokens
+//                                         (and a 2k chunk after a 6k prefix) : us and TFLOP/s
+//                                         (JSON lines); KAON_FA=0 times the split-K kernel instead
 // DEV: cpu or cuda. IDS: a comma list.
 #include <math.h>
 #include <stdbool.h>
@@ -157,6 +163,11 @@ static void save_dev(const char *dir, const char *name, const void *d, size_t n)
 }
 
 // ---- ops ------------------------------------------------------------------------------------------
+
+static int run_qop(const char *dir, const char *op);  // gpu_driver_quant.c
+static void q_dequant_save(const char *dir, const kaon_tensor *d, int rows, int cols);
+
+static double now_s(void);
 
 static int run_op(const char *dir) {
     char op[64];
@@ -312,6 +323,99 @@ static int run_op(const char *dir) {
         void *out = dev_bf16(NULL, n, dim);
         o->silu_and_mul(be, g, u, n, dim, out);
         save_dev(dir, "out.bin", out, (size_t)n * dim);
+    } else if (!strcmp(op, "sample")) {  // D draws of one row of logits, each with its own key
+        int V = P("vocab"), D = P("draws"), nb = P("n_bias"), ns = P("n_seen"), no = P("n_out");
+        float *lg = need(dir, "logits.bin", (size_t)V * 4);
+        float *rep = malloc((size_t)D * V * 4);
+        for (int d = 0; d < D; d++) memcpy(rep + (size_t)d * V, lg, (size_t)V * 4);
+        kaon_tensor dl = dev_vector(rep, (int64_t)D * V);
+        int n_ent = nb + ns + no;
+        int32_t *et = malloc(sizeof(int32_t) * (size_t)(n_ent + 1));
+        float *ev = malloc(sizeof(float) * (size_t)(n_ent + 1));
+        if (nb) {
+            memcpy(et, need(dir, "bias_tok.bin", (size_t)nb * 4), (size_t)nb * 4);
+            memcpy(ev, need(dir, "bias_val.bin", (size_t)nb * 4), (size_t)nb * 4);
+        }
+        if (ns) memcpy(et + nb, need(dir, "seen.bin", (size_t)ns * 4), (size_t)ns * 4);
+        if (no) {
+            memcpy(et + nb + ns, need(dir, "out_tok.bin", (size_t)no * 4), (size_t)no * 4);
+            memcpy(ev + nb + ns, need(dir, "out_cnt.bin", (size_t)no * 4), (size_t)no * 4);
+        }
+        kaon_sample_row *rows = calloc((size_t)D, sizeof *rows);
+        for (int d = 0; d < D; d++)
+            rows[d] = (kaon_sample_row){.logit_row = d, .temperature = (float)param(dir, "temperature", 1),
+                                        .top_k = P("top_k"), .top_p = (float)param(dir, "top_p", 1),
+                                        .min_p = (float)param(dir, "min_p", 0),
+                                        .rng_key = 0x1234567ull + (uint64_t)d * 0x9e3779b97f4a7c15ull,
+                                        .repetition = (float)param(dir, "repetition", 1),
+                                        .presence = (float)param(dir, "presence", 0),
+                                        .frequency = (float)param(dir, "frequency", 0),
+                                        .bias_off = 0, .n_bias = nb, .seen_off = nb, .n_seen = ns,
+                                        .out_off = nb + ns, .n_out = no, .want_logprob = P("want_logprob")};
+        kaon_sample_batch sb = {.n_rows = D, .rows = rows, .n_entries = n_ent, .entry_token = et, .entry_value = ev};
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)D);
+        float *lps = malloc(sizeof(float) * (size_t)D), *idf = malloc(sizeof(float) * (size_t)D);
+        if (!o->sample || o->sample(be, dl.data, V, &sb, ids, lps)) die("sample failed%s", "");
+        for (int d = 0; d < D; d++) idf[d] = (float)ids[d];
+        write_f32(dir, "out.bin", idf, (size_t)D);
+        write_f32(dir, "out_lp.bin", lps, (size_t)D);
+    } else if (!strcmp(op, "moe")) {
+        // Stacked experts: gate, up [E*F, dim], down [E*dim, F] (views per expert), router
+        // [E, dim]; optional shared expert; optional positions (< 0: padding). Outputs out
+        // [n, dim] and the expert counters (as floats).
+        int n = P("n"), dim = P("dim"), E = P("E"), K = P("K"), F = P("F"), SF = P("SF");
+        float *x = need(dir, "x.bin", (size_t)n * dim * 4);
+        void *dx = dev_bf16(x, n, dim);
+        kaon_tensor router = dev_matrix(need(dir, "router.bin", (size_t)E * dim * 4), E, dim);
+        kaon_tensor st[3] = {dev_matrix(need(dir, "gate.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim),
+                             dev_matrix(need(dir, "up.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim),
+                             dev_matrix(need(dir, "down.bin", (size_t)E * dim * F * 4), (int64_t)E * dim, F)};
+        kaon_tensor *views = calloc((size_t)3 * E, sizeof *views);
+        for (int k = 0; k < 3; k++)
+            for (int e = 0; e < E; e++) {
+                const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
+                const size_t eb = on_cpu ? 4 : 2;
+                kaon_tensor *v = &views[k * E + e];
+                *v = st[k];
+                v->shape[0] = rows;
+                v->shape[1] = cols;
+                v->data = (char *)st[k].data + (size_t)e * rows * cols * eb;
+                v->nbytes = (size_t)rows * cols * eb;
+            }
+        kaon_moe_weights w = {.n_experts = E, .top_k = K, .norm_topk = P("norm") != 0, .router = &router,
+                              .gate = views, .up = views + E, .down = views + 2 * E};
+        kaon_tensor sh[4];
+        if (SF) {
+            sh[0] = dev_matrix(need(dir, "sgate.bin", (size_t)SF * dim * 4), SF, dim);
+            sh[1] = dev_matrix(need(dir, "sup.bin", (size_t)SF * dim * 4), SF, dim);
+            sh[2] = dev_matrix(need(dir, "sdown.bin", (size_t)dim * SF * 4), dim, SF);
+            sh[3] = dev_matrix(need(dir, "sgi.bin", (size_t)dim * 4), 1, dim);
+            w.shared_gate = &sh[0];
+            w.shared_up = &sh[1];
+            w.shared_down = &sh[2];
+            w.shared_gate_inp = &sh[3];
+        }
+        int32_t *pos = P("has_pos") ? need(dir, "pos.bin", (size_t)n * 4) : NULL;
+        uint32_t *cnt = o->alloc(be, (size_t)E * 4);
+        void *dout = dev_bf16(NULL, n, dim);
+        const int reps = P("reps") > 0 ? P("reps") : 1;  // > 1: the same call again (counts add up)
+        for (int r = 0; r < reps; r++)
+            if (!o->moe || o->moe(be, dx, n, pos, &w, cnt, dout)) die("moe failed%s", "");
+        save_dev(dir, "out.bin", dout, (size_t)n * dim);
+        uint32_t *hc = malloc((size_t)E * 4);
+        float *fc = malloc((size_t)E * 4);
+        if (o->copy_f32_to_host) o->copy_f32_to_host(be, (const float *)(void *)cnt, (size_t)E, (float *)(void *)hc);
+        else memcpy(hc, cnt, (size_t)E * 4);
+        for (int e = 0; e < E; e++) fc[e] = (float)hc[e];
+        write_f32(dir, "out_counts.bin", fc, (size_t)E);
+        if (P("time") > 0) {  // us per call, after the above warmed everything up
+            float f;
+            o->to_host_f32(be, dout, 1, &f);
+            double t0 = now_s();
+            for (int r = 0; r < P("time"); r++) o->moe(be, dx, n, pos, &w, NULL, dout);
+            o->to_host_f32(be, dout, 1, &f);
+            printf("{\"us\": %.2f}\n", (now_s() - t0) / P("time") * 1e6);
+        }
     } else if (!strcmp(op, "dequant")) {
         int type = P("type"), rows = P("rows"), cols = P("cols");
         size_t len = 0;
@@ -320,8 +424,9 @@ static int run_op(const char *dir) {
         kaon_tensor t = {.dtype = (kaon_dtype)type, .ndim = 2, .shape = {rows, cols}, .data = raw, .nbytes = len};
         kaon_tensor d;
         if (o->upload(be, &t, &d)) die("upload%s", "");
-        save_dev(dir, "out.bin", d.data, (size_t)rows * cols);
-    } else {
+        if (d.dtype == KAON_BF16) save_dev(dir, "out.bin", d.data, (size_t)rows * cols);
+        else q_dequant_save(dir, &d, rows, cols);  // kept quantized: its rows through embed
+    } else if (!run_qop(dir, op)) {  // the quantized-weight ops (gpu_driver_quant.c)
         die("unknown op '%s'", op);
     }
 #undef P
@@ -408,6 +513,71 @@ static int run_timings(void) {
         free(tab);
     }
     if (o->status(be)) die("timings failed%s", "");
+    o->destroy(be);
+    return 0;
+}
+
+// Prefill attention: one sequence whose T new tokens sit at positions p0..p0+T-1 (the cache
+// holds 0..p0+T-1: random values), Llama-3.1-8B's heads by default. Causal FLOPs: 4 hd nh per
+// (query, key) pair, keys 0..p for the query at p.
+static int run_attn_bench(int nh, int nkv, int hd, int max_t) {
+    be = kaon_backend_cuda_create(0);
+    if (!be) die("no backend%s", "");
+    const kaon_backend_ops *o = be->ops;
+    const int bs = 16;
+    struct { int T, p0; } cases[] = {{1024, 0}, {4096, 0}, {8192, 0}, {16384, 0}, {2048, 6144}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int T = cases[c].T, p0 = cases[c].p0, L = p0 + T, nb = (L + bs - 1) / bs;
+        if (T > max_t) continue;
+        kaon_tensor kl = {.dtype = KAON_BF16, .ndim = 2, .shape = {(int64_t)nb * bs, (int64_t)nkv * hd}};
+        kaon_tensor ql = {.dtype = KAON_BF16, .ndim = 2, .shape = {T, (int64_t)nh * hd}};
+        kaon_tensor kt, vt, qt;
+        if (o->fill_dummy(be, &kl, 11 + c, 1.0f, 0.0f, &kt) || o->fill_dummy(be, &kl, 21 + c, 1.0f, 0.0f, &vt) ||
+            o->fill_dummy(be, &ql, 31 + c, 1.0f, 0.0f, &qt))
+            die("fill%s", "");
+        void *y = o->alloc(be, (size_t)T * nh * hd * 2);
+        if (!y) die("alloc%s", "");
+        kaon_kv_layer kv = {kt.data, vt.data};
+        int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)T * 3);
+        int32_t *seq = pos + T, *slot = seq + T;
+        for (int i = 0; i < nb; i++) tab[i] = nb - 1 - i;  // scattered blocks
+        for (int i = 0; i < T; i++) {
+            pos[i] = p0 + i;
+            seq[i] = 0;
+            slot[i] = tab[(p0 + i) / bs] * bs + (p0 + i) % bs;
+        }
+        kaon_attn_meta m = {.n_tokens = T, .n_seqs = 1, .positions = pos, .token_seq = seq,
+                            .slot_mapping = slot, .block_tables = tab, .max_blocks = nb, .block_size = bs};
+        if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
+        const float scale = 1.0f / sqrtf((float)hd);
+        o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, y);  // warm-up
+        sync_dev(y);
+        double t0 = now_s();
+        o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, y);
+        sync_dev(y);
+        double one = now_s() - t0;
+        int reps = one > 0.2 ? 1 : (int)(0.2 / (one > 1e-6 ? one : 1e-6)) + 1;
+        if (reps > 200) reps = 200;
+        t0 = now_s();
+        for (int it = 0; it < reps; it++) o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, y);
+        sync_dev(y);
+        double dt = (now_s() - t0) / reps;
+        double pairs = (double)T * p0 + (double)T * (T + 1) / 2;
+        double flops = 4.0 * hd * nh * pairs;
+        const char *fa = getenv("KAON_FA");
+        printf("{\"timing\": \"attn_prefill\", \"kernel\": \"%s\", \"T\": %d, \"p0\": %d, \"nh\": %d, "
+               "\"nkv\": %d, \"hd\": %d, \"reps\": %d, \"us\": %.1f, \"TFLOPs\": %.1f}\n",
+               fa && !strcmp(fa, "0") ? "split-k" : "fa", T, p0, nh, nkv, hd, reps, dt * 1e6, flops / dt / 1e12);
+        fflush(stdout);
+        if (o->status(be)) die("attention failed%s", "");
+        o->release(be, &kt);
+        o->release(be, &vt);
+        o->release(be, &qt);
+        o->free(be, y);
+        free(tab);
+        free(pos);
+    }
+    if (o->status(be)) die("attn_bench failed%s", "");
     o->destroy(be);
     return 0;
 }
@@ -597,9 +767,15 @@ static int run_greedy(const char *path, const char *dev, const char *ids_s, int 
     return 0;
 }
 
+#include "gpu_driver_quant.c"  // the quantized-weight ops and qtimings
+
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "op")) return run_op(argv[2]);
+    if (argc >= 2 && !strcmp(argv[1], "qtimings")) return run_qtimings();
     if (argc >= 2 && !strcmp(argv[1], "timings")) return run_timings();
+    if (argc >= 2 && !strcmp(argv[1], "attn_bench"))
+        return run_attn_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
+                              argc > 4 ? atoi(argv[4]) : 128, argc > 5 ? atoi(argv[5]) : 16384);
     if (argc >= 7 && !strcmp(argv[1], "logits"))
         return run_logits(argv[2], argv[3], atoi(argv[4]), argv[5], argv[6], argc > 7 && !strcmp(argv[7], "dummy"));
     if (argc >= 6 && !strcmp(argv[1], "batch")) return run_batch(argv[2], argv[3], argv[4], argv[5]);

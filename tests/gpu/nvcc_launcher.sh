@@ -8,12 +8,16 @@
 args=()
 nvcc=0
 case "$(basename "$1")" in nvcc*) nvcc=1 ;; esac
+prev=
 for a in "$@"; do
     if [ $nvcc = 1 ] && [ "$a" = -Werror ]; then
         args+=(-Xcompiler=-Werror -Werror=all-warnings)
+    elif [ $nvcc = 1 ] && [ "$a" = all-warnings ] && [ "$prev" = -Werror ]; then
+        :  # the kind of CMAKE_CUDA_FLAGS' "-Werror all-warnings", already given above
     else
         args+=("$a")
     fi
+    prev=$a
 done
 if [ "${KAON_NO_WERROR:-0}" = 1 ]; then
     if [ $nvcc = 1 ]; then args+=(-Xcompiler=-Wno-error); else args+=(-Wno-error); fi

@@ -4,7 +4,7 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|models|gguf|big|bench|throughput] ...
+#   tests/gpu/run_all.sh [all|build|kernels|fa|quant|models|gguf|big|bench|throughput] ...
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -82,7 +82,16 @@ pytest_section() {  # name, timeout, pytest -k expression
     note "tests $1 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 "$log")"
 }
 
-want kernels 30 && pytest_section kernels 200 "not model and not gguf_greedy"
+want kernels 30 && pytest_section kernels 200 "not model and not gguf_greedy and not quant"
+if want fa 30; then  # attention tests (prefill kernel included) and its timings, < 2 min
+    pytest_section fa 120 "attention"
+    t0=$(date +%s)
+    { timeout "$(tl 60)" "$KAON_GPU_DRIVER" attn_bench
+      KAON_FA=0 timeout "$(tl 40)" "$KAON_GPU_DRIVER" attn_bench 32 8 128 4096; } > /tmp/fa_bench.log 2>&1
+    note "attn_bench rc=$? ($(( $(date +%s) - t0 )) s)"
+    cat /tmp/fa_bench.log >> "$OUT/bench.log"
+    cat /tmp/fa_bench.log
+fi
 want models 40 && pytest_section models 240 "small_vs_transformers"
 if want bench 60; then
     t0=$(date +%s)
@@ -91,13 +100,28 @@ if want bench 60; then
     KAON_GEMV_OCC=1 timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings 2>&1 | sed 's/^{/{"variant": "gemv-occ", /' >> /tmp/timings.log
     cat /tmp/timings.log >> "$OUT/bench.log"
     cat /tmp/timings.log
-    timeout "$(tl 240)" python3 bench/gpu_decode.py --kaon "$BUILD/kaon" --tokens 256 --no-graphs --gemv-occ --prefill 1024 8192 \
+    timeout "$(tl 240)" python3 bench/gpu_decode.py --kaon "$BUILD/kaon" --tokens 256 --no-graphs --no-pdl --prefill 1024 8192 \
         --json "$OUT/bench.jsonl" > /tmp/bench.log 2>&1
     note "bench rc=$? ($(( $(date +%s) - t0 )) s)"
     cat /tmp/bench.log >> "$OUT/bench.log"
     tail -n 8 /tmp/bench.log
 fi
 want gguf 60 && pytest_section gguf 200 "gguf_greedy"
+if want quant 60; then  # quantized GGUF weights on the GPU (cuda_quant.cu), about 3 minutes
+    t0=$(date +%s)
+    python3 tests/gpu/quant_emulate.py > /tmp/quant_emu.log 2>&1
+    note "quant emulation (CPU) rc=$? ($(tail -n 1 /tmp/quant_emu.log))"
+    pytest_section quant 200 "quant"
+    timeout "$(tl 120)" "$KAON_GPU_DRIVER" qtimings > /tmp/qtimings.log 2>&1
+    note "qtimings rc=$? ($(( $(date +%s) - t0 )) s)"
+    { cat /tmp/quant_emu.log; cat /tmp/qtimings.log; } >> "$OUT/bench.log"
+    cat /tmp/qtimings.log
+    timeout "$(tl 240)" python3 bench/gpu_decode_gguf.py --kaon "$BUILD/kaon" --tokens 128 --variants graphs,no-pdl,bf16 \
+        --json "$OUT/bench.jsonl" > /tmp/qbench.log 2>&1
+    note "Q4_0 8B decode rc=$? ($(( $(date +%s) - t0 )) s)"
+    cat /tmp/qbench.log >> "$OUT/bench.log"
+    tail -n 5 /tmp/qbench.log
+fi
 want big 60 && pytest_section big 240 "real_size"
 if want throughput 120; then
     t0=$(date +%s)

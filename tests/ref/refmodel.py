@@ -102,9 +102,14 @@ class RefModel:
             o = np.einsum("hts,shd->thd", att, Vh).reshape(T, self.nh * self.hd)
             x = x + o @ w[p + "self_attn.o_proj.weight"].T
             h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], self.eps)
-            gate = h @ w[p + "mlp.gate_proj.weight"].T
-            up = h @ w[p + "mlp.up_proj.weight"].T
-            act = gate / (1 + np.exp(-gate)) * up
-            x = x + act @ w[p + "mlp.down_proj.weight"].T
+            x = x + self.mlp(l, p, h)
         x = rmsnorm(x, w["model.norm.weight"], self.eps)
         return x @ self.lm_head.T
+
+    def mlp(self, l, p, h):
+        """Layer l's MLP (names under prefix p) of the normed hidden states h [T, dim]."""
+        w = self.w
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        up = h @ w[p + "mlp.up_proj.weight"].T
+        act = gate / (1 + np.exp(-gate)) * up
+        return act @ w[p + "mlp.down_proj.weight"].T

@@ -10,6 +10,9 @@
 //                                 a model-shaped pp512 / tg128 built from the backend's ops
 //   test_cpu_linear --bench model [THREADS [PROMPT [GEN [REPS]]]]
 //                                 only the model-shaped run (KAON_BENCH_PROFILE=1: time per op)
+//   test_cpu_linear --bench decode [THREADS [SEQS [CTX [REPS]]]]
+//                                 one batched decode step: SEQS sequences at context CTX, the
+//                                 LM head on every row, as the engine runs it (default 64 x 100)
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -323,6 +326,56 @@ static void check_fused(kaon_backend *be, const char *set, kaon_dtype t, int n) 
     free(wq); free(wk); free(wv); free(wg); free(wu);
 }
 
+// Batch invariance: a row's output is bitwise the same whatever other rows share the call
+// (one row, a few rows, or enough rows for the batched path), through linear, linear_multi
+// (with a bias) and linear_silu_mul. The engine relies on it: a sequence's greedy output does
+// not depend on what it is batched with, and a preempted sequence recomputes its KV exactly.
+static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype t, int K) {
+    const int M = 27, M2 = 40, n = 21;  // partial tiles of 8 weight rows; many activation rows
+    void *wd = make_weight(t, M, K), *wd2 = make_weight(t, M2, K), *wd3 = make_weight(t, M2, K);
+    kaon_tensor w = tensor2(t, M, K, wd), w2 = tensor2(t, M2, K, wd2), w3 = tensor2(t, M2, K, wd3);
+    float *bias = malloc(sizeof(float) * M2);
+    for (int m = 0; m < M2; m++) bias[m] = (float)rnd_n();
+    kaon_tensor bt = {.dtype = KAON_F32, .ndim = 1, .shape = {M2}, .data = bias, .nbytes = 4u * M2};
+    float *x = make_x(n, K);
+    float *ya = malloc(sizeof(float) * n * M2 * 3), *yb = malloc(sizeof(float) * n * M2 * 3);
+    int bad = 0;
+    for (int op = 0; op < 3; op++) {
+        const int Mo = op == 0 ? M : op == 1 ? M + M2 : M2;
+        // All n rows at once, then rows alone and in small groups.
+        for (int pass = 0; pass < 2; pass++) {
+            float *y = pass ? yb : ya;
+            for (int r0 = 0; r0 < n;) {
+                const int cnt = pass == 0 ? n : 1 + r0 % 3;
+                const int c = r0 + cnt > n ? n - r0 : cnt;
+                const float *xr = x + (size_t)r0 * K;
+                if (op == 0) {
+                    be->ops->linear(be, xr, c, &w, NULL, y + (size_t)r0 * M);
+                } else if (op == 1) {
+                    const kaon_tensor *ws[2] = {&w, &w2}, *bs[2] = {NULL, &bt};
+                    float *tmp = malloc(sizeof(float) * c * (M + M2));
+                    void *ys[2] = {tmp, tmp + (size_t)c * M};
+                    CHECK(be->ops->linear_multi(be, xr, c, 2, ws, bs, ys) == 0);
+                    for (int r = 0; r < c; r++) {
+                        memcpy(y + (size_t)(r0 + r) * Mo, tmp + (size_t)r * M, sizeof(float) * M);
+                        memcpy(y + (size_t)(r0 + r) * Mo + M, tmp + (size_t)c * M + (size_t)r * M2,
+                               sizeof(float) * M2);
+                    }
+                    free(tmp);
+                } else {
+                    CHECK(be->ops->linear_silu_mul(be, xr, c, &w2, &w3, y + (size_t)r0 * M2) == 0);
+                }
+                r0 += c;
+            }
+        }
+        if (memcmp(ya, yb, sizeof(float) * n * Mo) != 0) bad++;
+    }
+    if (bad)
+        fprintf(stderr, "batch invariance %s %s K=%d: %d of 3 ops differ\n", set, kaon_dtype_name(t), K, bad);
+    CHECK(bad == 0);
+    free(ya); free(yb); free(x); free(bias); free(wd); free(wd2); free(wd3);
+}
+
 static void self_checks(void) {
     const kaon_dtype types[] = {KAON_F32, KAON_F16, KAON_BF16, KAON_Q4_0, KAON_Q4_1,
                                 KAON_Q8_0, KAON_Q4_K, KAON_Q6_K};
@@ -353,6 +406,19 @@ static void self_checks(void) {
             for (size_t ti = 0; ti < sizeof ft / sizeof *ft; ti++) {
                 check_fused(sets[si].be, sets[si].name, ft[ti], 1);
                 check_fused(sets[si].be, sets[si].name, ft[ti], 11);
+            }
+        free_sets();
+    }
+
+    for (int th = 1; th <= 2; th++) {
+        make_sets(th);
+        const kaon_dtype bt[] = {KAON_Q4_0, KAON_Q4_1, KAON_Q8_0, KAON_Q4_K, KAON_Q6_K, KAON_F16};
+        for (int si = 0; si < n_sets; si++)
+            for (size_t ti = 0; ti < sizeof bt / sizeof *bt; ti++) {
+                const int ks32[] = {32, 96, 256, 320, 576, 1536}, ksk[] = {256, 1536};
+                const int kq = kaon_dtype_block_elems(bt[ti]) == 256;
+                for (int ki = 0; ki < (kq ? 2 : 6); ki++)
+                    check_batch_invariance(sets[si].be, sets[si].name, bt[ti], kq ? ksk[ki] : ks32[ki]);
             }
         free_sets();
     }
@@ -692,20 +758,108 @@ static void bench_model(int n_threads, int prompt, int gen, int reps) {
     net_free(&N);
 }
 
+// A batched decode step as the engine runs it: S sequences, each at context C (its own
+// scattered KV blocks), one new token each, the LM head on all S rows; reps steps timed.
+static void bench_decode(int n_threads, int S, int C, int reps) {
+    bench_net N;
+    const int per = (C + 1 + BM_BS - 1) / BM_BS;
+    net_init(&N, n_threads, S, per * S * BM_BS);
+    const kaon_backend_ops *o = N.be->ops;
+    kaon_backend *be = N.be;
+    // Every sequence owns `per` blocks taken from a shuffled pool.
+    int32_t *btab = malloc(sizeof(int32_t) * (size_t)S * per), *perm = malloc(sizeof(int32_t) * (size_t)S * per);
+    for (int i = 0; i < S * per; i++) perm[i] = i;
+    for (int i = S * per - 1; i > 0; i--) {
+        int j = (int)(rnd64() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    memcpy(btab, perm, sizeof(int32_t) * (size_t)S * per);
+    const size_t kvb = sizeof(float) * (size_t)S * per * BM_BS * BM_KVH * BM_HD;
+    for (int l = 0; l < BM_L; l++) {  // random K/V so the softmax is not flat
+        float *k = N.kv[l].k, *v = N.kv[l].v;
+        for (size_t i = 0; i < kvb / 4; i++) {
+            k[i] = (float)(2.0 * rnd_u() - 1.0);
+            v[i] = (float)(2.0 * rnd_u() - 1.0);
+        }
+    }
+    float *logits = o->alloc(be, sizeof(float) * (size_t)S * BM_V), *rows = o->alloc(be, 4 * (size_t)S * BM_D);
+    int32_t *lrows = malloc(sizeof(int32_t) * (size_t)S), *seqs = malloc(sizeof(int32_t) * (size_t)S);
+    for (int i = 0; i < S; i++) {
+        N.tok[i] = (int32_t)(rnd64() % BM_V);
+        N.pos[i] = C;
+        seqs[i] = i;
+        lrows[i] = i;
+        N.slot[i] = btab[(size_t)i * per + C / BM_BS] * BM_BS + C % BM_BS;
+    }
+    kaon_attn_meta m = {.n_tokens = S, .n_seqs = S, .positions = N.pos, .token_seq = seqs,
+                        .slot_mapping = N.slot, .block_tables = btab, .max_blocks = per,
+                        .block_size = BM_BS};
+    const int prof = getenv("KAON_BENCH_PROFILE") != NULL;
+    double best = 1e9, tot = 0;
+    memset(N.prof, 0, sizeof N.prof);
+    for (int r = -1; r < reps; r++) {
+        double t0 = kaon_now();
+        const int n = S, pr = prof && r >= 0;
+        bench_net *P = &N;
+        NET_OP(P, 0, o->embed(be, &N.emb, N.tok, n, N.x));
+        for (int l = 0; l < BM_L; l++) {
+            bench_layer *y = &N.ly[l];
+            const int prof = pr;
+            NET_OP(P, 1, o->rmsnorm(be, N.x, l ? N.proj : NULL, &y->norm1, 1e-5f, n, BM_D, N.xn));
+            const kaon_tensor *qkv[3] = {&y->wq, &y->wk, &y->wv};
+            void *const outs[3] = {N.q, N.k, N.v};
+            NET_OP(P, 2, o->linear_multi(be, N.xn, n, 3, qkv, NULL, outs));
+            NET_OP(P, 3, o->rope(be, N.q, n, BM_H, BM_HD, N.pos, &N.rope));
+            NET_OP(P, 3, o->rope(be, N.k, n, BM_KVH, BM_HD, N.pos, &N.rope));
+            NET_OP(P, 4, o->kv_write(be, &N.kv[l], N.k, N.v, &m, BM_KVH, BM_HD));
+            NET_OP(P, 5, o->attention(be, N.q, &N.kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, N.att));
+            NET_OP(P, 2, o->linear(be, N.att, n, &y->wo, NULL, N.proj));
+            NET_OP(P, 1, o->rmsnorm(be, N.x, N.proj, &y->norm2, 1e-5f, n, BM_D, N.xn));
+            NET_OP(P, 2, o->linear_silu_mul(be, N.xn, n, &y->wg, &y->wu, N.g));
+            NET_OP(P, 2, o->linear(be, N.g, n, &y->wd, NULL, N.proj));
+        }
+        {
+            const int prof = pr;
+            NET_OP(P, 1, o->rmsnorm(be, N.x, N.proj, &N.norm, 1e-5f, n, BM_D, N.xn));
+            NET_OP(P, 0, o->get_rows(be, N.xn, lrows, n, BM_D, rows));
+            NET_OP(P, 6, o->linear(be, rows, n, &N.emb, NULL, logits));
+        }
+        const double t = kaon_now() - t0;
+        if (r >= 0) {
+            tot += t;
+            if (t < best) best = t;
+        }
+    }
+    printf("batched decode, %d seqs at context %d, %d thread(s), kernels %s: best %.2f ms/step "
+           "(%.1f tok/s), mean %.2f ms\n", S, C, n_threads, kaon_cpu_kernel_name(be), best * 1e3,
+           S / best, tot / reps * 1e3);
+    static const char *names[7] = {"embed", "rmsnorm", "linear", "rope", "kv_write", "attention", "lm_head"};
+    if (prof)
+        for (int i = 0; i < 7; i++) printf("      %-10s %7.2f ms/step\n", names[i], N.prof[i] * 1e3 / reps);
+    o->free(be, logits);
+    o->free(be, rows);
+    free(lrows);
+    free(seqs);
+    free(perm);
+    free(btab);
+    net_free(&N);
+}
+
 static void bench(void) {
     struct { const char *name; kaon_dtype t; int M, K; } shapes[] = {
         {"q 576x576", KAON_Q4_1, 576, 576},     {"k/v 192x576", KAON_Q4_1, 192, 576},
         {"gate/up 1536x576", KAON_Q4_1, 1536, 576}, {"down 576x1536", KAON_Q4_1, 576, 1536},
         {"lm_head 49152x576", KAON_Q8_0, 49152, 576},
     };
-    const int ns[] = {1, 128};
+    const int ns[] = {1, 64, 128};
     for (int nth = 1; nth <= 2; nth++) {
         kaon_backend *be = kaon_backend_cpu_create(nth);
         printf("linear, %d thread(s), kernels %s\n", nth, kaon_cpu_kernel_name(be));
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             void *wd = make_weight(shapes[s].t, shapes[s].M, shapes[s].K);
             kaon_tensor w = tensor2(shapes[s].t, shapes[s].M, shapes[s].K, wd);
-            for (int ni = 0; ni < 2; ni++) {
+            for (int ni = 0; ni < 3; ni++) {
                 double cpu, t = bench_linear(be, &w, ns[ni], 0.3, &cpu);
                 printf("  %-18s %-4s n=%-3d %9.1f us (cpu %9.1f us)  %6.1f GB/s  %7.1f GFLOP/s\n",
                        shapes[s].name, kaon_dtype_name(shapes[s].t), ns[ni], t * 1e6, cpu * 1e6,
@@ -721,7 +875,11 @@ static void bench(void) {
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "--ref") == 0) return ref_mode(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "--bench") == 0) {
-        if (argc >= 3 && strcmp(argv[2], "model") == 0) {
+        if (argc >= 3 && strcmp(argv[2], "decode") == 0) {
+            int th = argc >= 4 ? atoi(argv[3]) : 2;
+            bench_decode(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 64, argc >= 6 ? atoi(argv[5]) : 100,
+                         argc >= 7 ? atoi(argv[6]) : 5);
+        } else if (argc >= 3 && strcmp(argv[2], "model") == 0) {
             int th = argc >= 4 ? atoi(argv[3]) : 2;
             bench_model(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 512,
                         argc >= 6 ? atoi(argv[5]) : 128, argc >= 7 ? atoi(argv[6]) : 3);

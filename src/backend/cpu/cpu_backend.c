@@ -301,6 +301,7 @@ static void cpu_destroy(kaon_backend *be_) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     if (!be) return;
     free(be->scratch);
+    free(be->moe_scratch);
     free(be->rope_cs);
     free(be->rope_pos);
     free(be->rope_freq);
@@ -324,6 +325,7 @@ static const kaon_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .linear_multi = kaon_cpu_linear_multi,
     .linear_silu_mul = kaon_cpu_linear_silu_mul,
+    .moe = kaon_cpu_moe,
 };
 
 static int env_on(const char *name) {

@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/backend.h"
 
@@ -61,6 +62,19 @@ typedef struct kaon_q8_act {
     int16_t *s16;   // [n, nbp, 2] sum(q) of each 16-element half (Q6_K's -32 offset); may be NULL
 } kaon_q8_act;
 
+// The batched path's activation rows: per group of 8 blocks, the 256 quantized bytes (in the
+// row's layout), then the group's 8 d, then its 8 s (both in the layout's order).
+#define KAON_GRP_BYTES 320
+static inline void kaon_cpu_act_regroup(const kaon_q8_act *a, int row, uint8_t *dst) {
+    const int8_t *qs = a->qs + (size_t)row * a->nbp * 32;
+    const float *d = a->d + (size_t)row * a->nbp, *s = a->s + (size_t)row * a->nbp;
+    for (int g = 0; g < a->nbp / 8; g++, dst += KAON_GRP_BYTES) {
+        memcpy(dst, qs + (size_t)g * 256, 256);
+        memcpy(dst + 256, d + (size_t)g * 8, 32);
+        memcpy(dst + 288, s + (size_t)g * 8, 32);
+    }
+}
+
 // Index of a dtype in the kernel tables; -1 when the CPU backend cannot compute with it.
 enum { KAON_KI_F32, KAON_KI_F16, KAON_KI_BF16, KAON_KI_Q4_0, KAON_KI_Q4_1, KAON_KI_Q8_0,
        KAON_KI_Q4_K, KAON_KI_Q6_K, KAON_KI_COUNT };
@@ -80,6 +94,17 @@ typedef struct kaon_cpu_kernels {
     int layout[KAON_KI_COUNT];          // activation layout each quantized kernel reads
     // Quantizes one row of K = 32 nb elements into row `row` of a (layout a->layout).
     void (*quantize_row)(const float *x, kaon_q8_act *a, int row);
+    // The batched path (all NULL/0 in a table without it), for the kinds whose layout is
+    // Q4PAIRS: pack() unpacks `rows` (<= pack_rows) weight rows of rb bytes into
+    // pack_bytes(nbp) bytes at dst (1: kind not supported); tile_dot() then gives
+    // out[r * ldo + i] = weight row i . activation row r for r < nr (<= tile_rows) and every
+    // i < pack_rows, with exactly qdot's numbers. Its activation rows are regrouped
+    // (kaon_cpu_act_regroup), xstride bytes apart.
+    int pack_rows, tile_rows;
+    size_t (*pack_bytes)(int nbp);
+    int (*pack)(int kind, const void *w, size_t rb, int rows, int nb, int nbp, void *dst);
+    void (*tile_dot)(int kind, const void *pk, const void *xg, size_t xstride, int nb, int nbp,
+                     int nr, float *out, size_t ldo);
     float (*dot_f32)(const float *a, const float *b, int n);
     // scores[j] = scale * dot(q, k + j * kstride) for j < n                 k [n, kstride]
     void (*attn_scores)(const float *q, const float *k, size_t kstride, int n, int hd,
@@ -142,6 +167,10 @@ typedef struct kaon_cpu_backend {
     size_t rope_cap_tok, rope_cap_cs, rope_cap_half;
     int rope_n, rope_half;
     int rope_valid;
+    // The moe op's own scratch (routing, gathered rows, expert outputs): apart from `scratch`,
+    // which the linear calls it makes reuse.
+    void *moe_scratch;
+    size_t moe_scratch_cap;
 } kaon_cpu_backend;
 
 // Returns at least `bytes` of 64-byte aligned scratch, or NULL (error set).
@@ -161,6 +190,10 @@ void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const
 void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                         float scale, void *out);
+
+// The moe op (cpu_moe.c).
+int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,
+                 const kaon_moe_weights *w, uint32_t *counts, void *out);
 
 // Threads worth using for `work` multiply-adds (1 below a size where a fork/join costs more).
 int kaon_cpu_threads_for(const kaon_backend *be, double work);

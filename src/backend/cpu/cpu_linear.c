@@ -42,6 +42,13 @@ typedef struct lin_job {
     size_t rb;                                     // bytes per weight row
     const float *x;
     const kaon_q8_act *a;
+    // The batched path (lin_run_packed): regrouped activations, and this thread's packed
+    // weight tile(s) (two with silu: gate and up).
+    const uint8_t *xg;
+    size_t xstride;
+    uint8_t *pk;
+    size_t pk_bytes;
+    int nb, nbp;
 } lin_job;
 
 // out[r] = row m of weight s dotted with activation rows r0..r0+nr-1.
@@ -97,6 +104,49 @@ static void lin_rows(const lin_job *j, int m0, int m1) {
     }
 }
 
+// The batched path: rows m0..m1, a tile of k->pack_rows weight rows at a time. Each tile is
+// packed once and then dotted with every activation row, k->tile_rows rows per call.
+static void lin_rows_packed(const lin_job *j, int m0, int m1) {
+    const kaon_cpu_kernels *k = j->k;
+    const int n = j->n, P = k->pack_rows, NR = k->tile_rows, nb = j->nb, nbp = j->nbp;
+    float out[KAON_MAX_ROWS * KAON_MAX_ROWS], out2[KAON_MAX_ROWS * KAON_MAX_ROWS];
+    int s = 0;
+    for (int m = m0; m < m1;) {
+        while (m >= j->start[s + 1]) s++;
+        const int lm = m - j->start[s], M = j->M[s];
+        int rows = j->start[s + 1] - m;
+        if (rows > m1 - m) rows = m1 - m;
+        if (rows > P) rows = P;
+        k->pack(j->kind, j->w[s] + (size_t)lm * j->rb, j->rb, rows, nb, nbp, j->pk);
+        if (j->silu) k->pack(j->kind, j->w[1] + (size_t)lm * j->rb, j->rb, rows, nb, nbp, j->pk + j->pk_bytes);
+        const float *bias = j->bias[s] ? j->bias[s] + lm : NULL;
+        for (int r0 = 0; r0 < n; r0 += NR) {
+            const int nr = n - r0 < NR ? n - r0 : NR;
+            const uint8_t *xg = j->xg + (size_t)r0 * j->xstride;
+            if (!j->silu && !bias && rows == P) {  // straight into y
+                k->tile_dot(j->kind, j->pk, xg, j->xstride, nb, nbp, nr, j->y[s] + (size_t)r0 * M + lm, (size_t)M);
+                continue;
+            }
+            k->tile_dot(j->kind, j->pk, xg, j->xstride, nb, nbp, nr, out, (size_t)P);
+            if (j->silu) {
+                k->tile_dot(j->kind, j->pk + j->pk_bytes, xg, j->xstride, nb, nbp, nr, out2, (size_t)P);
+                for (int r = 0; r < nr; r++)
+                    k->silu_mul(out + r * P, out2 + r * P, j->y[0] + (size_t)(r0 + r) * M + lm, rows);
+                continue;
+            }
+            for (int r = 0; r < nr; r++) {
+                float *yr = j->y[s] + (size_t)(r0 + r) * M + lm;
+                const float *o = out + r * P;
+                if (bias)
+                    for (int i = 0; i < rows; i++) yr[i] = o[i] + bias[i];
+                else
+                    memcpy(yr, o, sizeof(float) * (size_t)rows);
+            }
+        }
+        m += rows;
+    }
+}
+
 // Thread ith's share of M rows: contiguous, starting on a multiple of 16 rows (64 bytes of y).
 static void split_rows(int M, int ith, int nth, int *m0, int *m1) {
     int chunk = (M + nth - 1) / nth;
@@ -137,6 +187,42 @@ static int check_weight(const kaon_tensor *w, const kaon_tensor *bias, int64_t *
     return 0;
 }
 
+#define KAON_RUP64(v) (((v) + 63) & ~(size_t)63)
+
+// The batched path: each row of x is quantized (through a one-row buffer per thread) and
+// regrouped for tile_dot, then each thread packs and computes its share of the weight rows.
+static void lin_run_packed(kaon_cpu_backend *be, lin_job *job, int nt) {
+    const kaon_cpu_kernels *k = be->k;
+    const int n = job->n, K = job->K;
+    job->nb = K / KAON_QK;
+    job->nbp = (job->nb + 7) & ~7;
+    job->xstride = (size_t)(job->nbp / 8) * KAON_GRP_BYTES;
+    job->pk_bytes = KAON_RUP64(k->pack_bytes(job->nbp));
+    const size_t rq = KAON_RUP64((size_t)job->nbp * 32), rd = KAON_RUP64((size_t)job->nbp * sizeof(float));
+    const size_t per_thread = rq + 2 * rd + 2 * job->pk_bytes;
+    const size_t xg_bytes = KAON_RUP64((size_t)n * job->xstride);
+    uint8_t *sp = kaon_cpu_scratch(be, xg_bytes + per_thread * (size_t)nt);
+    if (!sp) return;
+    job->xg = sp;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+        uint8_t *own = sp + xg_bytes + per_thread * (size_t)ith;
+        kaon_q8_act tmp = {.n = 1, .nb = job->nb, .nbp = job->nbp, .layout = k->layout[job->kind],
+                           .qs = (int8_t *)own, .d = (float *)(own + rq), .s = (float *)(own + rq + rd)};
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            k->quantize_row(job->x + (size_t)r * K, &tmp, 0);
+            kaon_cpu_act_regroup(&tmp, 0, sp + (size_t)r * job->xstride);
+        }
+        lin_job mine = *job;
+        mine.pk = own + rq + 2 * rd;
+        int m0, m1;
+        split_rows(job->total, ith, nth, &m0, &m1);
+        if (m0 < m1) lin_rows_packed(&mine, m0, m1);
+    }
+}
+
 // Runs a checked job: quantizes x once, then all rows of all weights in one thread team.
 static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     const kaon_cpu_kernels *k = be->k;
@@ -144,6 +230,11 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     const float *x = job->x;
     const double work = (double)job->total * (job->silu ? 2.0 : 1.0) * K * n * (job->quant ? 1 : 4);
     const int nt = kaon_cpu_threads_for(&be->base, work);
+    // Many activation rows of a format the packed kernels handle: the batched path.
+    if (job->quant && n > k->max_rows && k->pack && k->layout[job->kind] == KAON_ACT_Q4PAIRS) {
+        lin_run_packed(be, job, nt);
+        return;
+    }
     // Few rows (decode): every thread quantizes x into its own copy, which costs less than
     // a barrier and keeps the copy in the cache of the core that reads it.
     const int copies = job->quant && nt > 1 && n <= k->max_rows ? nt : 1;

@@ -88,166 +88,361 @@ static inline uint16_t KX(ld16)(const void *p) {
 // One f16 -> float with the F16C instruction (the portable converter is much longer).
 static inline float KX(h2f)(uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
 
-// ---- Q4_0 / Q4_1 (activations in the Q4PAIRS layout) ----------------------------------
+// ---- Q4_0 / Q4_1 / Q8_0 (activations in the Q4PAIRS layout) -----------------------------
+//
+// A group is 8 blocks, taken as 4 pairs (2p, 2p+1). A pair's weights are loaded as two
+// vectors, lo = elements 0..15 of both blocks and hi = elements 16..31 (for Q4 these are the
+// low and high nibbles of the two 16-byte payloads side by side), which is the order of the
+// Q4PAIRS activations, so each pair's dot products land as [block 2p: 4 partial sums | block
+// 2p+1: 4 partial sums] and one horizontal-add tree gives the 8 block sums of the group, in
+// the order 0,2,4,6,1,3,5,7 that the activation scales are stored in. Each block contributes
+//   dw dx isum + mw sx      (mw: Q4_1's m, -8 dw for Q4_0, -128 dw for Q8_0 with VNNI's
+//                            unsigned weights; sx = dx * sum of the activation values)
+// to lane (block's position) of one float accumulator per activation row, which is summed at
+// the end. The last group of a row may be partial: its missing pairs are zero, its missing
+// blocks get zero scales (and their activations are zero padding), so every row, whatever
+// the number of activation rows, is computed by exactly the same operations.
+enum { KX_F_Q4_0, KX_F_Q4_1, KX_F_Q8_0 };
 
-// One group of 8 blocks for one activation row. lo[p]/hi[p]: nibbles of blocks (2p, 2p+1);
-// dw, mw: weight scale and offset per block in the order 0,2,4,6,1,3,5,7 (as are dx, sx).
-static inline __attribute__((always_inline)) __m256 KX(q4_group)(
-    __m256 acc, const __m256i *lo, const __m256i *hi, const int8_t *x, __m256 dw, __m256 mw,
-    const float *dx, const float *sx) {
-    __m256i v0 = KX(dot_pair)(lo[0], KX(ld)(x), hi[0], KX(ld)(x + 32));
-    __m256i v1 = KX(dot_pair)(lo[1], KX(ld)(x + 64), hi[1], KX(ld)(x + 96));
-    __m256i v2 = KX(dot_pair)(lo[2], KX(ld)(x + 128), hi[2], KX(ld)(x + 160));
-    __m256i v3 = KX(dot_pair)(lo[3], KX(ld)(x + 192), hi[3], KX(ld)(x + 224));
-    // v_p = [block 2p: 4 partial sums | block 2p+1: 4 partial sums]
+static inline __attribute__((always_inline)) int KX(fmt_bsize)(const int fmt) {
+    return fmt == KX_F_Q4_0 ? 18 : fmt == KX_F_Q4_1 ? 20 : 34;
+}
+
+// Pair p's weight vectors; b1 NULL for a lone last block (its half is zero).
+static inline __attribute__((always_inline)) void KX(pair_load)(const int fmt, const uint8_t *b0,
+                                                                const uint8_t *b1, __m256i *lo,
+                                                                __m256i *hi) {
+    if (fmt == KX_F_Q8_0) {
+        __m256i l = b1 ? KX(load2x128)(b0 + 2, b1 + 2)
+                       : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2)));
+        __m256i h = b1 ? KX(load2x128)(b0 + 18, b1 + 18)
+                       : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 18)));
+        if (!b1) {
+            l = _mm256_inserti128_si256(l, _mm_setzero_si128(), 1);
+            h = _mm256_inserti128_si256(h, _mm_setzero_si128(), 1);
+        }
+#if KX_VNNI
+        const __m256i x80 = _mm256_set1_epi8((char)0x80);  // w + 128: unsigned for vpdpbusd
+        l = _mm256_xor_si256(l, x80);
+        h = _mm256_xor_si256(h, x80);
+#endif
+        *lo = l;
+        *hi = h;
+        return;
+    }
+    const int qo = KX(fmt_bsize)(fmt) - 16;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i q = b1 ? KX(load2x128)(b0 + qo, b1 + qo)
+                   : _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                             _mm_loadu_si128((const __m128i *)(b0 + qo)), 0);
+    *lo = _mm256_and_si256(q, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+}
+
+// One pair's 8 int32 lanes: weights (lo, hi) against activations xa = x[0..32), xb = x[32..64).
+static inline __attribute__((always_inline)) __m256i KX(pair_dot)(const int fmt, __m256i lo,
+                                                                  __m256i hi, const int8_t *x) {
+    const __m256i xa = KX(ld)(x), xb = KX(ld)(x + 32);
+    if (fmt != KX_F_Q8_0) return KX(dot_pair)(lo, xa, hi, xb);
+#if KX_VNNI
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xa), hi, xb);
+#else
+    // Signed weights: |w| (unsigned) times x with w's sign; each product pair fits int16.
+    return _mm256_add_epi32(KX(dot_u8s8)(_mm256_abs_epi8(lo), _mm256_sign_epi8(xa, lo)),
+                            KX(dot_u8s8)(_mm256_abs_epi8(hi), _mm256_sign_epi8(xb, hi)));
+#endif
+}
+
+// Whether a format has the mw sx term.
+static inline __attribute__((always_inline)) int KX(fmt_has_m)(const int fmt) {
+    return fmt != KX_F_Q8_0 || KX_VNNI;
+}
+
+// One group of np pairs (np < 4: the missing ones are zero) for one activation row.
+static inline __attribute__((always_inline)) __m256 KX(pair_group)(
+    __m256 acc, const int fmt, const int np, const __m256i *lo, const __m256i *hi,
+    const int8_t *x, __m256 dw, __m256 mw, const float *dx, const float *sx) {
+    const __m256i z = _mm256_setzero_si256();
+    __m256i v0 = KX(pair_dot)(fmt, lo[0], hi[0], x);
+    __m256i v1 = np > 1 ? KX(pair_dot)(fmt, lo[1], hi[1], x + 64) : z;
+    __m256i v2 = np > 2 ? KX(pair_dot)(fmt, lo[2], hi[2], x + 128) : z;
+    __m256i v3 = np > 3 ? KX(pair_dot)(fmt, lo[3], hi[3], x + 192) : z;
     __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_loadu_ps(dx)), acc);
-    return _mm256_fmadd_ps(mw, _mm256_loadu_ps(sx), acc);
-}
-
-// bsize: 18 (Q4_0: x = (q - 8) d) or 20 (Q4_1: x = q d + m); qs sit at byte bsize - 16.
-static inline __attribute__((always_inline)) void KX(q4_rows)(const uint8_t *w, const int bsize,
-                                                               const kaon_q8_act *a, int r0,
-                                                               const int nr, float *out) {
-    const int nb = a->nb, nbp = a->nbp;
-    const size_t xs = (size_t)nbp * 32;
-    const int8_t *x0 = a->qs + (size_t)r0 * xs;
-    const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const int qo = bsize - 16;
-    __m256 acc[KX_ROWS];
-    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
-    int g = 0;
-    for (; g + 8 <= nb; g += 8) {
-        const uint8_t *b = w + (size_t)g * bsize;
-        __m256i lo[4], hi[4];
-        for (int p = 0; p < 4; p++) {
-            __m256i q = KX(load2x128)(b + (2 * p) * bsize + qo, b + (2 * p + 1) * bsize + qo);
-            lo[p] = _mm256_and_si256(q, m4);
-            hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        }
-        // Scales of blocks 0,2,4,6,1,3,5,7: a 32-bit load at each block start (d, then m or
-        // the first qs bytes; always inside the block).
-        __m256i raw = _mm256_setr_epi32(
-            (int)KX(ld32)(b), (int)KX(ld32)(b + 2 * bsize), (int)KX(ld32)(b + 4 * bsize),
-            (int)KX(ld32)(b + 6 * bsize), (int)KX(ld32)(b + bsize), (int)KX(ld32)(b + 3 * bsize),
-            (int)KX(ld32)(b + 5 * bsize), (int)KX(ld32)(b + 7 * bsize));
-        __m256 dw, mw;
-        if (bsize == 20) {
-            KX(f16pair_to_ps)(raw, &dw, &mw);
-        } else {
-            dw = KX(f16lo_to_ps)(raw);
-            mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-        }
-        for (int r = 0; r < nr; r++)
-            acc[r] = KX(q4_group)(acc[r], lo, hi, x0 + r * xs + (size_t)g * 32, dw, mw,
-                                  d0 + (size_t)r * nbp + g, s0 + (size_t)r * nbp + g);
-    }
-    // The last blocks (fewer than 8), a pair at a time: the pair's 8 lanes are 4 partial sums
-    // of each block, so one vector [dw dx of block b x 4 | of block b+1 x 4] scales them.
-    // A lone last block pairs with a zero block (its activation padding is zero too).
-    float mtail[KX_ROWS] = {0};
-    for (; g < nb; g += 2) {
-        const uint8_t *b = w + (size_t)g * bsize;
-        const int two = g + 1 < nb;
-        __m256i q = two ? KX(load2x128)(b + qo, b + bsize + qo)
-                        : _mm256_inserti128_si256(_mm256_setzero_si256(),
-                                                  _mm_loadu_si128((const __m128i *)(b + qo)), 0);
-        const __m256i lo = _mm256_and_si256(q, m4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const float dw0 = KX(h2f)(KX(ld16)(b)), dw1 = two ? KX(h2f)(KX(ld16)(b + bsize)) : 0.0f;
-        const float mw0 = bsize == 20 ? KX(h2f)(KX(ld16)(b + 2)) : -8.0f * dw0;
-        const float mw1 = !two ? 0.0f : bsize == 20 ? KX(h2f)(KX(ld16)(b + bsize + 2)) : -8.0f * dw1;
-        const int p0 = kaon_act_dpos(KAON_ACT_Q4PAIRS, g), p1 = kaon_act_dpos(KAON_ACT_Q4PAIRS, g + 1);
-        for (int r = 0; r < nr; r++) {
-            const int8_t *x = x0 + r * xs + (size_t)g * 32;
-            const float *dx = d0 + (size_t)r * nbp, *sx = s0 + (size_t)r * nbp;
-            __m256i v = KX(dot_pair)(lo, KX(ld)(x), hi, KX(ld)(x + 32));
-            __m256 sc = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(dw0 * dx[p0])),
-                                             _mm_set1_ps(dw1 * dx[p1]), 1);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sc, acc[r]);
-            mtail[r] += mw0 * sx[p0] + mw1 * sx[p1];
-        }
-    }
-    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]) + mtail[r];
-}
-
-// ---- Q8_0 (natural layout) -------------------------------------------------------------
-
-static inline __attribute__((always_inline)) __m256 KX(q8_group)(__m256 acc, const __m256i *wp,
-                                                                 const int8_t *x, __m256 dw,
-                                                                 const float *dx,
-                                                                 const float *sx) {
-    __m256i v[8];
-    for (int i = 0; i < 8; i++) {
-#if KX_VNNI
-        v[i] = KX(dot_u8s8)(wp[i], KX(ld)(x + 32 * i));  // wp = w + 128 (unsigned)
-#else
-        v[i] = KX(dot_u8s8)(_mm256_abs_epi8(wp[i]), _mm256_sign_epi8(KX(ld)(x + 32 * i), wp[i]));
-#endif
-    }
-    __m256i h = KX(reduce8)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_loadu_ps(dx)), acc);
-#if KX_VNNI
-    // sum (w + 128) x = sum w x + 128 sum x: take 128 d_w d_x sum(x) = 128 d_w s back out.
-    acc = _mm256_fnmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(128.0f)), _mm256_loadu_ps(sx), acc);
-#else
-    (void)sx;
-#endif
+    if (KX(fmt_has_m)(fmt)) acc = _mm256_fmadd_ps(mw, _mm256_loadu_ps(sx), acc);
     return acc;
 }
 
-static inline __attribute__((always_inline)) void KX(q8_rows)(const kaon_block_q8_0 *w,
-                                                               const kaon_q8_act *a, int r0,
-                                                               const int nr, float *out) {
-    const int nb = a->nb, nbp = a->nbp;
-    const size_t xs = (size_t)nbp * 32;
+// The weight scales of a group's blocks 0,2,4,6,1,3,5,7 (zero for blocks >= nblk): dw, mw.
+static inline __attribute__((always_inline)) void KX(pair_scales)(const int fmt, const uint8_t *b,
+                                                                  const int nblk, __m256 *dw,
+                                                                  __m256 *mw) {
+    const int bs = KX(fmt_bsize)(fmt);
+    // A 32-bit load at each block start: d, then m (Q4_1) or the first payload bytes.
+#define KX_LD(i) (int)((i) < nblk ? KX(ld32)(b + (i) * bs) : 0u)
+    const __m256i raw = _mm256_setr_epi32(KX_LD(0), KX_LD(2), KX_LD(4), KX_LD(6), KX_LD(1),
+                                          KX_LD(3), KX_LD(5), KX_LD(7));
+#undef KX_LD
+    if (fmt == KX_F_Q4_1) {
+        KX(f16pair_to_ps)(raw, dw, mw);
+    } else {
+        *dw = KX(f16lo_to_ps)(raw);
+        *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(fmt == KX_F_Q4_0 ? -8.0f : -128.0f));
+    }
+}
+
+// The last, partial group of a row: nblk (1..7) blocks in np = (nblk + 1) / 2 pairs.
+static inline __attribute__((always_inline)) void KX(pair_tail)(
+    const int fmt, const int np, const uint8_t *b, const int nblk, const int8_t *x0, size_t xs,
+    const float *d0, const float *s0, size_t ds, const int nr, __m256 *acc) {
+    const int bs = KX(fmt_bsize)(fmt);
+    __m256i lo[4], hi[4];
+    for (int p = 0; p < np; p++)
+        KX(pair_load)(fmt, b + 2 * p * bs, 2 * p + 1 < nblk ? b + (2 * p + 1) * bs : NULL, &lo[p], &hi[p]);
+    __m256 dw, mw;
+    KX(pair_scales)(fmt, b, nblk, &dw, &mw);
+    for (int r = 0; r < nr; r++)
+        acc[r] = KX(pair_group)(acc[r], fmt, np, lo, hi, x0 + r * xs, dw, mw, d0 + r * ds, s0 + r * ds);
+}
+
+static inline __attribute__((always_inline)) void KX(pair_rows)(const uint8_t *w, const int fmt,
+                                                                 const kaon_q8_act *a, int r0,
+                                                                 const int nr, float *out) {
+    const int nb = a->nb, nbp = a->nbp, bs = KX(fmt_bsize)(fmt);
+    const size_t xs = (size_t)nbp * 32, ds = (size_t)nbp;
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
-    const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
+    const float *d0 = a->d + (size_t)r0 * ds, *s0 = a->s + (size_t)r0 * ds;
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     int g = 0;
     for (; g + 8 <= nb; g += 8) {
-        const kaon_block_q8_0 *b = w + g;
-        __m256i wp[8];
-        __m256i raw = _mm256_setr_epi32((int)KX(ld16)(&b[0].d), (int)KX(ld16)(&b[1].d),
-                                        (int)KX(ld16)(&b[2].d), (int)KX(ld16)(&b[3].d),
-                                        (int)KX(ld16)(&b[4].d), (int)KX(ld16)(&b[5].d),
-                                        (int)KX(ld16)(&b[6].d), (int)KX(ld16)(&b[7].d));
-        const __m256 dw = KX(f16lo_to_ps)(raw);
-        for (int i = 0; i < 8; i++) {
-            wp[i] = KX(ld)(b[i].qs);
-#if KX_VNNI
-            wp[i] = _mm256_xor_si256(wp[i], _mm256_set1_epi8((char)0x80));
-#endif
-        }
+        const uint8_t *b = w + (size_t)g * bs;
+        __m256i lo[4], hi[4];
+        for (int p = 0; p < 4; p++) KX(pair_load)(fmt, b + 2 * p * bs, b + (2 * p + 1) * bs, &lo[p], &hi[p]);
+        __m256 dw, mw;
+        KX(pair_scales)(fmt, b, 8, &dw, &mw);
         for (int r = 0; r < nr; r++)
-            acc[r] = KX(q8_group)(acc[r], wp, x0 + r * xs + (size_t)g * 32, dw,
-                                  d0 + (size_t)r * nbp + g, s0 + (size_t)r * nbp + g);
+            acc[r] = KX(pair_group)(acc[r], fmt, 4, lo, hi, x0 + r * xs + (size_t)g * 32, dw, mw,
+                                    d0 + r * ds + g, s0 + r * ds + g);
     }
-    float tail[KX_ROWS] = {0};
-    for (; g < nb; g++) {  // the last blocks (fewer than 8) one at a time
-        const __m256i wq = KX(ld)(w[g].qs);
-        const float dw = KX(h2f)(KX(ld16)(&w[g].d));
-#if KX_VNNI
-        const __m256i wu = _mm256_xor_si256(wq, _mm256_set1_epi8((char)0x80));
-#else
-        const __m256i wa = _mm256_abs_epi8(wq);
-#endif
-        for (int r = 0; r < nr; r++) {
-            const __m256i xv = KX(ld)(x0 + r * xs + (size_t)g * 32);
-            const float dx = d0[(size_t)r * nbp + g];
-#if KX_VNNI
-            __m256i v = KX(dot_u8s8)(wu, xv);
-            tail[r] -= 128.0f * dw * s0[(size_t)r * nbp + g];
-#else
-            __m256i v = KX(dot_u8s8)(wa, _mm256_sign_epi8(xv, wq));
-#endif
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(dw * dx), acc[r]);
+    if (g < nb) {
+        const uint8_t *b = w + (size_t)g * bs;
+        const int nblk = nb - g;
+        const int8_t *xg = x0 + (size_t)g * 32;
+        switch ((nblk + 1) / 2) {
+        case 1: KX(pair_tail)(fmt, 1, b, nblk, xg, xs, d0 + g, s0 + g, ds, nr, acc); break;
+        case 2: KX(pair_tail)(fmt, 2, b, nblk, xg, xs, d0 + g, s0 + g, ds, nr, acc); break;
+        default: KX(pair_tail)(fmt, 3, b, nblk, xg, xs, d0 + g, s0 + g, ds, nr, acc); break;
         }
     }
-    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]) + tail[r];
+    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
 }
+
+// ---- Batched path: 8 weight rows packed for a register-blocked micro-kernel ------------
+//
+// With many activation rows (a batched decode step, a prefill chunk), each tile of 8 weight
+// rows of Q4_0 / Q4_1 / Q8_0 is first unpacked into a buffer that stays in L1: per block, 8
+// vectors [row 0: 4 bytes | row 1: 4 bytes | ... | row 7] (element quads 0..7 of the block,
+// unsigned: nibbles, or Q8_0 + 128 with VNNI), then the 8 weight scales dw and offsets mw as
+// floats. A dot product instruction then yields one int32 per weight row against a broadcast
+// quad of one activation row, so no horizontal sums are needed, and each packed vector is
+// used by up to KX_TILE_NR activation rows while it is in a register.
+//
+// The activations come regrouped (cpu_linear.c): per row and group of 8 blocks, the 256
+// quantized bytes in the Q4PAIRS order, then the 8 d and the 8 s in their Q4PAIRS order
+// (KAON_GRP_BYTES per group), so one pointer per row reaches all three.
+//
+// The numbers are exactly pair_rows' (the path for few rows): pair_rows adds block position j
+// of every group (b = 8 g + j) into float lane j, in order of g, and then sums the lanes as
+// ((l0 + l1) + (l4 + l5)) + ((l2 + l3) + (l6 + l7)) (KX(hsum) over the lane order
+// 0,2,4,6,1,3,5,7). The tile kernel keeps the same 8 partial sums (one vector over the 8
+// weight rows each), adds each block into its own with the same two multiply-adds, and sums
+// them with the same tree. So a row's result does not depend on the batch it is in.
+#define KX_PACK_ROWS 8
+#define KX_PK_BLOCK 320  // bytes per packed block: 8 x 32 quads, dw[8], mw[8]
+#define KX_TILE_NR 8
+
+static size_t KX(pack_bytes)(int nbp) { return (size_t)nbp * KX_PK_BLOCK; }
+
+// 8 rows of 8 int32 lanes -> lane q of every row, for q = 0..7.
+static inline __attribute__((always_inline)) void KX(transpose8)(__m256i *v) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int q = 0; q < 4; q++) {
+        v[q] = _mm256_permute2x128_si256(u[q], u[4 + q], 0x20);
+        v[q + 4] = _mm256_permute2x128_si256(u[q], u[4 + q], 0x31);
+    }
+}
+
+// Packs rows (<= 8) weight rows of rb bytes into dst; rows beyond `rows` are zero. Blocks go
+// in the order (j, g) for b = 8 g + j (blocks past nb are left out).
+static inline __attribute__((always_inline)) void KX(pack_fmt)(const int fmt, const uint8_t *w,
+                                                                size_t rb, int rows, int nb,
+                                                                int nbp, uint8_t *dst) {
+    const int bs = KX(fmt_bsize)(fmt), ng = nbp / 8;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int b = 0; b < nb; b++) {  // padding blocks are never read
+        uint8_t *o = dst + (size_t)((b & 7) * ng + (b >> 3)) * KX_PK_BLOCK;
+        __m256i v[8];
+        uint16_t dh[8] = {0}, mh[8] = {0};
+        for (int i = 0; i < 8; i++) {
+            if (i >= rows || b >= nb) {
+                v[i] = _mm256_setzero_si256();
+                continue;
+            }
+            const uint8_t *blk = w + (size_t)i * rb + (size_t)b * bs;
+            dh[i] = KX(ld16)(blk);
+            if (fmt == KX_F_Q8_0) {
+                v[i] = KX(ld)(blk + 2);
+#if KX_VNNI
+                v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
+#endif
+            } else {
+                if (fmt == KX_F_Q4_1) mh[i] = KX(ld16)(blk + 2);
+                const __m128i q = _mm_loadu_si128((const __m128i *)(blk + bs - 16));
+                const __m256i qq = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+                v[i] = _mm256_and_si256(qq, m4);  // elements 0..15, then 16..31
+            }
+        }
+        KX(transpose8)(v);
+        for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(o + 32 * q), v[q]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        __m256 mw;
+        if (fmt == KX_F_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+        else mw = _mm256_mul_ps(dw, _mm256_set1_ps(fmt == KX_F_Q4_0 ? -8.0f : -128.0f));
+        _mm256_storeu_ps((float *)(o + 256), dw);
+        _mm256_storeu_ps((float *)(o + 288), mw);
+    }
+}
+
+static int KX(pack)(int kind, const void *w, size_t rb, int rows, int nb, int nbp, void *dst) {
+    switch (kind) {
+    case KAON_KI_Q4_0: KX(pack_fmt)(KX_F_Q4_0, w, rb, rows, nb, nbp, dst); return 0;
+    case KAON_KI_Q4_1: KX(pack_fmt)(KX_F_Q4_1, w, rb, rows, nb, nbp, dst); return 0;
+    case KAON_KI_Q8_0: KX(pack_fmt)(KX_F_Q8_0, w, rb, rows, nb, nbp, dst); return 0;
+    default: return 1;
+    }
+}
+
+static inline __attribute__((always_inline)) __m256i KX(bcast32)(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) __m256 KX(bcastf)(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_ps(v);
+}
+
+// Block position j of every group for NR activation rows (row r's regrouped data at xr[r]):
+// the partial sums part[r] (lane i = weight row i).
+static inline __attribute__((always_inline)) void KX(tile_j)(const int fmt, const int j,
+                                                              const uint8_t *pk, const int ng,
+                                                              const int nb,
+                                                              const uint8_t *const *xr,
+                                                              const int NR, __m256 *part) {
+    // Q4PAIRS: quad q of block b = 8 g + j sits at byte c(j, q) of group g; its d at byte
+    // 256 + 4 pos(j), its s 32 bytes further.
+    const int dpos = 256 + 4 * ((j & 1) ? 4 + (j >> 1) : (j >> 1));
+    __m256 A[KX_TILE_NR];
+    for (int r = 0; r < NR; r++) A[r] = _mm256_setzero_ps();
+    const uint8_t *p = pk + (size_t)j * ng * KX_PK_BLOCK;
+    // Padding blocks (b >= nb) are skipped: in pair_rows they add dw dx 0 + 0 sx = +0 (both
+    // scales are zero there), which leaves any sum but -0 unchanged, and these sums start
+    // at +0 and, rounding to nearest, never become -0.
+    const int ngj = (nb - j + 7) / 8;  // groups whose block j is real
+    for (int g = 0; g < ngj; g++, p += KX_PK_BLOCK) {
+        const size_t go = (size_t)g * KAON_GRP_BYTES;
+        __m256i I[KX_TILE_NR];
+        for (int r = 0; r < NR; r++) I[r] = _mm256_setzero_si256();
+        {
+            for (int q = 0; q < 8; q++) {
+                const int c = (j & ~1) * 32 + (q >= 4 ? 32 : 0) + (j & 1) * 16 + ((4 * q) & 15);
+                const __m256i wq = KX(ld)(p + 32 * q);
+                for (int r = 0; r < NR; r++) {
+                    const __m256i xv = KX(bcast32)(xr[r] + go + c);
+#if KX_VNNI
+                    I[r] = _mm256_dpbusd_epi32(I[r], wq, xv);
+#else
+                    if (fmt == KX_F_Q8_0)
+                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(_mm256_abs_epi8(wq), _mm256_sign_epi8(xv, wq)));
+                    else
+                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(wq, xv));
+#endif
+                }
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps((const float *)(p + 256));
+        const __m256 mw = _mm256_loadu_ps((const float *)(p + 288));
+        for (int r = 0; r < NR; r++) {
+            A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]),
+                                   _mm256_mul_ps(dw, KX(bcastf)(xr[r] + go + dpos)), A[r]);
+            if (KX(fmt_has_m)(fmt)) A[r] = _mm256_fmadd_ps(mw, KX(bcastf)(xr[r] + go + dpos + 32), A[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) part[r] = A[r];
+}
+
+// out[r * ldo + i] = weight row i of the packed tile . activation row r (at xg + r * xstride)
+// for r < NR, i < 8.
+static inline __attribute__((always_inline)) void KX(tile_fmt)(const int fmt, const uint8_t *pk,
+                                                                const uint8_t *xg, size_t xstride,
+                                                                int nb, int ng, const int NR,
+                                                                float *out, size_t ldo) {
+    const uint8_t *xr[KX_TILE_NR];
+    for (int r = 0; r < NR; r++) xr[r] = xg + r * xstride;
+    __m256 part[8][KX_TILE_NR];
+    KX(tile_j)(fmt, 0, pk, ng, nb, xr, NR, part[0]);
+    KX(tile_j)(fmt, 1, pk, ng, nb, xr, NR, part[1]);
+    KX(tile_j)(fmt, 2, pk, ng, nb, xr, NR, part[2]);
+    KX(tile_j)(fmt, 3, pk, ng, nb, xr, NR, part[3]);
+    KX(tile_j)(fmt, 4, pk, ng, nb, xr, NR, part[4]);
+    KX(tile_j)(fmt, 5, pk, ng, nb, xr, NR, part[5]);
+    KX(tile_j)(fmt, 6, pk, ng, nb, xr, NR, part[6]);
+    KX(tile_j)(fmt, 7, pk, ng, nb, xr, NR, part[7]);
+    for (int r = 0; r < NR; r++) {
+        const __m256 lo = _mm256_add_ps(_mm256_add_ps(part[0][r], part[1][r]),
+                                        _mm256_add_ps(part[4][r], part[5][r]));
+        const __m256 hi = _mm256_add_ps(_mm256_add_ps(part[2][r], part[3][r]),
+                                        _mm256_add_ps(part[6][r], part[7][r]));
+        _mm256_storeu_ps(out + r * ldo, _mm256_add_ps(lo, hi));
+    }
+}
+
+#define KX_TILE_DISPATCH(FMT)                                                      \
+    switch (nr) {                                                                  \
+    case 1: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 1, out, ldo); break;        \
+    case 2: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 2, out, ldo); break;        \
+    case 3: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 3, out, ldo); break;        \
+    case 4: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 4, out, ldo); break;        \
+    case 5: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 5, out, ldo); break;        \
+    case 6: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 6, out, ldo); break;        \
+    case 7: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 7, out, ldo); break;        \
+    default: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, KX_TILE_NR, out, ldo); break; \
+    }
+
+static void KX(tile_dot)(int kind, const void *pk_, const void *xg_, size_t xstride, int nb,
+                         int nbp, int nr, float *out, size_t ldo) {
+    const uint8_t *pk = pk_, *xg = xg_;
+    const int ng = nbp / 8;
+    switch (kind) {
+    case KAON_KI_Q4_0: KX_TILE_DISPATCH(KX_F_Q4_0); break;
+    case KAON_KI_Q4_1: KX_TILE_DISPATCH(KX_F_Q4_1); break;
+    default: KX_TILE_DISPATCH(KX_F_Q8_0); break;
+    }
+}
+#undef KX_TILE_DISPATCH
 
 // ---- Q4_K (natural layout; one super-block = one group of 8) ----------------------------
 
@@ -370,17 +565,17 @@ static inline __attribute__((always_inline)) void KX(q6k_rows)(const kaon_block_
 #endif
 
 static void KX(qdot_q4_0)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-#define C(N) KX(q4_rows)((const uint8_t *)w, 18, a, r0, N, out)
+#define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q4_0, a, r0, N, out)
     KX_DISPATCH_ROWS(C)
 #undef C
 }
 static void KX(qdot_q4_1)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-#define C(N) KX(q4_rows)((const uint8_t *)w, 20, a, r0, N, out)
+#define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q4_1, a, r0, N, out)
     KX_DISPATCH_ROWS(C)
 #undef C
 }
 static void KX(qdot_q8_0)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-#define C(N) KX(q8_rows)((const kaon_block_q8_0 *)w, a, r0, N, out)
+#define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q8_0, a, r0, N, out)
     KX_DISPATCH_ROWS(C)
 #undef C
 }
@@ -649,8 +844,14 @@ static const kaon_cpu_kernels KX(kernels) = {
              [KAON_KI_Q6_K] = KX(qdot_q6_k)},
     .fdot = {[KAON_KI_F32] = KX(fdot_f32), [KAON_KI_F16] = KX(fdot_f16),
              [KAON_KI_BF16] = KX(fdot_bf16)},
-    .layout = {[KAON_KI_Q4_0] = KAON_ACT_Q4PAIRS, [KAON_KI_Q4_1] = KAON_ACT_Q4PAIRS},
+    .layout = {[KAON_KI_Q4_0] = KAON_ACT_Q4PAIRS, [KAON_KI_Q4_1] = KAON_ACT_Q4PAIRS,
+               [KAON_KI_Q8_0] = KAON_ACT_Q4PAIRS},
     .quantize_row = KX(quantize_row),
+    .pack_rows = KX_PACK_ROWS,
+    .tile_rows = KX_TILE_NR,
+    .pack_bytes = KX(pack_bytes),
+    .pack = KX(pack),
+    .tile_dot = KX(tile_dot),
     .dot_f32 = KX(dot_f32),
     .attn_scores = KX(attn_scores),
     .attn_accum = KX(attn_accum),

@@ -15,6 +15,8 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define ATT_THREADS 128
 #define ATT_TILE 128  // keys per tile: one per thread
@@ -43,6 +45,7 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
             bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
     extern __shared__ float sm[];
     __shared__ int last_flag;
+    kc_pdl_trigger();  // the o projection may start loading its weights
     const int g = nh / nkv;
     float *q_s = sm;                       // [g, hd]
     float *p_s = q_s + g * hd;             // [g, TILE] scores, then probabilities
@@ -226,20 +229,37 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
     __syncthreads();
     if (!last_flag) return;
     __threadfence();
-    for (int i = tid; i < g * hd; i += ATT_THREADS) {
-        const int h = i / hd, d = i % hd;
+    // Merge: one warp per head turns the ranges' (max, sum) into weights exp(m_z - M) / L
+    // (p_s is free now), then every thread sums a pair of output dims over the ranges with
+    // independent loads (a chain of dependent L2 loads here cost ~25 us per layer).
+    float *w_s = p_s;  // [g, ATT_MAX_SPLITS]
+    for (int h = warp; h < g; h += ATT_THREADS / 32) {
         const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
-        float M = -INFINITY;
-        for (int zz = 0; zz < n_act; zz++) M = fmaxf(M, __ldcg(pb + zz * stride + hd));
-        float L = 0.f, O = 0.f;
+        const float m0 = lane < n_act ? __ldcg(pb + lane * stride + hd) : -INFINITY;
+        const float m1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + hd) : -INFINITY;
+        const float M = warp_max(fmaxf(m0, m1));
+        const float e0 = m0 == -INFINITY ? 0.f : __expf(m0 - M);
+        const float e1 = m1 == -INFINITY ? 0.f : __expf(m1 - M);
+        const float l0 = lane < n_act ? __ldcg(pb + lane * stride + hd + 1) : 0.f;
+        const float l1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + hd + 1) : 0.f;
+        const float L = warp_sum(e0 * l0 + e1 * l1);
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        if (lane < n_act) w_s[h * ATT_MAX_SPLITS + lane] = e0 * inv;
+        if (lane + 32 < n_act) w_s[h * ATT_MAX_SPLITS + lane + 32] = e1 * inv;
+    }
+    __syncthreads();
+    for (int i = tid; i < g * (hd / 2); i += ATT_THREADS) {
+        const int h = i / (hd / 2), d2 = i % (hd / 2);
+        const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
+        const float *wh = w_s + h * ATT_MAX_SPLITS;
+        float2 o = make_float2(0.f, 0.f);
+#pragma unroll 8
         for (int zz = 0; zz < n_act; zz++) {
-            const float mz = __ldcg(pb + zz * stride + hd);
-            if (mz == -INFINITY) continue;
-            const float w = __expf(mz - M);
-            L += w * __ldcg(pb + zz * stride + hd + 1);
-            O += w * __ldcg(pb + zz * stride + d);
+            const float2 v = __ldcg((const float2 *)(pb + zz * stride) + d2);
+            o.x = fmaf(wh[zz], v.x, o.x);
+            o.y = fmaf(wh[zz], v.y, o.y);
         }
-        out[((size_t)t * nh + (size_t)kvh * g + h) * hd + d] = __float2bfloat16(L > 0.f ? O / L : 0.f);
+        ((__nv_bfloat162 *)(out + ((size_t)t * nh + (size_t)kvh * g + h) * hd))[d2] = __floats2bfloat162_rn(o.x, o.y);
     }
     if (tid == 0) *cnt = 0u;
 }
@@ -270,6 +290,20 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
     const int32_t *d_seq = kc_dev_i32(b, m->token_seq, (size_t)T);
     const int32_t *d_tab = kc_dev_i32(b, m->block_tables, (size_t)m->n_seqs * m->max_blocks);
     if (!d_pos || !d_seq || !d_tab) return -1;
+    // Runs of prefill tokens go to the tensor-core kernel (cuda_attention_prefill.cu), launched
+    // after this one: this one sees their positions marked invalid and writes zeros there.
+    const int32_t *d_pos_rest = d_pos;
+    const int fa = kc_attention_prefill_plan(b, m, nh, nkv, hd, scale, d_pos, d_seq, &d_pos_rest);
+    if (fa < 0) return -1;
+    // The streaming kernel (cuda_attention_decode.cu) where it has an instance; else this one.
+    const char *dec_env = getenv("KAON_DECODE_ATTN");
+    const int dec = dec_env && !strcmp(dec_env, "0")
+                        ? 1
+                        : kc_attention_decode(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh, nkv,
+                                              hd, scale, out);
+    if (dec < 0) return -1;
+    if (dec == 0)
+        return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale, out) : 0;
     // Enough (token, kv head, range) blocks for two waves of the GPU; the ranges in use
     // shrink with the context inside the kernel.
     int64_t want = (2LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
@@ -283,8 +317,9 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
     }
     const size_t smem = att_smem_bytes(g, hd);
     dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
-    k_attention<<<grid, ATT_THREADS, smem, b->stream>>>(q, kcache, vcache, d_pos, d_seq, d_tab, m->n_seqs,
+    k_attention<<<grid, ATT_THREADS, smem, b->stream>>>(q, kcache, vcache, d_pos_rest, d_seq, d_tab, m->n_seqs,
                                                         m->max_blocks, m->block_size, n_slots, nh, nkv, hd,
                                                         scale, out, b->attn_part, b->attn_count);
-    return kc_launched(b, "attention");
+    if (kc_launched(b, "attention")) return -1;
+    return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale, out) : 0;
 }

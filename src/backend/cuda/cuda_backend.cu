@@ -314,6 +314,10 @@ static int weight_dims(kc_backend *b, const kaon_tensor *t, int64_t *rows, int64
 
 static int cuda_upload(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev) {
     kc_backend *b = kc(be);
+    {  // quantized GGUF matrices stay quantized (cuda_quant.cu)
+        const int q = kc_quant_upload(b, host, dev);
+        if (q != 1) return q;
+    }
     int64_t rows = 0, cols = 0;
     if (weight_dims(b, host, &rows, &cols)) return -1;
     if (!host->data) return kc_fail(b, "cuda upload: no data");
@@ -426,6 +430,7 @@ static int rope_sync(kc_backend *b, const kaon_rope *r, int hd) {
 
 static void cuda_embed(kaon_backend *be, const kaon_tensor *table, const int32_t *ids, int n, void *out) {
     kc_backend *b = kc(be);
+    if (kc_quant_embed(b, table, ids, n, out) != 1) return;  // quantized table (cuda_quant.cu)
     if (n <= 0 || !is_matrix(b, table, "embed")) return;
     const int32_t *d = kc_dev_i32(b, ids, (size_t)n);
     if (!d) return;
@@ -450,6 +455,7 @@ static void cuda_rmsnorm(kaon_backend *be, void *x, const void *add, const kaon_
 static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
                         const kaon_tensor *bias, void *y) {
     kc_backend *b = kc(be);
+    if (kc_quant_linear(b, x, n, w, bias, y, 0) != 1) return;  // quantized weight (cuda_quant.cu)
     if (n <= 0 || !is_matrix(b, w, "linear")) return;
     if (bias && !is_vector(b, bias, w->shape[0], "linear bias")) return;
     kc_gemm_bf16(b, (const bf16 *)x, n, (const bf16 *)w->data, (int)w->shape[0], (int)w->shape[1],
@@ -458,6 +464,7 @@ static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_tenso
 
 static void cuda_linear_f32(kaon_backend *be, const void *x, int n, const kaon_tensor *w, float *y) {
     kc_backend *b = kc(be);
+    if (kc_quant_linear(b, x, n, w, NULL, y, 1) != 1) return;  // quantized weight (cuda_quant.cu)
     if (n <= 0 || !is_matrix(b, w, "linear_f32")) return;
     kc_gemm_bf16(b, (const bf16 *)x, n, (const bf16 *)w->data, (int)w->shape[0], (int)w->shape[1], NULL, y, 1);
 }
@@ -562,6 +569,28 @@ static void cuda_copy_f32_to_host(kaon_backend *be, const float *x, size_t n, fl
     memcpy(out, b->host_out, n * sizeof(float));
 }
 
+static int cuda_copy_rows_f32_to_host(kaon_backend *be, const float *x, int n, const int32_t *rows,
+                                      int n_rows, float *out) {
+    kc_backend *b = kc(be);
+    if (n_rows <= 0) return 0;
+    if (b->capturing) return kc_fail(b, "cuda: copy_rows_f32_to_host while recording a graph");
+    const size_t row_bytes = (size_t)n * sizeof(float);
+    if (host_staging(b, row_bytes * n_rows)) return -1;
+    char *h = (char *)b->host_out;
+    for (int i = 0; i < n_rows; i++)
+        if (kc_check(b, cudaMemcpyAsync(h + row_bytes * i, x + (size_t)rows[i] * n, row_bytes,
+                                        cudaMemcpyDeviceToHost, b->stream), "logits copy"))
+            return -1;
+    if (kc_check(b, cudaStreamSynchronize(b->stream), "step")) return -1;
+    for (int i = 0; i < n_rows; i++) memcpy(out + (size_t)rows[i] * n, h + row_bytes * i, row_bytes);
+    return 0;
+}
+
+static int cuda_sample(kaon_backend *be, const float *logits, int vocab, const kaon_sample_batch *sb,
+                       int32_t *ids, float *logprobs) {
+    return kc_sample(kc(be), (float *)logits, vocab, sb, ids, logprobs);
+}
+
 static int cuda_status(kaon_backend *be) {
     kc_backend *b = kc(be);
     if (!b->err) return 0;
@@ -579,6 +608,10 @@ static int cuda_mem_info(kaon_backend *be, size_t *free_b, size_t *total_b) {
 static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
                              const kaon_tensor *const *w, const kaon_tensor *const *bias, void *const *y) {
     kc_backend *b = kc(be);
+    {  // quantized weights (cuda_quant.cu)
+        const int q = kc_quant_linear_multi(b, x, n, count, w, bias, y);
+        if (q != 1) return q;
+    }
     if (n > KC_GEMV_MAX_N || count < 1 || count > 4) return 1;
     const bf16 *ws[4];
     const float *bs[4];
@@ -599,6 +632,10 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
 static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_tensor *wg,
                                 const kaon_tensor *wu, void *out) {
     kc_backend *b = kc(be);
+    {  // quantized weights (cuda_quant.cu)
+        const int q = kc_quant_linear_silu_mul(b, x, n, wg, wu, out);
+        if (q != 1) return q;
+    }
     if (n > KC_GEMV_MAX_N) return 1;
     if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
     if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
@@ -646,6 +683,8 @@ static void cuda_destroy(kaon_backend *be) {
     if (b->attn_count) cudaFree(b->attn_count);
     if (b->fuse_tmp) cudaFree(b->fuse_tmp);
     if (b->host_out) cudaFreeHost(b->host_out);
+    kc_sampler_free(b);
+    kc_quant_destroy(b);
     if (b->meta_done) cudaEventDestroy(b->meta_done);
     if (b->stream) cudaStreamDestroy(b->stream);
     free(b);
@@ -681,6 +720,9 @@ static kaon_backend_ops make_ops(void) {
     o.rope_kv_write = cuda_rope_kv_write;
     o.linear_f32 = cuda_linear_f32;
     o.copy_f32_to_host = cuda_copy_f32_to_host;
+    o.sample = cuda_sample;
+    o.copy_rows_f32_to_host = cuda_copy_rows_f32_to_host;
+    o.moe = kc_moe_op;
     return o;
 }
 
@@ -720,6 +762,8 @@ extern "C" kaon_backend *kaon_backend_cuda_create(int device) {
     b->cur_graph = -1;
     const char *g = getenv("KAON_CUDA_GRAPHS");
     b->graphs_disabled = g && !strcmp(g, "0");
+    const char *pdl = getenv("KAON_PDL");
+    b->pdl = !(pdl && !strcmp(pdl, "0"));
     const char *occ = getenv("KAON_GEMV_OCC");
     b->gemv_occ = occ && !strcmp(occ, "1");
     b->lt_ws_bytes = (size_t)32 << 20;

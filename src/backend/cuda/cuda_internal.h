@@ -16,7 +16,7 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
-#define KC_MAX_GRAPHS 24
+#define KC_MAX_GRAPHS 64
 #define KC_MAX_GEMMS 64
 
 // One cached cuBLASLt problem: descriptors and the algorithm the heuristic chose.
@@ -40,6 +40,8 @@ typedef struct kc_alloc_rec {
     void *p;
     size_t bytes;
 } kc_alloc_rec;
+
+typedef struct kc_sampler kc_sampler;  // cuda_sample.cu's buffers
 
 typedef struct kc_backend {
     kaon_backend base;
@@ -76,6 +78,9 @@ typedef struct kc_backend {
     size_t attn_part_cap;  // floats
     unsigned *attn_count;
     size_t attn_count_cap;
+    // Positions for the split-K kernel with the prefill kernel's tokens marked ([tokens]).
+    int32_t *fa_mark;
+    size_t fa_mark_cap;
 
     // Scratch for cuBLAS fallbacks of fused ops ([n, ffn] of the up projection).
     bf16 *fuse_tmp;
@@ -91,7 +96,15 @@ typedef struct kc_backend {
     int in_graph_step;   // between graph_begin and graph_end
     int cur_graph;       // index into graphs, -1 when none
     int graphs_disabled;
+    int pdl;             // programmatic dependent launch for the decode kernels (KAON_PDL=0: off)
     int gemv_occ;        // KAON_GEMV_OCC=1: the occupancy-first GEMV variant (for comparison)
+
+    kc_sampler *sampler;  // NULL until the first sample()
+    struct kc_quant *quant;  // cuda_quant.cu's state and scratch (NULL until the first quantized weight)
+
+    // cuda_moe.cu's scratch (from the backend's alloc, so destroy frees it).
+    void *moe_buf;
+    size_t moe_cap;
 
     // First asynchronous error (sticky until status() reports it).
     int err;
@@ -100,6 +113,30 @@ typedef struct kc_backend {
 } kc_backend;
 
 static inline kc_backend *kc(kaon_backend *be) { return (kc_backend *)be; }
+
+// Programmatic dependent launch (Hopper): a kernel launched with kc_launch may start while
+// the kernel before it is finishing, so it must call kc_pdl_wait() before it reads anything
+// an earlier kernel wrote or writes anything an earlier kernel reads (every block, also
+// those that return early); what it does before (address math, loading weights) overlaps
+// the previous kernel's tail. kc_pdl_trigger() lets the next kernel start launching.
+static __device__ __forceinline__ void kc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+static __device__ __forceinline__ void kc_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kc_launch(kc_backend *b, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                    size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = b->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = b->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
 
 // Records the first error (later ones are dropped) and returns -1.
 int kc_fail(kc_backend *b, const char *fmt, ...) KAON_PRINTF(2, 3);
@@ -141,6 +178,22 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
                  const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
                  bf16 *out);
 int kc_attention_init(kc_backend *b);
+// The streaming kernel for tokens attending to their context one by one (decode): 0 launched,
+// 1 no instance for these shapes, -1 error. Tokens with a negative position get zeros.
+int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                        const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out);
+
+// ---- prefill attention on the tensor cores (cuda_attention_prefill.cu) ----
+// Called by kc_attention before its split-K kernel: 1 when the step's shape allows runs of
+// prefill tokens (then *d_pos_rest = positions with those tokens marked, for the split-K kernel,
+// and kc_attention_prefill must run after it), 0 when not (*d_pos_rest = d_pos), -1 on error.
+int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale,
+                              const int32_t *d_pos, const int32_t *d_seq, const int32_t **d_pos_rest);
+// Overwrites the output rows of the marked tokens.
+int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                         const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out);
 
 // ---- matrices (cuda_linear.cu) ----
 // y [n, out] = x [n, in] @ w [out, in]^T (+ bias f32); y bf16, or f32 when f32out.
@@ -154,5 +207,31 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
                  int rows, bf16 *out);
 void kc_gemm_cache_free(kc_backend *b);
+
+// ---- mixture of experts (cuda_moe.cu): the moe op of backend.h ----
+extern "C" int kc_moe_op(kaon_backend *be, const void *x, int n, const int32_t *positions,
+                         const kaon_moe_weights *w, uint32_t *counts, void *out);
+
+// ---- sampling (cuda_sample.cu) ----
+// Samples sb's rows of logits [*, vocab] (edited in place) into host ids / logprobs; waits.
+int kc_sample(kc_backend *b, float *logits, int vocab, const kaon_sample_batch *sb, int32_t *ids,
+              float *logprobs);
+void kc_sampler_free(kc_backend *b);
+
+// ---- quantized GGUF weights (cuda_quant.cu) ----
+// Matrices of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K stay quantized on the device (their own layout; the
+// tensor keeps the GGUF dtype). Each hook returns 1 when no weight it gets is quantized (the
+// caller goes on with its bf16 path), else 0 when done or -1 on error (recorded).
+// KAON_CUDA_QUANT=0: upload declines, so weights are expanded to bf16 as before.
+int kc_quant_upload(kc_backend *b, const kaon_tensor *host, kaon_tensor *dev);
+int kc_quant_embed(kc_backend *b, const kaon_tensor *table, const int32_t *ids, int n, void *out);
+int kc_quant_linear(kc_backend *b, const void *x, int n, const kaon_tensor *w, const kaon_tensor *bias, void *y,
+                    int f32out);
+// The fused ops: done here as soon as one of the weights is quantized (never declined).
+int kc_quant_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_tensor *const *w,
+                          const kaon_tensor *const *bias, void *const *y);
+int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_tensor *wg, const kaon_tensor *wu,
+                             void *out);
+void kc_quant_destroy(kc_backend *b);
 
 #endif

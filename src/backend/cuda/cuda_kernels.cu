@@ -18,6 +18,8 @@ static __device__ __forceinline__ float rbf(float x) { return bf(tobf(x)); }
 // One block per row; 16-byte copies when the row allows (dim % 8 == 0).
 __global__ void k_gather_rows(const bf16 *__restrict__ src, int64_t n_src, int dim,
                               const int32_t *__restrict__ idx, bf16 *__restrict__ out) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const int i = blockIdx.x;
     const int64_t r = idx[i];
     bf16 *o = out + (size_t)i * dim;
@@ -38,14 +40,14 @@ __global__ void k_gather_rows(const bf16 *__restrict__ src, int64_t n_src, int d
 void kc_embed(kc_backend *b, const bf16 *table, int64_t vocab, int dim, const int32_t *d_ids,
               int n, bf16 *out) {
     if (n <= 0) return;
-    k_gather_rows<<<n, 128, 0, b->stream>>>(table, vocab, dim, d_ids, out);
+    kc_launch(b, k_gather_rows, dim3(n), dim3(128), 0, table, vocab, dim, d_ids, out);
     kc_launched(b, "embed");
 }
 
 void kc_get_rows(kc_backend *b, const bf16 *x, const int32_t *d_idx, int n, int dim, bf16 *out) {
     if (n <= 0) return;
     // x's row count is not known here; the runner checked the rows against the batch.
-    k_gather_rows<<<n, 128, 0, b->stream>>>(x, INT64_MAX, dim, d_idx, out);
+    kc_launch(b, k_gather_rows, dim3(n), dim3(128), 0, x, (int64_t)INT64_MAX, dim, d_idx, out);
     kc_launched(b, "get_rows");
 }
 
@@ -71,6 +73,8 @@ template <bool VEC>
 __global__ void k_rmsnorm(bf16 *__restrict__ x, const bf16 *__restrict__ add,
                           const float *__restrict__ w, float eps, int dim, bf16 *out) {
     __shared__ float red[33];
+    kc_pdl_trigger();
+    kc_pdl_wait();
     bf16 *xr = x + (size_t)blockIdx.x * dim;
     const bf16 *ar = add ? add + (size_t)blockIdx.x * dim : nullptr;
     bf16 *orow = out + (size_t)blockIdx.x * dim;
@@ -123,9 +127,9 @@ void kc_rmsnorm(kc_backend *b, bf16 *x, const bf16 *add, const float *w, float e
     if (threads > 1024) threads = 1024;
     if (threads < 32) threads = 32;
     if (vec)
-        k_rmsnorm<true><<<n, threads, 0, b->stream>>>(x, add, w, eps, dim, out);
+        kc_launch(b, k_rmsnorm<true>, dim3(n), dim3(threads), 0, x, add, w, eps, dim, out);
     else
-        k_rmsnorm<false><<<n, threads, 0, b->stream>>>(x, add, w, eps, dim, out);
+        kc_launch(b, k_rmsnorm<false>, dim3(n), dim3(threads), 0, x, add, w, eps, dim, out);
     kc_launched(b, "rmsnorm");
 }
 
@@ -195,6 +199,8 @@ __global__ void k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 
                                 const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
                                 int64_t n_slots, int nh, int nkv, int hd, int half, int interleaved,
                                 const float *__restrict__ inv_freq) {
+    kc_pdl_trigger();
+    kc_pdl_wait();
     const int t = blockIdx.x;
     const float p = (float)pos[t];
     const int64_t s = slot[t];
@@ -222,8 +228,8 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved) {
     if (n <= 0) return;
-    k_rope_kv_write<<<n, 256, 0, b->stream>>>(q, k, v, kcache, vcache, d_pos, d_slot, n_slots, nh,
-                                              nkv, hd, rot_dim / 2, interleaved, b->d_inv_freq);
+    kc_launch(b, k_rope_kv_write, dim3(n), dim3(256), 0, q, k, v, kcache, vcache, d_pos, d_slot, n_slots,
+              nh, nkv, hd, rot_dim / 2, interleaved, (const float *)b->d_inv_freq);
     kc_launched(b, "rope_kv_write");
 }
 

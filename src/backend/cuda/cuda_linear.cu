@@ -66,8 +66,12 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
             rows = a.rows[i];
             begin = a.begin[i];
         }
+    kc_pdl_trigger();
     const int row = (bid - begin) * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    if (row >= rows) {
+        kc_pdl_wait();
+        return;
+    }
     const int lane = threadIdx.x & 31, nc = in >> 3;
     const uint4 *wr = (const uint4 *)(w + (size_t)row * in);
     const uint4 *xr = (const uint4 *)x;
@@ -77,10 +81,15 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     // U loads of the weight row in flight per lane (fewer when many x rows need registers).
     constexpr int U = NB <= 2 ? 8 : 4;
     int c = lane;
+    bool waited = false;  // the first weights are requested before waiting for x
     for (; c + 32 * (U - 1) < nc; c += 32 * U) {
         uint4 wv[U];
 #pragma unroll
         for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+        if (!waited) {
+            kc_pdl_wait();
+            waited = true;
+        }
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             const uint4 *xb = xr + (size_t)b * nc + c;
@@ -90,6 +99,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
             acc[b] = s;
         }
     }
+    if (!waited) kc_pdl_wait();
     for (; c < nc; c += 32) {
         const uint4 w0 = ld_stream(wr + c);
 #pragma unroll
@@ -113,8 +123,12 @@ template <int NB, int MINB>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
+    kc_pdl_trigger();
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    if (row >= rows) {
+        kc_pdl_wait();
+        return;
+    }
     const int lane = threadIdx.x & 31, nc = in >> 3;
     const uint4 *gr = (const uint4 *)(wg + (size_t)row * in);
     const uint4 *ur = (const uint4 *)(wu + (size_t)row * in);
@@ -124,12 +138,17 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
     for (int b = 0; b < NB; b++) ag[b] = au[b] = 0.f;
     constexpr int U = NB <= 2 ? 4 : 2;  // 2U weight loads in flight per lane
     int c = lane;
+    bool waited = false;  // the first weights are requested before waiting for x
     for (; c + 32 * (U - 1) < nc; c += 32 * U) {
         uint4 gv[U], uv[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             gv[u] = ld_stream(gr + c + 32 * u);
             uv[u] = ld_stream(ur + c + 32 * u);
+        }
+        if (!waited) {
+            kc_pdl_wait();
+            waited = true;
         }
 #pragma unroll
         for (int b = 0; b < NB; b++) {
@@ -142,6 +161,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             }
         }
     }
+    if (!waited) kc_pdl_wait();
     for (; c < nc; c += 32) {
         const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
 #pragma unroll
@@ -191,16 +211,16 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
     switch (n) {
     case 1:
-        if (b->gemv_occ) k_gemv<1, 4><<<grid, block, 0, b->stream>>>(x, in, a);
-        else k_gemv<1, 1><<<grid, block, 0, b->stream>>>(x, in, a);
+        if (b->gemv_occ) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
+        else kc_launch(b, k_gemv<1, 1>, grid, block, 0, x, in, a);
         break;
-    case 2: k_gemv<2, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
-    case 3: k_gemv<3, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
-    case 4: k_gemv<4, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
-    case 5: k_gemv<5, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
-    case 6: k_gemv<6, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
-    case 7: k_gemv<7, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
-    default: k_gemv<8, 1><<<grid, block, 0, b->stream>>>(x, in, a); break;
+    case 2: kc_launch(b, k_gemv<2, 1>, grid, block, 0, x, in, a); break;
+    case 3: kc_launch(b, k_gemv<3, 1>, grid, block, 0, x, in, a); break;
+    case 4: kc_launch(b, k_gemv<4, 1>, grid, block, 0, x, in, a); break;
+    case 5: kc_launch(b, k_gemv<5, 1>, grid, block, 0, x, in, a); break;
+    case 6: kc_launch(b, k_gemv<6, 1>, grid, block, 0, x, in, a); break;
+    case 7: kc_launch(b, k_gemv<7, 1>, grid, block, 0, x, in, a); break;
+    default: kc_launch(b, k_gemv<8, 1>, grid, block, 0, x, in, a); break;
     }
     return kc_launched(b, "gemv");
 }
@@ -213,16 +233,16 @@ int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, co
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
     switch (n) {
     case 1:
-        if (b->gemv_occ) k_gemv_silu<1, 4><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out);
-        else k_gemv_silu<1, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out);
+        if (b->gemv_occ) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        else kc_launch(b, k_gemv_silu<1, 1>, grid, block, 0, x, in, wg, wu, rows, out);
         break;
-    case 2: k_gemv_silu<2, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
-    case 3: k_gemv_silu<3, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
-    case 4: k_gemv_silu<4, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
-    case 5: k_gemv_silu<5, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
-    case 6: k_gemv_silu<6, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
-    case 7: k_gemv_silu<7, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
-    default: k_gemv_silu<8, 1><<<grid, block, 0, b->stream>>>(x, in, wg, wu, rows, out); break;
+    case 2: kc_launch(b, k_gemv_silu<2, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 3: kc_launch(b, k_gemv_silu<3, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 4: kc_launch(b, k_gemv_silu<4, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 5: kc_launch(b, k_gemv_silu<5, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 6: kc_launch(b, k_gemv_silu<6, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 7: kc_launch(b, k_gemv_silu<7, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    default: kc_launch(b, k_gemv_silu<8, 1>, grid, block, 0, x, in, wg, wu, rows, out); break;
     }
     return kc_launched(b, "gemv_silu");
 }

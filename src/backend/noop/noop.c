@@ -43,6 +43,11 @@ static void noop_silu(kaon_backend *be, const void *g, const void *u, int n, int
 static void noop_to_host(kaon_backend *be, const void *x, size_t n, float *out) {
     (void)be; (void)x; (void)n; (void)out;
 }
+static int noop_moe(kaon_backend *be, const void *x, int n, const int32_t *pos,
+                    const kaon_moe_weights *w, uint32_t *counts, void *out) {
+    (void)be; (void)x; (void)n; (void)pos; (void)w; (void)counts; (void)out;
+    return 0;
+}
 static void noop_destroy(kaon_backend *be) { free(be); }
 
 static const kaon_backend_ops noop_ops = {
@@ -50,6 +55,7 @@ static const kaon_backend_ops noop_ops = {
     .embed = noop_embed, .get_rows = noop_get_rows, .rmsnorm = noop_rmsnorm, .linear = noop_linear,
     .rope = noop_rope, .kv_write = noop_kv_write, .attention = noop_attention,
     .silu_and_mul = noop_silu, .to_host_f32 = noop_to_host, .destroy = noop_destroy,
+    .moe = noop_moe,
 };
 
 kaon_backend *kaon_backend_noop_create(void) {

@@ -1,0 +1,196 @@
+// The moe op on the CPU: route, group the tokens by expert, run each chosen expert once over
+// all of its tokens, add the weighted outputs back per token.
+//
+//   logits = x @ router^T                          [n, E]   (the linear kernels, any format)
+//   top-k of softmax(logits) per token (ties: the lower expert id), renormalised if asked
+//   tokens grouped by expert: counts, offsets, the token of each slot (ascending per expert)
+//   for each expert e with tokens: xe = x[tokens of e]                  [n_e, dim]
+//       h = silu(xe @ gate_e^T) * (xe @ up_e^T)                         [n_e, ffn]
+//       out[token] += p * (h @ down_e^T)[row]                            [n_e, dim]
+// Each expert's weights are read once per step for all the tokens routed to it, through the
+// same quantized (8-bit activation) or float kernels as the dense layers, so a quantized file
+// costs per expert what a dense MLP of that width costs.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "util/err.h"
+
+#define MOE_MAX_TOPK 64
+
+static void *moe_scratch(kaon_cpu_backend *be, size_t bytes) {
+    if (bytes <= be->moe_scratch_cap) return be->moe_scratch;
+    size_t cap = (bytes + bytes / 4 + 4096 + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, cap) != 0) {
+        kaon_set_error("cpu moe: out of memory for %zu bytes of scratch", bytes);
+        return NULL;
+    }
+    free(be->moe_scratch);
+    be->moe_scratch = p;
+    be->moe_scratch_cap = cap;
+    return p;
+}
+
+static bool is_matrix(const kaon_tensor *t, int64_t rows, int64_t cols) {
+    return t && t->data && t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
+}
+
+// Bump allocator over one scratch block (64-byte aligned pieces).
+typedef struct bump {
+    char *p;
+    size_t used;
+} bump;
+
+static void *take(bump *b, size_t bytes) {
+    void *r = b->p ? b->p + b->used : NULL;
+    b->used += (bytes + 63) & ~(size_t)63;
+    return r;
+}
+
+// Top-k of softmax(l) [E]: ids in descending probability (ties: lower id first), weights p.
+static void route_token(const float *l, int E, int k, bool norm, int32_t *ids, float *p) {
+    float mx = l[0];
+    for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+    uint64_t taken[4096 / 64] = {0};
+    double sel = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!(taken[e / 64] >> (e % 64) & 1) && (best < 0 || l[e] > l[best])) best = e;
+        taken[best / 64] |= (uint64_t)1 << (best % 64);
+        ids[j] = best;
+        const double q = exp((double)l[best] - mx);
+        p[j] = (float)(q / sum);
+        sel += q;
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) p[j] = (float)(exp((double)l[ids[j]] - mx) / sel);
+}
+
+// y = silu(x @ g^T) * (x @ u^T), through the fused kernel when g and u share a format.
+static void silu_mlp(kaon_backend *be, const float *x, int n, const kaon_tensor *g,
+                     const kaon_tensor *u, float *h, float *tmp) {
+    if (kaon_cpu_linear_silu_mul(be, x, n, g, u, h) != 1) return;
+    const kaon_cpu_kernels *k = ((kaon_cpu_backend *)be)->k;
+    const int64_t F = g->shape[0];
+    kaon_cpu_linear(be, x, n, g, NULL, h);
+    kaon_cpu_linear(be, x, n, u, NULL, tmp);
+    for (int r = 0; r < n; r++) k->silu_mul(h + (size_t)r * F, tmp + (size_t)r * F, h + (size_t)r * F, (int)F);
+}
+
+int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positions,
+                 const kaon_moe_weights *w, uint32_t *counts, void *out_) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    const float *x = x_;
+    float *out = out_;
+    if (n <= 0) return 0;
+    if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
+        return kaon_set_error("cpu moe: bad arguments");
+    const int E = w->n_experts, K = w->top_k;
+    if (E < 1 || E > 4096 || K < 1 || K > E || K > MOE_MAX_TOPK || w->router->ndim != 2 ||
+        w->router->shape[0] != E)
+        return kaon_set_error("cpu moe: %d experts, top %d, router of %lld rows", E, K,
+                              w->router ? (long long)w->router->shape[0] : -1LL);
+    const int64_t dim = w->router->shape[1], F = w->gate[0].shape[0];
+    const int64_t SF = w->shared_gate ? w->shared_gate->shape[0] : 0;
+    for (int e = 0; e < E; e++)
+        if (!is_matrix(&w->gate[e], F, dim) || !is_matrix(&w->up[e], F, dim) || !is_matrix(&w->down[e], dim, F))
+            return kaon_set_error("cpu moe: expert %d's weights are not [%lld, %lld] / [%lld, %lld]", e,
+                                  (long long)F, (long long)dim, (long long)dim, (long long)F);
+    if (SF && (!is_matrix(w->shared_gate, SF, dim) || !is_matrix(w->shared_up, SF, dim) ||
+               !is_matrix(w->shared_down, dim, SF) ||
+               (w->shared_gate_inp && !is_matrix(w->shared_gate_inp, 1, dim))))
+        return kaon_set_error("cpu moe: shared expert shapes");
+
+    // Scratch: sizes first (b.p == NULL), then the pointers.
+    const size_t NK = (size_t)n * K, wide = (size_t)(F > SF ? F : SF);
+    float *logits = NULL, *pw = NULL, *slot_w = NULL, *xe = NULL, *he = NULL, *tmp = NULL, *ye = NULL, *sg = NULL;
+    int32_t *ids = NULL, *cnt = NULL, *off = NULL, *slot_tok = NULL, *fill = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        bump b = {NULL, 0};
+        if (pass) {
+            b.p = moe_scratch(be, 0);
+        }
+        logits = take(&b, (size_t)n * E * sizeof(float));
+        ids = take(&b, NK * sizeof(int32_t));
+        pw = take(&b, NK * sizeof(float));
+        cnt = take(&b, (size_t)E * sizeof(int32_t));
+        off = take(&b, (size_t)(E + 1) * sizeof(int32_t));
+        fill = take(&b, (size_t)E * sizeof(int32_t));
+        slot_tok = take(&b, NK * sizeof(int32_t));
+        slot_w = take(&b, NK * sizeof(float));
+        // Gathered rows and outputs of one expert (at most n tokens; the shared expert: n).
+        xe = take(&b, (size_t)n * dim * sizeof(float));
+        he = take(&b, (size_t)n * wide * sizeof(float));
+        tmp = take(&b, (size_t)n * wide * sizeof(float));
+        ye = take(&b, (size_t)n * dim * sizeof(float));
+        sg = take(&b, (size_t)n * sizeof(float));
+        if (!pass && !moe_scratch(be, b.used)) return -1;
+    }
+
+    // 1. Route.
+    kaon_cpu_linear(be_, x, n, w->router, NULL, logits);  // [n, E]
+    for (int t = 0; t < n; t++)
+        route_token(logits + (size_t)t * E, E, K, w->norm_topk, ids + (size_t)t * K, pw + (size_t)t * K);
+
+    // 2. Group by expert: slots [off[e], off[e+1]) hold e's tokens in ascending order.
+    // Padding tokens (negative position) go nowhere.
+    for (int t = 0; t < n; t++)
+        if (positions && positions[t] < 0)
+            for (int j = 0; j < K; j++) ids[(size_t)t * K + j] = -1;
+    memset(cnt, 0, (size_t)E * sizeof *cnt);
+    for (size_t i = 0; i < NK; i++)
+        if (ids[i] >= 0) cnt[ids[i]]++;
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
+    memcpy(fill, off, (size_t)E * sizeof *fill);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            const int e = ids[(size_t)t * K + j];
+            if (e < 0) continue;
+            const int s = fill[e]++;
+            slot_tok[s] = t;
+            slot_w[s] = pw[(size_t)t * K + j];
+        }
+    if (counts)
+        for (int e = 0; e < E; e++) counts[e] += (uint32_t)cnt[e];
+
+    // 3. The shared expert (every token), scaled by its sigmoid gate; else zeros.
+    if (SF) {
+        silu_mlp(be_, x, n, w->shared_gate, w->shared_up, he, tmp);  // [n, SF]
+        kaon_cpu_linear(be_, he, n, w->shared_down, NULL, out);     // [n, dim]
+        if (w->shared_gate_inp) kaon_cpu_linear(be_, x, n, w->shared_gate_inp, NULL, sg);  // [n, 1]
+        for (int t = 0; t < n; t++) {
+            const bool pad = positions && positions[t] < 0;
+            if (w->shared_gate_inp || pad) {
+                const float s = pad ? 0.0f : 1.0f / (1.0f + expf(-sg[t]));
+                float *o = out + (size_t)t * dim;
+                for (int64_t i = 0; i < dim; i++) o[i] *= s;
+            }
+        }
+    } else {
+        memset(out, 0, (size_t)n * dim * sizeof(float));
+    }
+
+    // 4. Each chosen expert once, over all of its tokens.
+    for (int e = 0; e < E; e++) {
+        const int ne = cnt[e];
+        if (!ne) continue;
+        const int32_t *tok = slot_tok + off[e];
+        const float *sw = slot_w + off[e];
+        for (int i = 0; i < ne; i++)
+            memcpy(xe + (size_t)i * dim, x + (size_t)tok[i] * dim, (size_t)dim * sizeof(float));
+        silu_mlp(be_, xe, ne, &w->gate[e], &w->up[e], he, tmp);  // [ne, F]
+        kaon_cpu_linear(be_, he, ne, &w->down[e], NULL, ye);     // [ne, dim]
+        for (int i = 0; i < ne; i++) {
+            float *o = out + (size_t)tok[i] * dim;
+            const float *y = ye + (size_t)i * dim, p = sw[i];
+            for (int64_t c = 0; c < dim; c++) o[c] += p * y[c];
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,319 @@
+// Paged attention for decode tokens (and any token outside a prefill run), built to stream the
+// KV cache at the memory's rate.
+//
+// A block of 4 warps serves one token, one KV head (all G query heads that share it) and one
+// range of the token's keys. Warps take chunks of 16 keys in turn and keep their own online
+// softmax, so no block-wide barrier sits inside the loop. In a chunk, HD/8 lanes read one key's
+// K row with 16-byte loads (every load instruction covers whole rows: coalesced), each lane
+// dots its 8 dims with the G query vectors it holds in registers, and shuffles sum the row;
+// then each lane reads its HD/32 dims of the 16 V rows (all loads issued before the first use)
+// and accumulates with the chunk's probabilities, read back from shared memory. The 4 warps
+// merge at the end; a long context is split over blocks (z) whose partials the last block to
+// finish merges. Scores are kept in log2 units (exp2).
+#include "backend/cuda/cuda_internal.h"
+
+#include <math.h>
+
+#define DEC_WARPS 4
+#define DEC_CHUNK 16      // keys per warp per step
+#define DEC_MIN_KEYS 64   // keys per range at least
+#define DEC_MAX_SPLITS 64
+
+static __device__ __forceinline__ float bfv(bf16 x) { return __bfloat162float(x); }
+
+template <int N>
+struct DecVec;  // N bf16 values of one V row, loaded at once
+template <>
+struct DecVec<2> {
+    typedef unsigned int T;
+};
+template <>
+struct DecVec<4> {
+    typedef uint2 T;
+};
+template <>
+struct DecVec<8> {
+    typedef uint4 T;
+};
+
+template <int HD, int G>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
+              const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
+              const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs, int64_t n_slots,
+              int nh, int nkv, int g, float qscale, bf16 *__restrict__ out, float *__restrict__ part,
+              unsigned *__restrict__ count) {
+    constexpr int LPK = HD / 8;       // lanes per K row
+    constexpr int KPI = 32 / LPK;     // keys per load instruction
+    constexpr int NI = DEC_CHUNK / KPI;
+    constexpr int DPL = HD / 32;      // V dims per lane
+    typedef typename DecVec<DPL>::T vec_t;
+    __shared__ float p_s[DEC_WARPS][DEC_CHUNK][G];
+    __shared__ float wm[DEC_WARPS][G], wl[DEC_WARPS][G];
+    __shared__ float wacc[DEC_WARPS][G][HD];
+    __shared__ float w_s[G][DEC_MAX_SPLITS];
+    __shared__ int last_flag;
+    kc_pdl_trigger();
+    kc_pdl_wait();
+
+    const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int p = pos[t], sq = seq[t];
+    const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
+    const int len = ok ? p + 1 : 0;
+    int n_act = (len + DEC_MIN_KEYS - 1) / DEC_MIN_KEYS;
+    n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
+    if (z >= n_act) return;
+    const int chunk = (len + n_act - 1) / n_act;
+    const int k0 = min(len, z * chunk), k1 = min(len, k0 + chunk);
+    const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
+    const size_t row = (size_t)nkv * HD;
+    const bf16 *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
+    const int sub = lane % LPK, kin = lane / LPK;
+
+    float qr[G][8];
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        if (h < g) {
+            const uint4 qv = *(const uint4 *)(q + ((size_t)t * nh + (size_t)kvh * g + h) * HD + sub * 8);
+            const bf16 *qe = (const bf16 *)&qv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) qr[h][e] = bfv(qe[e]) * qscale;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) qr[h][e] = 0.f;
+        }
+    }
+    float m[G], l[G], acc[G][DPL];
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[h][d] = 0.f;
+    }
+
+    // Lane j < 16 holds the cache slot of key c0 + j; the next chunk's slots are looked up
+    // while this chunk's K and V rows (all requested at once) are on their way.
+    auto slot_of = [&](int c) {
+        int sl = -1;
+        if (lane < DEC_CHUNK && c + lane < k1) {
+            const int kk = c + lane;
+            const int blk = bt[kk / bs];
+            const int64_t s64 = (int64_t)blk * bs + kk % bs;
+            if (blk >= 0 && s64 < n_slots) sl = (int)s64;
+        }
+        return sl;
+    };
+    int next_slot = slot_of(k0 + warp * DEC_CHUNK);
+    for (int c0 = k0 + warp * DEC_CHUNK; c0 < k1; c0 += DEC_WARPS * DEC_CHUNK) {
+        const int myslot = next_slot;
+        uint4 kv[NI];
+        int ks[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            ks[i] = __shfl_sync(0xffffffffu, myslot, i * KPI + kin);
+            kv[i] = ks[i] >= 0 ? *(const uint4 *)(kbase + (size_t)ks[i] * row + sub * 8) : make_uint4(0, 0, 0, 0);
+        }
+        vec_t vv[DEC_CHUNK];
+#pragma unroll
+        for (int j = 0; j < DEC_CHUNK; j++) {
+            const int sl = __shfl_sync(0xffffffffu, myslot, j);
+            if (sl >= 0) vv[j] = *(const vec_t *)(vbase + (size_t)sl * row + lane * DPL);
+            else vv[j] = vec_t();
+        }
+        next_slot = slot_of(c0 + DEC_WARPS * DEC_CHUNK);
+        float s[NI][G];
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kv[i];
+            float kf[8];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(k2[e]);
+                kf[2 * e] = f.x;
+                kf[2 * e + 1] = f.y;
+            }
+#pragma unroll
+            for (int h = 0; h < G; h++) {
+                float a = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) a = fmaf(qr[h][e], kf[e], a);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+                s[i][h] = ks[i] >= 0 ? a : -INFINITY;
+            }
+        }
+        // Online softmax over the chunk, per head (every lane ends with the same m, l).
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            float mc = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < NI; i++) mc = fmaxf(mc, s[i][h]);
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, o));
+            const float mn = fmaxf(m[h], mc);
+            const float alpha = m[h] == -INFINITY ? 0.f : exp2f(m[h] - mn);
+            float ps = 0.f;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const float e = s[i][h] == -INFINITY ? 0.f : exp2f(s[i][h] - mn);
+                s[i][h] = e;
+                ps += e;
+            }
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[h] = l[h] * alpha + ps;
+            m[h] = mn;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[h][d] *= alpha;
+        }
+        if (sub == 0) {
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+#pragma unroll
+                for (int h = 0; h < G; h++) p_s[warp][i * KPI + kin][h] = s[i][h];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < DEC_CHUNK; j++) {
+            const bf16 *ve = (const bf16 *)&vv[j];
+            float vf[DPL];
+#pragma unroll
+            for (int d = 0; d < DPL; d++) vf[d] = bfv(ve[d]);
+#pragma unroll
+            for (int h = 0; h < G; h++) {
+                const float pj = p_s[warp][j][h];
+#pragma unroll
+                for (int d = 0; d < DPL; d++) acc[h][d] = fmaf(pj, vf[d], acc[h][d]);
+            }
+        }
+        __syncwarp();
+    }
+
+    // Merge the warps.
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            wm[warp][h] = m[h];
+            wl[warp][h] = l[h];
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < G; h++)
+#pragma unroll
+        for (int d = 0; d < DPL; d++) wacc[warp][h][lane * DPL + d] = acc[h][d];
+    __syncthreads();
+    const size_t stride = (size_t)HD + 2;
+    for (int i = tid; i < g * HD; i += DEC_WARPS * 32) {
+        const int h = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w][h]);
+        float L = 0.f, O = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) {
+            if (wm[w][h] == -INFINITY) continue;
+            const float f = exp2f(wm[w][h] - M);
+            L += f * wl[w][h];
+            O += f * wacc[w][h][d];
+        }
+        const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
+        if (n_act == 1) {
+            out[head * HD + d] = __float2bfloat16(L > 0.f ? O / L : 0.f);
+        } else {
+            float *pp = part + (head * S + z) * stride;
+            pp[d] = O;
+            if (d == 0) {
+                pp[HD] = M;
+                pp[HD + 1] = L;
+            }
+        }
+    }
+    if (n_act == 1) return;
+
+    // Split context: the last range to finish merges the partials.
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = count + (size_t)t * nkv + kvh;
+    if (tid == 0) last_flag = atomicAdd(cnt, 1u) == (unsigned)(n_act - 1);
+    __syncthreads();
+    if (!last_flag) return;
+    __threadfence();
+    for (int h = warp; h < g; h += DEC_WARPS) {
+        const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
+        const float m0 = lane < n_act ? __ldcg(pb + lane * stride + HD) : -INFINITY;
+        const float m1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + HD) : -INFINITY;
+        float M = fmaxf(m0, m1);
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float e0 = m0 == -INFINITY ? 0.f : exp2f(m0 - M);
+        const float e1 = m1 == -INFINITY ? 0.f : exp2f(m1 - M);
+        const float l0 = lane < n_act ? __ldcg(pb + lane * stride + HD + 1) : 0.f;
+        const float l1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + HD + 1) : 0.f;
+        float L = e0 * l0 + e1 * l1;
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        if (lane < n_act) w_s[h][lane] = e0 * inv;
+        if (lane + 32 < n_act) w_s[h][lane + 32] = e1 * inv;
+    }
+    __syncthreads();
+    for (int i = tid; i < g * HD; i += DEC_WARPS * 32) {
+        const int h = i / HD, d = i % HD;
+        const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
+        const float *pb = part + head * S * stride;
+        float o = 0.f;
+#pragma unroll 8
+        for (int zz = 0; zz < n_act; zz++) o = fmaf(w_s[h][zz], __ldcg(pb + zz * stride + d), o);
+        out[head * HD + d] = __float2bfloat16(o);
+    }
+    if (tid == 0) *cnt = 0u;
+}
+
+template <int HD, int G>
+static void launch(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kc_, const bf16 *vc,
+                   const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
+                   int64_t n_slots, int nh, int nkv, int g, float qscale, bf16 *out) {
+    kc_launch(b, k_decode_attn<HD, G>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
+              m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, out, b->attn_part, b->attn_count);
+}
+
+template <int HD>
+static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const bf16 *kc_, const bf16 *vc,
+                    const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
+                    int64_t n_slots, int nh, int nkv, float qscale, bf16 *out) {
+#define DEC_CASE(GG) launch<HD, GG>(b, grid, q, kc_, vc, pos, seq, tab, m, n_slots, nh, nkv, g, qscale, out)
+    if (g == 1) DEC_CASE(1);
+    else if (g == 2) DEC_CASE(2);
+    else if (g <= 4) DEC_CASE(4);
+    else if (g <= 8 && HD <= 128) DEC_CASE(HD <= 128 ? 8 : 4);
+    else return 1;
+#undef DEC_CASE
+    return 0;
+}
+
+int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                        const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out) {
+    const int T = m->n_tokens, g = nh / nkv;
+    if (T <= 0) return 0;
+    if ((hd != 64 && hd != 128 && hd != 256) || g > (hd == 256 ? 4 : 8) || nh % nkv) return 1;
+    // Enough (token, kv head, range) blocks for four waves of 4-warp blocks; the ranges in use
+    // shrink with the context inside the kernel.
+    int64_t want = (4LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
+    int S = want > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : (int)want;
+    if (S < 1) S = 1;
+    if (S > 1 &&
+        (kc_grow(b, (void **)&b->attn_part, &b->attn_part_cap, (size_t)T * nh * S * ((size_t)hd + 2), sizeof(float),
+                 "attention partials") ||
+         kc_grow(b, (void **)&b->attn_count, &b->attn_count_cap, (size_t)T * nkv, sizeof(unsigned),
+                 "attention counters")))
+        return -1;
+    const dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
+    const float qscale = scale * 1.4426950408889634f;  // scores in log2 units
+    int rc;
+    if (hd == 64) rc = launch_g<64>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, out);
+    else if (hd == 128) rc = launch_g<128>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, out);
+    else rc = launch_g<256>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, out);
+    if (rc) return 1;
+    return kc_launched(b, "decode attention");
+}

@@ -1,0 +1,546 @@
+// Paged causal attention of prefill chunks on the tensor cores (FlashAttention-2 style).
+//
+// Which tokens: a run of >= FA_MIN_RUN consecutive tokens of the flat batch that belong to one
+// sequence (a prefill chunk; the engine lays each sequence's tokens out contiguously). A small
+// kernel (k_fa_mark) finds them from each token's +-15 neighbours and writes a copy of the
+// positions in which they read FA_MARK: the split-K kernel of cuda_attention.cu runs first on
+// that copy (it treats FA_MARK like any invalid position: a cheap block that writes zeros), then
+// k_fa_prefill overwrites those rows. Everything is decided on the device from the step's index
+// arrays, so a recorded graph stays right for any batch of the same shape.
+//
+// A CTA takes a window of tpt = 128 / g consecutive tokens of the flat batch and one KV head; its
+// 128 rows are (token, query head of the group) pairs, row = token * g + head, so the g heads
+// that share a KV head share every K/V tile (hd 64/128: 4 warps of 32 rows, 2 CTAs per SM;
+// hd 256: 8 warps of 16 rows). The window's marked tokens fall into segments (one sequence
+// each; usually one segment per window), processed one after another. For a segment:
+//   - Q [128, hd] goes to shared memory (rows outside the segment are zero), then into
+//     registers as mma A fragments (hd 64; hd 128 and 256 re-read them every tile).
+//   - K/V tiles of BN keys 0..max position of the segment are gathered through the block table
+//     with cp.async (zero-filled past the end or for invalid blocks), two stages each for K and
+//     V: V_{j+1} is issued while S_j = Q K_j^T is computed, K_{j+2} while O += P_j V_j is. The
+//     keys' cache slots go through shared memory, looked up three tiles ahead.
+//   - Each warp owns 16 or 32 rows: S with mma.m16n8k16 (bf16 in, f32 out), the causal mask
+//     (key <= the row's own position) only on tiles that reach past the warp's lowest position,
+//     the online softmax in registers (exp2 with scale * log2 e), P rounded to bf16 and reused
+//     in place as the A fragments of P V. A warp skips tiles past its highest position.
+// Shared-memory tiles are rows of hd bf16 whose 16-byte chunks are XOR-swizzled by row % 8,
+// so ldmatrix (8 rows of one chunk column) and the cp.async stores are free of bank conflicts.
+#include "backend/cuda/cuda_internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FA_BM 128         // rows per CTA
+#define FA_MIN_RUN 16     // tokens of one sequence in a row that go to this kernel
+#define FA_MARK (-2)      // position the split-K kernel sees for them
+
+namespace {
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared; zero-filled (nothing read) when !pred.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(pred ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x16, row) * b (16x8, col); bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of rows of HD bf16.
+template <int HD>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)(r * (HD * 2) + ((c ^ (r & 7)) << 4));
+}
+
+// The same validity test as the split-K kernel's.
+__device__ __forceinline__ bool tok_ok(const int32_t *pos, const int32_t *seq, int u, int n_seqs,
+                                       int max_blocks, int bs) {
+    const int p = pos[u], s = seq[u];
+    return p >= 0 && s >= 0 && s < n_seqs && p / bs < max_blocks;
+}
+
+// mark[t] = FA_MARK for the tokens of runs of >= FA_MIN_RUN, else pos[t].
+__global__ void k_fa_mark(const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, int T,
+                          int n_seqs, int max_blocks, int bs, int32_t *__restrict__ mark) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int p = pos[t];
+    if (!tok_ok(pos, seq, t, n_seqs, max_blocks, bs)) {
+        mark[t] = p == FA_MARK ? -1 : p;  // invalid either way; never mistaken for a mark
+        return;
+    }
+    const int s = seq[t];
+    int n = 1;
+    for (int u = t - 1; u >= 0 && n < FA_MIN_RUN; u--) {
+        if (seq[u] != s || !tok_ok(pos, seq, u, n_seqs, max_blocks, bs)) break;
+        n++;
+    }
+    for (int u = t + 1; u < T && n < FA_MIN_RUN; u++) {
+        if (seq[u] != s || !tok_ok(pos, seq, u, n_seqs, max_blocks, bs)) break;
+        n++;
+    }
+    mark[t] = n >= FA_MIN_RUN ? FA_MARK : p;
+}
+
+// grid (windows, n_kv_heads), NW warps; dynamic shared memory: fa_smem_bytes.
+// HD: head dim; BN: keys per tile; MT: 16-row m-tiles per warp (each K/V fragment read from
+// shared memory feeds MT mmas); NW * 16 * MT = FA_BM; QREG: Q fragments held in registers
+// (else re-read from shared memory every tile); MINB: CTAs per SM the registers are sized for.
+template <int HD, int BN, int MT, int NW, bool QREG, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB)
+k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
+             const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
+             const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int T, int max_blocks,
+             int bs, int bs_shift, int64_t n_slots, int nh, int nkv, int g, int tpt, float sl2,
+             bf16 *__restrict__ out) {
+    constexpr int NTH = NW * 32;               // threads
+    constexpr int RW = 16 * MT;                // rows per warp
+    constexpr int NR = 2 * MT;                 // rows per thread: (m-tile, half)
+    constexpr int CH = HD / 8;                 // 16-byte chunks per row
+    constexpr int ROWB = HD * 2;               // bytes per row
+    constexpr int TILEB = BN * ROWB;           // bytes per K or V stage
+    constexpr int LDN = BN * CH / NTH;         // chunks per thread per K or V tile
+    constexpr int KEY_STEP = NTH / CH;         // keys between one thread's chunks
+    constexpr int QLDN = FA_BM * CH / NTH;
+    constexpr int NT_S = BN / 8;   // n-tiles of S
+    constexpr int KS_Q = HD / 16;  // k-steps of Q K^T
+    constexpr int NT_O = HD / 8;   // n-tiles of O
+    constexpr int KS_P = BN / 16;  // k-steps of P V
+    static_assert(NW * RW == FA_BM && NTH >= FA_BM && NTH >= BN && NW <= 8, "rows");
+    static_assert(NTH % CH == 0 && (BN * CH) % NTH == 0 && (FA_BM * CH) % NTH == 0, "tile loads");
+    static_assert(BN % 16 == 0 && HD % 64 == 0, "tile shapes");
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *sQ = smem;                  // [FA_BM][HD]
+    unsigned char *sK = sQ + FA_BM * ROWB;     // [2][BN][HD]
+    unsigned char *sV = sK + 2 * TILEB;        // [2][BN][HD]
+    int *s_pos = (int *)(sV + 2 * TILEB);      // [FA_BM] position of each window token
+    int *s_seq = s_pos + FA_BM;                // [FA_BM] its sequence, -1 when not ours
+    int *s_rpos = s_seq + FA_BM;               // [FA_BM] position of each row, -1 outside the segment
+    int *s_slot = s_rpos + FA_BM;              // [3][BN] cache slot of each key of tile % 3, -1: none
+    int *s_bad = s_slot + 3 * BN;              // [4] tile % 4 has keys <= maxp without a slot
+    int *s_wmax = s_bad + 4;                   // [8] highest position of each warp's rows
+    unsigned *s_start = (unsigned *)(s_wmax + 8);  // [4] bit i: token i starts a segment
+    unsigned *s_end = s_start + 4;                 // [4] bit i: token i ends one
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int win = gridDim.x - 1 - blockIdx.x;  // the last windows (longest contexts) first
+    const int kvh = blockIdx.y;
+    const int t_base = win * tpt;
+    const int ntok = min(tpt, T - t_base);
+
+    if (tid < FA_BM) {
+        int sq = -1, p = -1;
+        if (tid < ntok) {
+            const int t = t_base + tid;
+            p = pos[t];
+            if (mark[t] == FA_MARK) sq = seq[t];
+        }
+        s_seq[tid] = sq;
+        s_pos[tid] = p;
+    }
+    __syncthreads();
+    if (tid < FA_BM) {  // warps 0-3, whole
+        const int sq = s_seq[tid];
+        const bool st = sq >= 0 && (tid == 0 || s_seq[tid - 1] != sq);
+        const bool en = sq >= 0 && (tid == FA_BM - 1 || s_seq[tid + 1] != sq);
+        const unsigned bst = __ballot_sync(0xffffffffu, st), ben = __ballot_sync(0xffffffffu, en);
+        if (lane == 0) {
+            s_start[warp] = bst;
+            s_end[warp] = ben;
+        }
+    }
+    __syncthreads();
+
+    // This thread's fragment rows: i = 2 * mt + h is row warp * RW + mt * 16 + h * 8 + lane / 4
+    // (accumulator elements 2h, 2h + 1 of m-tile mt).
+    auto row_of = [&](int i) { return warp * RW + (i >> 1) * 16 + (i & 1) * 8 + (lane >> 2); };
+    const int qd = lane & 3;  // column pair within an n-tile
+    const int ld_ch = tid % CH, ld_key = tid / CH;
+    const size_t kv_row = (size_t)nkv * HD;
+    const int mi = lane >> 3, r8 = lane & 7;
+    // ldmatrix addresses (bytes, stage 0, first k/n step). Chunk c of a row sits at c ^ (row & 7)
+    // and every fragment row here is = r8 (mod 8), so the XOR only touches the chunk's low 3
+    // bits: chunk 8a + 2i + half (half: which 8 columns of the 16 this lane's matrix covers)
+    // is at byte 128 a + xo(i), xo(i) = ((2i + half) ^ r8) * 16 = xo(0) ^ 32 i.
+    const uint32_t xk0 = (uint32_t)(((mi & 1) ^ r8) << 4), xv0 = (uint32_t)(((mi >> 1) ^ r8) << 4);
+#define xo_k(i) (xk0 ^ ((uint32_t)(i) << 5))
+#define xo_v(i) (xv0 ^ ((uint32_t)(i) << 5))
+    const uint32_t aQ = smem_addr(sQ) + (uint32_t)((warp * RW + (mi & 1) * 8 + r8) * ROWB);
+    const uint32_t aK = smem_addr(sK) + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
+    const uint32_t aV = smem_addr(sV) + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
+    const uint32_t sK0 = smem_addr(sK), sV0 = smem_addr(sV);
+
+    for (int cur = 0;;) {
+        // Next segment [a, e] of the window's tokens.
+        int a = -1;
+        for (int w = cur >> 5; w < 4 && a < 0; w++) {
+            const unsigned bits = (cur >> 5) == w ? s_start[w] & (0xffffffffu << (cur & 31)) : s_start[w];
+            if (bits) a = w * 32 + __ffs(bits) - 1;
+        }
+        if (a < 0) break;
+        int e = -1;
+        for (int w = a >> 5; w < 4 && e < 0; w++) {
+            const unsigned bits = (a >> 5) == w ? s_end[w] & (0xffffffffu << (a & 31)) : s_end[w];
+            if (bits) e = w * 32 + __ffs(bits) - 1;
+        }
+        cur = e + 1;
+        const int sq = s_seq[a];
+        const int32_t *bt = tables + (size_t)sq * max_blocks;
+
+        int wmax = -1, wmin = INT_MAX;
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const int ti = row_of(i) / g;
+            const int p = ti >= a && ti <= e ? s_pos[ti] : -1;  // positions are >= 0
+            wmax = max(wmax, p);
+            if (p >= 0) wmin = min(wmin, p);
+        }
+        if (tid < FA_BM) {
+            const int ti = tid / g;
+            s_rpos[tid] = ti >= a && ti <= e ? s_pos[ti] : -1;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+            wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+        }
+        if (lane == 0) s_wmax[warp] = wmax;
+        if (tid < 4) s_bad[tid] = 0;
+        // Q rows of the segment (others zero).
+#pragma unroll
+        for (int u = 0; u < QLDN; u++) {
+            const int row = tid / CH + u * (NTH / CH), ti = row / g;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (ti >= a && ti <= e)
+                v = *(const uint4 *)(q + ((size_t)(t_base + ti) * nh + (size_t)kvh * g + row % g) * HD + ld_ch * 8);
+            *(uint4 *)(sQ + swz<HD>(row, ld_ch)) = v;
+        }
+        __syncthreads();
+        int maxp = s_wmax[0];
+#pragma unroll
+        for (int w = 1; w < NW; w++) maxp = max(maxp, s_wmax[w]);
+        const int n_tiles = maxp / BN + 1;
+
+        // Cache slots of tile t's keys, one per thread of the first BN: the block-table entry is
+        // loaded (load_blk) a phase before it is stored (put_slots), three tiles ahead of use.
+        auto load_blk = [&](int t) {
+            const int k = t * BN + tid;
+            return tid < BN && t < n_tiles && k <= maxp ? bt[bs_shift >= 0 ? k >> bs_shift : k / bs] : -1;
+        };
+        auto put_slots = [&](int t, int blk) {
+            if (tid < BN && t < n_tiles) {
+                const int k = t * BN + tid;
+                const int64_t sl = (int64_t)blk * bs + (bs_shift >= 0 ? k & (bs - 1) : k % bs);
+                const bool ok = k <= maxp && blk >= 0 && sl < n_slots;
+                s_slot[(t % 3) * BN + tid] = ok ? (int)sl : -1;
+                if (k <= maxp && !ok) s_bad[t & 3] = 1;
+            }
+        };
+        // Issues tile t's K or V into stage t & 1; one commit group either way (empty past the
+        // last tile).
+        auto issue = [&](int t, bool is_v) {
+            if (t < n_tiles) {
+                const bf16 *cache = is_v ? vcache : kcache;
+                const uint32_t dst = (is_v ? sV0 : sK0) + (uint32_t)((t & 1) * TILEB);
+                const int *sl = s_slot + (t % 3) * BN;
+#pragma unroll
+                for (int u = 0; u < LDN; u++) {
+                    const int kr = ld_key + u * KEY_STEP, slot = sl[kr];
+                    const bf16 *src = slot >= 0 ? cache + (size_t)slot * kv_row + (size_t)kvh * HD + ld_ch * 8 : cache;
+                    cp_async16(dst + swz<HD>(kr, ld_ch), src, slot >= 0);
+                }
+            }
+            cp_async_commit();
+        };
+        put_slots(0, load_blk(0));
+        put_slots(1, load_blk(1));
+        put_slots(2, load_blk(2));
+        __syncthreads();
+        issue(0, false);
+        issue(0, true);
+        issue(1, false);
+
+        uint32_t qf[QREG ? MT : 1][QREG ? KS_Q : 1][4];
+        if (QREG) {
+#pragma unroll
+            for (int mt = 0; mt < (QREG ? MT : 0); mt++)
+#pragma unroll
+                for (int kk = 0; kk < (QREG ? KS_Q : 0); kk++)
+                    ldsm_x4(qf[mt][kk], aQ + mt * 16 * ROWB + xo_v(kk & 3) + (kk >> 2) * 128);
+        }
+        float oacc[MT][NT_O][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < NT_O; n++) oacc[mt][n][0] = oacc[mt][n][1] = oacc[mt][n][2] = oacc[mt][n][3] = 0.f;
+        float m_run[NR], l_run[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            m_run[i] = -INFINITY;
+            l_run[i] = 0.f;
+        }
+
+        for (int j = 0; j < n_tiles; j++) {
+            const uint32_t stg = (uint32_t)((j & 1) * TILEB);
+            cp_async_wait<2>();  // K_j landed (V_j and K_{j+1} may be in flight)
+            __syncthreads();
+            issue(j + 1, true);
+            const int blk3 = load_blk(j + 3);
+            const bool work = j * BN <= wmax;  // warp-uniform
+            float s[MT][NT_S][4];
+            if (work) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT_S; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < KS_Q; kk++) {
+                    uint32_t af[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        if (QREG) {
+#pragma unroll
+                            for (int x = 0; x < 4; x++) af[mt][x] = qf[QREG ? mt : 0][QREG ? kk : 0][x];
+                        } else {
+                            ldsm_x4(af[mt], aQ + mt * 16 * ROWB + xo_v(kk & 3) + (kk >> 2) * 128);
+                        }
+                    }
+#pragma unroll
+                    for (int np = 0; np < NT_S / 2; np++) {
+                        uint32_t kb[4];
+                        ldsm_x4(kb, aK + stg + xo_k(kk & 3) + (kk >> 2) * 128 + np * 16 * ROWB);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma16816(s[mt][2 * np], af[mt], kb[0], kb[1]);
+                            mma16816(s[mt][2 * np + 1], af[mt], kb[2], kb[3]);
+                        }
+                    }
+                }
+                const bool bad = s_bad[j & 3] != 0;
+                if (bad || j * BN + BN - 1 > wmin) {
+                    const int *sl = s_slot + (j % 3) * BN;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NT_S; n++)
+#pragma unroll
+                            for (int c = 0; c < 4; c++) {
+                                const int kr = n * 8 + 2 * qd + (c & 1), key = j * BN + kr;
+                                const bool valid = key <= s_rpos[row_of(2 * mt + (c >> 1))] && (!bad || sl[kr] >= 0);
+                                if (!valid) s[mt][n][c] = -INFINITY;
+                            }
+                }
+                // Online softmax of row i = 2 mt + h: elements 2h, 2h + 1 of m-tile mt.
+                float mx[NR], base[NR];
+#pragma unroll
+                for (int i = 0; i < NR; i++) mx[i] = -INFINITY;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT_S; n++) {
+                        mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(s[mt][n][0], s[mt][n][1]));
+                        mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(s[mt][n][2], s[mt][n][3]));
+                    }
+#pragma unroll
+                for (int i = 0; i < NR; i++) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                    const float mnew = fmaxf(m_run[i], mx[i]);
+                    base[i] = mnew == -INFINITY ? 0.f : mnew * sl2;
+                    // 0 when m_run = -inf, 1 when the max stays. (Skipping the rescale when no max
+                    // moved, behind a warp vote, made ptxas spill: it stays unconditional.)
+                    const float alpha = mnew == m_run[i] ? 1.f : ex2(fmaf(m_run[i], sl2, -base[i]));
+                    m_run[i] = mnew;
+                    l_run[i] *= alpha;
+#pragma unroll
+                    for (int n = 0; n < NT_O; n++) {
+                        oacc[i >> 1][n][2 * (i & 1)] *= alpha;
+                        oacc[i >> 1][n][2 * (i & 1) + 1] *= alpha;
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT_S; n++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int i = 2 * mt + (c >> 1);
+                            const float p = ex2(fmaf(s[mt][n][c], sl2, -base[i]));
+                            s[mt][n][c] = p;
+                            l_run[i] += p;
+                        }
+            }
+            cp_async_wait<2>();  // V_j landed
+            __syncthreads();     // every warp is done with K stage j & 1
+            if (tid == 0) s_bad[j & 3] = 0;  // (tile j + 4's flag)
+            put_slots(j + 3, blk3);          // (over tile j's)
+            issue(j + 2, false);
+            if (work) {
+#pragma unroll
+                for (int kk = 0; kk < KS_P; kk++) {
+                    uint32_t pa[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                        pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                        pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                        pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                    }
+#pragma unroll
+                    for (int np = 0; np < NT_O / 2; np++) {
+                        uint32_t vb[4];
+                        ldsm_x4_t(vb, aV + stg + xo_v(np & 3) + (np >> 2) * 128 + kk * 16 * ROWB);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma16816(oacc[mt][2 * np], pa[mt], vb[0], vb[1]);
+                            mma16816(oacc[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+                        }
+                    }
+                }
+            }
+        }
+
+        // Normalise and store the segment's rows.
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+            l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+        }
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const int row = row_of(i);
+            if (s_rpos[row] < 0) continue;
+            const float inv = l_run[i] > 0.f ? 1.f / l_run[i] : 0.f;
+            bf16 *o = out + ((size_t)(t_base + row / g) * nh + (size_t)kvh * g + row % g) * HD + 2 * qd;
+#pragma unroll
+            for (int n = 0; n < NT_O; n++)
+                *(__nv_bfloat162 *)(o + n * 8) = __floats2bfloat162_rn(oacc[i >> 1][n][2 * (i & 1)] * inv,
+                                                                       oacc[i >> 1][n][2 * (i & 1) + 1] * inv);
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // shared memory free for the next segment
+    }
+#undef xo_k
+#undef xo_v
+}
+
+template <int HD, int BN>
+constexpr size_t fa_smem_bytes() {
+    return (size_t)FA_BM * HD * 2 + 4 * (size_t)BN * HD * 2 +
+           sizeof(int) * (3 * FA_BM + 3 * BN + 4 + 8 + 8);
+}
+
+template <int HD, int BN, int MT, int NW, bool QREG, int MINB>
+int fa_launch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache, const int32_t *d_pos,
+              const int32_t *d_mark, const int32_t *d_seq, const int32_t *d_tab, int T, int max_blocks,
+              int bs, int64_t n_slots, int nh, int nkv, float sl2, bf16 *out) {
+    const int g = nh / nkv, tpt = FA_BM / g;
+    int bs_shift = -1;
+    for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
+        if (bs == 1 << sh) bs_shift = sh;
+    const size_t smem = fa_smem_bytes<HD, BN>();
+    auto kern = k_fa_prefill<HD, BN, MT, NW, QREG, MINB>;
+    // Set outside graph recording (the step's eager first run sets it before any recording).
+    if (!b->capturing &&
+        kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                 "prefill attention: shared memory"))
+        return -1;
+    dim3 grid((unsigned)((T + tpt - 1) / tpt), (unsigned)nkv);
+    kern<<<grid, NW * 32, smem, b->stream>>>(q, kcache, vcache, d_pos, d_mark, d_seq, d_tab, T, max_blocks, bs,
+                                             bs_shift, n_slots, nh, nkv, g, tpt, sl2, out);
+    return kc_launched(b, "prefill attention");
+}
+
+int fa_disabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_FA");
+        v = e && !strcmp(e, "0");
+    }
+    return v;
+}
+
+}  // namespace
+
+int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale,
+                              const int32_t *d_pos, const int32_t *d_seq, const int32_t **d_pos_rest) {
+    *d_pos_rest = d_pos;
+    const int T = m->n_tokens;
+    // Decided by the step's shape alone (graphs key on it): a run of FA_MIN_RUN tokens of one
+    // sequence needs T >= n_seqs + FA_MIN_RUN - 1.
+    if (fa_disabled() || T - m->n_seqs < FA_MIN_RUN - 1) return 0;
+    if (nkv <= 0 || nh % nkv || nh / nkv > FA_BM || (hd != 64 && hd != 128 && hd != 256) || !(scale > 0.f) ||
+        !isfinite(scale))
+        return 0;
+    if (kc_grow(b, (void **)&b->fa_mark, &b->fa_mark_cap, (size_t)T, sizeof(int32_t), "prefill attention marks"))
+        return -1;
+    k_fa_mark<<<(T + 255) / 256, 256, 0, b->stream>>>(d_pos, d_seq, T, m->n_seqs, m->max_blocks, m->block_size,
+                                                      b->fa_mark);
+    if (kc_launched(b, "prefill attention marks")) return -1;
+    *d_pos_rest = b->fa_mark;
+    return 1;
+}
+
+int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                         const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out) {
+    const float sl2 = scale * 1.4426950408889634f;
+    const int T = m->n_tokens, mb = m->max_blocks, bs = m->block_size;
+    const int32_t *mk = b->fa_mark;
+    switch (hd) {
+    // <HD, BN, MT, NW, QREG, MINB>: 4 warps of 32 rows, two CTAs per SM (hd 64, 128); hd 256
+    // keeps 16 rows per warp (its O alone is 128 registers) and one CTA of 8 warps. Measured on
+    // the H200 (hd 128, 8k tokens): 32-row warps 246-251 TFLOP/s against 158 for 8 warps of 16
+    // rows (each K/V fragment feeds two mmas); 32-key tiles 214.
+    case 64:
+        return fa_launch<64, 64, 2, 4, true, 2>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots, nh,
+                                                nkv, sl2, out);
+    case 128:
+        return fa_launch<128, 64, 2, 4, false, 2>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots,
+                                                  nh, nkv, sl2, out);
+    case 256:
+        return fa_launch<256, 32, 1, 8, false, 1>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots,
+                                                  nh, nkv, sl2, out);
+    default:
+        return kc_fail(b, "prefill attention: head_dim %d", hd);
+    }
+}

@@ -1,0 +1,592 @@
+// The moe op on the GPU: bf16 experts stacked per kind (expert e of a kind at a fixed stride
+// from expert 0: model/moe.c uploads them so), f32 accumulation.
+//
+// One step, all on the stream with no host synchronisation (so whole steps are graphed):
+//   1. router logits = x @ router^T                      [n, E] f32 (GEMV / cuBLASLt)
+//   2. k_route: per token (one warp) the logits rounded to bf16 (as HF's bf16 Linear gives
+//      them), softmax in f32, top-k (ties: the lower expert), renormalised when asked;
+//      padding tokens (position < 0) get no experts. Per-expert counts by atomics (and the
+//      caller's expert-load counters).
+//   3. k_plan (one block): offsets = exclusive scan of the counts, the list of active
+//      experts, and the tiles of the grouped GEMM (expert, first row) in expert order.
+//   4. k_permute: slot of each (token, choice): the rows of expert e are the slots
+//      [off[e], off[e+1]); slot_tok[slot] = token, inv[token * K + j] = slot.
+//   5. experts, reading each active expert's weights once for all of its tokens:
+//      n <= 8 (decode): GEMV kernels, one warp per weight row, the expert's <= 8 token rows
+//        in registers (k_moe_gemv_gu: silu(x gate^T) * (x up^T); k_moe_gemv_down);
+//      else (prefill): grouped GEMM on tensor cores (WMMA bf16 16x16x16, f32 accumulators,
+//        64x64 tiles, 2-stage cp.async pipeline): the gate/up kernel gathers its A rows
+//        through slot_tok and applies SiLU-and-mul in its epilogue; the down kernel reads the
+//        hidden rows in slot order. Tiles past the real count (the grid is sized for the
+//        worst case) return at once.
+//      H [n*K, ffn] and Y [n*K, dim] hold the routed rows in slot order.
+//   6. the shared expert (Qwen2-MoE) through the backend's own linear ops, its sigmoid gate
+//      from an f32 GEMV;
+//   7. k_combine: out[t] = sum_j w[t, j] * Y[inv[t*K + j]] (+ sigmoid(g_t) * shared_t): the
+//      weighted un-permute and the sum in one pass, f32, one rounding to bf16.
+// Intermediate roundings follow HF's bf16 modules: gate and up outputs, silu, their product and
+// each expert's output are rounded to bf16.
+#include "backend/cuda/cuda_internal.h"
+
+#include <mma.h>
+#include <string.h>
+
+using namespace nvcuda;
+
+#define MOE_MAX_E 1024     // experts the routing kernels handle (k_plan: one thread each)
+#define MOE_MAX_K 32       // top-k
+#define MOE_GEMV_MAX_N 8   // tokens per step that take the GEMV path
+#define GEMV_WARPS 8
+#define BM 64
+#define BN 64
+#define BK 32
+#define LDS (BK + 8)       // shared-memory row stride of a tile (bf16), a multiple of 8
+
+typedef struct MoeW {
+    const bf16 *gate, *up, *down;    // expert 0
+    long long sgate, sup, sdown;     // expert stride (elements)
+} MoeW;
+
+// Device scratch of one call, carved from b->moe_buf.
+typedef struct MoeBufs {
+    float *logits;     // [n, E]
+    int *topk_id;      // [n*K] (-1: none)
+    float *topk_w;     // [n*K]
+    int *cnt;          // [E]
+    int *off;          // [E+1]
+    int *fill;         // [E]
+    int *active;       // [E] active experts, then their count at active[E]
+    int2 *tiles;       // [max_tiles] (expert, first row within the expert)
+    int *n_tiles;      // [1]
+    int *slot_tok;     // [n*K]
+    int *inv;          // [n*K]
+    bf16 *H;           // [n*K, F]
+    bf16 *Y;           // [n*K, dim]
+    bf16 *HS;          // [n, SF]
+    bf16 *YS;          // [n, dim]
+    float *SG;         // [n]
+} MoeBufs;
+
+static __device__ __forceinline__ float bfr(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+// ---- 2. routing ------------------------------------------------------------------------------
+
+// One warp per token. E <= MOE_MAX_E (each lane keeps E/32 logits), K <= MOE_MAX_K.
+__global__ void k_route(const float *__restrict__ logits, const int32_t *__restrict__ pos, int n,
+                        int E, int K, int norm, int *__restrict__ topk_id, float *__restrict__ topk_w,
+                        int *__restrict__ cnt, uint32_t *__restrict__ counts) {
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    if (pos && pos[t] < 0) {  // padding: no experts
+        for (int j = lane; j < K; j += 32) {
+            topk_id[(size_t)t * K + j] = -1;
+            topk_w[(size_t)t * K + j] = 0.f;
+        }
+        return;
+    }
+    constexpr int PER = MOE_MAX_E / 32;
+    float v[PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? bfr(logits[(size_t)t * E + e]) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        if (lane + 32 * i < E) sum += expf(v[i] - mx);
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float chosen_p = 0.f, sel = 0.f;
+    int chosen_j = -1;
+    for (int j = 0; j < K; j++) {
+        // This lane's best untaken (value, lowest index), then the warp's.
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && (v[i] > bv || (v[i] == bv && e < bi))) {
+                bv = v[i];
+                bi = e;
+            }
+        }
+        for (int o = 16; o; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const float p = expf(bv - mx) / sum;
+        sel += p;
+#pragma unroll
+        for (int i = 0; i < PER; i++)  // taken (a static index keeps v in registers)
+            if (lane + 32 * i == bi) v[i] = -INFINITY;
+        if (lane == j) {
+            chosen_p = p;
+            chosen_j = bi;
+        }
+        if (lane == 0) {
+            atomicAdd(&cnt[bi], 1);
+            if (counts) atomicAdd(&counts[bi], 1u);
+        }
+    }
+    if (lane < K) {
+        topk_id[(size_t)t * K + lane] = chosen_j;
+        topk_w[(size_t)t * K + lane] = norm ? chosen_p / sel : chosen_p;
+    }
+}
+
+// ---- 3. plan -----------------------------------------------------------------------------------
+
+// One block of MOE_MAX_E threads: thread e owns expert e.
+__global__ void __launch_bounds__(MOE_MAX_E) k_plan(const int *__restrict__ cnt, int E, int *__restrict__ off,
+                                                    int *__restrict__ fill, int *__restrict__ active,
+                                                    int2 *__restrict__ tiles, int *__restrict__ n_tiles) {
+    __shared__ int s_cnt[MOE_MAX_E], s_tiles[MOE_MAX_E], s_act[MOE_MAX_E];
+    const int e = threadIdx.x;
+    const int c = e < E ? cnt[e] : 0;
+    s_cnt[e] = c;
+    s_tiles[e] = (c + BM - 1) / BM;
+    s_act[e] = c > 0;
+    __syncthreads();
+    // Inclusive scans (Hillis-Steele; 1024 elements, once per layer).
+    for (int d = 1; d < MOE_MAX_E; d <<= 1) {
+        const int a = e >= d ? s_cnt[e - d] : 0, b = e >= d ? s_tiles[e - d] : 0, x = e >= d ? s_act[e - d] : 0;
+        __syncthreads();
+        s_cnt[e] += a;
+        s_tiles[e] += b;
+        s_act[e] += x;
+        __syncthreads();
+    }
+    if (e < E) {
+        off[e] = s_cnt[e] - c;
+        fill[e] = 0;
+        if (c > 0) active[s_act[e] - 1] = e;
+        const int t0 = s_tiles[e] - (c + BM - 1) / BM;
+        for (int r = 0, i = t0; r < c; r += BM, i++) tiles[i] = make_int2(e, r);
+    }
+    if (e == MOE_MAX_E - 1) {
+        off[E] = s_cnt[e];
+        *n_tiles = s_tiles[e];
+        active[E] = s_act[e];
+    }
+}
+
+// ---- 4. permute --------------------------------------------------------------------------------
+
+__global__ void k_permute(const int *__restrict__ topk_id, int nk, const int *__restrict__ off,
+                          int *__restrict__ fill, int *__restrict__ slot_tok, int *__restrict__ inv, int K) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nk) return;
+    const int e = topk_id[i];
+    if (e < 0) {
+        inv[i] = -1;
+        return;
+    }
+    const int s = off[e] + atomicAdd(&fill[e], 1);
+    slot_tok[s] = i / K;
+    inv[i] = s;
+}
+
+// ---- 5a. decode: GEMV over the active experts -----------------------------------------------------
+
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float s) {
+    const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *b2 = (const __nv_bfloat162 *)&b;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 fa = __bfloat1622float2(a2[e]), fb = __bfloat1622float2(b2[e]);
+        s = fmaf(fa.x, fb.x, s);
+        s = fmaf(fa.y, fb.y, s);
+    }
+    return s;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Block (r-block, i): active expert i, rows r of gate/up (one per warp); its tokens' x rows
+// (at most MOE_GEMV_MAX_N) dotted with both. H[slot, r] = bf16(silu(g)) * u.
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_moe_gemv_gu(const bf16 *__restrict__ x, int dim, int F, MoeW w, const int *__restrict__ active, int E,
+              const int *__restrict__ off, const int *__restrict__ slot_tok, bf16 *__restrict__ H) {
+    if ((int)blockIdx.y >= active[E]) return;
+    const int e = active[blockIdx.y];
+    const int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= F) return;
+    const int s0 = off[e], ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+    const uint4 *gr = (const uint4 *)(w.gate + (size_t)e * w.sgate + (size_t)r * dim);
+    const uint4 *ur = (const uint4 *)(w.up + (size_t)e * w.sup + (size_t)r * dim);
+    const uint4 *xr[MOE_GEMV_MAX_N];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+        xr[b] = (const uint4 *)(x + (size_t)slot_tok[s0 + (b < ne ? b : 0)] * dim);
+    float ag[MOE_GEMV_MAX_N], au[MOE_GEMV_MAX_N];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) ag[b] = au[b] = 0.f;
+    const int nc = dim >> 3;
+    for (int c = lane; c < nc; c += 32) {
+        const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < ne) {
+                const uint4 x0 = __ldg(xr[b] + c);
+                ag[b] = dot8(g0, x0, ag[b]);
+                au[b] = dot8(u0, x0, au[b]);
+            }
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+        if (b < ne) {
+            const float g = bfr(warp_sum(ag[b])), u = bfr(warp_sum(au[b]));
+            if (lane == 0) H[(size_t)(s0 + b) * F + r] = __float2bfloat16(bfr(g / (1.f + expf(-g))) * u);
+        }
+}
+
+// Rows r of down_e [dim, F] dotted with the expert's hidden rows: Y[slot, r].
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *__restrict__ active, int E,
+                const int *__restrict__ off, bf16 *__restrict__ Y) {
+    if ((int)blockIdx.y >= active[E]) return;
+    const int e = active[blockIdx.y];
+    const int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= dim) return;
+    const int s0 = off[e], ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+    const uint4 *dr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
+    const uint4 *hr = (const uint4 *)(H + (size_t)s0 * F);
+    const int nc = F >> 3;
+    float acc[MOE_GEMV_MAX_N];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+    for (int c = lane; c < nc; c += 32) {
+        const uint4 d0 = ld_stream(dr + c);
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < ne) acc[b] = dot8(d0, __ldg(hr + (size_t)b * nc + c), acc[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+        if (b < ne) {
+            const float v = warp_sum(acc[b]);
+            if (lane == 0) Y[(size_t)(s0 + b) * dim + r] = __float2bfloat16(v);
+        }
+}
+
+// ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
+
+static __device__ __forceinline__ void cp16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0;  // 0: zero-fill
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// C tile [BM, BN] of rows (slots [s_begin + m0, s_end)) of A times B^T, B = W [N, Kd] rows n0...
+// A row i is a_row(slot) (gathered x rows, or H rows in slot order). GU: two B matrices (gate,
+// up) and the SiLU-and-mul epilogue; else one (down).
+template <bool GU>
+__global__ void __launch_bounds__(128)
+k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__restrict__ tiles,
+           const int *__restrict__ n_tiles, const int *__restrict__ off, const int *__restrict__ slot_tok,
+           bf16 *__restrict__ C) {
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int2 tile = tiles[blockIdx.y];
+    const int e = tile.x, s_begin = off[e] + tile.y, s_end = min(off[e + 1], s_begin + BM);
+    const int n0 = blockIdx.x * BN;
+    const bf16 *B0 = GU ? w.gate + (size_t)e * w.sgate : w.down + (size_t)e * w.sdown;
+    const bf16 *B1 = GU ? w.up + (size_t)e * w.sup : nullptr;
+
+    constexpr int NB = GU ? 2 : 1;
+    __shared__ __align__(128) bf16 sA[2][BM * LDS];
+    __shared__ __align__(128) bf16 sB[2][NB][BN * LDS];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // this warp's 32x32 of the tile
+
+    // Per thread: 2 chunks (16 B) of each 64x32 tile per stage: rows tid/4 and tid/4 + 32.
+    const int lr = tid >> 2, lc = (tid & 3) * 8;
+    const bf16 *arow[2];
+    bool aval[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int s = s_begin + lr + 32 * h;
+        aval[h] = s < s_end;
+        const int row = aval[h] ? (GU ? slot_tok[s] : s) : 0;
+        arow[h] = A + (size_t)row * Kd;
+    }
+    auto load = [&](int stage, int k0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = lr + 32 * h, k = k0 + lc;
+            const bool kin = k < Kd;
+            cp16(&sA[stage][r * LDS + lc], arow[h] + (kin ? k : 0), aval[h] && kin);
+            const int nrow = n0 + r;
+            const bool bin = kin && nrow < N;
+            cp16(&sB[stage][0][r * LDS + lc], B0 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
+            if (GU) cp16(&sB[stage][NB - 1][r * LDS + lc], B1 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
+        }
+        cp_commit();
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][2][2];
+#pragma unroll
+    for (int q = 0; q < NB; q++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[q][i][j], 0.f);
+
+    const int nk = (Kd + BK - 1) / BK;
+    load(0, 0);
+    for (int kt = 0; kt < nk; kt++) {
+        const int cur = kt & 1;
+        if (kt + 1 < nk) {
+            load(cur ^ 1, (kt + 1) * BK);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sA[cur][(wm + 16 * i) * LDS + kk], LDS);
+#pragma unroll
+            for (int q = 0; q < NB; q++) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    // B^T: element (k, n) = W[n][k]: column-major with stride LDS.
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+                    wmma::load_matrix_sync(fb, &sB[cur][q][(wn + 16 * j) * LDS + kk], LDS);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc[q][i][j], fa[i], fb, acc[q][i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Epilogue: each warp stages its 16x16 fragments in shared memory (the A buffers, free
+    // now), applies SiLU-and-mul (GU), rounds to bf16 and stores 8 columns per lane.
+    float *stage = (float *)&sA[0][0] + warp * (NB * 256);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int q = 0; q < NB; q++) wmma::store_matrix_sync(stage + q * 256, acc[q][i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int rr = lane >> 1, cc = (lane & 1) * 8;
+            const int s = s_begin + wm + 16 * i + rr, col = n0 + wn + 16 * j + cc;
+            if (s < s_end && col < N) {
+                __align__(16) bf16 o[8];
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    const float g = bfr(stage[rr * 16 + cc + c]);
+                    if (GU) {
+                        const float u = bfr(stage[256 + rr * 16 + cc + c]);
+                        o[c] = __float2bfloat16(bfr(g / (1.f + expf(-g))) * u);
+                    } else {
+                        o[c] = __float2bfloat16(g);
+                    }
+                }
+                *(uint4 *)(C + (size_t)s * N + col) = *(const uint4 *)o;
+            }
+            __syncwarp();
+        }
+}
+
+// ---- 7. combine ----------------------------------------------------------------------------------
+
+// One block per token: out[t] = sum_j w_j Y[inv_j] (+ sigmoid(SG[t]) * YS[t]); padding: zeros.
+__global__ void k_combine(const bf16 *__restrict__ Y, const int *__restrict__ inv, const float *__restrict__ topk_w,
+                          int K, int dim, const bf16 *__restrict__ YS, const float *__restrict__ SG,
+                          bf16 *__restrict__ out) {
+    const int t = blockIdx.x;
+    __shared__ int s_slot[MOE_MAX_K];
+    __shared__ float s_w[MOE_MAX_K];
+    if (threadIdx.x < K) {
+        s_slot[threadIdx.x] = inv[(size_t)t * K + threadIdx.x];
+        s_w[threadIdx.x] = bfr(topk_w[(size_t)t * K + threadIdx.x]);  // HF: weights cast to bf16
+    }
+    __syncthreads();
+    const bool pad = s_slot[0] < 0;
+    const float sg = (YS && !pad) ? (SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f) : 0.f;
+    for (int c = threadIdx.x * 8; c < dim; c += blockDim.x * 8) {
+        float acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = 0.f;
+        if (YS && !pad) {
+            const uint4 v = *(const uint4 *)(YS + (size_t)t * dim + c);
+            const bf16 *h = (const bf16 *)&v;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = sg * __bfloat162float(h[i]);
+        }
+        for (int j = 0; j < K; j++) {
+            const int s = s_slot[j];
+            if (s < 0) continue;
+            const uint4 v = *(const uint4 *)(Y + (size_t)s * dim + c);
+            const bf16 *h = (const bf16 *)&v;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = fmaf(s_w[j], __bfloat162float(h[i]), acc[i]);
+        }
+        __align__(16) bf16 o[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = __float2bfloat16(acc[i]);
+        *(uint4 *)(out + (size_t)t * dim + c) = *(const uint4 *)o;
+    }
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+
+// Expert 0 of a kind and the stride to expert e (elements); -1 unless uniformly strided bf16
+// matrices of rows x cols.
+static int stacked(kc_backend *b, const kaon_tensor *v, int E, int64_t rows, int64_t cols,
+                   const bf16 **base, long long *stride, const char *what) {
+    for (int e = 0; e < E; e++)
+        if (!v[e].data || v[e].dtype != KAON_BF16 || v[e].ndim != 2 || v[e].shape[0] != rows ||
+            v[e].shape[1] != cols)
+            return kc_fail(b, "cuda moe: expert %d's %s is %s [%lld, %lld], expected bf16 [%lld, %lld] "
+                           "(quantized experts are not supported on the GPU yet)", e, what,
+                           kaon_dtype_name(v[e].dtype), (long long)v[e].shape[0], (long long)v[e].shape[1],
+                           (long long)rows, (long long)cols);
+    const bf16 *p0 = (const bf16 *)v[0].data;
+    const long long st = E > 1 ? (long long)((const bf16 *)v[1].data - p0) : 0;
+    for (int e = 1; e < E; e++)
+        if ((const bf16 *)v[e].data - p0 != st * e)
+            return kc_fail(b, "cuda moe: the experts' %s matrices are not stacked at one stride", what);
+    if (((uintptr_t)p0 & 15) || (st * 2) % 16) return kc_fail(b, "cuda moe: misaligned expert weights");
+    *base = p0;
+    *stride = st;
+    return 0;
+}
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Carves the scratch of one call out of b->moe_buf (grown through the backend's alloc, outside
+// graph recording; destroy frees it with every other allocation).
+static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, int max_tiles, MoeBufs *m) {
+    const size_t nk = (size_t)n * K;
+    const size_t sizes[] = {
+        (size_t)n * E * 4, nk * 4, nk * 4, (size_t)E * 4, (size_t)(E + 1) * 4, (size_t)E * 4,
+        (size_t)(E + 1) * 4, (size_t)max_tiles * 8, 4, nk * 4, nk * 4, nk * F * 2, nk * dim * 2,
+        (size_t)n * SF * 2, SF ? (size_t)n * dim * 2 : 0, (size_t)n * 4,
+    };
+    const int count = (int)(sizeof sizes / sizeof sizes[0]);
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += al256(sizes[i]);
+    if (total > b->moe_cap) {
+        if (b->capturing) return kc_fail(b, "cuda moe: scratch must grow while recording a graph");
+        if (b->moe_buf) b->base.ops->free(&b->base, b->moe_buf);
+        b->moe_buf = NULL;
+        b->moe_cap = 0;
+        const size_t cap = total + total / 4;
+        b->moe_buf = b->base.ops->alloc(&b->base, cap);
+        if (!b->moe_buf) return kc_fail(b, "cuda moe: out of device memory for %zu bytes of scratch", cap);
+        b->moe_cap = cap;
+    }
+    char *p = (char *)b->moe_buf;
+    void **dst[] = {(void **)&m->logits, (void **)&m->topk_id, (void **)&m->topk_w, (void **)&m->cnt,
+                    (void **)&m->off, (void **)&m->fill, (void **)&m->active, (void **)&m->tiles,
+                    (void **)&m->n_tiles, (void **)&m->slot_tok, (void **)&m->inv, (void **)&m->H,
+                    (void **)&m->Y, (void **)&m->HS, (void **)&m->YS, (void **)&m->SG};
+    for (int i = 0; i < count; i++) {
+        *dst[i] = sizes[i] ? p : NULL;
+        p += al256(sizes[i]);
+    }
+    return 0;
+}
+
+extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t *positions,
+                         const kaon_moe_weights *w, uint32_t *counts, void *out_) {
+    kc_backend *b = kc(be);
+    if (n <= 0) return 0;
+    const bf16 *x = (const bf16 *)x_;
+    bf16 *out = (bf16 *)out_;
+    if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
+        return kc_fail(b, "cuda moe: bad arguments");
+    const int E = w->n_experts, K = w->top_k;
+    if (E < 1 || E > MOE_MAX_E || K < 1 || K > E || K > MOE_MAX_K)
+        return kc_fail(b, "cuda moe: %d experts, top %d (at most %d experts, top %d)", E, K, MOE_MAX_E, MOE_MAX_K);
+    const kaon_tensor *R = w->router;
+    if (R->ndim != 2 || R->shape[0] != E || R->dtype != KAON_BF16)
+        return kc_fail(b, "cuda moe: the router must be a bf16 [%d, dim] matrix", E);
+    const int dim = (int)R->shape[1], F = (int)w->gate[0].shape[0];
+    const int SF = w->shared_gate ? (int)w->shared_gate->shape[0] : 0;
+    if (dim % 8 || F % 8 || dim <= 0 || F <= 0) return kc_fail(b, "cuda moe: dim %d and ffn %d must be multiples of 8", dim, F);
+    MoeW mw;
+    if (stacked(b, w->gate, E, F, dim, &mw.gate, &mw.sgate, "gate") ||
+        stacked(b, w->up, E, F, dim, &mw.up, &mw.sup, "up") ||
+        stacked(b, w->down, E, dim, F, &mw.down, &mw.sdown, "down"))
+        return -1;
+    const int32_t *dpos = positions ? kc_dev_i32(b, positions, (size_t)n) : NULL;
+    if (positions && !dpos) return -1;
+    const int nk = n * K;
+    const int max_active = nk < E ? nk : E;
+    const int max_tiles = (nk + BM - 1) / BM + max_active;
+    MoeBufs m;
+    if (moe_bufs(b, n, E, K, F, dim, SF, max_tiles, &m)) return -1;
+
+    // 1. router logits (f32)
+    if (kc_gemm_bf16(b, x, n, (const bf16 *)R->data, E, dim, NULL, m.logits, 1)) return -1;
+    // 2. route
+    if (kc_check(b, cudaMemsetAsync(m.cnt, 0, sizeof(int) * (size_t)E, b->stream), "moe")) return -1;
+    k_route<<<(n + 3) / 4, 128, 0, b->stream>>>(m.logits, dpos, n, E, K, w->norm_topk ? 1 : 0, m.topk_id,
+                                                 m.topk_w, m.cnt, counts);
+    // 3. plan, 4. permute
+    k_plan<<<1, MOE_MAX_E, 0, b->stream>>>(m.cnt, E, m.off, m.fill, m.active, m.tiles, m.n_tiles);
+    k_permute<<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K);
+    if (kc_launched(b, "moe routing")) return -1;
+    // 5. experts
+    if (n <= MOE_GEMV_MAX_N) {
+        const dim3 blk(GEMV_WARPS * 32);
+        k_moe_gemv_gu<<<dim3((F + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
+            x, dim, F, mw, m.active, E, m.off, m.slot_tok, m.H);
+        k_moe_gemv_down<<<dim3((dim + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
+            m.H, dim, F, mw, m.active, E, m.off, m.Y);
+    } else {
+        k_moe_gemm<true><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
+            x, dim, F, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.H);
+        k_moe_gemm<false><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
+            m.H, F, dim, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.Y);
+    }
+    if (kc_launched(b, "moe experts")) return -1;
+    // 6. shared expert
+    if (SF) {
+        const kaon_backend_ops *op = be->ops;
+        int rc = op->linear_silu_mul(be, x, n, w->shared_gate, w->shared_up, m.HS);
+        if (rc == 1) {
+            if (kc_grow(b, (void **)&b->fuse_tmp, &b->fuse_tmp_cap, (size_t)n * SF, sizeof(bf16), "moe shared expert"))
+                return -1;
+            op->linear(be, x, n, w->shared_gate, NULL, m.HS);
+            op->linear(be, x, n, w->shared_up, NULL, b->fuse_tmp);
+            op->silu_and_mul(be, m.HS, b->fuse_tmp, n, SF, m.HS);
+        } else if (rc < 0) {
+            return -1;
+        }
+        op->linear(be, m.HS, n, w->shared_down, NULL, m.YS);
+        if (w->shared_gate_inp) op->linear_f32(be, x, n, w->shared_gate_inp, m.SG);
+        if (b->err) return -1;
+    }
+    // 7. combine
+    k_combine<<<n, 128, 0, b->stream>>>(m.Y, m.inv, m.topk_w, K, dim, SF ? m.YS : NULL,
+                                        SF && w->shared_gate_inp ? m.SG : NULL, out);
+    return kc_launched(b, "moe combine");
+}

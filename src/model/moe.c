@@ -1,0 +1,569 @@
+// Mixture-of-experts layers: configuration from GGUF, weights from every layout (moe.h), and
+// device copies. The math is the backends' moe op.
+#include "model/moe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "util/err.h"
+
+// ---- configuration -------------------------------------------------------------------------
+
+void kaon_moe_config_from_gguf(const kaon_gguf *g, kaon_model_config *c) {
+    char key[160];
+#define KEY(k) (snprintf(key, sizeof key, "%s.%s", c->arch_name, k), key)
+    c->n_experts = (int)kaon_gguf_get_int(g, KEY("expert_count"), 0);
+    if (c->n_experts <= 0) {
+        c->n_experts = 0;
+        return;
+    }
+    c->n_experts_used = (int)kaon_gguf_get_int(g, KEY("expert_used_count"), 2);
+    c->moe_intermediate_size =
+        (int)kaon_gguf_get_int(g, KEY("expert_feed_forward_length"), c->intermediate_size);
+    c->shared_expert_intermediate_size =
+        (int)kaon_gguf_get_int(g, KEY("expert_shared_feed_forward_length"), 0);
+    // llama.cpp renormalises for Mixtral (llama) and qwen3moe, not for qwen2moe.
+    c->norm_topk_prob = kaon_gguf_get_bool(g, KEY("expert_weights_norm"),
+                                           strcmp(c->arch_name, "qwen2moe") != 0);
+    // A file whose every layer has experts may leave the dense width out.
+    if (c->intermediate_size <= 0) c->intermediate_size = c->moe_intermediate_size;
+#undef KEY
+}
+
+// ---- finding tensors -------------------------------------------------------------------------
+
+// A tensor by name in the model's file; out->data stays NULL when absent. -1 on a tensor of a
+// type kaon cannot use.
+static int find(const kaon_model *m, const char *name, kaon_tensor *out) {
+    memset(out, 0, sizeof *out);
+    if (m->gguf) {
+        const kaon_gguf_tensor *t = kaon_gguf_find_tensor(m->gguf, name);
+        if (!t) return 0;
+        kaon_dtype dt = kaon_dtype_from_ggml(t->ggml_type);
+        if (dt == KAON_DTYPE_INVALID)
+            return kaon_set_error("%s: tensor '%s' has unsupported type %u", m->path, name, t->ggml_type);
+        out->dtype = dt;
+        out->ndim = (int)t->n_dims;
+        for (uint32_t i = 0; i < t->n_dims; i++) out->shape[i] = (int64_t)t->dims[t->n_dims - 1 - i];
+        out->data = (void *)t->data;
+        out->nbytes = t->nbytes;
+        return 0;
+    }
+    if (!m->st) return 0;
+    const kaon_st_tensor *t = kaon_safetensors_find(m->st, name);
+    if (!t) return 0;
+    out->dtype = t->dtype;
+    out->ndim = t->ndim;
+    memcpy(out->shape, t->shape, sizeof out->shape);
+    out->data = (void *)t->data;
+    out->nbytes = t->nbytes;
+    return 0;
+}
+
+static int shape_error(const kaon_model *m, const char *name, const kaon_tensor *t, int nd,
+                       const int64_t *want) {
+    char got[96] = "", exp[96] = "";
+    for (int i = 0, o = 0; i < t->ndim && o < (int)sizeof got - 24; i++)
+        o += snprintf(got + o, sizeof got - (size_t)o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    for (int i = 0, o = 0; i < nd && o < (int)sizeof exp - 24; i++)
+        o += snprintf(exp + o, sizeof exp - (size_t)o, "%s%lld", i ? ", " : "", (long long)want[i]);
+    return kaon_set_error("%s: tensor '%s' has shape [%s], expected [%s]", m->path, name, got, exp);
+}
+
+// Finds a matrix (or stacked matrices: nd == 3) of the given shape; required or optional.
+static int find_shaped(const kaon_model *m, const char *name, bool required, int nd, int64_t d0,
+                       int64_t d1, int64_t d2, kaon_tensor *out) {
+    if (find(m, name, out)) return -1;
+    if (!out->data) return required ? kaon_set_error("%s: missing tensor '%s'", m->path, name) : 0;
+    const int64_t want[3] = {d0, d1, d2};
+    bool ok = out->ndim == nd;
+    for (int i = 0; ok && i < nd; i++) ok = out->shape[i] == want[i];
+    if (!ok) return shape_error(m, name, out, nd, want);
+    const int64_t cols = out->shape[nd - 1];
+    if (kaon_dtype_row_bytes(out->dtype, cols) == 0)
+        return kaon_set_error("%s: tensor '%s': rows of %lld are not a whole number of %s blocks",
+                              m->path, name, (long long)cols, kaon_dtype_name(out->dtype));
+    return 0;
+}
+
+// [E, rows, cols] (or [rows, cols]) seen as the 2-D [E * rows, cols] it is in memory.
+static kaon_tensor as_2d(kaon_tensor t) {
+    if (t.ndim == 3) {
+        t.shape[0] *= t.shape[1];
+        t.shape[1] = t.shape[2];
+        t.shape[2] = 0;
+        t.ndim = 2;
+    }
+    return t;
+}
+
+// ---- one layer ---------------------------------------------------------------------------------
+
+static void layer_free(kaon_moe_layer *l) {
+    free(l->views);
+    free(l->src);
+    free(l->src_of);
+    free(l->row0);
+    memset(l, 0, sizeof *l);
+}
+
+static int layer_alloc(kaon_moe_layer *l, int E, int max_src) {
+    memset(l, 0, sizeof *l);
+    l->views = calloc((size_t)3 * E, sizeof *l->views);
+    l->src = calloc((size_t)max_src, sizeof *l->src);
+    l->src_of = calloc((size_t)3 * E, sizeof *l->src_of);
+    l->row0 = calloc((size_t)3 * E, sizeof *l->row0);
+    if (!l->views || !l->src || !l->src_of || !l->row0) {
+        layer_free(l);
+        return kaon_set_error("out of memory");
+    }
+    return 0;
+}
+
+// The view of kind k (gate/up/down) of expert e: rows [row0, row0 + rows) of source s.
+static void set_view(kaon_moe_layer *l, int E, int k, int e, int s, int64_t row0, int64_t rows) {
+    const kaon_tensor *src = &l->src[s];
+    const int64_t cols = src->shape[1];
+    const size_t rb = kaon_dtype_row_bytes(src->dtype, cols);
+    kaon_tensor *v = &l->views[k * E + e];
+    memset(v, 0, sizeof *v);
+    v->dtype = src->dtype;
+    v->ndim = 2;
+    v->shape[0] = rows;
+    v->shape[1] = cols;
+    v->data = (char *)src->data + (size_t)row0 * rb;
+    v->nbytes = (size_t)rows * rb;
+    l->src_of[k * E + e] = s;
+    l->row0[k * E + e] = row0;
+}
+
+void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c) {
+    const int E = c->n_experts;
+    l->w.n_experts = E;
+    l->w.top_k = c->n_experts_used;
+    l->w.norm_topk = c->norm_topk_prob;
+    l->w.router = &l->router;
+    l->w.gate = l->views;
+    l->w.up = l->views + E;
+    l->w.down = l->views + 2 * E;
+    const bool sh = l->shared[0].data != NULL;
+    l->w.shared_gate = sh ? &l->shared[0] : NULL;
+    l->w.shared_up = sh ? &l->shared[1] : NULL;
+    l->w.shared_down = sh ? &l->shared[2] : NULL;
+    l->w.shared_gate_inp = sh && l->shared_gate_inp.data ? &l->shared_gate_inp : NULL;
+}
+
+uint64_t kaon_moe_layer_bytes(const kaon_moe_layer *l) {
+    uint64_t b = l->router.nbytes + l->shared_gate_inp.nbytes;
+    for (int i = 0; i < 3; i++) b += l->shared[i].nbytes;
+    for (int i = 0; i < l->n_src; i++) b += l->src[i].nbytes;
+    return b;
+}
+
+static void count_params(kaon_model *m, const kaon_moe_layer *l) {
+    uint64_t n = (uint64_t)kaon_tensor_numel(&l->router);
+    if (l->shared_gate_inp.data) n += (uint64_t)kaon_tensor_numel(&l->shared_gate_inp);
+    for (int i = 0; i < 3; i++)
+        if (l->shared[i].data) n += (uint64_t)kaon_tensor_numel(&l->shared[i]);
+    for (int i = 0; i < l->n_src; i++) n += (uint64_t)kaon_tensor_numel(&l->src[i]);
+    m->n_params += n;
+    m->weight_bytes += kaon_moe_layer_bytes(l);
+}
+
+bool kaon_moe_layer_wanted(const kaon_model *m, int l) {
+    if (m->cfg.n_experts <= 0) return false;
+    if (m->gguf) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        return kaon_gguf_find_tensor(m->gguf, name) != NULL;
+    }
+    return kaon_config_layer_is_moe(&m->cfg, l);
+}
+
+static int ensure_layers(kaon_model *m) {
+    if (m->moe) return 0;
+    m->moe = calloc((size_t)m->cfg.n_layers, sizeof *m->moe);
+    return m->moe ? 0 : kaon_set_error("out of memory");
+}
+
+// Shared expert (Qwen2-MoE): gate/up [sffn, dim], down [dim, sffn], its gate [1, dim] (GGUF
+// stores that one as a vector [dim]).
+static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names[4]) {
+    kaon_model_config *c = &m->cfg;
+    const int64_t dim = c->hidden_size;
+    kaon_tensor probe;
+    if (find(m, names[0], &probe)) return -1;
+    if (!probe.data) return 0;
+    if (probe.ndim == 2 && c->shared_expert_intermediate_size <= 0)
+        c->shared_expert_intermediate_size = (int)probe.shape[0];
+    const int64_t sf = c->shared_expert_intermediate_size;
+    if (find_shaped(m, names[0], true, 2, sf, dim, 0, &L->shared[0]) ||
+        find_shaped(m, names[1], true, 2, sf, dim, 0, &L->shared[1]) ||
+        find_shaped(m, names[2], true, 2, dim, sf, 0, &L->shared[2]))
+        return -1;
+    kaon_tensor g;
+    if (find(m, names[3], &g)) return -1;
+    if (g.data) {
+        if (kaon_tensor_numel(&g) != dim || g.ndim > 2 || (g.ndim == 2 && g.shape[0] != 1)) {
+            const int64_t want[2] = {1, dim};
+            return shape_error(m, names[3], &g, 2, want);
+        }
+        g.ndim = 2;
+        g.shape[0] = 1;
+        g.shape[1] = dim;
+        L->shared_gate_inp = g;
+    }
+    return 0;
+}
+
+int kaon_moe_load_layer(kaon_model *m, int l) {
+    const kaon_model_config *c = &m->cfg;
+    const int E = c->n_experts;
+    const int64_t dim = c->hidden_size, F = c->moe_intermediate_size;
+    if (ensure_layers(m)) return -1;
+    kaon_moe_layer *L = &m->moe[l];
+    if (layer_alloc(L, E, 3 * E)) return -1;
+    char n0[192], n1[192], n2[192], n3[192];
+    kaon_tensor st[3];
+    if (m->gguf) {
+        snprintf(n0, sizeof n0, "blk.%d.ffn_gate_inp.weight", l);
+        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router)) goto fail;
+        static const char *const stacked[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+        static const char *const single[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+        snprintf(n0, sizeof n0, "blk.%d.%s.weight", l, stacked[0]);
+        if (find(m, n0, &st[0])) goto fail;
+        if (st[0].data) {  // [E, rows, cols] each
+            for (int k = 0; k < 3; k++) {
+                snprintf(n0, sizeof n0, "blk.%d.%s.weight", l, stacked[k]);
+                const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
+                if (find_shaped(m, n0, true, 3, E, rows, cols, &st[k])) goto fail;
+                L->src[k] = as_2d(st[k]);
+                for (int e = 0; e < E; e++) set_view(L, E, k, e, k, (int64_t)e * rows, rows);
+            }
+            L->n_src = 3;
+        } else {  // older files: one tensor per expert
+            for (int k = 0; k < 3; k++)
+                for (int e = 0; e < E; e++) {
+                    snprintf(n0, sizeof n0, "blk.%d.%s.%d.weight", l, single[k], e);
+                    const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
+                    if (find_shaped(m, n0, true, 2, rows, cols, 0, &L->src[L->n_src])) goto fail;
+                    set_view(L, E, k, e, L->n_src++, 0, rows);
+                }
+        }
+        snprintf(n0, sizeof n0, "blk.%d.ffn_gate_shexp.weight", l);
+        snprintf(n1, sizeof n1, "blk.%d.ffn_up_shexp.weight", l);
+        snprintf(n2, sizeof n2, "blk.%d.ffn_down_shexp.weight", l);
+        snprintf(n3, sizeof n3, "blk.%d.ffn_gate_inp_shexp.weight", l);
+    } else {
+        // Mixtral checkpoints name the block block_sparse_moe; Qwen's and transformers 5's, mlp.
+        char p[96];
+        snprintf(p, sizeof p, "model.layers.%d.block_sparse_moe", l);
+        snprintf(n0, sizeof n0, "%s.gate.weight", p);
+        if (find(m, n0, &L->router)) goto fail;
+        if (!L->router.data) snprintf(p, sizeof p, "model.layers.%d.mlp", l);
+        snprintf(n0, sizeof n0, "%s.gate.weight", p);
+        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router)) goto fail;
+        snprintf(n0, sizeof n0, "%s.experts.gate_up_proj", p);
+        if (find(m, n0, &st[0])) goto fail;
+        if (st[0].data) {  // fused: gate rows [0, F) then up rows [F, 2F) of each expert
+            snprintf(n1, sizeof n1, "%s.experts.down_proj", p);
+            if (find_shaped(m, n0, true, 3, E, 2 * F, dim, &st[0]) ||
+                find_shaped(m, n1, true, 3, E, dim, F, &st[1]))
+                goto fail;
+            L->src[0] = as_2d(st[0]);
+            L->src[1] = as_2d(st[1]);
+            L->n_src = 2;
+            for (int e = 0; e < E; e++) {
+                set_view(L, E, KAON_MOE_GATE, e, 0, (int64_t)e * 2 * F, F);
+                set_view(L, E, KAON_MOE_UP, e, 0, (int64_t)e * 2 * F + F, F);
+                set_view(L, E, KAON_MOE_DOWN, e, 1, (int64_t)e * dim, dim);
+            }
+        } else {
+            static const char *const mixtral[3] = {"w1", "w3", "w2"};
+            static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"};
+            snprintf(n0, sizeof n0, "%s.experts.0.w1.weight", p);
+            if (find(m, n0, &st[0])) goto fail;
+            const char *const *nm = st[0].data ? mixtral : qwen;
+            for (int k = 0; k < 3; k++)
+                for (int e = 0; e < E; e++) {
+                    snprintf(n0, sizeof n0, "%s.experts.%d.%s.weight", p, e, nm[k]);
+                    const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
+                    if (find_shaped(m, n0, true, 2, rows, cols, 0, &L->src[L->n_src])) goto fail;
+                    set_view(L, E, k, e, L->n_src++, 0, rows);
+                }
+        }
+        snprintf(n0, sizeof n0, "%s.shared_expert.gate_proj.weight", p);
+        snprintf(n1, sizeof n1, "%s.shared_expert.up_proj.weight", p);
+        snprintf(n2, sizeof n2, "%s.shared_expert.down_proj.weight", p);
+        snprintf(n3, sizeof n3, "%s.shared_expert_gate.weight", p);
+    }
+    const char *const sh[4] = {n0, n1, n2, n3};
+    if (load_shared(m, L, sh)) goto fail;
+    kaon_moe_bind(L, c);
+    count_params(m, L);
+    return 0;
+fail:
+    layer_free(L);
+    return -1;
+}
+
+// Placeholder data of dummy weights (never read: the backend creates the values).
+static const uint16_t dummy_data[8];
+
+static kaon_tensor dummy_2d(int64_t rows, int64_t cols) {
+    kaon_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = KAON_BF16;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = (void *)dummy_data;
+    t.nbytes = (size_t)rows * (size_t)cols * 2;
+    return t;
+}
+
+int kaon_moe_dummy_layer(kaon_model *m, int l) {
+    const kaon_model_config *c = &m->cfg;
+    const int E = c->n_experts;
+    const int64_t dim = c->hidden_size, F = c->moe_intermediate_size;
+    const int64_t sf = c->shared_expert_intermediate_size;
+    if (ensure_layers(m)) return -1;
+    kaon_moe_layer *L = &m->moe[l];
+    if (layer_alloc(L, E, 3)) return -1;
+    L->router = dummy_2d(E, dim);
+    L->src[0] = dummy_2d((int64_t)E * F, dim);
+    L->src[1] = dummy_2d((int64_t)E * F, dim);
+    L->src[2] = dummy_2d((int64_t)E * dim, F);
+    L->n_src = 3;
+    for (int e = 0; e < E; e++) {
+        set_view(L, E, KAON_MOE_GATE, e, 0, (int64_t)e * F, F);
+        set_view(L, E, KAON_MOE_UP, e, 1, (int64_t)e * F, F);
+        set_view(L, E, KAON_MOE_DOWN, e, 2, (int64_t)e * dim, dim);
+    }
+    if (sf > 0) {
+        L->shared[0] = dummy_2d(sf, dim);
+        L->shared[1] = dummy_2d(sf, dim);
+        L->shared[2] = dummy_2d(dim, sf);
+        L->shared_gate_inp = dummy_2d(1, dim);
+    }
+    kaon_moe_bind(L, c);
+    count_params(m, L);
+    return 0;
+}
+
+void kaon_moe_free_model(kaon_model *m) {
+    if (!m->moe) return;
+    for (int l = 0; l < m->cfg.n_layers; l++) layer_free(&m->moe[l]);
+    free(m->moe);
+    m->moe = NULL;
+}
+
+// ---- device copies -----------------------------------------------------------------------------
+
+static int copy_one(kaon_backend *be, const kaon_tensor *t, bool dummy, uint64_t seed,
+                    kaon_tensor *dst) {
+    memset(dst, 0, sizeof *dst);
+    if (!t->data) return 0;
+    if (!dummy) return be->ops->upload(be, t, dst);
+    const float scale = 1.0f / sqrtf((float)t->shape[t->ndim - 1]);
+    return be->ops->fill_dummy(be, t, seed, scale, 0.0f, dst);
+}
+
+// One tensor per expert (HF per-expert names, older GGUF files): a host copy that stacks
+// them, [E * rows, cols] per kind, so the device holds each kind in one allocation and a
+// kernel finds expert e at a fixed stride. NULL + error on failure (or mixed formats).
+static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
+    const int E = host->w.n_experts;
+    kaon_moe_layer *st = calloc(1, sizeof *st);
+    if (!st || layer_alloc(st, E, 3)) {
+        free(st);
+        kaon_set_error("out of memory");
+        return NULL;
+    }
+    st->router = host->router;
+    memcpy(st->shared, host->shared, sizeof st->shared);
+    st->shared_gate_inp = host->shared_gate_inp;
+    st->w = host->w;
+    for (int k = 0; k < 3; k++) {
+        const kaon_tensor *v0 = &host->views[k * E];
+        const size_t bytes = v0->nbytes;
+        for (int e = 1; e < E; e++) {
+            const kaon_tensor *v = &host->views[k * E + e];
+            if (v->dtype != v0->dtype || v->nbytes != bytes || v->shape[0] != v0->shape[0]) {
+                kaon_set_error("experts of one layer have different formats (%s, %s)",
+                               kaon_dtype_name(v0->dtype), kaon_dtype_name(v->dtype));
+                goto fail;
+            }
+        }
+        char *blob = malloc(bytes * (size_t)E);
+        if (!blob) {
+            kaon_set_error("out of memory stacking experts (%zu MiB)", (bytes * (size_t)E) >> 20);
+            goto fail;
+        }
+        blobs[k] = blob;
+        for (int e = 0; e < E; e++) memcpy(blob + bytes * (size_t)e, host->views[k * E + e].data, bytes);
+        kaon_tensor *t = &st->src[k];
+        *t = *v0;
+        t->shape[0] = v0->shape[0] * E;
+        t->data = blob;
+        t->nbytes = bytes * (size_t)E;
+        for (int e = 0; e < E; e++) set_view(st, E, k, e, k, (int64_t)e * v0->shape[0], v0->shape[0]);
+    }
+    st->n_src = 3;
+    return st;
+fail:
+    layer_free(st);
+    free(st);
+    return NULL;
+}
+
+static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                        kaon_moe_layer *dev);
+
+int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                    kaon_moe_layer *dev) {
+    const int E = host->w.n_experts;
+    if (E < 2 || host->n_src != 3 * E) return upload_layer(be, host, dummy, seed, dev);
+    void *blobs[3] = {NULL, NULL, NULL};
+    kaon_moe_layer *st = stack_experts(host, blobs);
+    const int rc = st ? upload_layer(be, st, dummy, seed, dev) : -1;
+    for (int k = 0; k < 3; k++) free(blobs[k]);
+    if (st) {
+        layer_free(st);
+        free(st);
+    }
+    return rc;
+}
+
+static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                        kaon_moe_layer *dev) {
+    const int E = host->w.n_experts;
+    if (layer_alloc(dev, E, host->n_src > 0 ? host->n_src : 1)) return -1;
+    dev->n_src = 0;
+    int rc = copy_one(be, &host->router, dummy, seed, &dev->router);
+    for (int i = 0; i < 3 && !rc; i++) rc = copy_one(be, &host->shared[i], dummy, seed + 1 + i, &dev->shared[i]);
+    if (!rc) rc = copy_one(be, &host->shared_gate_inp, dummy, seed + 4, &dev->shared_gate_inp);
+    for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++)
+        rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, &dev->src[i]);
+    if (rc) {
+        kaon_moe_release(be, dev);
+        return -1;
+    }
+    for (int k = 0; k < 3; k++)
+        for (int e = 0; e < E; e++) {
+            const kaon_tensor *hv = &host->views[k * E + e];
+            set_view(dev, E, k, e, host->src_of[k * E + e], host->row0[k * E + e], hv->shape[0]);
+        }
+    dev->w = host->w;
+    dev->w.router = &dev->router;
+    dev->w.gate = dev->views;
+    dev->w.up = dev->views + E;
+    dev->w.down = dev->views + 2 * E;
+    const bool sh = dev->shared[0].data != NULL;
+    dev->w.shared_gate = sh ? &dev->shared[0] : NULL;
+    dev->w.shared_up = sh ? &dev->shared[1] : NULL;
+    dev->w.shared_down = sh ? &dev->shared[2] : NULL;
+    dev->w.shared_gate_inp = sh && dev->shared_gate_inp.data ? &dev->shared_gate_inp : NULL;
+    return 0;
+}
+
+void kaon_moe_release(kaon_backend *be, kaon_moe_layer *dev) {
+    if (be->ops->release) {
+        if (dev->router.data) be->ops->release(be, &dev->router);
+        for (int i = 0; i < 3; i++)
+            if (dev->shared[i].data) be->ops->release(be, &dev->shared[i]);
+        if (dev->shared_gate_inp.data) be->ops->release(be, &dev->shared_gate_inp);
+        for (int i = 0; i < dev->n_src; i++)
+            if (dev->src[i].data) be->ops->release(be, &dev->src[i]);
+    }
+    layer_free(dev);
+}
+
+// ---- for the runner --------------------------------------------------------------------------
+
+int kaon_moe_runner_upload(kaon_backend *be, const kaon_model *m, bool dummy, uint64_t seed,
+                           kaon_layer_weights *dev_layers, kaon_moe_layer **dev_moe) {
+    *dev_moe = NULL;
+    if (!m->moe) return 0;
+    kaon_moe_layer *d = calloc((size_t)m->cfg.n_layers, sizeof *d);
+    if (!d) return kaon_set_error("out of memory");
+    *dev_moe = d;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (!m->layers[l].moe) continue;
+        if (kaon_moe_upload(be, &m->moe[l], dummy, seed + ((uint64_t)l << 20), &d[l])) return -1;
+        dev_layers[l].moe = &d[l];
+    }
+    return 0;
+}
+
+void kaon_moe_runner_release(kaon_backend *be, const kaon_model *m, kaon_moe_layer *dev_moe) {
+    if (!dev_moe) return;
+    for (int l = 0; l < m->cfg.n_layers; l++) kaon_moe_release(be, &dev_moe[l]);
+    free(dev_moe);
+}
+
+size_t kaon_moe_act_bytes(const kaon_model *m, size_t elem_bytes, int T) {
+    const kaon_model_config *c = &m->cfg;
+    if (c->n_experts <= 0 || T <= 0) return 0;
+    const size_t rows = (size_t)T * (size_t)c->n_experts_used;
+    const size_t sf = (size_t)c->shared_expert_intermediate_size;
+    // Router logits (f32), routing tables, routed rows' hidden and output activations, and
+    // the shared expert's hidden and output.
+    return (size_t)T * (size_t)c->n_experts * 4 + rows * 16 + (size_t)c->n_experts * 64 +
+           rows * ((size_t)c->moe_intermediate_size + (size_t)c->hidden_size) * elem_bytes +
+           (size_t)T * (sf + (size_t)c->hidden_size + 2) * elem_bytes;
+}
+
+kaon_moe_stats *kaon_moe_stats_create(kaon_backend *be, const kaon_model *m) {
+    const int L = m->cfg.n_layers, E = m->cfg.n_experts;
+    if (E <= 0) {
+        kaon_set_error("expert statistics: %s is not a mixture-of-experts model", m->path);
+        return NULL;
+    }
+    kaon_moe_stats *s = calloc(1, sizeof *s);
+    const size_t n = (size_t)L * (size_t)E;
+    if (s) {
+        s->n_layers = L;
+        s->n_experts = E;
+        s->prev = calloc(n, sizeof *s->prev);
+        s->total = calloc(n, sizeof *s->total);
+        s->dev = be->ops->alloc(be, n * sizeof(uint32_t));  // zero-filled
+    }
+    if (!s || !s->prev || !s->total || !s->dev) {
+        kaon_moe_stats_free(be, s);
+        kaon_set_error("expert statistics: out of memory");
+        return NULL;
+    }
+    return s;
+}
+
+void kaon_moe_stats_free(kaon_backend *be, kaon_moe_stats *s) {
+    if (!s) return;
+    if (s->dev) be->ops->free(be, s->dev);
+    free(s->prev);
+    free(s->total);
+    free(s);
+}
+
+int kaon_moe_stats_read(kaon_backend *be, kaon_moe_stats *s) {
+    const size_t n = (size_t)s->n_layers * (size_t)s->n_experts;
+    uint32_t *now = malloc(n * sizeof *now);
+    if (!now) return kaon_set_error("out of memory");
+    // Device backends: copy_f32_to_host moves 4-byte words unchanged. Host backends (no such
+    // op) hand out host memory.
+    if (be->ops->copy_f32_to_host) be->ops->copy_f32_to_host(be, (const float *)(void *)s->dev, n, (float *)(void *)now);
+    else memcpy(now, s->dev, n * sizeof *now);
+    if (be->ops->status && be->ops->status(be)) {
+        free(now);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        s->total[i] += (uint32_t)(now[i] - s->prev[i]);  // wraps at 2^32 between reads are fine
+        s->prev[i] = now[i];
+    }
+    free(now);
+    return 0;
+}
