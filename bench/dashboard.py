@@ -66,7 +66,9 @@ def load_results(d):
 
 def workload(r):
     """The serving workload a result measured (results of one workload are comparable)."""
-    return (str(r.get("model", "?")), r.get("endpoint", "/v1/completions"), r.get("random_input_len"),
+    model = Path(str(r.get("model", "?"))).name  # servers name one file differently (path, file name)
+    model = model[:-5] if model.endswith(".gguf") else model
+    return (model, r.get("endpoint", "/v1/completions"), r.get("random_input_len"),
             r.get("random_output_len"), r.get("random_prefix_len") or 0)
 
 

@@ -6,8 +6,8 @@
 #   KAON_BUILD=build-cuda OUT=/tmp/sweep bash bench/gpu_sweep.sh
 #
 # Settings (environment): CONFIG (a bench/configs/*.json), CONCURRENCY (1,4,16,64,256,1024),
-# INPUT_LEN (1024), OUTPUT_LEN (256), NUM_PROMPTS (16: at least this many per level),
-# PROMPTS_PER_CONCURRENCY (2: at least this many per request in flight), MAX_NUM_SEQS (1024),
+# INPUT_LEN (512), OUTPUT_LEN (128), NUM_PROMPTS (16: at least this many per level),
+# PROMPTS_PER_CONCURRENCY (1: at least this many per request in flight), MAX_NUM_SEQS (1024),
 # MAX_MODEL_LEN (4096), GPU_UTIL (0.9), PYTHON (python3), EXTRA_SERVE_ARGS.
 # Dummy weights have no tokenizer: bench/dummy_model.py writes one covering the vocabulary next to
 # the config, so the stream carries one chunk per token as with a real model; prompts go as token
@@ -19,10 +19,10 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to a folder for the results}"
 CONFIG=${CONFIG:-bench/configs/meta-llama__Llama-3.1-8B-Instruct.json}
 CONCURRENCY=${CONCURRENCY:-1,4,16,64,256,1024}
-INPUT_LEN=${INPUT_LEN:-1024}
-OUTPUT_LEN=${OUTPUT_LEN:-256}
+INPUT_LEN=${INPUT_LEN:-512}
+OUTPUT_LEN=${OUTPUT_LEN:-128}
 NUM_PROMPTS=${NUM_PROMPTS:-16}
-PROMPTS_PER_CONCURRENCY=${PROMPTS_PER_CONCURRENCY:-2}
+PROMPTS_PER_CONCURRENCY=${PROMPTS_PER_CONCURRENCY:-1}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-1024}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 GPU_UTIL=${GPU_UTIL:-0.9}

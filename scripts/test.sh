@@ -25,6 +25,9 @@ KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/ref
 echo "== end-to-end tests (pytest + the openai client against a real kaon serve)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/e2e
 
+echo "== benchmark tools (bench/serve.py metrics against a fake server, the dashboard in Chromium)"
+KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench
+
 echo "== engine and model tests again on the ASan + UBSan build"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
 

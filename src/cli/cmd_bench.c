@@ -186,7 +186,8 @@ typedef struct run_req {
     kaon_request *r;
     int32_t *ids;
     int n_ids, out_tokens, prompt_tokens;
-    double t_first;  // since the batch started (0: no token yet)
+    double t_submit;  // when submitted (s since the batch started)
+    double t_first;   // when its first token was sampled, by the engine's clock (s since the batch started; 0: none)
     bool done, failed;
     char *error;
 } run_req;
@@ -215,27 +216,21 @@ static void progress(const char *label, int done, int total, uint64_t toks, doub
 }
 
 typedef struct batch_state {
-    kaon_engine *e;
-    int n, done, with_first;
+    int n, done;
     uint64_t toks;
-    double t0, t_all_first;      // when the last sequence got its first token (s since t0)
-    uint64_t steps_at_all_first;  // engine steps at that moment
+    double t0;
+    double t_all_first;  // when the last sequence got its first token (s since t0)
 } batch_state;
 
-// Takes one output of request q into the batch's accounting.
+// Takes one output of request q into the batch's accounting. First-token times come from the
+// engine (kaon_output.first_token_time), not from when this thread saw them: this thread may
+// run late when the engine's threads hold every core.
 static void absorb(batch_state *b, run_req *q, const kaon_output *ko) {
     b->toks += (uint64_t)ko->n_tokens;
     q->out_tokens = ko->completion_tokens;
     q->prompt_tokens = ko->prompt_tokens;
-    if (ko->n_tokens > 0 && q->t_first == 0) {
-        q->t_first = kaon_now() - b->t0;
-        if (++b->with_first == b->n) {
-            kaon_engine_stats st;
-            kaon_engine_get_stats(b->e, &st);
-            b->t_all_first = q->t_first;
-            b->steps_at_all_first = st.steps;
-        }
-    }
+    if (ko->n_tokens > 0 && q->t_first == 0)
+        q->t_first = ko->first_token_time > 0 ? q->t_submit + ko->first_token_time : kaon_now() - b->t0;
     if ((ko->finish == KAON_FINISH_ERROR || ko->finish == KAON_FINISH_ABORT) && !q->failed) {
         q->failed = true;
         q->error = strdup(ko->error ? ko->error : "aborted");
@@ -261,7 +256,6 @@ static double run_batch(kaon_engine *e, const bench_opts *o, uint64_t *rng, int 
     const int vocab = info.vocab_size > 0 ? info.vocab_size : 32000;
     memset(reqs, 0, sizeof *reqs * (size_t)n);
     memset(bs, 0, sizeof *bs);
-    bs->e = e;
     bs->n = n;
     for (int i = 0; i < n; i++) {
         reqs[i].n_ids = in[i];
@@ -275,11 +269,9 @@ static double run_batch(kaon_engine *e, const bench_opts *o, uint64_t *rng, int 
     bs->t0 = kaon_now();
     for (int i = 0; i < n; i++) {
         sp.max_tokens = out[i];
+        reqs[i].t_submit = kaon_now() - bs->t0;
         reqs[i].r = reqs[i].ids ? kaon_engine_submit(e, reqs[i].ids, reqs[i].n_ids, &sp) : NULL;
-        if (!reqs[i].r) {
-            fail_req(bs, &reqs[i], reqs[i].ids ? kaon_last_error() : "out of memory");
-            bs->with_first++;
-        }
+        if (!reqs[i].r) fail_req(bs, &reqs[i], reqs[i].ids ? kaon_last_error() : "out of memory");
     }
     double last_draw = 0;
     while (bs->done < n) {
@@ -309,6 +301,8 @@ static double run_batch(kaon_engine *e, const bench_opts *o, uint64_t *rng, int 
         }
     }
     double dt = kaon_now() - bs->t0;
+    for (int i = 0; i < n; i++)
+        if (reqs[i].t_first > bs->t_all_first) bs->t_all_first = reqs[i].t_first;
     progress(label, bs->done, n, bs->toks, bs->t0, o->quiet);
     if (!o->quiet && isatty(2)) fputc('\n', stderr);
     return dt;
@@ -416,12 +410,9 @@ static int bench_latency(kaon_engine *e, const bench_opts *o, int argc, char **a
         char label[64];
         for (int it = -o->num_warmup; it < o->num_iters; it++) {
             snprintf(label, sizeof label, "batch %d %s %d", B, it < 0 ? "warm-up" : "iter", it < 0 ? it + o->num_warmup + 1 : it + 1);
-            kaon_engine_stats st1;
             batch_state bs;
             double dt = run_batch(e, o, &rng, B, in, out, reqs, label, &bs);
-            kaon_engine_get_stats(e, &st1);
             const double t_all_first = bs.t_all_first;
-            const uint64_t steps_first = bs.steps_at_all_first;
             const char *fe;
             int f = count_failed(reqs, B, &fe);
             if (it >= 0) {
@@ -432,10 +423,10 @@ static int bench_latency(kaon_engine *e, const bench_opts *o, int argc, char **a
                     fprintf(stderr, "kaon: bench: batch %d: request failed: %s\n", B, fe);
                 }
                 prefill_sum += t_all_first;
-                // Decode: the steps after every sequence had its first token.
-                uint64_t dsteps = st1.steps > steps_first && steps_first ? st1.steps - steps_first : 0;
-                if (dsteps && o->output_len > 1) {
-                    step_sum += (dt - t_all_first) / (double)dsteps;
+                // Decode: once every sequence has its first token, each step gives each one
+                // token, so the last one needs output_len - 1 more steps.
+                if (o->output_len > 1 && t_all_first > 0 && dt > t_all_first) {
+                    step_sum += (dt - t_all_first) / (double)(o->output_len - 1);
                     steps_n++;
                 }
             }

@@ -204,7 +204,9 @@ int kaon_cmd_info(int argc, char **argv) {
     uint64_t bytes[64] = {0}, counts[64] = {0};
     count_format(&m->tok_embd, bytes, counts);
     count_format(&m->out_norm, bytes, counts);
-    if (m->lm_head.data != m->tok_embd.data) count_format(&m->lm_head, bytes, counts);
+    // (Dummy weights share one placeholder pointer: the config says whether the head is tied.)
+    if (m->format == KAON_FORMAT_DUMMY ? !c->tie_word_embeddings : m->lm_head.data != m->tok_embd.data)
+        count_format(&m->lm_head, bytes, counts);
     int n_moe = 0;
     uint64_t inactive = 0;  // parameters of the experts a token does not use
     for (int l = 0; l < c->n_layers; l++) {
@@ -254,9 +256,9 @@ int kaon_cmd_info(int argc, char **argv) {
                               (unsigned long long)counts[t], bytes[t] / 1048576.0);
     printf("\n");
     size_t kv_tok = kaon_model_kv_bytes_per_token(m, 4);
-    printf("memory:         weights %.1f MiB (mapped in place); KV cache %.1f KiB/token (f32), "
+    printf("memory:         weights %.1f MiB (%s); KV cache %.1f KiB/token (f32), "
            "%.1f MiB at the full context\n",
-           m->weight_bytes / 1048576.0, kv_tok / 1024.0,
+           m->weight_bytes / 1048576.0, m->format == KAON_FORMAT_DUMMY ? "bf16, created by the device backend" : "mapped in place", kv_tok / 1024.0,
            (double)kv_tok * c->max_position_embeddings / 1048576.0);
     int rc = 0;
     if (o.expert_load) {

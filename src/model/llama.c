@@ -305,18 +305,24 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
     const int32_t *pos = b->attn.positions;
 
     op->embed(be, &r->tok_embd, b->tokens, T, r->x);  // x [T, dim]
+    // A sublayer's output joins the residual stream x either inside its last projection
+    // (linear_residual) or, pending in proj, in the next norm (rmsnorm's add).
+    bool pending = false;
     for (int l = 0; l < c->n_layers; l++) {
         const kaon_layer_weights *w = &r->layers[l];
-        // Attention block. The previous block's output (proj) joins the residual here.
-        op->rmsnorm(be, r->x, l ? r->proj : NULL, &w->attn_norm, c->rms_norm_eps, T, dim, r->xn);
-        // A fused op returns 1 when it declines; its errors (-1) surface through status().
+        // Attention block. A fused op returns 1 when it declines; its errors (-1) surface
+        // through status().
+        const kaon_tensor *ws[3] = {&w->wq, &w->wk, &w->wv};
+        const kaon_tensor *bs[3] = {w->bq.data ? &w->bq : NULL, w->bk.data ? &w->bk : NULL,
+                                    w->bv.data ? &w->bv : NULL};
+        void *ys[3] = {r->q, r->k, r->v};
         int rc = 1;
-        if (op->linear_multi) {
-            const kaon_tensor *ws[3] = {&w->wq, &w->wk, &w->wv};
-            const kaon_tensor *bs[3] = {w->bq.data ? &w->bq : NULL, w->bk.data ? &w->bk : NULL,
-                                        w->bv.data ? &w->bv : NULL};
-            void *ys[3] = {r->q, r->k, r->v};
-            rc = op->linear_multi(be, r->xn, T, 3, ws, bs, ys);
+        if (!pending && op->rmsnorm_linear_multi)
+            rc = op->rmsnorm_linear_multi(be, r->x, &w->attn_norm, c->rms_norm_eps, T, 3, ws, bs, ys);
+        if (rc == 1) {
+            op->rmsnorm(be, r->x, pending ? r->proj : NULL, &w->attn_norm, c->rms_norm_eps, T, dim, r->xn);
+            pending = false;
+            if (op->linear_multi) rc = op->linear_multi(be, r->xn, T, 3, ws, bs, ys);
         }
         if (rc == 1) {
             op->linear(be, r->xn, T, &w->wq, w->bq.data ? &w->bq : NULL, r->q);  // [T, nh*hd]
@@ -336,25 +342,42 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
             op->kv_write(be, &r->kv[l], r->k, r->v, &b->attn, nkv, hd);
         }
         op->attention(be, r->q, &r->kv[l], &b->attn, nh, nkv, hd, scale, r->att);
-        op->linear(be, r->att, T, &w->wo, NULL, r->proj);  // [T, dim]
+        rc = op->linear_residual ? op->linear_residual(be, r->att, T, &w->wo, r->x) : 1;
+        if (rc == 1) {
+            op->linear(be, r->att, T, &w->wo, NULL, r->proj);  // [T, dim]
+            pending = true;
+        }
         // MLP block.
-        op->rmsnorm(be, r->x, r->proj, &w->ffn_norm, c->rms_norm_eps, T, dim, r->xn);
         if (w->moe) {  // experts: routed, grouped and summed by the backend (errors: status())
+            op->rmsnorm(be, r->x, pending ? r->proj : NULL, &w->ffn_norm, c->rms_norm_eps, T, dim, r->xn);
             uint32_t *cnt = r->moe_stats ? r->moe_stats->dev + (size_t)l * c->n_experts : NULL;
             op->moe(be, r->xn, T, pos, &w->moe->w, cnt, r->proj);  // [T, dim]
+            pending = true;
             continue;
         }
-        rc = op->linear_silu_mul ? op->linear_silu_mul(be, r->xn, T, &w->w_gate, &w->w_up, r->gate) : 1;
+        rc = 1;
+        if (!pending && op->rmsnorm_linear_silu_mul)
+            rc = op->rmsnorm_linear_silu_mul(be, r->x, &w->ffn_norm, c->rms_norm_eps, T, &w->w_gate, &w->w_up,
+                                             r->gate);
+        if (rc == 1) {
+            op->rmsnorm(be, r->x, pending ? r->proj : NULL, &w->ffn_norm, c->rms_norm_eps, T, dim, r->xn);
+            pending = false;
+            rc = op->linear_silu_mul ? op->linear_silu_mul(be, r->xn, T, &w->w_gate, &w->w_up, r->gate) : 1;
+        }
         if (rc == 1) {
             op->linear(be, r->xn, T, &w->w_gate, NULL, r->gate);  // [T, ffn]
             op->linear(be, r->xn, T, &w->w_up, NULL, r->up);      // [T, ffn]
             op->silu_and_mul(be, r->gate, r->up, T, c->intermediate_size, r->gate);
         }
-        op->linear(be, r->gate, T, &w->w_down, NULL, r->proj);  // [T, dim]
+        rc = op->linear_residual ? op->linear_residual(be, r->gate, T, &w->w_down, r->x) : 1;
+        if (rc == 1) {
+            op->linear(be, r->gate, T, &w->w_down, NULL, r->proj);  // [T, dim]
+            pending = true;
+        }
     }
     if (b->n_logits == 0) return;
     // Only the rows that will be sampled go through the final norm and the LM head.
-    op->rmsnorm(be, r->x, r->proj, &r->out_norm, c->rms_norm_eps, T, dim, r->xn);
+    op->rmsnorm(be, r->x, pending ? r->proj : NULL, &r->out_norm, c->rms_norm_eps, T, dim, r->xn);
     op->get_rows(be, r->xn, b->logit_rows, b->n_logits, dim, r->rows);
     if (r->logits_f32) op->linear_f32(be, r->rows, b->n_logits, &r->lm_head, r->logits);
     else op->linear(be, r->rows, b->n_logits, &r->lm_head, NULL, r->logits);

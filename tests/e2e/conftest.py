@@ -23,6 +23,11 @@ MAX_MODEL_LEN = 1024
 MAX_BODY = 1 << 20
 
 
+# What the sanitizers print when they find something (UBSan: "runtime error:").
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
+                     "runtime error:")
+
+
 def kaon_binary():
     exe = BUILD / "kaon"
     if not exe.exists():
@@ -108,7 +113,18 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
+        self.check_sanitizers()
+
+    def check_sanitizers(self):
+        """Under an ASan/UBSan/TSan build (KAON_BUILD=build-asan, build-tsan) any report in the
+        server's output fails the test, even one that did not change its exit status."""
+        text = self.log_path.read_text(errors="replace")
+        for marker in SANITIZER_MARKERS:
+            at = text.find(marker)
+            if at >= 0:
+                pytest.fail(f"kaon serve reported '{marker}':\n" + text[max(0, at - 200):at + 6000])
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,21 @@ def repack(raw, t, rows, cols):
     buf = np.zeros(aux_off + nblk * AB + (256 if AB == 0 else 0), np.uint8)
     if rp is None:  # Q4_K: as it comes
         buf[:main_bytes] = flat.reshape(-1)
+    elif t == 14:  # k_qrepack_q6k: thread per super-block g, the row's unit-major planes
+        nsb = cols // 256
+        upr, plane = 2 * nsb, 2 * nsb * 16
+        for g in range(nblk):
+            s = flat[g]
+            row, i = g // nsb, g % nsb
+            rb = row * nsb * 208
+            for hh in range(2):
+                u = 2 * i + hh
+                for j in range(6):
+                    fr = 64 * hh + 16 * j if j < 4 else 128 + 32 * hh + 16 * (j - 4)
+                    to = rb + j * plane + u * 16
+                    buf[to:to + 16] = s[fr:fr + 16]
+                buf[rb + 6 * plane + u * 8:rb + 6 * plane + u * 8 + 8] = s[192 + 8 * hh:200 + 8 * hh]
+            buf[aux_off + 2 * g:aux_off + 2 * g + 2] = s[208:210]
     else:
         qoff, qlen, aoff, alen = rp
         assert qlen == QB and alen == AB
@@ -110,6 +125,28 @@ def quantize_act(x):
     return q.reshape(n, K), xds, xsum
 
 
+def act_unit_major(xq, xds, xsum, bpu):
+    """k_qact's stores: the natural quantized rows rearranged unit-major for units of bpu blocks,
+    address by address as the kernel computes them (g = flat block, part = lane of 4)."""
+    n, K = xq.shape
+    nb32 = K // 32
+    q_um = np.zeros(n * K, np.int8)
+    ds_um = np.zeros((n * nb32, 2), np.float32)
+    sum_um = np.zeros(n * nb32, np.int32)
+    qflat = xq.reshape(-1)
+    for g in range(n * nb32):
+        r, b = g // nb32, g % nb32
+        upr, u, k = nb32 // bpu, b // bpu, b % bpu
+        xr = r * nb32 * 32
+        for part in range(4):
+            dst = xr + ((2 * k + (part >> 1)) * upr + u) * 16 + 8 * (part & 1)
+            q_um[dst:dst + 8] = qflat[g * 32 + part * 8:g * 32 + part * 8 + 8]
+        m = r * nb32 + k * upr + u
+        ds_um[m] = xds.reshape(-1, 2)[g]
+        sum_um[m] = xsum.reshape(-1)[g]
+    return q_um.reshape(n, K), ds_um.reshape(n, nb32, 2), sum_um.reshape(n, nb32)
+
+
 def quantize_act_cpu(x):
     """cpu_scalar.c kaon_cpu_quantize_row_ref, element by element (natural layout)."""
     n, K = x.shape
@@ -134,17 +171,27 @@ def quantize_act_cpu(x):
 
 # ---- k_qgemv per format ------------------------------------------------------------------------
 
+BPU = {2: 1, 3: 1, 8: 1, 12: 2, 14: 4}
+
+
 def gemv_emul(t, main, aux, rows, K, xq, xds, xsum):
-    """y [n, rows] float64: sum over units u of F::dot(F::prep(F::load(row, u)), F::loadx(x, u))."""
+    """y [n, rows] float64: sum over units u of F::dot(F::prep(F::load(row, u)), F::loadx(x, u)).
+    xq, xds, xsum: the natural quantized rows; loadx reads them unit-major as k_qact stores them."""
     BLK, QB, AB, UE = FMT[t][:4]
     upr = K // UE
     n = xq.shape[0]
     U = np.broadcast_to(np.arange(upr)[None, :], (rows, upr))
-    xw = words(xq.reshape(n, K))  # [n, K/4] int32: int k of block j = xw[:, 8j + k]
+    q_um, ds_um, sum_um = act_unit_major(xq, xds, xsum, BPU[t])
     y = np.zeros((n, rows))
     for b in range(n):
-        X = xw[b]
-        ds = xds[b].astype(np.float64)
+        xb = words(q_um[b])  # int32 words of the row
+
+        def xchunk(j, u):  # XRow xchunk: 16 bytes at (j * upr + u) * 16 -> 4 ints
+            base = (j * upr + np.asarray(u)) * 4
+            return xb[base[..., None] + np.arange(4)]
+        ds_r = ds_um[b].astype(np.float64)
+        sum_r = sum_um[b]
+        uu = np.arange(upr)
         if t in (2, 3, 8):
             qb = 16 if t != 8 else 32
             q = words(gather(main, U * qb, qb))                      # ld_w16 at qr + u * QB
@@ -156,15 +203,16 @@ def gemv_emul(t, main, aux, rows, K, xq, xds, xsum):
                 m = f16(dm >> 16).astype(np.float64)
             else:
                 d = f16(words(np.concatenate([gather(aux, U * 2, 2), np.zeros((rows, upr, 2), np.uint8)], -1))[..., 0] & 0xFFFF).astype(np.float64)
-            xa = X.reshape(K // 32, 8)[None, :, :4]   # loadx: int4 a = ints 0..3, b = 4..7 of block u
-            xb = X.reshape(K // 32, 8)[None, :, 4:]
+            xa = xchunk(0, uu)[None]   # loadx: a = chunk 0 (values 0..15 of block u), b = chunk 1
+            xb_ = xchunk(1, uu)[None]
+            ds = ds_r[uu]
             if t == 8:
                 isum = dp4a(q[..., :4], np.broadcast_to(xa, q[..., :4].shape)).sum(-1) + \
-                    dp4a(q[..., 4:], np.broadcast_to(xb, q[..., 4:].shape)).sum(-1)
+                    dp4a(q[..., 4:], np.broadcast_to(xb_, q[..., 4:].shape)).sum(-1)
                 y[b] = (d * (ds[None, :, 0] * isum)).sum(-1)
             else:
                 isum = dp4a(lo4(q), np.broadcast_to(xa, q.shape)).sum(-1) + \
-                    dp4a(hi4(q), np.broadcast_to(xb, q.shape)).sum(-1)
+                    dp4a(hi4(q), np.broadcast_to(xb_, q.shape)).sum(-1)
                 if t == 2:
                     y[b] = (d * (ds[None, :, 0] * isum - 8.0 * ds[None, :, 1])).sum(-1)
                 else:
@@ -185,19 +233,19 @@ def gemv_emul(t, main, aux, rows, K, xq, xds, xsum):
             m1 = np.where(lowp, (Z >> 8) & 63, ((V >> 12) & 0xF) | (((Z >> 14) & 3) << 4))
             d = f16(h[..., 0] & 0xFFFF).astype(np.float64)
             dmin = f16(h[..., 0] >> 16).astype(np.float64)
-            Xb = X.reshape(K // 64, 16)                                # loadx: blocks 2u, 2u+1
-            s0 = dp4a(lo4(qq), np.broadcast_to(Xb[None, :, :8], qq.shape)).sum(-1)
-            s1 = dp4a(hi4(qq), np.broadcast_to(Xb[None, :, 8:], qq.shape)).sum(-1)
-            ds0, ds1 = ds[0::2][None], ds[1::2][None]
+            x0 = np.concatenate([xchunk(0, uu), xchunk(1, uu)], -1)[None]   # block 2u: chunks 0, 1
+            x1 = np.concatenate([xchunk(2, uu), xchunk(3, uu)], -1)[None]   # block 2u+1: chunks 2, 3
+            s0 = dp4a(lo4(qq), np.broadcast_to(x0, qq.shape)).sum(-1)
+            s1 = dp4a(hi4(qq), np.broadcast_to(x1, qq.shape)).sum(-1)
+            ds0, ds1 = ds_r[uu][None], ds_r[upr + uu][None]
             y[b] = ((d * sc0) * (ds0[..., 0] * s0) - (dmin * m0) * ds0[..., 1] +
                     (d * sc1) * (ds1[..., 0] * s1) - (dmin * m1) * ds1[..., 1]).sum(-1)
         elif t == 14:
-            hh = U & 1
-            blk = (U >> 1) * 208
-            A = [words(gather(main, blk + 64 * hh + 16 * c, 16)) for c in (0, 1)]
-            B = [words(gather(main, blk + 64 * hh + 32 + 16 * c, 16)) for c in (0, 1)]
-            H = [words(gather(main, blk + 128 + 32 * hh + 16 * c, 16)) for c in (0, 1)]
-            sc8 = gather(main, blk + 192 + 8 * hh, 8).view(np.int8).astype(np.int64)  # [rows, upr, 8]
+            plane = upr * 16                                           # unit-major planes
+            A = [words(gather(main, U * 16 + c * plane, 16)) for c in (0, 1)]        # a0, a1
+            B = [words(gather(main, U * 16 + (2 + c) * plane, 16)) for c in (0, 1)]  # b0, b1
+            H = [words(gather(main, U * 16 + (4 + c) * plane, 16)) for c in (0, 1)]  # h0, h1
+            sc8 = gather(main, 6 * plane + U * 8, 8).view(np.int8).astype(np.int64)  # [rows, upr, 8]
             d = f16(words(np.concatenate([gather(aux, (U >> 1) * 2, 2), np.zeros((rows, upr, 2), np.uint8)], -1))[..., 0] & 0xFFFF).astype(np.float64)
             acc = np.zeros((rows, upr))
             for k in range(4):
@@ -209,13 +257,12 @@ def gemv_emul(t, main, aux, rows, K, xq, xds, xsum):
                           ((a_ >> 4) & 0x0F0F0F0F) | (((h_ >> 4) & 0x03030303) << 4),
                           ((b_ >> 4) & 0x0F0F0F0F) | (((h_ >> 6) & 0x03030303) << 4)][k]
                     qk = qk.astype(np.uint32).view(np.int32)
-                    blkx = 4 * U + k                                   # activation block 4u + k
-                    xv = X.reshape(K // 32, 8)[blkx][..., 4 * c:4 * c + 4]
+                    xv = np.broadcast_to(xchunk(2 * k + c, uu)[None], qk.shape)  # block 4u + k, half c
                     tdot = dp4a(qk, xv).sum(-1)
-                    sm = xsum[b][blkx]
+                    sm = np.broadcast_to(sum_r[k * upr + uu][None], (rows, upr))
                     half = (sm.astype(np.int64) << 48 >> 48) if c == 0 else (sm.astype(np.int64) >> 16)
                     isum = isum + sc8[..., 2 * k + c] * (tdot - 32 * half)
-                acc += d * (ds[4 * U + k][..., 0] * isum)
+                acc += d * (ds_r[k * upr + uu][None, :, 0] * isum)
             y[b] = acc.sum(-1)
     return y
 
@@ -256,23 +303,27 @@ def deq_emul(t, main, aux, rows, K):
             ds = (d * s.astype(np.float32)).astype(np.float32)
             dm = (dmin * m.astype(np.float32)).astype(np.float32)
             v = ds[:, None] * q.astype(np.float32) - dm[:, None]
-        else:
-            p = (j >> 3) * 208
+        else:  # Deq<FQ6_K>: unit u = 2 (j / 8) + c / 4, k = c % 4, the unit-major planes
+            upr = K // 128
+            plane = upr * 16
             c = j & 7
-            ql = main[:, p + 64 * (c >> 2):p + 64 * (c >> 2) + 64].astype(np.int32)
-            qh = main[:, p + 128 + 32 * (c >> 2):p + 128 + 32 * (c >> 2) + 32].astype(np.int32)
-            scales = main[:, p + 192:p + 208].view(np.int8).astype(np.float32)
+            u, k = 2 * (j >> 3) + (c >> 2), c & 3
+            o = u * 16 + (l & 15)
+            half = l >> 4
+            qla = main[:, half * plane + o].astype(np.int32)
+            qlb = main[:, (2 + half) * plane + o].astype(np.int32)
+            qh = main[:, (4 + half) * plane + o].astype(np.int32)
+            sc = main[:, 6 * plane + u * 8:6 * plane + u * 8 + 8].view(np.int8).astype(np.float32)
             d = f16(aux[:, 2 * (j >> 3)].astype(np.uint16) | (aux[:, 2 * (j >> 3) + 1].astype(np.uint16) << 8))
-            cc = c & 3
-            if cc == 0:
-                q = (ql[:, :32] & 0xF) | ((qh & 3) << 4)
-            elif cc == 1:
-                q = (ql[:, 32:] & 0xF) | (((qh >> 2) & 3) << 4)
-            elif cc == 2:
-                q = (ql[:, :32] >> 4) | (((qh >> 4) & 3) << 4)
+            if k == 0:
+                q = (qla & 0xF) | ((qh & 3) << 4)
+            elif k == 1:
+                q = (qlb & 0xF) | (((qh >> 2) & 3) << 4)
+            elif k == 2:
+                q = (qla >> 4) | (((qh >> 4) & 3) << 4)
             else:
-                q = (ql[:, 32:] >> 4) | (((qh >> 6) & 3) << 4)
-            v = (d[:, None] * scales[:, 2 * c + (l >> 4)]) * (q - 32).astype(np.float32)
+                q = (qlb >> 4) | (((qh >> 6) & 3) << 4)
+            v = (d[:, None] * sc[:, 2 * k + (l >> 4)]) * (q - 32).astype(np.float32)
         out[:, 32 * j:32 * j + 32] = v
     return out
 

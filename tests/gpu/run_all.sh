@@ -93,6 +93,15 @@ if want fa 30; then  # attention tests (prefill kernel included) and its timings
     cat /tmp/fa_bench.log
 fi
 want models 40 && pytest_section models 240 "small_vs_transformers"
+if want moe 40; then  # mixture of experts: the moe op and MoE models vs transformers, < 3 min
+    t0=$(date +%s)
+    timeout "$(tl 200)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 200 tests/gpu/test_gpu_moe.py \
+        > /tmp/pytest_moe.log 2>&1
+    rc=$?
+    { echo "######## section moe (rc $rc)"; cat /tmp/pytest_moe.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_moe.log | cut -c1-300 | tail -n 30
+    note "tests moe rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_moe.log)"
+fi
 if want bench 60; then
     t0=$(date +%s)
     timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings > /tmp/timings.log 2>&1
@@ -111,7 +120,7 @@ if want quant 60; then  # quantized GGUF weights on the GPU (cuda_quant.cu), abo
     t0=$(date +%s)
     python3 tests/gpu/quant_emulate.py > /tmp/quant_emu.log 2>&1
     note "quant emulation (CPU) rc=$? ($(tail -n 1 /tmp/quant_emu.log))"
-    pytest_section quant 200 "quant"
+    pytest_section quant 200 "quant and not gguf_greedy"  # (not the kquants file of test_gguf_greedy_gpu_equals_cpu)
     timeout "$(tl 120)" "$KAON_GPU_DRIVER" qtimings > /tmp/qtimings.log 2>&1
     note "qtimings rc=$? ($(( $(date +%s) - t0 )) s)"
     { cat /tmp/quant_emu.log; cat /tmp/qtimings.log; } >> "$OUT/bench.log"

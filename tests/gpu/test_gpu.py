@@ -886,3 +886,24 @@ def test_quant_q4_0_greedy_gpu_equals_cpu(tmp_path):
     for r in report:
         if not r["same"]:
             assert r["swapped_top2"] and r["cpu_margin_there"] < 0.5 * r["median_cpu_margin"], r
+
+
+@pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),
+                                         ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14))])
+def test_quant_gguf_logits_gpu_vs_cpu(tmp_path, name, qtypes):
+    """Prefill logits of a quantized GGUF, GPU (int8 activations from bf16 ones) against our CPU
+    backend (int8 from f32): how far apart they are (a wrong format path gives errors of order 1)."""
+    rng = np.random.default_rng()
+    shape = dict(dim=512, ffn=1536, vocab=32000, layers=8, heads=8, kv_heads=2)
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, shape, qtypes, rng)
+    ids = rng.integers(3, shape["vocab"], 24).tolist()
+    g = kaon_logits(path, "cuda", len(ids), ids, shape["vocab"], tmp_path)
+    c = kaon_logits(path, "cpu", len(ids), ids, shape["vocab"], tmp_path)
+    e = rel(g, c)
+    by_pos = [rel(g[i], c[i]) for i in range(len(ids))]
+    top1, n_sel = agreement(g, c)
+    record("quant_gguf_logits", file=name, rel_err=e, rel_err_first_pos=by_pos[0], rel_err_last_pos=by_pos[-1],
+           top1_where_margin_gt_0_1=top1, positions=n_sel)
+    print(name, e, by_pos[0], by_pos[-1], top1)
+    assert e < 0.2 and by_pos[0] < 0.1, (e, by_pos)

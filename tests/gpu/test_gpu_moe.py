@@ -91,7 +91,7 @@ MOE_CASES = [
     ("decode-batch8-pad", 8, 512, 16, 4, 128, 1, 0, 3),
     ("prefill-e16-ffn200-shared", 200, 512, 16, 4, 200, 0, 256, 0),
     ("prefill-pad", 70, 256, 8, 2, 96, 1, 128, 9),
-    ("prefill-qwen3-30b-a3b", 300, 2048, 128, 8, 768, 1, 0, 0),
+    ("prefill-e128-top8", 300, 1024, 128, 8, 384, 1, 0, 0),
     ("prefill-one-expert-hot", 130, 256, 4, 1, 64, 0, 0, 0),
 ]
 
@@ -238,15 +238,17 @@ def test_moe_model_real_size_vs_transformers(tmp_path, name):
 
 
 def test_moe_model_real_size_dummy_qwen3_30b_a3b(tmp_path):
-    """--load-format dummy of the real config (all 48 layers, bf16 experts created on the GPU):
-    prefill then decode steps run and give finite logits."""
+    """--load-format dummy of the real config cut to 12 layers (bf16 experts created on the
+    GPU, 15 GB): a 64-token prefill (grouped GEMM) and 8 decode steps (GEMV, graphs) run and
+    give finite logits."""
     if os.environ.get("KAON_GPU_SKIP_BIG") == "1":
         pytest.skip("KAON_GPU_SKIP_BIG=1")
-    cfg = REPO / "bench" / "configs" / "Qwen__Qwen3-30B-A3B.json"
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(real_size("Qwen__Qwen3-30B-A3B.json", 12)))
     ids = list(range(100, 164))
     o = tmp_path / "d.f32"
-    for chunk in (64, 1):
-        p = subprocess.run([driver(), "logits", str(cfg), "cuda", str(chunk), ",".join(map(str, ids[: 64 if chunk > 1 else 8])),
-                            str(o), "dummy"], capture_output=True, text=True, timeout=600)
+    for chunk, n in ((64, 64), (1, 8)):
+        p = subprocess.run([driver(), "logits", str(cfg), "cuda", str(chunk), ",".join(map(str, ids[:n])), str(o),
+                            "dummy"], capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         assert np.isfinite(np.fromfile(o, np.float32)).all()

@@ -156,3 +156,73 @@ def test_batched_sequences_greedy(kaon_bin, tmp_path, arch):
     # The engine's expert load (--expert-stats) is the reference's routing of the same tokens.
     assert load["n_layers"] == cfg["num_hidden_layers"]
     assert load["counts"] == ref_model.counts.tolist()
+
+
+def byte_tokenizer(folder):
+    """A byte-level BPE tokenizer.json with no merges: ids 3..258 are the 256 bytes (fits the
+    tiny models' vocabulary of 300), so `kaon serve` can run them."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, extra = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    byte_char = dict(zip(bs, map(chr, cs)))
+    specials = [("<s>", 0), ("<|endoftext|>", 1), ("</s>", 2)]
+    vocab = {c: i for c, i in specials}
+    vocab.update({byte_char[b]: 3 + b for b in range(256)})
+    tok = {"version": "1.0", "normalizer": None, "post_processor": None,
+           "added_tokens": [{"id": i, "content": c, "special": True, "single_word": False, "lstrip": False,
+                             "rstrip": False, "normalized": False} for c, i in specials],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": []}}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                              "add_bos_token": False}))
+
+
+def test_server_expert_metrics(kaon_bin, tmp_path):
+    """`kaon serve --expert-stats`: /metrics has kaon:moe_expert_tokens_total per MoE layer and
+    expert; each layer's series add up to the tokens computed times top-k."""
+    import time
+    import urllib.request
+    model, _, cfg = model_of("qwen2moe", "F32", tmp_path)
+    byte_tokenizer(model)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([str(kaon_bin), "serve", str(model), "--port", "0", "--port-file", str(port_file),
+                             "--threads", "2", "--expert-stats", "--no-prefix-caching"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()
+            time.sleep(0.05)
+        host, port = port_file.read_text().split()
+        base = f"http://{host}:{port}"
+        while True:
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()
+            time.sleep(0.05)
+        body = json.dumps({"prompt": "experts, route these bytes", "max_tokens": 5, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+        usage = json.loads(urllib.request.urlopen(req, timeout=60).read())["usage"]
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    rows = re.findall(r'kaon:moe_expert_tokens_total\{model_name="[^"]*",layer="(\d+)",expert="(\d+)"\} (\d+)', metrics)
+    per_layer = {}
+    for l, e, v in rows:
+        per_layer[int(l)] = per_layer.get(int(l), 0) + int(v)
+    assert sorted(per_layer) == [l for l in range(cfg["num_hidden_layers"]) if is_moe_layer(cfg, l)]
+    computed = usage["prompt_tokens"] + usage["completion_tokens"] - 1  # the last token is not fed
+    assert all(v == computed * cfg["num_experts_per_tok"] for v in per_layer.values()), (per_layer, usage)
+    assert len(rows) == len(per_layer) * cfg["num_experts"]

@@ -7,6 +7,7 @@
 // folds them into a running max / sum / weighted V accumulator (online softmax), so nothing
 // grows with the context. Items are handed out dynamically: their cost grows with position.
 #include <math.h>
+#include <stdbool.h>
 #include <omp.h>
 #include <string.h>
 
@@ -49,10 +50,38 @@ typedef struct attn_job {
     float scale;
 } attn_job;
 
-// Token t, query heads h0..h0+nh-1, which share one KV head: each chunk of K and V is loaded
-// into L1 once and used by all nh heads (GQA), instead of streaming it from L2 per head.
+// Brings rows [0, len) of a [*, rs] float table into the cache, columns [c0, c1) of each.
+// The K and V rows of a sequence are scattered block by block over the pool, and far more of
+// them are read per step (every sequence's, every layer's) than the caches hold, so each
+// block is asked for ahead of its use instead of waiting on each cache line in turn.
+static inline void prefetch_rows(const float *base, size_t rs, int len, size_t c0, size_t c1) {
+    if (c1 - c0 == rs) {  // whole rows: one contiguous run
+        const char *p = (const char *)(base + c0), *e = (const char *)(base + (size_t)len * rs);
+        for (; p < e; p += 64) __builtin_prefetch(p, 0, 2);
+        return;
+    }
+    for (int i = 0; i < len; i++) {
+        const char *p = (const char *)(base + (size_t)i * rs + c0), *e = (const char *)(base + (size_t)i * rs + c1);
+        for (; p < e; p += 64) __builtin_prefetch(p, 0, 2);
+    }
+}
+
+// Per-head state of one work item: the weighted V sums, a chunk's scores, the running max
+// and softmax denominator.
+typedef struct attn_state {
+    float *acc;  // [nh, hd]
+    float *sc;   // [nh, KAON_ATTN_CHUNK]
+    float *mx, *l;
+} attn_state;
+
+// Token t, query heads h0..h0+nh-1 (consecutive, so the heads of one KV head are together):
+// each chunk of K and V is loaded into L1 once and used by all the heads that share it
+// (GQA), and with all the heads of a token the chunk's K and V rows are read whole. Every
+// head goes through exactly the same operations whatever the grouping, so the result does
+// not depend on how the work was split.
 // Returns -1 when the metadata points outside the tables (the rows are then zeroed).
-static int attend_heads(const attn_job *j, int t, int h0, int nh) {
+static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_state *st,
+                        const bool prefetch) {
     const kaon_attn_meta *m = j->m;
     const int hd = j->hd, bs = m->block_size;
     float *o0 = j->out + ((size_t)t * j->n_heads + h0) * hd;
@@ -63,12 +92,10 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh) {
     }
     const int32_t *bt = m->block_tables + (size_t)s * m->max_blocks;
     const float *q0 = j->q + ((size_t)t * j->n_heads + h0) * hd;
-    const size_t rs = (size_t)j->n_kv * hd;                // floats between consecutive slots
-    const size_t hoff = (size_t)(h0 / j->group) * hd;      // the KV head inside a slot
-    float acc[KAON_ATTN_HEADS][KAON_ATTN_MAX_HD], sc[KAON_ATTN_HEADS][KAON_ATTN_CHUNK];
-    float mx[KAON_ATTN_HEADS], l[KAON_ATTN_HEADS];
+    const size_t rs = (size_t)j->n_kv * hd;  // floats between consecutive slots
+    float *mx = st->mx, *l = st->l;
     for (int h = 0; h < nh; h++) {
-        memset(acc[h], 0, (size_t)hd * sizeof(float));
+        memset(st->acc + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
         mx[h] = -INFINITY;
         l[h] = 0.0f;
     }
@@ -88,33 +115,55 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh) {
                 memset(o0, 0, (size_t)nh * hd * sizeof(float));
                 return -1;
             }
-            seg_base[nseg] = ((size_t)bid * bs + off) * rs + hoff;
+            seg_base[nseg] = ((size_t)bid * bs + off) * rs;
             seg_len[nseg++] = len;
             cnt += len;
         }
-        for (int h = 0; h < nh; h++)
-            for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
-                j->k->attn_scores(q0 + (size_t)h * hd, j->K + seg_base[g], rs, seg_len[g], hd,
-                                  j->scale, sc[h] + c);
+        // The K and V columns this item reads: its KV heads.
+        const size_t c0 = (size_t)(h0 / j->group) * hd, c1 = (size_t)((h0 + nh - 1) / j->group + 1) * hd;
+        if (prefetch && p0 == 0) prefetch_rows(j->K + seg_base[0], rs, seg_len[0], c0, c1);
         for (int h = 0; h < nh; h++) {
-            float cm = sc[h][0];
-            for (int i = 1; i < cnt; i++) cm = sc[h][i] > cm ? sc[h][i] : cm;
+            const size_t hoff = (size_t)((h0 + h) / j->group) * hd;  // the KV head in a slot
+            for (int g = 0, c = 0; g < nseg; c += seg_len[g++]) {
+                if (prefetch && h == 0) {  // the first pass over the chunk asks for what comes next
+                    if (g + 1 < nseg) {
+                        prefetch_rows(j->K + seg_base[g + 1], rs, seg_len[g + 1], c0, c1);
+                    } else if (p0 + cnt <= pos) {  // the next chunk's first block
+                        const int p = p0 + cnt, off = p % bs, bid = bt[p / bs];
+                        int len = bs - off;
+                        if (len > pos + 1 - p) len = pos + 1 - p;
+                        if (bid >= 0) prefetch_rows(j->K + ((size_t)bid * bs + off) * rs, rs, len, c0, c1);
+                    }
+                    prefetch_rows(j->V + seg_base[g], rs, seg_len[g], c0, c1);
+                }
+                j->k->attn_scores(q0 + (size_t)h * hd, j->K + seg_base[g] + hoff, rs, seg_len[g], hd,
+                                  j->scale, st->sc + (size_t)h * KAON_ATTN_CHUNK + c);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            float *sc = st->sc + (size_t)h * KAON_ATTN_CHUNK, *acc = st->acc + (size_t)h * hd;
+            float cm = sc[0];
+            for (int i = 1; i < cnt; i++) cm = sc[i] > cm ? sc[i] : cm;
             if (cm > mx[h]) {  // a new maximum: rescale what was accumulated so far
                 const float corr = expf(mx[h] - cm);
                 l[h] *= corr;
-                for (int i = 0; i < hd; i++) acc[h][i] *= corr;
+                for (int i = 0; i < hd; i++) acc[i] *= corr;
                 mx[h] = cm;
             }
-            l[h] += j->k->exp_sum(sc[h], cnt, mx[h]);
+            l[h] += j->k->exp_sum(sc, cnt, mx[h]);
         }
-        for (int h = 0; h < nh; h++)
+        for (int h = 0; h < nh; h++) {
+            const size_t hoff = (size_t)((h0 + h) / j->group) * hd;
             for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
-                j->k->attn_accum(acc[h], j->V + seg_base[g], rs, sc[h] + c, seg_len[g], hd);
+                j->k->attn_accum(st->acc + (size_t)h * hd, j->V + seg_base[g] + hoff, rs,
+                                 st->sc + (size_t)h * KAON_ATTN_CHUNK + c, seg_len[g], hd);
+        }
         p0 += cnt;
     }
     for (int h = 0; h < nh; h++) {
         const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        for (int i = 0; i < hd; i++) o0[(size_t)h * hd + i] = acc[h][i] * inv;
+        const float *acc = st->acc + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o0[(size_t)h * hd + i] = acc[i] * inv;
     }
     return 0;
 }
@@ -143,19 +192,39 @@ void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *k
     for (int t = 0; t < T; t++) work += (double)(m->positions[t] > 0 ? m->positions[t] + 1 : 1);
     work *= 8.0 * n_heads * head_dim;  // 2 float FMAs per (position, dim), ~4x an int8 MAC
     const int nt = kaon_cpu_threads_for(be_, work);
-    // Work items: a token and up to KAON_ATTN_HEADS query heads of one KV head. With few
-    // tokens and short contexts (decode), one head per item spreads the work more evenly
-    // over the threads; otherwise sharing the K/V loads between the heads matters more.
+    // Work items: a token and some of its query heads. Many tokens (a batched decode step, a
+    // prefill chunk): all of a token's heads, so its K and V rows are read whole, block by
+    // block. Otherwise the query heads of one KV head (at most KAON_ATTN_HEADS), or, with few
+    // tokens and short contexts (decode of one sequence), one head per item, which spreads
+    // the work more evenly over the threads.
     const int group = n_heads / n_kv_heads;
     int hg = group < KAON_ATTN_HEADS ? group : KAON_ATTN_HEADS;
     if (nt > 1 && T * n_kv_heads < 4 * nt && work < 8.0 * n_heads * head_dim * 512.0 * T) hg = 1;
-    const int nsub = (group + hg - 1) / hg, per_tok = n_kv_heads * nsub, items = T * per_tok;
+    if (T >= 8 * nt) hg = n_heads;
+    const int nsub = hg == n_heads ? 1 : (group + hg - 1) / hg;
+    const int per_tok = hg == n_heads ? 1 : n_kv_heads * nsub, items = T * per_tok;
+    // Per-thread state for hg heads.
+    const size_t st_floats = (size_t)hg * ((size_t)head_dim + KAON_ATTN_CHUNK + 2) + 16;
+    float *stbuf = kaon_cpu_scratch(be, sizeof(float) * st_floats * (size_t)nt);
+    if (!stbuf) return;
     int bad = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad) if (nt > 1)
-    for (int it = 0; it < items; it++) {
-        const int t = it / per_tok, r = it % per_tok, g = r / nsub, sb = r % nsub;
-        const int nh = group - sb * hg < hg ? group - sb * hg : hg;
-        if (attend_heads(&j, t, g * group + sb * hg, nh)) bad |= 1;
+#pragma omp parallel num_threads(nt) reduction(| : bad) if (nt > 1)
+    {
+        float *b = stbuf + st_floats * (size_t)omp_get_thread_num();
+        const attn_state st = {.acc = b, .sc = b + (size_t)hg * head_dim,
+                               .mx = b + (size_t)hg * (head_dim + KAON_ATTN_CHUNK),
+                               .l = b + (size_t)hg * (head_dim + KAON_ATTN_CHUNK + 1)};
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int it = 0; it < items; it++) {
+            const int t = it / per_tok;
+            if (hg == n_heads) {
+                if (attend_heads(&j, t, 0, n_heads, &st, true)) bad |= 1;
+                continue;
+            }
+            const int r = it % per_tok, g = r / nsub, sb = r % nsub;
+            const int nh = group - sb * hg < hg ? group - sb * hg : hg;
+            if (attend_heads(&j, t, g * group + sb * hg, nh, &st, false)) bad |= 1;
+        }
     }
     if (bad) kaon_set_error("cpu attention: a token's sequence, position or block is out of range");
 }

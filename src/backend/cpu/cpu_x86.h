@@ -241,12 +241,13 @@ static inline __attribute__((always_inline)) void KX(pair_rows)(const uint8_t *w
 // ---- Batched path: 8 weight rows packed for a register-blocked micro-kernel ------------
 //
 // With many activation rows (a batched decode step, a prefill chunk), each tile of 8 weight
-// rows of Q4_0 / Q4_1 / Q8_0 is first unpacked into a buffer that stays in L1: per block, 8
-// vectors [row 0: 4 bytes | row 1: 4 bytes | ... | row 7] (element quads 0..7 of the block,
-// unsigned: nibbles, or Q8_0 + 128 with VNNI), then the 8 weight scales dw and offsets mw as
-// floats. A dot product instruction then yields one int32 per weight row against a broadcast
-// quad of one activation row, so no horizontal sums are needed, and each packed vector is
-// used by up to KX_TILE_NR activation rows while it is in a register.
+// rows of Q4_0 / Q4_1 / Q8_0 is first repacked into a buffer that stays in L1: per block,
+// vectors [row 0: 4 bytes | row 1: 4 bytes | ... | row 7] of the block's element quads (Q4:
+// two quads per vector, as nibbles; Q8_0: one, + 128 with VNNI so they are unsigned), then
+// the 8 weight scales dw and offsets mw as floats. A dot product instruction then yields one
+// int32 per weight row against a broadcast quad of one activation row, so no horizontal sums
+// are needed, and each packed vector is used by up to KX_TILE_NR activation rows while it is
+// in a register.
 //
 // The activations come regrouped (cpu_linear.c): per row and group of 8 blocks, the 256
 // quantized bytes in the Q4PAIRS order, then the 8 d and the 8 s in their Q4PAIRS order
@@ -259,10 +260,10 @@ static inline __attribute__((always_inline)) void KX(pair_rows)(const uint8_t *w
 // weight rows each), adds each block into its own with the same two multiply-adds, and sums
 // them with the same tree. So a row's result does not depend on the batch it is in.
 #define KX_PACK_ROWS 8
-#define KX_PK_BLOCK 320  // bytes per packed block: 8 x 32 quads, dw[8], mw[8]
+#define KX_PK_MAX 320  // bytes per packed block at most (KX(pk_block))
 #define KX_TILE_NR 8
 
-static size_t KX(pack_bytes)(int nbp) { return (size_t)nbp * KX_PK_BLOCK; }
+static size_t KX(pack_bytes)(int nbp) { return (size_t)nbp * KX_PK_MAX; }
 
 // 8 rows of 8 int32 lanes -> lane q of every row, for q = 0..7.
 static inline __attribute__((always_inline)) void KX(transpose8)(__m256i *v) {
@@ -283,54 +284,80 @@ static inline __attribute__((always_inline)) void KX(transpose8)(__m256i *v) {
     }
 }
 
+// Bytes of one packed block: the weights (Q4: 4 vectors of nibbles, Q8_0: 8 vectors of
+// bytes), then dw[8] and mw[8].
+static inline __attribute__((always_inline)) int KX(pk_wbytes)(const int fmt) {
+    return fmt == KX_F_Q8_0 ? 256 : 128;
+}
+static inline __attribute__((always_inline)) int KX(pk_block)(const int fmt) {
+    return KX(pk_wbytes)(fmt) + 64;
+}
+
 // Packs rows (<= 8) weight rows of rb bytes into dst; rows beyond `rows` are zero. Blocks go
-// in the order (j, g) for b = 8 g + j (blocks past nb are left out).
+// in the order (j, g) for b = 8 g + j (blocks past nb are left out). Q4: the 16 payload bytes
+// of a block hold element e in the low nibble of byte e and element e + 16 in the high one,
+// so the payload's 32-bit word k holds quads k (low nibbles) and k + 4 (high nibbles); packed
+// vector k is word k of the 8 rows. Q8_0: vector q is quad q of the 8 rows (+ 128 with VNNI).
 static inline __attribute__((always_inline)) void KX(pack_fmt)(const int fmt, const uint8_t *w,
                                                                 size_t rb, int rows, int nb,
                                                                 int nbp, uint8_t *dst) {
-    const int bs = KX(fmt_bsize)(fmt), ng = nbp / 8;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int b = 0; b < nb; b++) {  // padding blocks are never read
-        uint8_t *o = dst + (size_t)((b & 7) * ng + (b >> 3)) * KX_PK_BLOCK;
-        __m256i v[8];
-        uint16_t dh[8] = {0}, mh[8] = {0};
-        for (int i = 0; i < 8; i++) {
-            if (i >= rows || b >= nb) {
-                v[i] = _mm256_setzero_si256();
-                continue;
-            }
-            const uint8_t *blk = w + (size_t)i * rb + (size_t)b * bs;
-            dh[i] = KX(ld16)(blk);
-            if (fmt == KX_F_Q8_0) {
-                v[i] = KX(ld)(blk + 2);
+    const int bs = KX(fmt_bsize)(fmt), ng = nbp / 8, pb = KX(pk_block)(fmt), wb = KX(pk_wbytes)(fmt);
+    for (int b = 0; b < nb; b++) {
+        uint8_t *o = dst + (size_t)((b & 7) * ng + (b >> 3)) * pb;
+        const uint8_t *blk = w + (size_t)b * bs;
+        // The 32 bits at each row's block start: d, then m (Q4_1) or payload bytes (built in
+        // registers: a vector load of 8 separate 32-bit stores would stall on forwarding).
+#define KX_SC(i) (int)((i) < rows ? KX(ld32)(blk + (size_t)(i) * rb) : 0u)
+        const __m256i raw = _mm256_setr_epi32(KX_SC(0), KX_SC(1), KX_SC(2), KX_SC(3), KX_SC(4),
+                                              KX_SC(5), KX_SC(6), KX_SC(7));
+#undef KX_SC
+        if (fmt == KX_F_Q8_0) {
+            __m256i v[8];
+            for (int i = 0; i < 8; i++) {
+                v[i] = i < rows ? KX(ld)(blk + (size_t)i * rb + 2) : _mm256_setzero_si256();
 #if KX_VNNI
-                v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
+                if (i < rows) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
 #endif
-            } else {
-                if (fmt == KX_F_Q4_1) mh[i] = KX(ld16)(blk + 2);
-                const __m128i q = _mm_loadu_si128((const __m128i *)(blk + bs - 16));
-                const __m256i qq = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-                v[i] = _mm256_and_si256(qq, m4);  // elements 0..15, then 16..31
             }
+            KX(transpose8)(v);
+            for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(o + 32 * q), v[q]);
+        } else {
+            __m128i q[8];
+            for (int i = 0; i < 8; i++)
+                q[i] = i < rows ? _mm_loadu_si128((const __m128i *)(blk + (size_t)i * rb + bs - 16))
+                                : _mm_setzero_si128();
+            __m256i v[4];
+            for (int i = 0; i < 4; i++)  // [row i | row i + 4]
+                v[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(q[i]), q[i + 4], 1);
+            const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+            const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+            _mm256_storeu_si256((__m256i *)(o + 0), _mm256_unpacklo_epi64(t0, t2));
+            _mm256_storeu_si256((__m256i *)(o + 32), _mm256_unpackhi_epi64(t0, t2));
+            _mm256_storeu_si256((__m256i *)(o + 64), _mm256_unpacklo_epi64(t1, t3));
+            _mm256_storeu_si256((__m256i *)(o + 96), _mm256_unpackhi_epi64(t1, t3));
         }
-        KX(transpose8)(v);
-        for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(o + 32 * q), v[q]);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        __m256 mw;
-        if (fmt == KX_F_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
-        else mw = _mm256_mul_ps(dw, _mm256_set1_ps(fmt == KX_F_Q4_0 ? -8.0f : -128.0f));
-        _mm256_storeu_ps((float *)(o + 256), dw);
-        _mm256_storeu_ps((float *)(o + 288), mw);
+        __m256 dw, mw;
+        if (fmt == KX_F_Q4_1) {
+            KX(f16pair_to_ps)(raw, &dw, &mw);
+        } else {
+            dw = KX(f16lo_to_ps)(raw);
+            mw = _mm256_mul_ps(dw, _mm256_set1_ps(fmt == KX_F_Q4_0 ? -8.0f : -128.0f));
+        }
+        _mm256_storeu_ps((float *)(o + wb), dw);
+        _mm256_storeu_ps((float *)(o + wb + 32), mw);
     }
 }
 
 static int KX(pack)(int kind, const void *w, size_t rb, int rows, int nb, int nbp, void *dst) {
+    // A whole tile (the usual case) with the row count known at compile time.
+#define KX_PACK(F) (rows == 8 ? KX(pack_fmt)(F, w, rb, 8, nb, nbp, dst) : KX(pack_fmt)(F, w, rb, rows, nb, nbp, dst))
     switch (kind) {
-    case KAON_KI_Q4_0: KX(pack_fmt)(KX_F_Q4_0, w, rb, rows, nb, nbp, dst); return 0;
-    case KAON_KI_Q4_1: KX(pack_fmt)(KX_F_Q4_1, w, rb, rows, nb, nbp, dst); return 0;
-    case KAON_KI_Q8_0: KX(pack_fmt)(KX_F_Q8_0, w, rb, rows, nb, nbp, dst); return 0;
+    case KAON_KI_Q4_0: KX_PACK(KX_F_Q4_0); return 0;
+    case KAON_KI_Q4_1: KX_PACK(KX_F_Q4_1); return 0;
+    case KAON_KI_Q8_0: KX_PACK(KX_F_Q8_0); return 0;
     default: return 1;
     }
+#undef KX_PACK
 }
 
 static inline __attribute__((always_inline)) __m256i KX(bcast32)(const uint8_t *p) {
@@ -357,34 +384,45 @@ static inline __attribute__((always_inline)) void KX(tile_j)(const int fmt, cons
     const int dpos = 256 + 4 * ((j & 1) ? 4 + (j >> 1) : (j >> 1));
     __m256 A[KX_TILE_NR];
     for (int r = 0; r < NR; r++) A[r] = _mm256_setzero_ps();
-    const uint8_t *p = pk + (size_t)j * ng * KX_PK_BLOCK;
+    const int pb = KX(pk_block)(fmt), wb = KX(pk_wbytes)(fmt);
+    const uint8_t *p = pk + (size_t)j * ng * pb;
     // Padding blocks (b >= nb) are skipped: in pair_rows they add dw dx 0 + 0 sx = +0 (both
     // scales are zero there), which leaves any sum but -0 unchanged, and these sums start
     // at +0 and, rounding to nearest, never become -0.
     const int ngj = (nb - j + 7) / 8;  // groups whose block j is real
-    for (int g = 0; g < ngj; g++, p += KX_PK_BLOCK) {
+    for (int g = 0; g < ngj; g++, p += pb) {
         const size_t go = (size_t)g * KAON_GRP_BYTES;
         __m256i I[KX_TILE_NR];
         for (int r = 0; r < NR; r++) I[r] = _mm256_setzero_si256();
-        {
-            for (int q = 0; q < 8; q++) {
+        for (int k = 0; k < (fmt == KX_F_Q8_0 ? 8 : 4); k++) {
+            __m256i wv[2];
+            int nq = 1;
+            if (fmt == KX_F_Q8_0) {
+                wv[0] = KX(ld)(p + 32 * k);
+            } else {  // quads k and k + 4 from the low and high nibbles
+                const __m256i v = KX(ld)(p + 32 * k), m4 = _mm256_set1_epi8(0x0F);
+                wv[0] = _mm256_and_si256(v, m4);
+                wv[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                nq = 2;
+            }
+            for (int h = 0; h < nq; h++) {
+                const int q = k + 4 * h;
                 const int c = (j & ~1) * 32 + (q >= 4 ? 32 : 0) + (j & 1) * 16 + ((4 * q) & 15);
-                const __m256i wq = KX(ld)(p + 32 * q);
                 for (int r = 0; r < NR; r++) {
                     const __m256i xv = KX(bcast32)(xr[r] + go + c);
 #if KX_VNNI
-                    I[r] = _mm256_dpbusd_epi32(I[r], wq, xv);
+                    I[r] = _mm256_dpbusd_epi32(I[r], wv[h], xv);
 #else
                     if (fmt == KX_F_Q8_0)
-                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(_mm256_abs_epi8(wq), _mm256_sign_epi8(xv, wq)));
+                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(_mm256_abs_epi8(wv[h]), _mm256_sign_epi8(xv, wv[h])));
                     else
-                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(wq, xv));
+                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(wv[h], xv));
 #endif
                 }
             }
         }
-        const __m256 dw = _mm256_loadu_ps((const float *)(p + 256));
-        const __m256 mw = _mm256_loadu_ps((const float *)(p + 288));
+        const __m256 dw = _mm256_loadu_ps((const float *)(p + wb));
+        const __m256 mw = _mm256_loadu_ps((const float *)(p + wb + 32));
         for (int r = 0; r < NR; r++) {
             A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]),
                                    _mm256_mul_ps(dw, KX(bcastf)(xr[r] + go + dpos)), A[r]);

@@ -8,8 +8,14 @@
 //   Q4_1  main 16 B (qs[16])                      aux 4 B (d, m)
 //   Q8_0  main 32 B (qs[32])                      aux 2 B (d)
 //   Q4_K  main 144 B: the GGUF block unchanged (d, dmin, scales[12], qs[128]; 144 = 9 x 16)
-//   Q6_K  main 208 B (ql[128], qh[64], scales[16]) aux 2 B (d)
+//   Q6_K  main 208 B (ql[128], qh[64], scales[16]) aux 2 B (d); inside a row the main bytes
+//         are unit-major (below): plane j < 6 holds 16-byte chunk j of every unit (ql[64h ..
+//         64h+63] as chunks 0-3, qh[32h .. 32h+31] as 4-5 for half h), then 8 scale bytes a unit.
 // The device tensor keeps the GGUF dtype and shape; its data is this layout.
+//
+// Activation rows are quantized into a unit-major layout too (per row: 16-byte chunk j of unit
+// u at (j * units + u) * 16, the (d, s) and sums of block k of unit u at k * units + u), so that
+// the 32 lanes of a warp, which take 32 consecutive units, read 512 contiguous bytes per load.
 //
 // Small batches (n <= 64, in passes of at most 8 rows) run llama.cpp-style integer GEMVs: the
 // activation rows are quantized to 8-bit blocks of 32 exactly as the CPU backend does
@@ -106,12 +112,17 @@ static __device__ __forceinline__ float warp_sum(float v) {
 static __device__ __forceinline__ int lo4(int v) { return v & 0x0F0F0F0F; }
 static __device__ __forceinline__ int hi4(int v) { return (int)(((unsigned)v >> 4) & 0x0F0F0F0Fu); }
 
-// One activation row as the GEMV reads it.
+// One activation row as the GEMV reads it, unit-major for the weight's format (see the top).
 struct XRow {
-    const int8_t *q;    // [K]
-    const float2 *ds;   // [K/32] (d, d * sum(q))
-    const int *sum;     // [K/32] sum of q over elements 0..15 (low 16 bits) and 16..31 (high)
+    const int8_t *q;    // [K]: chunk j of unit u at (j * upr + u) * 16
+    const float2 *ds;   // [K/32]: (d, d * sum(q)) of block k of unit u at k * upr + u
+    const int *sum;     // [K/32]: sums of q over values 0..15 (low 16 bits) and 16..31 (high)
+    int upr;            // units per row
 };
+
+static __device__ __forceinline__ int4 xchunk(const XRow &x, int j, int u) {
+    return __ldg((const int4 *)(x.q + ((size_t)j * x.upr + u) * 16));
+}
 
 // ---- formats ----------------------------------------------------------------------------------
 // Each format: BLK elements per stored block, QB/AB bytes of a block in main/aux, UE elements
@@ -124,7 +135,7 @@ struct FQ4_0 {
     struct W { int4 q; unsigned short d; };
     struct P { int lo[4], hi[4]; float d; };
     struct X { int4 a, b; float2 ds; };
-    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u) {
+    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u, int) {
         W w;
         w.q = ld_w16(qr + (size_t)u * 16);
         w.d = ld_w2(ar + (size_t)u * 2);
@@ -142,10 +153,9 @@ struct FQ4_0 {
         return p;
     }
     static __device__ __forceinline__ X loadx(const XRow &x, int u) {
-        const int4 *v = (const int4 *)(x.q + (size_t)u * 32);
         X r;
-        r.a = __ldg(v);
-        r.b = __ldg(v + 1);
+        r.a = xchunk(x, 0, u);  // values 0..15 of block u
+        r.b = xchunk(x, 1, u);  // values 16..31
         r.ds = __ldg(x.ds + u);
         return r;
     }
@@ -172,7 +182,7 @@ struct FQ4_1 {
     struct W { int4 q; unsigned dm; };
     struct P { FQ4_0::P p; float m; };
     typedef FQ4_0::X X;
-    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u) {
+    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u, int) {
         W w;
         w.q = ld_w16(qr + (size_t)u * 16);
         w.dm = ld_w4(ar + (size_t)u * 4);
@@ -199,7 +209,7 @@ struct FQ8_0 {
     struct W { int4 a, b; unsigned short d; };
     struct P { int4 a, b; float d; };
     typedef FQ4_0::X X;
-    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u) {
+    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u, int) {
         W w;
         w.a = ld_w16(qr + (size_t)u * 32);
         w.b = ld_w16(qr + (size_t)u * 32 + 16);
@@ -236,7 +246,7 @@ struct FQ4_K {
     struct W { int4 h, a, b; };
     struct P { int lo[8], hi[8]; float d0, d1, m0, m1; };
     struct X { int4 a0, a1, b0, b1; float2 ds0, ds1; };
-    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *, int u) {
+    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *, int u, int) {
         const uint8_t *blk = qr + (size_t)(u >> 2) * 144;
         W w;
         w.h = ld_w16(blk);
@@ -278,14 +288,13 @@ struct FQ4_K {
         return p;
     }
     static __device__ __forceinline__ X loadx(const XRow &x, int u) {
-        const int4 *v = (const int4 *)(x.q + (size_t)u * 64);
         X r;
-        r.a0 = __ldg(v);
-        r.a1 = __ldg(v + 1);
-        r.b0 = __ldg(v + 2);
-        r.b1 = __ldg(v + 3);
-        r.ds0 = __ldg(x.ds + 2 * u);
-        r.ds1 = __ldg(x.ds + 2 * u + 1);
+        r.a0 = xchunk(x, 0, u);  // block 2u, values 0..15
+        r.a1 = xchunk(x, 1, u);  // block 2u, values 16..31
+        r.b0 = xchunk(x, 2, u);  // block 2u+1
+        r.b1 = xchunk(x, 3, u);
+        r.ds0 = __ldg(x.ds + u);
+        r.ds1 = __ldg(x.ds + x.upr + u);
         return r;
     }
     // CPU, per sub-block: d sc (dx isum) - dmin m sx
@@ -315,23 +324,24 @@ struct FQ4_K {
 // Q6_K: unit u = half hh = u % 2 of super-block u / 2: its chunks k = 0..3 of 32 values are
 // activation blocks 4u + k. Value l (< 32) of chunk k: low 4 bits from ql[64 hh + l + 32 (k & 1)]
 // (low nibble for k < 2, high for k >= 2), high 2 bits from bits 2k, 2k+1 of qh[32 hh + l];
-// q - 32, times scales[8 hh + 2k + l / 16].
+// q - 32, times scales[8 hh + 2k + l / 16]. Stored unit-major (top): a0, a1, b0, b1 = ql[64 hh
+// + 0, 16, 32, 48 ..], h0, h1 = qh[32 hh + 0, 16 ..] are planes 0-5, sc = scales[8 hh ..].
 struct FQ6_K {
     static constexpr int BLK = 256, QB = 208, AB = 2, UE = 128, UB = 1;
     struct W { int4 a0, a1, b0, b1, h0, h1; int2 sc; unsigned short d; };
     struct P { int q[4][2][4]; int sc[4][2]; float d; };
     struct X { int4 v[4][2]; float d[4]; int sum[4]; };
-    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u) {
-        const int hh = u & 1;
-        const uint8_t *blk = qr + (size_t)(u >> 1) * 208;
+    static __device__ __forceinline__ W load(const uint8_t *qr, const uint8_t *ar, int u, int upr) {
+        const uint8_t *c = qr + (size_t)u * 16;
+        const size_t plane = (size_t)upr * 16;
         W w;
-        w.a0 = ld_w16(blk + 64 * hh);
-        w.a1 = ld_w16(blk + 64 * hh + 16);
-        w.b0 = ld_w16(blk + 64 * hh + 32);
-        w.b1 = ld_w16(blk + 64 * hh + 48);
-        w.h0 = ld_w16(blk + 128 + 32 * hh);
-        w.h1 = ld_w16(blk + 128 + 32 * hh + 16);
-        w.sc = ld_w8(blk + 192 + 8 * hh);
+        w.a0 = ld_w16(c);
+        w.a1 = ld_w16(c + plane);
+        w.b0 = ld_w16(c + 2 * plane);
+        w.b1 = ld_w16(c + 3 * plane);
+        w.h0 = ld_w16(c + 4 * plane);
+        w.h1 = ld_w16(c + 5 * plane);
+        w.sc = ld_w8(qr + 6 * plane + (size_t)u * 8);
         w.d = ld_w2(ar + (size_t)(u >> 1) * 2);
         return w;
     }
@@ -365,13 +375,11 @@ struct FQ6_K {
     static __device__ __forceinline__ X loadx(const XRow &x, int u) {
         X r;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int blk = 4 * u + k;
-            const int4 *v = (const int4 *)(x.q + (size_t)blk * 32);
-            r.v[k][0] = __ldg(v);
-            r.v[k][1] = __ldg(v + 1);
-            r.d[k] = __ldg(&x.ds[blk].x);
-            r.sum[k] = __ldg(x.sum + blk);
+        for (int k = 0; k < 4; k++) {  // block 4u + k
+            r.v[k][0] = xchunk(x, 2 * k, u);
+            r.v[k][1] = xchunk(x, 2 * k + 1, u);
+            r.d[k] = __ldg(&x.ds[k * x.upr + u].x);
+            r.sum[k] = __ldg(x.sum + k * x.upr + u);
         }
         return r;
     }
@@ -403,7 +411,7 @@ struct FQ6_K {
 template <class F> struct Deq;
 
 template <> struct Deq<FQ4_0> {
-    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, float *v) {
+    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, int, float *v) {
         const uint8_t *q = qr + (size_t)j * 16;
         const float d = h2f(*(const unsigned short *)(ar + (size_t)j * 2));
         for (int l = 0; l < 16; l++) {
@@ -413,7 +421,7 @@ template <> struct Deq<FQ4_0> {
     }
 };
 template <> struct Deq<FQ4_1> {
-    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, float *v) {
+    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, int, float *v) {
         const uint8_t *q = qr + (size_t)j * 16;
         const float d = h2f(*(const unsigned short *)(ar + (size_t)j * 4));
         const float m = h2f(*(const unsigned short *)(ar + (size_t)j * 4 + 2));
@@ -424,14 +432,14 @@ template <> struct Deq<FQ4_1> {
     }
 };
 template <> struct Deq<FQ8_0> {
-    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, float *v) {
+    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, int, float *v) {
         const int8_t *q = (const int8_t *)(qr + (size_t)j * 32);
         const float d = h2f(*(const unsigned short *)(ar + (size_t)j * 2));
         for (int l = 0; l < 32; l++) v[l] = (float)q[l] * d;
     }
 };
 template <> struct Deq<FQ4_K> {
-    static __device__ void run(const uint8_t *qr, const uint8_t *, int j, float *v) {
+    static __device__ void run(const uint8_t *qr, const uint8_t *, int j, int, float *v) {
         const uint8_t *p = qr + (size_t)(j >> 3) * 144;
         const int sb = j & 7;
         const float d = h2f(*(const unsigned short *)p), dmin = h2f(*(const unsigned short *)(p + 2));
@@ -449,21 +457,25 @@ template <> struct Deq<FQ4_K> {
     }
 };
 template <> struct Deq<FQ6_K> {
-    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, float *v) {
-        const uint8_t *p = qr + (size_t)(j >> 3) * 208;
-        const int c = j & 7;
-        const uint8_t *ql = p + 64 * (c >> 2), *qh = p + 128 + 32 * (c >> 2);
-        const int8_t *scales = (const int8_t *)(p + 192);
+    // Block j = chunk c = j % 8 of super-block j / 8: unit u = 2 (j / 8) + c / 4, k = c % 4.
+    static __device__ void run(const uint8_t *qr, const uint8_t *ar, int j, int K, float *v) {
+        const int upr = K / 128, c = j & 7, u = 2 * (j >> 3) + (c >> 2), k = c & 3;
+        const size_t plane = (size_t)upr * 16;
+        const int8_t *sc = (const int8_t *)(qr + 6 * plane + (size_t)u * 8);
         const float d = h2f(*(const unsigned short *)(ar + (size_t)(j >> 3) * 2));
         for (int l = 0; l < 32; l++) {
+            const size_t o = (size_t)u * 16 + (l & 15), half = (size_t)(l >> 4);
+            const int qla = qr[half * plane + o];        // ql[64 hh + l]
+            const int qlb = qr[(2 + half) * plane + o];  // ql[64 hh + 32 + l]
+            const int qh = qr[(4 + half) * plane + o];   // qh[32 hh + l]
             int q;
-            switch (c & 3) {
-            case 0: q = (ql[l] & 0xF) | ((qh[l] & 3) << 4); break;
-            case 1: q = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4); break;
-            case 2: q = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4); break;
-            default: q = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4); break;
+            switch (k) {
+            case 0: q = (qla & 0xF) | ((qh & 3) << 4); break;
+            case 1: q = (qlb & 0xF) | (((qh >> 2) & 3) << 4); break;
+            case 2: q = (qla >> 4) | (((qh >> 4) & 3) << 4); break;
+            default: q = (qlb >> 4) | (((qh >> 6) & 3) << 4); break;
             }
-            v[l] = d * (float)scales[2 * c + (l >> 4)] * (float)(q - 32);
+            v[l] = d * (float)sc[2 * k + (l >> 4)] * (float)(q - 32);
         }
     }
 };
@@ -487,7 +499,7 @@ __global__ void k_qdequant(const uint8_t *__restrict__ q, const uint8_t *__restr
         if (r < 0 || r >= rows) {
             for (int l = 0; l < 32; l++) v[l] = 0.f;
         } else {
-            Deq<F>::run(q + (size_t)r * qrb, aux + (size_t)r * arb, j, v);
+            Deq<F>::run(q + (size_t)r * qrb, aux + (size_t)r * arb, j, K, v);
         }
         bf16 *dst = out + (size_t)o * K + (size_t)j * 32;
         if (((uintptr_t)dst & 15) == 0) {
@@ -519,14 +531,38 @@ __global__ void k_qrepack(const uint8_t *__restrict__ src, size_t n_blocks, int 
     }
 }
 
+// Q6_K: super-block g (row g / nsb, i = g % nsb) into its row's unit-major planes (FQ6_K).
+__global__ void k_qrepack_q6k(const uint8_t *__restrict__ src, size_t n_blocks, int nsb, uint8_t *__restrict__ mainp,
+                              uint8_t *__restrict__ auxp) {
+    for (size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x; g < n_blocks;
+         g += (size_t)gridDim.x * blockDim.x) {
+        const uint8_t *s = src + g * 210;
+        const size_t row = g / (size_t)nsb, i = g % (size_t)nsb, upr = 2 * (size_t)nsb, plane = upr * 16;
+        uint8_t *rb = mainp + row * (size_t)nsb * 208;
+        for (int hh = 0; hh < 2; hh++) {
+            const size_t u = 2 * i + (size_t)hh;
+            for (int j = 0; j < 6; j++) {
+                const uint8_t *from = j < 4 ? s + 64 * hh + 16 * j : s + 128 + 32 * hh + 16 * (j - 4);
+                uint8_t *to = rb + (size_t)j * plane + u * 16;
+                for (int e = 0; e < 16; e++) to[e] = from[e];
+            }
+            for (int e = 0; e < 8; e++) rb[6 * plane + u * 8 + e] = s[192 + 8 * hh + e];
+        }
+        auxp[g * 2] = s[208];
+        auxp[g * 2 + 1] = s[209];
+    }
+}
+
 // ---- activation quantization ------------------------------------------------------------------
 
-// x [n, K] bf16 -> 8-bit blocks of 32 (total = n * K / 32 blocks, flat). Four lanes per block,
-// 8 values each. The CPU's numbers: d = amax / 127 (IEEE division), id = 1 / d (0 when d = 0),
-// q = clamp(round-half-even(x * id), -127, 127), s = d * sum(q).
+// x [n, K] bf16 -> 8-bit blocks of 32 (total = n * K / 32 blocks, flat), unit-major for units
+// of bpu blocks (XRow). Four lanes per block, 8 values each. The CPU's numbers: d = amax / 127
+// (IEEE division), id = 1 / d (0 when d = 0), q = clamp(round-half-even(x * id), -127, 127),
+// s = d * sum(q).
 template <bool VEC>
-__global__ void __launch_bounds__(256) k_qact(const bf16 *__restrict__ x, int total, int8_t *__restrict__ xq,
-                                              float2 *__restrict__ xds, int *__restrict__ xsum) {
+__global__ void __launch_bounds__(256) k_qact(const bf16 *__restrict__ x, int total, int nb32, int bpu,
+                                              int8_t *__restrict__ xq, float2 *__restrict__ xds,
+                                              int *__restrict__ xsum) {
     kc_pdl_trigger();  // the GEMV may start loading weights now; it waits before reading xq
     kc_pdl_wait();     // x is the previous kernel's output; xq may still be read by the one before
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -568,10 +604,14 @@ __global__ void __launch_bounds__(256) k_qact(const bf16 *__restrict__ x, int to
     const int s01 = ps + __shfl_xor_sync(0xffffffffu, ps, 1);  // lanes 0-1: values 0..15; 2-3: 16..31
     const int tot = s01 + __shfl_xor_sync(0xffffffffu, s01, 2);
     if (!ok) return;
-    *(uint2 *)(xq + (size_t)g * 32 + part * 8) = make_uint2(w0, w1);
+    // Block b of row r: unit u = b / bpu, k = b % bpu; values 16h .. 16h+15 are chunk 2k + h.
+    const int r = g / nb32, b = g % nb32, upr = nb32 / bpu, u = b / bpu, k = b % bpu;
+    int8_t *xr = xq + (size_t)r * nb32 * 32;
+    *(uint2 *)(xr + ((size_t)(2 * k + (part >> 1)) * upr + u) * 16 + 8 * (part & 1)) = make_uint2(w0, w1);
     if (part == 0) {
-        xds[g] = make_float2(d, __fmul_rn(d, (float)tot));
-        xsum[g] = (int)(((unsigned)s01 & 0xFFFFu) | ((unsigned)(tot - s01) << 16));
+        const size_t m = (size_t)r * nb32 + (size_t)k * upr + u;
+        xds[m] = make_float2(d, __fmul_rn(d, (float)tot));
+        xsum[m] = (int)(((unsigned)s01 & 0xFFFFu) | ((unsigned)(tot - s01) << 16));
     }
 }
 
@@ -640,6 +680,7 @@ __global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a) {
         xr[b].q = a.xq + (size_t)bb * K;
         xr[b].ds = a.xds + (size_t)bb * nb32;
         xr[b].sum = a.xsum + (size_t)bb * nb32;
+        xr[b].upr = upr;
     }
     float acc[NR][NB];
 #pragma unroll
@@ -654,7 +695,7 @@ __global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a) {
             const int u = u0 + 32 * k;
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                w[k][r] = u < upr ? F::load(qr[r], ar[r], u) : typename F::W();
+                w[k][r] = u < upr ? F::load(qr[r], ar[r], u, upr) : typename F::W();
             }
         }
         if (!waited) {  // the activations are the previous kernel's output
@@ -798,7 +839,7 @@ int kc_quant_upload(kc_backend *b, const kaon_tensor *host, kaon_tensor *dev) {
         case KAON_Q4_0: qoff = 2; qlen = 16; aoff = 0; alen = 2; break;
         case KAON_Q4_1: qoff = 4; qlen = 16; aoff = 0; alen = 4; break;
         case KAON_Q8_0: qoff = 2; qlen = 32; aoff = 0; alen = 2; break;
-        default: qoff = 0; qlen = 208; aoff = 208; alen = 2; break;  // Q6_K
+        default: qoff = 0; qlen = 208; aoff = 208; alen = 2; break;  // Q6_K (its own kernel)
         }
         const size_t nblk = src_bytes / (size_t)bsz;
         rc = kc_check(b, cudaMalloc(&tmp, src_bytes), "upload staging");
@@ -807,8 +848,12 @@ int kc_quant_upload(kc_backend *b, const kaon_tensor *host, kaon_tensor *dev) {
         if (!rc) {
             size_t blocks = (nblk + 255) / 256;
             if (blocks > 65535 * 8) blocks = 65535 * 8;
-            k_qrepack<<<(unsigned)blocks, 256, 0, b->stream>>>((const uint8_t *)tmp, nblk, bsz, qoff, qlen, aoff,
-                                                               alen, (uint8_t *)dst, (uint8_t *)dst + L.aux_off);
+            if (t == KAON_Q6_K)
+                k_qrepack_q6k<<<(unsigned)blocks, 256, 0, b->stream>>>((const uint8_t *)tmp, nblk, (int)(cols / 256),
+                                                                       (uint8_t *)dst, (uint8_t *)dst + L.aux_off);
+            else
+                k_qrepack<<<(unsigned)blocks, 256, 0, b->stream>>>((const uint8_t *)tmp, nblk, bsz, qoff, qlen, aoff,
+                                                                   alen, (uint8_t *)dst, (uint8_t *)dst + L.aux_off);
             rc = kc_launched(b, "repack");
         }
     }
@@ -860,7 +905,10 @@ int kc_quant_embed(kc_backend *b, const kaon_tensor *table, const int32_t *ids, 
 }
 
 // The activation rows x [n, K] quantized into the scratch; pointers to its three parts.
-static int q_act(kc_backend *b, const void *x, int n, int K, const int8_t **xq, const float2 **xds,
+static int q_bpu(kaon_dtype t) { return t == KAON_Q4_K ? 2 : t == KAON_Q6_K ? 4 : 1; }
+
+// (bpu: activation blocks per unit of the weight format, q_bpu.)
+static int q_act(kc_backend *b, const void *x, int n, int K, int bpu, const int8_t **xq, const float2 **xds,
                  const int **xsum) {
     kc_quant *s = qstate(b);
     if (!s) return -1;
@@ -876,10 +924,10 @@ static int q_act(kc_backend *b, const void *x, int n, int K, const int8_t **xq, 
     const int total = (int)nblk, threads = 256;
     const unsigned grid = (unsigned)((total * 4 + threads - 1) / threads);
     cudaError_t e = ((uintptr_t)x & 15) == 0
-                        ? kc_launch(b, k_qact<true>, dim3(grid), dim3(threads), 0, (const bf16 *)x, total,
-                                    (int8_t *)base, (float2 *)(base + o_ds), (int *)(base + o_sum))
-                        : kc_launch(b, k_qact<false>, dim3(grid), dim3(threads), 0, (const bf16 *)x, total,
-                                    (int8_t *)base, (float2 *)(base + o_ds), (int *)(base + o_sum));
+                        ? kc_launch(b, k_qact<true>, dim3(grid), dim3(threads), 0, (const bf16 *)x, total, K / 32,
+                                    bpu, (int8_t *)base, (float2 *)(base + o_ds), (int *)(base + o_sum))
+                        : kc_launch(b, k_qact<false>, dim3(grid), dim3(threads), 0, (const bf16 *)x, total, K / 32,
+                                    bpu, (int8_t *)base, (float2 *)(base + o_ds), (int *)(base + o_sum));
     return kc_check(b, e, "quantize activations");
 }
 
@@ -1007,13 +1055,17 @@ static int q_linear_set(kc_backend *b, const void *x, int n, int count, const ka
             if (q_gemm_deq(b, x, n, w[i], bias ? bias[i] : NULL, y[i], f32out)) return -1;
         return 0;
     }
-    const int8_t *xq;
-    const float2 *xds;
-    const int *xsum;
-    if (q_act(b, x, n, K, &xq, &xds, &xsum)) return -1;
+    const int8_t *xq = NULL;
+    const float2 *xds = NULL;
+    const int *xsum = NULL;
+    int bpu = 0;  // the layout x is quantized in (formats of several layouts: quantized again)
     bool done[4] = {false, false, false, false};
     for (int i = 0; i < count; i++) {
         if (done[i]) continue;
+        if (q_bpu(w[i]->dtype) != bpu) {
+            bpu = q_bpu(w[i]->dtype);
+            if (q_act(b, x, n, K, bpu, &xq, &xds, &xsum)) return -1;
+        }
         const uint8_t *qp[4], *ap[4];
         const float *bs[4];
         void *ys[4];
@@ -1090,7 +1142,7 @@ int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_ten
         const int8_t *xq;
         const float2 *xds;
         const int *xsum;
-        if (q_act(b, x, n, K, &xq, &xds, &xsum)) return -1;
+        if (q_act(b, x, n, K, q_bpu(wg->dtype), &xq, &xds, &xsum)) return -1;
         const int rr[2] = {rows, rows};
         void *ys[2] = {out, NULL};
         return q_gemv_passes(b, wg->dtype, n, K, 2, qp, ap, rr, NULL, ys, 0, true, xq, xds, xsum) ? -1 : 0;
