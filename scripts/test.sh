@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh --test) and runs every test: the C unit tests in a Release build and
 # under AddressSanitizer + UndefinedBehaviorSanitizer, the reference tests (pytest against numpy,
-# the gguf package, HF tokenizers, jinja2), and each libFuzzer target for a bounded time.
+# the gguf package, HF tokenizers, jinja2), the end-to-end tests against a Release server and
+# against an ASan + UBSan server, the unit tests and the concurrency-heavy end-to-end tests under
+# ThreadSanitizer, and each libFuzzer target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
@@ -14,10 +16,12 @@ ninja -C build
 ctest --test-dir build --output-on-failure -j "$jobs"
 
 echo "== unit tests under ASan + UBSan"
-[ -f build-asan/build.ninja ] || cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKAON_SANITIZE=ON -DKAON_CUDA=OFF >/dev/null
+# -O1: the end-to-end tests below generate real tokens with this build; at -O0 they would crawl.
+[ -f build-asan/build.ninja ] || cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DKAON_SANITIZE=ON -DKAON_CUDA=OFF >/dev/null
 ninja -C build-asan
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 echo "== reference tests (pytest: numpy, gguf, HF tokenizers, jinja2)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/ref
@@ -31,6 +35,24 @@ KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench
 echo "== engine and model tests again on the ASan + UBSan build"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
 
+echo "== end-to-end tests against the ASan + UBSan server"
+# Any sanitizer report in a server's output fails the test (tests/e2e/conftest.py), leaks included.
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/e2e
+
+echo "== ThreadSanitizer: unit tests and the concurrency-heavy end-to-end tests"
+# OpenMP off (libgomp is not TSan-instrumented; its barriers would read as races): the kernels
+# run on one thread and TSan watches the engine thread, the HTTP threads and their queues.
+# scripts/tsan.supp lists only third-party false positives (none so far).
+[ -f build-tsan/build.ninja ] || cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DKAON_TSAN=ON -DKAON_OPENMP=OFF -DKAON_CUDA=OFF >/dev/null
+ninja -C build-tsan
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan.supp"
+ctest --test-dir build-tsan --output-on-failure -j "$jobs"
+KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/e2e/test_concurrency.py tests/e2e/test_shutdown.py \
+  tests/e2e/test_limits.py tests/e2e/test_bad_requests.py tests/e2e/test_openai_api.py \
+  -k "concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics"
+unset TSAN_OPTIONS UBSAN_OPTIONS
+
 echo "== fuzzers (${fuzz_seconds}s each, ASan + UBSan)"
 [ -f build-fuzz/build.ninja ] || CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAON_FUZZ=ON -DKAON_TESTS=OFF -DKAON_CUDA=OFF >/dev/null
 ninja -C build-fuzz
@@ -39,9 +61,12 @@ for f in build-fuzz/fuzz/fuzz_*; do
   seeds=tests/fuzz/seeds/${name#fuzz_}
   corpus=$(mktemp -d)
   [ -d "$seeds" ] && cp -r "$seeds"/. "$corpus"/
+  dict=tests/fuzz/dicts/${name#fuzz_}.dict
+  extra=()
+  [ -f "$dict" ] && extra+=(-dict="$dict")
   echo "-- $name"
   log=$(mktemp)
-  if ! "$f" -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+  if ! "$f" -max_total_time="$fuzz_seconds" -print_final_stats=1 "${extra[@]}" "$corpus" >"$log" 2>&1; then
     tail -50 "$log"; echo "fuzzer $name failed" >&2; exit 1
   fi
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb|^#[0-9]+.*DONE" "$log" | tail -3

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->logits = malloc(sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
     e->work = malloc(sizeof(float) * (size_t)e->vocab);
     e->sample_scratch = malloc(kaon_sample_scratch_bytes(e->vocab));
+    e->greedy_tok = malloc(sizeof(int32_t) * (size_t)e->max_logits);
     e->row_of_sched = malloc(sizeof(int) * S);
     e->nrows_of_sched = malloc(sizeof(int) * S);
     e->smp_rows = malloc(sizeof(kaon_sample_row) * (size_t)e->max_logits);
@@ -59,14 +61,20 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->running = malloc(sizeof(seq *) * S);
     e->sched = malloc(sizeof(seq *) * S);
     if (!e->b_tokens || !e->b_pos || !e->b_slot || !e->b_seq || !e->b_rows || !e->b_tables ||
-        !e->logits || !e->work || !e->sample_scratch || !e->row_of_sched || !e->nrows_of_sched ||
+        !e->logits || !e->work || !e->sample_scratch || !e->greedy_tok || !e->row_of_sched || !e->nrows_of_sched ||
         !e->waiting || !e->running || !e->sched || !e->smp_rows || !e->smp_of_sched || !e->smp_ids ||
         !e->smp_lps || !e->host_rows)
         return kaon_set_error("engine: out of memory for step buffers");
     const char *ds = getenv("KAON_DEVICE_SAMPLING");
     e->device_sampling = kaon_runner_can_sample(e->runner) && !(ds && !strcmp(ds, "0"));
     // Touched now, so the footprint does not grow when many sequences first need logits.
+    // The host reads its logit rows whole every step (sampling): on huge pages they stream
+    // from memory much faster (and the buffer is touched whole right below anyway).
+    const uintptr_t lg0 = ((uintptr_t)e->logits + 4095) & ~(uintptr_t)4095;
+    const uintptr_t lg1 = ((uintptr_t)e->logits + sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab) & ~(uintptr_t)4095;
+    if (lg1 > lg0) madvise((void *)lg0, lg1 - lg0, MADV_HUGEPAGE);
     memset(e->logits, 0, sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
+    memset(e->greedy_tok, 0xff, sizeof(int32_t) * (size_t)e->max_logits);
     return 0;
 }
 
@@ -785,6 +793,7 @@ static void *engine_main(void *arg) {
         char err[512] = "";
         if (rc) snprintf(err, sizeof err, "forward pass failed: %s", kaon_last_error());
         uint64_t prompt_toks = 0, gen_toks = 0;
+        if (!rc) kaon_post_greedy_rows(e);
         for (int i = 0; !rc && i < e->n_sched; i++) {
             seq *s = e->sched[i];
             int first = s->n_computed;
@@ -858,7 +867,7 @@ void kaon_engine_destroy(kaon_engine *e) {
         request_destroy(r);
     }
     free(e->b_tokens); free(e->b_pos); free(e->b_slot); free(e->b_seq); free(e->b_rows);
-    free(e->b_tables); free(e->logits); free(e->work); free(e->sample_scratch);
+    free(e->b_tables); free(e->logits); free(e->work); free(e->sample_scratch); free(e->greedy_tok);
     free(e->row_of_sched); free(e->nrows_of_sched);
     free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
     free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);

@@ -113,6 +113,7 @@ struct kaon_engine {
     float *logits;               // [max_logits, vocab]
     float *work;                 // [vocab] processed logits
     void *sample_scratch;
+    int32_t *greedy_tok;         // [max_logits] greedy tokens found ahead (-1: none), postprocess.c
     int *row_of_sched;           // first logit row of each scheduled seq (-1: none)
     int *nrows_of_sched;
     // Sampling on the device (when the backend can): the rows sampled there this step and
@@ -145,6 +146,10 @@ void kaon_sched_waiting_insert(kaon_engine *e, seq *s);
 void kaon_sched_remove(kaon_engine *e, seq *s);
 
 // postprocess.c
+// Finds the greedy token of every sampled row of this step that needs no edits, rows in
+// parallel (reading the logits is most of a greedy step's host cost); kaon_post_sample then
+// takes it from there. Optional: without it kaon_post_sample finds the same token itself.
+void kaon_post_greedy_rows(kaon_engine *e);
 // Samples and appends a token for s from logits row; builds the seq's pending output.
 void kaon_post_sample(kaon_engine *e, seq *s, const float *logits);
 // Appends a token chosen elsewhere (on the device) with its logprob record (or NULL).

@@ -129,10 +129,63 @@ static int pend_push(seq *s, int32_t id, const kaon_token_logprob *lp) {
     return 0;
 }
 
+// Whether kaon_post_sample takes s's token as the plain argmax of its raw logit row: greedy,
+// and nothing edits the row.
+static bool plain_greedy(const seq *s) {
+    const kaon_sampling *sp = &s->req->sp;
+    const bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                           sp->frequency_penalty != 0.0f;
+    const bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties;
+    return !edits && (sp->temperature <= 0.0f || sp->top_k == 1);
+}
+
+// Below this many logits a step's greedy rows are not worth a thread team.
+#define KAON_GREEDY_PAR_MIN (1 << 20)
+
+void kaon_post_greedy_rows(kaon_engine *e) {
+    const int V = e->vocab;
+    int n = 0;
+    // The rows kaon_post_sample will take a plain argmax of (as engine_main picks them): the
+    // last logit row of each sequence that samples this step on the host.
+    for (int i = 0; i < e->n_sched; i++) {
+        const seq *s = e->sched[i];
+        const int row = e->row_of_sched[i];
+        if (row < 0) continue;
+        const int last = row + e->nrows_of_sched[i] - 1;
+        e->greedy_tok[last] = -1;
+        if (s->n_computed + s->scheduled_tokens != s->n_tokens || e->smp_of_sched[i] >= 0 ||
+            !plain_greedy(s))
+            continue;
+        e->greedy_tok[last] = -2;  // to find
+        n++;
+    }
+    if (n == 0) return;
+    const int nt = (double)n * V >= KAON_GREEDY_PAR_MIN && e->opts.n_threads > 1 ? e->opts.n_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int i = 0; i < e->n_sched; i++) {
+        const int row = e->row_of_sched[i];
+        if (row < 0) continue;
+        const int last = row + e->nrows_of_sched[i] - 1;
+        if (e->greedy_tok[last] == -2) e->greedy_tok[last] = kaon_argmax(e->logits + (size_t)last * V, V);
+    }
+}
+
 void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     struct kaon_request *r = s->req;
     const kaon_sampling *sp = &r->sp;
     const int V = e->vocab;
+    // A token kaon_post_greedy_rows found ahead for this row.
+    if (raw >= e->logits && raw < e->logits + (size_t)e->max_logits * V) {
+        const size_t row = (size_t)(raw - e->logits) / (size_t)V;
+        const int32_t tok = e->greedy_tok[row];
+        e->greedy_tok[row] = -1;
+        if (tok >= 0 && plain_greedy(s)) {
+            kaon_token_logprob lp;
+            if (sp->logprobs >= 0) fill_logprob(&lp, raw, V, tok, sp->logprobs);
+            kaon_post_accept(e, s, tok, sp->logprobs >= 0 ? &lp : NULL);
+            return;
+        }
+    }
     bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
                      sp->frequency_penalty != 0.0f;
     bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties;

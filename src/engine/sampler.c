@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 void kaon_sampling_params_default(kaon_sampling_params *p) {
     p->temperature = 1.0f;
@@ -35,11 +36,54 @@ double kaon_rng_uniform(kaon_rng *r) {
     return (double)(out >> 11) * (1.0 / 9007199254740992.0);
 }
 
-int kaon_argmax(const float *logits, int n) {
+static int argmax_scalar(const float *logits, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[best]) best = i;
     return best;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+// The same answer as argmax_scalar, in two passes: the largest value (vmaxps, 32 values per
+// iteration; with the new value as its first operand a NaN never replaces the running
+// maximum), then the first index holding a value equal to it (the row is in the cache by
+// then). The maximum starts at logits[0] (when that is NaN the scalar loop never moves
+// either), so the answer is the first index of the largest non-NaN value, -0 and +0 equal.
+__attribute__((target("avx2"))) static int argmax_avx2(const float *logits, int n) {
+    const float x0 = logits[0];
+    if (n < 64 || x0 != x0) return argmax_scalar(logits, n);
+    __m256 m0 = _mm256_set1_ps(x0), m1 = m0, m2 = m0, m3 = m0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(logits + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 8), m1);
+        m2 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 16), m2);
+        m3 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 24), m3);
+    }
+    float t[8], mx;
+    _mm256_storeu_ps(t, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    mx = t[0];
+    for (int l = 1; l < 8; l++) mx = t[l] > mx ? t[l] : mx;
+    for (; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    const __m256 vm = _mm256_set1_ps(mx);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(logits + j), vm, _CMP_EQ_OQ));
+        if (hit) return j + __builtin_ctz((unsigned)hit);
+    }
+    for (; j < n; j++)
+        if (logits[j] == mx) return j;
+    return 0;  // not reached: mx is one of the values
+}
+#endif
+
+int kaon_argmax(const float *logits, int n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("avx2")) return argmax_avx2(logits, n);
+#endif
+    return argmax_scalar(logits, n);
 }
 
 typedef struct cand {
@@ -74,14 +118,42 @@ static void sift_down(cand *h, int k, int i) {
 
 static int finish_sorted(cand *c, int m, const kaon_sampling_params *p, kaon_rng *rng);
 
-// top_k first, by a heap over the raw logits: O(V) compares and only k exponentials.
+// The first index i >= from with x[i] > thr (n when none). A NaN is never above.
+static int next_above_scalar(const float *x, int from, int n, float thr) {
+    for (int i = from; i < n; i++)
+        if (x[i] > thr) return i;
+    return n;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) static int next_above_avx2(const float *x, int from, int n, float thr) {
+    const __m256 t = _mm256_set1_ps(thr);
+    int i = from;
+    for (; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), t, _CMP_GT_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    return next_above_scalar(x, i, n, thr);
+}
+#endif
+
+static int next_above(const float *x, int from, int n, float thr) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("avx2")) return next_above_avx2(x, from, n, thr);
+#endif
+    return next_above_scalar(x, from, n, thr);
+}
+
+// top_k first, by a heap over the raw logits: O(V) compares and only k exponentials. A later
+// logit enters the heap only when it is strictly above the worst one kept (on a tie the
+// earlier id ranks first, and every id in the heap is earlier), so the scan only looks for
+// values above that threshold, 8 at a time.
 static int sample_top_k(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
                         cand *h) {
     int k = p->top_k;
     for (int i = 0; i < k; i++) h[i] = (cand){logits[i], i};
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
-    for (int i = k; i < n; i++) {
-        if (!ranks_before(logits[i], i, h[0].p, h[0].id)) continue;
+    for (int i = next_above(logits, k, n, h[0].p); i < n; i = next_above(logits, i + 1, n, h[0].p)) {
         h[0] = (cand){logits[i], i};
         sift_down(h, k, 0);
     }
@@ -92,7 +164,52 @@ static int sample_top_k(const float *logits, int n, const kaon_sampling_params *
     return finish_sorted(h, k, p, rng);
 }
 
-size_t kaon_sample_scratch_bytes(int n) { return sizeof(cand) * (size_t)n; }
+// Sorts c[0..m) (collected in id order) into by_prob_desc order; tmp holds m more entries.
+// Returns c or tmp, whichever holds the result. Many candidates: a stable LSD radix sort on
+// the bits of p (positive floats order like their bit patterns; descending p is ascending
+// complement), which keeps equal p in id order, as by_prob_desc does.
+static cand *sort_by_prob(cand *c, int m, cand *tmp) {
+    if (m < 512) {
+        qsort(c, (size_t)m, sizeof *c, by_prob_desc);
+        return c;
+    }
+    enum { BITS = 11, NB = 1 << BITS };
+    uint32_t cnt[3][NB];
+    memset(cnt, 0, sizeof cnt);
+    for (int i = 0; i < m; i++) {
+        uint32_t key;
+        memcpy(&key, &c[i].p, 4);
+        key = ~key;
+        cnt[0][key & (NB - 1)]++;
+        cnt[1][(key >> BITS) & (NB - 1)]++;
+        cnt[2][key >> (2 * BITS)]++;
+    }
+    cand *src = c, *dst = tmp;
+    for (int pass = 0; pass < 3; pass++) {
+        uint32_t *h = cnt[pass], sum = 0;
+        int single = 0;  // every key has the same digit: nothing moves
+        for (int d = 0; d < NB; d++)
+            if (h[d] == (uint32_t)m) single = 1;
+        if (single) continue;
+        for (int d = 0; d < NB; d++) {
+            const uint32_t t = h[d];
+            h[d] = sum;
+            sum += t;
+        }
+        for (int i = 0; i < m; i++) {
+            uint32_t key;
+            memcpy(&key, &src[i].p, 4);
+            key = ~key;
+            dst[h[(key >> (pass * BITS)) & (NB - 1)]++] = src[i];
+        }
+        cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    return src;
+}
+
+size_t kaon_sample_scratch_bytes(int n) { return 2 * sizeof(cand) * (size_t)n; }
 
 int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
                 void *scratch) {
@@ -102,15 +219,19 @@ int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_
     float mx = logits[kaon_argmax(logits, n)];
     // Candidates below 1e-12 of the best carry no probability mass worth sorting.
     const float cutoff = mx + p->temperature * logf(1e-12f);
+    // With min_p, finish_sorted keeps exactly the candidates with p >= min_p * (the best p,
+    // which is expf(0) = 1), whatever their order: the others are left out before sorting.
+    const float floor_p = p->min_p > 0.0f ? 1.0f * p->min_p : 0.0f;
     int m = 0;
     for (int i = 0; i < n; i++) {
         if (logits[i] < cutoff) continue;
+        const float pi = expf((logits[i] - mx) / p->temperature);
+        if (pi < floor_p) continue;
         c[m].id = i;
-        c[m].p = expf((logits[i] - mx) / p->temperature);
+        c[m].p = pi;
         m++;
     }
-    qsort(c, (size_t)m, sizeof *c, by_prob_desc);
-    return finish_sorted(c, m, p, rng);
+    return finish_sorted(sort_by_prob(c, m, c + n), m, p, rng);
 }
 
 // Applies top_k, min_p and top_p to candidates sorted by probability, then draws one.

@@ -26,8 +26,8 @@ double kaon_rng_uniform(kaon_rng *r);  // [0, 1)
 // Index of the largest logit (the first one on ties, like torch.argmax).
 int kaon_argmax(const float *logits, int n);
 
-// Samples one id from logits [n]. scratch must hold n (float, int32) pairs; logits are not
-// modified.
+// Samples one id from logits [n]. scratch must hold kaon_sample_scratch_bytes(n) bytes (2n
+// (float, int32) pairs); logits are not modified.
 int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
                 void *scratch);
 size_t kaon_sample_scratch_bytes(int n);

@@ -226,3 +226,27 @@ def test_server_expert_metrics(kaon_bin, tmp_path):
     computed = usage["prompt_tokens"] + usage["completion_tokens"] - 1  # the last token is not fed
     assert all(v == computed * cfg["num_experts_per_tok"] for v in per_layer.values()), (per_layer, usage)
     assert len(rows) == len(per_layer) * cfg["num_experts"]
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"mlp_only_layers": "0"}, "mlp_only_layers"),
+    ({"mlp_only_layers": [0, -1]}, "mlp_only_layers"),
+    ({"num_experts_per_tok": 17}, "n_experts_used"),
+    ({"num_experts": -1}, "n_experts"),
+])
+def test_bad_moe_config(kaon_bin, tmp_path, change, words):
+    """A MoE config.json with a bad expert field fails to load with one error line naming it."""
+    cfg = make_moe_config("qwen3moe")
+    path = save_hf(tmp_path / "bad", cfg, make_moe_weights(cfg), "F32")
+    (path / "config.json").write_text(json.dumps(dict(cfg, **change)))
+    r = subprocess.run([str(kaon_bin), "info", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_missing_expert_tensor(kaon_bin, tmp_path):
+    cfg = make_moe_config("mixtral")
+    w = make_moe_weights(cfg)
+    del w["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
+    path = save_hf(tmp_path / "missing", cfg, w, "F32")
+    r = subprocess.run([str(kaon_bin), "info", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "experts.5.w3.weight" in r.stderr, r.stderr

@@ -2,6 +2,9 @@
 // top-k, top-p and min-p on fixed logits; seeded reproducibility; penalties vs a reference.
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/penalties.h"
@@ -157,7 +160,172 @@ static void test_penalties(void) {
     kaon_token_counts_free(&out);
 }
 
+// kaon_argmax (vectorized where the CPU can) against the plain loop: first index of the
+// largest value, NaN never chosen unless it is first, -0 and +0 equal.
+static int argmax_ref(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static uint64_t tstate = 12345;
+static uint64_t trand(void) {
+    tstate ^= tstate << 13;
+    tstate ^= tstate >> 7;
+    tstate ^= tstate << 17;
+    return tstate;
+}
+
+static void test_argmax_large(void) {
+    static float x[49153];
+    const int ns[] = {1, 2, 7, 31, 32, 63, 64, 65, 95, 96, 100, 1000, 4097, 49152, 49153};
+    int bad = 0;
+    for (int kind = 0; kind < 7; kind++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int rep = 0; rep < 4; rep++) {
+                const int n = ns[ni];
+                for (int i = 0; i < n; i++) {
+                    const uint64_t r = trand();
+                    switch (kind) {
+                    case 0: x[i] = (float)((int64_t)(r >> 11) % 2000001 - 1000000) * 1e-4f; break;
+                    case 1: x[i] = (float)(r % 5); break;                       // many ties
+                    case 2: x[i] = 1.0f; break;                                 // all equal
+                    case 3: x[i] = (r % 7 == 0) ? NAN : (float)(r % 9); break;  // NaN inside
+                    case 4: x[i] = (r % 3 == 0) ? -INFINITY : (r % 3 == 1 ? 0.0f : -0.0f); break;
+                    case 5: x[i] = (r % 1000 == 0) ? INFINITY : -(float)(r % 100); break;
+                    default: x[i] = i == 0 ? NAN : (float)(r % 50); break;      // NaN first
+                    }
+                }
+                if (kind == 1 && rep == 1) x[n - 1] = 10.0f;  // the maximum last
+                if (kaon_argmax(x, n) != argmax_ref(x, n)) bad++;
+            }
+    CHECK(bad == 0);
+}
+
+// The sampler as it was before its fast paths (full qsort of every candidate, scalar scans):
+// kaon_sample must draw exactly the same ids from the same generator state.
+typedef struct { float p; int32_t id; } rcand;
+static int rcmp(const void *a, const void *b) {
+    const rcand *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id - y->id;
+}
+static bool rbefore(float la, int32_t ia, float lb, int32_t ib) { return la > lb || (la == lb && ia < ib); }
+static void rsift(rcand *h, int k, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && rbefore(h[w].p, h[w].id, h[l].p, h[l].id)) w = l;
+        if (r < k && rbefore(h[w].p, h[w].id, h[r].p, h[r].id)) w = r;
+        if (w == i) return;
+        rcand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+static int rfinish(rcand *c, int m, const kaon_sampling_params *p, kaon_rng *rng) {
+    if (p->top_k > 0 && p->top_k < m) m = p->top_k;
+    if (p->min_p > 0.0f) {
+        float floor_p = c[0].p * p->min_p;
+        int k = 1;
+        while (k < m && c[k].p >= floor_p) k++;
+        m = k;
+    }
+    double sum = 0;
+    for (int i = 0; i < m; i++) sum += c[i].p;
+    if (p->top_p < 1.0f) {
+        double acc = 0;
+        int k = 0;
+        while (k < m) {
+            acc += c[k].p;
+            k++;
+            if (acc >= p->top_p * sum) break;
+        }
+        m = k;
+        sum = acc;
+    }
+    double r = kaon_rng_uniform(rng) * sum, acc = 0;
+    for (int i = 0; i < m; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[m - 1].id;
+}
+static int sample_ref(const float *x, int n, const kaon_sampling_params *p, kaon_rng *rng, rcand *c) {
+    if (p->temperature <= 0.0f || p->top_k == 1) return argmax_ref(x, n);
+    if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < n) {
+        int k = p->top_k;
+        for (int i = 0; i < k; i++) c[i] = (rcand){x[i], i};
+        for (int i = k / 2 - 1; i >= 0; i--) rsift(c, k, i);
+        for (int i = k; i < n; i++) {
+            if (!rbefore(x[i], i, c[0].p, c[0].id)) continue;
+            c[0] = (rcand){x[i], i};
+            rsift(c, k, 0);
+        }
+        float mx = c[0].p;
+        for (int i = 1; i < k; i++) mx = c[i].p > mx ? c[i].p : mx;
+        for (int i = 0; i < k; i++) c[i].p = expf((c[i].p - mx) / p->temperature);
+        qsort(c, (size_t)k, sizeof *c, rcmp);
+        return rfinish(c, k, p, rng);
+    }
+    float mx = x[argmax_ref(x, n)];
+    const float cutoff = mx + p->temperature * logf(1e-12f);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (x[i] < cutoff) continue;
+        c[m].id = i;
+        c[m].p = expf((x[i] - mx) / p->temperature);
+        m++;
+    }
+    qsort(c, (size_t)m, sizeof *c, rcmp);
+    return rfinish(c, m, p, rng);
+}
+
+static double tgauss(void) {
+    double u = ((double)(trand() >> 11) + 1.0) / 9007199254740993.0, v = (double)(trand() >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static void test_matches_reference(void) {
+    const int Vs[] = {8, 100, 1000, 5000, 49152};
+    const float temps[] = {0.3f, 0.8f, 1.0f, 1.7f};
+    const int topks[] = {0, 1, 5, 50, 600, 4096, 5000};
+    const float topps[] = {1.0f, 0.9f, 0.5f, 0.95f};
+    const float minps[] = {0.0f, 0.05f, 0.2f};
+    static float x[49152];
+    static rcand rc[49152];
+    static char scratch[49152 * 16];
+    int bad = 0, cases = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++)
+        for (int dist = 0; dist < 3; dist++) {
+            const int n = Vs[vi];
+            for (int i = 0; i < n; i++) {
+                const double g = tgauss();
+                x[i] = dist == 0 ? (float)(3.0 * g) : dist == 1 ? roundf((float)(2.0 * g)) : (float)(8.0 * g);
+                if (dist == 2 && trand() % 50 == 0) x[i] = -INFINITY;
+            }
+            for (size_t ti = 0; ti < sizeof temps / sizeof *temps; ti++)
+                for (size_t ki = 0; ki < sizeof topks / sizeof *topks; ki++)
+                    for (size_t pi = 0; pi < sizeof topps / sizeof *topps; pi++)
+                        for (size_t mi = 0; mi < sizeof minps / sizeof *minps; mi++) {
+                            if (n == 49152 && (ti % 2 || mi == 1)) continue;  // keep the test short
+                            const kaon_sampling_params p = {temps[ti], topks[ki], topps[pi], minps[mi], 0};
+                            kaon_rng a, b;
+                            kaon_rng_seed(&a, 1000 + cases);
+                            kaon_rng_seed(&b, 1000 + cases);
+                            for (int d = 0; d < 6; d++)
+                                if (kaon_sample(x, n, &p, &a, scratch) != sample_ref(x, n, &p, &b, rc)) bad++;
+                            cases++;
+                        }
+        }
+    if (bad) fprintf(stderr, "sampler: %d of %d draws differ from the reference\n", bad, cases * 6);
+    CHECK(bad == 0);
+}
+
 int main(void) {
+    test_argmax_large();
+    test_matches_reference();
     test_distributions();
     test_greedy_and_seed();
     test_penalties();

@@ -19,7 +19,9 @@
 //        through slot_tok and applies SiLU-and-mul in its epilogue; the down kernel reads the
 //        hidden rows in slot order. Tiles past the real count (the grid is sized for the
 //        worst case) return at once.
-//      H [n*K, ffn] and Y [n*K, dim] hold the routed rows in slot order.
+//      H [n*K, ffn] and Y [n*K, dim] hold the routed rows in slot order. (Quantized GGUF
+//      experts stay quantized in cuda_quant.cu's layout unless KAON_CUDA_QUANT=0; this op reads
+//      bf16 only and says so.)
 //   6. the shared expert (Qwen2-MoE) through the backend's own linear ops, its sigmoid gate
 //      from an f32 GEMV;
 //   7. k_combine: out[t] = sum_j w[t, j] * Y[inv[t*K + j]] (+ sigmoid(g_t) * shared_t): the
@@ -239,7 +241,27 @@ k_moe_gemv_gu(const bf16 *__restrict__ x, int dim, int F, MoeW w, const int *__r
 #pragma unroll
     for (int b = 0; b < MOE_GEMV_MAX_N; b++) ag[b] = au[b] = 0.f;
     const int nc = dim >> 3;
-    for (int c = lane; c < nc; c += 32) {
+    constexpr int U = 2;  // 2U weight loads in flight per lane
+    int c = lane;
+    for (; c + 32 * (U - 1) < nc; c += 32 * U) {
+        uint4 gv[U], uv[U];
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            gv[q] = ld_stream(gr + c + 32 * q);
+            uv[q] = ld_stream(ur + c + 32 * q);
+        }
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < ne) {
+#pragma unroll
+                for (int q = 0; q < U; q++) {
+                    const uint4 x0 = __ldg(xr[b] + c + 32 * q);
+                    ag[b] = dot8(gv[q], x0, ag[b]);
+                    au[b] = dot8(uv[q], x0, au[b]);
+                }
+            }
+    }
+    for (; c < nc; c += 32) {
         const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
@@ -272,7 +294,20 @@ k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *_
     float acc[MOE_GEMV_MAX_N];
 #pragma unroll
     for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
-    for (int c = lane; c < nc; c += 32) {
+    constexpr int U = 4;  // weight loads in flight per lane
+    int c = lane;
+    for (; c + 32 * (U - 1) < nc; c += 32 * U) {
+        uint4 dv[U];
+#pragma unroll
+        for (int q = 0; q < U; q++) dv[q] = ld_stream(dr + c + 32 * q);
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < ne) {
+#pragma unroll
+                for (int q = 0; q < U; q++) acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * nc + c + 32 * q), acc[b]);
+            }
+    }
+    for (; c < nc; c += 32) {
         const uint4 d0 = ld_stream(dr + c);
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
@@ -464,7 +499,7 @@ static int stacked(kc_backend *b, const kaon_tensor *v, int E, int64_t rows, int
         if (!v[e].data || v[e].dtype != KAON_BF16 || v[e].ndim != 2 || v[e].shape[0] != rows ||
             v[e].shape[1] != cols)
             return kc_fail(b, "cuda moe: expert %d's %s is %s [%lld, %lld], expected bf16 [%lld, %lld] "
-                           "(quantized experts are not supported on the GPU yet)", e, what,
+                           "(the GPU moe op reads bf16 experts: KAON_CUDA_QUANT=0 expands quantized files)", e, what,
                            kaon_dtype_name(v[e].dtype), (long long)v[e].shape[0], (long long)v[e].shape[1],
                            (long long)rows, (long long)cols);
     const bf16 *p0 = (const bf16 *)v[0].data;
