@@ -1009,7 +1009,8 @@ static enum MHD_Result handle_detokenize(struct MHD_Connection *c, kaon_server *
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, kaon_server *s) {
     kaon_engine_stats st;
     int state = atomic_load(&s->state);
-    bool have = s->engine && state != ST_LOADING;
+    // The state first: its store of READY publishes s->engine (set by the loading thread).
+    bool have = state != ST_LOADING && s->engine;
     if (have) kaon_engine_get_stats(s->engine, &st);
     size_t len = 0;
     char *text = kaon_metrics_render(&s->metrics, have ? &st : NULL, s->model_name, &len);

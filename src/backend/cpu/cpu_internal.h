@@ -6,7 +6,8 @@
 // 8-bit blocks of 32 (a float scale d, the int8 values, and d * their sum), then each weight
 // row is dotted with up to 4 (AVX2) or 8 (AVX-512) activation rows at a time using integer
 // multiply-adds per block; the block's weight scale times the activation scale turns the
-// integer sum into a float.
+// integer sum into a float. With more activation rows, Q4_0/Q4_1/Q8_0 weights take the
+// batched path (pack/tile_dot below), which gives the same numbers bit for bit.
 #ifndef KAON_BACKEND_CPU_INTERNAL_H
 #define KAON_BACKEND_CPU_INTERNAL_H
 

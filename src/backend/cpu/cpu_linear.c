@@ -4,8 +4,15 @@
 // takes a contiguous range of output rows (starting on a 16-row boundary, so two threads never
 // write one cache line of y). Inside it, a tile of weight rows small enough to stay in L1 is
 // dotted with the activation rows 4 (AVX2) or 8 (AVX-512) at a time: each weight block is
-// loaded and unpacked once per 4 or 8 rows, which is what makes prefill fast. Float weights
-// (F32/F16/BF16) use the same tiling with FMA dot products.
+// loaded and unpacked once per 4 or 8 rows. Float weights (F32/F16/BF16) use the same tiling
+// with FMA dot products.
+//
+// The batched path (Q4_0/Q4_1/Q8_0 with more activation rows than one kernel call takes: a
+// batched decode step, a prefill chunk): the activation rows are regrouped, and each tile of 8
+// weight rows is repacked once into an L1 buffer that a register-blocked micro-kernel then
+// dots with every activation row, 8 (AVX-512) or 4 (AVX2) rows per call, with no horizontal
+// sums (cpu_x86.h). Its numbers are bit for bit those of the row path, so a row's output does
+// not depend on what it is batched with (test_cpu_linear checks it).
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -112,7 +119,7 @@ static void lin_rows_packed(const lin_job *j, int m0, int m1) {
     float out[KAON_MAX_ROWS * KAON_MAX_ROWS], out2[KAON_MAX_ROWS * KAON_MAX_ROWS];
     int s = 0;
     for (int m = m0; m < m1;) {
-        while (m >= j->start[s + 1]) s++;
+        while (s + 1 < j->nseg && m >= j->start[s + 1]) s++;
         const int lm = m - j->start[s], M = j->M[s];
         int rows = j->start[s + 1] - m;
         if (rows > m1 - m) rows = m1 - m;

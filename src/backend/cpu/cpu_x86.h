@@ -261,7 +261,13 @@ static inline __attribute__((always_inline)) void KX(pair_rows)(const uint8_t *w
 // them with the same tree. So a row's result does not depend on the batch it is in.
 #define KX_PACK_ROWS 8
 #define KX_PK_MAX 320  // bytes per packed block at most (KX(pk_block))
+// Activation rows per tile_dot call: their int32 and float accumulators (2 KX_TILE_NR
+// vectors) stay in registers, of which AVX-512VL has 32 and AVX2 16.
+#if KX_VNNI
 #define KX_TILE_NR 8
+#else
+#define KX_TILE_NR 4
+#endif
 
 static size_t KX(pack_bytes)(int nbp) { return (size_t)nbp * KX_PK_MAX; }
 
@@ -409,10 +415,11 @@ static inline __attribute__((always_inline)) void KX(tile_j)(const int fmt, cons
                 const int q = k + 4 * h;
                 const int c = (j & ~1) * 32 + (q >= 4 ? 32 : 0) + (j & 1) * 16 + ((4 * q) & 15);
                 for (int r = 0; r < NR; r++) {
-                    const __m256i xv = KX(bcast32)(xr[r] + go + c);
 #if KX_VNNI
-                    I[r] = _mm256_dpbusd_epi32(I[r], wv[h], xv);
+                    // The quad broadcast straight from memory ({1to8}): no separate broadcast.
+                    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(I[r]) : "v"(wv[h]), "m"(*(const int32_t *)(xr[r] + go + c)));
 #else
+                    const __m256i xv = KX(bcast32)(xr[r] + go + c);
                     if (fmt == KX_F_Q8_0)
                         I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(_mm256_abs_epi8(wv[h]), _mm256_sign_epi8(xv, wv[h])));
                     else
@@ -458,15 +465,21 @@ static inline __attribute__((always_inline)) void KX(tile_fmt)(const int fmt, co
     }
 }
 
+#if KX_TILE_NR == 8
+#define KX_TILE_CASES_8(FMT)                                                       \
+    case 4: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 4, out, ldo); break;        \
+    case 5: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 5, out, ldo); break;        \
+    case 6: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 6, out, ldo); break;        \
+    case 7: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 7, out, ldo); break;
+#else
+#define KX_TILE_CASES_8(FMT)
+#endif
 #define KX_TILE_DISPATCH(FMT)                                                      \
     switch (nr) {                                                                  \
     case 1: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 1, out, ldo); break;        \
     case 2: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 2, out, ldo); break;        \
     case 3: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 3, out, ldo); break;        \
-    case 4: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 4, out, ldo); break;        \
-    case 5: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 5, out, ldo); break;        \
-    case 6: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 6, out, ldo); break;        \
-    case 7: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, 7, out, ldo); break;        \
+    KX_TILE_CASES_8(FMT)                                                           \
     default: KX(tile_fmt)(FMT, pk, xg, xstride, nb, ng, KX_TILE_NR, out, ldo); break; \
     }
 
@@ -481,6 +494,7 @@ static void KX(tile_dot)(int kind, const void *pk_, const void *xg_, size_t xstr
     }
 }
 #undef KX_TILE_DISPATCH
+#undef KX_TILE_CASES_8
 
 // ---- Q4_K (natural layout; one super-block = one group of 8) ----------------------------
 
