@@ -92,11 +92,13 @@ def test_stream_timings(fake, tmp_path):
     e2els = [t["chunks"][-1] - t["recv"] for t in tm]
     ms = lambda v: 1000 * float(np.mean(v))
     med = lambda v: 1000 * float(np.median(v))
-    assert r["mean_ttft_ms"] == pytest.approx(ms(ttfts), abs=TOL_MS / 3)
-    assert r["median_ttft_ms"] == pytest.approx(med(ttfts), abs=TOL_MS / 3)
+    # TTFT and E2EL also hold the client-to-server hop (send, accept, parse) that the server's
+    # clock does not see: never less than the server's view, and at most a loaded machine's
+    # scheduling noise more (a wrong definition, e.g. up to the second chunk, is 40 ms off).
+    for key, server in (("mean_ttft_ms", ms(ttfts)), ("median_ttft_ms", med(ttfts)), ("mean_e2el_ms", ms(e2els))):
+        assert server - 1.0 <= r[key] <= server + TOL_MS, (key, r[key], server)
     assert r["mean_itl_ms"] == pytest.approx(ms(itls), abs=TOL_MS / 5)
     assert r["mean_tpot_ms"] == pytest.approx(ms(tpots), abs=TOL_MS / 5)
-    assert r["mean_e2el_ms"] == pytest.approx(ms(e2els), abs=TOL_MS / 3)
     # and the planned delays, within the machine's noise
     assert r["median_ttft_ms"] == pytest.approx(ttft * 1000, abs=TOL_MS)
     assert r["median_itl_ms"] == pytest.approx(itl * 1000, abs=TOL_MS)
