@@ -123,6 +123,26 @@ static inline kc_backend *kc(kaon_backend *be) { return (kc_backend *)be; }
 static __device__ __forceinline__ void kc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 static __device__ __forceinline__ void kc_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
+// A weight load that streams past L1 (each weight is read once per step).
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float s) {
+    const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *b2 = (const __nv_bfloat162 *)&b;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 fa = __bfloat1622float2(a2[e]), fb = __bfloat1622float2(b2[e]);
+        s = fmaf(fa.x, fb.x, s);
+        s = fmaf(fa.y, fb.y, s);
+    }
+    return s;
+}
+
 template <typename... KArgs, typename... Args>
 static inline cudaError_t kc_launch(kc_backend *b, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                     size_t smem, Args... args) {

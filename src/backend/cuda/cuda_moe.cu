@@ -197,25 +197,6 @@ __global__ void k_permute(const int *__restrict__ topk_id, int nk, const int *__
 
 // ---- 5a. decode: GEMV over the active experts -----------------------------------------------------
 
-static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-static __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, float s) {
-    const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *b2 = (const __nv_bfloat162 *)&b;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const float2 fa = __bfloat1622float2(a2[e]), fb = __bfloat1622float2(b2[e]);
-        s = fmaf(fa.x, fb.x, s);
-        s = fmaf(fa.y, fb.y, s);
-    }
-    return s;
-}
-
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
