@@ -78,5 +78,10 @@ def test_chat_in_browser(server):
             time.sleep(0.2)
         msgs = d.find_elements(By.CSS_SELECTOR, ".msg.assistant")
         assert len(msgs) == 2 and msgs[1].text.strip()
+        # The page's first model listing (before the key was typed) got a 401; no stale retry of
+        # it may fire later and wipe the stats line (seen in CI under ASan, where timing differs).
+        time.sleep(2.5)
+        stats = d.find_element(By.ID, "stats").text
+        assert "tokens/s" in stats, stats
     finally:
         d.quit()
