@@ -131,6 +131,9 @@ typedef struct kaon_backend_ops {
     // weight format (CUDA: matrices in bf16, vectors in f32; quantized blocks are expanded)
     // and data the backend owns (give it back with release). 0, or -1 + error.
     int (*upload)(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev);
+    // As upload, but quantized blocks are always expanded to the dense format (CUDA: bf16):
+    // for ops that read only that (the CUDA moe op's router and experts). NULL: upload does.
+    int (*upload_dense)(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev);
     // Creates a weight of like->shape (like->data is not read) filled with reproducible
     // random values offset + uniform(-scale, scale) from seed; as upload otherwise.
     int (*fill_dummy)(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,

@@ -363,11 +363,14 @@ void kaon_moe_free_model(kaon_model *m) {
 
 // ---- device copies -----------------------------------------------------------------------------
 
-static int copy_one(kaon_backend *be, const kaon_tensor *t, bool dummy, uint64_t seed,
+// dense: the backend's moe op reads only its dense format (the router and the experts on
+// CUDA), so quantized GGUF blocks are expanded there; the shared expert goes through the
+// linear ops, which read them quantized.
+static int copy_one(kaon_backend *be, const kaon_tensor *t, bool dummy, uint64_t seed, bool dense,
                     kaon_tensor *dst) {
     memset(dst, 0, sizeof *dst);
     if (!t->data) return 0;
-    if (!dummy) return be->ops->upload(be, t, dst);
+    if (!dummy) return (dense && be->ops->upload_dense ? be->ops->upload_dense : be->ops->upload)(be, t, dst);
     const float scale = 1.0f / sqrtf((float)t->shape[t->ndim - 1]);
     return be->ops->fill_dummy(be, t, seed, scale, 0.0f, dst);
 }
@@ -443,11 +446,12 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
     const int E = host->w.n_experts;
     if (layer_alloc(dev, E, host->n_src > 0 ? host->n_src : 1)) return -1;
     dev->n_src = 0;
-    int rc = copy_one(be, &host->router, dummy, seed, &dev->router);
-    for (int i = 0; i < 3 && !rc; i++) rc = copy_one(be, &host->shared[i], dummy, seed + 1 + i, &dev->shared[i]);
-    if (!rc) rc = copy_one(be, &host->shared_gate_inp, dummy, seed + 4, &dev->shared_gate_inp);
+    int rc = copy_one(be, &host->router, dummy, seed, true, &dev->router);
+    for (int i = 0; i < 3 && !rc; i++)
+        rc = copy_one(be, &host->shared[i], dummy, seed + 1 + i, false, &dev->shared[i]);
+    if (!rc) rc = copy_one(be, &host->shared_gate_inp, dummy, seed + 4, true, &dev->shared_gate_inp);
     for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++)
-        rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, &dev->src[i]);
+        rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, true, &dev->src[i]);
     if (rc) {
         kaon_moe_release(be, dev);
         return -1;

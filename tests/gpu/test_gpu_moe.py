@@ -19,6 +19,7 @@ tests themselves without a GPU).
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -252,3 +253,27 @@ def test_moe_model_real_size_dummy_qwen3_30b_a3b(tmp_path):
                             "dummy"], capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         assert np.isfinite(np.fromfile(o, np.float32)).all()
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3moe", "qwen2moe"])
+def test_moe_gguf_q8_0(tmp_path, arch):
+    """A quantized MoE GGUF (Q8_0 experts and shared expert, stacked ffn_*_exps tensors) on the
+    GPU: model/moe.c expands the router and experts to bf16 (upload_dense) while the shared
+    expert stays quantized. Against the float64 reference on the file's own dequantized weights
+    (the same check the CPU passes in tests/ref/test_moe_ref.py, with bf16's tolerance)."""
+    sys.path.insert(0, str(REPO / "tests" / "ref"))
+    from gguf import GGMLQuantizationType as QT
+    from moe_models import RefMoeModel, make_moe_config, make_moe_weights, save_moe_gguf
+    cfg = make_moe_config(arch)
+    path = tmp_path / f"{arch}-q8_0.gguf"
+    w = save_moe_gguf(path, cfg, make_moe_weights(cfg, seed=7), QT.Q8_0)
+    ids = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31]
+    ref = RefMoeModel(cfg, w).forward(ids)
+    V = ref.shape[1]
+    for chunk in (len(ids), 1):  # prefill (grouped GEMM) and one token per step (GEMV, graphs)
+        ours = kaon_logits(path, "cpu" if ON_CPU else "cuda", chunk, ids, V, tmp_path)
+        err = rel(ours, ref)
+        agree, npos = agreement(ours, ref)
+        record("moe_gguf_q8_0", arch=arch, chunk=chunk, rel_err=err, top1=agree, positions=npos)
+        print(f"{arch} Q8_0 chunk {chunk}: rel err {err:.2e}, top-1 {agree:.3f} of {npos}")
+        assert err < 3e-2 and agree >= 0.99

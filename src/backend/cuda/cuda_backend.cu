@@ -312,9 +312,9 @@ static int weight_dims(kc_backend *b, const kaon_tensor *t, int64_t *rows, int64
     return 0;
 }
 
-static int cuda_upload(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev) {
+static int upload(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev, int keep_quantized) {
     kc_backend *b = kc(be);
-    {  // quantized GGUF matrices stay quantized (cuda_quant.cu)
+    if (keep_quantized) {  // quantized GGUF matrices stay quantized (cuda_quant.cu)
         const int q = kc_quant_upload(b, host, dev);
         if (q != 1) return q;
     }
@@ -354,6 +354,14 @@ static int cuda_upload(kaon_backend *be, const kaon_tensor *host, kaon_tensor *d
 fail:
     cuda_free(be, dst);
     return -1;
+}
+
+static int cuda_upload(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev) {
+    return upload(be, host, dev, 1);
+}
+
+static int cuda_upload_dense(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev) {
+    return upload(be, host, dev, 0);
 }
 
 static int cuda_fill_dummy(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
@@ -755,6 +763,7 @@ static kaon_backend_ops make_ops(void) {
     o.to_host_f32 = cuda_to_host_f32;
     o.destroy = cuda_destroy;
     o.upload = cuda_upload;
+    o.upload_dense = cuda_upload_dense;
     o.fill_dummy = cuda_fill_dummy;
     o.release = cuda_release;
     o.begin_step = cuda_begin_step;

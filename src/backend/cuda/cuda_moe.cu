@@ -19,9 +19,9 @@
 //        through slot_tok and applies SiLU-and-mul in its epilogue; the down kernel reads the
 //        hidden rows in slot order. Tiles past the real count (the grid is sized for the
 //        worst case) return at once.
-//      H [n*K, ffn] and Y [n*K, dim] hold the routed rows in slot order. (Quantized GGUF
-//      experts stay quantized in cuda_quant.cu's layout unless KAON_CUDA_QUANT=0; this op reads
-//      bf16 only and says so.)
+//      H [n*K, ffn] and Y [n*K, dim] hold the routed rows in slot order. (This op reads bf16
+//      only: model/moe.c uploads quantized GGUF routers and experts through upload_dense,
+//      which expands them; the shared expert stays quantized, read by the linear ops.)
 //   6. the shared expert (Qwen2-MoE) through the backend's own linear ops, its sigmoid gate
 //      from an f32 GEMV;
 //   7. k_combine: out[t] = sum_j w[t, j] * Y[inv[t*K + j]] (+ sigmoid(g_t) * shared_t): the
@@ -480,7 +480,7 @@ static int stacked(kc_backend *b, const kaon_tensor *v, int E, int64_t rows, int
         if (!v[e].data || v[e].dtype != KAON_BF16 || v[e].ndim != 2 || v[e].shape[0] != rows ||
             v[e].shape[1] != cols)
             return kc_fail(b, "cuda moe: expert %d's %s is %s [%lld, %lld], expected bf16 [%lld, %lld] "
-                           "(the GPU moe op reads bf16 experts: KAON_CUDA_QUANT=0 expands quantized files)", e, what,
+                           "(the GPU moe op reads bf16 experts: upload them with upload_dense)", e, what,
                            kaon_dtype_name(v[e].dtype), (long long)v[e].shape[0], (long long)v[e].shape[1],
                            (long long)rows, (long long)cols);
     const bf16 *p0 = (const bf16 *)v[0].data;
