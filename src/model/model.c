@@ -86,17 +86,14 @@ typedef struct lookup {
     const char *path;
 } lookup;
 
-// Finds a tensor by name in whichever file the model came from; *out.data stays NULL when
-// absent. Returns -1 on a tensor kaon cannot use.
-static int find_tensor(lookup *L, const char *name, kaon_tensor *out) {
+int kaon_model_find_tensor(const kaon_model *m, const char *name, kaon_tensor *out) {
     memset(out, 0, sizeof *out);
-    if (L->m->gguf) {
-        const kaon_gguf_tensor *t = kaon_gguf_find_tensor(L->m->gguf, name);
+    if (m->gguf) {
+        const kaon_gguf_tensor *t = kaon_gguf_find_tensor(m->gguf, name);
         if (!t) return 0;
         kaon_dtype dt = kaon_dtype_from_ggml(t->ggml_type);
         if (dt == KAON_DTYPE_INVALID)
-            return kaon_set_error("%s: tensor '%s' has unsupported type %u", L->path, name,
-                                  t->ggml_type);
+            return kaon_set_error("%s: tensor '%s' has unsupported type %u", m->path, name, t->ggml_type);
         out->dtype = dt;
         out->ndim = (int)t->n_dims;
         for (uint32_t i = 0; i < t->n_dims; i++) out->shape[i] = (int64_t)t->dims[t->n_dims - 1 - i];
@@ -104,7 +101,8 @@ static int find_tensor(lookup *L, const char *name, kaon_tensor *out) {
         out->nbytes = t->nbytes;
         return 0;
     }
-    const kaon_st_tensor *t = kaon_safetensors_find(L->m->st, name);
+    if (!m->st) return 0;
+    const kaon_st_tensor *t = kaon_safetensors_find(m->st, name);
     if (!t) return 0;
     out->dtype = t->dtype;
     out->ndim = t->ndim;
@@ -134,7 +132,7 @@ static bool is_float_dtype(kaon_dtype d) { return d == KAON_F32 || d == KAON_F16
 // Loads one weight: required or optional, with the expected shape ([d0] or [d0, d1]).
 static int load_weight(lookup *L, const char *name, bool required, int ndim, int64_t d0,
                        int64_t d1, kaon_tensor *out) {
-    if (find_tensor(L, name, out)) return -1;
+    if (kaon_model_find_tensor(L->m, name, out)) return -1;
     if (!out->data) {
         if (required) return kaon_set_error("%s: missing tensor '%s'", L->path, name);
         return 0;

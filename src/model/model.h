@@ -56,6 +56,9 @@ kaon_model *kaon_model_load(const char *path);
 // one) whose weights (bf16) are created by the backend when a runner is made.
 kaon_model *kaon_model_load_dummy(const char *path);
 void kaon_model_free(kaon_model *m);
+// A tensor by name in the model's file (GGUF or safetensors); out->data stays NULL when absent.
+// -1 + error on a tensor of a type kaon cannot use.
+int kaon_model_find_tensor(const kaon_model *m, const char *name, kaon_tensor *out);
 
 // Bytes of KV cache one token needs across all layers (f32 K and V on the CPU).
 size_t kaon_model_kv_bytes_per_token(const kaon_model *m, size_t elem_bytes);

@@ -35,34 +35,6 @@ void kaon_moe_config_from_gguf(const kaon_gguf *g, kaon_model_config *c) {
 
 // ---- finding tensors -------------------------------------------------------------------------
 
-// A tensor by name in the model's file; out->data stays NULL when absent. -1 on a tensor of a
-// type kaon cannot use.
-static int find(const kaon_model *m, const char *name, kaon_tensor *out) {
-    memset(out, 0, sizeof *out);
-    if (m->gguf) {
-        const kaon_gguf_tensor *t = kaon_gguf_find_tensor(m->gguf, name);
-        if (!t) return 0;
-        kaon_dtype dt = kaon_dtype_from_ggml(t->ggml_type);
-        if (dt == KAON_DTYPE_INVALID)
-            return kaon_set_error("%s: tensor '%s' has unsupported type %u", m->path, name, t->ggml_type);
-        out->dtype = dt;
-        out->ndim = (int)t->n_dims;
-        for (uint32_t i = 0; i < t->n_dims; i++) out->shape[i] = (int64_t)t->dims[t->n_dims - 1 - i];
-        out->data = (void *)t->data;
-        out->nbytes = t->nbytes;
-        return 0;
-    }
-    if (!m->st) return 0;
-    const kaon_st_tensor *t = kaon_safetensors_find(m->st, name);
-    if (!t) return 0;
-    out->dtype = t->dtype;
-    out->ndim = t->ndim;
-    memcpy(out->shape, t->shape, sizeof out->shape);
-    out->data = (void *)t->data;
-    out->nbytes = t->nbytes;
-    return 0;
-}
-
 static int shape_error(const kaon_model *m, const char *name, const kaon_tensor *t, int nd,
                        const int64_t *want) {
     char got[96] = "", exp[96] = "";
@@ -76,7 +48,7 @@ static int shape_error(const kaon_model *m, const char *name, const kaon_tensor 
 // Finds a matrix (or stacked matrices: nd == 3) of the given shape; required or optional.
 static int find_shaped(const kaon_model *m, const char *name, bool required, int nd, int64_t d0,
                        int64_t d1, int64_t d2, kaon_tensor *out) {
-    if (find(m, name, out)) return -1;
+    if (kaon_model_find_tensor(m, name, out)) return -1;
     if (!out->data) return required ? kaon_set_error("%s: missing tensor '%s'", m->path, name) : 0;
     const int64_t want[3] = {d0, d1, d2};
     bool ok = out->ndim == nd;
@@ -140,11 +112,9 @@ static void set_view(kaon_moe_layer *l, int E, int k, int e, int s, int64_t row0
     l->row0[k * E + e] = row0;
 }
 
-void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c) {
-    const int E = c->n_experts;
-    l->w.n_experts = E;
-    l->w.top_k = c->n_experts_used;
-    l->w.norm_topk = c->norm_topk_prob;
+// Points the op's view (l->w) at the layer's own tensors (l->w.n_experts set).
+static void point_weights(kaon_moe_layer *l) {
+    const int E = l->w.n_experts;
     l->w.router = &l->router;
     l->w.gate = l->views;
     l->w.up = l->views + E;
@@ -154,6 +124,13 @@ void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c) {
     l->w.shared_up = sh ? &l->shared[1] : NULL;
     l->w.shared_down = sh ? &l->shared[2] : NULL;
     l->w.shared_gate_inp = sh && l->shared_gate_inp.data ? &l->shared_gate_inp : NULL;
+}
+
+void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c) {
+    l->w.n_experts = c->n_experts;
+    l->w.top_k = c->n_experts_used;
+    l->w.norm_topk = c->norm_topk_prob;
+    point_weights(l);
 }
 
 uint64_t kaon_moe_layer_bytes(const kaon_moe_layer *l) {
@@ -195,7 +172,7 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
     kaon_model_config *c = &m->cfg;
     const int64_t dim = c->hidden_size;
     kaon_tensor probe;
-    if (find(m, names[0], &probe)) return -1;
+    if (kaon_model_find_tensor(m, names[0], &probe)) return -1;
     if (!probe.data) return 0;
     if (probe.ndim == 2 && c->shared_expert_intermediate_size <= 0)
         c->shared_expert_intermediate_size = (int)probe.shape[0];
@@ -205,7 +182,7 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
         find_shaped(m, names[2], true, 2, dim, sf, 0, &L->shared[2]))
         return -1;
     kaon_tensor g;
-    if (find(m, names[3], &g)) return -1;
+    if (kaon_model_find_tensor(m, names[3], &g)) return -1;
     if (g.data) {
         if (kaon_tensor_numel(&g) != dim || g.ndim > 2 || (g.ndim == 2 && g.shape[0] != 1)) {
             const int64_t want[2] = {1, dim};
@@ -234,7 +211,7 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
         static const char *const stacked[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
         static const char *const single[3] = {"ffn_gate", "ffn_up", "ffn_down"};
         snprintf(n0, sizeof n0, "blk.%d.%s.weight", l, stacked[0]);
-        if (find(m, n0, &st[0])) goto fail;
+        if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
         if (st[0].data) {  // [E, rows, cols] each
             for (int k = 0; k < 3; k++) {
                 snprintf(n0, sizeof n0, "blk.%d.%s.weight", l, stacked[k]);
@@ -262,12 +239,12 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
         char p[96];
         snprintf(p, sizeof p, "model.layers.%d.block_sparse_moe", l);
         snprintf(n0, sizeof n0, "%s.gate.weight", p);
-        if (find(m, n0, &L->router)) goto fail;
+        if (kaon_model_find_tensor(m, n0, &L->router)) goto fail;
         if (!L->router.data) snprintf(p, sizeof p, "model.layers.%d.mlp", l);
         snprintf(n0, sizeof n0, "%s.gate.weight", p);
         if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router)) goto fail;
         snprintf(n0, sizeof n0, "%s.experts.gate_up_proj", p);
-        if (find(m, n0, &st[0])) goto fail;
+        if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
         if (st[0].data) {  // fused: gate rows [0, F) then up rows [F, 2F) of each expert
             snprintf(n1, sizeof n1, "%s.experts.down_proj", p);
             if (find_shaped(m, n0, true, 3, E, 2 * F, dim, &st[0]) ||
@@ -285,7 +262,7 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
             static const char *const mixtral[3] = {"w1", "w3", "w2"};
             static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"};
             snprintf(n0, sizeof n0, "%s.experts.0.w1.weight", p);
-            if (find(m, n0, &st[0])) goto fail;
+            if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
             const char *const *nm = st[0].data ? mixtral : qwen;
             for (int k = 0; k < 3; k++)
                 for (int e = 0; e < E; e++) {
@@ -462,15 +439,7 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
             set_view(dev, E, k, e, host->src_of[k * E + e], host->row0[k * E + e], hv->shape[0]);
         }
     dev->w = host->w;
-    dev->w.router = &dev->router;
-    dev->w.gate = dev->views;
-    dev->w.up = dev->views + E;
-    dev->w.down = dev->views + 2 * E;
-    const bool sh = dev->shared[0].data != NULL;
-    dev->w.shared_gate = sh ? &dev->shared[0] : NULL;
-    dev->w.shared_up = sh ? &dev->shared[1] : NULL;
-    dev->w.shared_down = sh ? &dev->shared[2] : NULL;
-    dev->w.shared_gate_inp = sh && dev->shared_gate_inp.data ? &dev->shared_gate_inp : NULL;
+    point_weights(dev);
     return 0;
 }
 
