@@ -13,12 +13,13 @@
 #include "util/err.h"
 #include "util/log.h"
 
-static volatile sig_atomic_t stop_flag = 0;
+// Atomic, not volatile sig_atomic_t: the signal may run on any of the server's threads while
+// the main thread polls the flag (lock-free atomics are async-signal-safe).
+static atomic_int stop_flag;
 
 static void on_signal(int sig) {
     (void)sig;
-    if (stop_flag) _exit(130);  // a second Ctrl-C: leave now
-    stop_flag = 1;
+    if (atomic_exchange(&stop_flag, 1)) _exit(130);  // a second Ctrl-C: leave now
 }
 
 static void usage(FILE *f) {

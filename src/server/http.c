@@ -27,7 +27,7 @@ void kaon_server_options_default(kaon_server_options *o) {
 
 #ifndef KAON_HAVE_MHD
 
-int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
+int kaon_server_run(const kaon_server_options *o, atomic_int *stop) {
     (void)o;
     (void)stop;
     return kaon_set_error("kaon was built without libmicrohttpd: `kaon serve` is not available");
@@ -1408,11 +1408,11 @@ void kaon_server_stop(kaon_server *s) {
     server_free(s);
 }
 
-int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop) {
+int kaon_server_run(const kaon_server_options *o, atomic_int *stop) {
     kaon_server *s = server_start(o);
     if (!s) return -1;
     int ticks = 0;
-    while (!*stop) {
+    while (!atomic_load(stop)) {
         sleep_ms(100);
         // Give freed request memory back to the system once things are quiet.
         if (++ticks % 10 == 0 && atomic_load(&s->active) == 0 &&

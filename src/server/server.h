@@ -10,7 +10,7 @@
 #ifndef KAON_SERVER_SERVER_H
 #define KAON_SERVER_SERVER_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "kaon.h"
@@ -45,7 +45,7 @@ void kaon_server_options_default(kaon_server_options *o);
 // requests get 503, running ones may finish for drain_timeout_s, the rest are aborted (their
 // clients get finish_reason "abort" and a complete response). Returns 0, or -1 with
 // kaon_last_error() when the server could not start or the model could not be loaded.
-int kaon_server_run(const kaon_server_options *o, volatile sig_atomic_t *stop);
+int kaon_server_run(const kaon_server_options *o, atomic_int *stop);
 
 // The same server driven by its caller (the HTTP fuzz target, tests): kaon_server_start
 // returns once it listens and the model is loaded (NULL + kaon_last_error() on failure);
