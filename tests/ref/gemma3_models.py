@@ -1,0 +1,284 @@
+"""Tiny random Gemma 3 checkpoints written with numpy: Hugging Face folders (config.json in the
+transformers 4.50, 4.55 and 5 forms, model.safetensors in F32 or BF16, a Gemma-style
+tokenizer) and GGUF `gemma3` files laid out as llama.cpp's converter writes them (norms stored
+as 1 + w, no output.weight when tied, the local RoPE base left out). See gemma3_ref.py for the
+facts these follow and where they were read."""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gemma3_ref import FULL, SLIDING, layer_types, rope_params
+from tiny_models import round_bf16, write_safetensors
+
+# ---- configurations -----------------------------------------------------------------------
+
+# The common part: 7 layers, so with the default pattern of 6 layers 0-4 and 6 slide and
+# layer 5 is global (a tail that is not a multiple of 6); a window of 8 under prompts of 20-40.
+_BASE = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 7,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "vocab_size": 300, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32,
+    "sliding_window": 8, "sliding_window_pattern": 6,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "rope_scaling": None,
+    "final_logit_softcapping": None, "attn_logit_softcapping": None,
+    "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
+    "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, "initializer_range": 0.02,
+    "use_cache": True,
+}
+
+CONFIGS = {
+    # head_dim 32 given explicitly and != hidden / heads (4 x 32 = 128 != 64); 2:1 GQA.
+    "tiny": dict(_BASE),
+    # The 270M's attention layout (head_dim 256, 4 query heads on 1 KV head, scalar 256) on a
+    # small hidden size whose square root is not a bf16 number (sqrt(160) = 12.649 -> 12.625),
+    # and the 4B/12B/27B global RoPE: linear, factor 8.
+    "hd256": dict(_BASE, hidden_size=160, intermediate_size=192, num_key_value_heads=1, head_dim=256,
+                  query_pre_attn_scalar=256, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    # What a GGUF cannot say, for the HF paths only: query_pre_attn_scalar != head_dim (as the
+    # 27B), an explicit non-default layer_types list, an untied lm_head, and
+    # final_logit_softcapping (null in released Gemma 3, but HF applies it when set).
+    "hf-extras": dict(_BASE, num_attention_heads=2, num_key_value_heads=1, query_pre_attn_scalar=48,
+                      layer_types=[SLIDING, FULL, SLIDING, SLIDING, FULL, SLIDING, SLIDING],
+                      tie_word_embeddings=False, final_logit_softcapping=5.0,
+                      rope_scaling={"rope_type": "linear", "factor": 4.0}),
+}
+GGUF_CONFIGS = ["tiny", "hd256"]  # hf-extras has values a GGUF file cannot carry
+
+
+def make_config(name):
+    return json.loads(json.dumps(CONFIGS[name]))
+
+
+def config_json(cfg, form, dtype="float32"):
+    """cfg (our canonical dict) as config.json in one of the forms transformers writes:
+    "4.50" (sliding_window_pattern, no layer_types), "4.55" (as google/gemma-3-270m: layer_types
+    and _sliding_window_pattern), "5" (rope_parameters per layer type, dtype)."""
+    c = {k: v for k, v in cfg.items() if k not in ("sliding_window_pattern", "layer_types")}
+    lt = layer_types(cfg)
+    pattern = cfg.get("sliding_window_pattern", 6)
+    if form == "4.50":
+        assert "layer_types" not in cfg, "4.50 configs cannot list layer types"
+        c.update(sliding_window_pattern=pattern, torch_dtype=dtype, transformers_version="4.50.0.dev0")
+    elif form == "4.55":
+        c.update(_sliding_window_pattern=pattern, layer_types=lt, torch_dtype=dtype,
+                 use_bidirectional_attention=False, transformers_version="4.55.0.dev0")
+    elif form == "5":
+        rp = rope_params(cfg)
+        for k in ("rope_theta", "rope_local_base_freq", "rope_scaling"):
+            c.pop(k, None)
+        c.update(layer_types=lt, rope_parameters={SLIDING: rp[SLIDING], FULL: rp[FULL]}, dtype=dtype,
+                 use_bidirectional_attention=False, transformers_version="5.17.0")
+    else:
+        raise ValueError(form)
+    return c
+
+
+# ---- weights ------------------------------------------------------------------------------
+
+def make_weights(cfg, seed=0):
+    """Random weights in HF names and layouts. Norm weights are HF's w (the model uses 1 + w),
+    spread so that 1 + w is far from 1 (a missing or doubled +1 shows at once)."""
+    rng = np.random.default_rng(seed)
+    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def mat(o, i):
+        return (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+
+    def norm(n):
+        return (0.4 * rng.standard_normal(n)).astype(np.float32)
+
+    # Rows of norm ~1 after the sqrt(hidden) scale: embeddings of about 1/sqrt(d) each.
+    w = {"model.embed_tokens.weight": (rng.standard_normal((V, d)) / np.sqrt(d)).astype(np.float32),
+         "model.norm.weight": norm(d)}
+    if not cfg.get("tie_word_embeddings", True):
+        w["lm_head.weight"] = mat(V, d)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            w[p + n + ".weight"] = norm(d)
+        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, d)
+        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, d)
+        w[p + "self_attn.v_proj.weight"] = mat(nkv * hd, d)
+        w[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        w[p + "self_attn.q_norm.weight"] = norm(hd)
+        w[p + "self_attn.k_norm.weight"] = norm(hd)
+        w[p + "mlp.gate_proj.weight"] = mat(f, d)
+        w[p + "mlp.up_proj.weight"] = mat(f, d)
+        w[p + "mlp.down_proj.weight"] = mat(d, f)
+    return w
+
+
+# ---- tokenizer ----------------------------------------------------------------------------
+
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+N_BYTES_FROM = len(SPECIALS)  # <0x00>..<0xFF> follow the specials
+_PIECES = (["\u2581"] + list("etaoinshrdlucmwfgypbvk")
+           + ["\u2581t", "\u2581a", "th", "he", "in", "er", "an", "\u2581th", "\u2581the", "re", "on",
+              "\u2581s", "at", "en", "nd"])
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+                 "else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def tokenizer_vocab():
+    """Gemma's layout in miniature: <pad> 0, <eos> 1, <bos> 2, <unk> 3, turn markers, the 256
+    byte-fallback tokens, then SentencePiece pieces ("\u2581" marks a space): 300 tokens."""
+    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for p in _PIECES:
+        vocab[p] = len(vocab)
+    assert len(vocab) == 300, len(vocab)
+    return vocab
+
+
+def _merges(vocab):
+    """SentencePiece-style merges: every split of a piece into two pieces, ranked by the merged
+    piece's id (as HF's SentencePiece converter does)."""
+    first = N_BYTES_FROM + 256
+    out = []
+    for tok, tid in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if tid < first or len(tok) < 2:
+            continue
+        for cut in range(1, len(tok)):
+            a, b = tok[:cut], tok[cut:]
+            if vocab.get(a, -1) >= first and vocab.get(b, -1) >= first:
+                out.append([a, b])
+    return out
+
+
+def write_tokenizer(folder):
+    """tokenizer.json + tokenizer_config.json as Gemma 3's are shaped: BPE with byte fallback,
+    Replace(" " -> "\u2581") normalizer and no prefix space, <bos> prepended."""
+    folder = Path(folder)
+    vocab = tokenizer_vocab()
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, s in enumerate(SPECIALS)],
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": None,
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                    {"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": _merges(vocab)},
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "add_bos_token": True, "add_eos_token": False, "chat_template": CHAT_TEMPLATE}, ensure_ascii=False))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 2, "eos_token_id": [1, 5], "pad_token_id": 0}))
+
+
+# ---- writers ------------------------------------------------------------------------------
+
+def save_hf(folder, cfg, weights, dtype="F32", form="5", tokenizer=True):
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch_dtype = {"F32": "float32", "BF16": "bfloat16"}[dtype]
+    (folder / "config.json").write_text(json.dumps(config_json(cfg, form, torch_dtype), indent=2))
+    write_safetensors(folder / "model.safetensors", weights, dtype)
+    if tokenizer:
+        write_tokenizer(folder)
+    return folder
+
+
+GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def save_gguf(path, cfg, weights, tokenizer=True):
+    """An F32 GGUF `gemma3` file as convert_hf_to_gguf.py writes one: every *norm.weight stored
+    as 1 + w, no output.weight (tied), global rope theta as rope.freq_base, the local base and
+    the layer pattern left to the reader (llama.cpp hard-codes 10000 and 6)."""
+    import gguf
+    assert layer_types(cfg) == [SLIDING if (i + 1) % 6 else FULL for i in range(cfg["num_hidden_layers"])], \
+        "llama.cpp hard-codes the pattern of 6"
+    assert cfg["query_pre_attn_scalar"] == cfg["head_dim"], "llama.cpp scales by 1/sqrt(head_dim)"
+    assert cfg.get("tie_word_embeddings", True) and not cfg.get("final_logit_softcapping")
+    rp = rope_params(cfg)
+    assert rp[SLIDING]["rope_theta"] == 10_000.0 and rp[SLIDING]["rope_type"] == "default"
+    wr = gguf.GGUFWriter(str(path), "gemma3")
+    wr.add_name("tiny-gemma3")
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    wr.add_key_length(cfg["head_dim"])
+    wr.add_value_length(cfg["head_dim"])
+    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
+    wr.add_rope_freq_base(rp[FULL]["rope_theta"])
+    wr.add_sliding_window(cfg["sliding_window"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+    if rp[FULL]["rope_type"] == "linear":
+        wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        wr.add_rope_scaling_factor(rp[FULL]["factor"])
+    if tokenizer:
+        vocab = tokenizer_vocab()
+        assert len(vocab) == cfg["vocab_size"]
+        toks = sorted(vocab.items(), key=lambda kv: kv[1])
+        first = N_BYTES_FROM + 256
+        wr.add_tokenizer_model("llama")
+        wr.add_token_list([t for t, _ in toks])
+        wr.add_token_scores([0.0 if i < first else -float(i - first) for _, i in toks])
+        wr.add_token_types([2 if i == 3 else 3 if i < N_BYTES_FROM else 6 if i < first else 1 for _, i in toks])
+        wr.add_bos_token_id(2)
+        wr.add_eos_token_id(1)
+        wr.add_unk_token_id(3)
+        wr.add_pad_token_id(0)
+        wr.add_add_bos_token(True)
+        wr.add_add_eos_token(False)
+        wr.add_add_space_prefix(False)
+        wr.add_chat_template(CHAT_TEMPLATE)
+    wr.add_tensor("token_embd.weight", np.ascontiguousarray(weights["model.embed_tokens.weight"], np.float32))
+    wr.add_tensor("output_norm.weight", (weights["model.norm.weight"] + np.float32(1)).astype(np.float32))
+    for l in range(cfg["num_hidden_layers"]):
+        for hf, gg in GGUF_LAYER_NAMES.items():
+            a = np.asarray(weights[f"model.layers.{l}.{hf}"], np.float32)
+            if hf.endswith("norm.weight"):
+                a = (a + np.float32(1)).astype(np.float32)
+            wr.add_tensor(f"blk.{l}.{gg}", np.ascontiguousarray(a))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return Path(path)
+
+
+def model_of(name, fmt, tmp, form="5", seed=None):
+    """(model path, HF-named weights the reference must see, cfg) for one config and format:
+    F32 / BF16 (safetensors) or GGUF (F32)."""
+    cfg = make_config(name)
+    w = make_weights(cfg, seed=list(CONFIGS).index(name) if seed is None else seed)
+    if fmt == "BF16":
+        w = round_bf16(w)  # the reference sees exactly the stored bf16 values
+    tmp = Path(tmp)
+    if fmt == "GGUF":
+        return save_gguf(tmp / f"gemma3-{name}.gguf", cfg, w), w, cfg
+    return save_hf(tmp / f"gemma3-{name}-{fmt}-{form}", cfg, w, fmt, form), w, cfg
