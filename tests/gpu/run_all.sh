@@ -4,7 +4,8 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|fa|quant|models|gguf|big|bench|throughput] ...
+#   tests/gpu/run_all.sh [all|build|kernels|fa|quant|models|gguf|big|bench|throughput|gemma3] ...
+# (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, runs only when named, not under all)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -101,6 +102,15 @@ if want moe 40; then  # mixture of experts: the moe op and MoE models vs transfo
     { echo "######## section moe (rc $rc)"; cat /tmp/pytest_moe.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_moe.log | cut -c1-300 | tail -n 30
     note "tests moe rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_moe.log)"
+fi
+if [[ " ${sections[*]} " == *" gemma3 "* ]]; then  # Gemma 3 vs transformers (CPU and CUDA); only when named
+    t0=$(date +%s)
+    timeout "$(tl 600)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 500 tests/gpu/test_gemma3_hf.py \
+        --device cuda > /tmp/pytest_gemma3.log 2>&1
+    rc=$?
+    { echo "######## section gemma3 (rc $rc)"; cat /tmp/pytest_gemma3.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_gemma3.log | cut -c1-300 | tail -n 30
+    note "tests gemma3 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_gemma3.log)"
 fi
 if want bench 60; then
     t0=$(date +%s)
