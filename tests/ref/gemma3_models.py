@@ -271,6 +271,52 @@ def save_gguf(path, cfg, weights, tokenizer=True):
     return Path(path)
 
 
+def load_gguf(path):
+    """Reads a `gemma3` GGUF back the way llama.cpp does (the spec kaon's loader follows):
+    (config in our canonical form, HF-named weights with HF's norm convention w = stored - 1).
+    Not in the file, so taken as llama.cpp hard-codes them: the local RoPE base 10000, the
+    pattern of 6, attention scale 1/sqrt(head_dim) (1/sqrt(hidden / heads) for 62 layers)."""
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    assert r.fields["general.architecture"].contents() == "gemma3"
+
+    def kv(key, default=None):
+        f = r.fields.get("gemma3." + key)
+        return f.contents() if f is not None else default
+    L, d, nh = int(kv("block_count")), int(kv("embedding_length")), int(kv("attention.head_count"))
+    hd = int(kv("attention.key_length", d // nh))
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": d, "num_hidden_layers": L,
+           "intermediate_size": int(kv("feed_forward_length")), "num_attention_heads": nh,
+           "num_key_value_heads": int(kv("attention.head_count_kv", nh)), "head_dim": hd,
+           "max_position_embeddings": int(kv("context_length")),
+           "rms_norm_eps": float(kv("attention.layer_norm_rms_epsilon")),
+           "rope_theta": float(kv("rope.freq_base", 1_000_000.0)), "rope_local_base_freq": 10_000.0,
+           "query_pre_attn_scalar": d // nh if L == 62 else hd,
+           "final_logit_softcapping": kv("final_logit_softcapping"), "tie_word_embeddings": True}
+    window = kv("attention.sliding_window")
+    cfg["sliding_window"] = int(window) if window else None
+    cfg["layer_types"] = [SLIDING if window and i % 6 < 5 else FULL for i in range(L)]
+    if kv("rope.scaling.type") == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(kv("rope.scaling.factor"))}
+    names = {v.rsplit(".", 1)[0]: k for k, v in GGUF_LAYER_NAMES.items()}
+    w = {}
+    for t in r.tensors:
+        a = np.asarray(t.data, np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name == "token_embd.weight":
+            w["model.embed_tokens.weight"] = a
+            cfg["vocab_size"] = a.shape[0]
+        elif t.name == "output.weight":
+            w["lm_head.weight"] = a
+            cfg["tie_word_embeddings"] = False
+        elif t.name == "output_norm.weight":
+            w["model.norm.weight"] = a - np.float32(1)
+        else:
+            _, l, kind, _ = t.name.split(".")
+            hf = names[kind]
+            w[f"model.layers.{l}.{hf}"] = a - np.float32(1) if hf.endswith("norm.weight") else a
+    return cfg, w
+
+
 def model_of(name, fmt, tmp, form="5", seed=None):
     """(model path, HF-named weights the reference must see, cfg) for one config and format:
     F32 / BF16 (safetensors) or GGUF (F32)."""

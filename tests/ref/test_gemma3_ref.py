@@ -17,8 +17,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from gemma3_models import (CONFIGS, GGUF_CONFIGS, N_BYTES_FROM, config_json, make_config, make_weights,
-                           model_of, save_hf, tokenizer_vocab)
+from gemma3_models import (CONFIGS, GGUF_CONFIGS, N_BYTES_FROM, config_json, load_gguf, make_config,
+                           make_weights, model_of, save_hf, tokenizer_vocab)
 from gemma3_ref import FULL, SLIDING, Gemma3Ref, greedy, layer_types, rope_params
 
 # 37 ids: more than four sliding windows of 8; every region of the vocabulary (specials,
@@ -206,6 +206,18 @@ def test_config_forms_parse_alike(name):
     assert parsed[0] == (layer_types(cfg), rope_params(cfg))
     v5 = config_json(cfg, "5")
     assert not {"rope_theta", "rope_local_base_freq", "rope_scaling", "torch_dtype"} & set(v5)
+
+
+@pytest.mark.parametrize("name", GGUF_CONFIGS)
+def test_gguf_read_back_as_llama_cpp_does(tmp_path, name):
+    """The GGUF file, read with llama.cpp's rules (load_gguf: norms minus 1, local base and
+    pattern hard-coded), is the same model as the HF weights it was written from."""
+    path, w, cfg = model_of(name, "GGUF", tmp_path)
+    cfg2, w2 = load_gguf(path)
+    assert sorted(w2) == sorted(w)
+    assert layer_types(cfg2) == layer_types(cfg) and rope_params(cfg2) == rope_params(cfg)
+    err = rel_err(Gemma3Ref(cfg2, w2).forward(IDS), Gemma3Ref(cfg, w).forward(IDS))
+    assert err < 1e-6, err
 
 
 def test_tokenizer_files(tmp_path):
