@@ -47,7 +47,8 @@ src/transformers/models/gemma3/; llama.cpp = ggml-org/llama.cpp):
     sliding_window; llama.cpp is_masked_swa (LLAMA_SWA_TYPE_STANDARD): masked iff
     p1 - p0 >= n_swa. Full layers are plainly causal.
  9. RoPE is NeoX style (rotate_half: dims i and i + head_dim/2 pair up), over all of head_dim;
-    llama.cpp's converter does not permute Gemma 3's q/k rows (so NeoX order in GGUF too).
+    llama.cpp lists LLM_ARCH_GEMMA3 under LLAMA_ROPE_TYPE_NEOX (llama_model_rope_type) and its
+    converter does not permute Gemma 3's q/k rows, so GGUF files keep HF's row order.
     Sliding layers use theta = rope_local_base_freq (default 10000) and no scaling; full layers
     use rope_theta (default 1e6) and rope_scaling ("linear", factor 8 on 4B/12B/27B; null on
     270M/1B): linear divides inv_freq by factor. HF computes inv_freq and the angles in f32.
@@ -88,7 +89,8 @@ src/transformers/models/gemma3/; llama.cpp = ggml-org/llama.cpp):
     attention.key_length, attention.value_length, rope.freq_base, attention.sliding_window},
     optional rope.scaling.{type,factor} and final_logit_softcapping; general.file_type. No
     rope.dimension_count, no sliding-window pattern, no query_pre_attn_scalar. The converter
-    also cuts token_embd to the tokenizer's real vocabulary size.
+    also cuts token_embd to the tokenizer's real vocabulary size. gemma3_models.load_gguf reads
+    a file back by these rules.
 """
 import math
 
