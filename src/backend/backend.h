@@ -120,6 +120,11 @@ typedef struct kaon_backend_ops {
     // out = silu(gate) * up                        gate, up, out [n, dim]; out may be gate
     void (*silu_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                          void *out);
+    // out = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh)   gate, up, out [n, dim]; out may be gate
+    void (*gelu_tanh_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
+                              void *out);
+    // x *= s over n activation elements, in place.
+    void (*scale)(kaon_backend *be, void *x, size_t n, float s);
     // Copies n activation elements to host floats (logits out of the backend).
     void (*to_host_f32)(kaon_backend *be, const void *x, size_t n, float *out);
     void (*destroy)(kaon_backend *be);
@@ -139,6 +144,9 @@ typedef struct kaon_backend_ops {
     int (*fill_dummy)(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
                       float offset, kaon_tensor *dev);
     void (*release)(kaon_backend *be, kaon_tensor *dev);
+    // Bytes a device copy of host takes (upload's format; dense: upload_dense's). NULL: the
+    // host's bytes (backends that use weights in place).
+    size_t (*weight_bytes)(kaon_backend *be, const kaon_tensor *host, bool dense);
     // Called once per forward pass before its first op, with the host arrays that the ops
     // of this pass will receive (tokens, m's arrays, logit_rows): a device backend copies
     // them in one transfer and then recognises the same host pointers in the ops.

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/load.h"
 #include "cli/seq.h"
+#include "model/arch.h"
 #include "model/moe.h"
 #include "util/err.h"
 
@@ -23,12 +24,6 @@ static void usage(void) {
            "  --device cpu|cuda      where the prompt runs (default cpu)\n"
            "  --threads N            CPU threads\n"
            "  --json                 the expert load as one JSON object on stdout\n");
-}
-
-static void count_format(const kaon_tensor *t, uint64_t *bytes_by_type, uint64_t *n_by_type) {
-    if (!t->data) return;
-    bytes_by_type[t->dtype] += t->nbytes;
-    n_by_type[t->dtype]++;
 }
 
 static const char *default_prompt =
@@ -110,7 +105,7 @@ static int expert_load(const kaon_model *m, const info_opts *o) {
         printf("{\"tokens\": %d, \"top_k\": %d, \"n_experts\": %d, \"layers\": [", fed, c->n_experts_used, E);
         bool first = true;
         for (int l = 0; l < L; l++) {
-            if (!m->layers[l].moe) continue;
+            if (!kaon_model_layer_is_moe(m, l)) continue;
             printf("%s{\"layer\": %d, \"counts\": [", first ? "" : ", ", l);
             for (int e = 0; e < E; e++) printf(e ? ", %llu" : "%llu", (unsigned long long)load[(size_t)l * E + e]);
             printf("]}");
@@ -124,7 +119,7 @@ static int expert_load(const kaon_model *m, const info_opts *o) {
            "                imbalance = busiest expert / mean, idle = experts that got none)\n",
            fed, c->n_experts_used, E, be->ops->name);
     for (int l = 0; l < L; l++) {
-        if (!m->layers[l].moe) continue;
+        if (!kaon_model_layer_is_moe(m, l)) continue;
         const uint64_t *row = load + (size_t)l * E;
         uint64_t mx = 0, sum = 0;
         int idle = 0;
@@ -201,27 +196,19 @@ int kaon_cmd_info(int argc, char **argv) {
         kaon_model_free(m);
         return rc;
     }
-    uint64_t bytes[64] = {0}, counts[64] = {0};
-    count_format(&m->tok_embd, bytes, counts);
-    count_format(&m->out_norm, bytes, counts);
-    // (Dummy weights share one placeholder pointer: the config says whether the head is tied.)
-    if (m->format == KAON_FORMAT_DUMMY ? !c->tie_word_embeddings : m->lm_head.data != m->tok_embd.data)
-        count_format(&m->lm_head, bytes, counts);
-    int n_moe = 0;
-    uint64_t inactive = 0;  // parameters of the experts a token does not use
-    for (int l = 0; l < c->n_layers; l++) {
-        const kaon_tensor *ts = &m->layers[l].attn_norm;  // the tensors of kaon_layer_weights
-        for (size_t k = 0; k < 14; k++) count_format(&ts[k], bytes, counts);
-        const kaon_moe_layer *ml = m->layers[l].moe;
-        if (!ml) continue;
-        n_moe++;
-        count_format(&ml->router, bytes, counts);
-        for (int i = 0; i < 3; i++) count_format(&ml->shared[i], bytes, counts);
-        count_format(&ml->shared_gate_inp, bytes, counts);
-        for (int i = 0; i < ml->n_src; i++) count_format(&ml->src[i], bytes, counts);
-        const uint64_t per_expert = 3ull * (uint64_t)c->moe_intermediate_size * (uint64_t)c->hidden_size;
-        inactive += (uint64_t)(c->n_experts - c->n_experts_used) * per_expert;
+    kaon_weight_count wc;
+    kaon_spec_count *rows = calloc((size_t)m->arch->n_weights, sizeof *rows);
+    if (!rows) {
+        kaon_model_free(m);
+        return kaon_cli_fail("out of memory");
     }
+    kaon_weights_count(m, &wc, rows);
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += kaon_model_layer_is_moe(m, l);
+    // Parameters of the routed experts a token does not use.
+    const uint64_t inactive = c->n_experts > 0 ? wc.expert_params / (uint64_t)c->n_experts *
+                                                     (uint64_t)(c->n_experts - c->n_experts_used)
+                                               : 0;
     const char *fmt = m->format == KAON_FORMAT_GGUF ? "GGUF"
                       : m->format == KAON_FORMAT_DUMMY ? "dummy (random weights from config.json)"
                                                        : "safetensors (Hugging Face folder)";
@@ -251,10 +238,30 @@ int kaon_cmd_info(int argc, char **argv) {
            : c->rope_scaling == KAON_ROPE_SCALING_LINEAR ? ", linear scaling" : "");
     printf("embeddings:     %s\n", c->tie_word_embeddings ? "tied (LM head = token embedding)" : "separate LM head");
     printf("weight formats:");
-    for (int t = 0; t < 64; t++)
-        if (counts[t]) printf(" %s x%llu (%.1f MiB)", kaon_dtype_name((kaon_dtype)t),
-                              (unsigned long long)counts[t], bytes[t] / 1048576.0);
+    for (int t = 0; t < KAON_MAX_DTYPE_IDS; t++)
+        if (wc.tensors_by_dtype[t])
+            printf(" %s x%llu (%.1f M params, %.1f MiB)", kaon_dtype_name((kaon_dtype)t),
+                   (unsigned long long)wc.tensors_by_dtype[t], wc.params_by_dtype[t] / 1e6,
+                   wc.bytes_by_dtype[t] / 1048576.0);
     printf("\n");
+    // One line per row of the architecture's weight table.
+    printf("weights (%s table):\n", m->arch->label);
+    for (int i = 0; i < m->arch->n_weights; i++) {
+        const kaon_weight_spec *s = &m->arch->weights[i];
+        if (!rows[i].tensors) continue;
+        // The name as the file spells it, with N for the layer.
+        const char *fmt = m->gguf ? s->gguf : s->hf;
+        char name[160];
+        snprintf(name, sizeof name, "%s", fmt ? fmt : s->gguf);
+        char *d = strstr(name, "%d");
+        if (d) memmove(d + 1, d + 2, strlen(d + 2) + 1), *d = 'N';
+        printf("  %-42s x%-4llu %8.2f M params %9.2f MiB ", name,
+               (unsigned long long)rows[i].tensors, rows[i].params / 1e6, rows[i].bytes / 1048576.0);
+        for (int t = 0; t < KAON_MAX_DTYPE_IDS; t++)
+            if (rows[i].dtype_mask >> t & 1) printf(" %s", kaon_dtype_name((kaon_dtype)t));
+        printf("\n");
+    }
+    free(rows);
     size_t kv_tok = kaon_model_kv_bytes_per_token(m, 4);
     printf("memory:         weights %.1f MiB (%s); KV cache %.1f KiB/token (f32), "
            "%.1f MiB at the full context\n",

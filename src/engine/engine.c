@@ -122,14 +122,14 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                         : kaon_backend_noop_create();
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, e->be->ops->act_elem_bytes);
-    // GPU memory plan: weights (bf16 on the device), then the activation buffers (plus a
+    // GPU memory plan: weights (as the backend stores them), then the activation buffers (plus a
     // reserve for cuBLAS, attention partials and graphs), then KV blocks up to
     // --gpu-memory-utilization of the device.
     size_t plan_weights = 0, plan_act = 0, gpu_total = 0, gpu_free = 0;
     double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
     if (on_gpu && e->be->ops->mem_info) {
         if (e->be->ops->mem_info(e->be, &gpu_free, &gpu_total)) goto fail;
-        plan_weights = (size_t)e->model->n_params * 2;
+        plan_weights = kaon_weights_device_bytes(e->be, e->model);
         plan_act = kaon_runner_act_bytes(e->model, e->be->ops->act_elem_bytes,
                                          o->max_num_batched_tokens, o->max_num_seqs) +
                    ((size_t)512 << 20);

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "model/arch.h"
 #include "util/err.h"
 
 void kaon_model_config_init(kaon_model_config *c) {
@@ -18,47 +19,15 @@ void kaon_model_config_init(kaon_model_config *c) {
     c->decoder_sparse_step = 1;
 }
 
-static const struct {
-    const char *name;
-    kaon_arch arch;
-} arch_names[] = {
-    {"LlamaForCausalLM", KAON_ARCH_LLAMA},   {"MistralForCausalLM", KAON_ARCH_LLAMA},
-    {"Qwen2ForCausalLM", KAON_ARCH_QWEN2},   {"Qwen3ForCausalLM", KAON_ARCH_QWEN3},
-    {"llama", KAON_ARCH_LLAMA},              {"qwen2", KAON_ARCH_QWEN2},
-    {"qwen3", KAON_ARCH_QWEN3},
-    {"MixtralForCausalLM", KAON_ARCH_LLAMA}, {"Qwen2MoeForCausalLM", KAON_ARCH_QWEN2},
-    {"Qwen3MoeForCausalLM", KAON_ARCH_QWEN3}, {"qwen2moe", KAON_ARCH_QWEN2},
-    {"qwen3moe", KAON_ARCH_QWEN3},
-};
-
-kaon_arch kaon_arch_from_name(const char *name) {
-    if (!name) return KAON_ARCH_UNKNOWN;
-    for (size_t i = 0; i < sizeof arch_names / sizeof arch_names[0]; i++)
-        if (!strcmp(arch_names[i].name, name)) return arch_names[i].arch;
-    return KAON_ARCH_UNKNOWN;
-}
-
-const char *kaon_arch_label(kaon_arch a) {
-    switch (a) {
-    case KAON_ARCH_LLAMA: return "llama";
-    case KAON_ARCH_QWEN2: return "qwen2";
-    case KAON_ARCH_QWEN3: return "qwen3";
-    default: return "unknown";
-    }
-}
-
 #define CHECK_RANGE(field, lo, hi)                                                              \
     if (!(c->field >= (lo) && c->field <= (hi)))                                                \
         return kaon_set_error("model config: %s = %g is out of range [%g, %g]", #field,         \
                               (double)c->field, (double)(lo), (double)(hi));
 
 int kaon_model_config_validate(const kaon_model_config *c) {
-    if (c->arch == KAON_ARCH_UNKNOWN)
-        return kaon_set_error("unsupported architecture '%s' (kaon knows: LlamaForCausalLM, "
-                              "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                              "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; GGUF "
-                              "llama, qwen2, qwen3, qwen2moe, qwen3moe)",
-                              c->arch_name[0] ? c->arch_name : "(none given)");
+    if (!c->impl || c->arch == KAON_ARCH_UNKNOWN)
+        return kaon_set_error("unsupported architecture '%s' (kaon knows: %s)",
+                              c->arch_name[0] ? c->arch_name : "(none given)", kaon_arch_supported());
     CHECK_RANGE(n_layers, 1, 1024);
     CHECK_RANGE(hidden_size, 1, 1 << 17);
     CHECK_RANGE(intermediate_size, 1, 1 << 20);
@@ -89,7 +58,7 @@ int kaon_model_config_validate(const kaon_model_config *c) {
 
 bool kaon_config_layer_is_moe(const kaon_model_config *c, int l) {
     if (c->n_experts <= 0 || l < 0) return false;
-    if (l < KAON_MAX_MLP_ONLY_LAYERS && (c->mlp_only_layers[l / 64] >> (l % 64) & 1)) return false;
+    if (kaon_layer_bit(c->mlp_only_layers, l)) return false;
     const int step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
     return (l + 1) % step == 0;
 }

@@ -13,10 +13,13 @@ typedef enum kaon_arch {
     KAON_ARCH_LLAMA,    // LlamaForCausalLM, MistralForCausalLM, GGUF llama
     KAON_ARCH_QWEN2,    // Qwen2ForCausalLM: q/k/v biases
     KAON_ARCH_QWEN3,    // Qwen3ForCausalLM: per-head q/k RMSNorm
+    KAON_ARCH_GEMMA3,   // Gemma3ForCausalLM (text): sliding-window layers, pre/post norms, GELU
 } kaon_arch;
-// The enum names the attention family; the MoE variants map onto it (MixtralForCausalLM and GGUF
-// llama with expert_count -> LLAMA, Qwen2Moe/qwen2moe -> QWEN2, Qwen3Moe/qwen3moe -> QWEN3) and
-// are told apart by n_experts > 0.
+// The enum names the variant an architecture file tells apart (model/arch.h: which file serves
+// a name is the registry's business). The MoE variants map onto the attention family
+// (MixtralForCausalLM and GGUF llama with expert_count -> LLAMA, Qwen2Moe/qwen2moe -> QWEN2,
+// Qwen3Moe/qwen3moe -> QWEN3) and are told apart by n_experts > 0.
+struct kaon_arch_ops;
 
 #define KAON_MAX_MLP_ONLY_LAYERS 1024
 
@@ -28,6 +31,7 @@ typedef enum kaon_rope_scaling_type {
 
 typedef struct kaon_model_config {
     kaon_arch arch;
+    const struct kaon_arch_ops *impl;  // the architecture file (model/arch.h); NULL: unknown
     char arch_name[64];  // as written in the file (e.g. "LlamaForCausalLM" or "llama")
     int n_layers;
     int hidden_size;
@@ -49,6 +53,12 @@ typedef struct kaon_model_config {
     bool tie_word_embeddings;
     bool attention_bias;     // q/k/v biases (Qwen2)
     bool qk_norm;            // per-head q/k RMSNorm (Qwen3)
+    // Sliding-window attention (Gemma 3): layers in swa_layers attend to the last
+    // sliding_window positions only and rotate with rope_local_theta.
+    int sliding_window;
+    uint64_t swa_layers[KAON_MAX_MLP_ONLY_LAYERS / 64];
+    float rope_local_theta;
+    float query_pre_attn_scalar;  // attention scale = query_pre_attn_scalar^-0.5 (0: head_dim)
     // Token ids (-1 when unknown). eos may list several (generation_config.json).
     int bos_token_id;
     int eos_token_ids[8];
@@ -70,8 +80,12 @@ typedef struct kaon_model_config {
 } kaon_model_config;
 
 void kaon_model_config_init(kaon_model_config *c);  // zeros + "unset" markers
-kaon_arch kaon_arch_from_name(const char *name);    // HF class name or GGUF arch
+kaon_arch kaon_arch_from_name(const char *name);    // HF class name or GGUF arch (model/registry.c)
 const char *kaon_arch_label(kaon_arch a);
+// Bit l of a layer set ([KAON_MAX_MLP_ONLY_LAYERS / 64] words).
+static inline bool kaon_layer_bit(const uint64_t *set, int l) {
+    return l >= 0 && l < KAON_MAX_MLP_ONLY_LAYERS && (set[l / 64] >> (l % 64) & 1);
+}
 // Checks the hyper-parameters make sense (positive, divisible, bounded); -1 + error if not.
 int kaon_model_config_validate(const kaon_model_config *c);
 // Whether layer l's MLP is a mixture of experts (by the config: decoder_sparse_step and

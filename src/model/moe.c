@@ -133,23 +133,6 @@ void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c) {
     point_weights(l);
 }
 
-uint64_t kaon_moe_layer_bytes(const kaon_moe_layer *l) {
-    uint64_t b = l->router.nbytes + l->shared_gate_inp.nbytes;
-    for (int i = 0; i < 3; i++) b += l->shared[i].nbytes;
-    for (int i = 0; i < l->n_src; i++) b += l->src[i].nbytes;
-    return b;
-}
-
-static void count_params(kaon_model *m, const kaon_moe_layer *l) {
-    uint64_t n = (uint64_t)kaon_tensor_numel(&l->router);
-    if (l->shared_gate_inp.data) n += (uint64_t)kaon_tensor_numel(&l->shared_gate_inp);
-    for (int i = 0; i < 3; i++)
-        if (l->shared[i].data) n += (uint64_t)kaon_tensor_numel(&l->shared[i]);
-    for (int i = 0; i < l->n_src; i++) n += (uint64_t)kaon_tensor_numel(&l->src[i]);
-    m->n_params += n;
-    m->weight_bytes += kaon_moe_layer_bytes(l);
-}
-
 bool kaon_moe_layer_wanted(const kaon_model *m, int l) {
     if (m->cfg.n_experts <= 0) return false;
     if (m->gguf) {
@@ -161,9 +144,9 @@ bool kaon_moe_layer_wanted(const kaon_model *m, int l) {
 }
 
 static int ensure_layers(kaon_model *m) {
-    if (m->moe) return 0;
-    m->moe = calloc((size_t)m->cfg.n_layers, sizeof *m->moe);
-    return m->moe ? 0 : kaon_set_error("out of memory");
+    if (m->w.moe) return 0;
+    m->w.moe = calloc((size_t)m->cfg.n_layers, sizeof *m->w.moe);
+    return m->w.moe ? 0 : kaon_set_error("out of memory");
 }
 
 // Shared expert (Qwen2-MoE): gate/up [sffn, dim], down [dim, sffn], its gate [1, dim] (GGUF
@@ -201,7 +184,7 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
     const int E = c->n_experts;
     const int64_t dim = c->hidden_size, F = c->moe_intermediate_size;
     if (ensure_layers(m)) return -1;
-    kaon_moe_layer *L = &m->moe[l];
+    kaon_moe_layer *L = &m->w.moe[l];
     if (layer_alloc(L, E, 3 * E)) return -1;
     char n0[192], n1[192], n2[192], n3[192];
     kaon_tensor st[3];
@@ -280,7 +263,6 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
     const char *const sh[4] = {n0, n1, n2, n3};
     if (load_shared(m, L, sh)) goto fail;
     kaon_moe_bind(L, c);
-    count_params(m, L);
     return 0;
 fail:
     layer_free(L);
@@ -308,7 +290,7 @@ int kaon_moe_dummy_layer(kaon_model *m, int l) {
     const int64_t dim = c->hidden_size, F = c->moe_intermediate_size;
     const int64_t sf = c->shared_expert_intermediate_size;
     if (ensure_layers(m)) return -1;
-    kaon_moe_layer *L = &m->moe[l];
+    kaon_moe_layer *L = &m->w.moe[l];
     if (layer_alloc(L, E, 3)) return -1;
     L->router = dummy_2d(E, dim);
     L->src[0] = dummy_2d((int64_t)E * F, dim);
@@ -327,15 +309,14 @@ int kaon_moe_dummy_layer(kaon_model *m, int l) {
         L->shared_gate_inp = dummy_2d(1, dim);
     }
     kaon_moe_bind(L, c);
-    count_params(m, L);
     return 0;
 }
 
 void kaon_moe_free_model(kaon_model *m) {
-    if (!m->moe) return;
-    for (int l = 0; l < m->cfg.n_layers; l++) layer_free(&m->moe[l]);
-    free(m->moe);
-    m->moe = NULL;
+    if (!m->w.moe) return;
+    for (int l = 0; l < m->cfg.n_layers; l++) layer_free(&m->w.moe[l]);
+    free(m->w.moe);
+    m->w.moe = NULL;
 }
 
 // ---- device copies -----------------------------------------------------------------------------
@@ -453,29 +434,6 @@ void kaon_moe_release(kaon_backend *be, kaon_moe_layer *dev) {
             if (dev->src[i].data) be->ops->release(be, &dev->src[i]);
     }
     layer_free(dev);
-}
-
-// ---- for the runner --------------------------------------------------------------------------
-
-int kaon_moe_runner_upload(kaon_backend *be, const kaon_model *m, bool dummy, uint64_t seed,
-                           kaon_layer_weights *dev_layers, kaon_moe_layer **dev_moe) {
-    *dev_moe = NULL;
-    if (!m->moe) return 0;
-    kaon_moe_layer *d = calloc((size_t)m->cfg.n_layers, sizeof *d);
-    if (!d) return kaon_set_error("out of memory");
-    *dev_moe = d;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        if (!m->layers[l].moe) continue;
-        if (kaon_moe_upload(be, &m->moe[l], dummy, seed + ((uint64_t)l << 20), &d[l])) return -1;
-        dev_layers[l].moe = &d[l];
-    }
-    return 0;
-}
-
-void kaon_moe_runner_release(kaon_backend *be, const kaon_model *m, kaon_moe_layer *dev_moe) {
-    if (!dev_moe) return;
-    for (int l = 0; l < m->cfg.n_layers; l++) kaon_moe_release(be, &dev_moe[l]);
-    free(dev_moe);
 }
 
 size_t kaon_moe_act_bytes(const kaon_model *m, size_t elem_bytes, int T) {

@@ -54,16 +54,8 @@ void kaon_moe_release(kaon_backend *be, kaon_moe_layer *dev);
 // Points dev->w at dev's own tensors (after a struct copy or a rebuild).
 void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c);
 
-// Bytes and parameters of one layer's tensors (views counted once through their sources).
-uint64_t kaon_moe_layer_bytes(const kaon_moe_layer *l);
 
-// ---- for the runner (llama.c) ----
-// Device copies of every MoE layer of m into *dev_moe ([n_layers]); dev_layers[l].moe points
-// at them. Seeds of dummy weights derive from seed.
-struct kaon_layer_weights;
-int kaon_moe_runner_upload(kaon_backend *be, const struct kaon_model *m, bool dummy, uint64_t seed,
-                           struct kaon_layer_weights *dev_layers, kaon_moe_layer **dev_moe);
-void kaon_moe_runner_release(kaon_backend *be, const struct kaon_model *m, kaon_moe_layer *dev_moe);
+// ---- for the runner ----
 // Activation bytes the moe op of a device backend may add for a step of T tokens (an estimate
 // for memory plans: routed rows and their expert outputs in the activation dtype).
 size_t kaon_moe_act_bytes(const struct kaon_model *m, size_t elem_bytes, int T);

@@ -364,6 +364,14 @@ static int cuda_upload_dense(kaon_backend *be, const kaon_tensor *host, kaon_ten
     return upload(be, host, dev, 0);
 }
 
+// What upload / upload_dense will allocate for host: quantized blocks kept as they are, other
+// matrices in bf16, vectors in f32.
+static size_t cuda_weight_bytes(kaon_backend *be, const kaon_tensor *host, bool dense) {
+    const size_t q = dense ? 0 : kc_quant_bytes(kc(be), host);
+    if (q) return q;
+    return (size_t)kaon_tensor_numel(host) * (host->ndim == 1 ? 4 : 2);
+}
+
 static int cuda_fill_dummy(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
                            float offset, kaon_tensor *dev) {
     kc_backend *b = kc(be);
@@ -765,6 +773,7 @@ static kaon_backend_ops make_ops(void) {
     o.upload = cuda_upload;
     o.upload_dense = cuda_upload_dense;
     o.fill_dummy = cuda_fill_dummy;
+    o.weight_bytes = cuda_weight_bytes;
     o.release = cuda_release;
     o.begin_step = cuda_begin_step;
     o.graph_begin = cuda_graph_begin;

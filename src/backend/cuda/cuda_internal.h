@@ -252,6 +252,8 @@ void kc_sampler_free(kc_backend *b);
 // caller goes on with its bf16 path), else 0 when done or -1 on error (recorded).
 // KAON_CUDA_QUANT=0: upload declines, so weights are expanded to bf16 as before.
 int kc_quant_upload(kc_backend *b, const kaon_tensor *host, kaon_tensor *dev);
+// Bytes of kc_quant_upload's copy of host; 0 when it would expand host to bf16 instead.
+size_t kc_quant_bytes(kc_backend *b, const kaon_tensor *host);
 int kc_quant_embed(kc_backend *b, const kaon_tensor *table, const int32_t *ids, int n, void *out);
 int kc_quant_linear(kc_backend *b, const void *x, int n, const kaon_tensor *w, const kaon_tensor *bias, void *y,
                     int f32out);

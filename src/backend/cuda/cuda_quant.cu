@@ -1154,3 +1154,13 @@ int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_ten
     kc_silu_mul(b, (const bf16 *)out, (const bf16 *)s->up, (size_t)n * rows, (bf16 *)out);
     return b->err ? -1 : 0;
 }
+
+// Bytes kc_quant_upload's copy of host takes; 0 when it would not keep host quantized.
+size_t kc_quant_bytes(kc_backend *b, const kaon_tensor *host) {
+    kc_quant *s = qstate(b);
+    QLayout L;
+    if (!s || !s->enabled || !host || host->ndim != 2 || !is_q(host->dtype) ||
+        q_layout(host->dtype, host->shape[0], host->shape[1], &L))
+        return 0;
+    return L.total;
+}

@@ -13,30 +13,32 @@
 #include <unistd.h>
 
 #include "io/json_util.h"
+#include "model/arch.h"
 #include "model/config.h"
+#include "model/hf_json.h"
 #include "util/err.h"
 
 #define HF_MAX_CONFIG_BYTES (16u << 20)
 
 // A key's value, or NULL when absent or null.
-static const cJSON *field(const cJSON *obj, const char *key) {
+const cJSON *kaon_hf_field(const cJSON *obj, const char *key) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
     return j && !cJSON_IsNull(j) ? j : NULL;
 }
 
-static int type_error(const char *file, const char *prefix, const char *key, const char *want,
-                      const cJSON *got) {
+int kaon_hf_type_error(const char *file, const char *prefix, const char *key, const char *want,
+                       const cJSON *got) {
     return kaon_set_error("%s: \"%s%s\" must be %s (got %s)", file, prefix, key, want,
                           kaon_json_type_name(got));
 }
 
 // Optional integer in int range; *set tells whether it was there.
-static int get_int(const char *file, const cJSON *obj, const char *prefix, const char *key,
-                   int *out, bool *set) {
-    const cJSON *j = field(obj, key);
+int kaon_hf_get_int(const char *file, const cJSON *obj, const char *prefix, const char *key,
+                    int *out, bool *set) {
+    const cJSON *j = kaon_hf_field(obj, key);
     if (set) *set = false;
     if (!j) return 0;
-    if (!cJSON_IsNumber(j)) return type_error(file, prefix, key, "an integer", j);
+    if (!cJSON_IsNumber(j)) return kaon_hf_type_error(file, prefix, key, "an integer", j);
     double d = j->valuedouble;
     if (!(d >= INT_MIN && d <= INT_MAX) || d != (double)(int)d)
         return kaon_set_error("%s: \"%s%s\" = %g is not an integer in range", file, prefix, key, d);
@@ -46,12 +48,12 @@ static int get_int(const char *file, const cJSON *obj, const char *prefix, const
 }
 
 // Optional number that fits a float.
-static int get_float(const char *file, const cJSON *obj, const char *prefix, const char *key,
-                     float *out, bool *set) {
-    const cJSON *j = field(obj, key);
+int kaon_hf_get_float(const char *file, const cJSON *obj, const char *prefix, const char *key,
+                      float *out, bool *set) {
+    const cJSON *j = kaon_hf_field(obj, key);
     if (set) *set = false;
     if (!j) return 0;
-    if (!cJSON_IsNumber(j)) return type_error(file, prefix, key, "a number", j);
+    if (!cJSON_IsNumber(j)) return kaon_hf_type_error(file, prefix, key, "a number", j);
     double d = j->valuedouble;
     if (!(d >= -FLT_MAX && d <= FLT_MAX))
         return kaon_set_error("%s: \"%s%s\" = %g does not fit a float", file, prefix, key, d);
@@ -60,20 +62,20 @@ static int get_float(const char *file, const cJSON *obj, const char *prefix, con
     return 0;
 }
 
-static int get_bool(const char *file, const cJSON *obj, const char *key, bool *out) {
-    const cJSON *j = field(obj, key);
+int kaon_hf_get_bool(const char *file, const cJSON *obj, const char *key, bool *out) {
+    const cJSON *j = kaon_hf_field(obj, key);
     if (!j) return 0;
-    if (!cJSON_IsBool(j)) return type_error(file, "", key, "true or false", j);
+    if (!cJSON_IsBool(j)) return kaon_hf_type_error(file, "", key, "true or false", j);
     *out = cJSON_IsTrue(j);
     return 0;
 }
 
-static int get_str(const char *file, const cJSON *obj, const char *key, char *dst, size_t cap,
-                   bool *set) {
-    const cJSON *j = field(obj, key);
+int kaon_hf_get_str(const char *file, const cJSON *obj, const char *key, char *dst, size_t cap,
+                    bool *set) {
+    const cJSON *j = kaon_hf_field(obj, key);
     if (set) *set = false;
     if (!j) return 0;
-    if (!cJSON_IsString(j) || !j->valuestring) return type_error(file, "", key, "a string", j);
+    if (!cJSON_IsString(j) || !j->valuestring) return kaon_hf_type_error(file, "", key, "a string", j);
     if (strlen(j->valuestring) >= cap)
         return kaon_set_error("%s: \"%s\" is longer than %zu characters", file, key, cap - 1);
     strcpy(dst, j->valuestring);
@@ -83,11 +85,11 @@ static int get_str(const char *file, const cJSON *obj, const char *key, char *ds
 
 // eos_token_id: an integer or a list of integers (Llama 3.1 lists three).
 static int get_eos(const char *file, const cJSON *obj, kaon_model_config *c) {
-    const cJSON *j = field(obj, "eos_token_id");
+    const cJSON *j = kaon_hf_field(obj, "eos_token_id");
     if (!j) return 0;
     int ids[8], n = 0;
     if (cJSON_IsNumber(j)) {
-        if (get_int(file, obj, "", "eos_token_id", &ids[0], NULL)) return -1;
+        if (kaon_hf_get_int(file, obj, "", "eos_token_id", &ids[0], NULL)) return -1;
         n = 1;
     } else if (cJSON_IsArray(j)) {
         int count = cJSON_GetArraySize(j);
@@ -102,7 +104,7 @@ static int get_eos(const char *file, const cJSON *obj, kaon_model_config *c) {
             ids[n] = (int)d;
         }
     } else {
-        return type_error(file, "", "eos_token_id", "an integer or a list of integers", j);
+        return kaon_hf_type_error(file, "", "eos_token_id", "an integer or a list of integers", j);
     }
     memcpy(c->eos_token_ids, ids, (size_t)n * sizeof ids[0]);
     c->n_eos_token_ids = n;
@@ -110,26 +112,26 @@ static int get_eos(const char *file, const cJSON *obj, kaon_model_config *c) {
 }
 
 static int parse_rope_scaling(const char *file, const cJSON *root, kaon_model_config *c) {
-    const cJSON *rs = field(root, "rope_scaling");
+    const cJSON *rs = kaon_hf_field(root, "rope_scaling");
     c->rope_scaling = KAON_ROPE_SCALING_NONE;
     if (!rs) return 0;
-    if (!cJSON_IsObject(rs)) return type_error(file, "", "rope_scaling", "an object", rs);
+    if (!cJSON_IsObject(rs)) return kaon_hf_type_error(file, "", "rope_scaling", "an object", rs);
     // Newer configs write "rope_type", older ones "type".
-    const cJSON *t = field(rs, "rope_type");
+    const cJSON *t = kaon_hf_field(rs, "rope_type");
     const char *tkey = "rope_scaling.rope_type";
     if (!t) {
-        t = field(rs, "type");
+        t = kaon_hf_field(rs, "type");
         tkey = "rope_scaling.type";
     }
     if (!t) return kaon_set_error("%s: \"rope_scaling\" has no \"rope_type\"", file);
-    if (!cJSON_IsString(t) || !t->valuestring) return type_error(file, "", tkey, "a string", t);
+    if (!cJSON_IsString(t) || !t->valuestring) return kaon_hf_type_error(file, "", tkey, "a string", t);
     const char *type = t->valuestring;
     const char *pre = "rope_scaling.";
     bool set;
     if (!strcmp(type, "default")) return 0;
     if (!strcmp(type, "linear")) {
         c->rope_scaling = KAON_ROPE_SCALING_LINEAR;
-        if (get_float(file, rs, pre, "factor", &c->rope_factor, &set)) return -1;
+        if (kaon_hf_get_float(file, rs, pre, "factor", &c->rope_factor, &set)) return -1;
         if (!set) return kaon_set_error("%s: linear \"rope_scaling\" needs \"factor\"", file);
         return 0;
     }
@@ -138,11 +140,11 @@ static int parse_rope_scaling(const char *file, const cJSON *root, kaon_model_co
         float *dst[] = {&c->rope_factor, &c->rope_low_freq_factor, &c->rope_high_freq_factor};
         c->rope_scaling = KAON_ROPE_SCALING_LLAMA3;
         for (int i = 0; i < 3; i++) {
-            if (get_float(file, rs, pre, keys[i], dst[i], &set)) return -1;
+            if (kaon_hf_get_float(file, rs, pre, keys[i], dst[i], &set)) return -1;
             if (!set)
                 return kaon_set_error("%s: llama3 \"rope_scaling\" needs \"%s\"", file, keys[i]);
         }
-        if (get_int(file, rs, pre, "original_max_position_embeddings", &c->rope_original_max_pos,
+        if (kaon_hf_get_int(file, rs, pre, "original_max_position_embeddings", &c->rope_original_max_pos,
                     &set))
             return -1;
         if (!set)
@@ -173,59 +175,9 @@ static int parse_root(const char *file, const char *text, size_t len, cJSON **ou
     return 0;
 }
 
-// Mixture of experts: Mixtral (num_local_experts, every layer, always renormalised) and
-// Qwen2-MoE / Qwen3-MoE (num_experts, moe_intermediate_size, norm_topk_prob,
-// decoder_sparse_step, mlp_only_layers; Qwen2-MoE's shared expert). HF's defaults apply when a
-// key is absent.
-static int moe_fields(const char *file, const cJSON *root, kaon_model_config *c) {
-    const bool mixtral = !strcmp(c->arch_name, "MixtralForCausalLM") || !strcmp(c->arch_name, "mixtral");
-    const bool qwen_moe = !strcmp(c->arch_name, "Qwen2MoeForCausalLM") ||
-                          !strcmp(c->arch_name, "Qwen3MoeForCausalLM") ||
-                          !strcmp(c->arch_name, "qwen2_moe") || !strcmp(c->arch_name, "qwen3_moe");
-    if (!mixtral && !qwen_moe) return 0;
-    bool set;
-    c->n_experts_used = 2;
-    if (get_int(file, root, "", "num_experts_per_tok", &c->n_experts_used, NULL)) return -1;
-    if (mixtral) {
-        c->n_experts = 8;
-        if (get_int(file, root, "", "num_local_experts", &c->n_experts, NULL)) return -1;
-        c->moe_intermediate_size = c->intermediate_size;
-        c->norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalises over the top-k
-        return 0;
-    }
-    c->n_experts = 60;
-    c->moe_intermediate_size = 1408;
-    c->norm_topk_prob = false;
-    if (get_int(file, root, "", "num_experts", &c->n_experts, NULL) ||
-        get_int(file, root, "", "moe_intermediate_size", &c->moe_intermediate_size, NULL) ||
-        get_int(file, root, "", "decoder_sparse_step", &c->decoder_sparse_step, NULL) ||
-        get_bool(file, root, "norm_topk_prob", &c->norm_topk_prob))
-        return -1;
-    if (!strncmp(c->arch_name, "Qwen2", 5) || !strcmp(c->arch_name, "qwen2_moe")) {
-        c->shared_expert_intermediate_size = 5632;
-        if (get_int(file, root, "", "shared_expert_intermediate_size",
-                    &c->shared_expert_intermediate_size, &set) ||
-            get_bool(file, root, "qkv_bias", &c->attention_bias))
-            return -1;
-    }
-    const cJSON *only = field(root, "mlp_only_layers");
-    if (only) {
-        if (!cJSON_IsArray(only)) return type_error(file, "", "mlp_only_layers", "a list of layer indices", only);
-        int i = 0;
-        for (const cJSON *e = only->child; e; e = e->next, i++) {
-            double d = cJSON_IsNumber(e) ? e->valuedouble : -1.0;
-            if (!(d >= 0 && d < KAON_MAX_MLP_ONLY_LAYERS) || d != (double)(int)d)
-                return kaon_set_error("%s: \"mlp_only_layers\"[%d] must be a layer index below %d",
-                                      file, i, KAON_MAX_MLP_ONLY_LAYERS);
-            c->mlp_only_layers[(int)d / 64] |= (uint64_t)1 << ((int)d % 64);
-        }
-    }
-    return 0;
-}
-
 static int config_fields(const char *file, const cJSON *root, kaon_model_config *c) {
     // Architecture: architectures[0], else model_type (which matches GGUF names: llama, ...).
-    const cJSON *archs = field(root, "architectures");
+    const cJSON *archs = kaon_hf_field(root, "architectures");
     if (archs) {
         const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
         if (!a0 || !cJSON_IsString(a0) || !a0->valuestring)
@@ -234,22 +186,25 @@ static int config_fields(const char *file, const cJSON *root, kaon_model_config 
             return kaon_set_error("%s: \"architectures\"[0] is longer than %zu characters", file,
                                   sizeof c->arch_name - 1);
         strcpy(c->arch_name, a0->valuestring);
-    } else if (get_str(file, root, "model_type", c->arch_name, sizeof c->arch_name, NULL)) {
+    } else if (kaon_hf_get_str(file, root, "model_type", c->arch_name, sizeof c->arch_name, NULL)) {
         return -1;
     }
-    c->arch = kaon_arch_from_name(c->arch_name);
+    // Unknown names parse (the common keys are read) and fail validation, which lists the
+    // architectures kaon runs.
+    c->impl = c->arch_name[0] ? kaon_arch_find(c->arch_name, &c->arch) : NULL;
+    if (!c->impl) c->arch = KAON_ARCH_UNKNOWN;
 
     bool kv_set, hd_set, theta_set;
-    if (get_int(file, root, "", "num_hidden_layers", &c->n_layers, NULL) ||
-        get_int(file, root, "", "hidden_size", &c->hidden_size, NULL) ||
-        get_int(file, root, "", "intermediate_size", &c->intermediate_size, NULL) ||
-        get_int(file, root, "", "num_attention_heads", &c->n_heads, NULL) ||
-        get_int(file, root, "", "num_key_value_heads", &c->n_kv_heads, &kv_set) ||
-        get_int(file, root, "", "head_dim", &c->head_dim, &hd_set) ||
-        get_int(file, root, "", "vocab_size", &c->vocab_size, NULL) ||
-        get_int(file, root, "", "max_position_embeddings", &c->max_position_embeddings, NULL) ||
-        get_float(file, root, "", "rms_norm_eps", &c->rms_norm_eps, NULL) ||
-        get_float(file, root, "", "rope_theta", &c->rope_theta, &theta_set))
+    if (kaon_hf_get_int(file, root, "", "num_hidden_layers", &c->n_layers, NULL) ||
+        kaon_hf_get_int(file, root, "", "hidden_size", &c->hidden_size, NULL) ||
+        kaon_hf_get_int(file, root, "", "intermediate_size", &c->intermediate_size, NULL) ||
+        kaon_hf_get_int(file, root, "", "num_attention_heads", &c->n_heads, NULL) ||
+        kaon_hf_get_int(file, root, "", "num_key_value_heads", &c->n_kv_heads, &kv_set) ||
+        kaon_hf_get_int(file, root, "", "head_dim", &c->head_dim, &hd_set) ||
+        kaon_hf_get_int(file, root, "", "vocab_size", &c->vocab_size, NULL) ||
+        kaon_hf_get_int(file, root, "", "max_position_embeddings", &c->max_position_embeddings, NULL) ||
+        kaon_hf_get_float(file, root, "", "rms_norm_eps", &c->rms_norm_eps, NULL) ||
+        kaon_hf_get_float(file, root, "", "rope_theta", &c->rope_theta, &theta_set))
         return -1;
     if (!kv_set) c->n_kv_heads = c->n_heads;
     if (!hd_set) c->head_dim = c->n_heads > 0 ? c->hidden_size / c->n_heads : 0;
@@ -258,7 +213,7 @@ static int config_fields(const char *file, const cJSON *root, kaon_model_config 
     c->rope_dim = c->head_dim;
     float prf;
     bool prf_set;
-    if (get_float(file, root, "", "partial_rotary_factor", &prf, &prf_set)) return -1;
+    if (kaon_hf_get_float(file, root, "", "partial_rotary_factor", &prf, &prf_set)) return -1;
     if (prf_set) {
         if (!(prf > 0.0f && prf <= 1.0f))
             return kaon_set_error("%s: \"partial_rotary_factor\" = %g must lie in (0, 1]", file,
@@ -270,26 +225,21 @@ static int config_fields(const char *file, const cJSON *root, kaon_model_config 
 
     c->tie_word_embeddings = false;
     c->attention_bias = false;
-    if (get_bool(file, root, "tie_word_embeddings", &c->tie_word_embeddings) ||
-        get_bool(file, root, "attention_bias", &c->attention_bias))
+    if (kaon_hf_get_bool(file, root, "tie_word_embeddings", &c->tie_word_embeddings) ||
+        kaon_hf_get_bool(file, root, "attention_bias", &c->attention_bias))
         return -1;
-    // Qwen2 always has q/k/v biases (its config has no attention_bias key); Qwen3 normalises
-    // q and k per head.
-    if (c->arch == KAON_ARCH_QWEN2 || !strncmp(c->arch_name, "Qwen2", 5)) c->attention_bias = true;
-    c->qk_norm = c->arch == KAON_ARCH_QWEN3 || !strncmp(c->arch_name, "Qwen3", 5);
-
-    if (moe_fields(file, root, c)) return -1;
+    if (c->impl && c->impl->hf_config && c->impl->hf_config(file, root, c)) return -1;
 
     bool bos_set;
     int bos;
-    if (get_int(file, root, "", "bos_token_id", &bos, &bos_set)) return -1;
+    if (kaon_hf_get_int(file, root, "", "bos_token_id", &bos, &bos_set)) return -1;
     if (bos_set) c->bos_token_id = bos;
     if (get_eos(file, root, c)) return -1;
 
     bool dt_set;
-    if (get_str(file, root, "torch_dtype", c->torch_dtype, sizeof c->torch_dtype, &dt_set))
+    if (kaon_hf_get_str(file, root, "torch_dtype", c->torch_dtype, sizeof c->torch_dtype, &dt_set))
         return -1;
-    if (!dt_set && get_str(file, root, "dtype", c->torch_dtype, sizeof c->torch_dtype, NULL))
+    if (!dt_set && kaon_hf_get_str(file, root, "dtype", c->torch_dtype, sizeof c->torch_dtype, NULL))
         return -1;
     return 0;
 }
@@ -309,10 +259,10 @@ static int parse_generation(const char *file, const char *json, size_t len,
     cJSON *root = NULL;
     if (parse_root(file, json, len, &root)) return -1;
     // vLLM-style: sampling defaults are taken whatever "do_sample" says.
-    int rc = get_float(file, root, "", "temperature", &c->gen_temperature, NULL) ||
-             get_float(file, root, "", "top_p", &c->gen_top_p, NULL) ||
-             get_int(file, root, "", "top_k", &c->gen_top_k, NULL) ||
-             get_float(file, root, "", "repetition_penalty", &c->gen_repetition_penalty, NULL) ||
+    int rc = kaon_hf_get_float(file, root, "", "temperature", &c->gen_temperature, NULL) ||
+             kaon_hf_get_float(file, root, "", "top_p", &c->gen_top_p, NULL) ||
+             kaon_hf_get_int(file, root, "", "top_k", &c->gen_top_k, NULL) ||
+             kaon_hf_get_float(file, root, "", "repetition_penalty", &c->gen_repetition_penalty, NULL) ||
              get_eos(file, root, c);
     cJSON_Delete(root);
     return rc ? -1 : 0;

@@ -1,0 +1,36 @@
+// A linear layer as the model and the backend see it: the weight in its stored format plus
+// what that format needs beside it (scales, zero points), an optional bias, how tensor
+// parallelism splits it, and, for weights stored fused, the parts it holds.
+#ifndef KAON_BACKEND_LINEAR_H
+#define KAON_BACKEND_LINEAR_H
+
+#include "backend/tensor.h"
+
+// How tensor parallelism splits a weight across ranks.
+typedef enum kaon_shard {
+    KAON_SHARD_NONE = 0,  // replicated (norms, routers, small vectors)
+    KAON_SHARD_COL,       // output rows split (q/k/v, gate/up): each rank computes a slice
+    KAON_SHARD_ROW,       // input columns split (o_proj, down): partial sums, then all-reduce
+    KAON_SHARD_VOCAB,     // embedding / LM head rows split by vocabulary
+    KAON_SHARD_EXPERT,    // whole experts placed on ranks (expert parallelism)
+} kaon_shard;
+
+#define KAON_LINEAR_MAX_PARTS 4
+
+typedef struct kaon_linear {
+    kaon_tensor w;       // [out, in], any stored format (w.dtype names it)
+    kaon_tensor bias;    // [out] f32; data NULL when absent
+    kaon_tensor scale;   // the format's scales (FP8 block/channel/tensor, int groups); data NULL when none
+    kaon_tensor zero;    // zero points of asymmetric integer formats; data NULL when none
+    kaon_shard shard;
+    // A weight stored fused (a qkv or gate_up projection) lists its parts' output rows in order;
+    // n_parts == 0: one part.
+    int n_parts;
+    int64_t part_rows[KAON_LINEAR_MAX_PARTS];
+} kaon_linear;
+
+static inline const kaon_tensor *kaon_linear_bias(const kaon_linear *l) {
+    return l->bias.data ? &l->bias : 0;
+}
+
+#endif

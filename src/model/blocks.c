@@ -1,0 +1,91 @@
+// The shared pieces of every forward pass (blocks.h). Fused ops are tried here and nowhere
+// else; a fused op returns 1 when it declines a shape, and its errors surface through the
+// backend's status().
+#include "model/blocks.h"
+
+void kaon_blk_embed(kaon_fwd *f, const kaon_batch *b, const kaon_linear *embd) {
+    f->op->embed(f->be, &embd->w, b->tokens, b->n_tokens, f->a.x);
+    f->pending = false;
+}
+
+void kaon_blk_scale_x(kaon_fwd *f, const kaon_batch *b, float s) {
+    f->op->scale(f->be, f->a.x, (size_t)b->n_tokens * (size_t)f->c->hidden_size, s);
+}
+
+void kaon_blk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w) {
+    f->op->rmsnorm(f->be, f->a.x, f->pending ? f->a.proj : NULL, w, f->c->rms_norm_eps, b->n_tokens,
+                   f->c->hidden_size, f->a.xn);
+    f->pending = false;
+}
+
+void kaon_blk_post_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w) {
+    f->op->rmsnorm(f->be, f->a.proj, NULL, w, f->c->rms_norm_eps, b->n_tokens, f->c->hidden_size, f->a.proj);
+}
+
+void kaon_blk_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_linear *wq, const kaon_linear *wk,
+                  const kaon_linear *wv) {
+    const int T = b->n_tokens;
+    const kaon_tensor *ws[3] = {&wq->w, &wk->w, &wv->w};
+    const kaon_tensor *bs[3] = {kaon_linear_bias(wq), kaon_linear_bias(wk), kaon_linear_bias(wv)};
+    void *ys[3] = {f->a.q, f->a.k, f->a.v};
+    if (f->op->linear_multi && f->op->linear_multi(f->be, f->a.xn, T, 3, ws, bs, ys) != 1) return;
+    for (int i = 0; i < 3; i++) f->op->linear(f->be, f->a.xn, T, ws[i], bs[i], ys[i]);
+}
+
+void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, const kaon_tensor *kn) {
+    const kaon_model_config *c = f->c;
+    const int T = b->n_tokens;
+    f->op->rmsnorm(f->be, f->a.q, NULL, qn, c->rms_norm_eps, T * c->n_heads, c->head_dim, f->a.q);
+    f->op->rmsnorm(f->be, f->a.k, NULL, kn, c->rms_norm_eps, T * c->n_kv_heads, c->head_dim, f->a.k);
+}
+
+void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,
+                        float scale) {
+    const kaon_backend_ops *op = f->op;
+    const int T = b->n_tokens, nh = f->c->n_heads, nkv = f->c->n_kv_heads, hd = f->c->head_dim;
+    kaon_kv_layer *kv = &f->kv[l];
+    const bool fused = op->rope_kv_write &&
+                       op->rope_kv_write(f->be, f->a.q, f->a.k, f->a.v, kv, &b->attn, nh, nkv, hd, rope) != 1;
+    if (!fused) {
+        op->rope(f->be, f->a.q, T, nh, hd, b->attn.positions, rope);
+        op->rope(f->be, f->a.k, T, nkv, hd, b->attn.positions, rope);
+        op->kv_write(f->be, kv, f->a.k, f->a.v, &b->attn, nkv, hd);
+    }
+    (void)window;  // TODO(merge h3): the attention op's window parameter
+    op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, f->a.att);
+}
+
+void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
+    f->op->linear(f->be, in, b->n_tokens, &w->w, kaon_linear_bias(w), f->a.proj);
+    f->pending = true;
+}
+
+void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_linear *gate,
+                  const kaon_linear *up, const kaon_linear *down) {
+    const kaon_backend_ops *op = f->op;
+    const int T = b->n_tokens, ffn = (int)gate->w.shape[0];
+    const bool fused = act == KAON_ACT_SILU && op->linear_silu_mul &&
+                       op->linear_silu_mul(f->be, f->a.xn, T, &gate->w, &up->w, f->a.gate) != 1;
+    if (!fused) {
+        op->linear(f->be, f->a.xn, T, &gate->w, kaon_linear_bias(gate), f->a.gate);  // [T, ffn]
+        op->linear(f->be, f->a.xn, T, &up->w, kaon_linear_bias(up), f->a.up);        // [T, ffn]
+        if (act == KAON_ACT_SILU) op->silu_and_mul(f->be, f->a.gate, f->a.up, T, ffn, f->a.gate);
+        else op->gelu_tanh_and_mul(f->be, f->a.gate, f->a.up, T, ffn, f->a.gate);
+    }
+    kaon_blk_out(f, b, down, f->a.gate);
+}
+
+void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer *moe) {
+    uint32_t *cnt = f->expert_counts ? f->expert_counts + (size_t)l * f->c->n_experts : NULL;
+    f->op->moe(f->be, f->a.xn, b->n_tokens, b->attn.positions, &moe->w, cnt, f->a.proj);  // [T, dim]
+    f->pending = true;
+}
+
+void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *head) {
+    if (b->n_logits == 0) return;
+    const int dim = f->c->hidden_size;
+    kaon_blk_norm(f, b, norm);
+    f->op->get_rows(f->be, f->a.xn, b->logit_rows, b->n_logits, dim, f->a.rows);
+    if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, &head->w, f->a.logits);
+    else f->op->linear(f->be, f->a.rows, b->n_logits, &head->w, NULL, f->a.logits);
+}

@@ -1,0 +1,75 @@
+// The pieces a forward pass is built from (attention, MLP, experts, norms, logits), over the
+// backend's op table. This is the only place fused ops are tried: a backend that has a fused op
+// gets it, and the helpers fall back to the plain ops when it declines a shape.
+//
+// The residual stream x is updated lazily: a sublayer leaves its output in proj ("pending")
+// and the next norm adds it to x as it normalises (rmsnorm's fused add).
+#ifndef KAON_MODEL_BLOCKS_H
+#define KAON_MODEL_BLOCKS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/linear.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+// Scratch activations of a step, in the backend's activation dtype, sized for its tokens T.
+typedef struct kaon_acts {
+    void *x;          // [T, dim] residual stream
+    void *xn;         // [T, dim] normed input of a sublayer
+    void *q;          // [T, nh*hd]
+    void *k, *v;      // [T, nkv*hd]
+    void *att;        // [T, nh*hd]
+    void *proj;       // [T, dim] output of a sublayer (o_proj, down_proj, experts)
+    void *gate, *up;  // [T, ffn]
+    void *rows;       // [max_logits, dim] hidden states of the rows to sample
+    void *logits;     // [max_logits, vocab] (f32 when logits_f32)
+} kaon_acts;
+
+// What a forward pass works with.
+typedef struct kaon_fwd {
+    kaon_backend *be;
+    const kaon_backend_ops *op;
+    const kaon_model *m;
+    const kaon_model_config *c;
+    const kaon_weights *w;     // the weights the ops read: the model's own or device copies
+    kaon_kv_layer *kv;         // [n_layers]
+    kaon_acts a;
+    bool logits_f32;           // LM head in f32 (linear_f32)
+    uint32_t *expert_counts;   // [n_layers, n_experts] backend counters, or NULL
+    bool pending;              // a.proj holds a sublayer's output not yet added to x
+} kaon_fwd;
+
+typedef enum kaon_act_fn { KAON_ACT_SILU, KAON_ACT_GELU_TANH } kaon_act_fn;
+
+// x = embd[tokens]                                   x [T, dim]
+void kaon_blk_embed(kaon_fwd *f, const kaon_batch *b, const kaon_linear *embd);
+// x *= s (Gemma's sqrt(hidden) embedding scale)
+void kaon_blk_scale_x(kaon_fwd *f, const kaon_batch *b, float s);
+// xn = rmsnorm(x) * w, after adding the pending sublayer output to x.
+void kaon_blk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w);
+// proj = rmsnorm(proj) * w: a sublayer's output normed before it joins x (Gemma's post-norms).
+void kaon_blk_post_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w);
+// q, k, v = xn @ wq^T, xn @ wk^T, xn @ wv^T (+ biases)  q [T, nh*hd]; k, v [T, nkv*hd]
+void kaon_blk_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_linear *wq, const kaon_linear *wk,
+                  const kaon_linear *wv);
+// Per-head RMSNorm of q and k (Qwen3, Gemma 3).
+void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, const kaon_tensor *kn);
+// RoPE on q and k, k and v into layer l's cache, then paged causal attention:
+// att = softmax(q k^T * scale) v over the sequence's positions (the last `window` only when
+// window > 0).
+void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,
+                        float scale);
+// proj = in @ w^T: a sublayer's output, pending for the residual stream.
+void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in);
+// proj = down(act(xn @ gate^T) * (xn @ up^T)), pending.
+void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_linear *gate,
+                  const kaon_linear *up, const kaon_linear *down);
+// proj = the experts of layer l on xn, pending.
+void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer *moe);
+// The final norm and the LM head, on the rows that need logits only (into a.logits).
+void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *head);
+
+#endif

@@ -1,0 +1,342 @@
+// The runner (runner.h): model-agnostic buffers, the KV cache from the architecture's spec,
+// device copies of the weights, the CUDA-graph ladder, and the hand-off of logits to the host
+// or to the backend's sampler. The forward pass itself is the architecture's (model/arch.h).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/arch.h"
+#include "model/blocks.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "util/err.h"
+
+struct kaon_runner {
+    const kaon_model *m;
+    kaon_backend *be;
+    int max_tokens, max_logits, n_blocks, block_size;
+    // The weights the forward pass reads: the model's own (used in place from the mapping)
+    // or, on a backend with an upload op, the backend's copies (owned here).
+    const kaon_weights *w;
+    kaon_weights dev;
+    bool dev_weights;
+    bool logits_f32;   // logits computed and copied in f32 (linear_f32 + copy_f32_to_host)
+    kaon_kv_layer *kv; // [n_layers]
+    kaon_acts a;       // scratch activations in the backend's memory, sized for max_tokens
+    kaon_moe_stats *moe_stats;  // expert load counters; NULL until enabled
+    // Graph-friendly copies of a step's index arrays: decode batches padded to a ladder of
+    // sizes and block tables to a power-of-two width, so a few graphs serve every step.
+    int32_t *pad_i32;     // tokens, positions, seqs, slots, rows: 5 x max_tokens
+    int32_t *pad_tables;  // [pad_tables_cap]
+    size_t pad_tables_cap;
+};
+
+static void *act(kaon_runner *r, size_t elems, int *fail) {
+    void *p = r->be->ops->alloc(r->be, elems * r->be->ops->act_elem_bytes);
+    if (!p) *fail = 1;
+    return p;
+}
+
+// Width of the dense MLP buffers: the config's, or 1 when every layer has experts instead.
+static size_t dense_ffn(const kaon_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (!kaon_model_layer_is_moe(m, l)) return (size_t)m->cfg.intermediate_size;
+    return 1;
+}
+
+// KV elements per token of layer l, for K and for V.
+static void kv_elems(const kaon_model *m, int l, size_t *k, size_t *v) {
+    *k = *v = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    if (m->arch->kv_spec) m->arch->kv_spec(&m->cfg, l, k, v);
+}
+
+size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
+                             int max_logits) {
+    const kaon_model_config *c = &m->cfg;
+    size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ffn = dense_ffn(m);
+    size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn) + (size_t)max_logits * dim;
+    return elems * elem_bytes + (size_t)max_logits * (size_t)c->vocab_size * sizeof(float) +
+           kaon_moe_act_bytes(m, elem_bytes, max_batch_tokens);
+}
+
+kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
+                                int max_logits, int n_blocks, int block_size) {
+    const kaon_model_config *c = &m->cfg;
+    if (max_batch_tokens < 1 || max_logits < 1 || max_logits > max_batch_tokens || n_blocks < 1 ||
+        block_size < 1) {
+        kaon_set_error("runner: bad sizes (tokens %d, logits %d, blocks %d x %d)", max_batch_tokens,
+                       max_logits, n_blocks, block_size);
+        return NULL;
+    }
+    if (c->n_experts > 0 && !be->ops->moe) {
+        kaon_set_error("runner: the %s backend has no mixture-of-experts op", be->ops->name);
+        return NULL;
+    }
+    kaon_runner *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->m = m;
+    r->be = be;
+    r->w = &m->w;
+    if (be->ops->upload) {
+        r->dev_weights = true;
+        if (kaon_weights_upload(be, m, &r->dev)) {
+            kaon_runner_free(r);
+            return NULL;
+        }
+        r->w = &r->dev;
+    } else if (m->format == KAON_FORMAT_DUMMY) {
+        kaon_set_error("--load-format dummy needs a backend that creates weights (cuda)");
+        kaon_runner_free(r);
+        return NULL;
+    }
+    r->max_tokens = max_batch_tokens;
+    r->max_logits = max_logits;
+    r->n_blocks = n_blocks;
+    r->block_size = block_size;
+    size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ffn = dense_ffn(m);
+    int fail = 0;
+    kaon_acts *a = &r->a;
+    a->x = act(r, T * dim, &fail);
+    a->xn = act(r, T * dim, &fail);
+    a->q = act(r, T * qd, &fail);
+    a->k = act(r, T * kvd, &fail);
+    a->v = act(r, T * kvd, &fail);
+    a->att = act(r, T * qd, &fail);
+    a->proj = act(r, T * dim, &fail);
+    a->gate = act(r, T * ffn, &fail);
+    a->up = act(r, T * ffn, &fail);
+    a->rows = act(r, (size_t)max_logits * dim, &fail);
+    r->logits_f32 = be->ops->linear_f32 && be->ops->copy_f32_to_host;
+    if (r->logits_f32) {
+        a->logits = be->ops->alloc(be, (size_t)max_logits * c->vocab_size * sizeof(float));
+        if (!a->logits) fail = 1;
+    } else {
+        a->logits = act(r, (size_t)max_logits * c->vocab_size, &fail);
+    }
+    r->kv = calloc((size_t)c->n_layers, sizeof *r->kv);
+    if (!r->kv) fail = 1;
+    for (int l = 0; !fail && l < c->n_layers; l++) {
+        size_t ke, ve;
+        kv_elems(m, l, &ke, &ve);
+        r->kv[l].k = act(r, (size_t)n_blocks * block_size * ke, &fail);
+        r->kv[l].v = ve ? act(r, (size_t)n_blocks * block_size * ve, &fail) : NULL;
+    }
+    if (fail) {
+        kaon_set_error("runner: out of memory for activations and a KV cache of %d blocks", n_blocks);
+        kaon_runner_free(r);
+        return NULL;
+    }
+    if (be->ops->status && be->ops->status(be)) {
+        kaon_runner_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void kaon_runner_free(kaon_runner *r) {
+    if (!r) return;
+    kaon_backend *be = r->be;
+    kaon_moe_stats_free(be, r->moe_stats);
+    free(r->pad_i32);
+    free(r->pad_tables);
+    const kaon_acts *a = &r->a;
+    void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->ops->free(be, bufs[i]);
+    if (r->kv) {
+        for (int l = 0; l < r->m->cfg.n_layers; l++) {
+            if (r->kv[l].k) be->ops->free(be, r->kv[l].k);
+            if (r->kv[l].v) be->ops->free(be, r->kv[l].v);
+        }
+        free(r->kv);
+    }
+    if (r->dev_weights) kaon_weights_release(be, r->m, &r->dev);
+    free(r);
+}
+
+void kaon_runner_reserve_host_kv(kaon_runner *r) {
+    for (int l = 0; l < r->m->cfg.n_layers; l++) {
+        size_t ke, ve;
+        kv_elems(r->m, l, &ke, &ve);
+        const size_t per = (size_t)r->n_blocks * r->block_size * r->be->ops->act_elem_bytes;
+        memset(r->kv[l].k, 0, per * ke);
+        if (r->kv[l].v) memset(r->kv[l].v, 0, per * ve);
+    }
+}
+
+int kaon_runner_block_size(const kaon_runner *r) { return r->block_size; }
+int kaon_runner_n_blocks(const kaon_runner *r) { return r->n_blocks; }
+
+static int check_batch(const kaon_runner *r, const kaon_batch *b) {
+    const kaon_attn_meta *a = &b->attn;
+    if (b->n_tokens < 1 || b->n_tokens > r->max_tokens)
+        return kaon_set_error("batch of %d tokens (limit %d)", b->n_tokens, r->max_tokens);
+    if (b->n_logits < 0 || b->n_logits > r->max_logits)
+        return kaon_set_error("batch asks %d logit rows (limit %d)", b->n_logits, r->max_logits);
+    if (a->n_tokens != b->n_tokens || a->block_size != r->block_size)
+        return kaon_set_error("batch attention metadata does not match the batch");
+    for (int t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= r->m->cfg.vocab_size)
+            return kaon_set_error("token id %d out of range [0, %d)", b->tokens[t], r->m->cfg.vocab_size);
+        if (a->slot_mapping[t] < 0 || a->slot_mapping[t] >= r->n_blocks * r->block_size)
+            return kaon_set_error("KV slot %d out of range", a->slot_mapping[t]);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
+            return kaon_set_error("logit row %d out of range", b->logit_rows[i]);
+    return 0;
+}
+
+// The layers of one step, from the embedding to the logits (left in a.logits).
+static void run_layers(kaon_runner *r, const kaon_batch *b) {
+    kaon_fwd f = {
+        .be = r->be,
+        .op = r->be->ops,
+        .m = r->m,
+        .c = &r->m->cfg,
+        .w = r->w,
+        .kv = r->kv,
+        .a = r->a,
+        .logits_f32 = r->logits_f32,
+        .expert_counts = r->moe_stats ? r->moe_stats->dev : NULL,
+    };
+    r->m->arch->forward(&f, b);
+}
+
+// Steps of at most this many tokens are recorded as graphs by backends that have them.
+#define KAON_GRAPH_MAX_TOKENS 256
+
+// The batch size a decode step is padded to: 1, 2, 4, 8, then multiples of 8 up to 64, then
+// of 32 (a graph per size).
+static int ladder(int n) {
+    if (n <= 8) {
+        int p = 1;
+        while (p < n) p *= 2;
+        return p;
+    }
+    return n <= 64 ? (n + 7) / 8 * 8 : (n + 31) / 32 * 32;
+}
+
+// A copy of b shaped for graph replay: decode-only batches padded with inert tokens (no
+// sequence, no slot, position -1: attention gives them zeros, their KV is not written) and
+// block tables widened to a power of two. Returns b itself when that does not apply.
+static const kaon_batch *graph_shape(kaon_runner *r, const kaon_batch *b, kaon_batch *out) {
+    const kaon_attn_meta *a = &b->attn;
+    const int n = b->n_tokens;
+    const bool decode = n == a->n_seqs && b->n_logits == n;
+    for (int i = 0; decode && i < n; i++)
+        if (b->logit_rows[i] != i || a->token_seq[i] != i) return b;
+    const int np = decode ? ladder(n) : n;
+    if (np > r->max_tokens || np > r->max_logits) return b;
+    int mb = 1;
+    while (mb < a->max_blocks) mb *= 2;
+    const int ns = decode ? np : a->n_seqs;
+    const size_t need = (size_t)ns * mb;
+    if (!r->pad_i32 && !(r->pad_i32 = malloc(sizeof(int32_t) * 5 * (size_t)r->max_tokens))) return b;
+    if (need > r->pad_tables_cap) {
+        int32_t *t = realloc(r->pad_tables, sizeof(int32_t) * need * 2);
+        if (!t) return b;
+        r->pad_tables = t;
+        r->pad_tables_cap = need * 2;
+    }
+    int32_t *tok = r->pad_i32, *pos = tok + r->max_tokens, *sq = pos + r->max_tokens;
+    int32_t *slot = sq + r->max_tokens, *rows = slot + r->max_tokens;
+    memcpy(tok, b->tokens, sizeof(int32_t) * n);
+    memcpy(pos, a->positions, sizeof(int32_t) * n);
+    memcpy(sq, a->token_seq, sizeof(int32_t) * n);
+    memcpy(slot, a->slot_mapping, sizeof(int32_t) * n);
+    memcpy(rows, b->logit_rows, sizeof(int32_t) * b->n_logits);
+    for (int i = n; i < np; i++) {
+        tok[i] = 0;
+        pos[i] = -1;
+        sq[i] = -1;
+        slot[i] = -1;
+        rows[i] = i;
+    }
+    for (int s = 0; s < a->n_seqs; s++)
+        memcpy(r->pad_tables + (size_t)s * mb, a->block_tables + (size_t)s * a->max_blocks,
+               sizeof(int32_t) * a->max_blocks);
+    *out = (kaon_batch){
+        .n_tokens = np,
+        .tokens = tok,
+        .attn = {.n_tokens = np, .n_seqs = ns, .positions = pos, .token_seq = sq, .slot_mapping = slot,
+                 .block_tables = r->pad_tables, .max_blocks = mb, .block_size = a->block_size},
+        .n_logits = decode ? np : b->n_logits,
+        .logit_rows = rows,
+    };
+    return out;
+}
+
+// Runs the layers of one step (replaying or recording a graph where the backend has them).
+static int forward_layers(kaon_runner *r, const kaon_batch *b) {
+    if (check_batch(r, b)) return -1;
+    kaon_batch padded;
+    if (r->be->ops->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS) b = graph_shape(r, b, &padded);
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
+    if (op->begin_step && op->begin_step(be, b->tokens, &b->attn, b->logit_rows, b->n_logits))
+        return -1;
+    // A step's shapes and buffers are fixed by these sizes (and by this runner).
+    const bool graph = op->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS;
+    int replayed = 0;
+    if (graph) {
+        uint64_t key = (uint64_t)(uintptr_t)r;
+        const int64_t parts[5] = {b->n_tokens, b->attn.n_seqs, b->n_logits, b->attn.max_blocks,
+                                  b->attn.block_size};
+        for (int i = 0; i < 5; i++) key = (key ^ (uint64_t)parts[i]) * 0x100000001b3ull;
+        replayed = op->graph_begin(be, key);
+        if (replayed < 0) return -1;
+    }
+    if (!replayed) run_layers(r, b);
+    if (graph && op->graph_end(be)) return -1;
+    return 0;
+}
+
+int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
+    if (forward_layers(r, b)) return -1;
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
+    const size_t n_out = (size_t)b->n_logits * r->m->cfg.vocab_size;
+    if (b->n_logits && r->logits_f32) op->copy_f32_to_host(be, r->a.logits, n_out, logits);
+    else if (b->n_logits) op->to_host_f32(be, r->a.logits, n_out, logits);
+    if (op->status && op->status(be)) return -1;
+    return 0;
+}
+
+bool kaon_runner_can_sample(const kaon_runner *r) {
+    return r->logits_f32 && r->be->ops->sample && r->be->ops->copy_rows_f32_to_host;
+}
+
+int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
+                               int32_t *ids, float *logprobs, const int32_t *host_rows,
+                               int n_host_rows, float *logits) {
+    if (!kaon_runner_can_sample(r)) return kaon_set_error("runner: this backend does not sample");
+    if (forward_layers(r, b)) return -1;
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
+    const int V = r->m->cfg.vocab_size;
+    // The host's rows first: sampling edits its rows in place.
+    if (n_host_rows && op->copy_rows_f32_to_host(be, r->a.logits, V, host_rows, n_host_rows, logits))
+        return op->status(be), -1;
+    if (sb && sb->n_rows && op->sample(be, r->a.logits, V, sb, ids, logprobs)) return op->status(be), -1;
+    if (op->status && op->status(be)) return -1;
+    return 0;
+}
+
+int kaon_runner_enable_expert_stats(kaon_runner *r) {
+    if (r->moe_stats) return 0;
+    r->moe_stats = kaon_moe_stats_create(r->be, r->m);
+    return r->moe_stats ? 0 : -1;
+}
+
+int kaon_runner_expert_load(kaon_runner *r, uint64_t *out) {
+    if (!r->moe_stats) return 0;
+    if (kaon_moe_stats_read(r->be, r->moe_stats)) return -1;
+    const kaon_moe_stats *s = r->moe_stats;
+    memcpy(out, s->total, sizeof *out * (size_t)s->n_layers * (size_t)s->n_experts);
+    return s->n_experts;
+}

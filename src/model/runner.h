@@ -1,0 +1,58 @@
+// The runner: one model on one backend, with its scratch activations, its KV cache and its
+// device copies of the weights, sized at creation (no allocation per step). It runs a step's
+// forward pass (the architecture's, model/arch.h), pads decode steps for CUDA graphs, and hands
+// logits to the host or to the backend's sampler.
+#ifndef KAON_MODEL_RUNNER_H
+#define KAON_MODEL_RUNNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+typedef struct kaon_model kaon_model;
+
+// One flat batch: every scheduled token of every sequence.
+typedef struct kaon_batch {
+    int n_tokens;
+    const int32_t *tokens;         // [n_tokens]
+    kaon_attn_meta attn;           // positions, sequences, slots, block tables
+    int n_logits;
+    const int32_t *logit_rows;     // [n_logits] rows of the batch that need logits
+} kaon_batch;
+
+// Scratch activations and the KV cache for one model on one backend, sized at creation:
+// no allocation happens per step.
+typedef struct kaon_runner kaon_runner;
+
+kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
+                                int max_logits, int n_blocks, int block_size);
+void kaon_runner_free(kaon_runner *r);
+int kaon_runner_block_size(const kaon_runner *r);
+// Writes the whole KV pool once so its memory is resident from the start (host backends only):
+// a server's footprint then stays flat under load instead of growing as blocks are first used.
+void kaon_runner_reserve_host_kv(kaon_runner *r);
+int kaon_runner_n_blocks(const kaon_runner *r);
+// Runs the forward pass; logits [n_logits, vocab] in host floats.
+int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits);
+// Backends that sample on the device: the rows of sb are sampled there (ids, logprobs: host
+// arrays of sb->n_rows) and only the logit rows host_rows are copied, each to
+// logits + row * vocab.
+bool kaon_runner_can_sample(const kaon_runner *r);
+int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
+                               int32_t *ids, float *logprobs, const int32_t *host_rows,
+                               int n_host_rows, float *logits);
+// Bytes of the activation buffers a runner of these sizes allocates (for memory plans).
+size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
+                             int max_logits);
+
+// Expert load of MoE models (off until enabled; it then costs one small copy per read).
+// Enabling allocates [n_layers, n_experts] counters that every later forward pass adds to.
+int kaon_runner_enable_expert_stats(kaon_runner *r);
+// Tokens routed to each expert since enabling, [n_layers, n_experts] (dense layers: zeros).
+// Returns n_experts (0 for a dense model or when not enabled), -1 on error. Run it on the
+// thread that runs the forward passes.
+int kaon_runner_expert_load(kaon_runner *r, uint64_t *out);
+
+#endif
