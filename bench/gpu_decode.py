@@ -82,7 +82,6 @@ def main():
     ap.add_argument("--prefill", type=int, nargs="*", default=[],
                     help="also time prefill of prompts of these lengths (1 generated token)")
     ap.add_argument("--no-graphs", action="store_true", help="also run with KAON_CUDA_GRAPHS=0")
-    ap.add_argument("--gemv-occ", action="store_true", help="also run with KAON_GEMV_OCC=1")
     ap.add_argument("--no-pdl", action="store_true", help="also run with KAON_PDL=0 (no programmatic dependent launch)")
     ap.add_argument("--json", default=None, help="append result lines here")
     a = ap.parse_args()
@@ -90,7 +89,6 @@ def main():
     bw = copy_bandwidth()
     rows = []
     variants = [("graphs", None)] + ([("no-graphs", {"KAON_CUDA_GRAPHS": "0"})] if a.no_graphs else []) + \
-        ([("gemv-occ", {"KAON_GEMV_OCC": "1"})] if a.gemv_occ else []) + \
         ([("no-pdl", {"KAON_PDL": "0"})] if a.no_pdl else [])
     for name, env in variants:
         r = run_kaon(a.kaon, a.config, a.prompt_len, a.tokens, env)

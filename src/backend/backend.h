@@ -183,17 +183,6 @@ typedef struct kaon_backend_ops {
                          const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                          const kaon_rope *rope);
 
-    // Fusions for small batches (decode), each 0 / 1 (declined: run the unfused ops) / -1.
-    // y[i] = rmsnorm(x) @ w[i]^T (+ bias[i]): the norm as rmsnorm without add; x unchanged.
-    int (*rmsnorm_linear_multi)(kaon_backend *be, const void *x, const kaon_tensor *norm_w, float eps, int n,
-                                int count, const kaon_tensor *const *w, const kaon_tensor *const *bias,
-                                void *const *y);
-    // out = silu(rmsnorm(x) @ w_gate^T) * (rmsnorm(x) @ w_up^T)
-    int (*rmsnorm_linear_silu_mul)(kaon_backend *be, const void *x, const kaon_tensor *norm_w, float eps,
-                                   int n, const kaon_tensor *w_gate, const kaon_tensor *w_up, void *out);
-    // x += a @ w^T, rounded as linear followed by rmsnorm's add (the residual stream updated).
-    int (*linear_residual)(kaon_backend *be, const void *a, int n, const kaon_tensor *w, void *x);
-
     // Samples the rows of sb from f32 logits [*, vocab] (from linear_f32) into ids (host
     // memory, [n_rows]) and, where asked, logprobs; waits for the result. 0 or -1.
     int (*sample)(kaon_backend *be, const float *logits, int vocab, const kaon_sample_batch *sb,

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 K=${KAON_BUILD:-$PWD/build-gpu}/kaon; C=bench/configs/meta-llama__Llama-3.1-8B.json
 ids=$(python3 -c 'print(",".join(str(1000 + i * 7919 % 30000) for i in range(32)))')
-for v in ${KAON_AB:-base KAON_FUSE=1 KAON_DECODE_PREFETCH=0 KAON_DECODE_ATTN=0 KAON_PDL=0}; do
+for v in ${KAON_AB:-base KAON_PDL=0 KAON_CUDA_GRAPHS=0}; do
     e=(); [ "$v" != base ] && e=($v)
     echo "$v: $(env "${e[@]}" "$K" run --device cuda --load-format dummy -m $C --prompt-ids "$ids" -n 256 --temp 0 --ignore-eos --print-ids --ctx-size 320 2>&1 >/dev/null | tail -n 2 | tr "\n" " ")"
 done

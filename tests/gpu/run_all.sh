@@ -116,7 +116,6 @@ if want bench 60; then
     t0=$(date +%s)
     timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings > /tmp/timings.log 2>&1
     note "timings rc=$?"
-    KAON_GEMV_OCC=1 timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings 2>&1 | sed 's/^{/{"variant": "gemv-occ", /' >> /tmp/timings.log
     cat /tmp/timings.log >> "$OUT/bench.log"
     cat /tmp/timings.log
     timeout "$(tl 240)" python3 bench/gpu_decode.py --kaon "$BUILD/kaon" --tokens 256 --no-graphs --no-pdl --prefill 1024 8192 \

@@ -659,52 +659,6 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
                         (const bf16 *)wu->data, (int)wg->shape[0], (bf16 *)out);
 }
 
-// The norm before a projection and the residual add after one, fused into the small-batch
-// GEMV (decode). Each declines (1) unless the weights are plain bf16 and the batch is small.
-static bool bf16_matrix(const kaon_tensor *w) { return w && w->data && w->ndim == 2 && w->dtype == KAON_BF16; }
-
-static int cuda_rmsnorm_linear_multi(kaon_backend *be, const void *x, const kaon_tensor *norm_w, float eps, int n,
-                                     int count, const kaon_tensor *const *w, const kaon_tensor *const *bias,
-                                     void *const *y) {
-    kc_backend *b = kc(be);
-    if (b->no_fuse || n > KC_GEMV_MAX_N || count < 1 || count > 4 || !norm_w || norm_w->dtype != KAON_F32) return 1;
-    const bf16 *ws[4];
-    const float *bs[4];
-    int rows[4];
-    for (int i = 0; i < count; i++) {
-        if (!bf16_matrix(w[i]) || w[i]->shape[1] != w[0]->shape[1] || w[i]->shape[0] > INT32_MAX) return 1;
-        if (bias && bias[i] && bias[i]->dtype != KAON_F32) return 1;
-        ws[i] = (const bf16 *)w[i]->data;
-        bs[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
-        rows[i] = (int)w[i]->shape[0];
-    }
-    if (kaon_tensor_numel(norm_w) != w[0]->shape[1]) return 1;
-    return kc_gemv_multi_ex(b, (const bf16 *)x, n, (int)w[0]->shape[1], count, ws, rows, bs, y, 0,
-                            (const float *)norm_w->data, eps, 0);
-}
-
-static int cuda_rmsnorm_linear_silu_mul(kaon_backend *be, const void *x, const kaon_tensor *norm_w, float eps,
-                                        int n, const kaon_tensor *wg, const kaon_tensor *wu, void *out) {
-    kc_backend *b = kc(be);
-    if (b->no_fuse || n > KC_GEMV_MAX_N || !norm_w || norm_w->dtype != KAON_F32 || !bf16_matrix(wg) ||
-        !bf16_matrix(wu))
-        return 1;
-    if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1] || kaon_tensor_numel(norm_w) != wg->shape[1])
-        return 1;
-    return kc_gemv_silu_ex(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data, (const bf16 *)wu->data,
-                           (int)wg->shape[0], (bf16 *)out, (const float *)norm_w->data, eps);
-}
-
-static int cuda_linear_residual(kaon_backend *be, const void *a, int n, const kaon_tensor *w, void *x) {
-    kc_backend *b = kc(be);
-    if (b->no_fuse || n > KC_GEMV_MAX_N || !bf16_matrix(w) || w->shape[0] > INT32_MAX) return 1;
-    const bf16 *ws[1] = {(const bf16 *)w->data};
-    const float *bs[1] = {NULL};
-    void *ys[1] = {x};
-    const int rows[1] = {(int)w->shape[0]};
-    return kc_gemv_multi_ex(b, (const bf16 *)a, n, (int)w->shape[1], 1, ws, rows, bs, ys, 0, NULL, 0.f, 1);
-}
-
 static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
                               const kaon_attn_meta *m, int nh, int nkv, int hd, const kaon_rope *rope) {
     kc_backend *b = kc(be);
@@ -786,9 +740,6 @@ static kaon_backend_ops make_ops(void) {
     o.linear_f32 = cuda_linear_f32;
     o.copy_f32_to_host = cuda_copy_f32_to_host;
     o.sample = cuda_sample;
-    o.rmsnorm_linear_multi = cuda_rmsnorm_linear_multi;
-    o.rmsnorm_linear_silu_mul = cuda_rmsnorm_linear_silu_mul;
-    o.linear_residual = cuda_linear_residual;
     o.copy_rows_f32_to_host = cuda_copy_rows_f32_to_host;
     o.moe = kc_moe_op;
     return o;
@@ -830,14 +781,8 @@ extern "C" kaon_backend *kaon_backend_cuda_create(int device) {
     b->cur_graph = -1;
     const char *g = getenv("KAON_CUDA_GRAPHS");
     b->graphs_disabled = g && !strcmp(g, "0");
-    // The norm / residual fusions measured slower than the separate kernels (190 vs 210 tok/s,
-    // 8B batch-1 decode on the H200): off unless KAON_FUSE=1.
-    const char *fuse = getenv("KAON_FUSE");
-    b->no_fuse = !(fuse && !strcmp(fuse, "1"));
     const char *pdl = getenv("KAON_PDL");
     b->pdl = !(pdl && !strcmp(pdl, "0"));
-    const char *occ = getenv("KAON_GEMV_OCC");
-    b->gemv_occ = occ && !strcmp(occ, "1");
     b->lt_ws_bytes = (size_t)32 << 20;
     if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&b->meta_done, cudaEventDisableTiming) != cudaSuccess ||

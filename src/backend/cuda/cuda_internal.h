@@ -96,9 +96,7 @@ typedef struct kc_backend {
     int in_graph_step;   // between graph_begin and graph_end
     int cur_graph;       // index into graphs, -1 when none
     int graphs_disabled;
-    int no_fuse;         // KAON_FUSE=0: the norm / residual fusions decline (for comparison)
     int pdl;             // programmatic dependent launch for the decode kernels (KAON_PDL=0: off)
-    int gemv_occ;        // KAON_GEMV_OCC=1: the occupancy-first GEMV variant (for comparison)
 
     kc_sampler *sampler;  // NULL until the first sample()
     struct kc_quant *quant;  // cuda_quant.cu's state and scratch (NULL until the first quantized weight)
@@ -225,13 +223,6 @@ int kc_gemm_bf16(kc_backend *b, const bf16 *x, int n, const bf16 *w, int out, in
 #define KC_GEMV_MAX_N 8
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out);
-// With norm_w, x is RMS-normalised inside (as the rmsnorm op would, without add); with res, y is
-// the bf16 residual stream and gets += bf16(x @ w^T).
-int kc_gemv_multi_ex(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
-                     const int *rows, const float *const *bias, void *const *y, int f32out,
-                     const float *norm_w, float eps, int res);
-int kc_gemv_silu_ex(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
-                    int rows, bf16 *out, const float *norm_w, float eps);
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
                  int rows, bf16 *out);
 void kc_gemm_cache_free(kc_backend *b);

@@ -21,60 +21,16 @@ typedef struct GemvArgs {
     int begin[4];  // first block of each weight
     int count;
     int f32out;
-    const float *norm_w;  // non-NULL: x is normalised first (RMSNorm with these weights, eps)
-    float eps;
-    int res;              // y is the residual stream: y += bf16(x @ w^T) (bf16 y)
 } GemvArgs;
-
-static __device__ __forceinline__ float rbf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
-
-// 1 / rms of each of the NB rows of x [NB, in] into r_s (every thread of the block calls).
-template <int NB>
-static __device__ void row_rms(const bf16 *__restrict__ x, int in, float eps, float *r_s, float (*red)[NB]) {
-    const int nc = in >> 3, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-        float ss = 0.f;
-        for (int j = threadIdx.x; j < nc; j += GEMV_WARPS * 32) {
-            const uint4 xv = ((const uint4 *)x)[(size_t)b * nc + j];
-            const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 f = __bfloat1622float2(x2[e]);
-                ss += f.x * f.x + f.y * f.y;
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[warp][b] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x < NB) {
-        float t = 0.f;
-        for (int w = 0; w < GEMV_WARPS; w++) t += red[w][threadIdx.x];
-        r_s[threadIdx.x] = rsqrtf(t / (float)in + eps);
-    }
-    __syncthreads();
-}
-
-// Chunk j (8 values) of a row of x normalised as the rmsnorm op does: bf16(w * bf16(x * r)).
-static __device__ __forceinline__ uint4 norm8(uint4 xv, int j, float r, const float *__restrict__ nw) {
-    bf16 *xe = (bf16 *)&xv;
-    const float4 w0 = __ldg((const float4 *)(nw + 8 * j)), w1 = __ldg((const float4 *)(nw + 8 * j + 4));
-    const float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-    for (int e = 0; e < 8; e++) xe[e] = __float2bfloat16(wf[e] * rbf16(__bfloat162float(xe[e]) * r));
-    return xv;
-}
 
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-// MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
-// in flight (the default); 4 trades that for occupancy (KAON_GEMV_OCC=1, for comparison).
-template <int NB, int MINB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+// One block per SM's register budget lets ptxas keep all U loads of a lane in flight.
+template <int NB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
 k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     const int bid = blockIdx.x;
     const bf16 *w = a.w[0];
@@ -91,7 +47,6 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
             begin = a.begin[i];
         }
     kc_pdl_trigger();
-    __shared__ float r_s[NB], red[GEMV_WARPS][NB];
     const int row = (bid - begin) * GEMV_WARPS + (threadIdx.x >> 5);
     const bool active = row < rows;
     const int lane = threadIdx.x & 31, nc = in >> 3;
@@ -109,8 +64,6 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
 #pragma unroll
         for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
     kc_pdl_wait();
-    const float *nw = a.norm_w;
-    if (nw) row_rms<NB>(x, in, a.eps, r_s, red);
     if (!active) return;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
         if (!first)
@@ -122,9 +75,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
             float s = acc[b];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                uint4 xv = __ldg(xb + 32 * u);
-                if (nw) xv = norm8(xv, c + 32 * u, r_s[b], nw);
-                s = dot8(wv[u], xv, s);
+                s = dot8(wv[u], __ldg(xb + 32 * u), s);
             }
             acc[b] = s;
         }
@@ -133,9 +84,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
         const uint4 w0 = ld_stream(wr + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            uint4 xv = __ldg(xr + (size_t)b * nc + c);
-            if (nw) xv = norm8(xv, c, r_s[b], nw);
-            acc[b] = dot8(w0, xv, acc[b]);
+            acc[b] = dot8(w0, __ldg(xr + (size_t)b * nc + c), acc[b]);
         }
     }
 #pragma unroll
@@ -144,27 +93,19 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
         const float bb = bias ? bias[row] : 0.f;
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            if (a.f32out) {
-                ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
-            } else if (a.res) {  // as linear, then rmsnorm's add: bf16(x + bf16(y))
-                bf16 *yy = (bf16 *)y + (size_t)b * rows + row;
-                *yy = __float2bfloat16(__bfloat162float(*yy) + rbf16(acc[b] + bb));
-            } else {
-                ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(acc[b] + bb);
-            }
+            if (a.f32out) ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
+            else ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(acc[b] + bb);
         }
     }
 }
 
 // out[b, r] = bf16(bf16(silu(g)) * u) with g = x[b] . wg[r], u = x[b] . wu[r] (each rounded
 // to bf16 first, as the separate ops would).
-template <int NB, int MINB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+template <int NB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
 k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
-            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out, const float *__restrict__ nw,
-            float eps) {
+            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
     kc_pdl_trigger();
-    __shared__ float r_s[NB], red[GEMV_WARPS][NB];
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const bool active = row < rows;
     const int lane = threadIdx.x & 31, nc = in >> 3;
@@ -185,7 +126,6 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             uv[u] = ld_stream(ur + c + 32 * u);
         }
     kc_pdl_wait();
-    if (nw) row_rms<NB>(x, in, eps, r_s, red);
     if (!active) return;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
         if (!first)
@@ -199,8 +139,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             const uint4 *xb = xr + (size_t)b * nc + c;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                uint4 xv = __ldg(xb + 32 * u);
-                if (nw) xv = norm8(xv, c + 32 * u, r_s[b], nw);
+                const uint4 xv = __ldg(xb + 32 * u);
                 ag[b] = dot8(gv[u], xv, ag[b]);
                 au[b] = dot8(uv[u], xv, au[b]);
             }
@@ -210,8 +149,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
         const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            uint4 x0 = __ldg(xr + (size_t)b * nc + c);
-            if (nw) x0 = norm8(x0, c, r_s[b], nw);
+            const uint4 x0 = __ldg(xr + (size_t)b * nc + c);
             ag[b] = dot8(g0, x0, ag[b]);
             au[b] = dot8(u0, x0, au[b]);
         }
@@ -236,22 +174,12 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out) {
-    return kc_gemv_multi_ex(b, x, n, in, count, w, rows, bias, y, f32out, NULL, 0.f, 0);
-}
-
-int kc_gemv_multi_ex(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
-                     const int *rows, const float *const *bias, void *const *y, int f32out,
-                     const float *norm_w, float eps, int res) {
-    if ((norm_w && (!aligned16(norm_w) || res || f32out)) || (res && f32out)) return 1;
     if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x))
         return 1;
     GemvArgs a;
     memset(&a, 0, sizeof a);
     a.count = count;
     a.f32out = f32out;
-    a.norm_w = norm_w;
-    a.eps = eps;
-    a.res = res;
     int64_t blocks = 0;
     for (int i = 0; i < count; i++) {
         if (!aligned16(w[i]) || rows[i] <= 0) return 1;
@@ -265,45 +193,33 @@ int kc_gemv_multi_ex(kc_backend *b, const bf16 *x, int n, int in, int count, con
     if (blocks > INT32_MAX / 2) return 1;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
     switch (n) {
-    case 1:
-        if (b->gemv_occ) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
-        else kc_launch(b, k_gemv<1, 1>, grid, block, 0, x, in, a);
-        break;
-    case 2: kc_launch(b, k_gemv<2, 1>, grid, block, 0, x, in, a); break;
-    case 3: kc_launch(b, k_gemv<3, 1>, grid, block, 0, x, in, a); break;
-    case 4: kc_launch(b, k_gemv<4, 1>, grid, block, 0, x, in, a); break;
-    case 5: kc_launch(b, k_gemv<5, 1>, grid, block, 0, x, in, a); break;
-    case 6: kc_launch(b, k_gemv<6, 1>, grid, block, 0, x, in, a); break;
-    case 7: kc_launch(b, k_gemv<7, 1>, grid, block, 0, x, in, a); break;
-    default: kc_launch(b, k_gemv<8, 1>, grid, block, 0, x, in, a); break;
+    case 1: kc_launch(b, k_gemv<1>, grid, block, 0, x, in, a); break;
+    case 2: kc_launch(b, k_gemv<2>, grid, block, 0, x, in, a); break;
+    case 3: kc_launch(b, k_gemv<3>, grid, block, 0, x, in, a); break;
+    case 4: kc_launch(b, k_gemv<4>, grid, block, 0, x, in, a); break;
+    case 5: kc_launch(b, k_gemv<5>, grid, block, 0, x, in, a); break;
+    case 6: kc_launch(b, k_gemv<6>, grid, block, 0, x, in, a); break;
+    case 7: kc_launch(b, k_gemv<7>, grid, block, 0, x, in, a); break;
+    default: kc_launch(b, k_gemv<8>, grid, block, 0, x, in, a); break;
     }
     return kc_launched(b, "gemv");
 }
 
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
                  int rows, bf16 *out) {
-    return kc_gemv_silu_ex(b, x, n, in, wg, wu, rows, out, NULL, 0.f);
-}
-
-int kc_gemv_silu_ex(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
-                    int rows, bf16 *out, const float *norm_w, float eps) {
-    if (norm_w && !aligned16(norm_w)) return 1;
     if (n < 1 || n > KC_GEMV_MAX_N || in % 8 || in <= 0 || rows <= 0 || !aligned16(x) ||
         !aligned16(wg) || !aligned16(wu))
         return 1;
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
     switch (n) {
-    case 1:
-        if (b->gemv_occ) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps);
-        else kc_launch(b, k_gemv_silu<1, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps);
-        break;
-    case 2: kc_launch(b, k_gemv_silu<2, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
-    case 3: kc_launch(b, k_gemv_silu<3, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
-    case 4: kc_launch(b, k_gemv_silu<4, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
-    case 5: kc_launch(b, k_gemv_silu<5, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
-    case 6: kc_launch(b, k_gemv_silu<6, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
-    case 7: kc_launch(b, k_gemv_silu<7, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
-    default: kc_launch(b, k_gemv_silu<8, 1>, grid, block, 0, x, in, wg, wu, rows, out, norm_w, eps); break;
+    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out); break;
     }
     return kc_launched(b, "gemv_silu");
 }
