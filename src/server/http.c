@@ -64,7 +64,7 @@ void kaon_server_stop(kaon_server *s) { (void)s; }
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/sse.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/timer.h"
 
