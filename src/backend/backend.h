@@ -133,7 +133,8 @@ typedef struct kaon_backend_ops {
     // backends use weights in place and run every op synchronously). ----
 
     // Copies a host weight into backend memory. dev gets the same shape, the backend's own
-    // weight format (CUDA: matrices in bf16, vectors in f32; quantized blocks are expanded)
+    // weight format (CUDA: matrices in bf16, vectors in f32; GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q6_K
+    // matrices stay quantized in cuda_quant.cu's layout unless KAON_CUDA_QUANT=0)
     // and data the backend owns (give it back with release). 0, or -1 + error.
     int (*upload)(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev);
     // As upload, but quantized blocks are always expanded to the dense format (CUDA: bf16):
@@ -207,12 +208,13 @@ struct kaon_backend {
     int n_threads;
 };
 
-// The CPU backend: C with OpenMP; AVX2/FMA/F16C chosen at run time, portable C otherwise.
+// The CPU backend: C with OpenMP; AVX-512 VNNI or AVX2/FMA/F16C chosen at run time, portable C
+// otherwise.
 kaon_backend *kaon_backend_cpu_create(int n_threads);
 // A backend that computes nothing (for measuring the engine's own overhead).
 kaon_backend *kaon_backend_noop_create(void);
-// The CUDA backend (bf16 activations and weights, f32 accumulation) on one GPU. Without CUDA
-// in the build it returns NULL with the error "built without CUDA".
+// The CUDA backend (bf16 activations, bf16 or GGUF-quantized weights, f32 accumulation) on one
+// GPU. Without CUDA in the build it returns NULL with the error "built without CUDA".
 kaon_backend *kaon_backend_cuda_create(int device);
 
 #endif

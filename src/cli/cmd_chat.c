@@ -9,7 +9,7 @@
 #include "cli/load.h"
 #include "cli/seq.h"
 #include "engine/sampler.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "util/err.h"
 #include "util/log.h"
 #include "util/timer.h"

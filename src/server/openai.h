@@ -2,7 +2,7 @@
 // every known field's type and range, 400 with `param` set) into kaon_sampling plus a prompt
 // or chat messages, and the response / stream-chunk / error objects built from engine
 // outputs. Pure functions over cJSON: no engine or tokenizer calls, so all of it is unit
-// tested and fuzzed on its own; server/http.c does the tokenizing and the engine work.
+// tested and fuzzed on its own; server/generate.c does the tokenizing and the engine work.
 #ifndef KAON_SERVER_OPENAI_H
 #define KAON_SERVER_OPENAI_H
 

@@ -7,7 +7,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 static const char k_context[] =
     "{\"messages\": ["

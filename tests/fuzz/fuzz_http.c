@@ -1,4 +1,4 @@
-// libFuzzer target for the HTTP layer of `kaon serve` (src/server/http.c): each input is the raw
+// libFuzzer target for the HTTP layer of `kaon serve` (src/server/): each input is the raw
 // bytes a client sends on one connection — request line, headers, body, possibly several
 // pipelined requests, chunked bodies, garbage. A real server runs in this process (started once,
 // on 127.0.0.1 with an ephemeral port): libmicrohttpd parses the bytes and calls kaon's handlers

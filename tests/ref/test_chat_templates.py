@@ -1,4 +1,4 @@
-"""kaon's chat-template interpreter (src/tokenizer/chat_template*.c) against jinja2, rendered the
+"""kaon's chat-template interpreter (src/template/chat_template*.c) against jinja2, rendered the
 way Hugging Face transformers renders chat templates: an ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks and the loopcontrols extension, transformers' tojson override and the
 raise_exception / strftime_now globals. transformers itself is not imported.

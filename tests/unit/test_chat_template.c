@@ -11,7 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "test.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "util/err.h"
 
 static char *read_file(const char *path, size_t *len) {

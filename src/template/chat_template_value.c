@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/chat_template_internal.h"
+#include "template/chat_template_internal.h"
 
 int ct_fail(ct_rs *rs, const char *fmt, ...) {
     if (rs && !rs->failed) {

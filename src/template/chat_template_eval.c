@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/chat_template_internal.h"
+#include "template/chat_template_internal.h"
 #include "util/err.h"
 
 enum { R_OK = 0, R_BREAK = 1, R_CONTINUE = 2, R_ERR = -1 };

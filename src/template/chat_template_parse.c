@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/chat_template_internal.h"
+#include "template/chat_template_internal.h"
 #include "util/err.h"
 
 // ---- arena for the AST and token text ----

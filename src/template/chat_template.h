@@ -1,8 +1,8 @@
 // Chat templates: an interpreter of the Jinja subset real chat templates use, rendering byte
 // for byte as jinja2 does (with HF's settings: trim_blocks and lstrip_blocks on, tojson
 // without HTML escaping, raise_exception available).
-#ifndef KAON_TOKENIZER_CHAT_TEMPLATE_H
-#define KAON_TOKENIZER_CHAT_TEMPLATE_H
+#ifndef KAON_TEMPLATE_CHAT_TEMPLATE_H
+#define KAON_TEMPLATE_CHAT_TEMPLATE_H
 
 #include <stddef.h>
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tokenizer/chat_template_internal.h"
+#include "template/chat_template_internal.h"
 
 // ---- name tables ----
 enum {

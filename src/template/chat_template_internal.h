@@ -5,8 +5,8 @@
 // (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols): Python value
 // semantics (str() / repr() / truthiness / == / slicing by code point), the sandbox's rules
 // (no list.append, range() capped at 100000) and jinja2's default Undefined.
-#ifndef KAON_TOKENIZER_CHAT_TEMPLATE_INTERNAL_H
-#define KAON_TOKENIZER_CHAT_TEMPLATE_INTERNAL_H
+#ifndef KAON_TEMPLATE_CHAT_TEMPLATE_INTERNAL_H
+#define KAON_TEMPLATE_CHAT_TEMPLATE_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>

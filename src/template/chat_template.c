@@ -2,11 +2,11 @@
 // (lexer + parser), chat_template_eval.c (scopes, operators, statements, macros),
 // chat_template_builtins.c (filters, tests, methods, globals) and chat_template_value.c
 // (Python value semantics). See chat_template_internal.h for the limits.
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <stdlib.h>
 
-#include "tokenizer/chat_template_internal.h"
+#include "template/chat_template_internal.h"
 #include "util/err.h"
 
 // The ChatML template Hugging Face used as its class default before templates were stored

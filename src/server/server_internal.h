@@ -1,0 +1,87 @@
+// What the two halves of the server share: http.c (transport, routes, auth, limits, the small
+// endpoints, start-up and shutdown) and generate.c (one chat or completion request, from its
+// JSON to the engine and back). Not a public header; only built with libmicrohttpd.
+#ifndef KAON_SERVER_SERVER_INTERNAL_H
+#define KAON_SERVER_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <microhttpd.h>
+
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/server.h"
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+// The server's life, in order (kaon_server_stop: DRAINING, then STOPPING).
+enum { ST_LOADING, ST_READY, ST_DRAINING, ST_STOPPING };
+
+struct kaon_server {
+    kaon_server_options o;
+    struct MHD_Daemon *d;
+    atomic_int state;
+    kaon_engine *engine;
+    const kaon_tokenizer *tok;
+    kaon_chat_template *tmpl;
+    kaon_engine_info info;
+    kaon_sampling defaults;
+    int default_max_tokens;     // generation_config.json's max_new_tokens (0: none)
+    char *model_name;
+    const char *names[2];       // accepted `model` values: the served name and the path
+    int n_names;
+    kaon_metrics metrics;
+    atomic_int active;          // generation requests in flight (their state is allocated)
+    atomic_int busy;            // generation requests whose response is not yet fully sent
+    atomic_int conns;           // open connections
+    pthread_mutex_t admit_mu;   // the queue check and the submits of one request, together
+    int port;
+    atomic_ullong seq;
+    atomic_ullong finished_since_trim;
+    uint64_t salt;
+    long long created;
+};
+
+// Request ids and the server's salt.
+static inline uint64_t kaon_splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// ---- http.c ----
+
+// Queues r (ownership taken; NULL: MHD_NO) with the headers every response gets, and counts
+// its status in the metrics.
+enum MHD_Result kaon_http_queue(struct MHD_Connection *c, kaon_server *s, int status,
+                                struct MHD_Response *r);
+// Sends j (ownership taken) as JSON.
+enum MHD_Result kaon_http_send_json(struct MHD_Connection *c, kaon_server *s, int status,
+                                    cJSON *j);
+// Sends an OpenAI error object, with the headers its status calls for.
+enum MHD_Result kaon_http_send_error(struct MHD_Connection *c, kaon_server *s,
+                                     const kaon_api_error *e);
+enum MHD_Result kaon_http_send_errorf(struct MHD_Connection *c, kaon_server *s, int status,
+                                      const char *code, const char *param, const char *msg);
+// The request limits kaon_api_parse checks, from the server's options and the model.
+kaon_api_limits kaon_server_limits(kaon_server *s);
+
+// ---- generate.c ----
+
+// Serves one /v1/chat/completions or /v1/completions request whose body has been read: parses
+// and validates it, submits its prompts (429 when the queue is full), then answers with the
+// whole JSON or an SSE stream. Sets *busy (counted in s->busy until the connection's
+// on_completed) so that a drain waits for the response to be sent.
+enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, kaon_api_kind kind,
+                                     const char *body, size_t body_len, bool *busy);
+// Renders the chat template for r and tokenizes the result (also for /tokenize). On error
+// fills err (400) and returns -1.
+int kaon_generate_render_chat(kaon_server *s, const kaon_api_request *r, int32_t **ids,
+                              int *n_ids, kaon_api_error *err);
+
+#endif
