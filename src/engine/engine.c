@@ -756,98 +756,145 @@ static void fail_all(kaon_engine *e, const char *msg) {
     }
 }
 
+// ---- one step as values: schedule -> execute -> process -> publish ---------------------------
+// Each phase hands the next a value (the plan, the model's result, the outputs), so that the
+// CPU work of step N+1 (schedule, batch building) can later overlap step N's GPU work with two
+// plan slots. The plan and the result point into the engine's step buffers.
+
+typedef struct step_plan {
+    int n_seqs;                // e->sched[0 .. n_seqs)
+    int n_tokens;
+    kaon_batch batch;          // the flat batch of every scheduled token
+    bool device_sampling;      // the rows of sb are sampled by the backend
+    kaon_sample_batch sb;
+    int n_host_rows;           // logit rows copied to the host besides (e->host_rows)
+} step_plan;
+
+typedef struct step_result {
+    int rc;                    // 0, or -1 with err
+    char err[512];
+} step_result;
+
+typedef struct step_outputs {
+    out_item **items;          // [n_seqs] what each scheduled sequence has to say (or NULL)
+    uint64_t prompt_tokens, generation_tokens;
+} step_outputs;
+
+// Under e->mu: takes in new requests and aborts, then picks this step's sequences.
+// Returns the scheduled token count (0: nothing to run now).
+static int step_schedule(kaon_engine *e, step_plan *p) {
+    admit_inbox(e);
+    process_aborts(e);
+    update_counts(e);
+    if (e->n_running == 0 && e->n_waiting == 0) return 0;
+    p->n_tokens = kaon_sched_step(e);
+    p->n_seqs = e->n_sched;
+    update_counts(e);
+    return p->n_tokens;
+}
+
+// Without the lock: the batch and the sampling plan (engine thread only).
+static int step_prepare(kaon_engine *e, step_plan *p) {
+    build_batch(e, &p->batch);
+    p->device_sampling = e->device_sampling;
+    p->n_host_rows = 0;
+    if (p->device_sampling) return plan_sampling(e, &p->sb, &p->n_host_rows);
+    for (int i = 0; i < p->n_seqs; i++) e->smp_of_sched[i] = -1;
+    return 0;
+}
+
+// The forward pass (and device sampling): logits into e->logits, ids into e->smp_ids.
+static void step_execute(kaon_engine *e, const step_plan *p, step_result *res) {
+    res->rc = p->device_sampling
+                  ? kaon_runner_forward_sample(e->runner, &p->batch, &p->sb, e->smp_ids, e->smp_lps,
+                                               e->host_rows, p->n_host_rows, e->logits)
+                  : kaon_runner_forward(e->runner, &p->batch, e->logits);
+    res->err[0] = 0;
+    if (res->rc) snprintf(res->err, sizeof res->err, "forward pass failed: %s", kaon_last_error());
+}
+
+// Without the lock: advances each sequence, samples, detokenizes, checks stops.
+static void step_process(kaon_engine *e, const step_plan *p, const step_result *res, step_outputs *o) {
+    o->prompt_tokens = o->generation_tokens = 0;
+    if (res->rc) return;
+    kaon_post_greedy_rows(e);
+    for (int i = 0; i < p->n_seqs; i++) {
+        seq *s = e->sched[i];
+        int first = s->n_computed;
+        if (first < s->req->n_prompt) {
+            int end = first + s->scheduled_tokens;
+            o->prompt_tokens += (uint64_t)((end < s->req->n_prompt ? end : s->req->n_prompt) - first);
+        }
+        s->n_computed += s->scheduled_tokens;
+        commit_blocks(e, s);
+        o->items[i] = NULL;
+        int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
+        if (row < 0) continue;
+        const float *rows = e->logits + (size_t)row * e->vocab;
+        if (s->want_prompt_lp && first < s->req->n_prompt)
+            kaon_post_prompt_logprobs(e, s, first, rows, nrows);
+        if (s->n_computed == s->n_tokens && e->smp_of_sched[i] >= 0) {
+            const int j = e->smp_of_sched[i];
+            kaon_token_logprob lp = {.token = e->smp_ids[j], .logprob = e->smp_lps[j]};
+            kaon_post_accept(e, s, e->smp_ids[j], e->sched[i]->req->sp.logprobs == 0 ? &lp : NULL);
+            o->generation_tokens++;
+            o->items[i] = kaon_post_make_output(e, s);
+        } else if (s->n_computed == s->n_tokens) {
+            kaon_post_sample(e, s, rows + (size_t)(nrows - 1) * e->vocab);
+            o->generation_tokens++;
+            o->items[i] = kaon_post_make_output(e, s);
+        }
+    }
+    kaon_engine_expert_stats_step(e);
+}
+
+// Under e->mu: counts, then each sequence's output to its request (or its retirement).
+static void step_publish(kaon_engine *e, const step_plan *p, const step_result *res, step_outputs *o) {
+    e->stats.steps++;
+    if (res->rc) {
+        KAON_WARN("engine: %s", res->err);
+        fail_all(e, res->err);
+        return;
+    }
+    e->stats.prompt_tokens += o->prompt_tokens;
+    e->stats.generation_tokens += o->generation_tokens;
+    for (int i = 0; i < p->n_seqs; i++) {
+        seq *s = e->sched[i];
+        if (s->finish != KAON_FINISH_NONE) {
+            retire(e, s, o->items[i]);
+        } else if (o->items[i]) {
+            fill_usage(s->req, o->items[i]);
+            deliver(s->req, o->items[i]);
+        }
+    }
+}
+
 static void *engine_main(void *arg) {
     kaon_engine *e = arg;
-    out_item **items = calloc((size_t)e->opts.max_num_seqs, sizeof *items);
+    step_outputs out = {.items = calloc((size_t)e->opts.max_num_seqs, sizeof(out_item *))};
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
-        admit_inbox(e);
-        process_aborts(e);
-        update_counts(e);
-        if (e->n_running == 0 && e->n_waiting == 0) {
-            pthread_cond_wait(&e->work_cv, &e->mu);
-            continue;
-        }
-        int n_tokens = kaon_sched_step(e);
-        update_counts(e);
-        if (n_tokens == 0) {  // nothing fits (e.g. a gated sibling): wait for a change
-            wait_until(&e->work_cv, &e->mu, 5);
+        step_plan plan;
+        if (step_schedule(e, &plan) == 0) {
+            // Idle, or nothing fits now (e.g. a gated sibling): wait for a change.
+            if (e->n_running == 0 && e->n_waiting == 0) pthread_cond_wait(&e->work_cv, &e->mu);
+            else wait_until(&e->work_cv, &e->mu, 5);
             continue;
         }
         pthread_mutex_unlock(&e->mu);
-
-        kaon_batch b;
-        build_batch(e, &b);
-        int rc;
-        if (e->device_sampling) {
-            kaon_sample_batch sb;
-            int n_host = 0;
-            rc = plan_sampling(e, &sb, &n_host);
-            if (!rc)
-                rc = kaon_runner_forward_sample(e->runner, &b, &sb, e->smp_ids, e->smp_lps, e->host_rows,
-                                                n_host, e->logits);
-        } else {
-            for (int i = 0; i < e->n_sched; i++) e->smp_of_sched[i] = -1;
-            rc = kaon_runner_forward(e->runner, &b, e->logits);
-        }
-        char err[512] = "";
-        if (rc) snprintf(err, sizeof err, "forward pass failed: %s", kaon_last_error());
-        uint64_t prompt_toks = 0, gen_toks = 0;
-        if (!rc) kaon_post_greedy_rows(e);
-        for (int i = 0; !rc && i < e->n_sched; i++) {
-            seq *s = e->sched[i];
-            int first = s->n_computed;
-            if (first < s->req->n_prompt) {
-                int end = first + s->scheduled_tokens;
-                prompt_toks += (uint64_t)((end < s->req->n_prompt ? end : s->req->n_prompt) - first);
-            }
-            s->n_computed += s->scheduled_tokens;
-            commit_blocks(e, s);
-            items[i] = NULL;
-            int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
-            if (row < 0) continue;
-            const float *rows = e->logits + (size_t)row * e->vocab;
-            if (s->want_prompt_lp && first < s->req->n_prompt)
-                kaon_post_prompt_logprobs(e, s, first, rows, nrows);
-            if (s->n_computed == s->n_tokens && e->smp_of_sched[i] >= 0) {
-                const int j = e->smp_of_sched[i];
-                kaon_token_logprob lp = {.token = e->smp_ids[j], .logprob = e->smp_lps[j]};
-                kaon_post_accept(e, s, e->smp_ids[j], e->sched[i]->req->sp.logprobs == 0 ? &lp : NULL);
-                gen_toks++;
-                items[i] = kaon_post_make_output(e, s);
-            } else if (s->n_computed == s->n_tokens) {
-                kaon_post_sample(e, s, rows + (size_t)(nrows - 1) * e->vocab);
-                gen_toks++;
-                items[i] = kaon_post_make_output(e, s);
-            }
-        }
-
-        if (!rc) kaon_engine_expert_stats_step(e);
+        step_result res = {.rc = step_prepare(e, &plan)};
+        if (res.rc) snprintf(res.err, sizeof res.err, "step planning failed: %s", kaon_last_error());
+        else step_execute(e, &plan, &res);
+        step_process(e, &plan, &res, &out);
         pthread_mutex_lock(&e->mu);
-        e->stats.steps++;
-        if (rc) {
-            KAON_WARN("engine: %s", err);
-            fail_all(e, err);
-            continue;
-        }
-        e->stats.prompt_tokens += prompt_toks;
-        e->stats.generation_tokens += gen_toks;
-        for (int i = 0; i < e->n_sched; i++) {
-            seq *s = e->sched[i];
-            if (s->finish != KAON_FINISH_NONE) {
-                retire(e, s, items[i]);
-            } else if (items[i]) {
-                fill_usage(s->req, items[i]);
-                deliver(s->req, items[i]);
-            }
-        }
+        step_publish(e, &plan, &res, &out);
     }
     // Shutdown: everything still here ends as aborted.
     admit_inbox(e);
     for (struct kaon_request *r = e->live; r; r = r->next_live) r->abort_requested = true;
     process_aborts(e);
     pthread_mutex_unlock(&e->mu);
-    free(items);
+    free(out.items);
     return NULL;
 }
 
