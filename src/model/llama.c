@@ -341,7 +341,7 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
             op->rope(be, r->k, T, nkv, hd, pos, &m->rope);
             op->kv_write(be, &r->kv[l], r->k, r->v, &b->attn, nkv, hd);
         }
-        op->attention(be, r->q, &r->kv[l], &b->attn, nh, nkv, hd, scale, r->att);
+        op->attention(be, r->q, &r->kv[l], &b->attn, nh, nkv, hd, scale, 0, r->att);
         rc = op->linear_residual ? op->linear_residual(be, r->att, T, &w->wo, r->x) : 1;
         if (rc == 1) {
             op->linear(be, r->att, T, &w->wo, NULL, r->proj);  // [T, dim]

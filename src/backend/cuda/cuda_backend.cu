@@ -509,21 +509,31 @@ static void cuda_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, co
 }
 
 static void cuda_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
-                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, void *out) {
+                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, int window,
+                           void *out) {
     kc_backend *b = kc(be);
-    if (!kv || !kv->k || !kv->v || !m) {
+    if (!kv || !kv->k || !kv->v || !m || window < 0) {
         kc_fail(b, "cuda attention: bad arguments");
         return;
     }
     kc_attention(b, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, m,
-                 cache_slots(b, kv, nkv, hd), nh, nkv, hd, scale, (bf16 *)out);
+                 cache_slots(b, kv, nkv, hd), nh, nkv, hd, scale, window, (bf16 *)out);
 }
 
 static void cuda_silu_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                               void *out) {
-    kc_backend *b = kc(be);
     if (n <= 0 || dim <= 0) return;
-    kc_silu_mul(b, (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+    kc_silu_mul(kc(be), (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+}
+
+static void cuda_gelu_tanh_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
+                                   void *out) {
+    if (n <= 0 || dim <= 0) return;
+    kc_gelu_tanh_mul(kc(be), (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+}
+
+static void cuda_scale(kaon_backend *be, void *x, size_t n, float s) {
+    kc_scale(kc(be), (bf16 *)x, n, s);
 }
 
 // Pinned staging of at least bytes (outside graph recording).
@@ -760,6 +770,8 @@ static kaon_backend_ops make_ops(void) {
     o.kv_write = cuda_kv_write;
     o.attention = cuda_attention;
     o.silu_and_mul = cuda_silu_and_mul;
+    o.gelu_tanh_and_mul = cuda_gelu_tanh_and_mul;
+    o.scale = cuda_scale;
     o.to_host_f32 = cuda_to_host_f32;
     o.destroy = cuda_destroy;
     o.upload = cuda_upload;
