@@ -254,13 +254,19 @@ static int run_op(const char *dir) {
             save_dev(dir, "out.bin", dy, (size_t)n * out);
         }
     } else if (!strcmp(op, "rope")) {
-        int n = P("n"), nh = P("nh"), hd = P("hd"), rot = P("rot");
-        float *x = need(dir, "x.bin", (size_t)n * nh * hd * 4), *inv = need(dir, "inv.bin", (size_t)rot / 2 * 4);
+        // n_tables 2: inv.bin holds tables A and B (Gemma 3's local and global layers), applied
+        // to copies of x in the order A, B, A, B (out.bin, out1.bin, ...), as layers alternate.
+        int n = P("n"), nh = P("nh"), hd = P("hd"), rot = P("rot"), nt = P("n_tables") > 1 ? 2 : 1;
+        float *x = need(dir, "x.bin", (size_t)n * nh * hd * 4), *inv = need(dir, "inv.bin", (size_t)nt * rot / 2 * 4);
         int32_t *pos = need(dir, "pos.bin", (size_t)n * 4);
-        kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv};
-        void *dx = dev_bf16(x, n, (int64_t)nh * hd);
-        o->rope(be, dx, n, nh, hd, pos, &r);
-        save_dev(dir, "out.bin", dx, (size_t)n * nh * hd);
+        for (int k = 0; k < (nt == 2 ? 4 : 1); k++) {
+            kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv + (k % nt) * (rot / 2)};
+            void *dx = dev_bf16(x, n, (int64_t)nh * hd);
+            o->rope(be, dx, n, nh, hd, pos, &r);
+            char nm[32];
+            snprintf(nm, sizeof nm, k ? "out%d.bin" : "out.bin", k);
+            save_dev(dir, nm, dx, (size_t)n * nh * hd);
+        }
     } else if (!strcmp(op, "attn")) {
         // Context tokens go into the cache first (kv_write, loose index copies); then one step
         // of T query tokens through begin_step: (rope_kv_write | kv_write) + attention.

@@ -173,6 +173,22 @@ def test_rope(tmp_path, hd, rot, inter):
     assert e < 1e-2
 
 
+def test_rope_two_tables(tmp_path):
+    """Gemma 3's layers alternate two RoPE tables (local theta 1e4, global 1e6 with linear scaling
+    8): each call must rotate with its own table, also when the tables come back."""
+    rng = np.random.default_rng()
+    n, nh, hd = 7, 4, 256
+    x = bf16(rng.standard_normal((n, nh, hd)))
+    pos = rng.integers(0, 30000, n).astype(np.int32)
+    a = (1e4 ** (-np.arange(0, hd, 2) / hd)).astype(np.float32)
+    b = (1e6 ** (-np.arange(0, hd, 2) / hd) / 8).astype(np.float32)
+    run_op(tmp_path, "rope", dict(n=n, nh=nh, hd=hd, rot=hd, interleaved=0, n_tables=2),
+           dict(x=x, pos=pos, inv=np.concatenate([a, b])))
+    for k, name in enumerate(["out", "out1", "out2", "out3"]):
+        ref = rope_ref(x, pos, a if k % 2 == 0 else b, hd, 0)
+        assert rel(out(tmp_path, name, (n, nh, hd)), ref) < 1e-2, name
+
+
 def attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=False):
     """Sequences with ctx[i] cached positions and new[i] query tokens; blocks scattered.
     contiguous: each sequence's query tokens together, in sequence order (as the engine lays

@@ -18,6 +18,7 @@ typedef __nv_bfloat16 bf16;
 
 #define KC_MAX_GRAPHS 64
 #define KC_MAX_GEMMS 64
+#define KC_ROPE_TABLES 8  // distinct RoPE frequency tables one backend keeps on the device
 
 // One cached cuBLASLt problem: descriptors and the algorithm the heuristic chose.
 typedef struct kc_gemm {
@@ -67,10 +68,14 @@ typedef struct kc_backend {
     int32_t *loose_dev;
     size_t loose_cap, loose_used;
 
-    // RoPE inverse frequencies on the device (copied when the host array changes).
+    // RoPE inverse frequencies on the device: one table per distinct host array (Gemma 3
+    // alternates two, layer by layer), never overwritten, since a recorded graph keeps reading
+    // the one it was recorded with. d_inv_freq: the table the next rope launch reads.
     float *d_inv_freq;
-    float h_inv_freq[512];
-    int rope_half;
+    float *rope_dev[KC_ROPE_TABLES];
+    float rope_host[KC_ROPE_TABLES][512];
+    int rope_half[KC_ROPE_TABLES];
+    int n_rope;
 
     // Attention partial results of split contexts: [tokens, heads, splits, hd + 2] f32, and
     // one arrival counter per (token, kv head) (back to 0 after every launch).
