@@ -114,16 +114,22 @@ typedef struct kaon_backend_ops {
     void (*kv_write)(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                      const kaon_attn_meta *m, int n_kv_heads, int head_dim);
     // Causal paged attention with GQA.             q, out [n_tokens, n_heads, head_dim]
+    // window 0: the token at position p attends to positions 0..p of its sequence. window > 0
+    // (sliding-window layers, Gemma 3): to the positions k with p - window < k <= p, i.e. the
+    // last `window` keys, p's own included, as HF transformers' sliding_window_overlay
+    // (kv_idx > q_idx - sliding_window, and-ed with the causal kv_idx <= q_idx). Blocks that
+    // hold no position of any token's window are never read (their table entries may be -1).
     void (*attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                       const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
-                      float scale, void *out);
+                      float scale, int window, void *out);
     // out = silu(gate) * up                        gate, up, out [n, dim]; out may be gate
     void (*silu_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                          void *out);
-    // out = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh)   gate, up, out [n, dim]; out may be gate
+    // out = gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    // (HF's gelu_pytorch_tanh)                     gate, up, out [n, dim]; out may be gate
     void (*gelu_tanh_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                               void *out);
-    // x *= s over n activation elements, in place.
+    // x *= s in place                              x [n] activations (Gemma's embedding scale)
     void (*scale)(kaon_backend *be, void *x, size_t n, float s);
     // Copies n activation elements to host floats (logits out of the backend).
     void (*to_host_f32)(kaon_backend *be, const void *x, size_t n, float *out);

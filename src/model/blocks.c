@@ -51,8 +51,7 @@ void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope
         op->rope(f->be, f->a.k, T, nkv, hd, b->attn.positions, rope);
         op->kv_write(f->be, kv, f->a.k, f->a.v, &b->attn, nkv, hd);
     }
-    (void)window;  // TODO(merge h3): the attention op's window parameter
-    op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, f->a.att);
+    op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, f->a.att);
 }
 
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {

@@ -17,9 +17,12 @@
 //   (op moe: the moe op on stacked experts; with "time N" it also prints us per call)
 //   gpu_driver qtimings                   quantized GEMV timings per GGUF format (JSON lines; the
 //                                         ops qlinear/qmulti/qsilu: gpu_driver_quant.c)
-//   gpu_driver attn_bench [NH NKV HD MAXT] prefill attention of one sequence at 1k..16k tokens
+//   gpu_driver attn_bench [NH NKV HD MAXT WINDOW]
+//                                         prefill attention of one sequence at 1k..16k tokens
 //                                         (and a 2k chunk after a 6k prefix) : us and TFLOP/s
-//                                         (JSON lines); KAON_FA=0 times the split-K kernel instead
+//                                         (JSON lines); KAON_FA=0 times the split-K kernel instead;
+//                                         WINDOW > 0: sliding-window attention (FLOPs of the
+//                                         window's keys only)
 // DEV: cpu or cuda. IDS: a comma list.
 #include <math.h>
 #include <stdbool.h>
@@ -251,18 +254,25 @@ static int run_op(const char *dir) {
             save_dev(dir, "out.bin", dy, (size_t)n * out);
         }
     } else if (!strcmp(op, "rope")) {
-        int n = P("n"), nh = P("nh"), hd = P("hd"), rot = P("rot");
-        float *x = need(dir, "x.bin", (size_t)n * nh * hd * 4), *inv = need(dir, "inv.bin", (size_t)rot / 2 * 4);
+        // n_tables 2: inv.bin holds tables A and B (Gemma 3's local and global layers), applied
+        // to copies of x in the order A, B, A, B (out.bin, out1.bin, ...), as layers alternate.
+        int n = P("n"), nh = P("nh"), hd = P("hd"), rot = P("rot"), nt = P("n_tables") > 1 ? 2 : 1;
+        float *x = need(dir, "x.bin", (size_t)n * nh * hd * 4), *inv = need(dir, "inv.bin", (size_t)nt * rot / 2 * 4);
         int32_t *pos = need(dir, "pos.bin", (size_t)n * 4);
-        kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv};
-        void *dx = dev_bf16(x, n, (int64_t)nh * hd);
-        o->rope(be, dx, n, nh, hd, pos, &r);
-        save_dev(dir, "out.bin", dx, (size_t)n * nh * hd);
+        for (int k = 0; k < (nt == 2 ? 4 : 1); k++) {
+            kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv + (k % nt) * (rot / 2)};
+            void *dx = dev_bf16(x, n, (int64_t)nh * hd);
+            o->rope(be, dx, n, nh, hd, pos, &r);
+            char nm[32];
+            snprintf(nm, sizeof nm, k ? "out%d.bin" : "out.bin", k);
+            save_dev(dir, nm, dx, (size_t)n * nh * hd);
+        }
     } else if (!strcmp(op, "attn")) {
         // Context tokens go into the cache first (kv_write, loose index copies); then one step
         // of T query tokens through begin_step: (rope_kv_write | kv_write) + attention.
         int T = P("T"), S = P("n_seqs"), nh = P("nh"), nkv = P("nkv"), hd = P("hd"), bs = P("bs");
         int n_blocks = P("n_blocks"), mb = P("max_blocks"), C = P("n_ctx"), fused = P("fused");
+        int window = P("window");
         float scale = (float)param(dir, "scale", 1.0);
         size_t kvrow = (size_t)nkv * hd;
         kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes),
@@ -301,7 +311,7 @@ static int run_op(const char *dir) {
             o->kv_write(be, &kv, k, v, &m, nkv, hd);
         }
         void *out = dev_bf16(NULL, T, (int64_t)nh * hd);
-        o->attention(be, q, &kv, &m, nh, nkv, hd, scale, out);
+        o->attention(be, q, &kv, &m, nh, nkv, hd, scale, window, out);
         save_dev(dir, "out.bin", out, (size_t)T * nh * hd);
         save_dev(dir, "out_kcache.bin", kv.k, (size_t)n_blocks * bs * kvrow);
         save_dev(dir, "out_vcache.bin", kv.v, (size_t)n_blocks * bs * kvrow);
@@ -316,13 +326,19 @@ static int run_op(const char *dir) {
         void *out2 = dev_bf16(NULL, P("n_rows"), dim);
         o->get_rows(be, out, rows, P("n_rows"), dim, out2);
         save_dev(dir, "out_rows.bin", out2, (size_t)P("n_rows") * dim);
-    } else if (!strcmp(op, "silu_mul")) {
+    } else if (!strcmp(op, "silu_mul") || !strcmp(op, "gelu_mul")) {
         int n = P("n"), dim = P("dim");
         void *g = dev_bf16(need(dir, "g.bin", (size_t)n * dim * 4), n, dim);
         void *u = dev_bf16(need(dir, "u.bin", (size_t)n * dim * 4), n, dim);
         void *out = dev_bf16(NULL, n, dim);
-        o->silu_and_mul(be, g, u, n, dim, out);
+        if (!strcmp(op, "silu_mul")) o->silu_and_mul(be, g, u, n, dim, out);
+        else o->gelu_tanh_and_mul(be, g, u, n, dim, out);
         save_dev(dir, "out.bin", out, (size_t)n * dim);
+    } else if (!strcmp(op, "scale")) {  // x *= s in place
+        int n = P("n");
+        void *x = dev_bf16(need(dir, "x.bin", (size_t)n * 4), 1, n);
+        o->scale(be, x, (size_t)n, (float)param(dir, "s", 1.0));
+        save_dev(dir, "out.bin", x, (size_t)n);
     } else if (!strcmp(op, "sample")) {  // D draws of one row of logits, each with its own key
         int V = P("vocab"), D = P("draws"), nb = P("n_bias"), ns = P("n_seen"), no = P("n_out");
         float *lg = need(dir, "logits.bin", (size_t)V * 4);
@@ -500,10 +516,10 @@ static int run_timings(void) {
         kaon_attn_meta m = {.n_tokens = 1, .n_seqs = 1, .positions = &pos, .token_seq = &seq,
                             .slot_mapping = &slot, .block_tables = tab, .max_blocks = nb, .block_size = bs};
         if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
-        for (int it = 0; it < 5; it++) o->attention(be, xd.data, &kv, &m, nh, nkv, hd, 0.088f, y);
+        for (int it = 0; it < 5; it++) o->attention(be, xd.data, &kv, &m, nh, nkv, hd, 0.088f, 0, y);
         sync_dev(y);
         double t0 = now_s();
-        for (int it = 0; it < 50; it++) o->attention(be, xd.data, &kv, &m, nh, nkv, hd, 0.088f, y);
+        for (int it = 0; it < 50; it++) o->attention(be, xd.data, &kv, &m, nh, nkv, hd, 0.088f, 0, y);
         sync_dev(y);
         double dt = (now_s() - t0) / 50;
         printf("{\"timing\": \"attention\", \"ctx\": %d, \"us\": %.2f, \"GBps\": %.1f}\n", L, dt * 1e6,
@@ -519,8 +535,8 @@ static int run_timings(void) {
 
 // Prefill attention: one sequence whose T new tokens sit at positions p0..p0+T-1 (the cache
 // holds 0..p0+T-1: random values), Llama-3.1-8B's heads by default. Causal FLOPs: 4 hd nh per
-// (query, key) pair, keys 0..p for the query at p.
-static int run_attn_bench(int nh, int nkv, int hd, int max_t) {
+// (query, key) pair, keys 0..p for the query at p (the last `window` of them when window > 0).
+static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window) {
     be = kaon_backend_cuda_create(0);
     if (!be) die("no backend%s", "");
     const kaon_backend_ops *o = be->ops;
@@ -550,24 +566,26 @@ static int run_attn_bench(int nh, int nkv, int hd, int max_t) {
                             .slot_mapping = slot, .block_tables = tab, .max_blocks = nb, .block_size = bs};
         if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
         const float scale = 1.0f / sqrtf((float)hd);
-        o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, y);  // warm-up
+        o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, window, y);  // warm-up
         sync_dev(y);
         double t0 = now_s();
-        o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, y);
+        o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, window, y);
         sync_dev(y);
         double one = now_s() - t0;
         int reps = one > 0.2 ? 1 : (int)(0.2 / (one > 1e-6 ? one : 1e-6)) + 1;
         if (reps > 200) reps = 200;
         t0 = now_s();
-        for (int it = 0; it < reps; it++) o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, y);
+        for (int it = 0; it < reps; it++) o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, window, y);
         sync_dev(y);
         double dt = (now_s() - t0) / reps;
-        double pairs = (double)T * p0 + (double)T * (T + 1) / 2;
+        double pairs = 0.0;
+        for (int i = 0; i < T; i++) pairs += window > 0 && p0 + i + 1 > window ? window : p0 + i + 1;
         double flops = 4.0 * hd * nh * pairs;
         const char *fa = getenv("KAON_FA");
         printf("{\"timing\": \"attn_prefill\", \"kernel\": \"%s\", \"T\": %d, \"p0\": %d, \"nh\": %d, "
-               "\"nkv\": %d, \"hd\": %d, \"reps\": %d, \"us\": %.1f, \"TFLOPs\": %.1f}\n",
-               fa && !strcmp(fa, "0") ? "split-k" : "fa", T, p0, nh, nkv, hd, reps, dt * 1e6, flops / dt / 1e12);
+               "\"nkv\": %d, \"hd\": %d, \"window\": %d, \"reps\": %d, \"us\": %.1f, \"TFLOPs\": %.1f}\n",
+               fa && !strcmp(fa, "0") ? "split-k" : "fa", T, p0, nh, nkv, hd, window, reps, dt * 1e6,
+               flops / dt / 1e12);
         fflush(stdout);
         if (o->status(be)) die("attention failed%s", "");
         o->release(be, &kt);
@@ -775,7 +793,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "timings")) return run_timings();
     if (argc >= 2 && !strcmp(argv[1], "attn_bench"))
         return run_attn_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
-                              argc > 4 ? atoi(argv[4]) : 128, argc > 5 ? atoi(argv[5]) : 16384);
+                              argc > 4 ? atoi(argv[4]) : 128, argc > 5 ? atoi(argv[5]) : 16384,
+                              argc > 6 ? atoi(argv[6]) : 0);
     if (argc >= 7 && !strcmp(argv[1], "logits"))
         return run_logits(argv[2], argv[3], atoi(argv[4]), argv[5], argv[6], argc > 7 && !strcmp(argv[7], "dummy"));
     if (argc >= 6 && !strcmp(argv[1], "batch")) return run_batch(argv[2], argv[3], argv[4], argv[5]);

@@ -4,7 +4,7 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|fa|quant|models|gguf|big|bench|throughput|gemma3] ...
+#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3] ...
 # (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, runs only when named, not under all)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
@@ -92,6 +92,15 @@ if want fa 30; then  # attention tests (prefill kernel included) and its timings
     note "attn_bench rc=$? ($(( $(date +%s) - t0 )) s)"
     cat /tmp/fa_bench.log >> "$OUT/bench.log"
     cat /tmp/fa_bench.log
+fi
+if want gemma 30; then  # Gemma 3's ops: sliding-window attention, GELU-tanh, scale, two RoPE tables, < 2 min
+    pytest_section gemma 240 "attention_window or gelu_tanh or test_scale or rope_two_tables"
+    t0=$(date +%s)
+    { timeout "$(tl 60)" "$KAON_GPU_DRIVER" attn_bench 4 1 256 16384 512
+      timeout "$(tl 60)" "$KAON_GPU_DRIVER" attn_bench 4 1 256 16384; } > /tmp/gemma_bench.log 2>&1
+    note "attn_bench window 512 rc=$? ($(( $(date +%s) - t0 )) s)"
+    cat /tmp/gemma_bench.log >> "$OUT/bench.log"
+    cat /tmp/gemma_bench.log
 fi
 want models 40 && pytest_section models 240 "small_vs_transformers"
 if want moe 40; then  # mixture of experts: the moe op and MoE models vs transformers, < 3 min

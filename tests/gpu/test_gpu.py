@@ -51,7 +51,7 @@ def rel(out, ref):
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def run_op(tmp, op, params, arrays):
+def run_op(tmp, op, params, arrays, env=None):
     tmp.mkdir(parents=True, exist_ok=True)
     lines = [f"op {op}"] + [f"{k} {v}" for k, v in params.items()]
     (tmp / "params.txt").write_text("\n".join(lines) + "\n")
@@ -59,7 +59,8 @@ def run_op(tmp, op, params, arrays):
         a = np.ascontiguousarray(a)
         assert a.dtype in (np.float32, np.int32, np.uint8), (name, a.dtype)
         a.tofile(tmp / f"{name}.bin")
-    p = subprocess.run([driver(), "op", str(tmp)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([driver(), "op", str(tmp)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, **(env or {})))
     assert p.returncode == 0, f"driver failed: {p.stderr}"
     return p.stdout
 
@@ -172,6 +173,22 @@ def test_rope(tmp_path, hd, rot, inter):
     assert e < 1e-2
 
 
+def test_rope_two_tables(tmp_path):
+    """Gemma 3's layers alternate two RoPE tables (local theta 1e4, global 1e6 with linear scaling
+    8): each call must rotate with its own table, also when the tables come back."""
+    rng = np.random.default_rng()
+    n, nh, hd = 7, 4, 256
+    x = bf16(rng.standard_normal((n, nh, hd)))
+    pos = rng.integers(0, 30000, n).astype(np.int32)
+    a = (1e4 ** (-np.arange(0, hd, 2) / hd)).astype(np.float32)
+    b = (1e6 ** (-np.arange(0, hd, 2) / hd) / 8).astype(np.float32)
+    run_op(tmp_path, "rope", dict(n=n, nh=nh, hd=hd, rot=hd, interleaved=0, n_tables=2),
+           dict(x=x, pos=pos, inv=np.concatenate([a, b])))
+    for k, name in enumerate(["out", "out1", "out2", "out3"]):
+        ref = rope_ref(x, pos, a if k % 2 == 0 else b, hd, 0)
+        assert rel(out(tmp_path, name, (n, nh, hd)), ref) < 1e-2, name
+
+
 def attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=False):
     """Sequences with ctx[i] cached positions and new[i] query tokens; blocks scattered.
     contiguous: each sequence's query tokens together, in sequence order (as the engine lays
@@ -204,17 +221,17 @@ def attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=False):
     return arrays, params, order, K, V
 
 
-def attention_ref(q, order, K, V, nh, nkv, hd):
+def attention_ref(q, order, K, V, nh, nkv, hd, window=0):
+    """window > 0: the keys k with p - window < k <= p (HF's kv_idx > q_idx - sliding_window)."""
     g = nh // nkv
     outs = []
     for t, (s, p) in enumerate(order):
-        k, v = K[s][: p + 1].astype(np.float64), V[s][: p + 1].astype(np.float64)
-        o = np.zeros((nh, hd))
-        for h in range(nh):
-            sc = k[:, h // g] @ q[t, h].astype(np.float64) / np.sqrt(hd)
-            w = np.exp(sc - sc.max())
-            o[h] = (w / w.sum()) @ v[:, h // g]
-        outs.append(o)
+        lo = max(0, p - window + 1) if window > 0 else 0
+        k, v = K[s][lo: p + 1].astype(np.float64), V[s][lo: p + 1].astype(np.float64)  # [L, nkv, hd]
+        qq = q[t].astype(np.float64).reshape(nkv, g, hd)
+        sc = np.einsum("cgd,lcd->cgl", qq, k) / np.sqrt(hd)
+        w = np.exp(sc - sc.max(-1, keepdims=True))
+        outs.append(np.einsum("cgl,lcd->cgd", w / w.sum(-1, keepdims=True), v).reshape(nh, hd))
     return np.stack(outs)
 
 
@@ -272,6 +289,58 @@ def test_attention_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs):
            worst_at=dict(token=int(worst[0]), seq=int(order[worst[0]][0]), pos=int(order[worst[0]][1]), head=int(worst[1])))
     assert e < 1e-2
     assert d.max() < 3e-2, (name, float(d.max()), order[worst[0]], int(worst[1]))
+
+
+# Sliding-window attention (Gemma 3's local layers): decode tokens (the streaming kernel, and
+# its split contexts inside the window), prefill runs (the tensor-core kernel: tiles before the
+# window skipped, the edge masked) and the split-K kernel where neither has an instance (hd 96;
+# hd 256 with 8 query heads per KV head) or where the environment turns them off. Blocks before
+# every window of their sequence are taken out of the tables (-1): they must not be read.
+WINDOW_CASES = [
+    # name, cached positions, new tokens, nh, nkv, hd, block size, prefill layout, env
+    ("dec-hd128", [0, 99, 3000, 700, 4000], [1] * 5, 8, 2, 128, 16, False, None),
+    ("dec-hd64-g1", [5, 600, 4095], [1, 1, 1], 4, 4, 64, 16, False, None),
+    ("dec-hd256-g4", [0, 511, 512, 513, 4000], [1] * 5, 4, 1, 256, 16, False, None),  # Gemma 3 270M/1B heads
+    ("dec-multi-token", [300, 1000], [3, 2], 8, 4, 256, 16, False, None),  # interleaved: no prefill run
+    ("pre-hd256-g4", [0, 300, 3000], [700, 40, 129], 4, 1, 256, 16, True, None),
+    ("pre-hd128", [0, 1000], [600, 200], 16, 8, 128, 16, True, None),
+    ("pre-hd64-bs256", [0, 2000], [300, 100], 8, 2, 64, 256, True, None),
+    ("mixed-hd256", [0, 3000, 50, 7], [530, 1, 20, 3], 8, 2, 256, 32, True, None),
+    ("fallback-hd256-g8", [0, 2000], [40, 1], 8, 1, 256, 16, True, None),
+    ("fallback-hd96", [0, 1500], [50, 1], 4, 2, 96, 16, True, None),
+    ("splitk-forced", [0, 2500, 9], [300, 1, 1], 8, 2, 128, 16, True, {"KAON_FA": "0", "KAON_DECODE_ATTN": "0"}),
+]
+
+
+def punch_window_holes(arrays, order, bs, window):
+    """Sets to -1 the table entries of blocks that hold no key of any window of their sequence."""
+    tables = arrays["tables"].copy()
+    for s in range(tables.shape[0]):
+        ps = [p for ss, p in order if ss == s]
+        first = min(ps) - window + 1 if ps else 0  # the lowest key any of s's tokens keeps
+        for blk in range(tables.shape[1]):
+            if (blk + 1) * bs <= first:
+                tables[s, blk] = -1
+    arrays["tables"] = tables
+    return int((tables < 0).sum())
+
+
+@pytest.mark.parametrize("window", [1, 7, 512])
+@pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,contig,env", WINDOW_CASES)
+def test_attention_window(tmp_path, name, ctx, new, nh, nkv, hd, bs, contig, env, window):
+    rng = np.random.default_rng()
+    arrays, params, order, K, V = attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=contig)
+    holes = punch_window_holes(arrays, order, bs, window)
+    run_op(tmp_path, "attn", dict(params, fused=0, window=window), arrays, env=env)
+    ref = attention_ref(arrays["q"], order, K, V, nh, nkv, hd, window)
+    got = out(tmp_path, shape=ref.shape)
+    e = rel(got, ref)
+    d = np.linalg.norm(got.astype(np.float64) - ref, axis=-1) / np.maximum(np.linalg.norm(ref, axis=-1), 1e-30)
+    worst = np.unravel_index(int(np.argmax(d)), d.shape)
+    record("attention_window", case=name, window=window, holes=holes, rel_err=e, worst_row=float(d.max()),
+           worst_at=dict(seq=int(order[worst[0]][0]), pos=int(order[worst[0]][1]), head=int(worst[1])))
+    assert e < 1e-2
+    assert d.max() < 3e-2, (name, window, float(d.max()), order[worst[0]], int(worst[1]))
 
 
 @pytest.mark.parametrize("inter,rot", [(0, 128), (1, 128), (0, 64)])
@@ -424,6 +493,34 @@ def test_silu_mul(tmp_path):
     run_op(tmp_path, "silu_mul", dict(n=n, dim=dim), dict(g=g, u=u))
     ref = g / (1 + np.exp(-g.astype(np.float64))) * u
     assert rel(out(tmp_path, shape=(n, dim)), ref) < 1e-2
+
+
+def test_gelu_tanh_mul(tmp_path):
+    """gelu_pytorch_tanh(gate) * up (Gemma 3's MLP), rounded as HF's bf16: bf16(bf16(gelu) * up)."""
+    rng = np.random.default_rng()
+    n, dim = 5, 2051
+    g, u = bf16(rng.standard_normal((n, dim)) * 3), bf16(rng.standard_normal((n, dim)))
+    g[0, :6] = [-100, 100, 0, -9, -20, 5.5]
+    run_op(tmp_path, "gelu_mul", dict(n=n, dim=dim), dict(g=g, u=u))
+    x = g.astype(np.float64)
+    ref = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))) * u
+    got = out(tmp_path, shape=(n, dim))
+    e = rel(got, ref)
+    record("gelu_tanh_mul", rel_err=e)
+    assert e < 1e-2
+    assert np.all(np.abs(got - ref) <= 8e-3 * np.abs(ref) + 1e-6)  # two bf16 roundings per element
+
+
+@pytest.mark.parametrize("n,s", [(3 * 640 + 7, float(np.sqrt(640))), (5 * 1152, float(bf16([np.sqrt(1152)])[0]))])
+def test_scale(tmp_path, n, s):
+    """x *= s (Gemma's embedding scale): bf16(x * s) with the product in f32, to the bit."""
+    rng = np.random.default_rng()
+    x = bf16(rng.standard_normal(n) * 0.05)
+    run_op(tmp_path, "scale", dict(n=n, s=repr(s)), dict(x=x))
+    want = x * np.float32(s)
+    if os.environ.get("KAON_OP_DEVICE") != "cpu":  # (the CPU harness check keeps f32 activations)
+        want = bf16(want)
+    assert np.array_equal(out(tmp_path), want)
 
 
 def random_blocks(rng, qtype, n_blocks):

@@ -689,7 +689,7 @@ static void net_forward(bench_net *N, int n, int p0, int prof) {
         NET_OP(N, 3, o->rope(be, N->q, n, BM_H, BM_HD, N->pos, &N->rope));
         NET_OP(N, 3, o->rope(be, N->k, n, BM_KVH, BM_HD, N->pos, &N->rope));
         NET_OP(N, 4, o->kv_write(be, &N->kv[l], N->k, N->v, &m, BM_KVH, BM_HD));
-        NET_OP(N, 5, o->attention(be, N->q, &N->kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, N->att));
+        NET_OP(N, 5, o->attention(be, N->q, &N->kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, 0, N->att));
         NET_OP(N, 2, o->linear(be, N->att, n, &y->wo, NULL, N->proj));
         NET_OP(N, 1, o->rmsnorm(be, N->x, N->proj, &y->norm2, 1e-5f, n, BM_D, N->xn));
         rc = 1;
@@ -813,7 +813,7 @@ static void bench_decode(int n_threads, int S, int C, int reps) {
             NET_OP(P, 3, o->rope(be, N.q, n, BM_H, BM_HD, N.pos, &N.rope));
             NET_OP(P, 3, o->rope(be, N.k, n, BM_KVH, BM_HD, N.pos, &N.rope));
             NET_OP(P, 4, o->kv_write(be, &N.kv[l], N.k, N.v, &m, BM_KVH, BM_HD));
-            NET_OP(P, 5, o->attention(be, N.q, &N.kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, N.att));
+            NET_OP(P, 5, o->attention(be, N.q, &N.kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, 0, N.att));
             NET_OP(P, 2, o->linear(be, N.att, n, &y->wo, NULL, N.proj));
             NET_OP(P, 1, o->rmsnorm(be, N.x, N.proj, &y->norm2, 1e-5f, n, BM_D, N.xn));
             NET_OP(P, 2, o->linear_silu_mul(be, N.xn, n, &y->wg, &y->wu, N.g));

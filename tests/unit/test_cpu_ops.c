@@ -233,6 +233,42 @@ static void test_silu(kaon_backend *be, const char *set) {
     free(g); free(u); free(out); free(ref);
 }
 
+static void test_gelu_tanh(kaon_backend *be, const char *set) {
+    const int n = 3, D = 1003;  // a tail past the SIMD width
+    float *g = rnd_vec((size_t)n * D, 4.0), *u = rnd_vec((size_t)n * D, 1.0);
+    float *out = malloc(sizeof(float) * n * D);
+    const float edge[] = {-100.0f, 100.0f, 0.0f, -9.0f, -20.0f, 1e-3f, -1e-3f, 5.5f};
+    memcpy(g, edge, sizeof edge);  // exp's range ends, both signs near 0
+    memcpy(g + 2 * D + 8, edge, sizeof edge);  // and again in the scalar tail of a SIMD row
+    double *ref = malloc(sizeof(double) * n * D);
+    const double c = sqrt(2.0 / 3.14159265358979323846);
+    for (int i = 0; i < n * D; i++) {
+        const double x = g[i];
+        ref[i] = 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))) * u[i];
+    }
+    be->ops->gelu_tanh_and_mul(be, g, u, n, D, out);
+    CHECK_RATIO(err_ratio(out, ref, (size_t)n * D, 1e-7, 2e-6), "gelu_tanh_and_mul", set);
+    be->ops->gelu_tanh_and_mul(be, g, u, n, D, g);  // in place over gate
+    CHECK(memcmp(g, out, sizeof(float) * n * D) == 0);
+    free(g); free(u); free(out); free(ref);
+}
+
+static void test_scale(kaon_backend *be) {
+    const size_t sizes[] = {1, 640 * 3, 1 << 20};  // the last one spread over the threads
+    for (int k = 0; k < 3; k++) {
+        const size_t n = sizes[k];
+        float *x = rnd_vec(n, 2.0), *x0 = malloc(sizeof(float) * n);
+        memcpy(x0, x, sizeof(float) * n);
+        const float s = sqrtf(640.0f);
+        be->ops->scale(be, x, n, s);
+        int ok = 1;
+        for (size_t i = 0; i < n; i++) ok &= x[i] == x0[i] * s;  // one float multiply each
+        CHECK(ok);
+        free(x);
+        free(x0);
+    }
+}
+
 // ---- rope -------------------------------------------------------------------------
 
 static void test_rope(kaon_backend *be, const char *set) {
@@ -294,11 +330,14 @@ typedef struct {
     int32_t *btab;  // [n_seqs, max_blocks], a shuffled permutation of the pool
 } kv_layout;
 
-// Dense reference: token t of sequence s at position p attends to positions 0..p of s, whose
+// Dense reference: token t of sequence s at position p attends to the positions k <= p of s
+// (window 0) that are also inside the sliding window, HF's kv_idx > q_idx - window; their
 // K/V rows are kall/vall [seq][pos][n_kv][hd].
+static int ref_in_window(int k, int p, int window) { return k <= p && (window == 0 || k > p - window); }
+
 static void ref_attention(const float *q, const float *kall, const float *vall, int max_pos,
                           const int32_t *seqs, const int32_t *pos, int T, int H, int KVH, int hd,
-                          float scale, double *out) {
+                          float scale, int window, double *out) {
     double *sc = malloc(sizeof(double) * (max_pos + 1));
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
@@ -306,16 +345,19 @@ static void ref_attention(const float *q, const float *kall, const float *vall, 
             const float *qv = q + ((size_t)t * H + h) * hd;
             double mx = -INFINITY, sum = 0.0;
             for (int p = 0; p <= pos[t]; p++) {
+                if (!ref_in_window(p, pos[t], window)) continue;
                 const float *kv = kall + (((size_t)seqs[t] * max_pos + p) * KVH + g) * hd;
                 double d = 0.0;
                 for (int i = 0; i < hd; i++) d += (double)qv[i] * kv[i];
                 sc[p] = d * scale;
                 mx = fmax(mx, sc[p]);
             }
-            for (int p = 0; p <= pos[t]; p++) sum += sc[p] = exp(sc[p] - mx);
+            for (int p = 0; p <= pos[t]; p++)
+                if (ref_in_window(p, pos[t], window)) sum += sc[p] = exp(sc[p] - mx);
             double *o = out + ((size_t)t * H + h) * hd;
             for (int i = 0; i < hd; i++) o[i] = 0.0;
             for (int p = 0; p <= pos[t]; p++) {
+                if (!ref_in_window(p, pos[t], window)) continue;
                 const float *vv = vall + (((size_t)seqs[t] * max_pos + p) * KVH + g) * hd;
                 for (int i = 0; i < hd; i++) o[i] += sc[p] / sum * vv[i];
             }
@@ -395,16 +437,16 @@ static void test_attention_mixed(kaon_backend *be, const char *set, int hd) {
                         .block_size = L.bs};
     const float scale = 1.0f / sqrtf((float)hd);
     kaon_clear_error();
-    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, out);
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, 0, out);
     CHECK(strcmp(kaon_last_error(), "unknown error") == 0);
-    ref_attention(q, kall, vall, MAXP, s2, p2, T2, H, KVH, hd, scale, ref);
+    ref_attention(q, kall, vall, MAXP, s2, p2, T2, H, KVH, hd, scale, 0, ref);
     CHECK_RATIO(err_ratio(out, ref, (size_t)T2 * H * hd, 2e-6, 2e-5), "attention mixed batch", set);
 
     // A token of an unknown sequence and one whose block is missing: zero rows and an error.
     s2[0] = 7;
     L.btab[3 * L.max_blocks + 0] = -1;  // sequence 3's only block
     kaon_clear_error();
-    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, out);
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, 0, out);
     CHECK(strstr(kaon_last_error(), "out of range") != NULL);
     int zero = 1;
     for (int i = 0; i < H * hd; i++) zero &= out[i] == 0.0f && out[(size_t)(T2 - 1) * H * hd + i] == 0.0f;
@@ -434,23 +476,23 @@ static void test_attention_long(kaon_backend *be, const char *set) {
     kaon_attn_meta m = {.n_tokens = T, .n_seqs = 1, .positions = pos + MAXP - T,
                         .token_seq = seqs, .slot_mapping = NULL, .block_tables = L.btab,
                         .max_blocks = L.max_blocks, .block_size = L.bs};
-    be->ops->attention(be, q, &kv, &m, H, KVH, hd, 0.5f, out);
-    ref_attention(q, kall, vall, MAXP, seqs, pos + MAXP - T, T, H, KVH, hd, 0.5f, ref);
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, 0.5f, 0, out);
+    ref_attention(q, kall, vall, MAXP, seqs, pos + MAXP - T, T, H, KVH, hd, 0.5f, 0, ref);
     // float32 scores over head_dim 64 with |q.k| up to ~30 carry ~1e-5 absolute error.
     CHECK_RATIO(err_ratio(out, ref, (size_t)T * H * hd, 1e-5, 5e-5), "attention long", set);
     // Two threads: every (token, head) is computed the same way, so the result is identical.
     kaon_backend *b1 = kaon_backend_cpu_create(1), *b2 = kaon_backend_cpu_create(2);
     float *o1 = malloc(sizeof(float) * T * H * hd), *o2 = malloc(sizeof(float) * T * H * hd);
-    b1->ops->attention(b1, q, &kv, &m, H, KVH, hd, 0.5f, o1);
-    b2->ops->attention(b2, q, &kv, &m, H, KVH, hd, 0.5f, o2);
+    b1->ops->attention(b1, q, &kv, &m, H, KVH, hd, 0.5f, 0, o1);
+    b2->ops->attention(b2, q, &kv, &m, H, KVH, hd, 0.5f, 0, o2);
     CHECK(memcmp(o1, o2, sizeof(float) * T * H * hd) == 0);
     // One decode token on two threads (work items of one head each) and on one thread
     // (items of a whole KV group).
     m.n_tokens = 1;
     m.positions = pos + MAXP - 1;
-    b1->ops->attention(b1, q, &kv, &m, H, KVH, hd, 0.5f, o1);
-    b2->ops->attention(b2, q, &kv, &m, H, KVH, hd, 0.5f, o2);
-    ref_attention(q, kall, vall, MAXP, seqs, pos + MAXP - 1, 1, H, KVH, hd, 0.5f, ref);
+    b1->ops->attention(b1, q, &kv, &m, H, KVH, hd, 0.5f, 0, o1);
+    b2->ops->attention(b2, q, &kv, &m, H, KVH, hd, 0.5f, 0, o2);
+    ref_attention(q, kall, vall, MAXP, seqs, pos + MAXP - 1, 1, H, KVH, hd, 0.5f, 0, ref);
     CHECK_RATIO(err_ratio(o1, ref, (size_t)H * hd, 1e-5, 5e-5), "attention decode 1 thread", set);
     CHECK_RATIO(err_ratio(o2, ref, (size_t)H * hd, 1e-5, 5e-5), "attention decode 2 threads", set);
     b1->ops->destroy(b1);
@@ -477,12 +519,84 @@ static void test_attention_mqa(kaon_backend *be, const char *set) {
     double *ref = malloc(sizeof(double) * T * H * hd);
     kaon_attn_meta m = {.n_tokens = T, .n_seqs = L.n_seqs, .positions = pos, .token_seq = seqs,
                         .block_tables = L.btab, .max_blocks = L.max_blocks, .block_size = L.bs};
-    be->ops->attention(be, q, &kv, &m, H, KVH, hd, 0.25f, out);
-    ref_attention(q, kall, vall, MAXP, seqs, pos, T, H, KVH, hd, 0.25f, ref);
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, 0.25f, 0, out);
+    ref_attention(q, kall, vall, MAXP, seqs, pos, T, H, KVH, hd, 0.25f, 0, ref);
     CHECK_RATIO(err_ratio(out, ref, (size_t)T * H * hd, 2e-6, 2e-5), "attention MQA", set);
     be->ops->free(be, kv.k);
     be->ops->free(be, kv.v);
     free(L.btab); free(kall); free(vall); free(q); free(out); free(ref);
+}
+
+// Sliding-window attention (the keys p - W < k <= p) in one mixed batch, interleaved: decodes
+// whose context is shorter than, as long as and longer than the window, a prefill chunk
+// after a cached prefix spanning more than a window, a fresh prefill. Blocks before every
+// window of their sequence are then taken out of the table (-1), as an engine that frees them
+// would leave it: the op must not look them up.
+static void test_attention_window(kaon_backend *be, const char *set, int hd, int L, int W) {
+    const int H = 4, KVH = 2, MAXP = 2 * L + 8, S = 5;
+    kv_layout L_ = {.n_seqs = S, .max_blocks = (MAXP + 5) / 6, .bs = 6};
+    L_.n_blocks = S * L_.max_blocks;
+    shuffled_tables(&L_);
+    // Per sequence: cached positions 0..ctx-1, then new tokens ctx..ctx+nnew-1.
+    const int ctx[5] = {L - 1, 2 * L + 5, L / 2 + 1, 0, 3};
+    const int nnew[5] = {1, 1, L + 5, 6, 1};
+    float *kall = rnd_vec((size_t)S * MAXP * KVH * hd, 1.0), *vall = rnd_vec((size_t)S * MAXP * KVH * hd, 1.0);
+    kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L_.n_blocks * L_.bs * KVH * hd),
+                        be->ops->alloc(be, sizeof(float) * L_.n_blocks * L_.bs * KVH * hd)};
+    int32_t *s1 = malloc(sizeof(int32_t) * S * MAXP * 4), *p1 = s1 + S * MAXP, *s2 = p1 + S * MAXP,
+            *p2 = s2 + S * MAXP;
+    int T1 = 0, T2 = 0;
+    for (int s = 0; s < S; s++)
+        for (int p = 0; p < ctx[s]; p++) s1[T1] = s, p1[T1++] = p;
+    write_tokens(be, &kv, &L_, kall, vall, MAXP, s1, p1, T1, KVH, hd);
+    for (int j = 0; j < L + 5; j++)  // round-robin over the sequences: a mixed batch
+        for (int s = 0; s < S; s++)
+            if (j < nnew[s]) s2[T2] = s, p2[T2++] = ctx[s] + j;
+    write_tokens(be, &kv, &L_, kall, vall, MAXP, s2, p2, T2, KVH, hd);
+    int holes = 0;
+    for (int s = 0; s < S; s++) {
+        const int first = ctx[s] - W + 1;  // the lowest window start of s's tokens
+        for (int b = 0; (b + 1) * L_.bs <= first; b++, holes++) L_.btab[s * L_.max_blocks + b] = -1;
+    }
+    float *q = rnd_vec((size_t)T2 * H * hd, 1.0), *out = malloc(sizeof(float) * T2 * H * hd);
+    double *ref = malloc(sizeof(double) * T2 * H * hd);
+    kaon_attn_meta m = {.n_tokens = T2, .n_seqs = S, .positions = p2, .token_seq = s2,
+                        .block_tables = L_.btab, .max_blocks = L_.max_blocks, .block_size = L_.bs};
+    const float scale = 1.0f / sqrtf((float)hd);
+    kaon_clear_error();
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, W, out);
+    CHECK(strcmp(kaon_last_error(), "unknown error") == 0);
+    ref_attention(q, kall, vall, MAXP, s2, p2, T2, H, KVH, hd, scale, W, ref);
+    char what[96];
+    snprintf(what, sizeof what, "attention window %d (hd %d, context %d, %d blocks out)", W, hd, L, holes);
+    CHECK_RATIO(err_ratio(out, ref, (size_t)T2 * H * hd, 2e-6, 2e-5), what, set);
+    // One token on two threads (one head per work item) gives the same numbers.
+    kaon_backend *b2 = kaon_backend_cpu_create(2);
+    float *o2 = malloc(sizeof(float) * H * hd);
+    m.n_tokens = 1;
+    m.positions = p2 + 1;  // sequence 1's decode
+    m.token_seq = s2 + 1;
+    b2->ops->attention(b2, q + H * hd, &kv, &m, H, KVH, hd, scale, W, o2);
+    CHECK_RATIO(err_ratio(o2, ref + H * hd, (size_t)H * hd, 2e-6, 2e-5), "attention window, 1 token", set);
+    b2->ops->destroy(b2);
+    free(o2);
+    // A window past every context is full causal attention, to the bit.
+    if (W >= MAXP) {
+        for (int i = 0; i < S * L_.max_blocks; i++) CHECK(L_.btab[i] >= 0);
+        float *full = malloc(sizeof(float) * T2 * H * hd);
+        m.n_tokens = T2;
+        m.positions = p2;
+        m.token_seq = s2;
+        be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, 0, full);
+        CHECK(memcmp(full, out, sizeof(float) * T2 * H * hd) == 0);
+        free(full);
+    }
+    kaon_clear_error();
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, -1, out);
+    CHECK(strstr(kaon_last_error(), "window -1") != NULL);
+    be->ops->free(be, kv.k);
+    be->ops->free(be, kv.v);
+    free(L_.btab); free(kall); free(vall); free(s1); free(q); free(out); free(ref);
 }
 
 int main(void) {
@@ -496,12 +610,21 @@ int main(void) {
         test_get_rows_to_host(be);
         test_rmsnorm(be, nm);
         test_silu(be, nm);
+        test_gelu_tanh(be, nm);
+        test_scale(be);
         test_rope(be, nm);
         test_attention_mixed(be, nm, 16);
         test_attention_mixed(be, nm, 40);  // head_dim not a multiple of 32
         test_attention_mixed(be, nm, 7);   // nor of 8
         test_attention_long(be, nm);
         test_attention_mqa(be, nm);
+        // Windows smaller than, equal to and larger than the contexts (40 and 85 at context 40),
+        // and past them all; head dims below, at and off the SIMD widths.
+        const int windows[] = {1, 7, 39, 40, 41, 85, 1000};
+        for (int w = 0; w < 7; w++) test_attention_window(be, nm, 16, 40, windows[w]);
+        test_attention_window(be, nm, 40, 40, 7);
+        test_attention_window(be, nm, 7, 40, 41);
+        test_attention_window(be, nm, 64, 100, 64);  // several 64-key chunks per window
     }
     free_sets();
     TEST_MAIN_END();

@@ -2,10 +2,11 @@
 //
 // K and V of one layer are [n_blocks, block_size, n_kv_heads, head_dim] f32. A work item is a
 // token and the query heads of one KV head (a single head when few tokens must be spread over
-// the threads). It walks the token's sequence through its block table in chunks of at most 64
-// positions (runs inside consecutive blocks), computes the chunk's scores for each head, and
-// folds them into a running max / sum / weighted V accumulator (online softmax), so nothing
-// grows with the context. Items are handed out dynamically: their cost grows with position.
+// the threads). It walks the token's keys (0..p, or the last `window` of them) through its
+// block table in chunks of at most 64 positions (runs inside consecutive blocks), computes the
+// chunk's scores for each head, and folds them into a running max / sum / weighted V
+// accumulator (online softmax), so nothing grows with the context. Items are handed out
+// dynamically: their cost grows with position.
 #include <math.h>
 #include <stdbool.h>
 #include <omp.h>
@@ -48,6 +49,7 @@ typedef struct attn_job {
     const kaon_attn_meta *m;
     int n_heads, n_kv, hd, group;
     float scale;
+    int window;  // 0: all of 0..p
 } attn_job;
 
 // Brings rows [0, len) of a [*, rs] float table into the cache, columns [c0, c1) of each.
@@ -91,6 +93,9 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
         return -1;
     }
     const int32_t *bt = m->block_tables + (size_t)s * m->max_blocks;
+    // The first key: p - window + 1 for a sliding window (HF: kv_idx > q_idx - window), so the
+    // blocks before it are never looked up.
+    const int lo = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
     const float *q0 = j->q + ((size_t)t * j->n_heads + h0) * hd;
     const size_t rs = (size_t)j->n_kv * hd;  // floats between consecutive slots
     float *mx = st->mx, *l = st->l;
@@ -103,7 +108,7 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
     // blocks would otherwise make the per-chunk softmax bookkeeping dominate).
     size_t seg_base[KAON_ATTN_CHUNK];
     int seg_len[KAON_ATTN_CHUNK];
-    for (int p0 = 0; p0 <= pos;) {
+    for (int p0 = lo; p0 <= pos;) {
         int nseg = 0, cnt = 0;
         while (cnt < KAON_ATTN_CHUNK && p0 + cnt <= pos) {
             const int p = p0 + cnt, blk = p / bs, off = p % bs;
@@ -121,7 +126,7 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
         }
         // The K and V columns this item reads: its KV heads.
         const size_t c0 = (size_t)(h0 / j->group) * hd, c1 = (size_t)((h0 + nh - 1) / j->group + 1) * hd;
-        if (prefetch && p0 == 0) prefetch_rows(j->K + seg_base[0], rs, seg_len[0], c0, c1);
+        if (prefetch && p0 == lo) prefetch_rows(j->K + seg_base[0], rs, seg_len[0], c0, c1);
         for (int h = 0; h < nh; h++) {
             const size_t hoff = (size_t)((h0 + h) / j->group) * hd;  // the KV head in a slot
             for (int g = 0, c = 0; g < nseg; c += seg_len[g++]) {
@@ -170,12 +175,12 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
 
 void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
-                        float scale, void *out) {
+                        float scale, int window, void *out) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     if (!q || !kv || !kv->k || !kv->v || !m || !out || n_heads <= 0 || n_kv_heads <= 0 ||
-        n_heads % n_kv_heads != 0 || head_dim <= 0 || head_dim > KAON_ATTN_MAX_HD) {
-        kaon_set_error("cpu attention: bad arguments (heads %d, kv heads %d, head_dim %d)",
-                       n_heads, n_kv_heads, head_dim);
+        n_heads % n_kv_heads != 0 || head_dim <= 0 || head_dim > KAON_ATTN_MAX_HD || window < 0) {
+        kaon_set_error("cpu attention: bad arguments (heads %d, kv heads %d, head_dim %d, window %d)",
+                       n_heads, n_kv_heads, head_dim, window);
         return;
     }
     const int T = m->n_tokens;
@@ -187,9 +192,12 @@ void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *k
     }
     attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->v, .out = out, .m = m,
                   .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim,
-                  .group = n_heads / n_kv_heads, .scale = scale};
+                  .group = n_heads / n_kv_heads, .scale = scale, .window = window};
     double work = 0.0;
-    for (int t = 0; t < T; t++) work += (double)(m->positions[t] > 0 ? m->positions[t] + 1 : 1);
+    for (int t = 0; t < T; t++) {
+        const int keys = m->positions[t] > 0 ? m->positions[t] + 1 : 1;
+        work += (double)(window > 0 && keys > window ? window : keys);
+    }
     work *= 8.0 * n_heads * head_dim;  // 2 float FMAs per (position, dim), ~4x an int8 MAC
     const int nt = kaon_cpu_threads_for(be_, work);
     // Work items: a token and some of its query heads. Many tokens (a batched decode step, a

@@ -265,32 +265,64 @@ static void cpu_rope(kaon_backend *be_, void *x_, int n, int n_heads, int head_d
     for (int t = 0; t < n; t++) rope_rows(&j, t, t + 1);
 }
 
-static void cpu_silu_and_mul(kaon_backend *be_, const void *gate, const void *up, int n, int dim,
-                             void *out) {
-    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+// out = act(gate) * up with one of the kernel table's gated activations (silu_mul,
+// gelu_tanh_mul).                               gate, up, out [n, dim]
+typedef void (*gated_fn)(const float *g, const float *u, float *out, int n);
+
+static void gated_and_mul(kaon_backend *be_, gated_fn fn, const char *what, const void *gate,
+                          const void *up, int n, int dim, void *out) {
     if (n <= 0 || dim <= 0) return;
     if (!gate || !up || !out) {
-        kaon_set_error("cpu silu_and_mul: bad arguments");
+        kaon_set_error("cpu %s: bad arguments", what);
         return;
     }
     const size_t total = (size_t)n * dim;
     const int nt = kaon_cpu_threads_for(be_, 16.0 * (double)total);
-    const kaon_cpu_kernels *k = be->k;
     if (nt == 1) {
         // One call over the whole contiguous [n, dim] array.
         size_t done = 0;
         while (done < total) {
             size_t c = total - done > (size_t)1 << 30 ? (size_t)1 << 30 : total - done;
-            k->silu_mul((const float *)gate + done, (const float *)up + done, (float *)out + done,
-                        (int)c);
+            fn((const float *)gate + done, (const float *)up + done, (float *)out + done, (int)c);
             done += c;
         }
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < n; t++)
-        k->silu_mul((const float *)gate + (size_t)t * dim, (const float *)up + (size_t)t * dim,
-                    (float *)out + (size_t)t * dim, dim);
+        fn((const float *)gate + (size_t)t * dim, (const float *)up + (size_t)t * dim,
+           (float *)out + (size_t)t * dim, dim);
+}
+
+static void cpu_silu_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
+                             void *out) {
+    gated_and_mul(be, ((kaon_cpu_backend *)be)->k->silu_mul, "silu_and_mul", gate, up, n, dim, out);
+}
+
+static void cpu_gelu_tanh_and_mul(kaon_backend *be, const void *gate, const void *up, int n,
+                                  int dim, void *out) {
+    gated_and_mul(be, ((kaon_cpu_backend *)be)->k->gelu_tanh_mul, "gelu_tanh_and_mul", gate, up, n,
+                  dim, out);
+}
+
+static void cpu_scale(kaon_backend *be, void *x_, size_t n, float s) {
+    if (!n) return;
+    if (!x_) {
+        kaon_set_error("cpu scale: bad arguments");
+        return;
+    }
+    float *x = x_;
+    const int nt = kaon_cpu_threads_for(be, 4.0 * (double)n);
+    if (nt == 1) {
+        for (size_t i = 0; i < n; i++) x[i] *= s;
+        return;
+    }
+    const size_t per = (n + (size_t)nt - 1) / (size_t)nt;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const size_t a = (size_t)t * per, e = a + per < n ? a + per : n;
+        for (size_t i = a; i < e; i++) x[i] *= s;
+    }
 }
 
 static void cpu_to_host_f32(kaon_backend *be, const void *x, size_t n, float *out) {
@@ -334,6 +366,8 @@ static const kaon_backend_ops cpu_ops = {
     .kv_write = kaon_cpu_kv_write,
     .attention = kaon_cpu_attention,
     .silu_and_mul = cpu_silu_and_mul,
+    .gelu_tanh_and_mul = cpu_gelu_tanh_and_mul,
+    .scale = cpu_scale,
     .to_host_f32 = cpu_to_host_f32,
     .destroy = cpu_destroy,
     .linear_multi = kaon_cpu_linear_multi,

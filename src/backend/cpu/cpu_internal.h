@@ -116,6 +116,8 @@ typedef struct kaon_cpu_kernels {
     float (*exp_sum)(float *s, int n, float mx);
     // out = silu(g) * u
     void (*silu_mul)(const float *g, const float *u, float *out, int n);
+    // out = gelu_tanh(g) * u
+    void (*gelu_tanh_mul)(const float *g, const float *u, float *out, int n);
 } kaon_cpu_kernels;
 
 const kaon_cpu_kernels *kaon_cpu_kernels_scalar(void);
@@ -190,7 +192,7 @@ void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const
                        const kaon_attn_meta *m, int n_kv_heads, int head_dim);
 void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
-                        float scale, void *out);
+                        float scale, int window, void *out);
 
 // The moe op (cpu_moe.c).
 int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,

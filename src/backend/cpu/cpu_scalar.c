@@ -321,6 +321,15 @@ static void silu_mul(const float *g, const float *u, float *out, int n) {
     for (int i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+// 0.5 x (1 + tanh(y)) = x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3): no cancellation
+// where tanh(y) is near -1, and exp's overflow to inf gives the right limit 0.
+static void gelu_tanh_mul(const float *g, const float *u, float *out, int n) {
+    for (int i = 0; i < n; i++) {
+        const float x = g[i], y2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);  // 2y
+        out[i] = x / (1.0f + expf(-y2)) * u[i];
+    }
+}
+
 static const kaon_cpu_kernels scalar_kernels = {
     .name = "scalar",
     .max_rows = 4,
@@ -334,6 +343,7 @@ static const kaon_cpu_kernels scalar_kernels = {
     .attn_accum = attn_accum,
     .exp_sum = exp_sum,
     .silu_mul = silu_mul,
+    .gelu_tanh_mul = gelu_tanh_mul,
 };
 
 const kaon_cpu_kernels *kaon_cpu_kernels_scalar(void) { return &scalar_kernels; }

@@ -888,6 +888,23 @@ static void KX(silu_mul)(const float *g, const float *u, float *out, int n) {
     for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+// As the scalar gelu_tanh_mul: x / (1 + exp(-2y)), 2y = 2 sqrt(2/pi) (x + 0.044715 x^3).
+static void KX(gelu_tanh_mul)(const float *g, const float *u, float *out, int n) {
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), c2 = _mm256_set1_ps(-1.5957691216057308f),
+                 c3 = _mm256_set1_ps(-1.5957691216057308f * 0.044715f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i), x2 = _mm256_mul_ps(x, x);
+        const __m256 ny2 = _mm256_mul_ps(x, _mm256_fmadd_ps(c3, x2, c2));  // -2y
+        const __m256 gl = _mm256_div_ps(x, _mm256_add_ps(one, KX(exp_ps)(ny2)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        const float x = g[i], y2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);
+        out[i] = x / (1.0f + expf(-y2)) * u[i];
+    }
+}
+
 static const kaon_cpu_kernels KX(kernels) = {
     .name = KX_NAME,
     .max_rows = KX_ROWS,
@@ -909,4 +926,5 @@ static const kaon_cpu_kernels KX(kernels) = {
     .attn_accum = KX(attn_accum),
     .exp_sum = KX(exp_sum),
     .silu_mul = KX(silu_mul),
+    .gelu_tanh_mul = KX(gelu_tanh_mul),
 };

@@ -1,10 +1,11 @@
 // Paged causal attention with GQA on the GPU, one kernel for decode and prefill.
 //
 // A block serves one query token t and one KV head: the g = n_heads / n_kv_heads query heads
-// that share it. It walks t's keys 0..positions[t] through the block table in tiles of 128
-// (one key per thread: its K row read with 16-byte loads, its g scores against the q vectors
-// held in shared memory), folds each tile into a running max / sum per head (online
-// softmax), and accumulates P V with each thread owning a pair of output dims for some heads.
+// that share it. It walks t's keys 0..positions[t] (or the last `window` of them) through the
+// block table in tiles of 128 (one key per thread: its K row read with 16-byte loads, its g
+// scores against the q vectors held in shared memory), folds each tile into a running max /
+// sum per head (online softmax), and accumulates P V with each thread owning a pair of output
+// dims for some heads.
 //
 // Short batches (decode) do not fill the GPU with (token, kv head) blocks, so the context is
 // split: blockIdx.z takes one of S contiguous ranges of keys and writes an unnormalised
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
             const bf16 *__restrict__ vcache, const int32_t *__restrict__ pos,
             const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int n_seqs,
-            int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int hd, float scale,
+            int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int hd, float scale, int window,
             bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
     extern __shared__ float sm[];
     __shared__ int last_flag;
@@ -58,11 +59,15 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int p = pos[t], sq = seq[t];
     const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
-    const int len = ok ? p + 1 : 1;
+    // Keys lo..p: lo = p - window + 1 in a sliding window (HF: kv_idx > q_idx - window). The
+    // ranges split only those.
+    const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;
+    const int len = ok ? p + 1 - lo : 1;
     const int n_act = min(S, (len + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK);
     if (z >= n_act) return;
     const int chunk = (len + n_act - 1) / n_act;
-    const int k0 = min(len, z * chunk), k1 = ok ? min(len, k0 + chunk) : 0;
+    const int r0 = min(len, z * chunk);
+    const int k0 = lo + r0, k1 = ok ? lo + min(len, r0 + chunk) : 0;
     const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
     const size_t row = (size_t)nkv * hd;
 
@@ -276,7 +281,7 @@ int kc_attention_init(kc_backend *b) {
 
 int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
-                 bf16 *out) {
+                 int window, bf16 *out) {
     const int T = m->n_tokens;
     if (T <= 0) return 0;
     if (nkv <= 0 || nh % nkv || hd % 8 || hd > 256 || hd < 8)
@@ -300,10 +305,12 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
     const int dec = dec_env && !strcmp(dec_env, "0")
                         ? 1
                         : kc_attention_decode(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh, nkv,
-                                              hd, scale, out);
+                                              hd, scale, window, out);
     if (dec < 0) return -1;
     if (dec == 0)
-        return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale, out) : 0;
+        return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale,
+                                         window, out)
+                  : 0;
     // Enough (token, kv head, range) blocks for two waves of the GPU; the ranges in use
     // shrink with the context inside the kernel.
     int64_t want = (2LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
@@ -319,7 +326,9 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
     dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
     k_attention<<<grid, ATT_THREADS, smem, b->stream>>>(q, kcache, vcache, d_pos_rest, d_seq, d_tab, m->n_seqs,
                                                         m->max_blocks, m->block_size, n_slots, nh, nkv, hd,
-                                                        scale, out, b->attn_part, b->attn_count);
+                                                        scale, window, out, b->attn_part, b->attn_count);
     if (kc_launched(b, "attention")) return -1;
-    return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale, out) : 0;
+    return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale,
+                                     window, out)
+              : 0;
 }

@@ -9,7 +9,8 @@
 // then each lane reads its HD/32 dims of the 16 V rows (all loads issued before the first use)
 // and accumulates with the chunk's probabilities, read back from shared memory. The 4 warps
 // merge at the end; a long context is split over blocks (z) whose partials the last block to
-// finish merges. Scores are kept in log2 units (exp2).
+// finish merges. Scores are kept in log2 units (exp2). In a sliding window the keys are the
+// last `window` up to the token's own (HF: kv_idx > q_idx - window) and only those are split.
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -45,8 +46,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
               const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
               const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs, int64_t n_slots,
-              int nh, int nkv, int g, float qscale, bf16 *__restrict__ out, float *__restrict__ part,
-              unsigned *__restrict__ count) {
+              int nh, int nkv, int g, float qscale, int window, bf16 *__restrict__ out,
+              float *__restrict__ part, unsigned *__restrict__ count) {
     constexpr int LPK = HD / 8;       // lanes per K row
     constexpr int KPI = 32 / LPK;     // keys per load instruction
     constexpr int NI = DEC_CHUNK / KPI;
@@ -64,12 +65,14 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int p = pos[t], sq = seq[t];
     const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
-    const int len = ok ? p + 1 : 0;
+    const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;  // the first key
+    const int len = ok ? p + 1 - lo : 0;
     int n_act = (len + DEC_MIN_KEYS - 1) / DEC_MIN_KEYS;
     n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
     if (z >= n_act) return;
     const int chunk = (len + n_act - 1) / n_act;
-    const int k0 = min(len, z * chunk), k1 = min(len, k0 + chunk);
+    const int r0 = min(len, z * chunk);
+    const int k0 = lo + r0, k1 = lo + min(len, r0 + chunk);
     const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
     const size_t row = (size_t)nkv * HD;
     const bf16 *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
@@ -287,21 +290,23 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
 template <int HD, int G>
 static void launch(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kc_, const bf16 *vc,
                    const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
-                   int64_t n_slots, int nh, int nkv, int g, float qscale, bf16 *out) {
+                   int64_t n_slots, int nh, int nkv, int g, float qscale, int window, bf16 *out) {
     static const char *pf_env = getenv("KAON_DECODE_PREFETCH");
     if (pf_env && !strcmp(pf_env, "0"))
         kc_launch(b, k_decode_attn<HD, G, false>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
-                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, out, b->attn_part, b->attn_count);
+                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, window, out, b->attn_part,
+                  b->attn_count);
     else
         kc_launch(b, k_decode_attn<HD, G, true>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
-                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, out, b->attn_part, b->attn_count);
+                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, window, out, b->attn_part,
+                  b->attn_count);
 }
 
 template <int HD>
 static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const bf16 *kc_, const bf16 *vc,
                     const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
-                    int64_t n_slots, int nh, int nkv, float qscale, bf16 *out) {
-#define DEC_CASE(GG) launch<HD, GG>(b, grid, q, kc_, vc, pos, seq, tab, m, n_slots, nh, nkv, g, qscale, out)
+                    int64_t n_slots, int nh, int nkv, float qscale, int window, bf16 *out) {
+#define DEC_CASE(GG) launch<HD, GG>(b, grid, q, kc_, vc, pos, seq, tab, m, n_slots, nh, nkv, g, qscale, window, out)
     if (g == 1) DEC_CASE(1);
     else if (g == 2) DEC_CASE(2);
     else if (g <= 4) DEC_CASE(4);
@@ -313,7 +318,7 @@ static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const bf16 *
 
 int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                         const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out) {
+                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
     const int T = m->n_tokens, g = nh / nkv;
     if (T <= 0) return 0;
     if ((hd != 64 && hd != 128 && hd != 256) || g > (hd == 256 ? 4 : 8) || nh % nkv) return 1;
@@ -331,9 +336,12 @@ int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
     const dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
     const float qscale = scale * 1.4426950408889634f;  // scores in log2 units
     int rc;
-    if (hd == 64) rc = launch_g<64>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, out);
-    else if (hd == 128) rc = launch_g<128>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, out);
-    else rc = launch_g<256>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, out);
+    if (hd == 64)
+        rc = launch_g<64>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, window, out);
+    else if (hd == 128)
+        rc = launch_g<128>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, window, out);
+    else
+        rc = launch_g<256>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, window, out);
     if (rc) return 1;
     return kc_launched(b, "decode attention");
 }

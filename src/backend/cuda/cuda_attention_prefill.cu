@@ -23,6 +23,11 @@
 //     (key <= the row's own position) only on tiles that reach past the warp's lowest position,
 //     the online softmax in registers (exp2 with scale * log2 e), P rounded to bf16 and reused
 //     in place as the A fragments of P V. A warp skips tiles past its highest position.
+//   - Sliding window (WIN, a separate instance so the full-attention code is untouched): a row
+//     at position p keeps the keys p - window < key <= p (HF: kv_idx > q_idx - window). Tiles
+//     start at the segment's lowest window start (blocks before it are not even looked up), a
+//     warp skips tiles wholly before its own rows' windows, and the mask also runs on tiles
+//     that begin before the highest window start of the warp.
 // Shared-memory tiles are rows of hd bf16 whose 16-byte chunks are XOR-swizzled by row % 8,
 // so ldmatrix (8 rows of one chunk column) and the cp.async stores are free of bank conflicts.
 #include "backend/cuda/cuda_internal.h"
@@ -124,12 +129,12 @@ __global__ void k_fa_mark(const int32_t *__restrict__ pos, const int32_t *__rest
 // HD: head dim; BN: keys per tile; MT: 16-row m-tiles per warp (each K/V fragment read from
 // shared memory feeds MT mmas); NW * 16 * MT = FA_BM; QREG: Q fragments held in registers
 // (else re-read from shared memory every tile); MINB: CTAs per SM the registers are sized for.
-template <int HD, int BN, int MT, int NW, bool QREG, int MINB>
+template <int HD, int BN, int MT, int NW, bool QREG, int MINB, bool WIN>
 __global__ void __launch_bounds__(NW * 32, MINB)
 k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
              const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
              const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int T, int max_blocks,
-             int bs, int bs_shift, int64_t n_slots, int nh, int nkv, int g, int tpt, float sl2,
+             int bs, int bs_shift, int64_t n_slots, int nh, int nkv, int g, int tpt, float sl2, int window,
              bf16 *__restrict__ out) {
     constexpr int NTH = NW * 32;               // threads
     constexpr int RW = 16 * MT;                // rows per warp
@@ -158,7 +163,8 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
     int *s_slot = s_rpos + FA_BM;              // [3][BN] cache slot of each key of tile % 3, -1: none
     int *s_bad = s_slot + 3 * BN;              // [4] tile % 4 has keys <= maxp without a slot
     int *s_wmax = s_bad + 4;                   // [8] highest position of each warp's rows
-    unsigned *s_start = (unsigned *)(s_wmax + 8);  // [4] bit i: token i starts a segment
+    int *s_wmin = s_wmax + 8;                  // [8] lowest (WIN only)
+    unsigned *s_start = (unsigned *)(s_wmin + 8);  // [4] bit i: token i starts a segment
     unsigned *s_end = s_start + 4;                 // [4] bit i: token i ends one
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -243,7 +249,10 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
             wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
             wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
         }
-        if (lane == 0) s_wmax[warp] = wmax;
+        if (lane == 0) {
+            s_wmax[warp] = wmax;
+            if (WIN) s_wmin[warp] = wmin;
+        }
         if (tid < 4) s_bad[tid] = 0;
         // Q rows of the segment (others zero).
 #pragma unroll
@@ -259,20 +268,32 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
 #pragma unroll
         for (int w = 1; w < NW; w++) maxp = max(maxp, s_wmax[w]);
         const int n_tiles = maxp / BN + 1;
+        // The first key any row of the segment keeps, and its tile.
+        int kmin = 0;
+        if (WIN) {
+            int minp = s_wmin[0];
+#pragma unroll
+            for (int w = 1; w < NW; w++) minp = min(minp, s_wmin[w]);
+            kmin = max(0, minp - window + 1);
+        }
+        const int j0 = kmin / BN;
 
         // Cache slots of tile t's keys, one per thread of the first BN: the block-table entry is
         // loaded (load_blk) a phase before it is stored (put_slots), three tiles ahead of use.
         auto load_blk = [&](int t) {
             const int k = t * BN + tid;
-            return tid < BN && t < n_tiles && k <= maxp ? bt[bs_shift >= 0 ? k >> bs_shift : k / bs] : -1;
+            return tid < BN && t < n_tiles && k <= maxp && (!WIN || k >= kmin)
+                       ? bt[bs_shift >= 0 ? k >> bs_shift : k / bs]
+                       : -1;
         };
         auto put_slots = [&](int t, int blk) {
             if (tid < BN && t < n_tiles) {
                 const int k = t * BN + tid;
                 const int64_t sl = (int64_t)blk * bs + (bs_shift >= 0 ? k & (bs - 1) : k % bs);
-                const bool ok = k <= maxp && blk >= 0 && sl < n_slots;
+                const bool need = k <= maxp && (!WIN || k >= kmin);
+                const bool ok = need && blk >= 0 && sl < n_slots;
                 s_slot[(t % 3) * BN + tid] = ok ? (int)sl : -1;
-                if (k <= maxp && !ok) s_bad[t & 3] = 1;
+                if (need && !ok) s_bad[t & 3] = 1;
             }
         };
         // Issues tile t's K or V into stage t & 1; one commit group either way (empty past the
@@ -291,13 +312,13 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
             }
             cp_async_commit();
         };
-        put_slots(0, load_blk(0));
-        put_slots(1, load_blk(1));
-        put_slots(2, load_blk(2));
+        put_slots(j0, load_blk(j0));
+        put_slots(j0 + 1, load_blk(j0 + 1));
+        put_slots(j0 + 2, load_blk(j0 + 2));
         __syncthreads();
-        issue(0, false);
-        issue(0, true);
-        issue(1, false);
+        issue(j0, false);
+        issue(j0, true);
+        issue(j0 + 1, false);
 
         uint32_t qf[QREG ? MT : 1][QREG ? KS_Q : 1][4];
         if (QREG) {
@@ -319,13 +340,14 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
             l_run[i] = 0.f;
         }
 
-        for (int j = 0; j < n_tiles; j++) {
+        for (int j = j0; j < n_tiles; j++) {
             const uint32_t stg = (uint32_t)((j & 1) * TILEB);
             cp_async_wait<2>();  // K_j landed (V_j and K_{j+1} may be in flight)
             __syncthreads();
             issue(j + 1, true);
             const int blk3 = load_blk(j + 3);
-            const bool work = j * BN <= wmax;  // warp-uniform
+            // Warp-uniform: the tile holds keys of some row of the warp.
+            const bool work = j * BN <= wmax && (!WIN || j * BN + BN > wmin - window + 1);
             float s[MT][NT_S][4];
             if (work) {
 #pragma unroll
@@ -356,7 +378,7 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
                     }
                 }
                 const bool bad = s_bad[j & 3] != 0;
-                if (bad || j * BN + BN - 1 > wmin) {
+                if (bad || j * BN + BN - 1 > wmin || (WIN && j * BN <= wmax - window)) {
                     const int *sl = s_slot + (j % 3) * BN;
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
@@ -365,7 +387,8 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
 #pragma unroll
                             for (int c = 0; c < 4; c++) {
                                 const int kr = n * 8 + 2 * qd + (c & 1), key = j * BN + kr;
-                                const bool valid = key <= s_rpos[row_of(2 * mt + (c >> 1))] && (!bad || sl[kr] >= 0);
+                                const int rp = s_rpos[row_of(2 * mt + (c >> 1))];
+                                const bool valid = key <= rp && (!WIN || key > rp - window) && (!bad || sl[kr] >= 0);
                                 if (!valid) s[mt][n][c] = -INFINITY;
                             }
                 }
@@ -466,19 +489,19 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
 template <int HD, int BN>
 constexpr size_t fa_smem_bytes() {
     return (size_t)FA_BM * HD * 2 + 4 * (size_t)BN * HD * 2 +
-           sizeof(int) * (3 * FA_BM + 3 * BN + 4 + 8 + 8);
+           sizeof(int) * (3 * FA_BM + 3 * BN + 4 + 8 + 8 + 8);
 }
 
-template <int HD, int BN, int MT, int NW, bool QREG, int MINB>
+template <int HD, int BN, int MT, int NW, bool QREG, int MINB, bool WIN>
 int fa_launch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache, const int32_t *d_pos,
               const int32_t *d_mark, const int32_t *d_seq, const int32_t *d_tab, int T, int max_blocks,
-              int bs, int64_t n_slots, int nh, int nkv, float sl2, bf16 *out) {
+              int bs, int64_t n_slots, int nh, int nkv, float sl2, int window, bf16 *out) {
     const int g = nh / nkv, tpt = FA_BM / g;
     int bs_shift = -1;
     for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
         if (bs == 1 << sh) bs_shift = sh;
     const size_t smem = fa_smem_bytes<HD, BN>();
-    auto kern = k_fa_prefill<HD, BN, MT, NW, QREG, MINB>;
+    auto kern = k_fa_prefill<HD, BN, MT, NW, QREG, MINB, WIN>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -486,7 +509,7 @@ int fa_launch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcac
         return -1;
     dim3 grid((unsigned)((T + tpt - 1) / tpt), (unsigned)nkv);
     kern<<<grid, NW * 32, smem, b->stream>>>(q, kcache, vcache, d_pos, d_mark, d_seq, d_tab, T, max_blocks, bs,
-                                             bs_shift, n_slots, nh, nkv, g, tpt, sl2, out);
+                                             bs_shift, n_slots, nh, nkv, g, tpt, sl2, window, out);
     return kc_launched(b, "prefill attention");
 }
 
@@ -497,6 +520,31 @@ int fa_disabled(void) {
         v = e && !strcmp(e, "0");
     }
     return v;
+}
+
+// The instance for head_dim hd: <HD, BN, MT, NW, QREG, MINB, WIN>. 4 warps of 32 rows, two CTAs
+// per SM (hd 64, 128); hd 256 keeps 16 rows per warp (its O alone is 128 registers) and one CTA
+// of 8 warps. Measured on the H200 (hd 128, 8k tokens): 32-row warps 246-251 TFLOP/s against
+// 158 for 8 warps of 16 rows (each K/V fragment feeds two mmas); 32-key tiles 214.
+template <bool WIN>
+int fa_dispatch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache, const kaon_attn_meta *m,
+                int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv,
+                int hd, float sl2, int window, bf16 *out) {
+    const int T = m->n_tokens, mb = m->max_blocks, bs = m->block_size;
+    const int32_t *mk = b->fa_mark;
+    switch (hd) {
+    case 64:
+        return fa_launch<64, 64, 2, 4, true, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
+                                                     n_slots, nh, nkv, sl2, window, out);
+    case 128:
+        return fa_launch<128, 64, 2, 4, false, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
+                                                       n_slots, nh, nkv, sl2, window, out);
+    case 256:
+        return fa_launch<256, 32, 1, 8, false, 1, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
+                                                       n_slots, nh, nkv, sl2, window, out);
+    default:
+        return kc_fail(b, "prefill attention: head_dim %d", hd);
+    }
 }
 
 }  // namespace
@@ -522,25 +570,9 @@ int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, in
 
 int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                          const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out) {
+                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
     const float sl2 = scale * 1.4426950408889634f;
-    const int T = m->n_tokens, mb = m->max_blocks, bs = m->block_size;
-    const int32_t *mk = b->fa_mark;
-    switch (hd) {
-    // <HD, BN, MT, NW, QREG, MINB>: 4 warps of 32 rows, two CTAs per SM (hd 64, 128); hd 256
-    // keeps 16 rows per warp (its O alone is 128 registers) and one CTA of 8 warps. Measured on
-    // the H200 (hd 128, 8k tokens): 32-row warps 246-251 TFLOP/s against 158 for 8 warps of 16
-    // rows (each K/V fragment feeds two mmas); 32-key tiles 214.
-    case 64:
-        return fa_launch<64, 64, 2, 4, true, 2>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots, nh,
-                                                nkv, sl2, out);
-    case 128:
-        return fa_launch<128, 64, 2, 4, false, 2>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots,
-                                                  nh, nkv, sl2, out);
-    case 256:
-        return fa_launch<256, 32, 1, 8, false, 1>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots,
-                                                  nh, nkv, sl2, out);
-    default:
-        return kc_fail(b, "prefill attention: head_dim %d", hd);
-    }
+    if (window > 0)
+        return fa_dispatch<true>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2, window, out);
+    return fa_dispatch<false>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2, 0, out);
 }

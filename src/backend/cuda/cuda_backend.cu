@@ -424,22 +424,31 @@ static bool is_vector(kc_backend *b, const kaon_tensor *v, int64_t n, const char
     return true;
 }
 
+// Points d_inv_freq at the device copy of r's frequencies, uploading them the first time
+// they are seen (outside graph recording). Tables are kept, never rewritten: kernels in
+// flight and recorded graphs may still read any of them.
 static int rope_sync(kc_backend *b, const kaon_rope *r, int hd) {
     if (!r || !r->inv_freq || r->rot_dim <= 0 || r->rot_dim % 2 || r->rot_dim > hd || r->rot_dim / 2 > 512)
         return kc_fail(b, "cuda rope: bad arguments (rot_dim %d, head_dim %d)", r ? r->rot_dim : -1, hd);
     const int half = r->rot_dim / 2;
-    if (b->d_inv_freq && half == b->rope_half &&
-        !memcmp(b->h_inv_freq, r->inv_freq, sizeof(float) * (size_t)half))
-        return 0;
-    if (b->capturing) return kc_fail(b, "cuda rope: frequencies changed while recording a graph");
-    if (!b->d_inv_freq && kc_check(b, cudaMalloc(&b->d_inv_freq, sizeof(float) * 512), "rope"))
-        return -1;
-    memcpy(b->h_inv_freq, r->inv_freq, sizeof(float) * (size_t)half);
-    b->rope_half = half;
-    // Synchronous: the host copy of the frequencies stays the reference for the next compare.
-    cudaStreamSynchronize(b->stream);
-    return kc_check(b, cudaMemcpy(b->d_inv_freq, b->h_inv_freq, sizeof(float) * (size_t)half,
-                                  cudaMemcpyHostToDevice), "rope");
+    const size_t bytes = sizeof(float) * (size_t)half;
+    for (int i = 0; i < b->n_rope; i++)
+        if (b->rope_half[i] == half && !memcmp(b->rope_host[i], r->inv_freq, bytes)) {
+            b->d_inv_freq = b->rope_dev[i];
+            return 0;
+        }
+    if (b->capturing) return kc_fail(b, "cuda rope: new frequencies while recording a graph");
+    if (b->n_rope == KC_ROPE_TABLES)
+        return kc_fail(b, "cuda rope: more than %d different frequency tables", KC_ROPE_TABLES);
+    const int i = b->n_rope;
+    if (kc_check(b, cudaMalloc(&b->rope_dev[i], sizeof(float) * 512), "rope")) return -1;
+    memcpy(b->rope_host[i], r->inv_freq, bytes);
+    b->rope_half[i] = half;
+    b->n_rope++;
+    b->d_inv_freq = b->rope_dev[i];
+    // Stream-ordered; the source (rope_host[i]) is never written again.
+    return kc_check(b, cudaMemcpyAsync(b->rope_dev[i], b->rope_host[i], bytes, cudaMemcpyHostToDevice, b->stream),
+                    "rope");
 }
 
 // ---- ops --------------------------------------------------------------------------------------
@@ -517,21 +526,31 @@ static void cuda_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, co
 }
 
 static void cuda_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
-                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, void *out) {
+                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, int window,
+                           void *out) {
     kc_backend *b = kc(be);
-    if (!kv || !kv->k || !kv->v || !m) {
+    if (!kv || !kv->k || !kv->v || !m || window < 0) {
         kc_fail(b, "cuda attention: bad arguments");
         return;
     }
     kc_attention(b, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, m,
-                 cache_slots(b, kv, nkv, hd), nh, nkv, hd, scale, (bf16 *)out);
+                 cache_slots(b, kv, nkv, hd), nh, nkv, hd, scale, window, (bf16 *)out);
 }
 
 static void cuda_silu_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                               void *out) {
-    kc_backend *b = kc(be);
     if (n <= 0 || dim <= 0) return;
-    kc_silu_mul(b, (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+    kc_silu_mul(kc(be), (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+}
+
+static void cuda_gelu_tanh_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
+                                   void *out) {
+    if (n <= 0 || dim <= 0) return;
+    kc_gelu_tanh_mul(kc(be), (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
+}
+
+static void cuda_scale(kaon_backend *be, void *x, size_t n, float s) {
+    kc_scale(kc(be), (bf16 *)x, n, s);
 }
 
 // Pinned staging of at least bytes (outside graph recording).
@@ -694,7 +713,7 @@ static void cuda_destroy(kaon_backend *be) {
     if (b->meta_dev) cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->loose_dev) cudaFree(b->loose_dev);
-    if (b->d_inv_freq) cudaFree(b->d_inv_freq);
+    for (int i = 0; i < b->n_rope; i++) cudaFree(b->rope_dev[i]);
     if (b->attn_part) cudaFree(b->attn_part);
     if (b->attn_count) cudaFree(b->attn_count);
     if (b->fuse_tmp) cudaFree(b->fuse_tmp);
@@ -722,6 +741,8 @@ static kaon_backend_ops make_ops(void) {
     o.kv_write = cuda_kv_write;
     o.attention = cuda_attention;
     o.silu_and_mul = cuda_silu_and_mul;
+    o.gelu_tanh_and_mul = cuda_gelu_tanh_and_mul;
+    o.scale = cuda_scale;
     o.to_host_f32 = cuda_to_host_f32;
     o.destroy = cuda_destroy;
     o.upload = cuda_upload;

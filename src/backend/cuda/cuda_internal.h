@@ -18,6 +18,7 @@ typedef __nv_bfloat16 bf16;
 
 #define KC_MAX_GRAPHS 64
 #define KC_MAX_GEMMS 64
+#define KC_ROPE_TABLES 8  // distinct RoPE frequency tables one backend keeps on the device
 
 // One cached cuBLASLt problem: descriptors and the algorithm the heuristic chose.
 typedef struct kc_gemm {
@@ -67,10 +68,14 @@ typedef struct kc_backend {
     int32_t *loose_dev;
     size_t loose_cap, loose_used;
 
-    // RoPE inverse frequencies on the device (copied when the host array changes).
+    // RoPE inverse frequencies on the device: one table per distinct host array (Gemma 3
+    // alternates two, layer by layer), never overwritten, since a recorded graph keeps reading
+    // the one it was recorded with. d_inv_freq: the table the next rope launch reads.
     float *d_inv_freq;
-    float h_inv_freq[512];
-    int rope_half;
+    float *rope_dev[KC_ROPE_TABLES];
+    float rope_host[KC_ROPE_TABLES][512];
+    int rope_half[KC_ROPE_TABLES];
+    int n_rope;
 
     // Attention partial results of split contexts: [tokens, heads, splits, hd + 2] f32, and
     // one arrival counter per (token, kv head) (back to 0 after every launch).
@@ -184,6 +189,8 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved);
 void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
+void kc_gelu_tanh_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
+void kc_scale(kc_backend *b, bf16 *x, size_t n, float s);
 void kc_add_bias(kc_backend *b, bf16 *y, const float *bias, int n, int out);
 void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, uint64_t seed, float scale,
                      float offset);
@@ -192,16 +199,17 @@ int kc_convert(kc_backend *b, kaon_dtype src_t, const void *src, int64_t rows, i
                void *dst, int dst_f32);
 
 // ---- attention (cuda_attention.cu) ----
-// n_slots: token slots the cache holds (keys whose slot falls outside are skipped).
+// n_slots: token slots the cache holds (keys whose slot falls outside are skipped). window: as
+// the attention op's (0: full causal; else the keys p - window < k <= p).
 int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
-                 bf16 *out);
+                 int window, bf16 *out);
 int kc_attention_init(kc_backend *b);
 // The streaming kernel for tokens attending to their context one by one (decode): 0 launched,
 // 1 no instance for these shapes, -1 error. Tokens with a negative position get zeros.
 int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                         const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out);
+                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
 
 // ---- prefill attention on the tensor cores (cuda_attention_prefill.cu) ----
 // Called by kc_attention before its split-K kernel: 1 when the step's shape allows runs of
@@ -212,7 +220,7 @@ int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, in
 // Overwrites the output rows of the marked tokens.
 int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                          const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, bf16 *out);
+                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
 
 // ---- matrices (cuda_linear.cu) ----
 // y [n, out] = x [n, in] @ w [out, in]^T (+ bias f32); y bf16, or f32 when f32out.

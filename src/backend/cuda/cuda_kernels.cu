@@ -1,10 +1,11 @@
 // The CUDA backend's element-wise and row kernels: embedding, row gather, residual add +
-// RMSNorm, RoPE (alone and fused with the KV-cache write), SiLU-and-mul, bias, random fill,
-// and the conversions of stored weight formats (f16, f32, GGUF blocks) to bf16/f32 at load.
+// RMSNorm, RoPE (alone and fused with the KV-cache write), SiLU- and GELU-and-mul, scale, bias,
+// random fill, and the conversions of stored weight formats (f16, f32, GGUF blocks) to bf16/f32
+// at load.
 //
 // Rounding follows the HF bf16 reference where it is cheap to: a residual sum is rounded to
 // bf16 before it is normed, the normed row is rounded before the weight multiplies it, and
-// silu(gate) is rounded before it multiplies up.
+// silu(gate) or gelu(gate) is rounded before it multiplies up.
 #include "backend/cuda/cuda_internal.h"
 
 #include <cuda_fp16.h>
@@ -235,22 +236,54 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
 
 // ---- element-wise --------------------------------------------------------------------------
 
-__global__ void k_silu_mul(const bf16 *__restrict__ g, const bf16 *__restrict__ u, size_t n,
-                           bf16 *out) {
+// out = bf16(bf16(act(g)) * u): the activation is rounded before it multiplies up, as HF's bf16
+// act_fn(gate_proj(x)) * up_proj(x) does.
+enum { KC_ACT_SILU, KC_ACT_GELU_TANH };
+
+template <int ACT>
+__global__ void k_gated_mul(const bf16 *__restrict__ g, const bf16 *__restrict__ u, size_t n, bf16 *out) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float x = bf(g[i]);
-        const float s = rbf(x / (1.f + expf(-x)));
-        out[i] = tobf(s * bf(u[i]));
+        float a;
+        if (ACT == KC_ACT_SILU) {
+            a = x / (1.f + expf(-x));
+        } else {  // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            a = 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+        }
+        out[i] = tobf(rbf(a) * bf(u[i]));
     }
 }
 
-void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out) {
+template <int ACT>
+static void gated_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out, const char *what) {
     if (!n) return;
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    k_silu_mul<<<(unsigned)blocks, 256, 0, b->stream>>>(g, u, n, out);
-    kc_launched(b, "silu_and_mul");
+    k_gated_mul<ACT><<<(unsigned)blocks, 256, 0, b->stream>>>(g, u, n, out);
+    kc_launched(b, what);
+}
+
+void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out) {
+    gated_mul<KC_ACT_SILU>(b, g, u, n, out, "silu_and_mul");
+}
+
+void kc_gelu_tanh_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out) {
+    gated_mul<KC_ACT_GELU_TANH>(b, g, u, n, out, "gelu_tanh_and_mul");
+}
+
+// x = bf16(x * s) in place (Gemma's embeddings times sqrt(hidden)).
+__global__ void k_scale(bf16 *x, size_t n, float s) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = tobf(bf(x[i]) * s);
+}
+
+void kc_scale(kc_backend *b, bf16 *x, size_t n, float s) {
+    if (!n) return;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    k_scale<<<(unsigned)blocks, 256, 0, b->stream>>>(x, n, s);
+    kc_launched(b, "scale");
 }
 
 __global__ void k_add_bias(bf16 *y, const float *__restrict__ bias, size_t total, int out) {

@@ -33,11 +33,17 @@ static void noop_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, co
     (void)be; (void)kv; (void)k; (void)v; (void)m; (void)nkv; (void)hd;
 }
 static void noop_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
-                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, void *out) {
-    (void)be; (void)q; (void)kv; (void)m; (void)nh; (void)nkv; (void)hd; (void)scale; (void)out;
+                           const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, int window,
+                           void *out) {
+    (void)be; (void)q; (void)kv; (void)m; (void)nh; (void)nkv; (void)hd; (void)scale; (void)window;
+    (void)out;
 }
-static void noop_silu(kaon_backend *be, const void *g, const void *u, int n, int dim, void *out) {
+// silu_and_mul and gelu_tanh_and_mul.
+static void noop_gated(kaon_backend *be, const void *g, const void *u, int n, int dim, void *out) {
     (void)be; (void)g; (void)u; (void)n; (void)dim; (void)out;
+}
+static void noop_scale(kaon_backend *be, void *x, size_t n, float s) {
+    (void)be; (void)x; (void)n; (void)s;
 }
 // Logits: left as they are (zeros from the start), so greedy picks token 0 every step.
 static void noop_to_host(kaon_backend *be, const void *x, size_t n, float *out) {
@@ -54,8 +60,8 @@ static const kaon_backend_ops noop_ops = {
     .name = "noop", .alloc = noop_alloc, .free = noop_free, .act_elem_bytes = 4,
     .embed = noop_embed, .get_rows = noop_get_rows, .rmsnorm = noop_rmsnorm, .linear = noop_linear,
     .rope = noop_rope, .kv_write = noop_kv_write, .attention = noop_attention,
-    .silu_and_mul = noop_silu, .to_host_f32 = noop_to_host, .destroy = noop_destroy,
-    .moe = noop_moe,
+    .silu_and_mul = noop_gated, .gelu_tanh_and_mul = noop_gated, .scale = noop_scale,
+    .to_host_f32 = noop_to_host, .destroy = noop_destroy, .moe = noop_moe,
 };
 
 kaon_backend *kaon_backend_noop_create(void) {
