@@ -131,6 +131,9 @@ typedef struct kaon_backend_ops {
                               void *out);
     // x *= s in place                              x [n] activations (Gemma's embedding scale)
     void (*scale)(kaon_backend *be, void *x, size_t n, float s);
+    // logits = cap * tanh(logits / cap) over n f32 logits (from linear_f32, or the CPU's f32
+    // activations): final logit soft-capping.
+    void (*logit_softcap)(kaon_backend *be, float *logits, size_t n, float cap);
     // Copies n activation elements to host floats (logits out of the backend).
     void (*to_host_f32)(kaon_backend *be, const void *x, size_t n, float *out);
     void (*destroy)(kaon_backend *be);

@@ -87,4 +87,6 @@ void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, 
     f->op->get_rows(f->be, f->a.xn, b->logit_rows, b->n_logits, dim, f->a.rows);
     if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, &head->w, f->a.logits);
     else f->op->linear(f->be, f->a.rows, b->n_logits, &head->w, NULL, f->a.logits);
+    const float cap = f->c->final_logit_softcap;
+    if (cap > 0) f->op->logit_softcap(f->be, f->a.logits, (size_t)b->n_logits * (size_t)f->c->vocab_size, cap);
 }

@@ -59,6 +59,7 @@ typedef struct kaon_model_config {
     uint64_t swa_layers[KAON_MAX_MLP_ONLY_LAYERS / 64];
     float rope_local_theta;
     float query_pre_attn_scalar;  // attention scale = query_pre_attn_scalar^-0.5 (0: head_dim)
+    float final_logit_softcap;    // logits = c * tanh(logits / c) when > 0
     // Token ids (-1 when unknown). eos may list several (generation_config.json).
     int bos_token_id;
     int eos_token_ids[8];

@@ -8,7 +8,8 @@
 // - sliding-window attention on most layers (layer_types, or every layer but each
 //   sliding_window_pattern-th), whose RoPE base is rope_local_base_freq without scaling; full
 //   layers use rope_theta with rope_scaling;
-// - attention scale query_pre_attn_scalar^-0.5; GELU-tanh gated MLP; tied LM head by default.
+// - attention scale query_pre_attn_scalar^-0.5; GELU-tanh gated MLP; tied LM head by default;
+//   final logit soft-capping when the config sets it.
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -114,9 +115,10 @@ static int hf_config(const char *file, const cJSON *root, kaon_model_config *c) 
         return -1;
     if (strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_tanh"))
         return kaon_set_error("%s: Gemma 3 hidden_activation '%s' is not supported (gelu_pytorch_tanh)", file, act);
-    const cJSON *sc = kaon_hf_field(root, "final_logit_softcapping");
-    const cJSON *ac = kaon_hf_field(root, "attn_logit_softcapping");
-    if (sc || ac) return kaon_set_error("%s: logit soft-capping is not supported", file);
+    // final_logit_softcapping applies when set (null in the released models);
+    // attn_logit_softcapping is in the config but Gemma3Attention never applies it.
+    if (kaon_hf_get_float(file, root, "", "final_logit_softcapping", &c->final_logit_softcap, NULL)) return -1;
+    if (c->final_logit_softcap < 0) return kaon_set_error("%s: final_logit_softcapping must be positive", file);
     swa_by_pattern(c, pattern);
     const cJSON *types = kaon_hf_field(root, "layer_types");
     if (!types) return 0;
@@ -139,6 +141,7 @@ static int gguf_config(const kaon_gguf *g, kaon_model_config *c) {
     c->rope_interleaved = false;
     c->qk_norm = true;
     c->sliding_window = (int)kaon_gguf_arch_int(g, c, "attention.sliding_window", 4096);
+    c->final_logit_softcap = (float)kaon_gguf_arch_float(g, c, "final_logit_softcapping", 0.0);
     c->rope_local_theta = 10000.0f;
     c->query_pre_attn_scalar = c->n_layers == 62 ? (float)c->hidden_size / c->n_heads : (float)c->head_dim;
     swa_by_pattern(c, 6);

@@ -305,6 +305,11 @@ static void cpu_gelu_tanh_and_mul(kaon_backend *be, const void *gate, const void
                   dim, out);
 }
 
+static void cpu_logit_softcap(kaon_backend *be, float *x, size_t n, float cap) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
 static void cpu_scale(kaon_backend *be, void *x_, size_t n, float s) {
     if (!n) return;
     if (!x_) {
@@ -368,6 +373,7 @@ static const kaon_backend_ops cpu_ops = {
     .silu_and_mul = cpu_silu_and_mul,
     .gelu_tanh_and_mul = cpu_gelu_tanh_and_mul,
     .scale = cpu_scale,
+    .logit_softcap = cpu_logit_softcap,
     .to_host_f32 = cpu_to_host_f32,
     .destroy = cpu_destroy,
     .linear_multi = kaon_cpu_linear_multi,

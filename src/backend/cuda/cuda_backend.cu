@@ -549,6 +549,8 @@ static void cuda_gelu_tanh_and_mul(kaon_backend *be, const void *gate, const voi
     kc_gelu_tanh_mul(kc(be), (const bf16 *)gate, (const bf16 *)up, (size_t)n * dim, (bf16 *)out);
 }
 
+static void cuda_logit_softcap(kaon_backend *be, float *x, size_t n, float cap) { kc_softcap(kc(be), x, n, cap); }
+
 static void cuda_scale(kaon_backend *be, void *x, size_t n, float s) {
     kc_scale(kc(be), (bf16 *)x, n, s);
 }
@@ -743,6 +745,7 @@ static kaon_backend_ops make_ops(void) {
     o.silu_and_mul = cuda_silu_and_mul;
     o.gelu_tanh_and_mul = cuda_gelu_tanh_and_mul;
     o.scale = cuda_scale;
+    o.logit_softcap = cuda_logit_softcap;
     o.to_host_f32 = cuda_to_host_f32;
     o.destroy = cuda_destroy;
     o.upload = cuda_upload;

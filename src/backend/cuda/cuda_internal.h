@@ -191,6 +191,7 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
 void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
 void kc_gelu_tanh_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
 void kc_scale(kc_backend *b, bf16 *x, size_t n, float s);
+void kc_softcap(kc_backend *b, float *x, size_t n, float cap);
 void kc_add_bias(kc_backend *b, bf16 *y, const float *bias, int n, int out);
 void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, uint64_t seed, float scale,
                      float offset);

@@ -286,6 +286,20 @@ void kc_scale(kc_backend *b, bf16 *x, size_t n, float s) {
     kc_launched(b, "scale");
 }
 
+// logits = cap * tanh(logits / cap), f32 in place.
+__global__ void k_softcap(float *x, size_t n, float cap) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+void kc_softcap(kc_backend *b, float *x, size_t n, float cap) {
+    if (!n) return;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    k_softcap<<<(unsigned)blocks, 256, 0, b->stream>>>(x, n, cap);
+    kc_launched(b, "softcap");
+}
+
 __global__ void k_add_bias(bf16 *y, const float *__restrict__ bias, size_t total, int out) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)

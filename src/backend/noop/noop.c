@@ -45,6 +45,9 @@ static void noop_gated(kaon_backend *be, const void *g, const void *u, int n, in
 static void noop_scale(kaon_backend *be, void *x, size_t n, float s) {
     (void)be; (void)x; (void)n; (void)s;
 }
+static void noop_softcap(kaon_backend *be, float *x, size_t n, float cap) {
+    (void)be; (void)x; (void)n; (void)cap;
+}
 // Logits: left as they are (zeros from the start), so greedy picks token 0 every step.
 static void noop_to_host(kaon_backend *be, const void *x, size_t n, float *out) {
     (void)be; (void)x; (void)n; (void)out;
@@ -60,7 +63,7 @@ static const kaon_backend_ops noop_ops = {
     .name = "noop", .alloc = noop_alloc, .free = noop_free, .act_elem_bytes = 4,
     .embed = noop_embed, .get_rows = noop_get_rows, .rmsnorm = noop_rmsnorm, .linear = noop_linear,
     .rope = noop_rope, .kv_write = noop_kv_write, .attention = noop_attention,
-    .silu_and_mul = noop_gated, .gelu_tanh_and_mul = noop_gated, .scale = noop_scale,
+    .silu_and_mul = noop_gated, .gelu_tanh_and_mul = noop_gated, .scale = noop_scale, .logit_softcap = noop_softcap,
     .to_host_f32 = noop_to_host, .destroy = noop_destroy, .moe = noop_moe,
 };
 
