@@ -20,6 +20,7 @@
 #include "model/hf_json.h"
 #include "model/model.h"
 #include "util/err.h"
+#include "util/half.h"
 
 typedef struct gemma3_globals {
     kaon_linear tok_embd;   // [vocab, dim]
@@ -162,7 +163,10 @@ static void forward(kaon_fwd *f, const kaon_batch *b) {
     const gemma3_globals *g = f->w->globals;
     const float scale = 1.0f / sqrtf(c->query_pre_attn_scalar > 0 ? c->query_pre_attn_scalar : (float)c->head_dim);
     kaon_blk_embed(f, b, &g->tok_embd);                                  // x [T, dim]
-    kaon_blk_scale_x(f, b, sqrtf((float)c->hidden_size));
+    // HF casts the scale to the activations' dtype: bf16(sqrt(hidden)) on a bf16 backend.
+    float embed_scale = sqrtf((float)c->hidden_size);
+    if (f->op->act_elem_bytes == 2) embed_scale = kaon_bf16_to_f32(kaon_f32_to_bf16(embed_scale));
+    kaon_blk_scale_x(f, b, embed_scale);
     for (int l = 0; l < c->n_layers; l++) {
         const gemma3_layer *w = (const gemma3_layer *)f->w->layers + l;
         const bool local = kaon_layer_bit(c->swa_layers, l);

@@ -216,7 +216,9 @@ def test_tiny_cpu_vs_transformers(tmp_path, name):
     record("gemma3_cpu_vs_hf", model=name, **res)
     print(name, json.dumps(res))
 
-    assert res["ref_vs_hf_f32"] < 1e-5 and res["ref_bf16w_vs_hf_bf16w_f32"] < 1e-5, res
+    # (hf_b16w runs with HF's embed_scale buffer rounded to bf16 by .to(bfloat16): sqrt(64) is
+    # exact, sqrt(160) is not, so the reference on the same weights differs by up to ~3e-3 there.)
+    assert res["ref_vs_hf_f32"] < 1e-5 and res["ref_bf16w_vs_hf_bf16w_f32"] < 5e-3, res
     assert res["kaon_f32_vs_hf_f32"] < 1e-4 and res["kaon_f32_decode_vs_hf_f32"] < 1e-4, res
     assert res["kaon_bf16_vs_hf_bf16w_f32"] < 1e-2 and res["kaon_bf16_vs_hf_bf16"] < 2e-2, res
     for key in ("ref_greedy_first_divergence", "kaon_greedy_first_divergence"):
@@ -231,18 +233,23 @@ def greedy_ref(cfg, w):
 
 # ---- (b) kaon on CUDA vs transformers in bf16 on the GPU --------------------------------------
 
-def check_cuda(name, folder, model, ids, tmp, chunks):
+def check_cuda(name, folder, model, ids, tmp, chunks, cpu=False):
     import torch
     V = model.config.vocab_size
     ref = hf_logits(model, ids)
     ref32 = hf_logits(model.float(), ids)  # (model is now f32: build a new one for more runs)
     torch.cuda.empty_cache()
     res = {"hf_bf16_vs_fp32": rel(ref, ref32), "n_tokens": len(ids)}
+    if cpu:  # kaon's CPU backend (f32 math on the same bf16 weights) against HF in fp32
+        res["kaon_cpu_vs_hf_fp32"] = rel(kaon_cpu_logits(folder, ids, tmp), ref32)
     for mode, chunk in chunks.items():
         k = driver_logits(folder, "cuda", chunk, ids, V, tmp)
         (tmp / f"k_cuda_{chunk}.f32").unlink(missing_ok=True)  # up to 600 x 262144 floats
         a, n_sel = agreement(k, ref)
         res[mode] = dict(rel_err=rel(k, ref), rel_err_vs_fp32=rel(k, ref32), top1=a, positions=n_sel)
+        if len(ids) > 64:  # where the error grows: by position
+            q = [0, 64, 256, 512, len(ids)]
+            res[mode]["rel_err_by_pos"] = {f"{a0}-{a1}": rel(k[a0:a1], ref[a0:a1]) for a0, a1 in zip(q, q[1:]) if a1 > a0}
         del k
     record("gemma3_cuda_vs_hf", model=name, **res)
     print(name, json.dumps(res))
@@ -275,4 +282,5 @@ def test_gemma3_270m_shape_cuda_vs_transformers(tmp_path, device):
     folder = tmp_path / "gemma-3-270m-random"
     model.save_pretrained(folder)
     ids = [2] + np.random.default_rng(SEED).integers(3, cfg["vocab_size"], 599).tolist()
-    check_cuda("gemma-3-270m-shape", folder, model, ids, tmp_path, {"prefill": len(ids), "chunked128": 128, "decode": 1})
+    check_cuda("gemma-3-270m-shape", folder, model, ids, tmp_path, {"prefill": len(ids), "chunked128": 128, "decode": 1},
+               cpu=True)
