@@ -30,6 +30,14 @@ const char *kaon_cli_default_model(void) {
     return NULL;
 }
 
+bool kaon_cli_is_gguf(const char *path) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    char magic[4] = {0};
+    const bool yes = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f) fclose(f);
+    return yes;
+}
+
 int kaon_cli_fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

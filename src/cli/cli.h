@@ -10,6 +10,8 @@
 // The model to use when -m is not given: $KAON_MODEL, else the default model next to the
 // binary (../models/) or in ./models/. NULL (and a message) when none is found.
 const char *kaon_cli_default_model(void);
+// Whether path is a file that starts with GGUF's magic bytes.
+bool kaon_cli_is_gguf(const char *path);
 // Prints "kaon: error: <msg>" to stderr and returns 2 (the exit status for bad input).
 int kaon_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // Parses "1,2,3" into a malloc'd array.

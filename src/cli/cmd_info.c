@@ -26,6 +26,47 @@ static void usage(void) {
            "  --json                 the expert load as one JSON object on stdout\n");
 }
 
+// A GGUF file's tensor types with their counts and bytes, read from the metadata alone: every
+// tensor of the file, of types kaon computes with or not. Largest first.
+static void print_file_types(const kaon_gguf *g) {
+    enum { MAX_TYPES = 64 };
+    struct file_type {
+        uint32_t type;
+        uint64_t n, bytes;
+        bool unsized;
+    } ty[MAX_TYPES];
+    int nt = 0;
+    for (int64_t i = 0; i < kaon_gguf_tensor_count(g); i++) {
+        const kaon_gguf_tensor *t = kaon_gguf_tensor_at(g, i);
+        int k = 0;
+        while (k < nt && ty[k].type != t->ggml_type) k++;
+        if (k == nt) {
+            if (nt == MAX_TYPES) continue;
+            ty[nt].type = t->ggml_type;
+            ty[nt].n = ty[nt].bytes = 0;
+            ty[nt].unsized = false;
+            nt++;
+        }
+        ty[k].n++;
+        ty[k].bytes += t->nbytes;
+        ty[k].unsized |= t->unsized;
+    }
+    for (int a = 1; a < nt; a++)  // by bytes, descending (insertion sort: a handful of types)
+        for (int b = a; b > 0 && ty[b].bytes > ty[b - 1].bytes; b--) {
+            const struct file_type tmp = ty[b];
+            ty[b] = ty[b - 1];
+            ty[b - 1] = tmp;
+        }
+    printf("tensor types:  ");
+    for (int k = 0; k < nt; k++) {
+        printf("%s %s x%llu", k ? "," : "", kaon_gguf_type_name(ty[k].type), (unsigned long long)ty[k].n);
+        const bool ok = kaon_dtype_from_ggml(ty[k].type) != KAON_DTYPE_INVALID;
+        if (ty[k].unsized) printf(" (ggml type %u, layout unknown; not supported)", ty[k].type);
+        else printf(" (%.1f MiB%s)", ty[k].bytes / 1048576.0, ok ? "" : ", not supported");
+    }
+    printf("  [%lld tensors in the file]\n", (long long)kaon_gguf_tensor_count(g));
+}
+
 static const char *default_prompt =
     "The history of the city begins with a small settlement by the river. Over the centuries "
     "it grew into a centre of trade, science and music; today its universities, markets and "
@@ -182,24 +223,36 @@ int kaon_cmd_info(int argc, char **argv) {
     }
     if (o.prompt && o.prompt_ids) return kaon_cli_fail("give one of -p TEXT or --prompt-ids IDS");
     kaon_model *m = NULL;
+    kaon_gguf *meta = NULL;  // a GGUF file's metadata: its tensor types, even when it does not load
     if (o.dummy) {
         if (!o.path) return kaon_cli_fail("--load-format dummy needs -m CONFIG (a config.json or its folder)");
         m = kaon_model_load_dummy(o.path);
         if (!m) return kaon_cli_fail("%s", kaon_last_error());
     } else {
+        const char *path = o.path ? o.path : kaon_cli_default_model();
+        if (kaon_cli_is_gguf(path)) meta = kaon_gguf_open_metadata(path);
         m = kaon_cli_load_model(o.path);
     }
-    if (!m) return 2;
+    if (!m) {
+        if (meta) {
+            printf("model:          %s (does not load)\n", o.path ? o.path : kaon_cli_default_model());
+            print_file_types(meta);
+        }
+        kaon_gguf_close(meta);
+        return 2;
+    }
     const kaon_model_config *c = &m->cfg;
     if (o.expert_load && o.json) {
         int rc = expert_load(m, &o);
         kaon_model_free(m);
+        kaon_gguf_close(meta);
         return rc;
     }
     kaon_weight_count wc;
     kaon_spec_count *rows = calloc((size_t)m->arch->n_weights, sizeof *rows);
     if (!rows) {
         kaon_model_free(m);
+        kaon_gguf_close(meta);
         return kaon_cli_fail("out of memory");
     }
     kaon_weights_count(m, &wc, rows);
@@ -262,6 +315,7 @@ int kaon_cmd_info(int argc, char **argv) {
         printf("\n");
     }
     free(rows);
+    if (meta) print_file_types(meta);
     size_t kv_tok = kaon_model_kv_bytes_per_token(m, 4);
     printf("memory:         weights %.1f MiB (%s); KV cache %.1f KiB/token (f32), "
            "%.1f MiB at the full context\n",
@@ -273,5 +327,6 @@ int kaon_cmd_info(int argc, char **argv) {
         rc = expert_load(m, &o);
     }
     kaon_model_free(m);
+    kaon_gguf_close(meta);
     return rc;
 }

@@ -7,21 +7,18 @@
 #include "tokenizer/tokenizer.h"
 #include "util/err.h"
 
-// Loads only the tokenizer (a GGUF file's metadata or a HF folder's tokenizer.json).
+// Loads only the tokenizer: a GGUF file's metadata (its tensors are not read, so a file with
+// tensors of a type kaon cannot compute with still tokenizes) or a HF folder's tokenizer.json.
 static kaon_tokenizer *load(const char *path, kaon_gguf **g) {
+    *g = NULL;
     if (!path) path = kaon_cli_default_model();
     if (!path) {
         kaon_cli_fail("no model given (-m) and the default model is missing");
         return NULL;
     }
     kaon_tokenizer *t;
-    *g = NULL;
-    FILE *f = fopen(path, "rb");
-    char magic[4] = {0};
-    bool is_gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
-    if (f) fclose(f);
-    if (is_gguf) {
-        *g = kaon_gguf_open(path);
+    if (kaon_cli_is_gguf(path)) {
+        *g = kaon_gguf_open_metadata(path);
         t = *g ? kaon_tokenizer_from_gguf(*g) : NULL;
     } else {
         t = kaon_tokenizer_from_hf_dir(path);

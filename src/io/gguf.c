@@ -68,6 +68,7 @@ struct kaon_gguf {
     kaon_gguf_tensor *tensors;
     name_index kv_index;
     name_index tensor_index;
+    bool metadata_only;  // kaon_gguf_open_metadata: tensors of any type
 };
 
 // ---- little-endian reads (independent of host byte order and alignment) --------------------
@@ -105,16 +106,33 @@ static uint64_t scalar_size(uint32_t t) {
 
 static bool type_known(uint32_t t) { return t <= KAON_GGUF_F64; }
 
-// Names of ggml tensor types, for messages about the ones kaon cannot use.
-static const char *ggml_type_name(uint32_t t) {
-    static const char *names[] = {
-        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS",
-        "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64",
-        "IQ1_M", "BF16", "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4",
-        "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
-    };
-    return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
+// Every ggml tensor type by id: its name, and elements and bytes per block (0: a type ggml
+// removed, whose layout a file cannot use). kaon computes with the ones kaon_dtype_from_ggml
+// maps; the others are named in messages and sized when only the metadata is read.
+static const struct ggml_type_info {
+    const char *name;
+    uint32_t blck, size;
+} ggml_types[] = {
+    {"F32", 1, 4}, {"F16", 1, 2}, {"Q4_0", 32, 18}, {"Q4_1", 32, 20}, {"Q4_2", 0, 0},
+    {"Q4_3", 0, 0}, {"Q5_0", 32, 22}, {"Q5_1", 32, 24}, {"Q8_0", 32, 34}, {"Q8_1", 32, 40},
+    {"Q2_K", 256, 84}, {"Q3_K", 256, 110}, {"Q4_K", 256, 144}, {"Q5_K", 256, 176},
+    {"Q6_K", 256, 210}, {"Q8_K", 256, 292}, {"IQ2_XXS", 256, 66}, {"IQ2_XS", 256, 74},
+    {"IQ3_XXS", 256, 98}, {"IQ1_S", 256, 50}, {"IQ4_NL", 32, 18}, {"IQ3_S", 256, 110},
+    {"IQ2_S", 256, 82}, {"IQ4_XS", 256, 136}, {"I8", 1, 1}, {"I16", 1, 2}, {"I32", 1, 4},
+    {"I64", 1, 8}, {"F64", 1, 8}, {"IQ1_M", 256, 56}, {"BF16", 1, 2}, {"Q4_0_4_4", 0, 0},
+    {"Q4_0_4_8", 0, 0}, {"Q4_0_8_8", 0, 0}, {"TQ1_0", 256, 54}, {"TQ2_0", 256, 66},
+    {"IQ4_NL_4_4", 0, 0}, {"IQ4_NL_4_8", 0, 0}, {"IQ4_NL_8_8", 0, 0}, {"MXFP4", 32, 17},
+    {"NVFP4", 64, 36}, {"Q1_0", 128, 18},
+};
+#define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
+
+const char *kaon_gguf_type_name(uint32_t t) { return t < N_GGML_TYPES ? ggml_types[t].name : "unknown"; }
+
+bool kaon_gguf_type_block(uint32_t t, uint32_t *blck, uint32_t *size) {
+    if (t >= N_GGML_TYPES || ggml_types[t].blck == 0) return false;
+    *blck = ggml_types[t].blck;
+    *size = ggml_types[t].size;
+    return true;
 }
 
 // A short printable copy of an untrusted name for error messages.
@@ -324,18 +342,28 @@ static int parse_tensor_info(kaon_gguf *g, cursor *c, int64_t i) {
     t->offset = rd64(c->base + c->pos + 4);
     c->pos += 12;
     kaon_dtype dt = kaon_dtype_from_ggml(t->ggml_type);
-    if (dt == KAON_DTYPE_INVALID)
+    uint32_t blck = 0, size = 0;
+    if (dt != KAON_DTYPE_INVALID) {
+        blck = (uint32_t)kaon_dtype_block_elems(dt);
+        size = (uint32_t)kaon_dtype_block_bytes(dt);
+    } else if (!g->metadata_only) {
         return kaon_set_error("%s: tensor '%s' has ggml type %u (%s), which kaon does not support",
-                              g->name, name, t->ggml_type, ggml_type_name(t->ggml_type));
-    uint64_t be = (uint64_t)kaon_dtype_block_elems(dt), bb = (uint64_t)kaon_dtype_block_bytes(dt);
-    if (t->dims[0] % be)
-        return kaon_set_error("%s: tensor '%s': row length %llu is not a multiple of the %s block "
-                              "size %llu", g->name, name, (unsigned long long)t->dims[0],
-                              kaon_dtype_name(dt), (unsigned long long)be);
-    uint64_t blocks = numel / be;
-    if (blocks > UINT64_MAX / bb)
-        return kaon_set_error("%s: tensor '%s': byte size overflows", g->name, name);
-    t->nbytes = blocks * bb;
+                              g->name, name, t->ggml_type, kaon_gguf_type_name(t->ggml_type));
+    } else if (!kaon_gguf_type_block(t->ggml_type, &blck, &size)) {
+        t->nbytes = 0;  // a layout kaon does not know: the data stays unread (data NULL)
+        t->unsized = true;
+    }
+    if (!t->unsized) {
+        const uint64_t be = blck, bb = size;
+        if (t->dims[0] % be)
+            return kaon_set_error("%s: tensor '%s': row length %llu is not a multiple of the %s block "
+                                  "size %llu", g->name, name, (unsigned long long)t->dims[0],
+                                  kaon_gguf_type_name(t->ggml_type), (unsigned long long)be);
+        uint64_t blocks = numel / be;
+        if (blocks > UINT64_MAX / bb)
+            return kaon_set_error("%s: tensor '%s': byte size overflows", g->name, name);
+        t->nbytes = blocks * bb;
+    }
     if (t->offset % g->alignment)
         return kaon_set_error("%s: tensor '%s' data offset %llu is not a multiple of the alignment "
                               "%u", g->name, name, (unsigned long long)t->offset, g->alignment);
@@ -416,6 +444,7 @@ static int parse(kaon_gguf *g) {
     g->data_offset = (c.pos + g->alignment - 1) / g->alignment * g->alignment;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         kaon_gguf_tensor *t = &g->tensors[i];
+        if (t->unsized) continue;
         uint64_t start = g->data_offset + t->offset;
         if (start < t->offset) start = UINT64_MAX;  // saturate for the message
         if (g->data_offset > g->size || t->offset > g->size - g->data_offset ||
@@ -432,7 +461,8 @@ static int parse(kaon_gguf *g) {
     return 0;
 }
 
-static kaon_gguf *open_buffer(const void *data, size_t size, bool mapped, const char *name) {
+static kaon_gguf *open_buffer(const void *data, size_t size, bool mapped, const char *name,
+                              bool metadata_only) {
     kaon_gguf *g = calloc(1, sizeof *g);
     char *nm = strdup(name);
     if (!g || !nm) {
@@ -445,6 +475,7 @@ static kaon_gguf *open_buffer(const void *data, size_t size, bool mapped, const 
     g->size = size;
     g->mapped = mapped;
     g->name = nm;
+    g->metadata_only = metadata_only;
     if (parse(g)) {
         g->mapped = false;  // the caller unmaps on failure
         kaon_gguf_close(g);
@@ -459,10 +490,10 @@ kaon_gguf *kaon_gguf_open_memory(const void *data, size_t size) {
         return NULL;
     }
     static const uint8_t empty[1];
-    return open_buffer(data ? data : empty, size, false, "<memory>");
+    return open_buffer(data ? data : empty, size, false, "<memory>", false);
 }
 
-kaon_gguf *kaon_gguf_open(const char *path) {
+static kaon_gguf *open_file(const char *path, bool metadata_only) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         kaon_set_error("%s: cannot open: %s", path, strerror(errno));
@@ -486,10 +517,14 @@ kaon_gguf *kaon_gguf_open(const char *path) {
         kaon_set_error("%s: mmap failed: %s", path, strerror(errno));
         return NULL;
     }
-    kaon_gguf *g = open_buffer(map, size, true, path);
+    kaon_gguf *g = open_buffer(map, size, true, path, metadata_only);
     if (!g) munmap(map, size);
     return g;
 }
+
+kaon_gguf *kaon_gguf_open(const char *path) { return open_file(path, false); }
+
+kaon_gguf *kaon_gguf_open_metadata(const char *path) { return open_file(path, true); }
 
 void kaon_gguf_close(kaon_gguf *g) {
     if (!g) return;

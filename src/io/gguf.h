@@ -28,12 +28,17 @@ typedef struct kaon_gguf_tensor {
     uint64_t dims[4];  // GGUF order: dims[0] varies fastest (HF [out, in] is [in, out] here)
     uint32_t ggml_type;
     uint64_t offset;   // relative to the data section
-    const void *data;  // in the mapping
+    const void *data;  // in the mapping (NULL when unsized)
     uint64_t nbytes;
+    bool unsized;      // (kaon_gguf_open_metadata) a ggml type whose layout kaon does not know
 } kaon_gguf_tensor;
 
 // Opens and validates a file; NULL with kaon_last_error() set on any problem.
 kaon_gguf *kaon_gguf_open(const char *path);
+// Opens a file for its metadata (the tokenizer, kaon info): as kaon_gguf_open, but tensors may
+// have any ggml type. Those of a type kaon cannot compute with keep their size and data when
+// ggml's layout of the type is known, else they are unsized (data NULL, nbytes 0).
+kaon_gguf *kaon_gguf_open_metadata(const char *path);
 // Parses a buffer the caller keeps alive (fuzzing, tests). The buffer is not copied.
 kaon_gguf *kaon_gguf_open_memory(const void *data, size_t size);
 void kaon_gguf_close(kaon_gguf *g);
@@ -68,6 +73,11 @@ const void *kaon_gguf_array_data(const kaon_gguf *g, const char *key);
 int64_t kaon_gguf_tensor_count(const kaon_gguf *g);
 const kaon_gguf_tensor *kaon_gguf_tensor_at(const kaon_gguf *g, int64_t i);
 const kaon_gguf_tensor *kaon_gguf_find_tensor(const kaon_gguf *g, const char *name);
+
+// ggml tensor types: the name ("unknown" past the known ids), and elements and bytes per block
+// (false for an unknown or removed type).
+const char *kaon_gguf_type_name(uint32_t ggml_type);
+bool kaon_gguf_type_block(uint32_t ggml_type, uint32_t *blck, uint32_t *size);
 
 // Helper: compare a kaon_gguf_str with a C string.
 bool kaon_gguf_str_eq(kaon_gguf_str s, const char *c);

@@ -26,6 +26,7 @@
 // DEV: cpu or cuda. IDS: a comma list.
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/quant_blocks.h"
 #include "model/model.h"
 #include "util/err.h"
 #include "util/half.h"
@@ -437,7 +439,8 @@ static int run_op(const char *dir) {
         size_t len = 0;
         void *raw = read_all(dir, "raw.bin", &len);
         if (!raw) die("no raw.bin%s", "");
-        kaon_tensor t = {.dtype = (kaon_dtype)type, .ndim = 2, .shape = {rows, cols}, .data = raw, .nbytes = len};
+        kaon_tensor t = {.dtype = kaon_dtype_from_ggml((uint32_t)type), .ndim = 2, .shape = {rows, cols}, .data = raw,
+                         .nbytes = len};
         kaon_tensor d;
         if (o->upload(be, &t, &d)) die("upload%s", "");
         if (d.dtype == KAON_BF16) save_dev(dir, "out.bin", d.data, (size_t)rows * cols);

@@ -1,6 +1,6 @@
 // Quantized-weight ops and timings of gpu_driver (included by gpu_driver.c after its helpers;
-// not a translation unit of its own). The CUDA backend keeps GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q6_K
-// matrices quantized (src/backend/cuda/cuda_quant.cu).
+// not a translation unit of its own). The CUDA backend keeps GGUF matrices of every block format
+// quantized (src/backend/cuda/cuda_quant.cu). Types in params are GGUF's ggml type ids.
 //
 //   op qlinear  type out in ns [has_bias f32out]   raw.bin (GGUF blocks), x.bin [max n, in],
 //                                                  b.bin -> out_<n>.bin [n, out] for n in ns
@@ -15,7 +15,8 @@ static kaon_tensor q_upload_raw(const char *dir, const char *name, int type, int
     size_t len = 0;
     void *raw = read_all(dir, name, &len);
     if (!raw) die("no %s", name);
-    kaon_tensor t = {.dtype = (kaon_dtype)type, .ndim = 2, .shape = {rows, cols}, .data = raw, .nbytes = len};
+    kaon_tensor t = {.dtype = kaon_dtype_from_ggml((uint32_t)type), .ndim = 2, .shape = {rows, cols}, .data = raw,
+                     .nbytes = len};
     if (kaon_dtype_row_bytes(t.dtype, cols) * (size_t)rows != len) die("%s: wrong size", name);
     if (on_cpu) return t;
     kaon_tensor d;
@@ -147,8 +148,8 @@ static int run_qop(const char *dir, const char *op) {
 // ---- timings ---------------------------------------------------------------------------------------
 
 // Random GGUF blocks with sane f16 scales (their values do not matter for the timing).
-static void q_random_blocks(uint8_t *raw, size_t n_blocks, int t, uint64_t seed) {
-    const int bsz = kaon_dtype_block_bytes((kaon_dtype)t);
+static void q_random_blocks(uint8_t *raw, size_t n_blocks, kaon_dtype t, uint64_t seed) {
+    const int bsz = kaon_dtype_block_bytes(t);
     const size_t n = n_blocks * (size_t)bsz;
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     size_t i = 0;
@@ -160,23 +161,24 @@ static void q_random_blocks(uint8_t *raw, size_t n_blocks, int t, uint64_t seed)
     }
     for (; i < n; i++) raw[i] = (uint8_t)(s >> (8 * (i & 7)));
     const uint16_t d = 0x1E00;  // f16 0.0059
+    // Where the f16 scales are: d (and m or dmin beside it).
+    const size_t d_at = t == KAON_Q6_K ? offsetof(kaon_block_q6_k, d)
+                        : t == KAON_Q3_K ? offsetof(kaon_block_q3_k, d)
+                        : t == KAON_Q2_K ? offsetof(kaon_block_q2_k, d) : 0;
+    const bool two = t == KAON_Q4_1 || t == KAON_Q5_1 || t == KAON_Q2_K || t == KAON_Q4_K || t == KAON_Q5_K;
     for (size_t b = 0; b < n_blocks; b++) {
-        uint8_t *p = raw + b * (size_t)bsz;
-        if (t == KAON_Q6_K) {
-            memcpy(p + 208, &d, 2);
-        } else {
-            memcpy(p, &d, 2);
-            if (t == KAON_Q4_1 || t == KAON_Q4_K) memcpy(p + 2, &d, 2);
-        }
+        uint8_t *p = raw + b * (size_t)bsz + d_at;
+        memcpy(p, &d, 2);
+        if (two) memcpy(p + 2, &d, 2);
     }
 }
 
-static kaon_tensor q_random_weight(int t, int64_t rows, int64_t cols, uint64_t seed) {
-    const size_t rb = kaon_dtype_row_bytes((kaon_dtype)t, cols), bytes = rb * (size_t)rows;
+static kaon_tensor q_random_weight(kaon_dtype t, int64_t rows, int64_t cols, uint64_t seed) {
+    const size_t rb = kaon_dtype_row_bytes(t, cols), bytes = rb * (size_t)rows;
     uint8_t *raw = malloc(bytes);
     if (!raw) die("out of host memory%s", "");
-    q_random_blocks(raw, bytes / (size_t)kaon_dtype_block_bytes((kaon_dtype)t), t, seed);
-    kaon_tensor h = {.dtype = (kaon_dtype)t, .ndim = 2, .shape = {rows, cols}, .data = raw, .nbytes = bytes}, d;
+    q_random_blocks(raw, bytes / (size_t)kaon_dtype_block_bytes(t), t, seed);
+    kaon_tensor h = {.dtype = t, .ndim = 2, .shape = {rows, cols}, .data = raw, .nbytes = bytes}, d;
     if (be->ops->upload(be, &h, &d)) die("upload%s", "");
     free(raw);
     return d;
@@ -236,7 +238,8 @@ static int run_qtimings(void) {
     be = kaon_backend_cuda_create(0);
     if (!be) die("no backend%s", "");
     const kaon_backend_ops *o = be->ops;
-    const int types[] = {KAON_Q4_0, KAON_Q4_1, KAON_Q8_0, KAON_Q4_K, KAON_Q6_K};
+    const kaon_dtype types[] = {KAON_Q4_0, KAON_Q4_1, KAON_Q5_0, KAON_Q5_1, KAON_Q8_0, KAON_IQ4_NL,
+                                KAON_Q2_K, KAON_Q3_K, KAON_Q4_K, KAON_Q5_K, KAON_Q6_K, KAON_IQ4_XS};
     struct { int rows, in; } shapes[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}, {64, 4096}};
     const int ns[] = {1, 4, 8};
     kaon_tensor xt = {.dtype = KAON_BF16, .ndim = 2, .shape = {8, 14336}}, xd;
@@ -246,11 +249,11 @@ static int run_qtimings(void) {
     if (!y || !y2 || !y3) die("alloc%s", "");
     uint64_t key = 0x7100000000ull;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const int t = types[ti];
+        const kaon_dtype t = types[ti];
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int rows = shapes[si].rows, in = shapes[si].in;
             kaon_tensor w = q_random_weight(t, rows, in, 100 + si);
-            const double bytes = (double)kaon_dtype_row_bytes((kaon_dtype)t, in) * rows;
+            const double bytes = (double)kaon_dtype_row_bytes(t, in) * rows;
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 if (rows == 64 && ns[ni] != 1) continue;
                 q_case c = {.kind = rows == 128256 ? 1 : 0, .w = {&w}, .n = ns[ni], .x = xd.data, .y = {y}};
@@ -259,7 +262,7 @@ static int run_qtimings(void) {
                 printf("{\"timing\": \"qlinear\", \"type\": \"%s\", \"rows\": %d, \"in\": %d, \"n\": %d, "
                        "\"MB\": %.2f, \"us\": %.2f, \"TBps\": %.3f, \"us_graph\": %.2f, \"TBps_graph\": %.3f, "
                        "\"of_4.3TBps\": %.3f}\n",
-                       kaon_dtype_name((kaon_dtype)t), rows, in, ns[ni], bytes / 1e6, ue, bytes / ue / 1e6, ug,
+                       kaon_dtype_name(t), rows, in, ns[ni], bytes / 1e6, ue, bytes / ue / 1e6, ug,
                        bytes / ug / 1e6, bytes / ug / 1e6 / 4.3);
                 fflush(stdout);
             }
@@ -269,7 +272,7 @@ static int run_qtimings(void) {
         kaon_tensor g = q_random_weight(t, 14336, 4096, 7), u = q_random_weight(t, 14336, 4096, 8);
         kaon_tensor q = q_random_weight(t, 4096, 4096, 9), k = q_random_weight(t, 1024, 4096, 10),
                     v = q_random_weight(t, 1024, 4096, 11);
-        const double rb = (double)kaon_dtype_row_bytes((kaon_dtype)t, 4096);
+        const double rb = (double)kaon_dtype_row_bytes(t, 4096);
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             q_case cs = {.kind = 2, .w = {&g, &u}, .n = ns[ni], .x = xd.data, .y = {y}};
             q_case cm = {.kind = 3, .w = {&q, &k, &v}, .n = ns[ni], .x = xd.data, .y = {y, y2, y3}};
@@ -277,11 +280,11 @@ static int run_qtimings(void) {
             q_time(&cs, ++key, &ue, &ug);
             printf("{\"timing\": \"qsilu\", \"type\": \"%s\", \"rows\": 14336, \"in\": 4096, \"n\": %d, \"MB\": %.2f, "
                    "\"us\": %.2f, \"us_graph\": %.2f, \"TBps_graph\": %.3f}\n",
-                   kaon_dtype_name((kaon_dtype)t), ns[ni], 2 * 14336 * rb / 1e6, ue, ug, 2 * 14336 * rb / ug / 1e6);
+                   kaon_dtype_name(t), ns[ni], 2 * 14336 * rb / 1e6, ue, ug, 2 * 14336 * rb / ug / 1e6);
             q_time(&cm, ++key, &ue, &ug);
             printf("{\"timing\": \"qmulti_qkv\", \"type\": \"%s\", \"rows\": 6144, \"in\": 4096, \"n\": %d, \"MB\": %.2f, "
                    "\"us\": %.2f, \"us_graph\": %.2f, \"TBps_graph\": %.3f}\n",
-                   kaon_dtype_name((kaon_dtype)t), ns[ni], 6144 * rb / 1e6, ue, ug, 6144 * rb / ug / 1e6);
+                   kaon_dtype_name(t), ns[ni], 6144 * rb / 1e6, ue, ug, 6144 * rb / ug / 1e6);
             fflush(stdout);
         }
         o->release(be, &g);

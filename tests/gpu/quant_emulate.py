@@ -14,6 +14,10 @@ and checks: dequantized values == gguf.quants.dequantize exactly; the emulated G
 (gguf-dequantized W) @ (quantized x)^T in float64 to 1e-6 relative (s = d * sum is an f32, as
 on the CPU; a wrong index or bit gives errors of order 1); the quantized activations equal
 those of the CPU backend's reference quantizer (cpu_scalar.c, transcribed).
+
+It covers the first five formats. All twelve (Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS
+besides these) are checked by tests/unit/test_cuda_quant_host.cu, which runs the formats'
+device code itself (cuda_quant_formats.cuh is __host__ __device__) on the CPU.
 """
 import sys
 from pathlib import Path

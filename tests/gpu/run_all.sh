@@ -134,11 +134,25 @@ if want bench 60; then
     tail -n 8 /tmp/bench.log
 fi
 want gguf 60 && pytest_section gguf 200 "gguf_greedy"
-if want quant 60; then  # quantized GGUF weights on the GPU (cuda_quant.cu), about 3 minutes
+if want quant 60; then  # quantized GGUF weights on the GPU (cuda_quant.cu), about 6 minutes
     t0=$(date +%s)
     python3 tests/gpu/quant_emulate.py > /tmp/quant_emu.log 2>&1
     note "quant emulation (CPU) rc=$? ($(tail -n 1 /tmp/quant_emu.log))"
-    pytest_section quant 200 "quant and not gguf_greedy"  # (not the kquants file of test_gguf_greedy_gpu_equals_cpu)
+    # The formats' device code run on the host, and the CPU backend's kernels (this host's
+    # AVX-512 VNNI ones included) for every format: both built here against libkaon.a.
+    { nvcc -std=c++17 -O2 -I include -I src tests/unit/test_cuda_quant_host.cu "$BUILD/libkaon.a" \
+          -lcublasLt -lcudart $(pkg-config --libs libpcre2-8 libcjson) $(pkg-config --libs libmicrohttpd 2> /dev/null) \
+          -Xcompiler -fopenmp -lgomp -lm -lpthread -ldl -lrt -o "$BUILD/test_cuda_quant_host" &&
+      "$BUILD/test_cuda_quant_host"; } > /tmp/quant_host.log 2>&1
+    note "quant formats on the host rc=$? ($(tail -n 1 /tmp/quant_host.log))"
+    { gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -I include -I src -I tests/unit tests/unit/test_cpu_linear.c \
+          "$BUILD/libkaon.a" -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ \
+          $(pkg-config --libs libpcre2-8 libcjson) $(pkg-config --libs libmicrohttpd 2> /dev/null) \
+          -fopenmp -lm -lpthread -ldl -lrt -o "$BUILD/test_cpu_linear" && timeout "$(tl 300)" "$BUILD/test_cpu_linear"; } \
+        > /tmp/cpu_linear.log 2>&1
+    note "test_cpu_linear (CPU kernels) rc=$? ($(head -n 1 /tmp/cpu_linear.log); $(tail -n 1 /tmp/cpu_linear.log))"
+    cat /tmp/quant_host.log /tmp/cpu_linear.log >> "$OUT/pytest.log"
+    pytest_section quant 420 "quant and not gguf_greedy"  # (not the kquants file of test_gguf_greedy_gpu_equals_cpu)
     timeout "$(tl 120)" "$KAON_GPU_DRIVER" qtimings > /tmp/qtimings.log 2>&1
     note "qtimings rc=$? ($(( $(date +%s) - t0 )) s)"
     { cat /tmp/quant_emu.log; cat /tmp/qtimings.log; } >> "$OUT/bench.log"

@@ -523,10 +523,15 @@ def test_scale(tmp_path, n, s):
     assert np.array_equal(out(tmp_path), want)
 
 
+def block_of(qtype):
+    """(elements, bytes) of one block of a ggml type."""
+    import gguf
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+
+
 def random_blocks(rng, qtype, n_blocks):
     """Random GGUF blocks with sane f16 scales (random bytes elsewhere)."""
-    import gguf
-    bsz = {2: 18, 3: 20, 8: 34, 12: 144, 14: 210}[qtype]
+    bsz = block_of(qtype)[1]
     raw = rng.integers(0, 256, (n_blocks, bsz), dtype=np.uint8)
 
     def put(off, v):
@@ -548,15 +553,37 @@ def random_blocks(rng, qtype, n_blocks):
         put(2, 7.5 * 0.0003 * d)
     elif qtype == 14:
         put(208, 0.00008 * d)
+    elif qtype == 6:  # Q5_0: d (q - 16)
+        put(0, 0.006 * d)
+    elif qtype == 7:  # Q5_1: d q + m, q in 0..31
+        put(0, 0.005 * d)
+        put(2, -15.5 * 0.005 * d)
+    elif qtype == 20:  # IQ4_NL: d times levels of up to 127
+        put(0, 0.0008 * d)
+    elif qtype == 10:  # Q2_K: (d sc) q - dmin m, sc and m 0..15, q 0..3
+        put(80, 0.004 * d)
+        put(82, 1.5 * 0.004 * d)
+    elif qtype == 11:  # Q3_K: (d sc) q, sc -32..31, q -4..3
+        put(108, 0.0008 * d)
+    elif qtype == 13:  # Q5_K: as Q4_K with q 0..31
+        put(0, 0.00015 * d)
+        put(2, 15.5 * 0.00015 * d)
+    elif qtype == 23:  # IQ4_XS: d (ls - 32) times levels of up to 127
+        put(0, 0.00003 * d)
     return raw
 
 
-@pytest.mark.parametrize("qname,qtype", [("Q4_0", 2), ("Q4_1", 3), ("Q8_0", 8), ("Q4_K", 12), ("Q6_K", 14)])
+# Every GGUF format the CUDA backend keeps quantized: (name, ggml type id).
+QTYPES = [("Q4_0", 2), ("Q4_1", 3), ("Q5_0", 6), ("Q5_1", 7), ("Q8_0", 8), ("IQ4_NL", 20), ("Q2_K", 10),
+          ("Q3_K", 11), ("Q4_K", 12), ("Q5_K", 13), ("Q6_K", 14), ("IQ4_XS", 23)]
+
+
+@pytest.mark.parametrize("qname,qtype", QTYPES)
 def test_dequant_matches_gguf(tmp_path, qname, qtype):
     import gguf
     rng = np.random.default_rng()
     rows, cols = 37, 1024
-    qk = 256 if qtype in (12, 14) else 32
+    qk = block_of(qtype)[0]
     raw = random_blocks(rng, qtype, rows * cols // qk)
     run_op(tmp_path, "dequant", dict(type=qtype, rows=rows, cols=cols), dict(raw=raw))
     ref = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType(qtype)).reshape(rows, cols)
@@ -740,7 +767,7 @@ def write_gguf(path, arch_cfg, qtypes, rng):
 
     def mat(name, role, rows, cols):
         t = qtypes[role]
-        qk, bsz = {2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144), 14: (256, 210)}[t]
+        qk, bsz = block_of(t)
         raw = random_blocks(rng, t, rows * cols // qk).reshape(rows, cols // qk * bsz)
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType(t))
 
@@ -817,8 +844,6 @@ def test_gguf_greedy_gpu_equals_cpu(tmp_path, name):
 # float64, or bf16(weights) times bf16(x); every output is also checked against the plain
 # product x @ W^T. KAON_OP_DEVICE=cpu runs the same ops on the CPU backend (a harness check).
 
-QTYPES = [("Q4_0", 2), ("Q4_1", 3), ("Q8_0", 8), ("Q4_K", 12), ("Q6_K", 14)]
-Q_BLOCK = {2: 32, 3: 32, 8: 32, 12: 256, 14: 256}
 Q_GEMV_MAX_N = 64
 Q_NS = [1, 2, 3, 8, 17, 64, 100]
 Q_ON_CPU = os.environ.get("KAON_OP_DEVICE") == "cpu"
@@ -843,7 +868,7 @@ def q_weight(rng, qtype, rows, cols):
         w = bf16(rng.standard_normal((rows, cols)) * 0.05)
         raw = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
         return raw, w.astype(np.float64)
-    raw = random_blocks(rng, qtype, rows * cols // Q_BLOCK[qtype]).reshape(rows, -1)
+    raw = random_blocks(rng, qtype, rows * cols // block_of(qtype)[0]).reshape(rows, -1)
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(rows, cols)
     return raw, w.astype(np.float64)
 
@@ -888,7 +913,8 @@ def test_quant_linear(tmp_path, qname, qtype, rows, cols, has_bias):
            rel_err_vs_unquantized_x={n: v[1] for n, v in errs.items()})
 
 
-@pytest.mark.parametrize("qname,qtype", [("Q4_0", 2), ("Q8_0", 8), ("Q4_K", 12), ("Q6_K", 14)])
+@pytest.mark.parametrize("qname,qtype", [("Q4_0", 2), ("Q8_0", 8), ("Q4_K", 12), ("Q6_K", 14), ("Q5_0", 6),
+                                         ("IQ4_NL", 20), ("Q3_K", 11), ("Q5_K", 13), ("IQ4_XS", 23)])
 def test_quant_linear_f32_logits(tmp_path, qname, qtype):
     rng = np.random.default_rng()
     rows, cols, ns = 3001, 2048, [1, 3, 100]
@@ -907,6 +933,9 @@ def test_quant_linear_f32_logits(tmp_path, qname, qtype):
     ((2, 2, 2), (512, 128, 136), 1024, 1),     # q/k/v of one format
     ((12, 12, 14), (256, 64, 64), 2048, 0),    # Q4_K_M-style: v in Q6_K
     ((8, 30, 3), (300, 100, 50), 512, 1),      # a bf16 matrix among quantized ones
+    ((6, 7, 20), (512, 128, 136), 1024, 1),    # the other formats in blocks of 32
+    ((10, 11, 13), (256, 64, 64), 2048, 0),    # Q2_K / Q3_K / Q5_K
+    ((23, 23, 14), (256, 64, 64), 2048, 1),    # IQ4_XS, v in Q6_K
 ])
 def test_quant_linear_multi(tmp_path, types, rows, cols, has_bias):
     rng = np.random.default_rng()
@@ -928,7 +957,8 @@ def test_quant_linear_multi(tmp_path, types, rows, cols, has_bias):
             assert e < 1e-2 and e_plain < 2e-2, (types, n, k, e, e_plain)
 
 
-@pytest.mark.parametrize("tg,tu", [(2, 2), (3, 3), (8, 8), (12, 12), (14, 14), (12, 14)])
+@pytest.mark.parametrize("tg,tu", [(2, 2), (3, 3), (8, 8), (12, 12), (14, 14), (12, 14), (6, 6), (7, 7), (20, 20),
+                                   (10, 10), (11, 11), (13, 13), (23, 23), (13, 14)])
 def test_quant_linear_silu_mul(tmp_path, tg, tu):
     rng = np.random.default_rng()
     rows, cols, ns = 700, 2048, [1, 2, 5, 8, 17, 100]
@@ -986,7 +1016,9 @@ def test_quant_q4_0_greedy_gpu_equals_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),
-                                         ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14))])
+                                         ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14)),
+                                         ("q5-q2k-q3k-iq4xs", dict(embd=6, attn=13, ffn=10, down=11, out=23)),
+                                         ("q5_1-iq4nl-q5k", dict(embd=20, attn=7, ffn=13, down=20, out=14))])
 def test_quant_gguf_logits_gpu_vs_cpu(tmp_path, name, qtypes):
     """Prefill logits of a quantized GGUF, GPU (int8 activations from bf16 ones) against our CPU
     backend (int8 from f32): how far apart they are (a wrong format path gives errors of order 1)."""

@@ -85,6 +85,22 @@ def _tiny_weights(seed=0):
     return out
 
 
+def add_tiny_tokenizer(w):
+    """The tiny gpt2 tokenizer's metadata (a byte-level vocabulary, two merges, a chat template)."""
+    tokens, types = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
 def write_tiny_llama_gguf(path, skip=()):
     """A valid llama GGUF like the default model in miniature: token_embd Q8_0 (tied output),
     matrices Q4_1, norms F32, a gpt2 tokenizer. Tensors named in `skip` are left out."""
@@ -102,17 +118,7 @@ def write_tiny_llama_gguf(path, skip=()):
     w.add_rope_dimension_count(TINY["dim"] // TINY["n_heads"])
     w.add_vocab_size(len(tokens))
     w.add_file_type(3)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_pad_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    add_tiny_tokenizer(w)
     for _, name, arr in _tiny_weights():
         if name in skip:
             continue

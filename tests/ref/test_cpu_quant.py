@@ -2,17 +2,19 @@
 package's dequantizers and numpy.
 
 Python writes a GGUF file (gguf.GGUFWriter) with random weights in each format (quantized by
-gguf.quants.quantize where the package can; Q4_K and Q6_K, which it cannot quantize, as random
-valid blocks with sane f16 scales) and random f32 activations. `test_cpu_linear --ref` runs
-kaon's linear (n = 1, 3, 8, 33 rows) and embed (every row) on them with each kernel set this
-CPU has; the results are compared with numpy on gguf.quants.dequantize(W).
+gguf.quants.quantize where the package can: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants and
+IQ4_NL / IQ4_XS, which it cannot quantize, as random valid blocks with sane f16 scales) and
+random f32 activations. `test_cpu_linear --ref` runs kaon's linear (n = 1, 3, 8, 33 rows) and
+embed (every row) on them with each kernel set this CPU has; the results are compared with
+numpy on gguf.quants.dequantize(W).
 
 Error bound of linear: kaon quantizes each block of 32 activations to int8 with scale
 d = max|x| / 127 and round-to-nearest, so every x moves by at most d / 2 = max|x| / 254; the
 output therefore moves by at most sum over blocks of (max|x_block| / 254) * sum |w_block|.
 That bound is rigorous; float32 accumulation adds at most ~1e-5 * sum |w x| on top. Float
-weights (F32/F16/BF16) are not quantized, so only the float term applies. Embed is exact up
-to float32 rounding of the dequantization formula.
+weights (F32/F16/BF16) are not quantized, so only the float term applies. Embed (the
+dequantization) must equal gguf's bit for bit: kaon's dequantizer (backend/quant_blocks.h)
+rounds the same float32 operations in the same order.
 """
 import os
 import subprocess
@@ -40,6 +42,17 @@ CASES = [
     ("q8_0_k96", QT.Q8_0, 29, 96),
     ("q4_k", QT.Q4_K, 37, 512),
     ("q6_k", QT.Q6_K, 37, 512),
+    # (after the first formats, so theirs keep the random draws they always had)
+    ("q5_0", QT.Q5_0, 37, 320),
+    ("q5_0_k96", QT.Q5_0, 29, 96),
+    ("q5_1", QT.Q5_1, 37, 576),
+    ("q5_1_k96", QT.Q5_1, 29, 96),
+    ("iq4_nl", QT.IQ4_NL, 37, 320),
+    ("iq4_nl_k96", QT.IQ4_NL, 29, 96),
+    ("q2_k", QT.Q2_K, 37, 512),
+    ("q3_k", QT.Q3_K, 37, 512),
+    ("q5_k", QT.Q5_K, 37, 768),
+    ("iq4_xs", QT.IQ4_XS, 37, 512),
 ]
 N_ROWS = 33
 
@@ -52,18 +65,27 @@ def helper():
     return exe
 
 
-def random_k_blocks(qt, rows, K, rng):
-    """Random valid Q4_K / Q6_K blocks: random payload bits, small positive f16 scales."""
-    nb = K // 256
-    if qt == QT.Q4_K:
-        b = rng.integers(0, 256, size=(rows, nb, 144), dtype=np.uint8)
-        d = rng.uniform(0.0005, 0.003, size=(rows, nb, 2)).astype(np.float16)
-        b[:, :, 0:4] = d.view(np.uint8).reshape(rows, nb, 4)  # d, dmin
-    else:
-        b = rng.integers(0, 256, size=(rows, nb, 210), dtype=np.uint8)
-        d = rng.uniform(0.00005, 0.0003, size=(rows, nb, 1)).astype(np.float16)
-        b[:, :, 208:210] = d.view(np.uint8).reshape(rows, nb, 2)
-    return b.reshape(rows, nb * b.shape[2])
+# Random valid blocks of the formats gguf cannot quantize: random bytes, then the f16 scales
+# (byte offset in the block, low, high) set to values that keep the weights near +-0.1.
+RANDOM_BLOCK_SCALES = {
+    QT.Q2_K: [(80, 0.0005, 0.003), (82, 0.0005, 0.003)],      # d, dmin
+    QT.Q3_K: [(108, 0.0005, 0.003)],                          # d
+    QT.Q4_K: [(0, 0.0005, 0.003), (2, 0.0005, 0.003)],        # d, dmin
+    QT.Q5_K: [(0, 0.0003, 0.002), (2, 0.0005, 0.003)],        # d, dmin
+    QT.Q6_K: [(208, 0.00005, 0.0003)],                        # d
+    QT.IQ4_NL: [(0, 0.0002, 0.002)],                          # d
+    QT.IQ4_XS: [(0, 0.00002, 0.0002)],                        # d
+}
+
+
+def random_blocks(qt, rows, K, rng):
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    nb = K // block
+    b = rng.integers(0, 256, size=(rows, nb, size), dtype=np.uint8)
+    for off, lo, hi in RANDOM_BLOCK_SCALES[qt]:
+        d = rng.uniform(lo, hi, size=(rows, nb, 1)).astype(np.float16)
+        b[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
+    return b.reshape(rows, nb * size)
 
 
 def make_weight(qt, rows, K, rng):
@@ -74,8 +96,8 @@ def make_weight(qt, rows, K, rng):
     if qt == QT.F16:
         h = w.astype(np.float16)
         return h, h.astype(np.float64)
-    if qt in (QT.Q4_K, QT.Q6_K):
-        raw = random_k_blocks(qt, rows, K, rng)
+    if qt in RANDOM_BLOCK_SCALES:
+        raw = random_blocks(qt, rows, K, rng)
     else:
         raw = quantize(w, qt)
     return raw, dequantize(raw, qt).astype(np.float64).reshape(rows, K)
@@ -149,9 +171,7 @@ def test_linear_and_embed_match_gguf(ref_file, tmp_path, env):
         qt, W, x = expect[name]
         if tag == "EMB ":
             seen_emb.add(name)
-            scale = np.abs(W).max()
-            np.testing.assert_allclose(got, W, rtol=1e-6, atol=1e-6 * scale,
-                                       err_msg=f"embed {name} [{kernels}]")
+            np.testing.assert_array_equal(got, W.astype(np.float32), err_msg=f"embed {name} [{kernels}]")
             continue
         assert tag == "LIN ", tag
         n = got.shape[0]

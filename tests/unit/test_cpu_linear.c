@@ -98,7 +98,24 @@ static void *make_weight(kaon_dtype t, int M, int K) {
                 b->d = kaon_f32_to_f16((float)(0.00005 + 0.0002 * rnd_u()));
             }
             break;
-        default: break;
+        default:  // the other GGUF formats: random bytes, then sane scales
+            rnd_bytes(r, rb);
+            for (uint8_t *p = r; p < r + rb; p += kaon_dtype_block_bytes(t)) {
+                const uint16_t d = kaon_f32_to_f16((float)(0.002 + 0.02 * rnd_u()));
+                const uint16_t m = kaon_f32_to_f16((float)(-0.15 + 0.05 * rnd_n()));
+                const uint16_t dk = kaon_f32_to_f16((float)(0.0005 + 0.002 * rnd_u()));
+                switch (t) {
+                case KAON_Q5_0: ((kaon_block_q5_0 *)p)->d = d; break;
+                case KAON_Q5_1: ((kaon_block_q5_1 *)p)->d = d; ((kaon_block_q5_1 *)p)->m = m; break;
+                case KAON_IQ4_NL: ((kaon_block_iq4_nl *)p)->d = kaon_f32_to_f16((float)(0.0002 + 0.002 * rnd_u())); break;
+                case KAON_Q2_K: ((kaon_block_q2_k *)p)->d = dk; ((kaon_block_q2_k *)p)->dmin = dk; break;
+                case KAON_Q3_K: ((kaon_block_q3_k *)p)->d = dk; break;
+                case KAON_Q5_K: ((kaon_block_q5_k *)p)->d = dk; ((kaon_block_q5_k *)p)->dmin = dk; break;
+                case KAON_IQ4_XS: ((kaon_block_iq4_xs *)p)->d = kaon_f32_to_f16((float)(0.00002 + 0.0002 * rnd_u())); break;
+                default: break;
+                }
+            }
+            break;
         }
     }
     return w;
@@ -377,8 +394,9 @@ static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype
 }
 
 static void self_checks(void) {
-    const kaon_dtype types[] = {KAON_F32, KAON_F16, KAON_BF16, KAON_Q4_0, KAON_Q4_1,
-                                KAON_Q8_0, KAON_Q4_K, KAON_Q6_K};
+    const kaon_dtype types[] = {KAON_F32,  KAON_F16,  KAON_BF16,   KAON_Q4_0, KAON_Q4_1,
+                                KAON_Q5_0, KAON_Q5_1, KAON_Q8_0,   KAON_IQ4_NL, KAON_Q2_K,
+                                KAON_Q3_K, KAON_Q4_K, KAON_Q5_K,   KAON_Q6_K, KAON_IQ4_XS};
     const int ns[] = {1, 2, 3, 4, 5, 8, 13};
     make_sets(1);
     fprintf(stderr, "kernel sets:");
@@ -399,7 +417,8 @@ static void self_checks(void) {
     }
     free_sets();
 
-    const kaon_dtype ft[] = {KAON_Q4_1, KAON_Q8_0, KAON_Q6_K, KAON_F16};
+    const kaon_dtype ft[] = {KAON_Q4_1, KAON_Q5_0, KAON_Q8_0, KAON_IQ4_NL, KAON_Q2_K,
+                             KAON_Q3_K, KAON_Q5_K, KAON_Q6_K, KAON_IQ4_XS, KAON_F16};
     for (int th = 1; th <= 2; th++) {
         make_sets(th);
         for (int si = 0; si < n_sets; si++)
@@ -412,7 +431,9 @@ static void self_checks(void) {
 
     for (int th = 1; th <= 2; th++) {
         make_sets(th);
-        const kaon_dtype bt[] = {KAON_Q4_0, KAON_Q4_1, KAON_Q8_0, KAON_Q4_K, KAON_Q6_K, KAON_F16};
+        const kaon_dtype bt[] = {KAON_Q4_0, KAON_Q4_1, KAON_Q5_0, KAON_Q5_1, KAON_Q8_0, KAON_IQ4_NL,
+                                 KAON_Q2_K, KAON_Q3_K, KAON_Q4_K, KAON_Q5_K, KAON_Q6_K, KAON_IQ4_XS,
+                                 KAON_F16};
         for (int si = 0; si < n_sets; si++)
             for (size_t ti = 0; ti < sizeof bt / sizeof *bt; ti++) {
                 const int ks32[] = {32, 96, 256, 320, 576, 1536}, ksk[] = {256, 1536};
@@ -426,7 +447,7 @@ static void self_checks(void) {
     // Two threads: each output row is computed by the same kernel, so the result must be
     // bitwise the same as with one thread.
     kaon_backend *b1 = kaon_backend_cpu_create(1), *b2 = kaon_backend_cpu_create(2);
-    const kaon_dtype tt[] = {KAON_Q4_1, KAON_Q8_0, KAON_Q6_K, KAON_F16};
+    const kaon_dtype tt[] = {KAON_Q4_1, KAON_Q5_1, KAON_Q8_0, KAON_Q3_K, KAON_Q6_K, KAON_F16};
     for (size_t ti = 0; ti < sizeof tt / sizeof *tt; ti++) {
         const int M = 1000, K = 512, n = 6;
         void *wd = make_weight(tt[ti], M, K);
@@ -447,7 +468,7 @@ static void self_checks(void) {
     // Bad inputs set an error and do not crash.
     float x[64] = {0}, y[64];
     uint8_t raw[64] = {0};
-    kaon_tensor bad = {.dtype = (kaon_dtype)7, .ndim = 2, .shape = {1, 32}, .data = raw, .nbytes = 64};
+    kaon_tensor bad = {.dtype = KAON_FP8_E4M3, .ndim = 2, .shape = {1, 32}, .data = raw, .nbytes = 64};
     kaon_clear_error();
     b1->ops->linear(b1, x, 1, &bad, NULL, y);
     CHECK(strstr(kaon_last_error(), "not supported") != NULL);

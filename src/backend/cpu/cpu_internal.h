@@ -1,4 +1,4 @@
-// Internals of the CPU backend shared by its files: the GGUF block structs, the 8-bit
+// Internals of the CPU backend shared by its files: the 8-bit
 // activation format that every quantized linear uses, and the kernel table chosen at start-up
 // (portable C, AVX2+FMA+F16C, or AVX2 with AVX-512 VNNI dot products).
 //
@@ -6,8 +6,9 @@
 // 8-bit blocks of 32 (a float scale d, the int8 values, and d * their sum), then each weight
 // row is dotted with up to 4 (AVX2) or 8 (AVX-512) activation rows at a time using integer
 // multiply-adds per block; the block's weight scale times the activation scale turns the
-// integer sum into a float. With more activation rows, Q4_0/Q4_1/Q8_0 weights take the
-// batched path (pack/tile_dot below), which gives the same numbers bit for bit.
+// integer sum into a float. With more activation rows, the formats in blocks of 32 (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take the batched path (pack/tile_dot below), which gives the
+// same numbers bit for bit.
 #ifndef KAON_BACKEND_CPU_INTERNAL_H
 #define KAON_BACKEND_CPU_INTERNAL_H
 
@@ -17,32 +18,9 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/quant_blocks.h"
 
-#define KAON_QK 32    // elements per block: Q4_0, Q4_1, Q8_0 and the activations
-#define KAON_QKK 256  // elements per K-quant super-block
 #define KAON_MAX_ROWS 8  // most activation rows one kernel call processes (register blocking)
-
-// GGUF block layouts (little-endian f16 stored as uint16_t).
-typedef struct { uint16_t d; uint8_t qs[16]; } kaon_block_q4_0;           // x = (q - 8) d
-typedef struct { uint16_t d, m; uint8_t qs[16]; } kaon_block_q4_1;        // x = q d + m
-typedef struct { uint16_t d; int8_t qs[32]; } kaon_block_q8_0;            // x = q d
-typedef struct {                                                          // 8 x 32 sub-blocks
-    uint16_t d, dmin;
-    uint8_t scales[12];  // 6-bit scale and min per sub-block
-    uint8_t qs[128];     // 64 elements per 32 bytes: low nibbles, then high nibbles
-} kaon_block_q4_k;
-typedef struct {         // 16 x 16 sub-blocks
-    uint8_t ql[128];     // low 4 bits
-    uint8_t qh[64];      // high 2 bits
-    int8_t scales[16];
-    uint16_t d;
-} kaon_block_q6_k;
-
-static_assert(sizeof(kaon_block_q4_0) == 18, "Q4_0 block is 18 bytes");
-static_assert(sizeof(kaon_block_q4_1) == 20, "Q4_1 block is 20 bytes");
-static_assert(sizeof(kaon_block_q8_0) == 34, "Q8_0 block is 34 bytes");
-static_assert(sizeof(kaon_block_q4_k) == 144, "Q4_K block is 144 bytes");
-static_assert(sizeof(kaon_block_q6_k) == 210, "Q6_K block is 210 bytes");
 
 // Order of the int8 values inside an activation row.
 //  NATURAL: block b holds elements 32b..32b+31 in order.
@@ -60,7 +38,8 @@ typedef struct kaon_q8_act {
     int8_t *qs;     // [n, nbp * 32]
     float *d;       // [n, nbp]  scale of each block: x ~= d * q
     float *s;       // [n, nbp]  d * sum(q) of each block (for the weight formats' offsets)
-    int16_t *s16;   // [n, nbp, 2] sum(q) of each 16-element half (Q6_K's -32 offset); may be NULL
+    int16_t *s16;   // [n, nbp, 2] sum(q) of each 16-element half (the offsets and mins of the
+                    // formats with sub-blocks of 16: Q2_K, Q3_K, Q6_K); may be NULL
 } kaon_q8_act;
 
 // The batched path's activation rows: per group of 8 blocks, the 256 quantized bytes (in the
@@ -77,8 +56,9 @@ static inline void kaon_cpu_act_regroup(const kaon_q8_act *a, int row, uint8_t *
 }
 
 // Index of a dtype in the kernel tables; -1 when the CPU backend cannot compute with it.
-enum { KAON_KI_F32, KAON_KI_F16, KAON_KI_BF16, KAON_KI_Q4_0, KAON_KI_Q4_1, KAON_KI_Q8_0,
-       KAON_KI_Q4_K, KAON_KI_Q6_K, KAON_KI_COUNT };
+enum { KAON_KI_F32, KAON_KI_F16, KAON_KI_BF16, KAON_KI_Q4_0, KAON_KI_Q4_1, KAON_KI_Q5_0,
+       KAON_KI_Q5_1, KAON_KI_Q8_0, KAON_KI_IQ4_NL, KAON_KI_Q2_K, KAON_KI_Q3_K, KAON_KI_Q4_K,
+       KAON_KI_Q5_K, KAON_KI_Q6_K, KAON_KI_IQ4_XS, KAON_KI_COUNT };
 int kaon_cpu_kind(kaon_dtype t);
 
 // out[r] = dot(weight row, activation row r0 + r) for r < nr (nr <= the table's max_rows).
@@ -142,17 +122,6 @@ static inline int kaon_act_qpos(int layout, int b, int e) {
 // Dequantizes row `row` of a [rows, K] tensor of any supported dtype into out [K].
 // Returns -1 (error set) for an unsupported dtype or a K that is not a whole number of blocks.
 int kaon_cpu_dequantize_row(kaon_dtype t, const void *data, int64_t row, int64_t K, float *out);
-
-// Q4_K's 6-bit scale and min of sub-block j.
-static inline void kaon_q4k_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
 
 // The backend object: the public part first so the pointers convert.
 typedef struct kaon_cpu_backend {

@@ -7,8 +7,8 @@
 // loaded and unpacked once per 4 or 8 rows. Float weights (F32/F16/BF16) use the same tiling
 // with FMA dot products.
 //
-// The batched path (Q4_0/Q4_1/Q8_0 with more activation rows than one kernel call takes: a
-// batched decode step, a prefill chunk): the activation rows are regrouped, and each tile of 8
+// The batched path (the formats in blocks of 32 with more activation rows than one kernel call
+// takes: a batched decode step, a prefill chunk): the activation rows are regrouped, and each tile of 8
 // weight rows is repacked once into an L1 buffer that a register-blocked micro-kernel then
 // dots with every activation row, 8 (AVX-512) or 4 (AVX2) rows per call, with no horizontal
 // sums (cpu_x86.h). Its numbers are bit for bit those of the row path, so a row's output does
@@ -249,7 +249,7 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     size_t act_bytes = 0;
     if (job->quant) {
         const int nb = K / KAON_QK, nbp = (nb + 7) & ~7;
-        const int need16 = job->kind == KAON_KI_Q6_K;
+        const int need16 = job->kind == KAON_KI_Q6_K || job->kind == KAON_KI_Q2_K || job->kind == KAON_KI_Q3_K;
         const size_t nq = (size_t)n * nbp * 32, nd = (size_t)n * nbp * sizeof(float);
         const size_t n16 = need16 ? (size_t)n * nbp * 2 * sizeof(int16_t) : 0;
         const size_t od = (nq + 63) & ~(size_t)63, os = (od + nd + 63) & ~(size_t)63;

@@ -15,77 +15,21 @@ int kaon_cpu_kind(kaon_dtype t) {
     case KAON_BF16: return KAON_KI_BF16;
     case KAON_Q4_0: return KAON_KI_Q4_0;
     case KAON_Q4_1: return KAON_KI_Q4_1;
+    case KAON_Q5_0: return KAON_KI_Q5_0;
+    case KAON_Q5_1: return KAON_KI_Q5_1;
     case KAON_Q8_0: return KAON_KI_Q8_0;
+    case KAON_IQ4_NL: return KAON_KI_IQ4_NL;
+    case KAON_Q2_K: return KAON_KI_Q2_K;
+    case KAON_Q3_K: return KAON_KI_Q3_K;
     case KAON_Q4_K: return KAON_KI_Q4_K;
+    case KAON_Q5_K: return KAON_KI_Q5_K;
     case KAON_Q6_K: return KAON_KI_Q6_K;
+    case KAON_IQ4_XS: return KAON_KI_IQ4_XS;
     default: return -1;
     }
 }
 
 // ---- dequantization --------------------------------------------------------------------
-
-static void deq_q4_0(const kaon_block_q4_0 *b, int nb, float *y) {
-    for (int i = 0; i < nb; i++, y += 32) {
-        float d = kaon_f16_to_f32(b[i].d);
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)((b[i].qs[j] & 0xF) - 8) * d;
-            y[j + 16] = (float)((b[i].qs[j] >> 4) - 8) * d;
-        }
-    }
-}
-
-static void deq_q4_1(const kaon_block_q4_1 *b, int nb, float *y) {
-    for (int i = 0; i < nb; i++, y += 32) {
-        float d = kaon_f16_to_f32(b[i].d), m = kaon_f16_to_f32(b[i].m);
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)(b[i].qs[j] & 0xF) * d + m;
-            y[j + 16] = (float)(b[i].qs[j] >> 4) * d + m;
-        }
-    }
-}
-
-static void deq_q8_0(const kaon_block_q8_0 *b, int nb, float *y) {
-    for (int i = 0; i < nb; i++, y += 32) {
-        float d = kaon_f16_to_f32(b[i].d);
-        for (int j = 0; j < 32; j++) y[j] = (float)b[i].qs[j] * d;
-    }
-}
-
-static void deq_q4_k(const kaon_block_q4_k *b, int nb, float *y) {
-    for (int i = 0; i < nb; i++) {
-        float d = kaon_f16_to_f32(b[i].d), dmin = kaon_f16_to_f32(b[i].dmin);
-        for (int j = 0; j < 8; j++, y += 32) {
-            uint8_t sc, m;
-            kaon_q4k_scale_min(b[i].scales, j, &sc, &m);
-            const uint8_t *q = b[i].qs + (j >> 1) * 32;
-            float ds = d * sc, dm = dmin * m;
-            for (int l = 0; l < 32; l++) {
-                int v = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
-                y[l] = ds * (float)v - dm;
-            }
-        }
-    }
-}
-
-// Q6_K value l (< 32) of the 32-element chunk j (< 8) of a super-block, in 0..63.
-static inline int q6k_raw(const kaon_block_q6_k *b, int j, int l) {
-    const uint8_t *ql = b->ql + 64 * (j >> 2), *qh = b->qh + 32 * (j >> 2);
-    switch (j & 3) {
-    case 0: return (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-    case 1: return (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-    case 2: return (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-    default: return (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-    }
-}
-
-static void deq_q6_k(const kaon_block_q6_k *b, int nb, float *y) {
-    for (int i = 0; i < nb; i++) {
-        float d = kaon_f16_to_f32(b[i].d);
-        for (int j = 0; j < 8; j++, y += 32)
-            for (int l = 0; l < 32; l++)
-                y[l] = d * (float)b[i].scales[2 * j + (l >> 4)] * (float)(q6k_raw(&b[i], j, l) - 32);
-    }
-}
 
 int kaon_cpu_dequantize_row(kaon_dtype t, const void *data, int64_t row, int64_t K, float *out) {
     size_t rb = kaon_dtype_row_bytes(t, K);
@@ -106,12 +50,11 @@ int kaon_cpu_dequantize_row(kaon_dtype t, const void *data, int64_t row, int64_t
         for (int i = 0; i < n; i++) out[i] = kaon_bf16_to_f32(h[i]);
         break;
     }
-    case KAON_Q4_0: deq_q4_0((const kaon_block_q4_0 *)p, n / 32, out); break;
-    case KAON_Q4_1: deq_q4_1((const kaon_block_q4_1 *)p, n / 32, out); break;
-    case KAON_Q8_0: deq_q8_0((const kaon_block_q8_0 *)p, n / 32, out); break;
-    case KAON_Q4_K: deq_q4_k((const kaon_block_q4_k *)p, n / 256, out); break;
-    case KAON_Q6_K: deq_q6_k((const kaon_block_q6_k *)p, n / 256, out); break;
-    default: return -1;
+    default: {  // GGUF blocks: 32 values at a time (quant_blocks.h)
+        const int be = kaon_dtype_block_elems(t), bb = kaon_dtype_block_bytes(t);
+        for (int c = 0; c < n / 32; c++)
+            kaon_qb_dequant32(t, p + (size_t)(c * 32 / be) * bb, (c * 32) % be / 32, out + 32 * c);
+    }
     }
     return 0;
 }
@@ -160,101 +103,148 @@ void kaon_cpu_quantize_row_ref(const float *x, kaon_q8_act *a, int row) {
 }
 
 // ---- quantized dot products (natural layout) -------------------------------------------
+//
+// Every format, one way: activation block b (elements 32 b .. 32 b + 31) of a weight row is
+// unpacked to its integer levels q (the value a weight has before its float scales), an
+// integer scale sc and min m per half of 16, and float factors a, b, so that the block's
+// weights are a sc_h q - b m_h, and its share of the dot product with the activations dx x is
+//   a (dx sum_h sc_h (q_h . x_h)) - b (dx sum_h m_h sum(x_h)).
+// The SIMD kernels compute the same integers with other groupings (offsets folded into sums),
+// so they differ from these only by float rounding.
+typedef struct wblock {
+    int q[32];
+    int sc[2], m[2];
+    float a, b;
+} wblock;
+
+static void unpack(kaon_dtype t, const uint8_t *row, int blk, wblock *w) {
+    const int be = kaon_dtype_block_elems(t), bb = kaon_dtype_block_bytes(t);
+    const uint8_t *p = row + (size_t)(blk * 32 / be) * bb;  // the (super-)block
+    const int c = blk % (be / 32), e0 = 32 * c;              // chunk of 32 inside it
+    uint16_t h0, h1;
+    memcpy(&h0, p, 2);
+    memcpy(&h1, p + 2, 2);
+    w->sc[0] = w->sc[1] = 1;
+    w->m[0] = w->m[1] = 0;
+    w->a = kaon_f16_to_f32(h0);
+    w->b = 0.0f;
+    switch (t) {
+    case KAON_Q4_0:
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_qb_nibble(p + 2, e) - 8;
+        break;
+    case KAON_Q4_1:
+    case KAON_Q5_1: {  // d q + m: the min as b = -m with m_h = 1
+        const uint32_t qh = t == KAON_Q5_1 ? kaon_qb_u32(p + 4) : 0;
+        const uint8_t *qs = p + (t == KAON_Q5_1 ? 8 : 4);
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_qb_nibble(qs, e) | (int)(((qh >> e) & 1) << 4);
+        w->m[0] = w->m[1] = 1;
+        w->b = -kaon_f16_to_f32(h1);
+        break;
+    }
+    case KAON_Q5_0: {
+        const uint32_t qh = kaon_qb_u32(p + 2);
+        for (int e = 0; e < 32; e++) w->q[e] = (kaon_qb_nibble(p + 6, e) | (int)(((qh >> e) & 1) << 4)) - 16;
+        break;
+    }
+    case KAON_Q8_0:
+        for (int e = 0; e < 32; e++) w->q[e] = (int8_t)p[2 + e];
+        break;
+    case KAON_IQ4_NL:
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_iq4nl_value(kaon_qb_nibble(p + 2, e));
+        break;
+    case KAON_Q2_K: {
+        const kaon_block_q2_k *k = (const kaon_block_q2_k *)p;
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_q2k_bits(k->qs, e0 + e);
+        for (int h = 0; h < 2; h++) {
+            w->sc[h] = k->scales[2 * c + h] & 0xF;
+            w->m[h] = k->scales[2 * c + h] >> 4;
+        }
+        w->a = kaon_f16_to_f32(k->d);
+        w->b = kaon_f16_to_f32(k->dmin);
+        break;
+    }
+    case KAON_Q3_K: {
+        const kaon_block_q3_k *k = (const kaon_block_q3_k *)p;
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_q3k_value(k->hmask, k->qs, e0 + e);
+        for (int h = 0; h < 2; h++)
+            w->sc[h] = kaon_q3k_scale(kaon_qb_u32(k->scales), kaon_qb_u32(k->scales + 4), kaon_qb_u32(k->scales + 8),
+                                      2 * c + h);
+        w->a = kaon_f16_to_f32(k->d);
+        break;
+    }
+    case KAON_Q4_K:
+    case KAON_Q5_K: {
+        const uint8_t *qh = p + 16, *qs = t == KAON_Q4_K ? p + 16 : p + 48;
+        for (int e = 0; e < 32; e++)
+            w->q[e] = t == KAON_Q4_K ? kaon_q4k_value(qs, e0 + e) : kaon_q5k_value(qh, qs, e0 + e);
+        uint8_t sc, m;
+        kaon_q4k_scale_min(p + 4, c, &sc, &m);
+        w->sc[0] = w->sc[1] = sc;
+        w->m[0] = w->m[1] = m;
+        w->b = kaon_f16_to_f32(h1);
+        break;
+    }
+    case KAON_Q6_K: {
+        const kaon_block_q6_k *k = (const kaon_block_q6_k *)p;
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_q6k_value(k->ql, k->qh, e0 + e) - 32;
+        for (int h = 0; h < 2; h++) w->sc[h] = k->scales[2 * c + h];
+        w->a = kaon_f16_to_f32(k->d);
+        break;
+    }
+    case KAON_IQ4_XS: {
+        const kaon_block_iq4_xs *k = (const kaon_block_iq4_xs *)p;
+        for (int e = 0; e < 32; e++) w->q[e] = kaon_iq4nl_value(kaon_qb_nibble(k->qs + 16 * c, e));
+        w->sc[0] = w->sc[1] = kaon_iq4xs_scale(k->scales_h, kaon_qb_u32(k->scales_l), c);
+        break;
+    }
+    default: memset(w, 0, sizeof *w); break;
+    }
+}
 
 static inline const int8_t *act_row(const kaon_q8_act *a, int r) {
     return a->qs + (size_t)r * a->nbp * 32;
 }
 
-static void qdot_q4_0(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-    const kaon_block_q4_0 *b = w;
-    for (int r = 0; r < nr; r++) {
-        const int8_t *x = act_row(a, r0 + r);
-        const float *d = a->d + (size_t)(r0 + r) * a->nbp, *s = a->s + (size_t)(r0 + r) * a->nbp;
-        float acc = 0.0f;
-        for (int i = 0; i < a->nb; i++, x += 32) {
-            int isum = 0;
-            for (int j = 0; j < 16; j++) isum += (b[i].qs[j] & 0xF) * x[j] + (b[i].qs[j] >> 4) * x[j + 16];
-            float dw = kaon_f16_to_f32(b[i].d);
-            acc += dw * (d[i] * (float)isum) - 8.0f * dw * s[i];
-        }
-        out[r] = acc;
-    }
-}
-
-static void qdot_q4_1(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-    const kaon_block_q4_1 *b = w;
-    for (int r = 0; r < nr; r++) {
-        const int8_t *x = act_row(a, r0 + r);
-        const float *d = a->d + (size_t)(r0 + r) * a->nbp, *s = a->s + (size_t)(r0 + r) * a->nbp;
-        float acc = 0.0f;
-        for (int i = 0; i < a->nb; i++, x += 32) {
-            int isum = 0;
-            for (int j = 0; j < 16; j++) isum += (b[i].qs[j] & 0xF) * x[j] + (b[i].qs[j] >> 4) * x[j + 16];
-            acc += kaon_f16_to_f32(b[i].d) * (d[i] * (float)isum) + kaon_f16_to_f32(b[i].m) * s[i];
-        }
-        out[r] = acc;
-    }
-}
-
-static void qdot_q8_0(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-    const kaon_block_q8_0 *b = w;
-    for (int r = 0; r < nr; r++) {
-        const int8_t *x = act_row(a, r0 + r);
-        const float *d = a->d + (size_t)(r0 + r) * a->nbp;
-        float acc = 0.0f;
-        for (int i = 0; i < a->nb; i++, x += 32) {
-            int isum = 0;
-            for (int j = 0; j < 32; j++) isum += b[i].qs[j] * x[j];
-            acc += kaon_f16_to_f32(b[i].d) * (d[i] * (float)isum);
-        }
-        out[r] = acc;
-    }
-}
-
-static void qdot_q4_k(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-    const kaon_block_q4_k *b = w;
-    const int nsb = a->nb / 8;
-    for (int r = 0; r < nr; r++) {
-        const int8_t *x = act_row(a, r0 + r);
-        const float *d = a->d + (size_t)(r0 + r) * a->nbp, *s = a->s + (size_t)(r0 + r) * a->nbp;
-        float acc = 0.0f;
-        for (int i = 0; i < nsb; i++) {
-            float dw = kaon_f16_to_f32(b[i].d), dmin = kaon_f16_to_f32(b[i].dmin);
-            for (int j = 0; j < 8; j++, x += 32) {
-                uint8_t sc, m;
-                kaon_q4k_scale_min(b[i].scales, j, &sc, &m);
-                const uint8_t *q = b[i].qs + (j >> 1) * 32;
-                int isum = 0;
-                if (j & 1)
-                    for (int l = 0; l < 32; l++) isum += (q[l] >> 4) * x[l];
-                else
-                    for (int l = 0; l < 32; l++) isum += (q[l] & 0xF) * x[l];
-                acc += dw * (float)sc * (d[8 * i + j] * (float)isum) - dmin * (float)m * s[8 * i + j];
+static void qdot_any(kaon_dtype t, const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+    for (int r = 0; r < nr; r++) out[r] = 0.0f;
+    wblock wb;
+    for (int i = 0; i < a->nb; i++) {
+        unpack(t, w, i, &wb);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = act_row(a, r0 + r) + (size_t)i * 32;
+            const float dx = a->d[(size_t)(r0 + r) * a->nbp + i];
+            int isum = 0, msum = 0;
+            for (int h = 0; h < 2; h++) {
+                int dot = 0, sum = 0;
+                for (int e = 16 * h; e < 16 * h + 16; e++) {
+                    dot += wb.q[e] * x[e];
+                    sum += x[e];
+                }
+                isum += wb.sc[h] * dot;
+                msum += wb.m[h] * sum;
             }
+            out[r] += wb.a * (dx * (float)isum) - wb.b * (dx * (float)msum);
         }
-        out[r] = acc;
     }
 }
 
-static void qdot_q6_k(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-    const kaon_block_q6_k *b = w;
-    const int nsb = a->nb / 8;
-    for (int r = 0; r < nr; r++) {
-        const int8_t *x = act_row(a, r0 + r);
-        const float *d = a->d + (size_t)(r0 + r) * a->nbp;
-        float acc = 0.0f;
-        for (int i = 0; i < nsb; i++) {
-            float dw = kaon_f16_to_f32(b[i].d);
-            for (int j = 0; j < 8; j++, x += 32) {
-                int isum = 0;
-                for (int l = 0; l < 32; l++)
-                    isum += b[i].scales[2 * j + (l >> 4)] * (q6k_raw(&b[i], j, l) - 32) * x[l];
-                acc += dw * (d[8 * i + j] * (float)isum);
-            }
-        }
-        out[r] = acc;
+#define QDOT(T) \
+    static void qdot_##T(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) { \
+        qdot_any(KAON_##T, w, a, r0, nr, out); \
     }
-}
+QDOT(Q4_0)
+QDOT(Q4_1)
+QDOT(Q5_0)
+QDOT(Q5_1)
+QDOT(Q8_0)
+QDOT(IQ4_NL)
+QDOT(Q2_K)
+QDOT(Q3_K)
+QDOT(Q4_K)
+QDOT(Q5_K)
+QDOT(Q6_K)
+QDOT(IQ4_XS)
+#undef QDOT
 
 // ---- float weights ---------------------------------------------------------------------
 
@@ -333,8 +323,10 @@ static void gelu_tanh_mul(const float *g, const float *u, float *out, int n) {
 static const kaon_cpu_kernels scalar_kernels = {
     .name = "scalar",
     .max_rows = 4,
-    .qdot = {[KAON_KI_Q4_0] = qdot_q4_0, [KAON_KI_Q4_1] = qdot_q4_1, [KAON_KI_Q8_0] = qdot_q8_0,
-             [KAON_KI_Q4_K] = qdot_q4_k, [KAON_KI_Q6_K] = qdot_q6_k},
+    .qdot = {[KAON_KI_Q4_0] = qdot_Q4_0, [KAON_KI_Q4_1] = qdot_Q4_1, [KAON_KI_Q5_0] = qdot_Q5_0,
+             [KAON_KI_Q5_1] = qdot_Q5_1, [KAON_KI_Q8_0] = qdot_Q8_0, [KAON_KI_IQ4_NL] = qdot_IQ4_NL,
+             [KAON_KI_Q2_K] = qdot_Q2_K, [KAON_KI_Q3_K] = qdot_Q3_K, [KAON_KI_Q4_K] = qdot_Q4_K,
+             [KAON_KI_Q5_K] = qdot_Q5_K, [KAON_KI_Q6_K] = qdot_Q6_K, [KAON_KI_IQ4_XS] = qdot_IQ4_XS},
     .fdot = {[KAON_KI_F32] = fdot_f32, [KAON_KI_F16] = fdot_f16, [KAON_KI_BF16] = fdot_bf16},
     .layout = {0},
     .quantize_row = kaon_cpu_quantize_row_ref,

@@ -88,80 +88,133 @@ static inline uint16_t KX(ld16)(const void *p) {
 // One f16 -> float with the F16C instruction (the portable converter is much longer).
 static inline float KX(h2f)(uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
 
-// ---- Q4_0 / Q4_1 / Q8_0 (activations in the Q4PAIRS layout) -----------------------------
+// ---- blocks of 32: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL (Q4PAIRS activations) ---------
 //
 // A group is 8 blocks, taken as 4 pairs (2p, 2p+1). A pair's weights are loaded as two
-// vectors, lo = elements 0..15 of both blocks and hi = elements 16..31 (for Q4 these are the
-// low and high nibbles of the two 16-byte payloads side by side), which is the order of the
-// Q4PAIRS activations, so each pair's dot products land as [block 2p: 4 partial sums | block
-// 2p+1: 4 partial sums] and one horizontal-add tree gives the 8 block sums of the group, in
-// the order 0,2,4,6,1,3,5,7 that the activation scales are stored in. Each block contributes
-//   dw dx isum + mw sx      (mw: Q4_1's m, -8 dw for Q4_0, -128 dw for Q8_0 with VNNI's
-//                            unsigned weights; sx = dx * sum of the activation values)
+// vectors, lo = elements 0..15 of both blocks and hi = elements 16..31 (for the nibble formats
+// these are the low and high nibbles of the two 16-byte payloads side by side), which is the
+// order of the Q4PAIRS activations, so each pair's dot products land as [block 2p: 4 partial
+// sums | block 2p+1: 4 partial sums] and one horizontal-add tree gives the 8 block sums of the
+// group, in the order 0,2,4,6,1,3,5,7 that the activation scales are stored in. Each block
+// contributes
+//   dw dx isum + mw sx      (mw: the m of Q4_1 / Q5_1, -8 dw for Q4_0, -16 dw for Q5_0, -128 dw
+//                            for Q8_0 with VNNI's unsigned weights, none for IQ4_NL; sx = dx *
+//                            the sum of the activation values)
 // to lane (block's position) of one float accumulator per activation row, which is summed at
-// the end. The last group of a row may be partial: its missing pairs are zero, its missing
-// blocks get zero scales (and their activations are zero padding), so every row, whatever
-// the number of activation rows, is computed by exactly the same operations.
-enum { KX_F_Q4_0, KX_F_Q4_1, KX_F_Q8_0 };
+// the end. The weights are unsigned (Q4: 0..15, Q5: 0..31, the top bit from qh) except Q8_0's
+// and IQ4_NL's (its levels looked up with a byte shuffle), which are multiplied as |w| times
+// x with w's sign (Q8_0 with VNNI: w + 128). The last group of a row may be partial: its
+// missing pairs are zero, its missing blocks get zero scales (and their activations are zero
+// padding), so every row, whatever the number of activation rows, is computed by exactly the
+// same operations.
+enum { KX_F_Q4_0, KX_F_Q4_1, KX_F_Q5_0, KX_F_Q5_1, KX_F_Q8_0, KX_F_IQ4_NL };
 
-static inline __attribute__((always_inline)) int KX(fmt_bsize)(const int fmt) {
-    return fmt == KX_F_Q4_0 ? 18 : fmt == KX_F_Q4_1 ? 20 : 34;
+#define KX_AI static inline __attribute__((always_inline))
+
+KX_AI int KX(fmt_bsize)(const int fmt) {
+    switch (fmt) {
+    case KX_F_Q4_0: return (int)sizeof(kaon_block_q4_0);
+    case KX_F_Q4_1: return (int)sizeof(kaon_block_q4_1);
+    case KX_F_Q5_0: return (int)sizeof(kaon_block_q5_0);
+    case KX_F_Q5_1: return (int)sizeof(kaon_block_q5_1);
+    case KX_F_Q8_0: return (int)sizeof(kaon_block_q8_0);
+    default: return (int)sizeof(kaon_block_iq4_nl);
+    }
+}
+// Byte offset of the quants (qs) and of Q5's high bits (qh) in a block.
+KX_AI int KX(fmt_qoff)(const int fmt) {
+    switch (fmt) {
+    case KX_F_Q4_1: return (int)offsetof(kaon_block_q4_1, qs);
+    case KX_F_Q5_0: return (int)offsetof(kaon_block_q5_0, qs);
+    case KX_F_Q5_1: return (int)offsetof(kaon_block_q5_1, qs);
+    default: return (int)offsetof(kaon_block_q4_0, qs);  // = Q8_0's, IQ4_NL's
+    }
+}
+KX_AI int KX(fmt_qhoff)(const int fmt) {
+    return fmt == KX_F_Q5_0 ? (int)offsetof(kaon_block_q5_0, qh) : (int)offsetof(kaon_block_q5_1, qh);
+}
+KX_AI int KX(fmt_q5)(const int fmt) { return fmt == KX_F_Q5_0 || fmt == KX_F_Q5_1; }
+KX_AI int KX(fmt_signed)(const int fmt) { return fmt == KX_F_Q8_0 || fmt == KX_F_IQ4_NL; }
+// Q8_0 with VNNI: weights stored + 128 (unsigned) for vpdpbusd.
+KX_AI int KX(fmt_biased)(const int fmt) { return fmt == KX_F_Q8_0 && KX_VNNI; }
+// Whether a format has the mw sx term.
+KX_AI int KX(fmt_has_m)(const int fmt) { return !KX(fmt_signed)(fmt) || KX(fmt_biased)(fmt); }
+
+// IQ4_NL's 16 levels for a byte shuffle (both 128-bit lanes).
+KX_AI __m256i KX(iq4_table)(void) {
+    return _mm256_setr_epi32((int)KAON_IQ4NL_W0, (int)KAON_IQ4NL_W1, (int)KAON_IQ4NL_W2, (int)KAON_IQ4NL_W3,
+                             (int)KAON_IQ4NL_W0, (int)KAON_IQ4NL_W1, (int)KAON_IQ4NL_W2, (int)KAON_IQ4NL_W3);
 }
 
-// Pair p's weight vectors; b1 NULL for a lone last block (its half is zero).
-static inline __attribute__((always_inline)) void KX(pair_load)(const int fmt, const uint8_t *b0,
-                                                                const uint8_t *b1, __m256i *lo,
-                                                                __m256i *hi) {
+// 0x10 in byte i where bit i of a (bytes 0..15) or bit i - 16 of b (bytes 16..31) is set: the
+// top bit of Q5 quants.
+KX_AI __m256i KX(hbits)(uint32_t a, uint32_t b) {
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)((a & 0xFFFF) | (b << 16))), pick);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+// Pair p's weight vectors; b1 NULL for a lone last block (its half is zero, or IQ4_NL's level
+// of 0, which meets zero activations).
+KX_AI void KX(pair_load)(const int fmt, const uint8_t *b0, const uint8_t *b1, __m256i *lo, __m256i *hi) {
+    const int qo = KX(fmt_qoff)(fmt);
     if (fmt == KX_F_Q8_0) {
-        __m256i l = b1 ? KX(load2x128)(b0 + 2, b1 + 2)
-                       : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2)));
-        __m256i h = b1 ? KX(load2x128)(b0 + 18, b1 + 18)
-                       : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 18)));
+        __m256i l = b1 ? KX(load2x128)(b0 + qo, b1 + qo)
+                       : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qo)));
+        __m256i h = b1 ? KX(load2x128)(b0 + qo + 16, b1 + qo + 16)
+                       : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qo + 16)));
         if (!b1) {
             l = _mm256_inserti128_si256(l, _mm_setzero_si128(), 1);
             h = _mm256_inserti128_si256(h, _mm_setzero_si128(), 1);
         }
-#if KX_VNNI
-        const __m256i x80 = _mm256_set1_epi8((char)0x80);  // w + 128: unsigned for vpdpbusd
-        l = _mm256_xor_si256(l, x80);
-        h = _mm256_xor_si256(h, x80);
-#endif
+        if (KX(fmt_biased)(fmt)) {
+            const __m256i x80 = _mm256_set1_epi8((char)0x80);  // w + 128: unsigned for vpdpbusd
+            l = _mm256_xor_si256(l, x80);
+            h = _mm256_xor_si256(h, x80);
+        }
         *lo = l;
         *hi = h;
         return;
     }
-    const int qo = KX(fmt_bsize)(fmt) - 16;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i q = b1 ? KX(load2x128)(b0 + qo, b1 + qo)
                    : _mm256_inserti128_si256(_mm256_setzero_si256(),
                                              _mm_loadu_si128((const __m128i *)(b0 + qo)), 0);
     *lo = _mm256_and_si256(q, m4);
     *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if (KX(fmt_q5)(fmt)) {
+        const int ho = KX(fmt_qhoff)(fmt);
+        const uint32_t h0 = KX(ld32)(b0 + ho), h1 = b1 ? KX(ld32)(b1 + ho) : 0;
+        *lo = _mm256_or_si256(*lo, KX(hbits)(h0, h1));
+        *hi = _mm256_or_si256(*hi, KX(hbits)(h0 >> 16, h1 >> 16));
+    } else if (fmt == KX_F_IQ4_NL) {
+        *lo = _mm256_shuffle_epi8(KX(iq4_table)(), *lo);
+        *hi = _mm256_shuffle_epi8(KX(iq4_table)(), *hi);
+    }
+}
+
+// Signed weights w times x: |w| (unsigned) times x with w's sign; each product pair fits int16.
+KX_AI __m256i KX(dot_signed)(__m256i w, __m256i x) {
+    return KX(dot_u8s8)(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
 }
 
 // One pair's 8 int32 lanes: weights (lo, hi) against activations xa = x[0..32), xb = x[32..64).
-static inline __attribute__((always_inline)) __m256i KX(pair_dot)(const int fmt, __m256i lo,
-                                                                  __m256i hi, const int8_t *x) {
+KX_AI __m256i KX(pair_dot)(const int fmt, __m256i lo, __m256i hi, const int8_t *x) {
     const __m256i xa = KX(ld)(x), xb = KX(ld)(x + 32);
-    if (fmt != KX_F_Q8_0) return KX(dot_pair)(lo, xa, hi, xb);
+    if (!KX(fmt_signed)(fmt)) return KX(dot_pair)(lo, xa, hi, xb);
 #if KX_VNNI
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xa), hi, xb);
-#else
-    // Signed weights: |w| (unsigned) times x with w's sign; each product pair fits int16.
-    return _mm256_add_epi32(KX(dot_u8s8)(_mm256_abs_epi8(lo), _mm256_sign_epi8(xa, lo)),
-                            KX(dot_u8s8)(_mm256_abs_epi8(hi), _mm256_sign_epi8(xb, hi)));
+    if (KX(fmt_biased)(fmt))
+        return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xa), hi, xb);
 #endif
-}
-
-// Whether a format has the mw sx term.
-static inline __attribute__((always_inline)) int KX(fmt_has_m)(const int fmt) {
-    return fmt != KX_F_Q8_0 || KX_VNNI;
+    return _mm256_add_epi32(KX(dot_signed)(lo, xa), KX(dot_signed)(hi, xb));
 }
 
 // One group of np pairs (np < 4: the missing ones are zero) for one activation row.
-static inline __attribute__((always_inline)) __m256 KX(pair_group)(
-    __m256 acc, const int fmt, const int np, const __m256i *lo, const __m256i *hi,
-    const int8_t *x, __m256 dw, __m256 mw, const float *dx, const float *sx) {
+KX_AI __m256 KX(pair_group)(__m256 acc, const int fmt, const int np, const __m256i *lo, const __m256i *hi,
+                            const int8_t *x, __m256 dw, __m256 mw, const float *dx, const float *sx) {
     const __m256i z = _mm256_setzero_si256();
     __m256i v0 = KX(pair_dot)(fmt, lo[0], hi[0], x);
     __m256i v1 = np > 1 ? KX(pair_dot)(fmt, lo[1], hi[1], x + 64) : z;
@@ -173,22 +226,25 @@ static inline __attribute__((always_inline)) __m256 KX(pair_group)(
     return acc;
 }
 
+// dw and mw of 8 blocks from the 32 bits at each block's start (d, then m or payload bytes).
+KX_AI void KX(scales_of)(const int fmt, __m256i raw, __m256 *dw, __m256 *mw) {
+    if (fmt == KX_F_Q4_1 || fmt == KX_F_Q5_1) {
+        KX(f16pair_to_ps)(raw, dw, mw);
+        return;
+    }
+    *dw = KX(f16lo_to_ps)(raw);
+    const float f = fmt == KX_F_Q4_0 ? -8.0f : fmt == KX_F_Q5_0 ? -16.0f : -128.0f;
+    *mw = KX(fmt_has_m)(fmt) ? _mm256_mul_ps(*dw, _mm256_set1_ps(f)) : _mm256_setzero_ps();
+}
+
 // The weight scales of a group's blocks 0,2,4,6,1,3,5,7 (zero for blocks >= nblk): dw, mw.
-static inline __attribute__((always_inline)) void KX(pair_scales)(const int fmt, const uint8_t *b,
-                                                                  const int nblk, __m256 *dw,
-                                                                  __m256 *mw) {
+KX_AI void KX(pair_scales)(const int fmt, const uint8_t *b, const int nblk, __m256 *dw, __m256 *mw) {
     const int bs = KX(fmt_bsize)(fmt);
-    // A 32-bit load at each block start: d, then m (Q4_1) or the first payload bytes.
 #define KX_LD(i) (int)((i) < nblk ? KX(ld32)(b + (i) * bs) : 0u)
     const __m256i raw = _mm256_setr_epi32(KX_LD(0), KX_LD(2), KX_LD(4), KX_LD(6), KX_LD(1),
                                           KX_LD(3), KX_LD(5), KX_LD(7));
 #undef KX_LD
-    if (fmt == KX_F_Q4_1) {
-        KX(f16pair_to_ps)(raw, dw, mw);
-    } else {
-        *dw = KX(f16lo_to_ps)(raw);
-        *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(fmt == KX_F_Q4_0 ? -8.0f : -128.0f));
-    }
+    KX(scales_of)(fmt, raw, dw, mw);
 }
 
 // The last, partial group of a row: nblk (1..7) blocks in np = (nblk + 1) / 2 pairs.
@@ -241,10 +297,11 @@ static inline __attribute__((always_inline)) void KX(pair_rows)(const uint8_t *w
 // ---- Batched path: 8 weight rows packed for a register-blocked micro-kernel ------------
 //
 // With many activation rows (a batched decode step, a prefill chunk), each tile of 8 weight
-// rows of Q4_0 / Q4_1 / Q8_0 is first repacked into a buffer that stays in L1: per block,
-// vectors [row 0: 4 bytes | row 1: 4 bytes | ... | row 7] of the block's element quads (Q4:
-// two quads per vector, as nibbles; Q8_0: one, + 128 with VNNI so they are unsigned), then
-// the 8 weight scales dw and offsets mw as floats. A dot product instruction then yields one
+// rows of a format in blocks of 32 is first repacked into a buffer that stays in L1: per
+// block, vectors [row 0: 4 bytes | row 1: 4 bytes | ... | row 7] of the block's element quads
+// (Q4_0, Q4_1, IQ4_NL: two quads per vector, as nibbles, IQ4_NL's looked up when used; Q5_0,
+// Q5_1: one, as bytes 0..31; Q8_0: one, + 128 with VNNI so they are unsigned), then the 8
+// weight scales dw and offsets mw as floats. A dot product instruction then yields one
 // int32 per weight row against a broadcast quad of one activation row, so no horizontal sums
 // are needed, and each packed vector is used by up to KX_TILE_NR activation rows while it is
 // in a register.
@@ -290,47 +347,53 @@ static inline __attribute__((always_inline)) void KX(transpose8)(__m256i *v) {
     }
 }
 
-// Bytes of one packed block: the weights (Q4: 4 vectors of nibbles, Q8_0: 8 vectors of
-// bytes), then dw[8] and mw[8].
-static inline __attribute__((always_inline)) int KX(pk_wbytes)(const int fmt) {
-    return fmt == KX_F_Q8_0 ? 256 : 128;
-}
-static inline __attribute__((always_inline)) int KX(pk_block)(const int fmt) {
-    return KX(pk_wbytes)(fmt) + 64;
+// Whether a format's blocks are packed as bytes (one quad per vector) rather than nibbles.
+KX_AI int KX(pk_bytes_fmt)(const int fmt) { return fmt == KX_F_Q8_0 || KX(fmt_q5)(fmt); }
+// Bytes of one packed block: the weights (nibbles: 4 vectors, bytes: 8 vectors), then dw[8]
+// and mw[8].
+KX_AI int KX(pk_wbytes)(const int fmt) { return KX(pk_bytes_fmt)(fmt) ? 256 : 128; }
+KX_AI int KX(pk_block)(const int fmt) { return KX(pk_wbytes)(fmt) + 64; }
+
+// A block's 32 weights as bytes in element order: Q8_0's (+ 128 with VNNI), Q5's 0..31.
+KX_AI __m256i KX(block_bytes)(const int fmt, const uint8_t *blk) {
+    if (fmt == KX_F_Q8_0) {
+        const __m256i v = KX(ld)(blk + KX(fmt_qoff)(fmt));
+        return KX(fmt_biased)(fmt) ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
+    }
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + KX(fmt_qoff)(fmt))), m4 = _mm_set1_epi8(0x0F);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, m4)),
+                                              _mm_and_si128(_mm_srli_epi16(q, 4), m4), 1);
+    const uint32_t h = KX(ld32)(blk + KX(fmt_qhoff)(fmt));
+    return _mm256_or_si256(v, KX(hbits)(h, h >> 16));
 }
 
 // Packs rows (<= 8) weight rows of rb bytes into dst; rows beyond `rows` are zero. Blocks go
-// in the order (j, g) for b = 8 g + j (blocks past nb are left out). Q4: the 16 payload bytes
-// of a block hold element e in the low nibble of byte e and element e + 16 in the high one,
-// so the payload's 32-bit word k holds quads k (low nibbles) and k + 4 (high nibbles); packed
-// vector k is word k of the 8 rows. Q8_0: vector q is quad q of the 8 rows (+ 128 with VNNI).
-static inline __attribute__((always_inline)) void KX(pack_fmt)(const int fmt, const uint8_t *w,
-                                                                size_t rb, int rows, int nb,
-                                                                int nbp, uint8_t *dst) {
+// in the order (j, g) for b = 8 g + j (blocks past nb are left out). Nibbles: the 16 payload
+// bytes of a block hold element e in the low nibble of byte e and element e + 16 in the high
+// one, so the payload's 32-bit word k holds quads k (low nibbles) and k + 4 (high nibbles);
+// packed vector k is word k of the 8 rows. Bytes: vector q is quad q of the 8 rows.
+KX_AI void KX(pack_fmt)(const int fmt, const uint8_t *w, size_t rb, int rows, int nb, int nbp, uint8_t *dst) {
     const int bs = KX(fmt_bsize)(fmt), ng = nbp / 8, pb = KX(pk_block)(fmt), wb = KX(pk_wbytes)(fmt);
     for (int b = 0; b < nb; b++) {
         uint8_t *o = dst + (size_t)((b & 7) * ng + (b >> 3)) * pb;
         const uint8_t *blk = w + (size_t)b * bs;
-        // The 32 bits at each row's block start: d, then m (Q4_1) or payload bytes (built in
-        // registers: a vector load of 8 separate 32-bit stores would stall on forwarding).
+        // The 32 bits at each row's block start: d, then m (Q4_1, Q5_1) or payload bytes (built
+        // in registers: a vector load of 8 separate 32-bit stores would stall on forwarding).
 #define KX_SC(i) (int)((i) < rows ? KX(ld32)(blk + (size_t)(i) * rb) : 0u)
         const __m256i raw = _mm256_setr_epi32(KX_SC(0), KX_SC(1), KX_SC(2), KX_SC(3), KX_SC(4),
                                               KX_SC(5), KX_SC(6), KX_SC(7));
 #undef KX_SC
-        if (fmt == KX_F_Q8_0) {
+        if (KX(pk_bytes_fmt)(fmt)) {
             __m256i v[8];
-            for (int i = 0; i < 8; i++) {
-                v[i] = i < rows ? KX(ld)(blk + (size_t)i * rb + 2) : _mm256_setzero_si256();
-#if KX_VNNI
-                if (i < rows) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
-#endif
-            }
+            for (int i = 0; i < 8; i++)
+                v[i] = i < rows ? KX(block_bytes)(fmt, blk + (size_t)i * rb) : _mm256_setzero_si256();
             KX(transpose8)(v);
             for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(o + 32 * q), v[q]);
         } else {
+            const int qo = KX(fmt_qoff)(fmt);
             __m128i q[8];
             for (int i = 0; i < 8; i++)
-                q[i] = i < rows ? _mm_loadu_si128((const __m128i *)(blk + (size_t)i * rb + bs - 16))
+                q[i] = i < rows ? _mm_loadu_si128((const __m128i *)(blk + (size_t)i * rb + qo))
                                 : _mm_setzero_si128();
             __m256i v[4];
             for (int i = 0; i < 4; i++)  // [row i | row i + 4]
@@ -343,12 +406,7 @@ static inline __attribute__((always_inline)) void KX(pack_fmt)(const int fmt, co
             _mm256_storeu_si256((__m256i *)(o + 96), _mm256_unpackhi_epi64(t1, t3));
         }
         __m256 dw, mw;
-        if (fmt == KX_F_Q4_1) {
-            KX(f16pair_to_ps)(raw, &dw, &mw);
-        } else {
-            dw = KX(f16lo_to_ps)(raw);
-            mw = _mm256_mul_ps(dw, _mm256_set1_ps(fmt == KX_F_Q4_0 ? -8.0f : -128.0f));
-        }
+        KX(scales_of)(fmt, raw, &dw, &mw);
         _mm256_storeu_ps((float *)(o + wb), dw);
         _mm256_storeu_ps((float *)(o + wb + 32), mw);
     }
@@ -360,7 +418,10 @@ static int KX(pack)(int kind, const void *w, size_t rb, int rows, int nb, int nb
     switch (kind) {
     case KAON_KI_Q4_0: KX_PACK(KX_F_Q4_0); return 0;
     case KAON_KI_Q4_1: KX_PACK(KX_F_Q4_1); return 0;
+    case KAON_KI_Q5_0: KX_PACK(KX_F_Q5_0); return 0;
+    case KAON_KI_Q5_1: KX_PACK(KX_F_Q5_1); return 0;
     case KAON_KI_Q8_0: KX_PACK(KX_F_Q8_0); return 0;
+    case KAON_KI_IQ4_NL: KX_PACK(KX_F_IQ4_NL); return 0;
     default: return 1;
     }
 #undef KX_PACK
@@ -400,15 +461,19 @@ static inline __attribute__((always_inline)) void KX(tile_j)(const int fmt, cons
         const size_t go = (size_t)g * KAON_GRP_BYTES;
         __m256i I[KX_TILE_NR];
         for (int r = 0; r < NR; r++) I[r] = _mm256_setzero_si256();
-        for (int k = 0; k < (fmt == KX_F_Q8_0 ? 8 : 4); k++) {
+        for (int k = 0; k < (KX(pk_bytes_fmt)(fmt) ? 8 : 4); k++) {
             __m256i wv[2];
             int nq = 1;
-            if (fmt == KX_F_Q8_0) {
+            if (KX(pk_bytes_fmt)(fmt)) {
                 wv[0] = KX(ld)(p + 32 * k);
             } else {  // quads k and k + 4 from the low and high nibbles
                 const __m256i v = KX(ld)(p + 32 * k), m4 = _mm256_set1_epi8(0x0F);
                 wv[0] = _mm256_and_si256(v, m4);
                 wv[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (fmt == KX_F_IQ4_NL) {
+                    wv[0] = _mm256_shuffle_epi8(KX(iq4_table)(), wv[0]);
+                    wv[1] = _mm256_shuffle_epi8(KX(iq4_table)(), wv[1]);
+                }
                 nq = 2;
             }
             for (int h = 0; h < nq; h++) {
@@ -416,15 +481,17 @@ static inline __attribute__((always_inline)) void KX(tile_j)(const int fmt, cons
                 const int c = (j & ~1) * 32 + (q >= 4 ? 32 : 0) + (j & 1) * 16 + ((4 * q) & 15);
                 for (int r = 0; r < NR; r++) {
 #if KX_VNNI
-                    // The quad broadcast straight from memory ({1to8}): no separate broadcast.
-                    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(I[r]) : "v"(wv[h]), "m"(*(const int32_t *)(xr[r] + go + c)));
-#else
+                    if (!KX(fmt_signed)(fmt) || KX(fmt_biased)(fmt)) {
+                        // Unsigned weights: the quad broadcast straight from memory ({1to8}).
+                        __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(I[r]) : "v"(wv[h]), "m"(*(const int32_t *)(xr[r] + go + c)));
+                        continue;
+                    }
+#endif
                     const __m256i xv = KX(bcast32)(xr[r] + go + c);
-                    if (fmt == KX_F_Q8_0)
-                        I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(_mm256_abs_epi8(wv[h]), _mm256_sign_epi8(xv, wv[h])));
+                    if (KX(fmt_signed)(fmt))
+                        I[r] = _mm256_add_epi32(I[r], KX(dot_signed)(wv[h], xv));
                     else
                         I[r] = _mm256_add_epi32(I[r], KX(dot_u8s8)(wv[h], xv));
-#endif
                 }
             }
         }
@@ -490,41 +557,52 @@ static void KX(tile_dot)(int kind, const void *pk_, const void *xg_, size_t xstr
     switch (kind) {
     case KAON_KI_Q4_0: KX_TILE_DISPATCH(KX_F_Q4_0); break;
     case KAON_KI_Q4_1: KX_TILE_DISPATCH(KX_F_Q4_1); break;
+    case KAON_KI_Q5_0: KX_TILE_DISPATCH(KX_F_Q5_0); break;
+    case KAON_KI_Q5_1: KX_TILE_DISPATCH(KX_F_Q5_1); break;
+    case KAON_KI_IQ4_NL: KX_TILE_DISPATCH(KX_F_IQ4_NL); break;
     default: KX_TILE_DISPATCH(KX_F_Q8_0); break;
     }
 }
 #undef KX_TILE_DISPATCH
 #undef KX_TILE_CASES_8
 
-// ---- Q4_K (natural layout; one super-block = one group of 8) ----------------------------
+// ---- super-blocks of 256 (natural layout; one super-block = one group of 8 blocks) -------
 
-static inline __attribute__((always_inline)) void KX(q4k_rows)(const kaon_block_q4_k *w,
-                                                                const kaon_q8_act *a, int r0,
-                                                                const int nr, float *out) {
+// Q4_K / Q5_K: per sub-block of 32 (one activation block), d sc dx isum - dmin m sx. Q5_K's
+// top bits: bit j of qh[l] for element 32 j + l.
+KX_AI void KX(q45k_rows)(const int five, const uint8_t *w, const kaon_q8_act *a, int r0, const int nr,
+                         float *out) {
     const int nsb = a->nb / 8, nbp = a->nbp;
+    const size_t bs = five ? sizeof(kaon_block_q5_k) : sizeof(kaon_block_q4_k);
+    const size_t qso = five ? offsetof(kaon_block_q5_k, qs) : offsetof(kaon_block_q4_k, qs);
     const size_t xs = (size_t)nbp * 32;
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
     const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const kaon_block_q4_k *b = w + i;
+        const uint8_t *b = w + (size_t)i * bs;  // d, dmin, scales[12] lead both formats
         uint32_t u[3], scm[4];
-        memcpy(u, b->scales, 12);
+        memcpy(u, b + offsetof(kaon_block_q4_k, scales), 12);
         scm[0] = u[0] & 0x3f3f3f3fu;                                        // scales 0..3
         scm[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // scales 4..7
         scm[2] = u[1] & 0x3f3f3f3fu;                                        // mins 0..3
         scm[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
         __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scm)));
         __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm + 2))));
-        sc = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(b->d)));
-        mn = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(b->dmin)));
+        sc = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(KX(ld16)(b))));
+        mn = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(KX(ld16)(b + 2))));
         __m256i q[8];
         for (int k = 0; k < 4; k++) {
-            __m256i v = KX(ld)(b->qs + 32 * k);
+            __m256i v = KX(ld)(b + qso + 32 * k);
             q[2 * k] = _mm256_and_si256(v, m4);
             q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        if (five) {
+            const __m256i qh = KX(ld)(b + offsetof(kaon_block_q5_k, qh));
+            for (int j = 0; j < 8; j++)  // (qh >> j) & 1 per byte, to bit 4
+                q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
         }
         for (int r = 0; r < nr; r++) {
             const int8_t *x = x0 + r * xs + (size_t)i * 256;
@@ -540,54 +618,135 @@ static inline __attribute__((always_inline)) void KX(q4k_rows)(const kaon_block_
     for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
 }
 
-// ---- Q6_K (natural layout; needs the per-16 activation sums) ----------------------------
+// Q2_K / Q3_K / Q6_K: sub-blocks of 16, so each activation block's two halves have their own
+// integer scales. The unsigned quants c (Q2_K 0..3, Q3_K 0..7 = level + 4, Q6_K 0..63 = level
+// + 32) times x as int16 pairs, times [s_2j x 8 | s_2j+1 x 8] as int32 lanes: the block's
+// scaled sum. The level offsets come back from the activations' per-16 sums s16 (an int16
+// multiply-add of those 16 sums with the 16 scales gives each block's sum of scale x half-sum):
+// subtracted as integers (Q3_K 4x, Q6_K 32x), or, for Q2_K's mins, as dmin dx (sum m x half-sum).
+enum { KX_K_Q2, KX_K_Q3, KX_K_Q6 };
 
-static inline __attribute__((always_inline)) void KX(q6k_rows)(const kaon_block_q6_k *w,
-                                                                const kaon_q8_act *a, int r0,
-                                                                const int nr, float *out) {
+KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, int r0, const int nr,
+                        float *out) {
     const int nsb = a->nb / 8, nbp = a->nbp;
+    const size_t bs = fmt == KX_K_Q2 ? sizeof(kaon_block_q2_k)
+                      : fmt == KX_K_Q3 ? sizeof(kaon_block_q3_k) : sizeof(kaon_block_q6_k);
     const size_t xs = (size_t)nbp * 32;
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
     const float *d0 = a->d + (size_t)r0 * nbp;
     const int16_t *h0 = a->s16 + (size_t)r0 * nbp * 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3);
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const kaon_block_q6_k *b = w + i;
-        // Raw values 0..63 of the 8 chunks of 32 (value - 32 is the signed weight).
+        const uint8_t *b = w + (size_t)i * bs;
         __m256i c[8];
-        for (int hf = 0; hf < 2; hf++) {
-            __m256i l0 = KX(ld)(b->ql + 64 * hf), l1 = KX(ld)(b->ql + 64 * hf + 32);
-            __m256i hb = KX(ld)(b->qh + 32 * hf);
-            c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                            _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-            c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                            _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-            c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                            _mm256_and_si256(hb, m30));
-            c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        int8_t s8[16], m8[16] = {0};
+        float dw, dmin = 0.0f;
+        if (fmt == KX_K_Q6) {
+            const kaon_block_q6_k *k = (const kaon_block_q6_k *)b;
+            for (int hf = 0; hf < 2; hf++) {  // raw values 0..63 of the 8 chunks of 32
+                __m256i l0 = KX(ld)(k->ql + 64 * hf), l1 = KX(ld)(k->ql + 64 * hf + 32);
+                __m256i hb = KX(ld)(k->qh + 32 * hf);
+                c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+                c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                                _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+                c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                _mm256_and_si256(hb, m30));
+                c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+            }
+            memcpy(s8, k->scales, 16);
+            dw = KX(h2f)(k->d);
+        } else {
+            // Chunk j = 4 hf + s: bits 2s, 2s + 1 of qs[32 hf + l]; Q3_K adds bit j of hmask[l] as 4.
+            const uint8_t *qs = fmt == KX_K_Q2 ? ((const kaon_block_q2_k *)b)->qs : ((const kaon_block_q3_k *)b)->qs;
+            const __m256i hm = fmt == KX_K_Q3 ? KX(ld)(((const kaon_block_q3_k *)b)->hmask) : _mm256_setzero_si256();
+            for (int hf = 0; hf < 2; hf++) {
+                const __m256i qv = KX(ld)(qs + 32 * hf);
+                for (int sh = 0; sh < 4; sh++) {
+                    const int j = 4 * hf + sh;
+                    c[j] = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+                    if (fmt == KX_K_Q3)
+                        c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j),
+                                                                                        _mm256_set1_epi8(1)), 2));
+                }
+            }
+            if (fmt == KX_K_Q2) {
+                const kaon_block_q2_k *k = (const kaon_block_q2_k *)b;
+                for (int t = 0; t < 16; t++) {
+                    s8[t] = (int8_t)(k->scales[t] & 0xF);
+                    m8[t] = (int8_t)(k->scales[t] >> 4);
+                }
+                dw = KX(h2f)(k->d);
+                dmin = KX(h2f)(k->dmin);
+            } else {
+                const kaon_block_q3_k *k = (const kaon_block_q3_k *)b;
+                const uint32_t w0 = KX(ld32)(k->scales), w1 = KX(ld32)(k->scales + 4), w2 = KX(ld32)(k->scales + 8);
+                for (int t = 0; t < 16; t++) s8[t] = (int8_t)kaon_q3k_scale(w0, w1, w2, t);
+                dw = KX(h2f)(k->d);
+            }
         }
         // Chunk j's halves use scales 2j and 2j+1: [s_2j x 8 | s_2j+1 x 8] as int16.
         __m256i scv[8];
         for (int j = 0; j < 8; j++)
-            scv[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(b->scales[2 * j])),
-                                             _mm_set1_epi16(b->scales[2 * j + 1]), 1);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-        const __m256 dw = _mm256_set1_ps(KX(h2f)(b->d));
+            scv[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s8[2 * j])),
+                                             _mm_set1_epi16(s8[2 * j + 1]), 1);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s8));
+        const __m256i mn16 = fmt == KX_K_Q2 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)m8))
+                                            : _mm256_setzero_si256();
+        const __m256 vdw = _mm256_set1_ps(dw), vdmin = _mm256_set1_ps(dmin);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = x0 + r * xs + (size_t)i * 256;
             __m256i v[8];
             for (int j = 0; j < 8; j++)
                 v[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[j], KX(ld)(x + 32 * j)), scv[j]);
             __m256i h = KX(reduce8)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-            // The -32 offset: 32 * (s_2j * sum of half 0 + s_2j+1 * sum of half 1) per chunk.
-            __m256i off = _mm256_madd_epi16(KX(ld)(h0 + (size_t)r * nbp * 2 + 16 * i), sc16);
-            h = _mm256_sub_epi32(h, _mm256_slli_epi32(off, 5));
+            const __m256i hs = KX(ld)(h0 + (size_t)r * nbp * 2 + 16 * i);  // the 16 half-sums
+            if (fmt != KX_K_Q2)  // the level offset: 4 or 32 x (s_2j sum of half 0 + s_2j+1 sum of half 1)
+                h = _mm256_sub_epi32(h, _mm256_slli_epi32(_mm256_madd_epi16(hs, sc16), fmt == KX_K_Q6 ? 5 : 2));
+            const __m256 dx = _mm256_loadu_ps(d0 + (size_t)r * nbp + 8 * i);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(vdw, dx), acc[r]);
+            if (fmt == KX_K_Q2)
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hs, mn16)), _mm256_mul_ps(vdmin, dx),
+                                          acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
+}
+
+// IQ4_XS: per sub-block j of 32, the levels of the 16 bytes' low then high nibbles (the
+// activation block's order), signed, times (d (ls_j - 32)) dx.
+KX_AI void KX(iq4xs_rows)(const kaon_block_iq4_xs *w, const kaon_q8_act *a, int r0, const int nr, float *out) {
+    const int nsb = a->nb / 8, nbp = a->nbp;
+    const size_t xs = (size_t)nbp * 32;
+    const int8_t *x0 = a->qs + (size_t)r0 * xs;
+    const float *d0 = a->d + (size_t)r0 * nbp;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256 acc[KX_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const kaon_block_iq4_xs *b = w + i;
+        int ls[8];
+        const uint32_t sl = KX(ld32)(b->scales_l);
+        for (int j = 0; j < 8; j++) ls[j] = kaon_iq4xs_scale(b->scales_h, sl, j);
+        const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)ls)),
+                                        _mm256_set1_ps(KX(h2f)(b->d)));
+        __m256i q[8];
+        for (int j = 0; j < 8; j++) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j));
+            const __m256i n = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(v, m4)),
+                                                      _mm_and_si128(_mm_srli_epi16(v, 4), m4), 1);
+            q[j] = _mm256_shuffle_epi8(KX(iq4_table)(), n);
+        }
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = x0 + r * xs + (size_t)i * 256;
+            __m256i v[8];
+            for (int j = 0; j < 8; j++) v[j] = KX(dot_signed)(q[j], KX(ld)(x + 32 * j));
+            __m256i h = KX(reduce8)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
             const float *dx = d0 + (size_t)r * nbp + 8 * i;
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_loadu_ps(dx)),
-                                     acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(sc, _mm256_loadu_ps(dx)), acc[r]);
         }
     }
     for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
@@ -616,31 +775,47 @@ static inline __attribute__((always_inline)) void KX(q6k_rows)(const kaon_block_
     }
 #endif
 
-static void KX(qdot_q4_0)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define KX_QDOT(name, CALL)                                                                 \
+    static void KX(name)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) { \
+        KX_DISPATCH_ROWS(CALL)                                                              \
+    }
 #define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q4_0, a, r0, N, out)
-    KX_DISPATCH_ROWS(C)
+KX_QDOT(qdot_q4_0, C)
 #undef C
-}
-static void KX(qdot_q4_1)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
 #define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q4_1, a, r0, N, out)
-    KX_DISPATCH_ROWS(C)
+KX_QDOT(qdot_q4_1, C)
 #undef C
-}
-static void KX(qdot_q8_0)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
+#define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q5_0, a, r0, N, out)
+KX_QDOT(qdot_q5_0, C)
+#undef C
+#define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q5_1, a, r0, N, out)
+KX_QDOT(qdot_q5_1, C)
+#undef C
 #define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_Q8_0, a, r0, N, out)
-    KX_DISPATCH_ROWS(C)
+KX_QDOT(qdot_q8_0, C)
 #undef C
-}
-static void KX(qdot_q4_k)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-#define C(N) KX(q4k_rows)((const kaon_block_q4_k *)w, a, r0, N, out)
-    KX_DISPATCH_ROWS(C)
+#define C(N) KX(pair_rows)((const uint8_t *)w, KX_F_IQ4_NL, a, r0, N, out)
+KX_QDOT(qdot_iq4_nl, C)
 #undef C
-}
-static void KX(qdot_q6_k)(const void *w, const kaon_q8_act *a, int r0, int nr, float *out) {
-#define C(N) KX(q6k_rows)((const kaon_block_q6_k *)w, a, r0, N, out)
-    KX_DISPATCH_ROWS(C)
+#define C(N) KX(k16_rows)(KX_K_Q2, (const uint8_t *)w, a, r0, N, out)
+KX_QDOT(qdot_q2_k, C)
 #undef C
-}
+#define C(N) KX(k16_rows)(KX_K_Q3, (const uint8_t *)w, a, r0, N, out)
+KX_QDOT(qdot_q3_k, C)
+#undef C
+#define C(N) KX(q45k_rows)(0, (const uint8_t *)w, a, r0, N, out)
+KX_QDOT(qdot_q4_k, C)
+#undef C
+#define C(N) KX(q45k_rows)(1, (const uint8_t *)w, a, r0, N, out)
+KX_QDOT(qdot_q5_k, C)
+#undef C
+#define C(N) KX(k16_rows)(KX_K_Q6, (const uint8_t *)w, a, r0, N, out)
+KX_QDOT(qdot_q6_k, C)
+#undef C
+#define C(N) KX(iq4xs_rows)((const kaon_block_iq4_xs *)w, a, r0, N, out)
+KX_QDOT(qdot_iq4_xs, C)
+#undef C
+#undef KX_QDOT
 
 // ---- float weights ---------------------------------------------------------------------
 
@@ -909,12 +1084,16 @@ static const kaon_cpu_kernels KX(kernels) = {
     .name = KX_NAME,
     .max_rows = KX_ROWS,
     .qdot = {[KAON_KI_Q4_0] = KX(qdot_q4_0), [KAON_KI_Q4_1] = KX(qdot_q4_1),
-             [KAON_KI_Q8_0] = KX(qdot_q8_0), [KAON_KI_Q4_K] = KX(qdot_q4_k),
-             [KAON_KI_Q6_K] = KX(qdot_q6_k)},
+             [KAON_KI_Q5_0] = KX(qdot_q5_0), [KAON_KI_Q5_1] = KX(qdot_q5_1),
+             [KAON_KI_Q8_0] = KX(qdot_q8_0), [KAON_KI_IQ4_NL] = KX(qdot_iq4_nl),
+             [KAON_KI_Q2_K] = KX(qdot_q2_k), [KAON_KI_Q3_K] = KX(qdot_q3_k),
+             [KAON_KI_Q4_K] = KX(qdot_q4_k), [KAON_KI_Q5_K] = KX(qdot_q5_k),
+             [KAON_KI_Q6_K] = KX(qdot_q6_k), [KAON_KI_IQ4_XS] = KX(qdot_iq4_xs)},
     .fdot = {[KAON_KI_F32] = KX(fdot_f32), [KAON_KI_F16] = KX(fdot_f16),
              [KAON_KI_BF16] = KX(fdot_bf16)},
     .layout = {[KAON_KI_Q4_0] = KAON_ACT_Q4PAIRS, [KAON_KI_Q4_1] = KAON_ACT_Q4PAIRS,
-               [KAON_KI_Q8_0] = KAON_ACT_Q4PAIRS},
+               [KAON_KI_Q5_0] = KAON_ACT_Q4PAIRS, [KAON_KI_Q5_1] = KAON_ACT_Q4PAIRS,
+               [KAON_KI_Q8_0] = KAON_ACT_Q4PAIRS, [KAON_KI_IQ4_NL] = KAON_ACT_Q4PAIRS},
     .quantize_row = KX(quantize_row),
     .pack_rows = KX_PACK_ROWS,
     .tile_rows = KX_TILE_NR,

@@ -7,6 +7,7 @@
 // bf16 before it is normed, the normed row is rounded before the weight multiplies it, and
 // silu(gate) or gelu(gate) is rounded before it multiplies up.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/quant_blocks.h"
 
 #include <cuda_fp16.h>
 
@@ -352,9 +353,6 @@ static __device__ __forceinline__ float h2f(uint16_t h) {
     memcpy(&x, &h, 2);
     return __half2float(x);
 }
-static __device__ __forceinline__ uint16_t ld16(const uint8_t *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
 
 static __device__ __forceinline__ void put(void *dst, int f32, size_t i, float v) {
     if (f32) ((float *)dst)[i] = v;
@@ -373,72 +371,17 @@ __global__ void k_convert_plain(int src_t, const void *src, size_t n, void *dst,
     }
 }
 
-// GGUF blocks: one thread per block. Block b of the tensor starts at element b * QK (rows
-// are whole blocks, so the flat order is the row-major order).
-__global__ void k_convert_blocks(int t, const uint8_t *__restrict__ src, size_t n_blocks,
+// GGUF blocks: one thread per 32 values (chunk c of the tensor: block c * 32 / be, bytes bb a
+// block), dequantized as the gguf package does it (quant_blocks.h). Rows are whole blocks, so
+// the flat order is the row-major order.
+__global__ void k_convert_blocks(int t, const uint8_t *__restrict__ src, int be, int bb, size_t n_chunks,
                                  void *dst, int f32) {
-    for (size_t bi = (size_t)blockIdx.x * blockDim.x + threadIdx.x; bi < n_blocks;
-         bi += (size_t)gridDim.x * blockDim.x) {
-        if (t == KAON_Q4_0) {
-            const uint8_t *p = src + bi * 18;
-            const float d = h2f(ld16(p));
-            const size_t o = bi * 32;
-            for (int j = 0; j < 16; j++) {
-                put(dst, f32, o + j, (float)((p[2 + j] & 0xF) - 8) * d);
-                put(dst, f32, o + j + 16, (float)((p[2 + j] >> 4) - 8) * d);
-            }
-        } else if (t == KAON_Q4_1) {
-            const uint8_t *p = src + bi * 20;
-            const float d = h2f(ld16(p)), m = h2f(ld16(p + 2));
-            const size_t o = bi * 32;
-            for (int j = 0; j < 16; j++) {
-                put(dst, f32, o + j, (float)(p[4 + j] & 0xF) * d + m);
-                put(dst, f32, o + j + 16, (float)(p[4 + j] >> 4) * d + m);
-            }
-        } else if (t == KAON_Q8_0) {
-            const uint8_t *p = src + bi * 34;
-            const float d = h2f(ld16(p));
-            for (int j = 0; j < 32; j++) put(dst, f32, bi * 32 + j, (float)(int8_t)p[2 + j] * d);
-        } else if (t == KAON_Q4_K) {
-            const uint8_t *p = src + bi * 144;
-            const float d = h2f(ld16(p)), dmin = h2f(ld16(p + 2));
-            const uint8_t *sc = p + 4, *qs = p + 16;
-            for (int j = 0; j < 8; j++) {
-                int s, m;
-                if (j < 4) {
-                    s = sc[j] & 63;
-                    m = sc[j + 4] & 63;
-                } else {
-                    s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-                    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-                }
-                const uint8_t *q = qs + (j >> 1) * 32;
-                const float ds = d * (float)s, dm = dmin * (float)m;
-                for (int l = 0; l < 32; l++) {
-                    const int v = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
-                    put(dst, f32, bi * 256 + j * 32 + l, ds * (float)v - dm);
-                }
-            }
-        } else if (t == KAON_Q6_K) {
-            const uint8_t *p = src + bi * 210;
-            const uint8_t *qlb = p, *qhb = p + 128;
-            const int8_t *scales = (const int8_t *)(p + 192);
-            const float d = h2f(ld16(p + 208));
-            for (int j = 0; j < 8; j++) {
-                const uint8_t *ql = qlb + 64 * (j >> 2), *qh = qhb + 32 * (j >> 2);
-                for (int l = 0; l < 32; l++) {
-                    int q;
-                    switch (j & 3) {
-                    case 0: q = (ql[l] & 0xF) | ((qh[l] & 3) << 4); break;
-                    case 1: q = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4); break;
-                    case 2: q = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4); break;
-                    default: q = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4); break;
-                    }
-                    put(dst, f32, bi * 256 + j * 32 + l,
-                        d * (float)scales[2 * j + (l >> 4)] * (float)(q - 32));
-                }
-            }
-        }
+    for (size_t ci = (size_t)blockIdx.x * blockDim.x + threadIdx.x; ci < n_chunks;
+         ci += (size_t)gridDim.x * blockDim.x) {
+        float v[32];
+        const size_t per = (size_t)(be / 32);
+        kaon_qb_dequant32((kaon_dtype)t, src + ci / per * (size_t)bb, (int)(ci % per), v);
+        for (int e = 0; e < 32; e++) put(dst, f32, ci * 32 + e, v[e]);
     }
 }
 
@@ -452,14 +395,13 @@ int kc_convert(kc_backend *b, kaon_dtype t, const void *src, int64_t rows, int64
         k_convert_plain<<<(unsigned)blocks, 256, 0, b->stream>>>((int)t, src, n, dst, dst_f32);
         return kc_launched(b, "convert");
     }
-    const int qk = kaon_dtype_block_elems(t);
-    if (t != KAON_Q4_0 && t != KAON_Q4_1 && t != KAON_Q8_0 && t != KAON_Q4_K && t != KAON_Q6_K)
+    const int qk = kaon_dtype_block_elems(t), bb = kaon_dtype_block_bytes(t);
+    if (!kaon_qb_known(t))
         return kc_fail(b, "cuda: weights of type %s are not supported", kaon_dtype_name(t));
-    if (qk <= 0 || n % (size_t)qk) return kc_fail(b, "cuda: %s tensor is not whole blocks", kaon_dtype_name(t));
-    const size_t nb = n / (size_t)qk;
-    size_t blocks = (nb + 127) / 128;
+    if (n % (size_t)qk) return kc_fail(b, "cuda: %s tensor is not whole blocks", kaon_dtype_name(t));
+    const size_t nc = n / 32;
+    size_t blocks = (nc + 127) / 128;
     if (blocks > 65535 * 8) blocks = 65535 * 8;
-    k_convert_blocks<<<(unsigned)blocks, 128, 0, b->stream>>>((int)t, (const uint8_t *)src, nb, dst,
-                                                              dst_f32);
+    k_convert_blocks<<<(unsigned)blocks, 128, 0, b->stream>>>((int)t, (const uint8_t *)src, qk, bb, nc, dst, dst_f32);
     return kc_launched(b, "dequantize");
 }
