@@ -241,7 +241,17 @@ def check_cuda(name, folder, model, ids, tmp, chunks, cpu=False):
     torch.cuda.empty_cache()
     res = {"hf_bf16_vs_fp32": rel(ref, ref32), "n_tokens": len(ids)}
     if cpu:  # kaon's CPU backend (f32 math on the same bf16 weights) against HF in fp32
-        res["kaon_cpu_vs_hf_fp32"] = rel(kaon_cpu_logits(folder, ids, tmp), ref32)
+        kc = kaon_cpu_logits(folder, ids, tmp)
+        res["kaon_cpu_vs_hf_fp32"] = rel(kc, ref32)
+        # HF's embed_scale buffer was made in bf16 with the model; kaon's f32 path uses sqrt(hidden)
+        emb = model.model.embed_tokens
+        res["hf_embed_scale"] = float(emb.embed_scale)
+        emb.embed_scale.fill_(float(np.sqrt(model.config.hidden_size)))
+        ref32x = hf_logits(model, ids)
+        res["kaon_cpu_vs_hf_fp32_exact_scale"] = rel(kc, ref32x)
+        q = [0, 1, 16, 64, 256, 512, len(ids)]
+        res["kaon_cpu_by_pos"] = {f"{a0}-{a1}": rel(kc[a0:a1], ref32x[a0:a1]) for a0, a1 in zip(q, q[1:]) if a1 > a0}
+        del kc, ref32x
     for mode, chunk in chunks.items():
         k = driver_logits(folder, "cuda", chunk, ids, V, tmp)
         (tmp / f"k_cuda_{chunk}.f32").unlink(missing_ok=True)  # up to 600 x 262144 floats
