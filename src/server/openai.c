@@ -189,6 +189,7 @@ static const char *const common_keys[] = {
     "max_tokens", "min_tokens", "ignore_eos", "stop", "stop_token_ids",
     "include_stop_str_in_output", "skip_special_tokens", "logprobs", "prompt_logprobs",
     "priority", "user", "add_special_tokens", "response_format", "best_of", "use_beam_search",
+    "return_token_ids",
     "spaces_between_special_tokens", "guided_json", "guided_regex", "guided_choice",
     "guided_grammar", "structured_outputs", NULL};
 static const char *const chat_keys[] = {
@@ -712,7 +713,9 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
     }
 
     if (parse_sampling(root, lim, out, err) < 0) goto done;
-    if (read_bool(root, "add_special_tokens", &out->add_special_tokens, err) < 0) goto done;
+    if (read_bool(root, "add_special_tokens", &out->add_special_tokens, err) < 0 ||
+        read_bool(root, "return_token_ids", &out->return_token_ids, err) < 0)
+        goto done;
     int max_lp = lim->max_logprobs > 0 ? lim->max_logprobs : 20;
     if (kind == KAON_API_CHAT) {
         if (parse_messages(root, out, err) < 0 || parse_chat_extras(root, out, err) < 0)
@@ -861,6 +864,17 @@ const char *kaon_api_finish_reason(kaon_finish f) {
     case KAON_FINISH_ERROR: return "error";
     default: return NULL;
     }
+}
+
+int kaon_api_add_ids(cJSON *obj, const char *key, const int32_t *ids, int n) {
+    cJSON *a = cJSON_AddArrayToObject(obj, key);
+    if (!a) return -1;
+    for (int i = 0; i < n; i++) {
+        cJSON *x = cJSON_CreateNumber(ids[i]);
+        if (!x) return -1;
+        cJSON_AddItemToArray(a, x);
+    }
+    return 0;
 }
 
 cJSON *kaon_api_usage(long long prompt, long long completion, long long cached) {

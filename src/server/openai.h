@@ -89,6 +89,7 @@ typedef struct kaon_api_request {
     bool logprobs;                     // logprobs wanted (chat: the flag; completions: int >= 0)
     int top_logprobs;                  // alternatives per token
     bool return_token_strs;            // /tokenize
+    bool return_token_ids;             // vLLM's extension: choices carry their token ids
 } kaon_api_request;
 
 // Parses and validates body[0..len) (not necessarily NUL-terminated). On success fills *out
@@ -122,7 +123,9 @@ typedef const char *(*kaon_api_token_text_fn)(void *ctx, int32_t id, size_t *len
 cJSON *kaon_api_string(const char *s, size_t n);
 // A logprob as JSON: -inf and NaN become -9999.0 (as vLLM), 7 significant digits.
 double kaon_api_logprob_value(float lp);
-const char *kaon_api_finish_reason(kaon_finish f);  // "stop", "length", "abort", "error"; NULL
+const char *kaon_api_finish_reason(kaon_finish f);
+// obj[key] = [ids...] (return_token_ids: "token_ids", "prompt_token_ids"). -1 when out of memory.
+int kaon_api_add_ids(cJSON *obj, const char *key, const int32_t *ids, int n);  // "stop", "length", "abort", "error"; NULL
 cJSON *kaon_api_usage(long long prompt, long long completion, long long cached);
 
 // Chat logprobs: appends {token, logprob, bytes, top_logprobs} for lp[0..n) to `content`.

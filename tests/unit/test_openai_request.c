@@ -105,6 +105,7 @@ static const bad_case bad_cases[] = {
     {CHAT, "{" MSG ", \"user\": 5}", 400, "user"},
     {CHAT, "{" MSG ", \"priority\": 0.5}", 400, "priority"},
     {COMP, "{}", 400, "prompt"},
+    {COMP, "{\"prompt\": \"x\", \"return_token_ids\": 1}", 400, "return_token_ids"},
     {COMP, "{\"prompt\": []}", 400, "prompt"},
     {COMP, "{\"prompt\": 5}", 400, "prompt"},
     {COMP, "{\"prompt\": [1, \"a\"]}", 400, "prompt"},
@@ -349,6 +350,21 @@ static void test_generation_config(void) {
     CHECK(kaon_api_generation_config("{", 1, &s, NULL) == -1);
 }
 
+// vLLM's return_token_ids: off unless asked, for both generation endpoints.
+static void test_return_token_ids(void) {
+    kaon_api_limits lim = limits();
+    kaon_api_request r;
+    kaon_api_error e;
+    const char *body = "{\"prompt\": [1, 2], \"return_token_ids\": true}";
+    CHECK(kaon_api_parse(COMP, body, strlen(body), &lim, NULL, &r, &e) == 0);
+    CHECK(r.return_token_ids);
+    kaon_api_request_free(&r);
+    body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}";
+    CHECK(kaon_api_parse(CHAT, body, strlen(body), &lim, NULL, &r, &e) == 0);
+    CHECK(!r.return_token_ids);
+    kaon_api_request_free(&r);
+}
+
 int main(void) {
     test_bad_requests();
     test_chat_fields();
@@ -357,6 +373,7 @@ int main(void) {
     test_tokenize_requests();
     test_error_json();
     test_generation_config();
+    test_return_token_ids();
     printf("test_openai_request: %zu bad-request cases\n", sizeof bad_cases / sizeof *bad_cases);
     TEST_MAIN_END();
 }
