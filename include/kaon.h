@@ -28,7 +28,8 @@ typedef struct kaon_request kaon_request;
 
 typedef struct kaon_engine_options {
     const char *model;              // GGUF file or HF folder (NULL: error)
-    const char *device;             // "cpu" (default) or "cuda"
+    const char *device;             // "cpu" (default), "cuda" (GPU 0), "cuda:N", or "noop" (no
+                                    // math: measures the engine itself)
     int n_threads;                  // CPU threads (0: all cores)
     int max_num_seqs;               // sequences running at once (0: 256)
     int max_num_batched_tokens;     // token budget of one step (0: 512 on the CPU, 8192 on a GPU)

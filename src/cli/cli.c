@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/device.h"
+
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 const char *kaon_cli_default_model(void) {
@@ -92,4 +94,11 @@ int kaon_cli_parse_ids(const char *s, int32_t **ids, int *n) {
 int kaon_cli_default_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int kaon_cli_check_device(const char *v, bool allow_noop) {
+    kaon_device d;
+    if (kaon_device_parse(v, &d) || (d.kind == KAON_DEVICE_NOOP && !allow_noop))
+        return kaon_cli_fail("bad --device '%s' (%s%s)", v, KAON_DEVICE_FORMS, allow_noop ? ", noop" : "");
+    return 0;
 }

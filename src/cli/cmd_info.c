@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "backend/device.h"
 #include "cli/load.h"
 #include "cli/seq.h"
 #include "model/moe.h"
@@ -20,7 +21,7 @@ static void usage(void) {
            "  -p, --prompt TEXT      the prompt (default: a few sentences)\n"
            "  --prompt-ids IDS       the prompt as token ids\n"
            "  -n N                   greedy tokens generated after the prompt (default 0)\n"
-           "  --device cpu|cuda      where the prompt runs (default cpu)\n"
+           "  --device DEV           where the prompt runs: cpu (default), cuda, cuda:N\n"
            "  --threads N            CPU threads\n"
            "  --json                 the expert load as one JSON object on stdout\n");
 }
@@ -65,8 +66,8 @@ static int expert_load(const kaon_model *m, const info_opts *o) {
         if (trc || nn == 0) return kaon_cli_fail("tokenize: %s", trc ? kaon_last_error() : "empty prompt");
         n = (int)nn;
     }
-    const bool cuda = o->device && !strcmp(o->device, "cuda");
-    kaon_backend *be = cuda ? kaon_backend_cuda_create(0) : kaon_backend_cpu_create((int)o->threads);
+    kaon_device dev;
+    kaon_backend *be = kaon_device_parse(o->device, &dev) ? NULL : kaon_backend_create(&dev, (int)o->threads);
     if (!be) {
         free(ids);
         return kaon_cli_fail("%s", kaon_last_error());
@@ -172,7 +173,7 @@ int kaon_cmd_info(int argc, char **argv) {
             if (!kaon_cli_parse_int(v, 1, 1024, &o.threads)) return kaon_cli_fail("bad --threads '%s'", v);
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return kaon_cli_fail("bad --device '%s' (cpu, cuda)", v);
+            if (kaon_cli_check_device(v, false)) return 2;
             o.device = v;
         } else if (!strcmp(a, "--load-format")) {
             NEED_VALUE();

@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "cli/load.h"
+#include "backend/device.h"
 #include "cli/seq.h"
 #include "engine/sampler.h"
 #include "util/err.h"
@@ -22,7 +23,7 @@ static void usage(void) {
            "  --min-p P            (default 0.05)\n"
            "  --seed S             random seed (default: time)\n"
            "  --threads N          CPU threads (default: all cores)\n"
-           "  --device cpu|cuda    where the model runs (default cpu)\n"
+           "  --device DEV         where the model runs: cpu (default), cuda, cuda:N\n"
            "  --load-format F      auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N         context length (default: min(model's, 4096))\n"
            "  --ignore-eos         keep generating past end-of-sequence tokens\n"
@@ -83,7 +84,7 @@ static int parse(int argc, char **argv, run_opts *o) {
             o->ctx = l;
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return kaon_cli_fail("bad --device '%s' (cpu, cuda)", v);
+            if (kaon_cli_check_device(v, false)) return 2;
             o->device = v;
         } else if (!strcmp(a, "--load-format")) {
             NEED_VALUE();
@@ -162,8 +163,8 @@ int kaon_cmd_run(int argc, char **argv) {
         }
         o.n_predict = ctx - n_prompt;
     }
-    kaon_backend *be = o.device && !strcmp(o.device, "cuda") ? kaon_backend_cuda_create(0)
-                                                              : kaon_backend_cpu_create((int)o.threads);
+    kaon_device dev;
+    kaon_backend *be = kaon_device_parse(o.device, &dev) ? NULL : kaon_backend_create(&dev, (int)o.threads);
     if (!be) { kaon_cli_fail("%s", kaon_last_error()); goto out; }
     kaon_seq seq;
     if (kaon_seq_init(&seq, m, be, (int)ctx, 256, false)) {

@@ -83,17 +83,18 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         kaon_set_error("engine: no model given");
         return NULL;
     }
-    const char *dev = opts->device ? opts->device : "cpu";
-    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "noop") != 0 && strcmp(dev, "cuda") != 0) {
-        kaon_set_error("engine: unknown device '%s' (cpu, cuda, noop)", dev);
+    kaon_device dev;
+    if (kaon_device_parse(opts->device, &dev)) {
+        kaon_set_error("engine: %s", kaon_last_error());
         return NULL;
     }
     kaon_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->opts = *opts;
     kaon_engine_options *o = &e->opts;
-    o->device = !strcmp(dev, "noop") ? "noop" : !strcmp(dev, "cuda") ? "cuda" : "cpu";
-    const bool on_gpu = !strcmp(o->device, "cuda");
+    e->device = dev;
+    o->device = kaon_device_name(&dev, e->device_name, sizeof e->device_name);
+    const bool on_gpu = dev.kind == KAON_DEVICE_CUDA;
     const bool kv_given = o->kv_cache_memory != 0;
     if (o->n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -117,9 +118,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->block_size = o->block_size > 0 ? o->block_size : 16;
     // The backend comes first: the KV plan depends on its element size and, on a GPU, on its
     // free memory.
-    e->be = on_gpu ? kaon_backend_cuda_create(0)
-            : strcmp(o->device, "noop") ? kaon_backend_cpu_create(o->n_threads)
-                                        : kaon_backend_noop_create();
+    e->be = kaon_backend_create(&dev, o->n_threads);
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, e->be->ops->act_elem_bytes);
     // GPU memory plan: weights (bf16 on the device), then the activation buffers (plus a
@@ -174,7 +173,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                    e->n_blocks, e->block_size);
     if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
-    if (!strcmp(o->device, "cpu")) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
+    if (dev.kind == KAON_DEVICE_CPU) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
     e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
     if (!e->pool) {
         kaon_set_error("engine: out of memory for the block pool");

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/device.h"
 #include "engine/kv_cache.h"
 #include "engine/penalties.h"
 #include "engine/sampler.h"
@@ -84,6 +85,8 @@ struct kaon_request {
 
 struct kaon_engine {
     kaon_engine_options opts;
+    kaon_device device;
+    char device_name[16];        // opts.device points here
     kaon_model *model;
     kaon_backend *be;
     kaon_runner *runner;
