@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "backend/device.h"
+#include "util/log.h"
 
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
@@ -101,4 +102,8 @@ int kaon_cli_check_device(const char *v, bool allow_noop) {
     if (kaon_device_parse(v, &d) || (d.kind == KAON_DEVICE_NOOP && !allow_noop))
         return kaon_cli_fail("bad --device '%s' (%s%s)", v, KAON_DEVICE_FORMS, allow_noop ? ", noop" : "");
     return 0;
+}
+
+void kaon_cli_quiet_logs(void) {
+    if (!getenv("KAON_LOG")) kaon_log_set_level(KAON_LOG_WARN);
 }

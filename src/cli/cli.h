@@ -20,6 +20,9 @@ int kaon_cli_default_threads(void);
 // A --device value (backend/device.h's forms; noop only where allow_noop). 0, or prints the
 // error and returns 2.
 int kaon_cli_check_device(const char *v, bool allow_noop);
+// The single-user commands (run, chat, logits, info) print only what they produce: the
+// engine's info lines appear with KAON_LOG=info.
+void kaon_cli_quiet_logs(void);
 
 int kaon_cmd_run(int argc, char **argv);
 int kaon_cmd_info(int argc, char **argv);

@@ -618,19 +618,6 @@ static int parse_prompts(const cJSON *root, const kaon_api_limits *lim, kaon_api
     return 0;
 }
 
-void kaon_api_sampling_defaults(kaon_sampling *s) {
-    memset(s, 0, sizeof *s);
-    s->n = 1;
-    s->temperature = 1.0f;
-    s->top_k = 0;
-    s->top_p = 1.0f;
-    s->min_p = 0.0f;
-    s->repetition_penalty = 1.0f;
-    s->logprobs = -1;
-    s->prompt_logprobs = -1;
-    s->skip_special_tokens = true;
-}
-
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err) {
     static const kaon_api_limits no_limits = {0};
@@ -641,7 +628,7 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
     if (defaults)
         out->sampling = *defaults;
     else
-        kaon_api_sampling_defaults(&out->sampling);
+        kaon_sampling_default(&out->sampling);
     kaon_sampling *s = &out->sampling;
     // The defaults' arrays never leak into a request; n and logprobs are per request.
     s->stop = NULL, s->n_stop = 0, s->stop_token_ids = NULL, s->n_stop_token_ids = 0;
@@ -773,36 +760,6 @@ void kaon_api_request_free(kaon_api_request *r) {
     cJSON_Delete(r->template_kwargs);
     free(r->chat_template);
     memset(r, 0, sizeof *r);
-}
-
-int kaon_api_generation_config(const char *json, size_t len, kaon_sampling *s, int *max_tokens) {
-    size_t at = 0;
-    cJSON *root = json_parse(json, len, &at);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return kaon_set_error("generation_config.json is not a JSON object (byte %zu)", at);
-    }
-    cJSON *it;
-    if ((it = field(root, "temperature")) && cJSON_IsNumber(it) && it->valuedouble >= 0 &&
-        isfinite(it->valuedouble))
-        s->temperature = (float)it->valuedouble;
-    if ((it = field(root, "top_p")) && cJSON_IsNumber(it) && it->valuedouble > 0 &&
-        it->valuedouble <= 1)
-        s->top_p = (float)it->valuedouble;
-    if ((it = field(root, "top_k")) && cJSON_IsNumber(it) && it->valuedouble >= -1 &&
-        it->valuedouble <= INT_MAX)
-        s->top_k = (int)it->valuedouble;
-    if ((it = field(root, "min_p")) && cJSON_IsNumber(it) && it->valuedouble >= 0 &&
-        it->valuedouble <= 1)
-        s->min_p = (float)it->valuedouble;
-    if ((it = field(root, "repetition_penalty")) && cJSON_IsNumber(it) && it->valuedouble > 0 &&
-        isfinite(it->valuedouble))
-        s->repetition_penalty = (float)it->valuedouble;
-    if (max_tokens && (it = field(root, "max_new_tokens")) && cJSON_IsNumber(it) &&
-        it->valuedouble >= 1 && it->valuedouble <= INT_MAX)
-        *max_tokens = (int)it->valuedouble;
-    cJSON_Delete(root);
-    return 0;
 }
 
 // ---- chat templates --------------------------------------------------------------------------

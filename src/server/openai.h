@@ -95,17 +95,10 @@ typedef struct kaon_api_request {
 // Parses and validates body[0..len) (not necessarily NUL-terminated). On success fills *out
 // (free with kaon_api_request_free) and returns 0; otherwise fills *err (status 400, or 404
 // for an unknown model) and returns -1 with *out zeroed. Unknown fields are logged at debug
-// level and ignored. `defaults` may be NULL (then OpenAI's defaults).
+// level and ignored. `defaults` may be NULL (then kaon_sampling_default(): OpenAI's).
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err);
 void kaon_api_request_free(kaon_api_request *r);
-
-// Fills OpenAI's defaults (the same values as kaon_sampling_default, without the engine).
-void kaon_api_sampling_defaults(kaon_sampling *s);
-// Applies a generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty,
-// max_new_tokens -> *max_tokens when not NULL) over s. -1 on malformed JSON; unknown or
-// mistyped keys are skipped.
-int kaon_api_generation_config(const char *json, size_t len, kaon_sampling *s, int *max_tokens);
 
 // The chat template's variables: chat_template_kwargs first, then messages, tools (when
 // given), add_generation_prompt, bos_token, eos_token (a kwarg cannot replace those).

@@ -214,7 +214,7 @@ static void test_chat_fields(void) {
 static void test_chat_defaults(void) {
     kaon_api_limits lim = limits();
     kaon_sampling d;
-    kaon_api_sampling_defaults(&d);
+    kaon_sampling_default(&d);
     d.temperature = 0.6f;  // as if from generation_config.json
     d.top_p = 0.9f;
     const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_p\": null,"
@@ -333,23 +333,6 @@ static void test_error_json(void) {
     free(s);
 }
 
-static void test_generation_config(void) {
-    kaon_sampling s;
-    kaon_api_sampling_defaults(&s);
-    int max_tokens = 0;
-    const char *gc = "{\"bos_token_id\": 1, \"do_sample\": true, \"temperature\": 0.6,"
-                     " \"top_p\": 0.95, \"top_k\": 20, \"min_p\": \"bad\", \"max_new_tokens\": 512,"
-                     " \"repetition_penalty\": 1.05}";
-    CHECK(kaon_api_generation_config(gc, strlen(gc), &s, &max_tokens) == 0);
-    CHECK_NEAR(s.temperature, 0.6, 1e-7);
-    CHECK_NEAR(s.top_p, 0.95, 1e-7);
-    CHECK(s.top_k == 20);
-    CHECK(s.min_p == 0.0f);  // mistyped: skipped
-    CHECK_NEAR(s.repetition_penalty, 1.05, 1e-6);
-    CHECK(max_tokens == 512);
-    CHECK(kaon_api_generation_config("{", 1, &s, NULL) == -1);
-}
-
 // vLLM's return_token_ids: off unless asked, for both generation endpoints.
 static void test_return_token_ids(void) {
     kaon_api_limits lim = limits();
@@ -372,7 +355,6 @@ int main(void) {
     test_completion_prompts();
     test_tokenize_requests();
     test_error_json();
-    test_generation_config();
     test_return_token_ids();
     printf("test_openai_request: %zu bad-request cases\n", sizeof bad_cases / sizeof *bad_cases);
     TEST_MAIN_END();
