@@ -28,12 +28,17 @@ typedef struct kaon_request kaon_request;
 
 typedef struct kaon_engine_options {
     const char *model;              // GGUF file or HF folder (NULL: error)
-    const char *device;             // "cpu" (default) or "cuda"
+    const char *device;             // "cpu" (default), "cuda" (GPU 0), "cuda:N", or "noop" (no
+                                    // math: measures the engine itself)
     int n_threads;                  // CPU threads (0: all cores)
     int max_num_seqs;               // sequences running at once (0: 256)
     int max_num_batched_tokens;     // token budget of one step (0: 512 on the CPU, 8192 on a GPU)
+    int max_logit_rows;             // logit rows one step returns (0: max_num_seqs); prompt
+                                    // logprobs and prompt logits come in chunks of this many
     int max_model_len;              // context limit (0: the model's, capped by the KV pool)
-    size_t kv_cache_memory;         // bytes of KV cache on the CPU (0: 1 GiB or what fits)
+    size_t kv_cache_memory;         // bytes of KV cache (0: on the CPU 1 GiB, on a GPU what
+                                    // fits; with max_model_len given, at most max_num_seqs
+                                    // sequences of it and, on the CPU, at least one)
     double gpu_memory_utilization;  // fraction of GPU memory (0: 0.9)
     int block_size;                 // KV block size in tokens (0: chosen by the architecture)
     bool disable_prefix_caching;    // prefix caching is on unless this is set
@@ -73,6 +78,8 @@ typedef struct kaon_sampling {
     int n_stop_token_ids;
     int logprobs;                   // -1: off; k >= 0: the sampled token's logprob + top k
     int prompt_logprobs;            // -1: off; k >= 0: per prompt position
+    bool prompt_logits;             // the raw logits of every prompt position, in the first
+                                    // output (kaon_output.prompt_logits; for tests and tools)
     bool skip_special_tokens;       // in text (default true)
     int priority;                   // lower runs first (default 0); FCFS within a priority
 } kaon_sampling;
@@ -111,6 +118,10 @@ typedef struct kaon_output {
     const kaon_token_logprob *logprobs;  // [n_tokens] when asked, else NULL
     const kaon_token_logprob *prompt_logprobs;  // [n_prompt] once (first output), position 0 has none
     int n_prompt_logprobs;
+    // With prompt_logits, once (first output): [n_prompt_logits, vocab] f32, row p the logits
+    // after prompt position p (the last row: what the first token was sampled from).
+    const float *prompt_logits;
+    int n_prompt_logits;
     kaon_finish finish;              // this index finished with this output (NONE: not yet)
     const char *stop_reason;         // the stop string, or NULL
     int32_t stop_token;              // the stop token id, or -1
@@ -166,6 +177,11 @@ void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s);
 // too small.
 int kaon_engine_expert_load(kaon_engine *e, uint64_t *counts, size_t cap, int *n_layers,
                             int *n_experts);
+
+// kaon_sampling_default(), then the model's generation_config.json where it gives a valid
+// value (temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens as max_tokens):
+// the defaults every front end starts a request from.
+void kaon_engine_sampling_defaults(kaon_engine *e, kaon_sampling *s);
 
 // The model's facts a front end needs.
 typedef struct kaon_engine_info {

@@ -8,6 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/device.h"
+#include "util/log.h"
+
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 const char *kaon_cli_default_model(void) {
@@ -100,4 +103,15 @@ int kaon_cli_parse_ids(const char *s, int32_t **ids, int *n) {
 int kaon_cli_default_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int kaon_cli_check_device(const char *v, bool allow_noop) {
+    kaon_device d;
+    if (kaon_device_parse(v, &d) || (d.kind == KAON_DEVICE_NOOP && !allow_noop))
+        return kaon_cli_fail("bad --device '%s' (%s%s)", v, KAON_DEVICE_FORMS, allow_noop ? ", noop" : "");
+    return 0;
+}
+
+void kaon_cli_quiet_logs(void) {
+    if (!getenv("KAON_LOG")) kaon_log_set_level(KAON_LOG_WARN);
 }

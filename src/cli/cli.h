@@ -19,6 +19,12 @@ int kaon_cli_parse_ids(const char *s, int32_t **ids, int *n);
 bool kaon_cli_parse_int(const char *s, long lo, long hi, long *out);
 bool kaon_cli_parse_float(const char *s, double lo, double hi, double *out);
 int kaon_cli_default_threads(void);
+// A --device value (backend/device.h's forms; noop only where allow_noop). 0, or prints the
+// error and returns 2.
+int kaon_cli_check_device(const char *v, bool allow_noop);
+// The single-user commands (run, chat, logits, info) print only what they produce: the
+// engine's info lines appear with KAON_LOG=info.
+void kaon_cli_quiet_logs(void);
 
 int kaon_cmd_run(int argc, char **argv);
 int kaon_cmd_info(int argc, char **argv);

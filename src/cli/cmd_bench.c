@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/device.h"
 #include "cli/cli.h"
 #include "kaon.h"
 #include "util/timer.h"
@@ -348,7 +349,8 @@ static cJSON *header_json(const char *kind, const bench_opts *o, int argc, char 
     char date[64], mach[1024];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", localtime(&now));
-    machine(mach, sizeof mach, o->eo.device && !strcmp(o->eo.device, "cuda"));
+    kaon_device dev;
+    machine(mach, sizeof mach, !kaon_device_parse(o->eo.device, &dev) && dev.kind == KAON_DEVICE_CUDA);
     char *commit = git_commit(), *cmd = command_line(kind, argc, argv);
     cJSON_AddStringToObject(j, "benchmark", kind);
     cJSON_AddStringToObject(j, "date", date);
@@ -558,7 +560,7 @@ static void usage_offline(const char *sub) {
                "  --random-range-ratio R (0: lengths uniform in [len*(1-R), len*(1+R)])\n");
     printf("  -m, --model PATH        GGUF file, HF folder, or with --load-format dummy a config.json or its folder\n"
            "  --load-format auto|dummy  dummy: random weights of the config's shapes (no weight files)\n"
-           "  --device cpu|cuda|noop  --threads N  --max-num-seqs N  --max-num-batched-tokens N\n"
+           "  --device cpu|cuda|cuda:N|noop  --threads N  --max-num-seqs N  --max-num-batched-tokens N\n"
            "  --max-model-len N  --kv-cache-memory MIB  --gpu-memory-utilization F  --no-prefix-caching\n"
            "  --seed S  --output-json FILE (results; '-' for stdout)  --quiet (no progress bar)\n");
 }
@@ -597,7 +599,7 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage_offline(sub); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { o.model_arg = v; i++; }
         else if (!strcmp(a, "--load-format") && (!strcmp(v, "auto") || !strcmp(v, "dummy"))) { o.dummy = !strcmp(v, "dummy"); i++; }
-        else if (!strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda") || !strcmp(v, "noop"))) { o.eo.device = v; i++; }
+        else if (!strcmp(a, "--device")) { if (kaon_cli_check_device(v, true)) return 2; o.eo.device = v; i++; }
         else if (!strcmp(a, "--threads") && kaon_cli_parse_int(v, 1, 4096, &l)) { o.eo.n_threads = (int)l; i++; }
         else if (!strcmp(a, "--max-num-seqs") && kaon_cli_parse_int(v, 1, 65536, &l)) { o.eo.max_num_seqs = (int)l; i++; }
         else if (!strcmp(a, "--max-num-batched-tokens") && kaon_cli_parse_int(v, 1, 1 << 20, &l)) { o.eo.max_num_batched_tokens = (int)l; i++; }

@@ -1,5 +1,6 @@
 // kaon chat: an interactive conversation in the terminal, rendered with the model's chat
-// template. The KV cache keeps the conversation: each turn computes only the new tokens.
+// template. Each turn is one engine request for the whole conversation; the engine's prefix
+// cache keeps the conversation's blocks, so a turn computes only its new tokens.
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,27 +8,27 @@
 
 #include "cli/cli.h"
 #include "cli/load.h"
-#include "cli/seq.h"
-#include "engine/sampler.h"
+#include "kaon.h"
+#include "server/sse.h"
 #include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "util/err.h"
-#include "util/log.h"
 #include "util/timer.h"
 
 static void usage(void) {
     printf("usage: kaon chat [-m MODEL] [--system TEXT] [-n MAX_TOKENS_PER_TURN] [--temp T]\n"
-           "                 [--top-k K] [--top-p P] [--seed S] [--threads N] [--ctx-size N]\n"
+           "                 [--top-k K] [--top-p P] [--min-p P] [--seed S] [--threads N] [--ctx-size N]\n"
+           "                 [--device cpu|cuda|cuda:N]\n"
+           "sampling defaults as in kaon serve: the model's generation_config.json, else OpenAI's\n"
            "type a message and Enter; /reset starts over, /exit (or Ctrl-D) quits\n");
 }
 
 typedef struct chat {
-    kaon_model *m;
-    kaon_tokenizer *tok;
+    kaon_engine *e;
+    const kaon_tokenizer *tok;
     kaon_chat_template *tmpl;
     cJSON *messages;
-    kaon_seq seq;
-    int32_t *cached;   // the tokens whose K/V the sequence holds
-    int n_cached;
+    int max_model_len;
 } chat;
 
 static int render(chat *c, int32_t **ids, size_t *n) {
@@ -55,83 +56,67 @@ static void add_message(chat *c, const char *role, const char *content) {
     cJSON_AddItemToArray(c->messages, msg);
 }
 
-// Runs one assistant turn; streams it to stdout and returns its text (malloc'd).
-static char *turn(chat *c, const kaon_sampling_params *sp, kaon_rng *rng, int max_new, void *scratch) {
+// Runs one assistant turn; streams it to stdout and returns its text (malloc'd), NULL on error.
+static char *turn(chat *c, const kaon_sampling *defaults, int max_new) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (render(c, &ids, &n)) {
         kaon_cli_fail("%s", kaon_last_error());
         return NULL;
     }
-    if ((int)n + max_new > c->seq.max_ctx) {
-        kaon_cli_fail("the conversation (%zu tokens) no longer fits the context (%d); /reset to start over", n, c->seq.max_ctx);
+    if ((int)n >= c->max_model_len) {
+        kaon_cli_fail("the conversation (%zu tokens) no longer fits the context (%d); /reset to start over",
+                      n, c->max_model_len);
         free(ids);
         return NULL;
     }
-    int common = 0;  // reuse the cached prefix of the conversation
-    while (common < c->n_cached && common < (int)n - 1 && c->cached[common] == ids[common]) common++;
-    kaon_seq_truncate(&c->seq, common);
-    double t0 = kaon_now();
-    if (kaon_seq_feed(&c->seq, ids + common, (int)n - common, NULL)) {
-        kaon_cli_fail("%s", kaon_last_error());
-        free(ids);
-        return NULL;
-    }
-    memcpy(c->cached, ids, sizeof(int32_t) * n);
-    c->n_cached = (int)n;
+    kaon_sampling sp = *defaults;
+    int room = c->max_model_len - (int)n;
+    sp.max_tokens = max_new < room ? max_new : room;
+    double t0 = kaon_now(), t_first = 0;
+    kaon_request *r = kaon_engine_submit(c->e, ids, (int)n, &sp);
     free(ids);
-    kaon_detok *dt = kaon_detok_new(c->tok, true);
-    size_t cap = 256, len = 0;
-    char *answer = malloc(cap);
-    answer[0] = 0;
-    int produced = 0;
-    double t1 = kaon_now();
-    for (; produced < max_new; produced++) {
-        int id = kaon_sample(c->seq.logits, c->m->cfg.vocab_size, sp, rng, scratch);
-        bool stop = kaon_tokenizer_is_eog(c->tok, id);
-        for (int i = 0; i < c->m->cfg.n_eos_token_ids; i++) stop |= c->m->cfg.eos_token_ids[i] == id;
-        if (stop) break;
-        char *piece = NULL;
-        size_t pl = 0;
-        if (kaon_detok_push(dt, id, &piece, &pl) >= 0 && pl) {
-            fwrite(piece, 1, pl, stdout);
+    if (!r) {
+        kaon_cli_fail("%s", kaon_last_error());
+        return NULL;
+    }
+    kaon_sbuf answer = {0};
+    kaon_output out;
+    int produced = 0, computed = (int)n;
+    bool failed = false;
+    while (kaon_request_next(r, &out, -1) == 1) {
+        if (out.n_tokens > 0 && t_first == 0) t_first = t0 + out.first_token_time;
+        produced += out.n_tokens;
+        computed = out.prompt_tokens - out.cached_tokens;
+        if (out.text_len) {
+            fwrite(out.text, 1, out.text_len, stdout);
             fflush(stdout);
-            if (len + pl + 1 > cap) { cap = (len + pl + 1) * 2; answer = realloc(answer, cap); }
-            memcpy(answer + len, piece, pl);
-            len += pl;
-            answer[len] = 0;
+            kaon_sbuf_append(&answer, out.text, out.text_len);
         }
-        free(piece);
-        c->cached[c->n_cached++] = id;
-        if (kaon_seq_feed(&c->seq, &id, 1, NULL)) break;
+        if (out.finish == KAON_FINISH_ERROR) {
+            kaon_cli_fail("%s", out.error ? out.error : "generation failed");
+            failed = true;
+        }
+        if (out.finished) break;
     }
-    char *piece = NULL;
-    size_t pl = 0;
-    if (kaon_detok_flush(dt, &piece, &pl) >= 0 && pl) {
-        fwrite(piece, 1, pl, stdout);
-        if (len + pl + 1 > cap) { cap = (len + pl + 1) * 2; answer = realloc(answer, cap); }
-        memcpy(answer + len, piece, pl);
-        len += pl;
-        answer[len] = 0;
-    }
-    free(piece);
-    kaon_detok_free(dt);
+    kaon_request_free(r);
     double t2 = kaon_now();
-    fprintf(stderr, "\n[%d prompt tokens in %.2f s, %d tokens at %.1f tok/s]\n", (int)n - common, t1 - t0,
-            produced, produced > 0 ? produced / (t2 - t1) : 0.0);
-    return answer;
+    if (t_first == 0) t_first = t2;
+    fprintf(stderr, "\n[%d prompt tokens in %.2f s, %d tokens at %.1f tok/s]\n", computed, t_first - t0,
+            produced, produced > 1 ? (produced - 1) / (t2 - t_first) : 0.0);
+    if (failed || answer.failed) {
+        kaon_sbuf_free(&answer);
+        return NULL;
+    }
+    return answer.data ? answer.data : strdup("");
 }
 
 int kaon_cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *system = NULL;
+    const char *model = NULL, *system = NULL, *device = NULL;
     long max_new = 512, threads = kaon_cli_default_threads(), ctx = 4096;
-    kaon_sampling_params sp;
-    kaon_sampling_params_default(&sp);
-    sp.temperature = 0.7f;
-    sp.top_k = 40;
-    sp.top_p = 0.9f;
-    sp.min_p = 0.05f;
-    sp.seed = (uint64_t)(kaon_now() * 1e6);
+    // The user's sampling flags, applied over the engine's defaults once it is loaded.
+    double temp = -1, top_p = -1, min_p = -1;
+    long top_k = -1, seed = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -142,41 +127,57 @@ int kaon_cmd_chat(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "-n") && kaon_cli_parse_int(v, 1, 1 << 20, &l)) max_new = l;
-        else if (!strcmp(a, "--temp") && kaon_cli_parse_float(v, 0, 100, &d)) sp.temperature = (float)d;
-        else if (!strcmp(a, "--top-k") && kaon_cli_parse_int(v, 0, 1 << 24, &l)) sp.top_k = (int)l;
-        else if (!strcmp(a, "--top-p") && kaon_cli_parse_float(v, 0, 1, &d)) sp.top_p = (float)d;
-        else if (!strcmp(a, "--seed") && kaon_cli_parse_int(v, 0, 0x7fffffffffffffffL, &l)) sp.seed = (uint64_t)l;
+        else if (!strcmp(a, "--temp") && kaon_cli_parse_float(v, 0, 100, &d)) temp = d;
+        else if (!strcmp(a, "--top-k") && kaon_cli_parse_int(v, 0, 1 << 24, &l)) top_k = l;
+        else if (!strcmp(a, "--top-p") && kaon_cli_parse_float(v, 0.000001, 1, &d)) top_p = d;
+        else if (!strcmp(a, "--min-p") && kaon_cli_parse_float(v, 0, 1, &d)) min_p = d;
+        else if (!strcmp(a, "--seed") && kaon_cli_parse_int(v, 0, 0x7fffffffffffffffL, &l)) seed = l;
         else if (!strcmp(a, "--threads") && kaon_cli_parse_int(v, 1, 1024, &l)) threads = l;
         else if (!strcmp(a, "--ctx-size") && kaon_cli_parse_int(v, 64, 1 << 24, &l)) ctx = l;
-        else return kaon_cli_fail("bad option or value: %s %s", a, v);
+        else if (!strcmp(a, "--device")) {
+            if (kaon_cli_check_device(v, false)) return 2;
+            device = v;
+        } else return kaon_cli_fail("bad option or value: %s %s", a, v);
     }
+    kaon_cli_quiet_logs();
+    kaon_engine_options eo;
+    kaon_engine_options_default(&eo);
+    eo.device = device;
+    eo.n_threads = (int)threads;
+    eo.max_num_seqs = 1;
+    eo.max_model_len = (int)ctx;
     chat c = {0};
-    c.m = kaon_cli_load_model(model);
-    if (!c.m) return 2;
+    c.e = kaon_cli_engine(&eo, model, false);
+    if (!c.e) return 2;
     int rc = 2;
-    kaon_backend *be = NULL;
-    c.tok = kaon_cli_load_tokenizer(c.m);
-    if (!c.tok) goto out;
+    kaon_engine_info info;
+    kaon_engine_get_info(c.e, &info);
+    c.max_model_len = info.max_model_len;
+    c.tok = kaon_engine_tokenizer(c.e);
     const char *src = kaon_tokenizer_chat_template(c.tok);
     if (!src) {
-        KAON_INFO("%s has no chat template; using kaon's default (ChatML)", c.m->path);
+        fprintf(stderr, "kaon chat: %s has no chat template; using kaon's default (ChatML)\n", info.model_path);
         src = kaon_default_chat_template;
     }
     c.tmpl = kaon_chat_template_parse(src, strlen(src));
     if (!c.tmpl) { kaon_cli_fail("chat template: %s", kaon_last_error()); goto out; }
-    if (ctx > c.m->cfg.max_position_embeddings) ctx = c.m->cfg.max_position_embeddings;
-    be = kaon_backend_cpu_create((int)threads);
-    if (!be || kaon_seq_init(&c.seq, c.m, be, (int)ctx, 256, false)) { kaon_cli_fail("%s", kaon_last_error()); goto out; }
-    c.cached = malloc(sizeof(int32_t) * (size_t)c.seq.max_ctx);
+    kaon_sampling sp;
+    kaon_engine_sampling_defaults(c.e, &sp);
+    if (temp >= 0) sp.temperature = (float)temp;
+    if (top_k >= 0) sp.top_k = (int)top_k;
+    if (top_p >= 0) sp.top_p = (float)top_p;
+    if (min_p >= 0) sp.min_p = (float)min_p;
+    if (seed >= 0) {
+        sp.has_seed = true;
+        sp.seed = (uint64_t)seed;
+    }
+    if (sp.max_tokens > 0 && sp.max_tokens < max_new) max_new = sp.max_tokens;
     c.messages = cJSON_CreateArray();
     if (system) add_message(&c, "system", system);
-    kaon_rng rng;
-    kaon_rng_seed(&rng, sp.seed);
-    void *scratch = malloc(kaon_sample_scratch_bytes(c.m->cfg.vocab_size));
-    fprintf(stderr, "kaon chat: %s (%s). /reset starts over, /exit quits.\n", c.m->path, c.m->cfg.arch_name);
+    fprintf(stderr, "kaon chat: %s (%s). /reset starts over, /exit quits.\n", info.model_path, info.arch);
     char *line = NULL;
     size_t cap = 0;
-    for (;;) {
+    for (int turns = 0;; turns++) {
         fputs("> ", stdout);
         fflush(stdout);
         ssize_t n = getline(&line, &cap, stdin);
@@ -188,12 +189,13 @@ int kaon_cmd_chat(int argc, char **argv) {
             cJSON_Delete(c.messages);
             c.messages = cJSON_CreateArray();
             if (system) add_message(&c, "system", system);
-            c.n_cached = 0;
-            kaon_seq_truncate(&c.seq, 0);
             continue;
         }
         add_message(&c, "user", line);
-        char *answer = turn(&c, &sp, &rng, (int)max_new, scratch);
+        // A seeded chat stays reproducible turn by turn, without repeating the first turn's draws.
+        kaon_sampling tsp = sp;
+        tsp.seed = sp.seed + (uint64_t)turns;
+        char *answer = turn(&c, &tsp, (int)max_new);
         if (!answer) {  // drop the turn that could not run
             cJSON_DeleteItemFromArray(c.messages, cJSON_GetArraySize(c.messages) - 1);
             continue;
@@ -202,15 +204,10 @@ int kaon_cmd_chat(int argc, char **argv) {
         free(answer);
     }
     free(line);
-    free(scratch);
     rc = 0;
 out:
-    if (c.seq.runner) kaon_seq_free(&c.seq);
-    if (be) be->ops->destroy(be);
-    free(c.cached);
     cJSON_Delete(c.messages);
     if (c.tmpl) kaon_chat_template_free(c.tmpl);
-    if (c.tok) kaon_tokenizer_free(c.tok);
-    kaon_model_free(c.m);
+    kaon_engine_destroy(c.e);
     return rc;
 }

@@ -21,7 +21,7 @@ static void usage(void) {
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
            "  --expert-stats (MoE models: tokens routed to each expert, a kaon-expert-load line on stderr)\n"
-           "  --device cpu|cuda|noop (noop: no math, to measure the engine's own cost)\n"
+           "  --device cpu|cuda|cuda:N|noop (noop: no math, to measure the engine's own cost)\n"
            "  --load-format auto|dummy (dummy: random weights from -m CONFIG, a config.json or its folder)\n"
            "  --gpu-memory-utilization F (fraction of GPU memory for weights, activations and KV; 0.9)\n");
 }
@@ -213,7 +213,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) eo.model = argv[++i];
         else if (!strcmp(a, "--input")) in_path = argv[++i];
-        else if (!strcmp(a, "--device")) eo.device = argv[++i];
+        else if (!strcmp(a, "--device")) { if (kaon_cli_check_device(v, true)) return 2; eo.device = argv[++i]; }
         else if (!strcmp(a, "--load-format") && (!strcmp(v, "auto") || !strcmp(v, "dummy"))) { dummy = !strcmp(v, "dummy"); i++; }
         else if (!strcmp(a, "--gpu-memory-utilization") && kaon_cli_parse_float(v, 0.05, 1, &d)) { eo.gpu_memory_utilization = d; i++; }
         else if (!strcmp(a, "--output")) out_path = argv[++i];

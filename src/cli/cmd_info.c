@@ -7,7 +7,6 @@
 
 #include "cli/cli.h"
 #include "cli/load.h"
-#include "cli/seq.h"
 #include "model/arch.h"
 #include "model/moe.h"
 #include "util/err.h"
@@ -21,7 +20,7 @@ static void usage(void) {
            "  -p, --prompt TEXT      the prompt (default: a few sentences)\n"
            "  --prompt-ids IDS       the prompt as token ids\n"
            "  -n N                   greedy tokens generated after the prompt (default 0)\n"
-           "  --device cpu|cuda      where the prompt runs (default cpu)\n"
+           "  --device DEV           where the prompt runs: cpu (default), cuda, cuda:N\n"
            "  --threads N            CPU threads\n"
            "  --json                 the expert load as one JSON object on stdout\n");
 }
@@ -78,7 +77,7 @@ typedef struct info_opts {
     long n_gen, threads;
 } info_opts;
 
-// Runs the prompt (and n_gen greedy tokens) with expert statistics on; prints the load.
+// Runs the prompt (and n_gen greedy tokens) through an engine counting expert load; prints it.
 static int expert_load(const kaon_model *m, const info_opts *o) {
     const kaon_model_config *c = &m->cfg;
     if (c->n_experts <= 0) return kaon_cli_fail("--expert-load: %s has no experts", m->path);
@@ -101,42 +100,41 @@ static int expert_load(const kaon_model *m, const info_opts *o) {
         if (trc || nn == 0) return kaon_cli_fail("tokenize: %s", trc ? kaon_last_error() : "empty prompt");
         n = (int)nn;
     }
-    const bool cuda = o->device && !strcmp(o->device, "cuda");
-    kaon_backend *be = cuda ? kaon_backend_cuda_create(0) : kaon_backend_cpu_create((int)o->threads);
-    if (!be) {
-        free(ids);
-        return kaon_cli_fail("%s", kaon_last_error());
-    }
-    const int L = c->n_layers, E = c->n_experts, total = n + (int)o->n_gen;
+    const int L = c->n_layers, E = c->n_experts;
     uint64_t *load = calloc((size_t)L * E, sizeof *load);
-    int32_t *seqids = malloc(sizeof(int32_t) * (size_t)(total + 1));
-    kaon_seq seq;
-    bool seq_ok = false;
-    if (!load || !seqids) {
-        kaon_cli_fail("out of memory");
-        goto out;
-    }
-    memcpy(seqids, ids, sizeof(int32_t) * (size_t)n);
-    if (kaon_seq_init(&seq, m, be, total + 1, 256, false)) {
+    kaon_request *r = NULL;
+    kaon_engine_options eo;
+    kaon_engine_options_default(&eo);
+    eo.device = o->device;
+    eo.n_threads = (int)o->threads;
+    eo.load_tokenizer = false;
+    eo.max_num_seqs = 1;
+    eo.max_model_len = n + (int)o->n_gen + 1;
+    eo.expert_stats = true;
+    kaon_cli_quiet_logs();
+    kaon_engine *eng = load ? kaon_cli_engine(&eo, o->path, o->dummy) : NULL;
+    if (!load) kaon_cli_fail("out of memory");
+    if (!eng) goto out;
+    // n_gen greedy tokens (the last one is sampled, not fed); with none, the prompt alone:
+    // its one sampled token is never fed either.
+    kaon_sampling sp;
+    kaon_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.ignore_eos = true;
+    sp.max_tokens = o->n_gen > 0 ? (int)o->n_gen : 1;
+    if (!(r = kaon_engine_submit(eng, ids, n, &sp))) {
         kaon_cli_fail("%s", kaon_last_error());
         goto out;
     }
-    seq_ok = true;
-    if (kaon_runner_enable_expert_stats(seq.runner) || kaon_seq_feed(&seq, seqids, n, NULL)) {
-        kaon_cli_fail("%s", kaon_last_error());
-        goto out;
-    }
-    for (int g = 0; g < o->n_gen; g++) {
-        int best = 0;
-        for (int v = 1; v < c->vocab_size; v++)
-            if (seq.logits[v] > seq.logits[best]) best = v;
-        seqids[n + g] = best;
-        if (g + 1 < o->n_gen && kaon_seq_feed(&seq, &seqids[n + g], 1, NULL)) {
-            kaon_cli_fail("%s", kaon_last_error());
+    kaon_output out;
+    while (kaon_request_next(r, &out, -1) == 1) {
+        if (out.finish == KAON_FINISH_ERROR) {
+            kaon_cli_fail("%s", out.error ? out.error : "the forward pass failed");
             goto out;
         }
+        if (out.finished) break;
     }
-    if (kaon_runner_expert_load(seq.runner, load) < 0) {
+    if (kaon_engine_expert_load(eng, load, (size_t)L * E, NULL, NULL)) {
         kaon_cli_fail("%s", kaon_last_error());
         goto out;
     }
@@ -158,7 +156,7 @@ static int expert_load(const kaon_model *m, const info_opts *o) {
     }
     printf("expert load:    %d tokens x top-%d of %d experts on %s (tokens routed to each expert;\n"
            "                imbalance = busiest expert / mean, idle = experts that got none)\n",
-           fed, c->n_experts_used, E, be->ops->name);
+           fed, c->n_experts_used, E, eo.device ? eo.device : "cpu");
     for (int l = 0; l < L; l++) {
         if (!kaon_model_layer_is_moe(m, l)) continue;
         const uint64_t *row = load + (size_t)l * E;
@@ -176,10 +174,9 @@ static int expert_load(const kaon_model *m, const info_opts *o) {
     }
     rc = 0;
 out:
-    if (seq_ok) kaon_seq_free(&seq);
-    be->ops->destroy(be);
+    kaon_request_free(r);
+    kaon_engine_destroy(eng);
     free(load);
-    free(seqids);
     free(ids);
     return rc;
 }
@@ -208,7 +205,7 @@ int kaon_cmd_info(int argc, char **argv) {
             if (!kaon_cli_parse_int(v, 1, 1024, &o.threads)) return kaon_cli_fail("bad --threads '%s'", v);
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return kaon_cli_fail("bad --device '%s' (cpu, cuda)", v);
+            if (kaon_cli_check_device(v, false)) return 2;
             o.device = v;
         } else if (!strcmp(a, "--load-format")) {
             NEED_VALUE();

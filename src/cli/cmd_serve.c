@@ -38,7 +38,7 @@ static void usage(FILE *f) {
             "  --max-num-batched-tokens N     token budget of one engine step (default 512 on the CPU)\n"
             "  --gpu-memory-utilization F     fraction of GPU memory (default 0.9)\n"
             "  --kv-cache-memory SIZE         KV-cache bytes on the CPU, e.g. 512M, 2G (default 1G)\n"
-            "  --device cpu|cuda              where the model runs (default cpu)\n"
+            "  --device DEV                   where the model runs: cpu (default), cuda, cuda:N\n"
             "  --load-format auto|dummy       dummy: random weights from MODEL = a config.json or its folder\n"
             "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
             "  --threads N                    CPU threads (default: all cores)\n"
@@ -188,8 +188,7 @@ int kaon_cmd_serve(int argc, char **argv) {
                 return kaon_cli_fail("bad --kv-cache-memory '%s' (e.g. 512M, 2G)", next);
         } else if (!strcmp(a, "--device")) {
             NEED();
-            if (strcmp(next, "cpu") && strcmp(next, "cuda"))
-                return kaon_cli_fail("bad --device '%s' (cpu or cuda)", next);
+            if (kaon_cli_check_device(next, false)) return 2;
             o.engine.device = next;
         } else if (!strcmp(a, "--load-format")) {
             NEED();

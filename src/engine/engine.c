@@ -23,18 +23,6 @@ void kaon_engine_options_default(kaon_engine_options *o) {
     o->load_tokenizer = true;
 }
 
-void kaon_sampling_default(kaon_sampling *s) {
-    memset(s, 0, sizeof *s);
-    s->n = 1;
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    s->repetition_penalty = 1.0f;
-    s->max_tokens = -1;
-    s->logprobs = -1;
-    s->prompt_logprobs = -1;
-    s->skip_special_tokens = true;
-}
-
 static void *engine_main(void *arg);
 
 static int alloc_step_buffers(kaon_engine *e) {
@@ -83,17 +71,18 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         kaon_set_error("engine: no model given");
         return NULL;
     }
-    const char *dev = opts->device ? opts->device : "cpu";
-    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "noop") != 0 && strcmp(dev, "cuda") != 0) {
-        kaon_set_error("engine: unknown device '%s' (cpu, cuda, noop)", dev);
+    kaon_device dev;
+    if (kaon_device_parse(opts->device, &dev)) {
+        kaon_set_error("engine: %s", kaon_last_error());
         return NULL;
     }
     kaon_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->opts = *opts;
     kaon_engine_options *o = &e->opts;
-    o->device = !strcmp(dev, "noop") ? "noop" : !strcmp(dev, "cuda") ? "cuda" : "cpu";
-    const bool on_gpu = !strcmp(o->device, "cuda");
+    e->device = dev;
+    o->device = kaon_device_name(&dev, e->device_name, sizeof e->device_name);
+    const bool on_gpu = dev.kind == KAON_DEVICE_CUDA;
     const bool kv_given = o->kv_cache_memory != 0;
     if (o->n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -105,6 +94,11 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     if (o->max_num_batched_tokens <= 0) o->max_num_batched_tokens = on_gpu ? 8192 : 512;
     if (o->max_num_batched_tokens < o->max_num_seqs) o->max_num_batched_tokens = o->max_num_seqs;
     if (o->kv_cache_memory == 0) o->kv_cache_memory = (size_t)1 << 30;
+    // Rows with logits per step: one per running sequence, more when asked so prompt logprobs
+    // and prompt logits come in big chunks (never more than the step's tokens).
+    e->max_logits = o->max_num_seqs;
+    if (o->max_logit_rows > e->max_logits)
+        e->max_logits = o->max_logit_rows < o->max_num_batched_tokens ? o->max_logit_rows : o->max_num_batched_tokens;
     e->prefix_caching = !o->disable_prefix_caching;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work_cv, NULL);
@@ -117,9 +111,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->block_size = o->block_size > 0 ? o->block_size : 16;
     // The backend comes first: the KV plan depends on its element size and, on a GPU, on its
     // free memory.
-    e->be = on_gpu ? kaon_backend_cuda_create(0)
-            : strcmp(o->device, "noop") ? kaon_backend_cpu_create(o->n_threads)
-                                        : kaon_backend_noop_create();
+    e->be = kaon_backend_create(&dev, o->n_threads);
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, e->be->ops->act_elem_bytes);
     // GPU memory plan: weights (as the backend stores them), then the activation buffers (plus a
@@ -131,7 +123,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         if (e->be->ops->mem_info(e->be, &gpu_free, &gpu_total)) goto fail;
         plan_weights = kaon_weights_device_bytes(e->be, e->model);
         plan_act = kaon_runner_act_bytes(e->model, e->be->ops->act_elem_bytes,
-                                         o->max_num_batched_tokens, o->max_num_seqs) +
+                                         o->max_num_batched_tokens, e->max_logits) +
                    ((size_t)512 << 20);
         if (!kv_given) {
             double budget = util * (double)gpu_total - (double)(gpu_total - gpu_free) -
@@ -145,6 +137,17 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
             }
             o->kv_cache_memory = (size_t)budget;
         }
+    }
+    // A given max_model_len bounds the default pool: max_num_seqs sequences of that length are
+    // all it can ever hold (kaon run: one). On the CPU the pool also grows past the 1 GiB
+    // default to hold one whole sequence.
+    if (!kv_given && o->max_model_len > 0) {
+        const size_t block_bytes = per_token * (size_t)e->block_size;
+        const size_t seq_bytes = block_bytes * (size_t)((o->max_model_len + e->block_size - 1) / e->block_size);
+        size_t all = seq_bytes * (size_t)o->max_num_seqs;
+        if (all < 2 * block_bytes) all = 2 * block_bytes;  // the pool's minimum
+        if (all < o->kv_cache_memory) o->kv_cache_memory = all;
+        if (!on_gpu && seq_bytes > o->kv_cache_memory) o->kv_cache_memory = seq_bytes;
     }
     size_t tokens = o->kv_cache_memory / per_token;
     e->n_blocks = (int)(tokens / (size_t)e->block_size);
@@ -164,7 +167,6 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         e->max_model_len = pool_tokens;
     }
     e->max_blocks = (e->max_model_len + e->block_size - 1) / e->block_size;
-    e->max_logits = o->max_num_seqs;
     o->max_model_len = e->max_model_len;
     if (o->load_tokenizer) {
         e->tok = e->model->gguf ? kaon_tokenizer_from_gguf(e->model->gguf)
@@ -174,7 +176,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                    e->n_blocks, e->block_size);
     if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
-    if (!strcmp(o->device, "cpu")) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
+    if (dev.kind == KAON_DEVICE_CPU) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
     e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
     if (!e->pool) {
         kaon_set_error("engine: out of memory for the block pool");
@@ -228,6 +230,7 @@ static void seq_free(seq *s) {
         for (int i = 0; i < s->req->n_prompt; i++) free(s->prompt_lps[i].top);
         free(s->prompt_lps);
     }
+    free(s->prompt_logits);
 }
 
 static void request_destroy(struct kaon_request *r) {
@@ -341,6 +344,11 @@ static int seq_init(kaon_engine *e, struct kaon_request *r, seq *s, int index) {
         if (!s->prompt_lps) return -1;
         s->prompt_lps[0].token = r->prompt[0];
         s->prompt_lps[0].logprob = NAN;  // the first position has no distribution
+    }
+    if (r->sp.prompt_logits && index == 0) {
+        s->want_prompt_lp = true;
+        s->prompt_logits = calloc((size_t)r->n_prompt * (size_t)e->vocab, sizeof(float));
+        if (!s->prompt_logits) return -1;
     }
     return 0;
 }
@@ -510,6 +518,11 @@ void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info) {
 }
 
 const void *kaon_engine_tokenizer(kaon_engine *e) { return e->tok; }
+
+void kaon_engine_sampling_defaults(kaon_engine *e, kaon_sampling *s) {
+    kaon_sampling_default(s);
+    kaon_sampling_apply_generation_config(s, &e->model->cfg);
+}
 
 // ---- the loop ------------------------------------------------------------------------------
 
@@ -831,8 +844,10 @@ static void step_process(kaon_engine *e, const step_plan *p, const step_result *
         int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
         if (row < 0) continue;
         const float *rows = e->logits + (size_t)row * e->vocab;
-        if (s->want_prompt_lp && first < s->req->n_prompt)
+        if (s->want_prompt_lp && first < s->req->n_prompt) {
             kaon_post_prompt_logprobs(e, s, first, rows, nrows);
+            kaon_post_prompt_logits(e, s, first, rows, nrows);
+        }
         if (s->n_computed == s->n_tokens && e->smp_of_sched[i] >= 0) {
             const int j = e->smp_of_sched[i];
             kaon_token_logprob lp = {.token = e->smp_ids[j], .logprob = e->smp_lps[j]};

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/device.h"
 #include "engine/kv_cache.h"
 #include "engine/penalties.h"
 #include "engine/sampler.h"
@@ -27,6 +28,7 @@ typedef struct out_item {
     kaon_top_logprob *tops;
     kaon_token_logprob *plps;
     kaon_top_logprob *ptops;
+    float *plogits;
     char *error;
     char *stop_reason;
 } out_item;
@@ -56,8 +58,9 @@ typedef struct seq {
     kaon_token_logprob *pend_lps;
     int n_pend, pend_cap;
     int cached_tokens;
-    bool want_prompt_lp;
-    kaon_token_logprob *prompt_lps;  // [n_prompt]
+    bool want_prompt_lp;         // a logit row for every prompt position (logprobs or logits)
+    kaon_token_logprob *prompt_lps;  // [n_prompt] until handed to the first output
+    float *prompt_logits;        // [n_prompt, vocab] until handed to the first output
     int scheduled_tokens;        // this step
 } seq;
 
@@ -84,6 +87,8 @@ struct kaon_request {
 
 struct kaon_engine {
     kaon_engine_options opts;
+    kaon_device device;
+    char device_name[16];        // opts.device points here
     kaon_model *model;
     kaon_backend *be;
     kaon_runner *runner;
@@ -155,6 +160,8 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *logits);
 // Appends a token chosen elsewhere (on the device) with its logprob record (or NULL).
 void kaon_post_accept(kaon_engine *e, seq *s, int32_t tok, const kaon_token_logprob *lp);
 void kaon_post_prompt_logprobs(kaon_engine *e, seq *s, int first_pos, const float *rows, int n);
+// Copies the logit rows of prompt positions first_pos.. into s->prompt_logits.
+void kaon_post_prompt_logits(kaon_engine *e, seq *s, int first_pos, const float *rows, int n);
 // Turns the seq's pending tokens/text into an out_item (NULL when there is nothing new).
 out_item *kaon_post_make_output(kaon_engine *e, seq *s);
 void kaon_out_item_free(out_item *it);

@@ -46,6 +46,7 @@ static void fill_logprob(kaon_token_logprob *lp, const float *raw, int V, int32_
 }
 
 void kaon_post_prompt_logprobs(kaon_engine *e, seq *s, int first_pos, const float *rows, int n) {
+    if (!s->prompt_lps) return;  // already delivered (a preempted sequence recomputes its prompt)
     // Row r holds the distribution of the token at position first_pos + r + 1.
     for (int r = 0; r < n; r++) {
         int p = first_pos + r + 1;
@@ -53,6 +54,14 @@ void kaon_post_prompt_logprobs(kaon_engine *e, seq *s, int first_pos, const floa
         fill_logprob(&s->prompt_lps[p], rows + (size_t)r * e->vocab, e->vocab, s->tokens[p],
                      s->req->sp.prompt_logprobs);
     }
+}
+
+void kaon_post_prompt_logits(kaon_engine *e, seq *s, int first_pos, const float *rows, int n) {
+    if (!s->prompt_logits) return;
+    const int left = s->req->n_prompt - first_pos;
+    if (n > left) n = left;
+    if (n > 0)
+        memcpy(s->prompt_logits + (size_t)first_pos * e->vocab, rows, sizeof(float) * (size_t)n * e->vocab);
 }
 
 static int text_append(seq *s, const char *t, size_t n) {
@@ -204,8 +213,7 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     }
     if (penalties) kaon_apply_penalties(w, &s->seen, &s->output, sp->repetition_penalty, sp->presence_penalty,
                          sp->frequency_penalty);
-    kaon_sampling_params p = {sp->temperature, sp->top_k, sp->top_p, sp->min_p, 0};
-    int32_t tok = kaon_sample(w, V, &p, &s->rng, e->sample_scratch);
+    int32_t tok = kaon_sample(w, V, sp, &s->rng, e->sample_scratch);
     kaon_token_logprob lp;
     if (sp->logprobs >= 0) fill_logprob(&lp, raw, V, tok, sp->logprobs);  // raw model logprobs
     kaon_post_accept(e, s, tok, sp->logprobs >= 0 ? &lp : NULL);
@@ -279,6 +287,7 @@ void kaon_out_item_free(out_item *it) {
     free(it->text);
     free(it->lps);
     free(it->plps);
+    free(it->plogits);
     free(it->error);
     free(it->stop_reason);
     free(it);
@@ -290,7 +299,7 @@ out_item *kaon_post_make_output(kaon_engine *e, seq *s) {
     bool done = s->finish != KAON_FINISH_NONE;
     size_t end = done ? s->text_len : s->text_len - held_back(s);
     if (end < s->emitted) end = s->emitted;
-    bool first_prompt_lp = s->prompt_lps != NULL;
+    bool first_prompt_lp = s->prompt_lps != NULL || s->prompt_logits != NULL;
     if (!done && s->n_pend == 0 && end == s->emitted && !first_prompt_lp) return NULL;
     out_item *it = calloc(1, sizeof *it);
     if (!it) return NULL;
@@ -318,11 +327,17 @@ out_item *kaon_post_make_output(kaon_engine *e, seq *s) {
         s->emitted = end;
     }
     o->text = it->text ? it->text : "";
-    if (first_prompt_lp) {
+    if (s->prompt_lps) {
         it->plps = s->prompt_lps;
         o->prompt_logprobs = it->plps;
         o->n_prompt_logprobs = r->n_prompt;
         s->prompt_lps = NULL;
+    }
+    if (s->prompt_logits) {
+        it->plogits = s->prompt_logits;
+        o->prompt_logits = it->plogits;
+        o->n_prompt_logits = r->n_prompt;
+        s->prompt_logits = NULL;
     }
     if (done) {
         o->finish = s->finish;

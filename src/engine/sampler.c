@@ -5,12 +5,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kaon_sampling_params_default(kaon_sampling_params *p) {
-    p->temperature = 1.0f;
-    p->top_k = 0;
-    p->top_p = 1.0f;
-    p->min_p = 0.0f;
-    p->seed = 0;
+void kaon_sampling_default(kaon_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->n = 1;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
+    s->max_tokens = -1;
+    s->logprobs = -1;
+    s->prompt_logprobs = -1;
+    s->skip_special_tokens = true;
+}
+
+void kaon_sampling_apply_generation_config(kaon_sampling *s, const kaon_model_config *c) {
+    // Only values a request could carry: a bad file must not make every request fail.
+    if (c->gen_temperature >= 0 && c->gen_temperature <= 100) s->temperature = c->gen_temperature;
+    if (c->gen_top_p > 0 && c->gen_top_p <= 1) s->top_p = c->gen_top_p;
+    if (c->gen_top_k >= 0) s->top_k = c->gen_top_k;
+    if (c->gen_min_p >= 0 && c->gen_min_p <= 1) s->min_p = c->gen_min_p;
+    if (c->gen_repetition_penalty > 0 && c->gen_repetition_penalty <= 10)
+        s->repetition_penalty = c->gen_repetition_penalty;
+    if (c->gen_max_new_tokens >= 1) s->max_tokens = c->gen_max_new_tokens;
 }
 
 // splitmix64 to spread the seed, then xoroshiro128+.
@@ -116,7 +131,7 @@ static void sift_down(cand *h, int k, int i) {
     }
 }
 
-static int finish_sorted(cand *c, int m, const kaon_sampling_params *p, kaon_rng *rng);
+static int finish_sorted(cand *c, int m, const kaon_sampling *p, kaon_rng *rng);
 
 // The first index i >= from with x[i] > thr (n when none). A NaN is never above.
 static int next_above_scalar(const float *x, int from, int n, float thr) {
@@ -148,7 +163,7 @@ static int next_above(const float *x, int from, int n, float thr) {
 // logit enters the heap only when it is strictly above the worst one kept (on a tie the
 // earlier id ranks first, and every id in the heap is earlier), so the scan only looks for
 // values above that threshold, 8 at a time.
-static int sample_top_k(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
+static int sample_top_k(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng,
                         cand *h) {
     int k = p->top_k;
     for (int i = 0; i < k; i++) h[i] = (cand){logits[i], i};
@@ -211,7 +226,7 @@ static cand *sort_by_prob(cand *c, int m, cand *tmp) {
 
 size_t kaon_sample_scratch_bytes(int n) { return 2 * sizeof(cand) * (size_t)n; }
 
-int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
+int kaon_sample(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng,
                 void *scratch) {
     if (p->temperature <= 0.0f || p->top_k == 1) return kaon_argmax(logits, n);
     cand *c = scratch;
@@ -235,7 +250,7 @@ int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_
 }
 
 // Applies top_k, min_p and top_p to candidates sorted by probability, then draws one.
-static int finish_sorted(cand *c, int m, const kaon_sampling_params *p, kaon_rng *rng) {
+static int finish_sorted(cand *c, int m, const kaon_sampling *p, kaon_rng *rng) {
     if (p->top_k > 0 && p->top_k < m) m = p->top_k;
     if (p->min_p > 0.0f) {
         float floor_p = c[0].p * p->min_p;

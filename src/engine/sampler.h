@@ -6,15 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct kaon_sampling_params {
-    float temperature;  // 0 = greedy
-    int top_k;          // <= 0: off
-    float top_p;        // >= 1: off
-    float min_p;        // <= 0: off
-    uint64_t seed;
-} kaon_sampling_params;
+#include "kaon.h"
+#include "model/config.h"
 
-void kaon_sampling_params_default(kaon_sampling_params *p);
+// The model's generation_config.json defaults over s (kaon_engine_sampling_defaults).
+void kaon_sampling_apply_generation_config(kaon_sampling *s, const kaon_model_config *c);
 
 typedef struct kaon_rng {
     uint64_t s[2];
@@ -26,10 +22,10 @@ double kaon_rng_uniform(kaon_rng *r);  // [0, 1)
 // Index of the largest logit (the first one on ties, like torch.argmax).
 int kaon_argmax(const float *logits, int n);
 
-// Samples one id from logits [n]. scratch must hold kaon_sample_scratch_bytes(n) bytes (2n
+// Samples one id from logits [n] by p's temperature, top_k, top_p and min_p (the rest of p is
+// for the logit processing before). scratch must hold kaon_sample_scratch_bytes(n) bytes (2n
 // (float, int32) pairs); logits are not modified.
-int kaon_sample(const float *logits, int n, const kaon_sampling_params *p, kaon_rng *rng,
-                void *scratch);
+int kaon_sample(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng, void *scratch);
 size_t kaon_sample_scratch_bytes(int n);
 
 #endif

@@ -15,7 +15,9 @@ void kaon_model_config_init(kaon_model_config *c) {
     c->gen_temperature = -1.0f;
     c->gen_top_p = -1.0f;
     c->gen_top_k = -1;
+    c->gen_min_p = -1.0f;
     c->gen_repetition_penalty = -1.0f;
+    c->gen_max_new_tokens = -1;
     c->decoder_sparse_step = 1;
 }
 

@@ -68,7 +68,9 @@ typedef struct kaon_model_config {
     float gen_temperature;
     float gen_top_p;
     int gen_top_k;
+    float gen_min_p;
     float gen_repetition_penalty;
+    int gen_max_new_tokens;
     char torch_dtype[16];
     // Mixture of experts (model/moe.c); n_experts == 0: every layer is a dense MLP.
     int n_experts;               // routed experts of an MoE layer

@@ -262,7 +262,9 @@ static int parse_generation(const char *file, const char *json, size_t len,
     int rc = kaon_hf_get_float(file, root, "", "temperature", &c->gen_temperature, NULL) ||
              kaon_hf_get_float(file, root, "", "top_p", &c->gen_top_p, NULL) ||
              kaon_hf_get_int(file, root, "", "top_k", &c->gen_top_k, NULL) ||
+             kaon_hf_get_float(file, root, "", "min_p", &c->gen_min_p, NULL) ||
              kaon_hf_get_float(file, root, "", "repetition_penalty", &c->gen_repetition_penalty, NULL) ||
+             kaon_hf_get_int(file, root, "", "max_new_tokens", &c->gen_max_new_tokens, NULL) ||
              get_eos(file, root, c);
     cJSON_Delete(root);
     return rc ? -1 : 0;

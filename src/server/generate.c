@@ -124,6 +124,8 @@ typedef struct gen_choice {
     bool started;
     double last_t;
     size_t text_offset;
+    int32_t *ids;            // non-stream with return_token_ids: the generated ids
+    int n_ids, cap_ids;
 } gen_choice;
 
 typedef struct gen {
@@ -155,6 +157,7 @@ static void gen_free(gen *g) {
     }
     for (int i = 0; i < g->nc; i++) {
         kaon_sbuf_free(&g->ch[i].text);
+        free(g->ch[i].ids);
         cJSON_Delete(g->ch[i].logprobs);
         cJSON_Delete(g->ch[i].stop_reason);
     }
@@ -190,8 +193,10 @@ static void emit(gen *g, cJSON *j) {
     free(text);
 }
 
+// ids: the chunk's token ids, sent with return_token_ids (NULL: none).
 static void emit_chunk(gen *g, int ci, const char *role, const char *text, size_t len,
-                       cJSON *lp, const char *finish, cJSON *stop_reason) {
+                       cJSON *lp, const char *finish, cJSON *stop_reason, const int32_t *ids,
+                       int n_ids) {
     kaon_api_kind kind = g->rq.kind;
     cJSON *j = kaon_api_response_new(kind, true, g->id, g->created, g->model);
     if (!j) {
@@ -201,6 +206,9 @@ static void emit_chunk(gen *g, int ci, const char *role, const char *text, size_
         return;
     }
     kaon_api_add_choice(j, kind, true, ci, role, text, len, lp, finish, stop_reason);
+    cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+    if (g->rq.return_token_ids && ids && choice && kaon_api_add_ids(choice, "token_ids", ids, n_ids) < 0)
+        g->failed = true;
     if (g->rq.include_usage) {
         if (g->rq.continuous_usage)
             cJSON_AddItemToObject(j, "usage", gen_usage(g));
@@ -230,10 +238,10 @@ static void start_choice(gen *g, gen_prompt *p, gen_choice *c, int ci) {
     }
     if (!g->rq.stream) return;
     if (chat)
-        emit_chunk(g, ci, "assistant", "", 0, NULL, NULL, NULL);
+        emit_chunk(g, ci, "assistant", "", 0, NULL, NULL, NULL, NULL, 0);
     else if (echo)
         emit_chunk(g, ci, NULL, p->text, p->text_len,
-                   p->echo_lp ? cJSON_Duplicate(p->echo_lp, 1) : NULL, NULL, NULL);
+                   p->echo_lp ? cJSON_Duplicate(p->echo_lp, 1) : NULL, NULL, NULL, NULL, 0);
 }
 
 static bool is_requested_stop_token(const kaon_api_request *r, int32_t id) {
@@ -327,13 +335,29 @@ static void absorb(gen *g, int pi, const kaon_output *out) {
             free(text);
             return;
         }
-        if (out->text_len > 0 || lp || finish)
+        // With return_token_ids a chunk goes out for tokens whose text is still held back.
+        bool ids = g->rq.return_token_ids && out->n_tokens > 0;
+        if (out->text_len > 0 || lp || finish || ids)
             emit_chunk(g, ci, NULL, out->text_len || !chat ? out->text : NULL, out->text_len, lp,
-                       finish, stop_reason);
+                       finish, stop_reason, out->token_ids, out->n_tokens);
         else
             cJSON_Delete(stop_reason);
     } else {
         if (out->text_len) kaon_sbuf_append(&c->text, out->text, out->text_len);
+        if (g->rq.return_token_ids && out->n_tokens > 0) {
+            if (c->n_ids + out->n_tokens > c->cap_ids) {
+                int cap = (c->n_ids + out->n_tokens) * 2;
+                int32_t *x = realloc(c->ids, sizeof *x * (size_t)cap);
+                if (!x) {
+                    g->failed = true;
+                    return;
+                }
+                c->ids = x;
+                c->cap_ids = cap;
+            }
+            memcpy(c->ids + c->n_ids, out->token_ids, sizeof *c->ids * (size_t)out->n_tokens);
+            c->n_ids += out->n_tokens;
+        }
         if (finish) {
             c->finish = finish;
             cJSON_Delete(c->stop_reason);
@@ -588,8 +612,10 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
 
 // The whole response of a non-streaming request.
 static cJSON *gen_response(gen *g) {
+    if (g->failed) return NULL;  // out of memory while collecting token ids
     cJSON *j = kaon_api_response_new(g->rq.kind, false, g->id, g->created, g->model);
     if (!j) return NULL;
+    bool ok = true;
     for (int ci = 0; ci < g->nc; ci++) {
         gen_choice *c = &g->ch[ci];
         kaon_api_add_choice(j, g->rq.kind, false, ci, NULL, c->text.data ? c->text.data : "",
@@ -597,8 +623,22 @@ static cJSON *gen_response(gen *g) {
                             c->stop_reason);
         c->logprobs = NULL;
         c->stop_reason = NULL;
+        // vLLM's places: each completions choice has its prompt's ids, a chat response has one.
+        cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), ci);
+        const gen_prompt *p = &g->p[ci / g->n];
+        if (g->rq.return_token_ids && choice &&
+            (kaon_api_add_ids(choice, "token_ids", c->ids, c->n_ids) < 0 ||
+             (g->rq.kind != KAON_API_CHAT && kaon_api_add_ids(choice, "prompt_token_ids", p->ids, p->n_ids) < 0)))
+            ok = false;
     }
+    if (g->rq.return_token_ids && g->rq.kind == KAON_API_CHAT && g->np > 0 &&
+        kaon_api_add_ids(j, "prompt_token_ids", g->p[0].ids, g->p[0].n_ids) < 0)
+        ok = false;
     cJSON_AddItemToObject(j, "usage", gen_usage(g));
+    if (!ok) {
+        cJSON_Delete(j);
+        return NULL;
+    }
     return j;
 }
 

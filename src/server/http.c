@@ -541,23 +541,15 @@ static char *default_model_name(const char *path) {
     return strndup(base, n);
 }
 
-static void load_generation_config(kaon_server *s) {
-    const char *m = s->o.engine.model;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/generation_config.json", m);
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (buf && n) {
-        if (kaon_api_generation_config(buf, n, &s->defaults, &s->default_max_tokens) == 0)
-            KAON_INFO("serve: sampling defaults from %s (temperature %g, top_p %g, top_k %d)", path,
-                      (double)s->defaults.temperature, (double)s->defaults.top_p, s->defaults.top_k);
-        else
-            KAON_WARN("serve: ignoring %s: %s", path, kaon_last_error());
-    }
-    free(buf);
+// Requests start from the engine's defaults: OpenAI's, then the model's generation_config.json
+// (the same ones `kaon run` uses). Its max_new_tokens is the completions' default max_tokens.
+static void load_sampling_defaults(kaon_server *s) {
+    kaon_engine_sampling_defaults(s->engine, &s->defaults);
+    s->default_max_tokens = s->defaults.max_tokens > 0 ? s->defaults.max_tokens : 0;
+    s->defaults.max_tokens = -1;
+    KAON_INFO("serve: sampling defaults: temperature %g, top_p %g, top_k %d, min_p %g, "
+              "repetition_penalty %g", (double)s->defaults.temperature, (double)s->defaults.top_p,
+              s->defaults.top_k, (double)s->defaults.min_p, (double)s->defaults.repetition_penalty);
 }
 
 static int load_model(kaon_server *s) {
@@ -578,7 +570,7 @@ static int load_model(kaon_server *s) {
         }
         if (!s->tmpl) KAON_WARN("serve: no usable chat template: %s", kaon_last_error());
     }
-    load_generation_config(s);
+    load_sampling_defaults(s);
     KAON_INFO("serve: model %s (%s) loaded in %.2f s: vocab %d, max_model_len %d, %d KV blocks of %d",
               s->model_name, s->info.arch ? s->info.arch : "?", kaon_now() - t0, s->info.vocab_size,
               s->info.max_model_len, s->info.kv_blocks, s->info.block_size);
@@ -653,7 +645,7 @@ static kaon_server *server_new(const kaon_server_options *o) {
     s->created = (long long)time(NULL);
     s->salt = kaon_splitmix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
                               (uint64_t)(uintptr_t)s);
-    kaon_api_sampling_defaults(&s->defaults);
+    kaon_sampling_default(&s->defaults);  // the model's own come once it is loaded
     kaon_metrics_init(&s->metrics);
     s->model_name = o->served_model_name && o->served_model_name[0] ? strdup(o->served_model_name)
                                                                     : default_model_name(o->engine.model);

@@ -189,6 +189,7 @@ static const char *const common_keys[] = {
     "max_tokens", "min_tokens", "ignore_eos", "stop", "stop_token_ids",
     "include_stop_str_in_output", "skip_special_tokens", "logprobs", "prompt_logprobs",
     "priority", "user", "add_special_tokens", "response_format", "best_of", "use_beam_search",
+    "return_token_ids",
     "spaces_between_special_tokens", "guided_json", "guided_regex", "guided_choice",
     "guided_grammar", "structured_outputs", NULL};
 static const char *const chat_keys[] = {
@@ -617,19 +618,6 @@ static int parse_prompts(const cJSON *root, const kaon_api_limits *lim, kaon_api
     return 0;
 }
 
-void kaon_api_sampling_defaults(kaon_sampling *s) {
-    memset(s, 0, sizeof *s);
-    s->n = 1;
-    s->temperature = 1.0f;
-    s->top_k = 0;
-    s->top_p = 1.0f;
-    s->min_p = 0.0f;
-    s->repetition_penalty = 1.0f;
-    s->logprobs = -1;
-    s->prompt_logprobs = -1;
-    s->skip_special_tokens = true;
-}
-
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err) {
     static const kaon_api_limits no_limits = {0};
@@ -640,7 +628,7 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
     if (defaults)
         out->sampling = *defaults;
     else
-        kaon_api_sampling_defaults(&out->sampling);
+        kaon_sampling_default(&out->sampling);
     kaon_sampling *s = &out->sampling;
     // The defaults' arrays never leak into a request; n and logprobs are per request.
     s->stop = NULL, s->n_stop = 0, s->stop_token_ids = NULL, s->n_stop_token_ids = 0;
@@ -712,7 +700,9 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
     }
 
     if (parse_sampling(root, lim, out, err) < 0) goto done;
-    if (read_bool(root, "add_special_tokens", &out->add_special_tokens, err) < 0) goto done;
+    if (read_bool(root, "add_special_tokens", &out->add_special_tokens, err) < 0 ||
+        read_bool(root, "return_token_ids", &out->return_token_ids, err) < 0)
+        goto done;
     int max_lp = lim->max_logprobs > 0 ? lim->max_logprobs : 20;
     if (kind == KAON_API_CHAT) {
         if (parse_messages(root, out, err) < 0 || parse_chat_extras(root, out, err) < 0)
@@ -770,36 +760,6 @@ void kaon_api_request_free(kaon_api_request *r) {
     cJSON_Delete(r->template_kwargs);
     free(r->chat_template);
     memset(r, 0, sizeof *r);
-}
-
-int kaon_api_generation_config(const char *json, size_t len, kaon_sampling *s, int *max_tokens) {
-    size_t at = 0;
-    cJSON *root = json_parse(json, len, &at);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return kaon_set_error("generation_config.json is not a JSON object (byte %zu)", at);
-    }
-    cJSON *it;
-    if ((it = field(root, "temperature")) && cJSON_IsNumber(it) && it->valuedouble >= 0 &&
-        isfinite(it->valuedouble))
-        s->temperature = (float)it->valuedouble;
-    if ((it = field(root, "top_p")) && cJSON_IsNumber(it) && it->valuedouble > 0 &&
-        it->valuedouble <= 1)
-        s->top_p = (float)it->valuedouble;
-    if ((it = field(root, "top_k")) && cJSON_IsNumber(it) && it->valuedouble >= -1 &&
-        it->valuedouble <= INT_MAX)
-        s->top_k = (int)it->valuedouble;
-    if ((it = field(root, "min_p")) && cJSON_IsNumber(it) && it->valuedouble >= 0 &&
-        it->valuedouble <= 1)
-        s->min_p = (float)it->valuedouble;
-    if ((it = field(root, "repetition_penalty")) && cJSON_IsNumber(it) && it->valuedouble > 0 &&
-        isfinite(it->valuedouble))
-        s->repetition_penalty = (float)it->valuedouble;
-    if (max_tokens && (it = field(root, "max_new_tokens")) && cJSON_IsNumber(it) &&
-        it->valuedouble >= 1 && it->valuedouble <= INT_MAX)
-        *max_tokens = (int)it->valuedouble;
-    cJSON_Delete(root);
-    return 0;
 }
 
 // ---- chat templates --------------------------------------------------------------------------
@@ -861,6 +821,17 @@ const char *kaon_api_finish_reason(kaon_finish f) {
     case KAON_FINISH_ERROR: return "error";
     default: return NULL;
     }
+}
+
+int kaon_api_add_ids(cJSON *obj, const char *key, const int32_t *ids, int n) {
+    cJSON *a = cJSON_AddArrayToObject(obj, key);
+    if (!a) return -1;
+    for (int i = 0; i < n; i++) {
+        cJSON *x = cJSON_CreateNumber(ids[i]);
+        if (!x) return -1;
+        cJSON_AddItemToArray(a, x);
+    }
+    return 0;
 }
 
 cJSON *kaon_api_usage(long long prompt, long long completion, long long cached) {

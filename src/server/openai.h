@@ -89,22 +89,16 @@ typedef struct kaon_api_request {
     bool logprobs;                     // logprobs wanted (chat: the flag; completions: int >= 0)
     int top_logprobs;                  // alternatives per token
     bool return_token_strs;            // /tokenize
+    bool return_token_ids;             // vLLM's extension: choices carry their token ids
 } kaon_api_request;
 
 // Parses and validates body[0..len) (not necessarily NUL-terminated). On success fills *out
 // (free with kaon_api_request_free) and returns 0; otherwise fills *err (status 400, or 404
 // for an unknown model) and returns -1 with *out zeroed. Unknown fields are logged at debug
-// level and ignored. `defaults` may be NULL (then OpenAI's defaults).
+// level and ignored. `defaults` may be NULL (then kaon_sampling_default(): OpenAI's).
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err);
 void kaon_api_request_free(kaon_api_request *r);
-
-// Fills OpenAI's defaults (the same values as kaon_sampling_default, without the engine).
-void kaon_api_sampling_defaults(kaon_sampling *s);
-// Applies a generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty,
-// max_new_tokens -> *max_tokens when not NULL) over s. -1 on malformed JSON; unknown or
-// mistyped keys are skipped.
-int kaon_api_generation_config(const char *json, size_t len, kaon_sampling *s, int *max_tokens);
 
 // The chat template's variables: chat_template_kwargs first, then messages, tools (when
 // given), add_generation_prompt, bos_token, eos_token (a kwarg cannot replace those).
@@ -122,7 +116,9 @@ typedef const char *(*kaon_api_token_text_fn)(void *ctx, int32_t id, size_t *len
 cJSON *kaon_api_string(const char *s, size_t n);
 // A logprob as JSON: -inf and NaN become -9999.0 (as vLLM), 7 significant digits.
 double kaon_api_logprob_value(float lp);
-const char *kaon_api_finish_reason(kaon_finish f);  // "stop", "length", "abort", "error"; NULL
+const char *kaon_api_finish_reason(kaon_finish f);
+// obj[key] = [ids...] (return_token_ids: "token_ids", "prompt_token_ids"). -1 when out of memory.
+int kaon_api_add_ids(cJSON *obj, const char *key, const int32_t *ids, int n);  // "stop", "length", "abort", "error"; NULL
 cJSON *kaon_api_usage(long long prompt, long long completion, long long cached);
 
 // Chat logprobs: appends {token, logprob, bytes, top_logprobs} for lp[0..n) to `content`.

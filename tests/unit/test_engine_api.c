@@ -1,6 +1,7 @@
 // The engine through its public API on the default model: bad requests are refused with a
 // clear message while a good one keeps running; abort frees blocks; n = 2 shares the prompt's
-// blocks; stop strings are found across token boundaries.
+// blocks; stop strings are found across token boundaries; prompt logits come once, chunked or not.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -190,6 +191,66 @@ static void test_stop_string_across_tokens(kaon_engine *e) {
     CHECK(!strcmp(res.stop_reason, stop));
 }
 
+// prompt_logits: every prompt row comes once, with the first output, and its last row is the
+// one the first (greedy) token was taken from; a prompt chunked into steps of 8 rows
+// (max_logit_rows) gives the same rows as one step.
+static void test_prompt_logits(kaon_engine *e) {
+    kaon_sampling sp;
+    kaon_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 2;
+    sp.ignore_eos = true;
+    sp.prompt_logits = true;
+    kaon_engine_info info;
+    kaon_engine_get_info(e, &info);
+    const size_t V = (size_t)info.vocab_size, bytes = sizeof(float) * N_PROMPT * V;
+    float *rows[2] = {malloc(bytes), malloc(bytes)};
+    int32_t first_tok[2] = {-1, -1};
+    kaon_engine_options eo;
+    kaon_engine_options_default(&eo);
+    eo.model = MODEL;
+    eo.n_threads = 2;
+    eo.max_num_seqs = 1;
+    eo.max_num_batched_tokens = 8;
+    eo.max_logit_rows = 8;
+    eo.max_model_len = 64;
+    eo.load_tokenizer = false;
+    kaon_engine *small = kaon_engine_create(&eo);
+    CHECK(small != NULL && rows[0] && rows[1]);
+    for (int k = 0; k < 2 && small && rows[0] && rows[1]; k++) {
+        kaon_request *r = kaon_engine_submit(k ? small : e, prompt, N_PROMPT, &sp);
+        CHECK(r != NULL);
+        kaon_output o;
+        int with_logits = 0;
+        while (r && kaon_request_next(r, &o, 60000) == 1) {
+            if (o.prompt_logits) {
+                with_logits++;
+                CHECK(o.n_prompt_logits == N_PROMPT);
+                memcpy(rows[k], o.prompt_logits, bytes);
+            }
+            if (o.n_tokens && first_tok[k] < 0) first_tok[k] = o.token_ids[0];
+            if (o.finished) break;
+        }
+        kaon_request_free(r);
+        CHECK(with_logits == 1);
+        const float *last = rows[k] + (N_PROMPT - 1) * V;
+        int best = 0;
+        for (size_t t = 1; t < V; t++)
+            if (last[t] > last[best]) best = (int)t;
+        CHECK(first_tok[k] == best);
+    }
+    CHECK(first_tok[0] == first_tok[1]);
+    double worst = 0;
+    for (size_t i = 0; i < N_PROMPT * V && rows[0] && rows[1]; i++) {
+        const double d = fabs((double)rows[0][i] - rows[1][i]);
+        worst = d > worst ? d : worst;
+    }
+    CHECK(worst < 1e-3);
+    kaon_engine_destroy(small);
+    free(rows[0]);
+    free(rows[1]);
+}
+
 int main(void) {
     if (access(MODEL, R_OK) != 0) {
         fprintf(stderr, "%s missing: run scripts/setup.sh first\n", MODEL);
@@ -205,6 +266,7 @@ int main(void) {
     test_abort_frees_blocks(e);
     test_n2_shares_prompt(e);
     test_stop_string_across_tokens(e);
+    test_prompt_logits(e);
     kaon_engine_destroy(e);
     TEST_MAIN_END();
 }

@@ -201,15 +201,16 @@ static void test_generation(void) {
     CHECK(parse_text("{\"eos_token_id\":2}", &c) == 0);
     const char *g = "{\"bos_token_id\":1,\"do_sample\":true,\"eos_token_id\":[128001,128009],"
                     "\"temperature\":0.6,\"top_p\":0.9,\"top_k\":20,\"repetition_penalty\":1.1,"
-                    "\"transformers_version\":\"4.42.3\"}";
+                    "\"min_p\":0.05,\"max_new_tokens\":256,\"transformers_version\":\"4.42.3\"}";
     CHECK(kaon_hf_generation_config_parse(g, strlen(g), &c) == 0);
     CHECK(c.gen_temperature == 0.6f && c.gen_top_p == 0.9f && c.gen_top_k == 20);
-    CHECK(c.gen_repetition_penalty == 1.1f);
+    CHECK(c.gen_repetition_penalty == 1.1f && c.gen_min_p == 0.05f && c.gen_max_new_tokens == 256);
     CHECK(c.n_eos_token_ids == 2 && c.eos_token_ids[0] == 128001 && c.eos_token_ids[1] == 128009);
     // Absent keys leave the config alone.
     kaon_model_config_init(&c);
     CHECK(kaon_hf_generation_config_parse("{}", 2, &c) == 0);
     CHECK(c.gen_temperature < 0 && c.gen_top_p < 0 && c.gen_top_k < 0 && c.n_eos_token_ids == 0);
+    CHECK(c.gen_min_p < 0 && c.gen_max_new_tokens < 0);
     const char *bad = "{\"top_k\":\"20\"}";
     CHECK(kaon_hf_generation_config_parse(bad, strlen(bad), &c) == -1);
     CHECK(strstr(kaon_last_error(), "generation_config.json: \"top_k\" must be an integer"));

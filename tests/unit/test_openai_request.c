@@ -105,6 +105,7 @@ static const bad_case bad_cases[] = {
     {CHAT, "{" MSG ", \"user\": 5}", 400, "user"},
     {CHAT, "{" MSG ", \"priority\": 0.5}", 400, "priority"},
     {COMP, "{}", 400, "prompt"},
+    {COMP, "{\"prompt\": \"x\", \"return_token_ids\": 1}", 400, "return_token_ids"},
     {COMP, "{\"prompt\": []}", 400, "prompt"},
     {COMP, "{\"prompt\": 5}", 400, "prompt"},
     {COMP, "{\"prompt\": [1, \"a\"]}", 400, "prompt"},
@@ -213,7 +214,7 @@ static void test_chat_fields(void) {
 static void test_chat_defaults(void) {
     kaon_api_limits lim = limits();
     kaon_sampling d;
-    kaon_api_sampling_defaults(&d);
+    kaon_sampling_default(&d);
     d.temperature = 0.6f;  // as if from generation_config.json
     d.top_p = 0.9f;
     const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_p\": null,"
@@ -332,21 +333,19 @@ static void test_error_json(void) {
     free(s);
 }
 
-static void test_generation_config(void) {
-    kaon_sampling s;
-    kaon_api_sampling_defaults(&s);
-    int max_tokens = 0;
-    const char *gc = "{\"bos_token_id\": 1, \"do_sample\": true, \"temperature\": 0.6,"
-                     " \"top_p\": 0.95, \"top_k\": 20, \"min_p\": \"bad\", \"max_new_tokens\": 512,"
-                     " \"repetition_penalty\": 1.05}";
-    CHECK(kaon_api_generation_config(gc, strlen(gc), &s, &max_tokens) == 0);
-    CHECK_NEAR(s.temperature, 0.6, 1e-7);
-    CHECK_NEAR(s.top_p, 0.95, 1e-7);
-    CHECK(s.top_k == 20);
-    CHECK(s.min_p == 0.0f);  // mistyped: skipped
-    CHECK_NEAR(s.repetition_penalty, 1.05, 1e-6);
-    CHECK(max_tokens == 512);
-    CHECK(kaon_api_generation_config("{", 1, &s, NULL) == -1);
+// vLLM's return_token_ids: off unless asked, for both generation endpoints.
+static void test_return_token_ids(void) {
+    kaon_api_limits lim = limits();
+    kaon_api_request r;
+    kaon_api_error e;
+    const char *body = "{\"prompt\": [1, 2], \"return_token_ids\": true}";
+    CHECK(kaon_api_parse(COMP, body, strlen(body), &lim, NULL, &r, &e) == 0);
+    CHECK(r.return_token_ids);
+    kaon_api_request_free(&r);
+    body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}";
+    CHECK(kaon_api_parse(CHAT, body, strlen(body), &lim, NULL, &r, &e) == 0);
+    CHECK(!r.return_token_ids);
+    kaon_api_request_free(&r);
 }
 
 int main(void) {
@@ -356,7 +355,7 @@ int main(void) {
     test_completion_prompts();
     test_tokenize_requests();
     test_error_json();
-    test_generation_config();
+    test_return_token_ids();
     printf("test_openai_request: %zu bad-request cases\n", sizeof bad_cases / sizeof *bad_cases);
     TEST_MAIN_END();
 }

@@ -15,7 +15,7 @@
 static const float logits[V] = {2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, -3.0f};
 
 // The distribution each parameter set should produce, computed independently in double.
-static void expected(const kaon_sampling_params *p, double *prob) {
+static void expected(const kaon_sampling *p, double *prob) {
     double w[V], sum = 0;
     int order[V];
     for (int i = 0; i < V; i++) order[i] = i;  // logits are already sorted descending
@@ -45,7 +45,7 @@ static void expected(const kaon_sampling_params *p, double *prob) {
 // Chi-square critical values at p = 0.001 for df = 1..7.
 static const double chi2_crit[8] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32};
 
-static void check_distribution(kaon_sampling_params p, const char *label) {
+static void check_distribution(kaon_sampling p, const char *label) {
     double prob[V];
     expected(&p, prob);
     enum { N = 40000 };
@@ -75,20 +75,20 @@ static void check_distribution(kaon_sampling_params p, const char *label) {
 }
 
 static void test_distributions(void) {
-    kaon_sampling_params p;
-    kaon_sampling_params_default(&p);
+    kaon_sampling p;
+    kaon_sampling_default(&p);
     check_distribution(p, "temperature 1");
     p.temperature = 0.5f;
     check_distribution(p, "temperature 0.5");
     p.temperature = 2.0f;
     check_distribution(p, "temperature 2");
-    kaon_sampling_params_default(&p);
+    kaon_sampling_default(&p);
     p.top_k = 3;
     check_distribution(p, "top_k 3");
-    kaon_sampling_params_default(&p);
+    kaon_sampling_default(&p);
     p.top_p = 0.7f;
     check_distribution(p, "top_p 0.7");
-    kaon_sampling_params_default(&p);
+    kaon_sampling_default(&p);
     p.min_p = 0.2f;
     check_distribution(p, "min_p 0.2");
     p.top_k = 4;
@@ -96,10 +96,10 @@ static void test_distributions(void) {
     p.temperature = 0.8f;
     check_distribution(p, "combined");
     // A test that can fail: a wrong expectation must be rejected by the same statistic.
-    kaon_sampling_params_default(&p);
+    kaon_sampling_default(&p);
     double prob[V];
     expected(&p, prob);
-    kaon_sampling_params q = p;
+    kaon_sampling q = p;
     q.temperature = 1.3f;
     int count[V] = {0};
     kaon_rng rng;
@@ -112,8 +112,8 @@ static void test_distributions(void) {
 }
 
 static void test_greedy_and_seed(void) {
-    kaon_sampling_params p;
-    kaon_sampling_params_default(&p);
+    kaon_sampling p;
+    kaon_sampling_default(&p);
     p.temperature = 0;
     char scratch[V * 16];
     kaon_rng rng;
@@ -121,7 +121,7 @@ static void test_greedy_and_seed(void) {
     CHECK(kaon_sample(logits, V, &p, &rng, scratch) == 0);
     float tie[4] = {1, 3, 3, 0};
     CHECK(kaon_argmax(tie, 4) == 1);  // first of equal maxima, like torch.argmax
-    kaon_sampling_params_default(&p);
+    kaon_sampling_default(&p);
     kaon_rng a, b;
     kaon_rng_seed(&a, 99);
     kaon_rng_seed(&b, 99);
@@ -224,7 +224,7 @@ static void rsift(rcand *h, int k, int i) {
         i = w;
     }
 }
-static int rfinish(rcand *c, int m, const kaon_sampling_params *p, kaon_rng *rng) {
+static int rfinish(rcand *c, int m, const kaon_sampling *p, kaon_rng *rng) {
     if (p->top_k > 0 && p->top_k < m) m = p->top_k;
     if (p->min_p > 0.0f) {
         float floor_p = c[0].p * p->min_p;
@@ -252,7 +252,7 @@ static int rfinish(rcand *c, int m, const kaon_sampling_params *p, kaon_rng *rng
     }
     return c[m - 1].id;
 }
-static int sample_ref(const float *x, int n, const kaon_sampling_params *p, kaon_rng *rng, rcand *c) {
+static int sample_ref(const float *x, int n, const kaon_sampling *p, kaon_rng *rng, rcand *c) {
     if (p->temperature <= 0.0f || p->top_k == 1) return argmax_ref(x, n);
     if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < n) {
         int k = p->top_k;
@@ -310,7 +310,9 @@ static void test_matches_reference(void) {
                     for (size_t pi = 0; pi < sizeof topps / sizeof *topps; pi++)
                         for (size_t mi = 0; mi < sizeof minps / sizeof *minps; mi++) {
                             if (n == 49152 && (ti % 2 || mi == 1)) continue;  // keep the test short
-                            const kaon_sampling_params p = {temps[ti], topks[ki], topps[pi], minps[mi], 0};
+                            kaon_sampling p;
+                            kaon_sampling_default(&p);
+                            p.temperature = temps[ti], p.top_k = topks[ki], p.top_p = topps[pi], p.min_p = minps[mi];
                             kaon_rng a, b;
                             kaon_rng_seed(&a, 1000 + cases);
                             kaon_rng_seed(&b, 1000 + cases);
@@ -323,7 +325,31 @@ static void test_matches_reference(void) {
     CHECK(bad == 0);
 }
 
+// generation_config.json's defaults: valid values replace OpenAI's, unset and invalid ones
+// (a request could not carry them) leave them.
+static void test_generation_config_defaults(void) {
+    kaon_model_config c;
+    kaon_model_config_init(&c);
+    kaon_sampling s, d;
+    kaon_sampling_default(&d);
+    kaon_sampling_default(&s);
+    kaon_sampling_apply_generation_config(&s, &c);
+    CHECK(!memcmp(&s, &d, sizeof s));
+    c.gen_temperature = 0.6f, c.gen_top_p = 0.9f, c.gen_top_k = 20, c.gen_min_p = 0.05f;
+    c.gen_repetition_penalty = 1.1f, c.gen_max_new_tokens = 300;
+    kaon_sampling_apply_generation_config(&s, &c);
+    CHECK(s.temperature == 0.6f && s.top_p == 0.9f && s.top_k == 20 && s.min_p == 0.05f);
+    CHECK(s.repetition_penalty == 1.1f && s.max_tokens == 300 && s.n == 1 && !s.has_seed);
+    c.gen_temperature = 200, c.gen_top_p = 1.5f, c.gen_min_p = 2, c.gen_repetition_penalty = 0;
+    c.gen_max_new_tokens = 0;
+    kaon_sampling_default(&s);
+    kaon_sampling_apply_generation_config(&s, &c);
+    CHECK(s.temperature == d.temperature && s.top_p == d.top_p && s.min_p == d.min_p);
+    CHECK(s.repetition_penalty == d.repetition_penalty && s.max_tokens == d.max_tokens && s.top_k == 20);
+}
+
 int main(void) {
+    test_generation_config_defaults();
     test_argmax_large();
     test_matches_reference();
     test_distributions();
