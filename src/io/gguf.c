@@ -484,14 +484,18 @@ static kaon_gguf *open_buffer(const void *data, size_t size, bool mapped, const 
     return g;
 }
 
-kaon_gguf *kaon_gguf_open_memory(const void *data, size_t size) {
+static kaon_gguf *open_memory(const void *data, size_t size, bool metadata_only) {
     if (!data && size) {
         kaon_set_error("<memory>: NULL buffer");
         return NULL;
     }
     static const uint8_t empty[1];
-    return open_buffer(data ? data : empty, size, false, "<memory>", false);
+    return open_buffer(data ? data : empty, size, false, "<memory>", metadata_only);
 }
+
+kaon_gguf *kaon_gguf_open_memory(const void *data, size_t size) { return open_memory(data, size, false); }
+
+kaon_gguf *kaon_gguf_open_memory_metadata(const void *data, size_t size) { return open_memory(data, size, true); }
 
 static kaon_gguf *open_file(const char *path, bool metadata_only) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -41,6 +41,7 @@ kaon_gguf *kaon_gguf_open(const char *path);
 kaon_gguf *kaon_gguf_open_metadata(const char *path);
 // Parses a buffer the caller keeps alive (fuzzing, tests). The buffer is not copied.
 kaon_gguf *kaon_gguf_open_memory(const void *data, size_t size);
+kaon_gguf *kaon_gguf_open_memory_metadata(const void *data, size_t size);
 void kaon_gguf_close(kaon_gguf *g);
 
 uint32_t kaon_gguf_version(const kaon_gguf *g);

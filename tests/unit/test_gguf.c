@@ -387,6 +387,21 @@ static void test_bad_tensors(void) {
     b = build_raw(0, iq2, 1, 4096);
     EXPECT_FAIL(&b, "ggml type 16 (IQ2_XXS)");
     free(b.p);
+    // Opened for the metadata only, both load: the IQ2_XXS tensor sized from ggml's layout (66
+    // bytes a block of 256), the unknown type unsized.
+    traw mixed[] = {{"a", 1, {512}, 16, 0}, {"b", 1, {32}, 99, 160}};
+    b = build_raw(0, mixed, 2, 4096);
+    kaon_gguf *meta = kaon_gguf_open_memory_metadata(b.p, b.n);
+    CHECK(meta != NULL);
+    if (meta) {
+        const kaon_gguf_tensor *ta = kaon_gguf_find_tensor(meta, "a"), *tb = kaon_gguf_find_tensor(meta, "b");
+        CHECK(ta && !ta->unsized && ta->nbytes == 132 && ta->data != NULL);
+        CHECK(tb && tb->unsized && tb->nbytes == 0 && tb->data == NULL);
+        CHECK(strcmp(kaon_gguf_type_name(16), "IQ2_XXS") == 0 && strcmp(kaon_gguf_type_name(99), "unknown") == 0);
+        kaon_gguf_close(meta);
+    }
+    EXPECT_FAIL(&b, "ggml type 16 (IQ2_XXS)");
+    free(b.p);
     traw dims5[] = {{"x", 5, {1, 1, 1, 1, 1}, 0, 0}};
     b = build_raw(0, dims5, 1, 64);
     EXPECT_FAIL(&b, "tensor 'x' has 5 dimensions");

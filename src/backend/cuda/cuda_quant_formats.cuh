@@ -44,52 +44,41 @@
 
 // ---- loads and integer dot products (device instructions, host equivalents) ------------------
 
-QF int4 ld_w16(const void *p) {  // weights: streamed, not kept in L1
+// Weights: streamed loads, not kept in L1 (on the host: copies).
 #ifdef __CUDA_ARCH__
+QF int4 ld_w16(const void *p) {
     int4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
-#else
-    int4 r;
-    memcpy(&r, p, 16);
-    return r;
-#endif
 }
 QF int2 ld_w8(const void *p) {
-#ifdef __CUDA_ARCH__
     int2 r;
     asm volatile("ld.global.nc.L1::no_allocate.v2.s32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
-#else
-    int2 r;
-    memcpy(&r, p, 8);
-    return r;
-#endif
 }
 QF unsigned ld_w4(const void *p) {
-#ifdef __CUDA_ARCH__
     unsigned r;
     asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
     return r;
-#else
-    unsigned r;
-    memcpy(&r, p, 4);
-    return r;
-#endif
 }
 QF unsigned short ld_w2(const void *p) {
-#ifdef __CUDA_ARCH__
     unsigned short r;
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
     return r;
-#else
-    unsigned short r;
-    memcpy(&r, p, 2);
-    return r;
-#endif
 }
+#else
+template <class T> QF T ld_copy(const void *p) {
+    T r;
+    memcpy(&r, p, sizeof r);
+    return r;
+}
+QF int4 ld_w16(const void *p) { return ld_copy<int4>(p); }
+QF int2 ld_w8(const void *p) { return ld_copy<int2>(p); }
+QF unsigned ld_w4(const void *p) { return ld_copy<unsigned>(p); }
+QF unsigned short ld_w2(const void *p) { return ld_copy<unsigned short>(p); }
+#endif
 // Activations: read-only cache.
 template <class T> QF T ldg(const T *p) {
 #ifdef __CUDA_ARCH__
