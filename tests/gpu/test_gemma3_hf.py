@@ -100,7 +100,14 @@ def build_model(hcfg, init, device="cpu", dtype=None):
             elif p.dim() == 2:
                 p.copy_(torch.randn_like(p) * (init if init else p.shape[1] ** -0.5))
     if dtype is not None:
+        # As from_pretrained(dtype=...) leaves them: the RoPE tables stay f32 (they are computed
+        # in f32 and are not weights); Module.to() would round them to bf16 as well, and a
+        # bf16 inv_freq turns position p's angles by up to p * 2^-9 (errors growing with p).
+        keep = {n: b.detach().clone() for n, b in model.named_buffers() if "inv_freq" in n}
         model = model.to(dtype)
+        for n, b in keep.items():
+            parent, _, attr = n.rpartition(".")
+            model.get_submodule(parent)._buffers[attr] = b
     return model.eval()
 
 
