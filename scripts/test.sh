@@ -43,6 +43,9 @@ echo "== ThreadSanitizer: unit tests and the concurrency-heavy end-to-end tests"
 # OpenMP off (libgomp is not TSan-instrumented; its barriers would read as races): the kernels
 # run on one thread and TSan watches the engine thread, the HTTP threads and their queues.
 # scripts/tsan.supp lists only third-party false positives (none so far).
+# test_drain_timeout_aborts_cleanly is timing-bound (aborted requests get the server's fixed 5 s
+# grace) and a one-thread TSan build on a 2-core AVX2 machine needs ~2.7 s per decode step: it
+# runs in the Release and ASan e2e passes above, not here.
 [ -f build-tsan/build.ninja ] || cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKAON_TSAN=ON -DKAON_OPENMP=OFF -DKAON_CUDA=OFF >/dev/null
 ninja -C build-tsan
@@ -50,7 +53,7 @@ export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/s
 ctest --test-dir build-tsan --output-on-failure -j "$jobs"
 KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/e2e/test_concurrency.py tests/e2e/test_shutdown.py \
   tests/e2e/test_limits.py tests/e2e/test_bad_requests.py tests/e2e/test_openai_api.py \
-  -k "concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics"
+  -k "(concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics) and not drain_timeout_aborts"
 unset TSAN_OPTIONS UBSAN_OPTIONS
 
 echo "== fuzzers (${fuzz_seconds}s each, ASan + UBSan)"

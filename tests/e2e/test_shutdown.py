@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from conftest import Server
+from conftest import SLOW, Server
 
 
 def metric(server, name):
@@ -109,7 +109,7 @@ def test_drain_completes_running_streams():
     """SIGTERM: /health and new requests get 503, running streams and a running non-streaming
     request still finish normally, and the process exits 0."""
     s = Server(["--served-model-name", "smol", "--max-model-len", "512", "--kv-cache-memory", "64M",
-                "--drain-timeout", "120"])
+                "--drain-timeout", str(120 * SLOW)])
     try:
         streams = Streams(s, 3, max_tokens=40)
         chat_streams = Streams(s, 1, max_tokens=30, chat=True)
@@ -131,10 +131,10 @@ def test_drain_completes_running_streams():
         status, hdrs, data = s.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
         assert status == 503 and json.loads(data)["error"]["type"] == "service_unavailable"
         assert hdrs.get("Connection", "").lower() == "close"
-        for res in streams.join(120) + chat_streams.join(120):
+        for res in streams.join(120 * SLOW) + chat_streams.join(120 * SLOW):
             assert res["error"] is None, res
             assert res["finish"] == ["length"] and res["text"], res
-        t.join(120)
+        t.join(120 * SLOW)
         assert nonstream == {"finish": "length", "tokens": 40}
         assert s.proc.wait(timeout=60) == 0
         log = s.output()
