@@ -68,6 +68,9 @@ typedef struct kaon_sample_batch {
     const float *entry_value;    // [n_entries] bias value or output count
 } kaon_sample_batch;
 
+// How an MoE router scores experts (kaon_moe_weights.scoring).
+enum { KAON_MOE_SOFTMAX = 0, KAON_MOE_SIGMOID = 1 };
+
 // One mixture-of-experts MLP layer as the moe op sees it. Experts are given one by one ([E]
 // arrays of 2-D weights) so stacked GGUF tensors, per-expert safetensors and fused gate_up
 // tensors all reach a backend as the same kind of view.
@@ -84,6 +87,17 @@ typedef struct kaon_moe_weights {
     const kaon_tensor *shared_gate, *shared_up;  // [sffn, dim]
     const kaon_tensor *shared_down;              // [dim, sffn]
     const kaon_tensor *shared_gate_inp;          // [1, dim] or NULL
+    // DeepSeekMoE routing (defaults, all zero: softmax, no bias, no groups, no factor).
+    // scores s = softmax(logits) or sigmoid(logits); choice c = s + score_bias (bias: [E] f32,
+    // for selection only); with n_group > 1 only the topk_group best groups of E/n_group
+    // experts compete (a group's score: its best c, or with group_top2 the sum of its best
+    // two), the others' c count as 0 (as HF masks them); the top_k c are taken, their weights
+    // are s (renormalised when norm_topk), times routed_scale (0: 1).
+    int scoring;                     // KAON_MOE_SOFTMAX or KAON_MOE_SIGMOID
+    const kaon_tensor *score_bias;   // [E] f32, or NULL
+    int n_group, topk_group;
+    bool group_top2;
+    float routed_scale;
 } kaon_moe_weights;
 
 typedef struct kaon_backend_ops {
@@ -111,6 +125,7 @@ typedef struct kaon_backend_ops {
     void (*rope)(kaon_backend *be, void *x, int n, int n_heads, int head_dim,
                  const int32_t *positions, const kaon_rope *rope);
     // Stores this step's K and V at their slots.  k, v [n_tokens, n_kv_heads, head_dim]
+    // v may be NULL for a cache without V (MLA: kv->v is NULL; the latent row is K and V).
     void (*kv_write)(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                      const kaon_attn_meta *m, int n_kv_heads, int head_dim);
     // Causal paged attention with GQA.             q, out [n_tokens, n_heads, head_dim]
@@ -122,6 +137,25 @@ typedef struct kaon_backend_ops {
     void (*attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                       const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                       float scale, int window, void *out);
+    // Multi-head latent attention (DeepSeek's MLA, absorbed form): causal paged attention over
+    // one cached row per token, [kv_lora + rope_dim] = the normed latent c then the rotated
+    // shared key k_pe (kv_write with n_kv_heads 1, head_dim kv_lora + rope_dim). Every head
+    // attends with K = the whole row and V = its first kv_lora values:
+    //   out[t,h] = sum_p softmax_p(scale * q[t,h] . row_p) * row_p[0:kv_lora]
+    // q [n_tokens, n_heads, kv_lora + rope_dim] (q_nope absorbed into the latent, then q_pe);
+    // out [n_tokens, n_heads, kv_lora]. NULL: the backend cannot run MLA models.
+    void (*mla_attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                          const kaon_attn_meta *m, int n_heads, int kv_lora, int rope_dim,
+                          float scale, void *out);
+    // Per-head matrices: y[t, h, 0:out] = x[t, h, 0:in] @ w_h^T for h < n_heads, t < n, where
+    // w is [n_heads * out, in] (head h: rows [h out, (h+1) out)). x and y are strided
+    // activations (elements between tokens, between heads), so a head's slice of a wider row
+    // is read or written in place (MLA's absorbed W_UK and W_UV).
+    void (*head_linear)(kaon_backend *be, const void *x, int n, int n_heads, size_t x_tok,
+                        size_t x_head, const kaon_tensor *w, void *y, size_t y_tok, size_t y_head);
+    // dst[r * dst_stride + i] = s * src[r * src_stride + i] for r < rows, i < width (activations).
+    void (*copy_strided)(kaon_backend *be, const void *src, size_t src_stride, void *dst,
+                         size_t dst_stride, int rows, int width, float s);
     // out = silu(gate) * up                        gate, up, out [n, dim]; out may be gate
     void (*silu_and_mul)(kaon_backend *be, const void *gate, const void *up, int n, int dim,
                          void *out);

@@ -40,6 +40,11 @@ typedef struct kaon_arch_ops {
     // KV cache elements one token needs in layer l, for K and for V. NULL: n_kv_heads * head_dim
     // each (GQA); MLA stores one latent vector.
     void (*kv_spec)(const kaon_model_config *c, int l, size_t *k_elems, size_t *v_elems);
+    // Scratch activation elements per token the forward pass needs beyond kaon_acts' buffers
+    // (a.scratch). NULL: none.
+    size_t (*scratch_elems)(const kaon_model_config *c);
+    // Whether backend be has every op the forward pass uses: 0, or -1 + error. NULL: yes.
+    int (*supports)(const struct kaon_backend *be);
     // One step: embedding to the final hidden states, then kaon_blk_logits (model/blocks.h).
     void (*forward)(struct kaon_fwd *f, const struct kaon_batch *b);
 } kaon_arch_ops;

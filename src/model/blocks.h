@@ -26,6 +26,7 @@ typedef struct kaon_acts {
     void *gate, *up;  // [T, ffn]
     void *rows;       // [max_logits, dim] hidden states of the rows to sample
     void *logits;     // [max_logits, vocab] (f32 when logits_f32)
+    void *scratch;    // [T, the architecture's scratch_elems] (model/arch.h), or NULL
 } kaon_acts;
 
 // What a forward pass works with.
@@ -69,6 +70,24 @@ void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_
                   const kaon_linear *up, const kaon_linear *down);
 // proj = the experts of layer l on xn, pending.
 void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer *moe);
+// One MLA layer's attention weights (DeepSeek): q through wq, or wq_a -> q_a_norm -> wq_b;
+// the latent and rope key through wkv_a (then kv_a_norm on the latent); the absorbed per-head
+// W_UK^T (wk_b) and W_UV (wv_b); the output projection wo.
+typedef struct kaon_mla_weights {
+    const kaon_linear *wq, *wq_a, *wq_b;  // wq NULL: the q_lora pair
+    const kaon_tensor *q_a_norm;
+    const kaon_linear *wkv_a;
+    const kaon_tensor *kv_a_norm;
+    const kaon_linear *wk_b, *wv_b, *wo;
+} kaon_mla_weights;
+// Activation elements per token kaon_blk_mla needs in a.scratch.
+size_t kaon_blk_mla_scratch(const kaon_model_config *c);
+// Multi-head latent attention on xn, absorbed: the latent and rotated key of each token into
+// layer l's cache, then every head attends over the cached rows (mla_attention) and proj =
+// its output through W_UV and wo, pending. pe_scale multiplies q's rope part (HF's YaRN
+// attention_factor, squared).
+void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weights *w,
+                  const kaon_rope *rope, float scale, float pe_scale);
 // The final norm and the LM head, on the rows that need logits only (into a.logits).
 void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *head);
 

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "model/arch.h"
@@ -19,6 +20,17 @@ void kaon_model_config_init(kaon_model_config *c) {
     c->gen_repetition_penalty = -1.0f;
     c->gen_max_new_tokens = -1;
     c->decoder_sparse_step = 1;
+    c->moe_routed_scale = 1.0f;
+    c->rope_attn_factor = 1.0f;
+}
+
+double kaon_yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+float kaon_yarn_attn_factor(const kaon_model_config *c) {
+    if (c->rope_mscale != 0.0f && c->rope_mscale_all_dim != 0.0f)
+        return (float)(kaon_yarn_mscale(c->rope_factor, c->rope_mscale) /
+                       kaon_yarn_mscale(c->rope_factor, c->rope_mscale_all_dim));
+    return (float)kaon_yarn_mscale(c->rope_factor, 1.0);
 }
 
 #define CHECK_RANGE(field, lo, hi)                                                              \

@@ -14,6 +14,8 @@ typedef enum kaon_arch {
     KAON_ARCH_QWEN2,    // Qwen2ForCausalLM: q/k/v biases
     KAON_ARCH_QWEN3,    // Qwen3ForCausalLM: per-head q/k RMSNorm
     KAON_ARCH_GEMMA3,   // Gemma3ForCausalLM (text): sliding-window layers, pre/post norms, GELU
+    KAON_ARCH_DEEPSEEK2,  // DeepseekV2ForCausalLM (and GGUF deepseek2): MLA + DeepSeekMoE
+    KAON_ARCH_DEEPSEEK3,  // DeepseekV3ForCausalLM, Kimi-K2 (kimi_k2), Kimi-K2.5's text model
 } kaon_arch;
 // The enum names the variant an architecture file tells apart (model/arch.h: which file serves
 // a name is the registry's business). The MoE variants map onto the attention family
@@ -27,6 +29,7 @@ typedef enum kaon_rope_scaling_type {
     KAON_ROPE_SCALING_NONE = 0,
     KAON_ROPE_SCALING_LINEAR,
     KAON_ROPE_SCALING_LLAMA3,
+    KAON_ROPE_SCALING_YARN,
 } kaon_rope_scaling_type;
 
 typedef struct kaon_model_config {
@@ -50,6 +53,12 @@ typedef struct kaon_model_config {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int rope_original_max_pos;
+    // YaRN (rope_scaling type yarn): the ramp between beta_fast and beta_slow rotations, and
+    // the magnitude scales (HF: attention_factor multiplies cos/sin; DeepSeek's attention
+    // multiplies its softmax scale by yarn_mscale(factor, mscale_all_dim)^2).
+    float rope_beta_fast, rope_beta_slow;
+    float rope_mscale, rope_mscale_all_dim;  // 0: not given
+    float rope_attn_factor;                   // cos/sin multiplier; 1 unless YaRN sets it
     bool tie_word_embeddings;
     bool attention_bias;     // q/k/v biases (Qwen2)
     bool qk_norm;            // per-head q/k RMSNorm (Qwen3)
@@ -80,6 +89,22 @@ typedef struct kaon_model_config {
     bool norm_topk_prob;         // renormalise the top-k routing weights to sum to 1
     int decoder_sparse_step;     // layer l is MoE when (l + 1) % step == 0 (1: all)
     uint64_t mlp_only_layers[KAON_MAX_MLP_ONLY_LAYERS / 64];  // bit l: layer l stays dense
+    bool shared_expert_gated;    // the shared expert is scaled by sigmoid(x . gate) (Qwen2-MoE)
+    // DeepSeekMoE routing: scores (softmax or sigmoid), a per-expert bias added for selection
+    // only (e_score_correction_bias), group-limited selection (the topk_group best of n_group
+    // groups; a group's score is its best expert's, or the sum of its best two with the bias:
+    // noaux_tc), and a factor on the final weights.
+    int moe_scoring;             // KAON_MOE_SOFTMAX / KAON_MOE_SIGMOID (backend/backend.h)
+    bool moe_score_bias;         // e_score_correction_bias present
+    int moe_n_group, moe_topk_group;
+    bool moe_group_top2;         // noaux_tc group scores (sum of top 2); else the group's max
+    float moe_routed_scale;      // routed_scaling_factor (1: none)
+    // MLA (DeepSeek-V2/V3): q through a low-rank q_a/q_b pair when q_lora_rank > 0; K and V
+    // from a shared latent of kv_lora_rank plus one rotated key of rope_dim (qk_rope_head_dim);
+    // head_dim = qk_nope_head_dim + rope_dim (the query/key width per head).
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    int n_nextn_layers;          // MTP layers after the main ones (num_nextn_predict_layers): not loaded
+    char hf_prefix[32];          // prefix of the text model's tensor names (Kimi-K2.5: "language_model.")
 } kaon_model_config;
 
 void kaon_model_config_init(kaon_model_config *c);  // zeros + "unset" markers
@@ -89,6 +114,11 @@ const char *kaon_arch_label(kaon_arch a);
 static inline bool kaon_layer_bit(const uint64_t *set, int l) {
     return l >= 0 && l < KAON_MAX_MLP_ONLY_LAYERS && (set[l / 64] >> (l % 64) & 1);
 }
+// YaRN's magnitude correction 0.1 m ln(s) + 1 (1 when s <= 1), and the cos/sin multiplier HF
+// derives from the config: yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+// when both are given, else yarn_mscale(factor, 1).
+double kaon_yarn_mscale(double scale, double m);
+float kaon_yarn_attn_factor(const kaon_model_config *c);
 // Checks the hyper-parameters make sense (positive, divisible, bounded); -1 + error if not.
 int kaon_model_config_validate(const kaon_model_config *c);
 // Whether layer l's MLP is a mixture of experts (by the config: decoder_sparse_step and

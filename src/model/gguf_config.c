@@ -51,6 +51,20 @@ int kaon_gguf_config(const kaon_gguf *g, kaon_model_config *c) {
         if (kaon_gguf_str_eq(st, "linear")) {
             c->rope_scaling = KAON_ROPE_SCALING_LINEAR;
             c->rope_factor = (float)kaon_gguf_arch_float(g, c, "rope.scaling.factor", 1.0);
+        } else if (kaon_gguf_str_eq(st, "yarn")) {
+            // llama.cpp writes DeepSeek's mscale_all_dim as yarn_log_multiplier = 0.1 * it, and
+            // scales cos/sin by nothing (mscale == mscale_all_dim).
+            c->rope_scaling = KAON_ROPE_SCALING_YARN;
+            c->rope_factor = (float)kaon_gguf_arch_float(g, c, "rope.scaling.factor", 1.0);
+            c->rope_original_max_pos = (int)kaon_gguf_arch_int(g, c, "rope.scaling.original_context_length",
+                                                               c->max_position_embeddings);
+            c->rope_beta_fast = (float)kaon_gguf_arch_float(g, c, "rope.scaling.yarn_beta_fast", 32.0);
+            c->rope_beta_slow = (float)kaon_gguf_arch_float(g, c, "rope.scaling.yarn_beta_slow", 1.0);
+            c->rope_mscale_all_dim = (float)(kaon_gguf_arch_float(g, c, "rope.scaling.yarn_log_multiplier", 0.0) / 0.1);
+            c->rope_mscale = c->rope_mscale_all_dim;
+            c->rope_attn_factor = c->rope_mscale_all_dim != 0.0f ? 1.0f : kaon_yarn_attn_factor(c);
+            if (!(c->rope_factor > 0.0f) || c->rope_original_max_pos <= 0)
+                return kaon_set_error("GGUF yarn rope scaling needs a positive factor and original context length");
         } else {
             return kaon_set_error("unsupported GGUF rope scaling type '%.*s'", (int)st.len, st.ptr);
         }

@@ -111,22 +111,31 @@ static int get_eos(const char *file, const cJSON *obj, kaon_model_config *c) {
     return 0;
 }
 
+// rope_scaling (or transformers 5's flat rope_parameters): the scaling type and its keys.
 static int parse_rope_scaling(const char *file, const cJSON *root, kaon_model_config *c) {
+    const char *pre = "rope_scaling.";
     const cJSON *rs = kaon_hf_field(root, "rope_scaling");
     c->rope_scaling = KAON_ROPE_SCALING_NONE;
-    if (!rs) return 0;
+    if (!rs) {
+        // transformers 5 writes {"rope_type", "rope_theta", ...} as rope_parameters; the
+        // per-layer-type form (Gemma 3) is its architecture's business.
+        const cJSON *rp = kaon_hf_field(root, "rope_parameters");
+        if (!rp || !cJSON_IsObject(rp) || !kaon_hf_field(rp, "rope_type")) return 0;
+        pre = "rope_parameters.";
+        if (kaon_hf_get_float(file, rp, pre, "rope_theta", &c->rope_theta, NULL)) return -1;
+        rs = rp;
+    }
     if (!cJSON_IsObject(rs)) return kaon_hf_type_error(file, "", "rope_scaling", "an object", rs);
     // Newer configs write "rope_type", older ones "type".
     const cJSON *t = kaon_hf_field(rs, "rope_type");
-    const char *tkey = "rope_scaling.rope_type";
+    const char *tkey = "rope_type";
     if (!t) {
         t = kaon_hf_field(rs, "type");
-        tkey = "rope_scaling.type";
+        tkey = "type";
     }
-    if (!t) return kaon_set_error("%s: \"rope_scaling\" has no \"rope_type\"", file);
-    if (!cJSON_IsString(t) || !t->valuestring) return kaon_hf_type_error(file, "", tkey, "a string", t);
+    if (!t) return kaon_set_error("%s: \"%.*s\" has no \"rope_type\"", file, (int)strlen(pre) - 1, pre);
+    if (!cJSON_IsString(t) || !t->valuestring) return kaon_hf_type_error(file, pre, tkey, "a string", t);
     const char *type = t->valuestring;
-    const char *pre = "rope_scaling.";
     bool set;
     if (!strcmp(type, "default")) return 0;
     if (!strcmp(type, "linear")) {
@@ -152,8 +161,33 @@ static int parse_rope_scaling(const char *file, const cJSON *root, kaon_model_co
                                   "\"original_max_position_embeddings\"", file);
         return 0;
     }
-    return kaon_set_error("%s: rope_scaling type '%.40s' is not supported (kaon reads llama3 and "
-                          "linear)", file, type);
+    if (!strcmp(type, "yarn")) {
+        // HF's defaults: beta_fast 32, beta_slow 1; factor from max_position_embeddings /
+        // original_max_position_embeddings when absent.
+        c->rope_scaling = KAON_ROPE_SCALING_YARN;
+        c->rope_beta_fast = 32.0f;
+        c->rope_beta_slow = 1.0f;
+        bool fset, oset, aset;
+        float af = 0.0f;
+        if (kaon_hf_get_float(file, rs, pre, "factor", &c->rope_factor, &fset) ||
+            kaon_hf_get_int(file, rs, pre, "original_max_position_embeddings", &c->rope_original_max_pos, &oset) ||
+            kaon_hf_get_float(file, rs, pre, "beta_fast", &c->rope_beta_fast, NULL) ||
+            kaon_hf_get_float(file, rs, pre, "beta_slow", &c->rope_beta_slow, NULL) ||
+            kaon_hf_get_float(file, rs, pre, "mscale", &c->rope_mscale, NULL) ||
+            kaon_hf_get_float(file, rs, pre, "mscale_all_dim", &c->rope_mscale_all_dim, NULL) ||
+            kaon_hf_get_float(file, rs, pre, "attention_factor", &af, &aset))
+            return -1;
+        if (!oset) c->rope_original_max_pos = c->max_position_embeddings;
+        if (!fset && c->rope_original_max_pos > 0)
+            c->rope_factor = (float)c->max_position_embeddings / (float)c->rope_original_max_pos;
+        if (!(c->rope_factor > 0.0f) || c->rope_original_max_pos <= 0)
+            return kaon_set_error("%s: yarn \"rope_scaling\" needs a positive \"factor\" and "
+                                  "\"original_max_position_embeddings\"", file);
+        c->rope_attn_factor = aset ? af : kaon_yarn_attn_factor(c);
+        return 0;
+    }
+    return kaon_set_error("%s: rope_scaling type '%.40s' is not supported (kaon reads llama3, yarn "
+                          "and linear)", file, type);
 }
 
 static int parse_root(const char *file, const char *text, size_t len, cJSON **out) {
@@ -175,9 +209,26 @@ static int parse_root(const char *file, const char *text, size_t len, cJSON **ou
     return 0;
 }
 
+// A multimodal wrapper whose text model kaon runs (its config is "text_config", its tensors
+// are under a prefix).
+static const struct {
+    const char *arch, *prefix;
+} text_wrappers[] = {{"KimiK25ForConditionalGeneration", "language_model."}};
+
 static int config_fields(const char *file, const cJSON *root, kaon_model_config *c) {
     // Architecture: architectures[0], else model_type (which matches GGUF names: llama, ...).
     const cJSON *archs = kaon_hf_field(root, "architectures");
+    const cJSON *first = archs && cJSON_IsArray(archs) ? archs->child : NULL;
+    for (size_t i = 0; first && cJSON_IsString(first) && i < sizeof text_wrappers / sizeof text_wrappers[0]; i++) {
+        if (strcmp(first->valuestring, text_wrappers[i].arch)) continue;
+        const cJSON *tc = kaon_hf_field(root, "text_config");
+        if (!tc || !cJSON_IsObject(tc))
+            return kaon_set_error("%s: %s needs a \"text_config\" object", file, text_wrappers[i].arch);
+        snprintf(c->hf_prefix, sizeof c->hf_prefix, "%s", text_wrappers[i].prefix);
+        root = tc;
+        archs = kaon_hf_field(root, "architectures");
+        break;
+    }
     if (archs) {
         const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
         if (!a0 || !cJSON_IsString(a0) || !a0->valuestring)
@@ -209,6 +260,7 @@ static int config_fields(const char *file, const cJSON *root, kaon_model_config 
     if (!kv_set) c->n_kv_heads = c->n_heads;
     if (!hd_set) c->head_dim = c->n_heads > 0 ? c->hidden_size / c->n_heads : 0;
     if (!theta_set) c->rope_theta = 10000.0f;
+    c->rope_attn_factor = 1.0f;
 
     c->rope_dim = c->head_dim;
     float prf;

@@ -88,6 +88,7 @@ static int moe_fields(const char *file, const cJSON *root, kaon_model_config *c)
         return -1;
     if (!strncmp(c->arch_name, "Qwen2", 5) || !strcmp(c->arch_name, "qwen2_moe")) {
         c->shared_expert_intermediate_size = 5632;
+        c->shared_expert_gated = true;
         if (kaon_hf_get_int(file, root, "", "shared_expert_intermediate_size",
                             &c->shared_expert_intermediate_size, &set) ||
             kaon_hf_get_bool(file, root, "qkv_bias", &c->attention_bias))

@@ -52,6 +52,18 @@ int kaon_model_build_rope(kaon_model *m, int which, float theta, bool scaled,
     free(m->rope_inv_freq[which]);
     m->rope_inv_freq[which] = inv_freq;
     const float *div = freq_divisors && freq_divisors->data ? freq_divisors->data : NULL;
+    // YaRN's ramp over the rotated pairs (HF _compute_yarn_parameters with truncate): pairs below
+    // `lo` keep their frequency, pairs above `hi` are divided by the factor, and between
+    // the two the frequencies blend linearly.
+    double lo = 0.0, hi = 0.0;
+    if (scaled && c->rope_scaling == KAON_ROPE_SCALING_YARN) {
+        const double d = c->rope_dim, two_ln_base = 2.0 * log((double)theta);
+        lo = floor(d * log(c->rope_original_max_pos / (c->rope_beta_fast * 2.0 * M_PI)) / two_ln_base);
+        hi = ceil(d * log(c->rope_original_max_pos / (c->rope_beta_slow * 2.0 * M_PI)) / two_ln_base);
+        if (lo < 0) lo = 0;
+        if (hi > d - 1) hi = d - 1;
+        if (lo == hi) hi += 0.001;
+    }
     for (int j = 0; j < half; j++) {
         double inv = pow((double)theta, -2.0 * j / c->rope_dim);
         if (scaled && c->rope_scaling == KAON_ROPE_SCALING_LINEAR) {
@@ -67,6 +79,10 @@ int kaon_model_build_rope(kaon_model *m, int which, float theta, bool scaled,
                                 (c->rope_high_freq_factor - c->rope_low_freq_factor);
                 inv = (1 - smooth) * inv / c->rope_factor + smooth * inv;
             }
+        } else if (scaled && c->rope_scaling == KAON_ROPE_SCALING_YARN) {
+            double r = (j - lo) / (hi - lo);
+            r = r < 0 ? 0 : r > 1 ? 1 : r;
+            inv = inv / c->rope_factor * r + inv * (1.0 - r);
         }
         if (div) inv /= div[j];
         inv_freq[j] = (float)inv;

@@ -50,6 +50,8 @@ void kaon_model_free(kaon_model *m);
 // -1 + error on a tensor of a type kaon cannot use.
 int kaon_model_find_tensor(const kaon_model *m, const char *name, kaon_tensor *out);
 
+// Hands a malloc'd buffer to the model (freed with it; on failure freed at once). 0 or -1.
+int kaon_model_own(kaon_model *m, void *p);
 // Whether layer l has experts instead of a dense MLP.
 bool kaon_model_layer_is_moe(const kaon_model *m, int l);
 // Bytes of KV cache one token needs across all layers (elements of elem_bytes).

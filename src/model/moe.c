@@ -9,6 +9,7 @@
 
 #include "model/model.h"
 #include "util/err.h"
+#include "util/half.h"
 
 // ---- configuration -------------------------------------------------------------------------
 
@@ -25,6 +26,7 @@ void kaon_moe_config_from_gguf(const kaon_gguf *g, kaon_model_config *c) {
         (int)kaon_gguf_get_int(g, KEY("expert_feed_forward_length"), c->intermediate_size);
     c->shared_expert_intermediate_size =
         (int)kaon_gguf_get_int(g, KEY("expert_shared_feed_forward_length"), 0);
+    c->shared_expert_gated = !strcmp(c->arch_name, "qwen2moe");
     // llama.cpp renormalises for Mixtral (llama) and qwen3moe, not for qwen2moe.
     c->norm_topk_prob = kaon_gguf_get_bool(g, KEY("expert_weights_norm"),
                                            strcmp(c->arch_name, "qwen2moe") != 0);
@@ -75,6 +77,7 @@ static kaon_tensor as_2d(kaon_tensor t) {
 // ---- one layer ---------------------------------------------------------------------------------
 
 static void layer_free(kaon_moe_layer *l) {
+    free(l->own_bias);
     free(l->views);
     free(l->src);
     free(l->src_of);
@@ -124,12 +127,18 @@ static void point_weights(kaon_moe_layer *l) {
     l->w.shared_up = sh ? &l->shared[1] : NULL;
     l->w.shared_down = sh ? &l->shared[2] : NULL;
     l->w.shared_gate_inp = sh && l->shared_gate_inp.data ? &l->shared_gate_inp : NULL;
+    l->w.score_bias = l->score_bias.data ? &l->score_bias : NULL;
 }
 
 void kaon_moe_bind(kaon_moe_layer *l, const kaon_model_config *c) {
     l->w.n_experts = c->n_experts;
     l->w.top_k = c->n_experts_used;
     l->w.norm_topk = c->norm_topk_prob;
+    l->w.scoring = c->moe_scoring;
+    l->w.n_group = c->moe_n_group;
+    l->w.topk_group = c->moe_topk_group;
+    l->w.group_top2 = c->moe_group_top2;
+    l->w.routed_scale = c->moe_routed_scale;
     point_weights(l);
 }
 
@@ -179,6 +188,33 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
     return 0;
 }
 
+// DeepSeek-V3's selection bias [E], kept in f32 (HF keeps it in fp32 whatever the model's dtype).
+static int load_score_bias(kaon_model *m, kaon_moe_layer *L, const char *name) {
+    const int E = m->cfg.n_experts;
+    kaon_tensor t;
+    if (kaon_model_find_tensor(m, name, &t)) return -1;
+    if (!t.data) return kaon_set_error("%s: missing tensor '%s'", m->path, name);
+    if (kaon_tensor_numel(&t) != E || t.ndim != 1) {
+        const int64_t want[1] = {E};
+        return shape_error(m, name, &t, 1, want);
+    }
+    if (t.dtype != KAON_F32 && t.dtype != KAON_BF16 && t.dtype != KAON_F16)
+        return kaon_set_error("%s: tensor '%s' is %s (F32/BF16/F16 expected)", m->path, name, kaon_dtype_name(t.dtype));
+    if (t.dtype != KAON_F32) {
+        L->own_bias = malloc(sizeof(float) * (size_t)E);
+        if (!L->own_bias) return kaon_set_error("out of memory");
+        for (int e = 0; e < E; e++) {
+            const uint16_t h = ((const uint16_t *)t.data)[e];
+            L->own_bias[e] = t.dtype == KAON_BF16 ? kaon_bf16_to_f32(h) : kaon_f16_to_f32(h);
+        }
+        t.data = L->own_bias;
+        t.dtype = KAON_F32;
+        t.nbytes = sizeof(float) * (size_t)E;
+    }
+    L->score_bias = t;
+    return 0;
+}
+
 int kaon_moe_load_layer(kaon_model *m, int l) {
     const kaon_model_config *c = &m->cfg;
     const int E = c->n_experts;
@@ -213,6 +249,8 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
                     set_view(L, E, k, e, L->n_src++, 0, rows);
                 }
         }
+        snprintf(n0, sizeof n0, "blk.%d.exp_probs_b.bias", l);
+        if (c->moe_score_bias && load_score_bias(m, L, n0)) goto fail;
         snprintf(n0, sizeof n0, "blk.%d.ffn_gate_shexp.weight", l);
         snprintf(n1, sizeof n1, "blk.%d.ffn_up_shexp.weight", l);
         snprintf(n2, sizeof n2, "blk.%d.ffn_down_shexp.weight", l);
@@ -255,9 +293,12 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
                     set_view(L, E, k, e, L->n_src++, 0, rows);
                 }
         }
-        snprintf(n0, sizeof n0, "%s.shared_expert.gate_proj.weight", p);
-        snprintf(n1, sizeof n1, "%s.shared_expert.up_proj.weight", p);
-        snprintf(n2, sizeof n2, "%s.shared_expert.down_proj.weight", p);
+        snprintf(n0, sizeof n0, "%s.gate.e_score_correction_bias", p);
+        if (c->moe_score_bias && load_score_bias(m, L, n0)) goto fail;
+        const char *sh = c->shared_expert_gated ? "shared_expert" : "shared_experts";
+        snprintf(n0, sizeof n0, "%s.%s.gate_proj.weight", p, sh);
+        snprintf(n1, sizeof n1, "%s.%s.up_proj.weight", p, sh);
+        snprintf(n2, sizeof n2, "%s.%s.down_proj.weight", p, sh);
         snprintf(n3, sizeof n3, "%s.shared_expert_gate.weight", p);
     }
     const char *const sh[4] = {n0, n1, n2, n3};
@@ -306,7 +347,15 @@ int kaon_moe_dummy_layer(kaon_model *m, int l) {
         L->shared[0] = dummy_2d(sf, dim);
         L->shared[1] = dummy_2d(sf, dim);
         L->shared[2] = dummy_2d(dim, sf);
-        L->shared_gate_inp = dummy_2d(1, dim);
+        if (c->shared_expert_gated) L->shared_gate_inp = dummy_2d(1, dim);
+    }
+    if (c->moe_score_bias) {
+        L->score_bias = dummy_2d(1, E);
+        L->score_bias.ndim = 1;
+        L->score_bias.shape[0] = E;
+        L->score_bias.shape[1] = 0;
+        L->score_bias.dtype = KAON_F32;
+        L->score_bias.nbytes = sizeof(float) * (size_t)E;
     }
     kaon_moe_bind(L, c);
     return 0;
@@ -347,6 +396,7 @@ static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
     st->router = host->router;
     memcpy(st->shared, host->shared, sizeof st->shared);
     st->shared_gate_inp = host->shared_gate_inp;
+    st->score_bias = host->score_bias;
     st->w = host->w;
     for (int k = 0; k < 3; k++) {
         const kaon_tensor *v0 = &host->views[k * E];
@@ -408,6 +458,7 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
     for (int i = 0; i < 3 && !rc; i++)
         rc = copy_one(be, &host->shared[i], dummy, seed + 1 + i, false, &dev->shared[i]);
     if (!rc) rc = copy_one(be, &host->shared_gate_inp, dummy, seed + 4, true, &dev->shared_gate_inp);
+    if (!rc) rc = copy_one(be, &host->score_bias, dummy, seed + 5, false, &dev->score_bias);
     for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++)
         rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, true, &dev->src[i]);
     if (rc) {
@@ -430,6 +481,7 @@ void kaon_moe_release(kaon_backend *be, kaon_moe_layer *dev) {
         for (int i = 0; i < 3; i++)
             if (dev->shared[i].data) be->ops->release(be, &dev->shared[i]);
         if (dev->shared_gate_inp.data) be->ops->release(be, &dev->shared_gate_inp);
+        if (dev->score_bias.data) be->ops->release(be, &dev->score_bias);
         for (int i = 0; i < dev->n_src; i++)
             if (dev->src[i].data) be->ops->release(be, &dev->src[i]);
     }

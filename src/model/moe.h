@@ -1,4 +1,4 @@
-// Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE): their configuration from GGUF
+// Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3): their configuration from GGUF
 // metadata, their weights found in whichever layout the file has, and their copies on a
 // device backend. The forward pass (llama.c) hands a layer's kaon_moe_weights to the backend's
 // moe op.
@@ -7,6 +7,9 @@
 //   GGUF stacked   blk.N.ffn_{gate,up,down}_exps.weight          [E, ffn, dim] / [E, dim, ffn]
 //   GGUF legacy    blk.N.ffn_{gate,up,down}.E.weight             [ffn, dim] / [dim, ffn]
 //   HF per expert  ...experts.E.{w1,w3,w2 | gate_proj,up_proj,down_proj}.weight
+// Shared experts: GGUF ffn_{gate,up,down}_shexp, HF shared_expert (Qwen2-MoE, gated by
+// shared_expert_gate) or shared_experts (DeepSeek). DeepSeek-V3's selection bias: HF
+// mlp.gate.e_score_correction_bias, GGUF exp_probs_b.bias.
 //   HF fused (transformers 5)  ...experts.gate_up_proj [E, 2 ffn, dim], ...experts.down_proj
 // A view is rows [row0, row0 + rows) of one source tensor; a device copy uploads each source
 // once (one allocation per stacked tensor) and rebuilds the views on top of it.
@@ -30,6 +33,8 @@ typedef struct kaon_moe_layer {
     kaon_tensor *views;            // [3, E]: gate, up, down of each expert
     kaon_tensor shared[3];         // shared expert gate, up, down (data NULL when absent)
     kaon_tensor shared_gate_inp;   // [1, dim] (data NULL when absent)
+    kaon_tensor score_bias;        // [E] f32 selection bias (DeepSeek-V3), data NULL when absent
+    float *own_bias;               // score_bias widened to f32 at load (freed with the layer)
     kaon_tensor *src;              // [n_src] whole tensors the views are cut from (2-D)
     int n_src;
     int32_t *src_of;               // [3E] source of each view

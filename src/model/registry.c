@@ -7,8 +7,9 @@
 
 extern const kaon_arch_ops kaon_arch_llama;
 extern const kaon_arch_ops kaon_arch_gemma3;
+extern const kaon_arch_ops kaon_arch_deepseek2;
 
-static const kaon_arch_ops *const archs[] = {&kaon_arch_llama, &kaon_arch_gemma3};
+static const kaon_arch_ops *const archs[] = {&kaon_arch_llama, &kaon_arch_gemma3, &kaon_arch_deepseek2};
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 
 const char *kaon_arch_supported(void) {
@@ -47,6 +48,8 @@ const char *kaon_arch_label(kaon_arch a) {
     case KAON_ARCH_QWEN2: return "qwen2";
     case KAON_ARCH_QWEN3: return "qwen3";
     case KAON_ARCH_GEMMA3: return "gemma3";
+    case KAON_ARCH_DEEPSEEK2: return "deepseek2";
+    case KAON_ARCH_DEEPSEEK3: return "deepseek3";
     default: return "unknown";
     }
 }

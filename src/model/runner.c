@@ -56,7 +56,8 @@ size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_bat
     size_t T = (size_t)max_batch_tokens, dim = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t ffn = dense_ffn(m);
-    size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn) + (size_t)max_logits * dim;
+    size_t extra = m->arch && m->arch->scratch_elems ? m->arch->scratch_elems(c) : 0;
+    size_t elems = T * (3 * dim + 2 * qd + 2 * kvd + 2 * ffn + extra) + (size_t)max_logits * dim;
     return elems * elem_bytes + (size_t)max_logits * (size_t)c->vocab_size * sizeof(float) +
            kaon_moe_act_bytes(m, elem_bytes, max_batch_tokens);
 }
@@ -74,6 +75,7 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
         kaon_set_error("runner: the %s backend has no mixture-of-experts op", be->ops->name);
         return NULL;
     }
+    if (m->arch->supports && m->arch->supports(be)) return NULL;
     kaon_runner *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->m = m;
@@ -110,6 +112,7 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
     a->gate = act(r, T * ffn, &fail);
     a->up = act(r, T * ffn, &fail);
     a->rows = act(r, (size_t)max_logits * dim, &fail);
+    if (m->arch->scratch_elems) a->scratch = act(r, T * m->arch->scratch_elems(c), &fail);
     r->logits_f32 = be->ops->linear_f32 && be->ops->copy_f32_to_host;
     if (r->logits_f32) {
         a->logits = be->ops->alloc(be, (size_t)max_logits * c->vocab_size * sizeof(float));
@@ -144,7 +147,7 @@ void kaon_runner_free(kaon_runner *r) {
     free(r->pad_i32);
     free(r->pad_tables);
     const kaon_acts *a = &r->a;
-    void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits};
+    void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits, a->scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     if (r->kv) {

@@ -31,6 +31,13 @@ int64_t kaon_weight_dim(const kaon_model_config *c, int dim) {
     case KAON_DIM_HEAD: return c->head_dim;
     case KAON_DIM_FFN: return c->intermediate_size;
     case KAON_DIM_ROPE_HALF: return c->rope_dim / 2;
+    case KAON_DIM_Q_LORA: return c->q_lora_rank;
+    case KAON_DIM_KV_LORA: return c->kv_lora_rank;
+    case KAON_DIM_KV_A: return (int64_t)c->kv_lora_rank + c->rope_dim;
+    case KAON_DIM_KV_B: return (int64_t)c->n_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    case KAON_DIM_K_B: return (int64_t)c->n_heads * c->kv_lora_rank;
+    case KAON_DIM_QK_NOPE: return c->qk_nope_head_dim;
+    case KAON_DIM_V_B: return (int64_t)c->n_heads * c->v_head_dim;
     default: return 0;
     }
 }
@@ -48,6 +55,10 @@ static int need(const kaon_model *m, const kaon_weight_spec *s, int l) {
     case KAON_WHEN_UNTIED: return c->tie_word_embeddings ? OPTIONAL : REQUIRED;
     case KAON_WHEN_DENSE_MLP: return moe ? ABSENT : REQUIRED;
     case KAON_WHEN_MOE_MLP: return moe ? REQUIRED : ABSENT;
+    case KAON_WHEN_Q_LORA: return c->q_lora_rank > 0 ? REQUIRED : ABSENT;
+    case KAON_WHEN_NO_Q_LORA: return c->q_lora_rank > 0 ? ABSENT : REQUIRED;
+    case KAON_WHEN_SOURCE: return m->format == KAON_FORMAT_DUMMY ? ABSENT : OPTIONAL;
+    case KAON_WHEN_DERIVED: return m->format == KAON_FORMAT_DUMMY ? REQUIRED : OPTIONAL;
     default: return OPTIONAL;
     }
 }
@@ -63,6 +74,17 @@ static void *own(kaon_model *m, size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (p) m->owned[m->n_owned++] = p;
     return p;
+}
+
+int kaon_model_own(kaon_model *m, void *p) {
+    void **list = realloc(m->owned, sizeof *list * (size_t)(m->n_owned + 1));
+    if (!list) {
+        free(p);
+        return kaon_set_error("out of memory");
+    }
+    m->owned = list;
+    m->owned[m->n_owned++] = p;
+    return 0;
 }
 
 // Vectors widened to f32 at load, plus 1 where the file stores w of a (1 + w) norm.
@@ -107,6 +129,12 @@ static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     }
     const kaon_model_config *c = &m->cfg;
     const int64_t d0 = kaon_weight_dim(c, s->dims[0]), d1 = s->ndim > 1 ? kaon_weight_dim(c, s->dims[1]) : 0;
+    if ((s->flags & KAON_W_FLAT3) && t->ndim == 3) {  // [a, b, c] stored contiguously = [a * b, c]
+        t->shape[0] *= t->shape[1];
+        t->shape[1] = t->shape[2];
+        t->shape[2] = 0;
+        t->ndim = 2;
+    }
     const bool ok = t->ndim == s->ndim && t->shape[0] == d0 && (s->ndim < 2 || t->shape[1] == d1);
     if (!ok) {
         if (s->ndim == 1)
@@ -299,6 +327,7 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
             const kaon_moe_layer *ml = &m->w.moe[l];
             add(wc, sc, &ml->router);
             add(wc, sc, &ml->shared_gate_inp);
+            add(wc, sc, &ml->score_bias);
             for (int k = 0; k < 3; k++) add(wc, sc, &ml->shared[k]);
             for (int k = 0; k < ml->n_src; k++) {
                 add(wc, sc, &ml->src[k]);
@@ -323,7 +352,8 @@ size_t kaon_weights_device_bytes(kaon_backend *be, const kaon_model *m) {
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;
             const kaon_moe_layer *ml = &m->w.moe[l];
-            total += DEV_BYTES(&ml->router, true) + DEV_BYTES(&ml->shared_gate_inp, false);
+            total += DEV_BYTES(&ml->router, true) + DEV_BYTES(&ml->shared_gate_inp, false) +
+                     DEV_BYTES(&ml->score_bias, false);
             for (int k = 0; k < 3; k++) total += DEV_BYTES(&ml->shared[k], false);
             for (int k = 0; k < ml->n_src; k++) total += DEV_BYTES(&ml->src[k], true);
         }

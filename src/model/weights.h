@@ -31,6 +31,14 @@ enum {
     KAON_DIM_HEAD,       // head_dim
     KAON_DIM_FFN,        // intermediate_size
     KAON_DIM_ROPE_HALF,  // rope_dim / 2
+    // MLA (DeepSeek)
+    KAON_DIM_Q_LORA,     // q_lora_rank
+    KAON_DIM_KV_LORA,    // kv_lora_rank
+    KAON_DIM_KV_A,       // kv_lora_rank + rope_dim (kv_a_proj_with_mqa's rows)
+    KAON_DIM_KV_B,       // n_heads * (qk_nope_head_dim + v_head_dim) (kv_b_proj's rows)
+    KAON_DIM_K_B,        // n_heads * kv_lora_rank (the absorbed W_UK^T, head by head)
+    KAON_DIM_QK_NOPE,    // qk_nope_head_dim
+    KAON_DIM_V_B,        // n_heads * v_head_dim (W_UV head by head; o_proj's input)
 };
 
 // When a weight is in the file. REQUIRED-type conditions make it required when they hold and
@@ -44,6 +52,10 @@ typedef enum kaon_when {
     KAON_WHEN_UNTIED,      // !cfg.tie_word_embeddings (the LM head)
     KAON_WHEN_DENSE_MLP,   // the layer has a dense MLP
     KAON_WHEN_MOE_MLP,     // the layer has experts
+    KAON_WHEN_Q_LORA,      // q_lora_rank > 0 (absent otherwise)
+    KAON_WHEN_NO_Q_LORA,   // q_lora_rank == 0 (absent otherwise)
+    KAON_WHEN_SOURCE,      // optional in a file, read by the architecture's prepare; absent in dummy models
+    KAON_WHEN_DERIVED,     // optional in a file (prepare makes it when absent); created in dummy models
 } kaon_when;
 
 enum {
@@ -52,6 +64,7 @@ enum {
     KAON_W_PLUS_ONE_HF = 1 << 2,  // HF files store w and compute with 1 + w (Gemma): folded at load
     KAON_W_HOST = 1 << 3,         // read on the host at load only (e.g. rope_freqs); never uploaded
     KAON_W_EXPERTS = 1 << 4,      // the layer's experts, found by model/moe.c in any layout
+    KAON_W_FLAT3 = 1 << 5,        // a file may store the matrix [a, b, c]: read as [a * b, c]
 };
 
 typedef struct kaon_weight_spec {

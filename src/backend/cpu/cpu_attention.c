@@ -1,4 +1,5 @@
-// Paged KV cache writes and causal attention with GQA on the CPU.
+// Paged KV cache writes and causal attention with GQA on the CPU, and MLA's absorbed form
+// (one latent row per token that is both K and, its first kv_lora values, V).
 //
 // K and V of one layer are [n_blocks, block_size, n_kv_heads, head_dim] f32. A work item is a
 // token and the query heads of one KV head (a single head when few tokens must be spread over
@@ -16,13 +17,13 @@
 #include "util/err.h"
 
 #define KAON_ATTN_CHUNK 64
-#define KAON_ATTN_MAX_HD 512
+#define KAON_ATTN_MAX_HD 1024
 #define KAON_ATTN_HEADS 8  // query heads one work item handles (GQA sharing)
 
 void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                        const kaon_attn_meta *m, int n_kv_heads, int head_dim) {
     (void)be;
-    if (!kv || !kv->k || !kv->v || !k || !v || !m || n_kv_heads <= 0 || head_dim <= 0) {
+    if (!kv || !kv->k || !k || (v && !kv->v) || !m || n_kv_heads <= 0 || head_dim <= 0) {
         kaon_set_error("cpu kv_write: bad arguments");
         return;
     }
@@ -38,16 +39,18 @@ void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const
         const int32_t slot = m->slot_mapping[t];
         if (slot < 0) continue;  // a padding token: nothing to store
         memcpy(K + (size_t)slot * row, kf + (size_t)t * row, row * sizeof(float));
-        memcpy(V + (size_t)slot * row, vf + (size_t)t * row, row * sizeof(float));
+        if (vf) memcpy(V + (size_t)slot * row, vf + (size_t)t * row, row * sizeof(float));
     }
 }
 
+// hd: query/key width per head; hv: value (and output) width. GQA: hv == hd, and K and V are
+// separate caches. MLA: one KV head whose V is the first hv values of the K row itself.
 typedef struct attn_job {
     const kaon_cpu_kernels *k;
     const float *q, *K, *V;
     float *out;
     const kaon_attn_meta *m;
-    int n_heads, n_kv, hd, group;
+    int n_heads, n_kv, hd, hv, group;
     float scale;
     int window;  // 0: all of 0..p
 } attn_job;
@@ -71,7 +74,7 @@ static inline void prefetch_rows(const float *base, size_t rs, int len, size_t c
 // Per-head state of one work item: the weighted V sums, a chunk's scores, the running max
 // and softmax denominator.
 typedef struct attn_state {
-    float *acc;  // [nh, hd]
+    float *acc;  // [nh, hv]
     float *sc;   // [nh, KAON_ATTN_CHUNK]
     float *mx, *l;
 } attn_state;
@@ -85,11 +88,11 @@ typedef struct attn_state {
 static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_state *st,
                         const bool prefetch) {
     const kaon_attn_meta *m = j->m;
-    const int hd = j->hd, bs = m->block_size;
-    float *o0 = j->out + ((size_t)t * j->n_heads + h0) * hd;
+    const int hd = j->hd, hv = j->hv, bs = m->block_size;
+    float *o0 = j->out + ((size_t)t * j->n_heads + h0) * hv;
     const int s = m->token_seq[t], pos = m->positions[t];
     if (s < 0 || s >= m->n_seqs || pos < 0 || pos / bs >= m->max_blocks) {
-        memset(o0, 0, (size_t)nh * hd * sizeof(float));
+        memset(o0, 0, (size_t)nh * hv * sizeof(float));
         return -1;
     }
     const int32_t *bt = m->block_tables + (size_t)s * m->max_blocks;
@@ -100,7 +103,7 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
     const size_t rs = (size_t)j->n_kv * hd;  // floats between consecutive slots
     float *mx = st->mx, *l = st->l;
     for (int h = 0; h < nh; h++) {
-        memset(st->acc + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+        memset(st->acc + (size_t)h * hv, 0, (size_t)hv * sizeof(float));
         mx[h] = -INFINITY;
         l[h] = 0.0f;
     }
@@ -117,7 +120,7 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
             if (len > KAON_ATTN_CHUNK - cnt) len = KAON_ATTN_CHUNK - cnt;
             const int32_t bid = bt[blk];
             if (bid < 0) {
-                memset(o0, 0, (size_t)nh * hd * sizeof(float));
+                memset(o0, 0, (size_t)nh * hv * sizeof(float));
                 return -1;
             }
             seg_base[nseg] = ((size_t)bid * bs + off) * rs;
@@ -146,13 +149,13 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
             }
         }
         for (int h = 0; h < nh; h++) {
-            float *sc = st->sc + (size_t)h * KAON_ATTN_CHUNK, *acc = st->acc + (size_t)h * hd;
+            float *sc = st->sc + (size_t)h * KAON_ATTN_CHUNK, *acc = st->acc + (size_t)h * hv;
             float cm = sc[0];
             for (int i = 1; i < cnt; i++) cm = sc[i] > cm ? sc[i] : cm;
             if (cm > mx[h]) {  // a new maximum: rescale what was accumulated so far
                 const float corr = expf(mx[h] - cm);
                 l[h] *= corr;
-                for (int i = 0; i < hd; i++) acc[i] *= corr;
+                for (int i = 0; i < hv; i++) acc[i] *= corr;
                 mx[h] = cm;
             }
             l[h] += j->k->exp_sum(sc, cnt, mx[h]);
@@ -160,46 +163,32 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
         for (int h = 0; h < nh; h++) {
             const size_t hoff = (size_t)((h0 + h) / j->group) * hd;
             for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
-                j->k->attn_accum(st->acc + (size_t)h * hd, j->V + seg_base[g] + hoff, rs,
-                                 st->sc + (size_t)h * KAON_ATTN_CHUNK + c, seg_len[g], hd);
+                j->k->attn_accum(st->acc + (size_t)h * hv, j->V + seg_base[g] + hoff, rs,
+                                 st->sc + (size_t)h * KAON_ATTN_CHUNK + c, seg_len[g], hv);
         }
         p0 += cnt;
     }
     for (int h = 0; h < nh; h++) {
         const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        const float *acc = st->acc + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) o0[(size_t)h * hd + i] = acc[i] * inv;
+        const float *acc = st->acc + (size_t)h * hv;
+        for (int i = 0; i < hv; i++) o0[(size_t)h * hv + i] = acc[i] * inv;
     }
     return 0;
 }
 
-void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
-                        const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
-                        float scale, int window, void *out) {
-    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
-    if (!q || !kv || !kv->k || !kv->v || !m || !out || n_heads <= 0 || n_kv_heads <= 0 ||
-        n_heads % n_kv_heads != 0 || head_dim <= 0 || head_dim > KAON_ATTN_MAX_HD || window < 0) {
-        kaon_set_error("cpu attention: bad arguments (heads %d, kv heads %d, head_dim %d, window %d)",
-                       n_heads, n_kv_heads, head_dim, window);
-        return;
-    }
-    const int T = m->n_tokens;
-    if (T <= 0) return;
-    if (!m->positions || !m->token_seq || !m->block_tables || m->block_size <= 0 ||
-        m->max_blocks <= 0 || m->n_seqs <= 0) {
-        kaon_set_error("cpu attention: incomplete metadata");
-        return;
-    }
-    attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->v, .out = out, .m = m,
-                  .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim,
-                  .group = n_heads / n_kv_heads, .scale = scale, .window = window};
+// Runs job j over its tokens (the threads and the grouping of heads into work items).
+static void run_attention(kaon_cpu_backend *be, const attn_job *jp, const char *what) {
+    const attn_job j = *jp;
+    const kaon_attn_meta *m = j.m;
+    const int T = m->n_tokens, n_heads = j.n_heads, n_kv_heads = j.n_kv, head_dim = j.hd;
+    const int window = j.window;
     double work = 0.0;
     for (int t = 0; t < T; t++) {
         const int keys = m->positions[t] > 0 ? m->positions[t] + 1 : 1;
         work += (double)(window > 0 && keys > window ? window : keys);
     }
-    work *= 8.0 * n_heads * head_dim;  // 2 float FMAs per (position, dim), ~4x an int8 MAC
-    const int nt = kaon_cpu_threads_for(be_, work);
+    work *= 4.0 * n_heads * (head_dim + j.hv);  // 2 float FMAs per (position, dim), ~4x an int8 MAC
+    const int nt = kaon_cpu_threads_for(&be->base, work);
     // Work items: a token and some of its query heads. Many tokens (a batched decode step, a
     // prefill chunk): all of a token's heads, so its K and V rows are read whole, block by
     // block. Otherwise the query heads of one KV head (at most KAON_ATTN_HEADS), or, with few
@@ -212,16 +201,16 @@ void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *k
     const int nsub = hg == n_heads ? 1 : (group + hg - 1) / hg;
     const int per_tok = hg == n_heads ? 1 : n_kv_heads * nsub, items = T * per_tok;
     // Per-thread state for hg heads.
-    const size_t st_floats = (size_t)hg * ((size_t)head_dim + KAON_ATTN_CHUNK + 2) + 16;
+    const size_t st_floats = (size_t)hg * ((size_t)j.hv + KAON_ATTN_CHUNK + 2) + 16;
     float *stbuf = kaon_cpu_scratch(be, sizeof(float) * st_floats * (size_t)nt);
     if (!stbuf) return;
     int bad = 0;
 #pragma omp parallel num_threads(nt) reduction(| : bad) if (nt > 1)
     {
         float *b = stbuf + st_floats * (size_t)omp_get_thread_num();
-        const attn_state st = {.acc = b, .sc = b + (size_t)hg * head_dim,
-                               .mx = b + (size_t)hg * (head_dim + KAON_ATTN_CHUNK),
-                               .l = b + (size_t)hg * (head_dim + KAON_ATTN_CHUNK + 1)};
+        const attn_state st = {.acc = b, .sc = b + (size_t)hg * j.hv,
+                               .mx = b + (size_t)hg * (j.hv + KAON_ATTN_CHUNK),
+                               .l = b + (size_t)hg * (j.hv + KAON_ATTN_CHUNK + 1)};
 #pragma omp for schedule(dynamic, 1) nowait
         for (int it = 0; it < items; it++) {
             const int t = it / per_tok;
@@ -234,5 +223,52 @@ void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *k
             if (attend_heads(&j, t, g * group + sb * hg, nh, &st, false)) bad |= 1;
         }
     }
-    if (bad) kaon_set_error("cpu attention: a token's sequence, position or block is out of range");
+    if (bad) kaon_set_error("cpu %s: a token's sequence, position or block is out of range", what);
+}
+
+static bool meta_ok(const kaon_attn_meta *m) {
+    return m->positions && m->token_seq && m->block_tables && m->block_size > 0 && m->max_blocks > 0 &&
+           m->n_seqs > 0;
+}
+
+void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
+                        const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                        float scale, int window, void *out) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (!q || !kv || !kv->k || !kv->v || !m || !out || n_heads <= 0 || n_kv_heads <= 0 ||
+        n_heads % n_kv_heads != 0 || head_dim <= 0 || head_dim > KAON_ATTN_MAX_HD || window < 0) {
+        kaon_set_error("cpu attention: bad arguments (heads %d, kv heads %d, head_dim %d, window %d)",
+                       n_heads, n_kv_heads, head_dim, window);
+        return;
+    }
+    if (m->n_tokens <= 0) return;
+    if (!meta_ok(m)) {
+        kaon_set_error("cpu attention: incomplete metadata");
+        return;
+    }
+    const attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->v, .out = out, .m = m,
+                        .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim, .hv = head_dim,
+                        .group = n_heads / n_kv_heads, .scale = scale, .window = window};
+    run_attention(be, &j, "attention");
+}
+
+void kaon_cpu_mla_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
+                            const kaon_attn_meta *m, int n_heads, int kv_lora, int rope_dim,
+                            float scale, void *out) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (!q || !kv || !kv->k || !m || !out || n_heads <= 0 || kv_lora <= 0 || rope_dim < 0 ||
+        kv_lora + rope_dim > KAON_ATTN_MAX_HD) {
+        kaon_set_error("cpu mla_attention: bad arguments (heads %d, latent %d, rope %d)", n_heads, kv_lora,
+                       rope_dim);
+        return;
+    }
+    if (m->n_tokens <= 0) return;
+    if (!meta_ok(m)) {
+        kaon_set_error("cpu mla_attention: incomplete metadata");
+        return;
+    }
+    const attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->k, .out = out, .m = m,
+                        .n_heads = n_heads, .n_kv = 1, .hd = kv_lora + rope_dim, .hv = kv_lora,
+                        .group = n_heads, .scale = scale, .window = 0};
+    run_attention(be, &j, "mla_attention");
 }

@@ -352,6 +352,7 @@ static void cpu_destroy(kaon_backend *be_) {
     if (!be) return;
     free(be->scratch);
     free(be->moe_scratch);
+    free(be->head_scratch);
     free(be->rope_cs);
     free(be->rope_pos);
     free(be->rope_freq);
@@ -370,6 +371,9 @@ static const kaon_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_write = kaon_cpu_kv_write,
     .attention = kaon_cpu_attention,
+    .mla_attention = kaon_cpu_mla_attention,
+    .head_linear = kaon_cpu_head_linear,
+    .copy_strided = kaon_cpu_copy_strided,
     .silu_and_mul = cpu_silu_and_mul,
     .gelu_tanh_and_mul = cpu_gelu_tanh_and_mul,
     .scale = cpu_scale,

@@ -143,6 +143,9 @@ typedef struct kaon_cpu_backend {
     // which the linear calls it makes reuse.
     void *moe_scratch;
     size_t moe_scratch_cap;
+    // head_linear's gathered rows and outputs (it calls the linear kernels, which use `scratch`).
+    void *head_scratch;
+    size_t head_scratch_cap;
 } kaon_cpu_backend;
 
 // Returns at least `bytes` of 64-byte aligned scratch, or NULL (error set).
@@ -162,6 +165,15 @@ void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const
 void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                         float scale, int window, void *out);
+
+void kaon_cpu_mla_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                            const kaon_attn_meta *m, int n_heads, int kv_lora, int rope_dim,
+                            float scale, void *out);
+// Per-head matrices and strided copies (cpu_heads.c).
+void kaon_cpu_head_linear(kaon_backend *be, const void *x, int n, int n_heads, size_t x_tok,
+                          size_t x_head, const kaon_tensor *w, void *y, size_t y_tok, size_t y_head);
+void kaon_cpu_copy_strided(kaon_backend *be, const void *src, size_t src_stride, void *dst,
+                           size_t dst_stride, int rows, int width, float s);
 
 // The moe op (cpu_moe.c).
 int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,

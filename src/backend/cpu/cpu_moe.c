@@ -2,7 +2,8 @@
 // all of its tokens, add the weighted outputs back per token.
 //
 //   logits = x @ router^T                          [n, E]   (the linear kernels, any format)
-//   top-k of softmax(logits) per token (ties: the lower expert id), renormalised if asked
+//   top-k per token of softmax or sigmoid scores (+ selection bias, group limits; ties: the lower
+//   expert id), weights renormalised and scaled if asked
 //   tokens grouped by expert: counts, offsets, the token of each slot (ascending per expert)
 //   for each expert e with tokens: xe = x[tokens of e]                  [n_e, dim]
 //       h = silu(xe @ gate_e^T) * (xe @ up_e^T)                         [n_e, ffn]
@@ -49,26 +50,67 @@ static void *take(bump *b, size_t bytes) {
     return r;
 }
 
-// Top-k of softmax(l) [E]: ids in descending probability (ties: lower id first), weights p.
-static void route_token(const float *l, int E, int k, bool norm, int32_t *ids, float *p) {
-    float mx = l[0];
-    for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
-    double sum = 0;
-    for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+// The k best of c [E] not yet taken (ties: the lower id) into ids, in descending order.
+static void top_k(const float *c, int E, int k, int32_t *ids) {
     uint64_t taken[4096 / 64] = {0};
-    double sel = 0;
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++)
-            if (!(taken[e / 64] >> (e % 64) & 1) && (best < 0 || l[e] > l[best])) best = e;
+            if (!(taken[e / 64] >> (e % 64) & 1) && (best < 0 || c[e] > c[best])) best = e;
         taken[best / 64] |= (uint64_t)1 << (best % 64);
         ids[j] = best;
-        const double q = exp((double)l[best] - mx);
-        p[j] = (float)(q / sum);
-        sel += q;
     }
-    if (norm)
-        for (int j = 0; j < k; j++) p[j] = (float)(exp((double)l[ids[j]] - mx) / sel);
+}
+
+// One token's routing (backend.h, kaon_moe_weights): logits l [E] -> the top_k experts ids (in
+// descending choice value) and their weights p. s, c: [E] scratch (scores, choice values).
+static void route_token(const float *l, const kaon_moe_weights *w, float *s, float *c, int32_t *ids,
+                        float *p) {
+    const int E = w->n_experts, k = w->top_k;
+    if (w->scoring == KAON_MOE_SIGMOID) {
+        for (int e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else {
+        float mx = l[0];
+        for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+        for (int e = 0; e < E; e++) s[e] = (float)(exp((double)l[e] - mx) / sum);
+    }
+    const float *bias = w->score_bias ? w->score_bias->data : NULL;
+    for (int e = 0; e < E; e++) c[e] = bias ? s[e] + bias[e] : s[e];
+    if (w->n_group > 1 && w->topk_group < w->n_group) {
+        // Group-limited: only the topk_group best groups compete; the others' values count as
+        // 0 (HF's masked_fill), not as minus infinity.
+        const int G = w->n_group, per = E / G;
+        float gs[256];
+        int32_t keep[256];
+        for (int g = 0; g < G; g++) {
+            const float *cg = c + (size_t)g * per;
+            float a = cg[0], b = -INFINITY;  // best and second best
+            for (int i = 1; i < per; i++) {
+                if (cg[i] > a) {
+                    b = a;
+                    a = cg[i];
+                } else if (cg[i] > b) {
+                    b = cg[i];
+                }
+            }
+            gs[g] = w->group_top2 ? a + (per > 1 ? b : 0.0f) : a;
+        }
+        top_k(gs, G, w->topk_group, keep);
+        bool kept[256] = {false};
+        for (int j = 0; j < w->topk_group; j++) kept[keep[j]] = true;
+        for (int g = 0; g < G; g++)
+            if (!kept[g]) memset(c + (size_t)g * per, 0, sizeof(float) * (size_t)per);
+    }
+    top_k(c, E, k, ids);
+    double sel = 0;
+    for (int j = 0; j < k; j++) {
+        p[j] = s[ids[j]];
+        sel += p[j];
+    }
+    const float f = w->routed_scale > 0.0f ? w->routed_scale : 1.0f;
+    for (int j = 0; j < k; j++) p[j] = (float)(w->norm_topk ? p[j] / (sel + 1e-20) : p[j]) * f;
 }
 
 // y = silu(x @ g^T) * (x @ u^T), through the fused kernel when g and u share a format.
@@ -92,7 +134,10 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         return kaon_set_error("cpu moe: bad arguments");
     const int E = w->n_experts, K = w->top_k;
     if (E < 1 || E > 4096 || K < 1 || K > E || K > MOE_MAX_TOPK || w->router->ndim != 2 ||
-        w->router->shape[0] != E)
+        w->router->shape[0] != E ||
+        (w->n_group > 1 && (w->n_group > 256 || E % w->n_group || w->topk_group < 1 ||
+                            w->topk_group > w->n_group || (int64_t)w->topk_group * (E / w->n_group) < K)) ||
+        (w->score_bias && (w->score_bias->dtype != KAON_F32 || kaon_tensor_numel(w->score_bias) != E)))
         return kaon_set_error("cpu moe: %d experts, top %d, router of %lld rows", E, K,
                               w->router ? (long long)w->router->shape[0] : -1LL);
     const int64_t dim = w->router->shape[1], F = w->gate[0].shape[0];
@@ -109,6 +154,7 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
     // Scratch: sizes first (b.p == NULL), then the pointers.
     const size_t NK = (size_t)n * K, wide = (size_t)(F > SF ? F : SF);
     float *logits = NULL, *pw = NULL, *slot_w = NULL, *xe = NULL, *he = NULL, *tmp = NULL, *ye = NULL, *sg = NULL;
+    float *rs = NULL;  // route_token's scores and choice values
     int32_t *ids = NULL, *cnt = NULL, *off = NULL, *slot_tok = NULL, *fill = NULL;
     for (int pass = 0; pass < 2; pass++) {
         bump b = {NULL, 0};
@@ -129,13 +175,14 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         tmp = take(&b, (size_t)n * wide * sizeof(float));
         ye = take(&b, (size_t)n * dim * sizeof(float));
         sg = take(&b, (size_t)n * sizeof(float));
+        rs = take(&b, (size_t)2 * E * sizeof(float));
         if (!pass && !moe_scratch(be, b.used)) return -1;
     }
 
     // 1. Route.
     kaon_cpu_linear(be_, x, n, w->router, NULL, logits);  // [n, E]
     for (int t = 0; t < n; t++)
-        route_token(logits + (size_t)t * E, E, K, w->norm_topk, ids + (size_t)t * K, pw + (size_t)t * K);
+        route_token(logits + (size_t)t * E, w, rs, rs + E, ids + (size_t)t * K, pw + (size_t)t * K);
 
     // 2. Group by expert: slots [off[e], off[e+1]) hold e's tokens in ascending order.
     // Padding tokens (negative position) go nowhere.

@@ -538,6 +538,10 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     bf16 *out = (bf16 *)out_;
     if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
         return kc_fail(b, "cuda moe: bad arguments");
+    if (w->scoring != KAON_MOE_SOFTMAX || w->score_bias || w->n_group > 1 ||
+        (w->routed_scale > 0.0f && w->routed_scale != 1.0f))
+        return kc_fail(b, "cuda moe: DeepSeek routing (sigmoid scores, selection bias, expert groups, "
+                          "a routed scaling factor) is not implemented on the GPU yet");
     const int E = w->n_experts, K = w->top_k;
     if (E < 1 || E > MOE_MAX_E || K < 1 || K > E || K > MOE_MAX_K)
         return kc_fail(b, "cuda moe: %d experts, top %d (at most %d experts, top %d)", E, K, MOE_MAX_E, MOE_MAX_K);

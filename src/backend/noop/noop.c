@@ -32,6 +32,18 @@ static void noop_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, co
                           const kaon_attn_meta *m, int nkv, int hd) {
     (void)be; (void)kv; (void)k; (void)v; (void)m; (void)nkv; (void)hd;
 }
+static void noop_mla_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                               const kaon_attn_meta *m, int nh, int kvl, int rd, float scale, void *out) {
+    (void)be; (void)q; (void)kv; (void)m; (void)nh; (void)kvl; (void)rd; (void)scale; (void)out;
+}
+static void noop_head_linear(kaon_backend *be, const void *x, int n, int nh, size_t xt, size_t xh,
+                             const kaon_tensor *w, void *y, size_t yt, size_t yh) {
+    (void)be; (void)x; (void)n; (void)nh; (void)xt; (void)xh; (void)w; (void)y; (void)yt; (void)yh;
+}
+static void noop_copy_strided(kaon_backend *be, const void *src, size_t ss, void *dst, size_t ds, int rows,
+                              int width, float s) {
+    (void)be; (void)src; (void)ss; (void)dst; (void)ds; (void)rows; (void)width; (void)s;
+}
 static void noop_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                            const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, int window,
                            void *out) {
@@ -63,6 +75,7 @@ static const kaon_backend_ops noop_ops = {
     .name = "noop", .alloc = noop_alloc, .free = noop_free, .act_elem_bytes = 4,
     .embed = noop_embed, .get_rows = noop_get_rows, .rmsnorm = noop_rmsnorm, .linear = noop_linear,
     .rope = noop_rope, .kv_write = noop_kv_write, .attention = noop_attention,
+    .mla_attention = noop_mla_attention, .head_linear = noop_head_linear, .copy_strided = noop_copy_strided,
     .silu_and_mul = noop_gated, .gelu_tanh_and_mul = noop_gated, .scale = noop_scale, .logit_softcap = noop_softcap,
     .to_host_f32 = noop_to_host, .destroy = noop_destroy, .moe = noop_moe,
 };
