@@ -273,19 +273,32 @@ int kaon_cmd_info(int argc, char **argv) {
     printf("layers:         %d, hidden %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n",
            c->n_layers, c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim,
            c->vocab_size);
+    if (c->kv_lora_rank > 0)
+        printf("MLA:            q %s, latent %d + rope key %d cached per token, q/k head %d (nope %d + rope "
+               "%d), v head %d\n",
+               c->q_lora_rank > 0 ? "low-rank" : "full rank", c->kv_lora_rank, c->rope_dim, c->head_dim,
+               c->qk_nope_head_dim, c->rope_dim, c->v_head_dim);
     if (n_moe) {
         printf("experts:        %d MoE layers of %d (the others dense); %d experts of ffn %d, top %d per "
-               "token, %s\n",
+               "token, %s scores, %s%s\n",
                n_moe, c->n_layers, c->n_experts, c->moe_intermediate_size, c->n_experts_used,
-               c->norm_topk_prob ? "weights renormalised over the top-k" : "softmax weights (not renormalised)");
+               c->moe_scoring == KAON_MOE_SIGMOID ? "sigmoid" : "softmax",
+               c->norm_topk_prob ? "weights renormalised over the top-k" : "weights not renormalised",
+               c->moe_score_bias ? ", selection bias" : "");
+        if (c->moe_n_group > 1)
+            printf("routing groups: best %d of %d groups (group score: %s)\n", c->moe_topk_group, c->moe_n_group,
+                   c->moe_group_top2 ? "sum of its best two" : "its best expert");
+        if (c->moe_routed_scale != 1.0f) printf("routed scale:   %g\n", c->moe_routed_scale);
         if (c->shared_expert_intermediate_size > 0)
-            printf("shared expert:  ffn %d, every token, sigmoid-gated\n", c->shared_expert_intermediate_size);
+            printf("shared expert:  ffn %d, every token%s\n", c->shared_expert_intermediate_size,
+                   c->shared_expert_gated ? ", sigmoid-gated" : "");
     }
     printf("context:        %d tokens\n", c->max_position_embeddings);
     printf("rope:           theta %g, %d dims, %s%s\n", c->rope_theta, c->rope_dim,
-           c->rope_interleaved ? "interleaved pairs (GGUF llama Q/K permutation)" : "NeoX halves",
+           c->rope_interleaved ? "interleaved pairs" : "NeoX halves",
            c->rope_scaling == KAON_ROPE_SCALING_LLAMA3 ? ", llama3 scaling"
-           : c->rope_scaling == KAON_ROPE_SCALING_LINEAR ? ", linear scaling" : "");
+           : c->rope_scaling == KAON_ROPE_SCALING_LINEAR ? ", linear scaling"
+           : c->rope_scaling == KAON_ROPE_SCALING_YARN ? ", YaRN scaling" : "");
     printf("embeddings:     %s\n", c->tie_word_embeddings ? "tied (LM head = token embedding)" : "separate LM head");
     printf("weight formats:");
     for (int t = 0; t < KAON_MAX_DTYPE_IDS; t++)
@@ -313,11 +326,13 @@ int kaon_cmd_info(int argc, char **argv) {
     }
     free(rows);
     if (meta) print_file_types(meta);
-    size_t kv_tok = kaon_model_kv_bytes_per_token(m, 4);
-    printf("memory:         weights %.1f MiB (%s); KV cache %.1f KiB/token (f32), "
-           "%.1f MiB at the full context\n",
-           m->weight_bytes / 1048576.0, m->format == KAON_FORMAT_DUMMY ? "bf16, created by the device backend" : "mapped in place", kv_tok / 1024.0,
-           (double)kv_tok * c->max_position_embeddings / 1048576.0);
+    const size_t kv_tok = kaon_model_kv_bytes_per_token(m, 4), kv_gpu = kaon_model_kv_bytes_per_token(m, 2);
+    printf("memory:         weights %.1f MiB (%s)\n", m->weight_bytes / 1048576.0,
+           m->format == KAON_FORMAT_DUMMY ? "bf16, created by the device backend" : "mapped in place");
+    printf("KV cache:       %zu B/token in bf16 (GPU), %zu B/token in f32 (CPU); the full context of %d "
+           "tokens: %.1f MiB (bf16); 1 GiB holds %zu tokens (bf16)\n",
+           kv_gpu, kv_tok, c->max_position_embeddings, (double)kv_gpu * c->max_position_embeddings / 1048576.0,
+           ((size_t)1 << 30) / kv_gpu);
     int rc = 0;
     if (o.expert_load) {
         fflush(stdout);

@@ -195,9 +195,9 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                   (tot - fr) / G);
     }
     e->stats.kv_blocks_total = e->n_blocks;
-    KAON_INFO("engine: %s, %d KV blocks x %d tokens (%.1f MiB, %zu B/token), max_model_len %d, "
+    KAON_INFO("engine: %s, %d KV blocks x %d tokens = %d tokens fit (%.1f MiB, %zu B/token), max_model_len %d, "
               "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, %d threads",
-              e->model->path, e->n_blocks, e->block_size,
+              e->model->path, e->n_blocks, e->block_size, e->n_blocks * e->block_size,
               (double)e->n_blocks * e->block_size * per_token / 1048576.0, per_token,
               e->max_model_len, o->max_num_seqs, o->max_num_batched_tokens,
               e->prefix_caching ? "on" : "off", o->n_threads);

@@ -599,6 +599,105 @@ static void test_attention_window(kaon_backend *be, const char *set, int hd, int
     free(L_.btab); free(kall); free(vall); free(s1); free(q); free(out); free(ref);
 }
 
+
+// ---- MLA (DeepSeek): latent rows, per-head matrices, strided copies -----------------------
+
+// MLA's absorbed attention: one cached row [kvl + rd] per token (kv_write with no V) is every
+// head's key, and its first kvl values the value. Two sequences interleaved, a decode after a
+// cached prefix, a padding token (position -1) that must come out as zeros.
+static void test_mla_attention(kaon_backend *be, const char *set, int H, int kvl, int rd) {
+    const int R = kvl + rd, MAXP = 21;
+    kv_layout L = {.n_seqs = 2, .max_blocks = 6, .bs = 4, .n_blocks = 12};
+    shuffled_tables(&L);
+    float *rows = rnd_vec((size_t)L.n_seqs * MAXP * R, 1.0);
+    kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * R), NULL};
+    int32_t seqs[2 * MAXP + 1], pos[2 * MAXP + 1], slot[2 * MAXP + 1];
+    int T = 0;
+    for (int p = 0; p < MAXP; p++) {
+        for (int sq = 0; sq < 2; sq++) {
+            if (sq == 1 && p == MAXP - 1) continue;  // sequence 1 stops one short
+            seqs[T] = sq, pos[T] = p;
+            slot[T] = L.btab[sq * L.max_blocks + p / L.bs] * L.bs + p % L.bs;
+            T++;
+        }
+    }
+    seqs[T] = -1, pos[T] = -1, slot[T] = -1;  // padding
+    T++;
+    float *k = malloc(sizeof(float) * T * R);
+    for (int t = 0; t < T; t++)
+        memcpy(k + (size_t)t * R, seqs[t] < 0 ? rows : rows + ((size_t)seqs[t] * MAXP + pos[t]) * R, sizeof(float) * R);
+    kaon_attn_meta m = {.n_tokens = T, .n_seqs = L.n_seqs, .positions = pos, .token_seq = seqs,
+                        .slot_mapping = slot, .block_tables = L.btab, .max_blocks = L.max_blocks,
+                        .block_size = L.bs};
+    kaon_clear_error();
+    be->ops->kv_write(be, &kv, k, NULL, &m, 1, R);
+    float *q = rnd_vec((size_t)T * H * R, 0.3), *out = malloc(sizeof(float) * T * H * kvl);
+    double *ref = calloc((size_t)T * H * kvl, sizeof(double)), sc[MAXP];
+    const float scale = 0.11f;
+    be->ops->mla_attention(be, q, &kv, &m, H, kvl, rd, scale, out);
+    for (int t = 0; t < T - 1; t++)
+        for (int h = 0; h < H; h++) {
+            const float *qv = q + ((size_t)t * H + h) * R;
+            double mx = -INFINITY, sum = 0;
+            for (int p = 0; p <= pos[t]; p++) {
+                const float *r = rows + ((size_t)seqs[t] * MAXP + p) * R;
+                double d = 0;
+                for (int i = 0; i < R; i++) d += (double)qv[i] * r[i];
+                sc[p] = d * scale;
+                mx = fmax(mx, sc[p]);
+            }
+            for (int p = 0; p <= pos[t]; p++) sum += sc[p] = exp(sc[p] - mx);
+            double *o = ref + ((size_t)t * H + h) * kvl;
+            for (int p = 0; p <= pos[t]; p++)
+                for (int i = 0; i < kvl; i++) o[i] += sc[p] / sum * rows[((size_t)seqs[t] * MAXP + p) * R + i];
+        }
+    CHECK(strstr(kaon_last_error(), "out of range") != NULL);  // the padding token's sequence
+    CHECK_RATIO(err_ratio(out, ref, (size_t)T * H * kvl, 2e-6, 2e-5), "mla_attention", set);
+    be->ops->free(be, kv.k);
+    free(L.btab); free(rows); free(k); free(q); free(out); free(ref);
+}
+
+// y[t, h, :out] = x[t, h, :in] @ w_h^T with x and y rows wider than the heads' slices.
+static void test_head_linear(kaon_backend *be, const char *set, kaon_dtype dt) {
+    const int T = 5, H = 3, in = 64, out = 24, xh = in + 8, yh = out + 5;
+    const size_t xt = (size_t)H * xh + 3, yt = (size_t)H * yh + 2;
+    float *x = rnd_vec((size_t)T * xt, 1.0), *wf = rnd_vec((size_t)H * out * in, 0.2);
+    float *y = malloc(sizeof(float) * T * yt);
+    uint16_t *wb = malloc(sizeof(uint16_t) * H * out * in);
+    for (int i = 0; i < H * out * in; i++) {
+        wb[i] = kaon_f32_to_bf16(wf[i]);
+        if (dt == KAON_BF16) wf[i] = kaon_bf16_to_f32(wb[i]);
+    }
+    for (size_t i = 0; i < (size_t)T * yt; i++) y[i] = -7.0f;  // untouched outside the slices
+    kaon_tensor w = {.dtype = dt, .ndim = 2, .shape = {H * out, in},
+                     .data = dt == KAON_BF16 ? (void *)wb : (void *)wf,
+                     .nbytes = (size_t)H * out * in * (dt == KAON_BF16 ? 2 : 4)};
+    be->ops->head_linear(be, x, T, H, xt, xh, &w, y, yt, yh);
+    double worst = 0;
+    int kept = 1;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            for (int o = 0; o < out; o++) {
+                double d = 0;
+                for (int i = 0; i < in; i++) d += (double)x[t * xt + h * xh + i] * wf[((size_t)h * out + o) * in + i];
+                const double e = fabs(y[t * yt + h * yh + o] - d) / (1e-5 + 1e-4 * fabs(d));
+                worst = e > worst || e != e ? e : worst;
+            }
+            for (int o = out; o < yh; o++) kept &= y[t * yt + h * yh + o] == -7.0f;
+        }
+    CHECK_RATIO(worst, "head_linear", set);
+    CHECK(kept);
+    float src[6 * 5], dst[6 * 7];
+    for (int i = 0; i < 30; i++) src[i] = (float)i;
+    for (int i = 0; i < 42; i++) dst[i] = -1.0f;
+    be->ops->copy_strided(be, src, 5, dst, 7, 6, 3, 0.5f);
+    int ok = 1;
+    for (int r = 0; r < 6; r++)
+        for (int i = 0; i < 7; i++) ok &= dst[r * 7 + i] == (i < 3 ? 0.5f * src[r * 5 + i] : -1.0f);
+    CHECK(ok);
+    free(x); free(wf); free(y); free(wb);
+}
+
 int main(void) {
     make_sets(2);
     for (int s = 0; s < n_sets; s++) {
@@ -625,6 +724,10 @@ int main(void) {
         test_attention_window(be, nm, 40, 40, 7);
         test_attention_window(be, nm, 7, 40, 41);
         test_attention_window(be, nm, 64, 100, 64);  // several 64-key chunks per window
+        test_mla_attention(be, nm, 4, 32, 8);
+        test_mla_attention(be, nm, 16, 512, 64);  // DeepSeek's widths
+        test_head_linear(be, nm, KAON_F32);
+        test_head_linear(be, nm, KAON_BF16);
     }
     free_sets();
     TEST_MAIN_END();
