@@ -91,7 +91,7 @@ typedef struct kaon_moe_weights {
     // scores s = softmax(logits) or sigmoid(logits); choice c = s + score_bias (bias: [E] f32,
     // for selection only); with n_group > 1 only the topk_group best groups of E/n_group
     // experts compete (a group's score: its best c, or with group_top2 the sum of its best
-    // two), the others' c count as 0 (as HF masks them); the top_k c are taken, their weights
+    // two), the others' c count as -inf; the top_k c are taken, their weights
     // are s (renormalised when norm_topk), times routed_scale (0: 1).
     int scoring;                     // KAON_MOE_SOFTMAX or KAON_MOE_SIGMOID
     const kaon_tensor *score_bias;   // [E] f32, or NULL

@@ -32,6 +32,11 @@ int kaon_model_find_tensor(const kaon_model *m, const char *name, kaon_tensor *o
     }
     if (!m->st) return 0;
     const kaon_st_tensor *t = kaon_safetensors_find(m->st, name);
+    if (!t && m->cfg.hf_prefix[0]) {  // a wrapper's text model (Kimi-K2.5: language_model.)
+        char full[512];
+        snprintf(full, sizeof full, "%s%s", m->cfg.hf_prefix, name);
+        t = kaon_safetensors_find(m->st, full);
+    }
     if (!t) return 0;
     out->dtype = t->dtype;
     out->ndim = t->ndim;

@@ -321,9 +321,39 @@ def hf_expected(cfg):
         "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
         "bos_token_id": -1 if cfg.get("bos_token_id") is None else cfg["bos_token_id"],
         "eos_token_ids": eos if isinstance(eos, list) else [eos],
-        "torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
+        "torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype") or "",
         "rope_interleaved": False,
     }
+
+
+def check_deepseek(name, cfg, got):
+    """MLA widths, DeepSeekMoE routing and YaRN as kaon reads a real DeepSeek / Kimi config."""
+    nope, rope = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    v3 = cfg["architectures"][0] == "DeepseekV3ForCausalLM"
+    exp = {"arch": "deepseek3" if v3 else "deepseek2", "n_layers": cfg["num_hidden_layers"],
+           "hidden_size": cfg["hidden_size"], "n_heads": cfg["num_attention_heads"],
+           "n_kv_heads": cfg["num_attention_heads"], "head_dim": nope + rope, "rope_dim": rope,
+           "qk_nope_head_dim": nope, "v_head_dim": cfg["v_head_dim"], "kv_lora_rank": cfg["kv_lora_rank"],
+           "q_lora_rank": cfg["q_lora_rank"] or 0, "rope_interleaved": True,
+           "n_experts": cfg["n_routed_experts"], "n_experts_used": cfg["num_experts_per_tok"],
+           "moe_intermediate_size": cfg["moe_intermediate_size"],
+           "shared_expert_intermediate_size": cfg["moe_intermediate_size"] * cfg["n_shared_experts"],
+           "first_moe_layer": cfg["first_k_dense_replace"],
+           "moe_scoring": 1 if v3 else 0, "moe_score_bias": v3,
+           "moe_n_group": cfg["n_group"], "moe_topk_group": cfg["topk_group"],
+           "moe_routed_scale": float(np.float32(cfg["routed_scaling_factor"])),
+           "norm_topk_prob": cfg["norm_topk_prob"] if v3 else False,
+           "n_nextn_layers": cfg.get("num_nextn_predict_layers", 0),
+           "rope_theta": float(np.float32(cfg["rope_theta"]))}
+    rs = cfg["rope_scaling"]
+    exp.update({"rope_scaling": 3, "rope_factor": float(np.float32(rs["factor"])),
+                "rope_original_max_pos": rs["original_max_position_embeddings"],
+                "rope_beta_fast": float(np.float32(rs["beta_fast"])), "rope_beta_slow": float(np.float32(rs["beta_slow"])),
+                "rope_mscale": float(np.float32(rs["mscale"])), "rope_mscale_all_dim": float(np.float32(rs["mscale_all_dim"]))})
+    for k, v in exp.items():
+        assert got[k] == v, (name, k, got[k], v)
+    # mscale == mscale_all_dim in every released config: HF's cos/sin factor is 1.
+    assert got["rope_attn_factor"] == 1.0
 
 
 def shared_configs():
@@ -340,9 +370,11 @@ def test_hf_configs_match_json(tmp_path):
         d.mkdir()
         shutil.copy(src, d / "config.json")
         r = run_dump("test_hf_config", d)
+        if "text_config" in cfg:  # multimodal wrapper (Kimi-K2.5): its text model
+            cfg = cfg["text_config"]
         rs = cfg.get("rope_scaling") or {}
         rtype = rs.get("rope_type") or rs.get("type")
-        if rtype not in (None, "default", "llama3", "linear"):
+        if rtype not in (None, "default", "llama3", "linear", "yarn"):
             assert r.returncode == 2
             assert f"rope_scaling type '{rtype}' is not supported".encode() in r.stderr
             continue
@@ -352,8 +384,9 @@ def test_hf_configs_match_json(tmp_path):
             # Not a Hugging Face config.json (DeepSeek's own inference config): nothing to name.
             assert got["arch_name"] == "" and got["arch"] == "unknown", got
             continue
-        if "num_hidden_layers" not in cfg:  # multimodal wrapper (Kimi-K2.5): top level only
-            assert got["arch_name"] == cfg["architectures"][0]
+        if "kv_lora_rank" in cfg:
+            check_deepseek(src.name, cfg, got)
+            checked += 1
             continue
         exp = hf_expected(cfg)
         for k, v in exp.items():

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "test.h"
 #include "util/err.h"
@@ -120,18 +121,29 @@ static void test_other_real(void) {
     CHECK(c.rope_theta == 1000000.0f && c.bos_token_id == 1 && c.eos_token_ids[0] == 2);
     CHECK(c.max_position_embeddings == 32768 && c.rope_scaling == KAON_ROPE_SCALING_NONE);
 
-    // YaRN scaling is not read: the error names the type.
-    static const char *yarn[] = {"deepseek-ai__DeepSeek-V3.json", "deepseek-ai__DeepSeek-R1.json",
-                                 "moonshotai__Kimi-K2-Instruct.json", "openai__gpt-oss-20b.json"};
-    for (size_t i = 0; i < sizeof yarn / sizeof yarn[0]; i++) {
-        rc = parse_shared(yarn[i], &c);
-        CHECK(rc == -1 && strstr(kaon_last_error(), "rope_scaling type 'yarn' is not supported"));
-    }
-    // Kimi-K2.5 is a multimodal wrapper: top-level fields only, "dtype" instead of torch_dtype.
-    rc = parse_shared("moonshotai__Kimi-K2.5.json", &c);
-    CHECK(rc == 0 && !strcmp(c.arch_name, "KimiK25ForConditionalGeneration"));
-    CHECK(!strcmp(c.torch_dtype, "bfloat16") && c.eos_token_ids[0] == 163585);
+    // YaRN (DeepSeek-V3/R1, Kimi-K2, gpt-oss): its keys, and HF's cos/sin factor (1 when
+    // mscale == mscale_all_dim).
+    rc = parse_shared("deepseek-ai__DeepSeek-V3.json", &c);
+    CHECK(rc == 0 && c.arch == KAON_ARCH_DEEPSEEK3 && c.rope_scaling == KAON_ROPE_SCALING_YARN);
+    CHECK(c.rope_factor == 40.0f && c.rope_original_max_pos == 4096 && c.rope_beta_fast == 32.0f &&
+          c.rope_beta_slow == 1.0f && c.rope_mscale_all_dim == 1.0f && c.rope_attn_factor == 1.0f);
+    CHECK(c.head_dim == 192 && c.rope_dim == 64 && c.kv_lora_rank == 512 && c.q_lora_rank == 1536 &&
+          c.v_head_dim == 128 && c.n_kv_heads == 128 && c.n_nextn_layers == 1);
+    CHECK(c.n_experts == 256 && c.n_experts_used == 8 && c.moe_n_group == 8 && c.moe_topk_group == 4 &&
+          c.moe_scoring == KAON_MOE_SIGMOID && c.moe_score_bias && c.moe_group_top2 &&
+          c.moe_routed_scale == 2.5f && c.shared_expert_intermediate_size == 2048);
+    CHECK(!kaon_config_layer_is_moe(&c, 2) && kaon_config_layer_is_moe(&c, 3));
+    CHECK(kaon_model_config_validate(&c) == 0);
+    rc = parse_shared("openai__gpt-oss-20b.json", &c);
+    CHECK(rc == 0 && c.rope_scaling == KAON_ROPE_SCALING_YARN && c.rope_factor == 32.0f);
+    CHECK(fabsf(c.rope_attn_factor - (float)(0.1 * log(32.0) + 1.0)) < 1e-6f);  // no mscale keys
     CHECK(kaon_model_config_validate(&c) != 0);  // not an architecture kaon runs
+    // Kimi-K2.5 is a multimodal wrapper: its text_config is a DeepSeek-V3 model whose tensors
+    // sit under language_model.
+    rc = parse_shared("moonshotai__Kimi-K2.5.json", &c);
+    CHECK(rc == 0 && !strcmp(c.arch_name, "DeepseekV3ForCausalLM") && c.arch == KAON_ARCH_DEEPSEEK3);
+    CHECK(!strcmp(c.hf_prefix, "language_model.") && c.eos_token_ids[0] == 163585 && c.n_experts == 384);
+    CHECK(kaon_model_config_validate(&c) == 0);
 }
 
 static void test_synthetic(void) {
@@ -274,6 +286,12 @@ static void test_load(void) {
     rmdir(dir);
 }
 
+static int first_moe_layer(const kaon_model_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (kaon_config_layer_is_moe(c, l)) return l;
+    return -1;
+}
+
 // `test_hf_config --dump DIR`: kaon_hf_config_load on DIR, the result as one JSON line.
 static int dump(const char *dir) {
     kaon_model_config c;
@@ -299,9 +317,22 @@ static int dump(const char *dir) {
            c.attention_bias ? "true" : "false", c.qk_norm ? "true" : "false", c.bos_token_id);
     for (int i = 0; i < c.n_eos_token_ids; i++) printf(i ? ", %d" : "%d", c.eos_token_ids[i]);
     printf("], \"gen_temperature\": %.17g, \"gen_top_p\": %.17g, \"gen_top_k\": %d, "
-           "\"gen_repetition_penalty\": %.17g, \"torch_dtype\": \"%s\"}\n",
+           "\"gen_repetition_penalty\": %.17g, \"torch_dtype\": \"%s\", ",
            (double)c.gen_temperature, (double)c.gen_top_p, c.gen_top_k,
            (double)c.gen_repetition_penalty, c.torch_dtype);
+    printf("\"rope_beta_fast\": %.17g, \"rope_beta_slow\": %.17g, \"rope_mscale\": %.17g, "
+           "\"rope_mscale_all_dim\": %.17g, \"rope_attn_factor\": %.17g, \"q_lora_rank\": %d, "
+           "\"kv_lora_rank\": %d, \"qk_nope_head_dim\": %d, \"v_head_dim\": %d, \"n_experts\": %d, "
+           "\"n_experts_used\": %d, \"moe_intermediate_size\": %d, \"shared_expert_intermediate_size\": %d, "
+           "\"norm_topk_prob\": %s, \"moe_scoring\": %d, \"moe_score_bias\": %s, \"moe_n_group\": %d, "
+           "\"moe_topk_group\": %d, \"moe_routed_scale\": %.17g, \"first_moe_layer\": %d, "
+           "\"n_nextn_layers\": %d, \"hf_prefix\": \"%s\"}\n",
+           (double)c.rope_beta_fast, (double)c.rope_beta_slow, (double)c.rope_mscale,
+           (double)c.rope_mscale_all_dim, (double)c.rope_attn_factor, c.q_lora_rank, c.kv_lora_rank,
+           c.qk_nope_head_dim, c.v_head_dim, c.n_experts, c.n_experts_used, c.moe_intermediate_size,
+           c.shared_expert_intermediate_size, c.norm_topk_prob ? "true" : "false", c.moe_scoring,
+           c.moe_score_bias ? "true" : "false", c.moe_n_group, c.moe_topk_group,
+           (double)c.moe_routed_scale, first_moe_layer(&c), c.n_nextn_layers, c.hf_prefix);
     return 0;
 }
 

@@ -79,8 +79,8 @@ static void route_token(const float *l, const kaon_moe_weights *w, float *s, flo
     const float *bias = w->score_bias ? w->score_bias->data : NULL;
     for (int e = 0; e < E; e++) c[e] = bias ? s[e] + bias[e] : s[e];
     if (w->n_group > 1 && w->topk_group < w->n_group) {
-        // Group-limited: only the topk_group best groups compete; the others' values count as
-        // 0 (HF's masked_fill), not as minus infinity.
+        // Group-limited: only the topk_group best groups compete (the others' values become
+        // -inf: HF's V3 router; its V2 router masks with 0, the same choice for softmax scores).
         const int G = w->n_group, per = E / G;
         float gs[256];
         int32_t keep[256];
@@ -101,7 +101,8 @@ static void route_token(const float *l, const kaon_moe_weights *w, float *s, flo
         bool kept[256] = {false};
         for (int j = 0; j < w->topk_group; j++) kept[keep[j]] = true;
         for (int g = 0; g < G; g++)
-            if (!kept[g]) memset(c + (size_t)g * per, 0, sizeof(float) * (size_t)per);
+            if (!kept[g])
+                for (int i = 0; i < per; i++) c[(size_t)g * per + i] = -INFINITY;
     }
     top_k(c, E, k, ids);
     double sel = 0;
