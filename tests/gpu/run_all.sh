@@ -4,8 +4,9 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3] ...
-# (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, runs only when named, not under all)
+#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek] ...
+# (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, and deepseek, tests/gpu/test_deepseek_hf.py
+# --device cuda, run only when named, not under all; KAON_DEEPSEEK_K="EXPR" runs -k EXPR of it)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -120,6 +121,15 @@ if [[ " ${sections[*]} " == *" gemma3 "* ]]; then  # Gemma 3 vs transformers (CP
     { echo "######## section gemma3 (rc $rc)"; cat /tmp/pytest_gemma3.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_gemma3.log | cut -c1-300 | tail -n 30
     note "tests gemma3 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_gemma3.log)"
+fi
+if [[ " ${sections[*]} " == *" deepseek "* ]]; then  # DeepSeek V2/V3, Kimi-K2/K2.5 vs transformers (CPU and CUDA); only when named
+    t0=$(date +%s)
+    timeout "$(tl 600)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 500 tests/gpu/test_deepseek_hf.py \
+        --device cuda ${KAON_DEEPSEEK_K:+-k "$KAON_DEEPSEEK_K"} > /tmp/pytest_deepseek.log 2>&1
+    rc=$?
+    { echo "######## section deepseek (rc $rc)"; cat /tmp/pytest_deepseek.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_deepseek.log | cut -c1-300 | tail -n 30
+    note "tests deepseek rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_deepseek.log)"
 fi
 if want bench 60; then
     t0=$(date +%s)
