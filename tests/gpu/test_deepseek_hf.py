@@ -320,7 +320,10 @@ def test_tiny_cpu_vs_transformers(tmp_path, name):
     assert res["ref_vs_hf_f32"] < 1e-5 and res["ref_absorbed_vs_hf_f32"] < 1e-5, res
     assert res["ref_bf16w_vs_hf_bf16w_f32"] < 1e-4, res
     assert res["kaon_f32_vs_hf_f32"] < 1e-4 and res["kaon_f32_decode_vs_hf_f32"] < 1e-4, res
-    assert res["kaon_bf16_vs_hf_bf16w_f32"] < 1e-2 and res["kaon_bf16_vs_hf_bf16"] < 2e-2, res
+    # kaon's CPU computes in f32 over the bf16 weights: its counterpart is transformers with the
+    # same bf16 weights computing in f32. (transformers' all-bf16 forward is reported, not
+    # bounded: on these tiny models it is itself 0.1-0.2 away from its f32 result.)
+    assert res["kaon_bf16_vs_hf_bf16w_f32"] < 1e-4, res
     for key in ("ref_greedy_first_divergence", "kaon_greedy_first_divergence"):
         i = res[key]
         assert i is None or want_margins[i] < 1e-3, (key, i, want_margins[i])
