@@ -1,8 +1,10 @@
 """The engine (continuous batching, chunked prefill, preemption, prefix caching) through
-`kaon generate` on a tiny F32 checkpoint: a request's greedy (and seeded) output is the same
-whether it runs alone or among others, and each case is forced and shown to have happened."""
+`kaon generate` on tiny F32 checkpoints (Llama, and DeepSeek-V3 whose cache holds MLA's latent
+rows): a request's greedy (and seeded) output is the same whether it runs alone or among
+others, and each case is forced and shown to have happened."""
 import json
 import random
+import re
 import subprocess
 
 import pytest
@@ -10,11 +12,31 @@ import pytest
 from tiny_models import make_config, make_weights, save_hf
 
 
+import deepseek_models
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_llama(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     cfg = make_config("llama")
     return save_hf(d / "llama", cfg, make_weights(cfg, seed=7), "F32")
+
+
+@pytest.fixture(scope="module", params=["llama", "deepseek-v3"])
+def tiny(tmp_path_factory, request, tiny_llama):
+    if request.param == "llama":
+        return tiny_llama
+    d = tmp_path_factory.mktemp("tiny")
+    cfg = deepseek_models.make_config("v3")
+    return deepseek_models.save_hf(d / "v3", cfg, deepseek_models.make_weights(cfg, seed=7), "F32")
+
+
+def kv_bytes_per_token(exe, model):
+    """The model's f32 KV bytes per token as `kaon info` reports them."""
+    r = subprocess.run([str(exe), "info", str(model)], capture_output=True, text=True)
+    m = re.search(r"(\d+) B/token in f32", r.stdout)
+    assert m, r.stdout + r.stderr
+    return int(m.group(1))
 
 
 def make_prompts(n=64, seed=0, shared_prefix=0):
@@ -74,9 +96,10 @@ def test_chunked_prefill(kaon_bin, tiny, tmp_path, chunk):
 def test_preemption(kaon_bin, tiny, tmp_path):
     prompts = make_prompts()
     alone, _ = generate(kaon_bin, tiny, tmp_path, prompts, GREEDY + ["--max-num-seqs", "1"], name="alone")
-    # 512 bytes of KV per token: 48 blocks of 16 tokens hold only a few sequences at once.
+    # 48 blocks of 16 tokens hold only a few sequences at once.
+    per_token = kv_bytes_per_token(kaon_bin, tiny)
     small, st = generate(kaon_bin, tiny, tmp_path, prompts,
-                         GREEDY + ["--max-num-seqs", "64", "--kv-cache-memory", str(48 * 16 * 512 / 1048576)],
+                         GREEDY + ["--max-num-seqs", "64", "--kv-cache-memory", str(48 * 16 * per_token / 1048576)],
                          name="small")
     assert st["preemptions"] > 0, st
     assert ids(small) == ids(alone)
@@ -107,7 +130,8 @@ def test_seeded_sampling_independent_of_batch(kaon_bin, tiny, tmp_path):
     assert ids(other) != ids(alone)
 
 
-def test_bad_requests_do_not_stop_others(kaon_bin, tiny, tmp_path):
+def test_bad_requests_do_not_stop_others(kaon_bin, tiny_llama, tmp_path):
+    tiny = tiny_llama
     bad_cases = [
         ({"prompt_ids": []}, "empty"),
         ({"prompt_ids": [5] * 600}, "maximum context length"),
@@ -126,7 +150,7 @@ def test_bad_requests_do_not_stop_others(kaon_bin, tiny, tmp_path):
         assert words in r.stderr, (body, r.stderr)
 
 
-def test_logit_bias_and_penalties_against_reference(kaon_bin, tiny, tmp_path):
+def test_logit_bias_and_penalties_against_reference(kaon_bin, tiny_llama, tmp_path):
     """The first sampled token under logit_bias / penalties equals the argmax of the numpy
     reference logits with the same edits applied (computed here)."""
     import numpy as np
@@ -155,6 +179,6 @@ def test_logit_bias_and_penalties_against_reference(kaon_bin, tiny, tmp_path):
             want = int(np.argmax(pen))
         cases.append(body)
         expect.append(want)
-    rows, _ = generate(kaon_bin, tiny, tmp_path, prompts, ["--temp", "0", "--max-tokens", "1", "--ignore-eos"],
+    rows, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, ["--temp", "0", "--max-tokens", "1", "--ignore-eos"],
                        lambda i: cases[i], name="bias")
     assert [r["token_ids"][0] for r in rows] == expect
