@@ -3,20 +3,30 @@
 real config, with the HBM roofline measured in the same run.
 
 roofline tok/s = copy bandwidth (device-to-device, bytes read + written, torch) / bytes read per
-decoded token (every weight matrix and norm, the LM head, one embedding row, and the KV cache of
-the average context). Prints one JSON line per run and a table.
+decoded token (bench/roofline.py: every weight a token goes through -- for MoE the attention,
+dense layers, routers, shared and top-k routed experts --, the LM head, one embedding row, and the
+KV cache of the average context, a latent row per layer for MLA). Prints one JSON line per run
+and a table.
 
   python3 bench/gpu_decode.py --kaon build/kaon --config bench/configs/meta-llama__Llama-3.1-8B.json
+
+--layers N runs the config cut to its first N layers; --project-layers M also runs N - 1 layers
+and projects the full model's ms/token from the last layer's time (e.g. DeepSeek-V3 at 5 layers,
+3 dense + 2 MoE, projected to 61).
 """
 import argparse
 import json
 import os
 import re
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import roofline  # noqa: E402
 
 
 def copy_bandwidth(gib=4, reps=10):
@@ -41,16 +51,18 @@ def copy_bandwidth(gib=4, reps=10):
 
 
 def bytes_per_token(cfg, ctx):
-    d, f, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    nh = cfg["num_attention_heads"]
-    nkv = cfg.get("num_key_value_heads", nh)
-    hd = cfg.get("head_dim") or d // nh
-    per_layer = d * nh * hd + 2 * d * nkv * hd + nh * hd * d + 3 * d * f + 2 * d
-    if cfg["architectures"][0].startswith("Qwen3"):
-        per_layer += 2 * hd
-    weights = 2 * (L * per_layer + V * d + d + d)  # layers, LM head, final norm, one embedding row
-    kv = 2 * L * 2 * nkv * hd * ctx                 # K and V of ctx positions, bf16
-    return weights, kv
+    """Weight bytes a batch-1 decode step reads, and the KV bytes of ctx cached positions."""
+    w, kv = roofline.step_bytes(cfg, 1)
+    return w, kv * ctx
+
+
+def cut_config(config, layers, td):
+    """A copy of config with its first `layers` layers (text_config for wrappers)."""
+    cfg = json.loads(Path(config).read_text())
+    (cfg.get("text_config") or cfg)["num_hidden_layers"] = layers
+    p = Path(td) / f"cut{layers}.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
 
 
 def run_kaon(kaon, config, prompt_len, n_new, env_extra=None):
@@ -84,7 +96,14 @@ def main():
     ap.add_argument("--no-graphs", action="store_true", help="also run with KAON_CUDA_GRAPHS=0")
     ap.add_argument("--no-pdl", action="store_true", help="also run with KAON_PDL=0 (no programmatic dependent launch)")
     ap.add_argument("--json", default=None, help="append result lines here")
+    ap.add_argument("--layers", type=int, default=0, help="run the config cut to its first N layers")
+    ap.add_argument("--project-layers", type=int, default=0,
+                    help="with --layers N: also run N - 1 layers and project M layers' ms/token")
     a = ap.parse_args()
+    td = tempfile.mkdtemp()
+    full = a.config
+    if a.layers:
+        a.config = cut_config(full, a.layers, td)
     cfg = json.loads(Path(a.config).read_text())
     bw = copy_bandwidth()
     rows = []
@@ -101,12 +120,23 @@ def main():
                          roofline_fraction=r["decode_tok_s"] / roof, copy_bw_TBs=bw / 1e12,
                          bytes_per_token_GB=(w + kv) / 1e9, startup_and_run_wall_s=r["wall_s"],
                          first_ids=r["ids"][:8]))
+    if a.layers and a.project_layers:
+        r1 = run_kaon(a.kaon, cut_config(full, a.layers - 1, td), a.prompt_len, a.tokens)
+        ms_n, ms_n1 = rows[0]["ms_per_token"], 1e3 / r1["decode_tok_s"]
+        per_layer = ms_n - ms_n1
+        proj = ms_n + (a.project_layers - a.layers) * per_layer
+        fcfg = json.loads(Path(full).read_text())
+        w, kv = bytes_per_token(fcfg, a.prompt_len + a.tokens / 2)
+        rows.append(dict(kind="projection", config=Path(full).name, layers_run=[a.layers, a.layers - 1],
+                         ms_per_token=[ms_n, ms_n1], last_layer_ms=per_layer, projected_layers=a.project_layers,
+                         projected_ms_per_token=proj, projected_tok_s=1e3 / proj,
+                         full_model_roofline_tok_s=bw / (w + kv),
+                         projected_fraction=1e3 / proj / (bw / (w + kv))))
     for plen in a.prefill:
         r = run_kaon(a.kaon, a.config, plen, 1)
         L, d, nh = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
         hd = cfg.get("head_dim") or d // nh
-        w, _ = bytes_per_token(cfg, 0)
-        flops = 2 * (w / 2) * plen + 4 * L * nh * hd * plen * plen / 2  # matrices + causal attention
+        flops = 2 * roofline.active_params(cfg) * plen + 4 * L * nh * hd * plen * plen / 2  # matrices + causal attention
         rows.append(dict(kind="prefill", config=Path(a.config).name, prompt=plen, prefill_s=r["prefill_s"],
                          prefill_tok_s=r["prefill_tok_s"], tflops=flops / r["prefill_s"] / 1e12,
                          fraction_of_790_tflops=flops / r["prefill_s"] / 790e12, wall_s=r["wall_s"]))
@@ -117,7 +147,13 @@ def main():
                 f.write(json.dumps(dict(row, date=time.strftime("%Y-%m-%d %H:%M"))) + "\n")
     print(f"\ncopy bandwidth {bw / 1e12:.3f} TB/s (read + write)")
     for row in rows:
-        if row["kind"] == "decode":
+        if row["kind"] == "projection":
+            print(f"projection: {row['layers_run'][0]} layers {row['ms_per_token'][0]:.3f} ms/token, "
+                  f"{row['layers_run'][1]} layers {row['ms_per_token'][1]:.3f}: last layer {row['last_layer_ms']:.3f} ms; "
+                  f"{row['projected_layers']} layers ~ {row['projected_ms_per_token']:.2f} ms/token = "
+                  f"{row['projected_tok_s']:.1f} tok/s, {row['projected_fraction'] * 100:.1f}% of the full model's "
+                  f"roofline {row['full_model_roofline_tok_s']:.1f}")
+        elif row["kind"] == "decode":
             print(f"decode  {row['variant']:9s} {row['decode_tok_s']:8.1f} tok/s  {row['ms_per_token']:.3f} ms/token  "
                   f"roofline {row['roofline_tok_s']:.1f} tok/s  fraction {row['roofline_fraction'] * 100:.1f}%  "
                   f"(wall incl. start-up {row['startup_and_run_wall_s']:.1f} s)")

@@ -2,9 +2,11 @@
 """Offline throughput of `kaon generate --device cuda` on dummy bf16 weights: N random prompts of
 P tokens, O output tokens each (EOS ignored), all submitted at once with N sequences in flight.
 
-Roofline (as ../shared/ANCHORS.md computes it): each decode step reads every weight once plus the
-KV cache of every sequence (average context P + O/2), at the copy bandwidth measured in this run;
-each request's prefill adds 2 x params x P FLOPs at 790 TFLOP/s.
+Roofline (as ../shared/ANCHORS.md computes it): each decode step reads the weights its N tokens
+touch (bench/roofline.py: for MoE the expected distinct experts of N tokens, nearly all of them
+when N is large) plus the KV cache of every sequence (average context P + O/2), at the copy
+bandwidth measured in this run; each request's prefill adds 2 x active params x P FLOPs at 790
+TFLOP/s.
 
   python3 bench/gpu_throughput.py --kaon build/kaon --requests 64 --prompt 1024 --output 1024
 """
@@ -18,7 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_decode import bytes_per_token, copy_bandwidth  # noqa: E402
+from gpu_decode import copy_bandwidth  # noqa: E402
+import roofline  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +45,7 @@ def main():
             inp, outp = Path(td) / "in.jsonl", Path(td) / "out.jsonl"
             with open(inp, "w") as f:
                 for _ in range(n):
-                    ids = [rng.randrange(1000, cfg["vocab_size"] - 1000) for _ in range(a.prompt)]
+                    ids = [rng.randrange(1000, roofline.text_config(cfg)["vocab_size"] - 1000) for _ in range(a.prompt)]
                     f.write(json.dumps({"prompt_ids": ids}) + "\n")
             cmd = [a.kaon, "generate", "--device", "cuda", "--load-format", "dummy", "-m", a.config,
                    "--input", str(inp), "--output", str(outp), "--max-tokens", str(a.output), "--ignore-eos",
@@ -56,10 +59,9 @@ def main():
             continue
         m = re.search(r"generate: (\d+) requests, (\d+) prompt \+ (\d+) generated tokens in ([\d.]+) s", p.stderr)
         gen, secs = int(m.group(3)), float(m.group(4))
-        w, kv = bytes_per_token(cfg, a.prompt + a.output / 2)
-        step = (w + n * kv) / bw
-        params = w / 2
-        prefill = 2 * params * a.prompt * n / 790e12
+        w, kv_tok = roofline.step_bytes(cfg, n)
+        step = (w + n * kv_tok * (a.prompt + a.output / 2)) / bw
+        prefill = 2 * roofline.active_params(cfg) * a.prompt * n / 790e12
         roof = n * a.output / (a.output * step + prefill)
         row = dict(kind="throughput", config=Path(a.config).name, requests=n, prompt=a.prompt, output=a.output,
                    generated=gen, seconds=secs, output_tok_s=gen / secs, roofline_tok_s=roof,

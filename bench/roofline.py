@@ -1,0 +1,105 @@
+"""What one decode step must read, per architecture, for the rooflines the GPU benches print.
+
+Dense (Llama, Qwen, Mistral): every weight once per step. Mixture of experts (Mixtral, Qwen-MoE,
+DeepSeek): the attention, dense layers, routers, shared experts and LM head once, plus the routed
+experts the step's tokens touch: top_k of them at batch 1, and for a batch of B tokens the
+expected number of distinct experts under uniform routing, E (1 - (1 - k/E)^B) (126 of 128 at
+B = 64, k = 8): a batched MoE step reads nearly the whole model. MLA (DeepSeek) caches one latent
+row (kv_lora + rope) per token and layer instead of K and V per head. bf16 throughout.
+
+  python3 bench/roofline.py bench/configs/deepseek-ai__DeepSeek-V2-Lite.json --ctx 1024 --batch 1 64
+"""
+import argparse
+import json
+from pathlib import Path
+
+
+def text_config(cfg):
+    return cfg.get("text_config") or cfg
+
+
+def _moe_layers(c):
+    E = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0
+    if not E:
+        return E, []
+    L = c["num_hidden_layers"]
+    if "first_k_dense_replace" in c:  # DeepSeek
+        return E, [l for l in range(L) if l >= c["first_k_dense_replace"]]
+    only = set(c.get("mlp_only_layers") or [])
+    step = c.get("decoder_sparse_step") or 1
+    return E, [l for l in range(L) if l not in only and (l + 1) % step == 0]
+
+
+def shape(cfg):
+    """Parameter counts of one step's parts (elements, not bytes)."""
+    c = text_config(cfg)
+    d, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    nh = c["num_attention_heads"]
+    if "kv_lora_rank" in c:  # MLA
+        nope, rope, vh, kvl = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+        ql = c.get("q_lora_rank") or 0
+        q = d * ql + ql + ql * nh * (nope + rope) if ql else d * nh * (nope + rope)
+        attn = q + d * (kvl + rope) + kvl + nh * (nope + vh) * kvl + nh * vh * d
+        kv_per_token = L * (kvl + rope)
+    else:
+        nkv = c.get("num_key_value_heads") or nh
+        hd = c.get("head_dim") or d // nh
+        attn = d * nh * hd + 2 * d * nkv * hd + nh * hd * d
+        kv_per_token = L * 2 * nkv * hd
+    E, moe = _moe_layers(c)
+    k = c.get("num_experts_per_tok") or 0
+    fe = c.get("moe_intermediate_size") or c.get("intermediate_size")
+    shared = 0
+    if c.get("n_shared_experts"):
+        shared = 3 * d * fe * c["n_shared_experts"]
+    elif c.get("shared_expert_intermediate_size"):
+        shared = 3 * d * c["shared_expert_intermediate_size"] + d
+    dense_mlp = 3 * d * c["intermediate_size"]
+    return dict(
+        layers=L, moe_layers=len(moe), experts=E, top_k=k, expert=3 * d * fe,
+        fixed=L * (attn + 2 * d) + (L - len(moe)) * dense_mlp + len(moe) * (E * d + shared) + V * d + d,
+        embed_row=d, kv_per_token=kv_per_token, attn=attn, dense_mlp=dense_mlp, shared=shared)
+
+
+def experts_touched(E, k, batch):
+    """Expected distinct experts of one layer that batch tokens choose (uniform routing)."""
+    return E * (1 - (1 - k / E) ** batch) if E else 0.0
+
+
+def step_bytes(cfg, batch=1, elem=2):
+    """Weight bytes one decode step of `batch` tokens reads, and KV bytes per cached token."""
+    s = shape(cfg)
+    experts = s["moe_layers"] * experts_touched(s["experts"], s["top_k"], batch) * s["expert"]
+    return elem * (s["fixed"] + batch * s["embed_row"] + experts), elem * s["kv_per_token"]
+
+
+def active_params(cfg):
+    """Parameters one token goes through (FLOPs of a prefill: 2 x this x tokens)."""
+    s = shape(cfg)
+    return s["fixed"] + s["moe_layers"] * s["top_k"] * s["expert"]
+
+
+def decode_roofline(cfg, bw, ctx, batch=1):
+    """Output tok/s if every step streamed its bytes at bw: batch x bw / (weights + KV of batch contexts)."""
+    w, kv = step_bytes(cfg, batch)
+    return batch * bw / (w + batch * kv * ctx), w + batch * kv * ctx
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("--ctx", type=float, default=1024)
+    ap.add_argument("--batch", type=int, nargs="*", default=[1])
+    ap.add_argument("--bw", type=float, default=4.257e12, help="copy bandwidth, bytes/s (H200 measured 4.257 TB/s)")
+    a = ap.parse_args()
+    cfg = json.loads(Path(a.config).read_text())
+    s = shape(cfg)
+    print(json.dumps(dict(s, active_params=active_params(cfg))))
+    for b in a.batch:
+        roof, nbytes = decode_roofline(cfg, a.bw, a.ctx, b)
+        print(f"batch {b}: {nbytes / 1e9:.2f} GB per step, roofline {roof:.0f} tok/s "
+              f"({experts_touched(s['experts'], s['top_k'], b):.1f} experts per MoE layer)")
+
+
+if __name__ == "__main__":
+    main()
