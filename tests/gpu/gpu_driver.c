@@ -13,8 +13,10 @@
 //                                         position of every sequence, in file order
 //   gpu_driver greedy MODEL DEV IDS N     greedy ids after the prompt: a JSON list of
 //                                         [id, top-2 logit margin, runner-up id]
-//   gpu_driver timings                    decode-shaped linear and attention timings (JSON lines)
-//   (op moe: the moe op on stacked experts; with "time N" it also prints us per call)
+//   gpu_driver timings [mla]              decode-shaped linear and attention timings, then MLA
+//                                         attention's (JSON lines); `mla`: MLA's only
+//   (op moe: the moe op on stacked experts, DeepSeek routing when asked; with "time N" it also
+//   prints us per call. ops copy_strided, head_linear and mla: the MLA model's ops)
 //   gpu_driver qtimings                   quantized GEMV timings per GGUF format (JSON lines; the
 //                                         ops qlinear/qmulti/qsilu: gpu_driver_quant.c)
 //   gpu_driver attn_bench [NH NKV HD MAXT WINDOW]
@@ -171,6 +173,7 @@ static void save_dev(const char *dir, const char *name, const void *d, size_t n)
 
 static int run_qop(const char *dir, const char *op);  // gpu_driver_quant.c
 static void q_dequant_save(const char *dir, const kaon_tensor *d, int rows, int cols);
+static kaon_tensor q_upload_raw(const char *dir, const char *name, int type, int64_t rows, int64_t cols);
 
 static double now_s(void);
 
@@ -402,16 +405,29 @@ static int run_op(const char *dir) {
             }
         kaon_moe_weights w = {.n_experts = E, .top_k = K, .norm_topk = P("norm") != 0, .router = &router,
                               .gate = views, .up = views + E, .down = views + 2 * E};
+        // DeepSeekMoE routing (all zero: softmax top-k as Mixtral / Qwen).
+        w.scoring = P("scoring");
+        w.n_group = P("n_group");
+        w.topk_group = P("topk_group");
+        w.group_top2 = P("group_top2") != 0;
+        w.routed_scale = (float)param(dir, "routed_scale", 0.0);
+        kaon_tensor sbias;
+        if (P("has_bias")) {
+            sbias = dev_vector(need(dir, "bias.bin", (size_t)E * 4), E);
+            w.score_bias = &sbias;
+        }
         kaon_tensor sh[4];
         if (SF) {
             sh[0] = dev_matrix(need(dir, "sgate.bin", (size_t)SF * dim * 4), SF, dim);
             sh[1] = dev_matrix(need(dir, "sup.bin", (size_t)SF * dim * 4), SF, dim);
             sh[2] = dev_matrix(need(dir, "sdown.bin", (size_t)dim * SF * 4), dim, SF);
-            sh[3] = dev_matrix(need(dir, "sgi.bin", (size_t)dim * 4), 1, dim);
             w.shared_gate = &sh[0];
             w.shared_up = &sh[1];
             w.shared_down = &sh[2];
-            w.shared_gate_inp = &sh[3];
+            if (param(dir, "shared_gated", 1) != 0) {  // 0: no gate (DeepSeek's shared experts)
+                sh[3] = dev_matrix(need(dir, "sgi.bin", (size_t)dim * 4), 1, dim);
+                w.shared_gate_inp = &sh[3];
+            }
         }
         int32_t *pos = P("has_pos") ? need(dir, "pos.bin", (size_t)n * 4) : NULL;
         uint32_t *cnt = o->alloc(be, (size_t)E * 4);
@@ -434,6 +450,60 @@ static int run_op(const char *dir) {
             o->to_host_f32(be, dout, 1, &f);
             printf("{\"us\": %.2f}\n", (now_s() - t0) / P("time") * 1e6);
         }
+    } else if (!strcmp(op, "copy_strided")) {
+        // dst (poisoned, src_off + rows * dst_stride elements) <- s * src rows; out.bin is all of dst.
+        int rows = P("rows"), width = P("width"), so = P("src_off"), dof = P("dst_off");
+        size_t ss = (size_t)P("src_stride"), ds = (size_t)P("dst_stride");
+        size_t nsrc = (size_t)so + (size_t)rows * ss, ndst = (size_t)dof + (size_t)rows * ds;
+        char *src = dev_bf16(need(dir, "x.bin", nsrc * 4), 1, (int64_t)nsrc);
+        char *dst = dev_bf16(NULL, 1, (int64_t)ndst);
+        o->copy_strided(be, src + (size_t)so * o->act_elem_bytes, ss, dst + (size_t)dof * o->act_elem_bytes, ds, rows,
+                        width, (float)param(dir, "s", 1.0));
+        save_dev(dir, "out.bin", dst, ndst);
+    } else if (!strcmp(op, "head_linear")) {
+        // y (poisoned) [y_off + n * y_tok] <- per-head products of x [x_off + n * x_tok]; w [nh * out, in]
+        // from w.bin (bf16), or GGUF blocks raw.bin when qtype > 0. reps > 1: the call again.
+        int n = P("n"), nh = P("nh"), in = P("in"), out = P("out"), xo = P("x_off"), yo = P("y_off");
+        size_t xt = (size_t)P("x_tok"), xh = (size_t)P("x_head"), yt = (size_t)P("y_tok"), yh = (size_t)P("y_head");
+        size_t nx = (size_t)xo + (size_t)n * xt, ny = (size_t)yo + (size_t)n * yt;
+        char *x = dev_bf16(need(dir, "x.bin", nx * 4), 1, (int64_t)nx);
+        kaon_tensor w = P("qtype") > 0 ? q_upload_raw(dir, "raw.bin", P("qtype"), (int64_t)nh * out, in)
+                                       : dev_matrix(need(dir, "w.bin", (size_t)nh * out * in * 4), (int64_t)nh * out, in);
+        char *y = dev_bf16(NULL, 1, (int64_t)ny);
+        for (int r = 0; r < (P("reps") > 1 ? P("reps") : 1); r++)
+            o->head_linear(be, x + (size_t)xo * o->act_elem_bytes, n, nh, xt, xh, &w, y + (size_t)yo * o->act_elem_bytes,
+                           yt, yh);
+        save_dev(dir, "out.bin", y, ny);
+    } else if (!strcmp(op, "mla")) {
+        // MLA's latent cache: context rows go in first (kv_write without V, loose index copies);
+        // then one step of T tokens through begin_step: kv_write of their rows + mla_attention.
+        int T = P("T"), S = P("n_seqs"), nh = P("nh"), kvl = P("kvl"), rd = P("rd"), bs = P("bs");
+        int n_blocks = P("n_blocks"), mb = P("max_blocks"), C = P("n_ctx"), D = kvl + rd;
+        float scale = (float)param(dir, "scale", 1.0);
+        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * D * o->act_elem_bytes), NULL};
+        if (!kv.k) die("alloc%s", "");
+        int32_t *tables = need(dir, "tables.bin", (size_t)S * mb * 4);
+        if (C > 0) {
+            int32_t *cslot = need(dir, "ctx_slot.bin", (size_t)C * 4);
+            void *crow = dev_bf16(need(dir, "ctx_row.bin", (size_t)C * D * 4), C, D);
+            kaon_attn_meta cm = {.n_tokens = C, .n_seqs = S, .slot_mapping = cslot,
+                                 .block_tables = tables, .max_blocks = mb, .block_size = bs};
+            o->kv_write(be, &kv, crow, NULL, &cm, 1, D);
+        }
+        int32_t *pos = need(dir, "pos.bin", (size_t)T * 4), *seq = need(dir, "seq.bin", (size_t)T * 4);
+        int32_t *slot = need(dir, "slot.bin", (size_t)T * 4);
+        void *q = dev_bf16(need(dir, "q.bin", (size_t)T * nh * D * 4), T, (int64_t)nh * D);
+        void *row = dev_bf16(need(dir, "row.bin", (size_t)T * D * 4), T, D);
+        kaon_attn_meta m = {.n_tokens = T, .n_seqs = S, .positions = pos, .token_seq = seq,
+                            .slot_mapping = slot, .block_tables = tables, .max_blocks = mb,
+                            .block_size = bs};
+        if (o->begin_step && o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
+        o->kv_write(be, &kv, row, NULL, &m, 1, D);
+        void *out = dev_bf16(NULL, T, (int64_t)nh * kvl);
+        if (!o->mla_attention) die("no mla_attention%s", "");
+        o->mla_attention(be, q, &kv, &m, nh, kvl, rd, scale, out);
+        save_dev(dir, "out.bin", out, (size_t)T * nh * kvl);
+        if (P("save_cache")) save_dev(dir, "out_cache.bin", kv.k, (size_t)n_blocks * bs * D);
     } else if (!strcmp(op, "dequant")) {
         int type = P("type"), rows = P("rows"), cols = P("cols");
         size_t len = 0;
@@ -468,12 +538,75 @@ static void sync_dev(const void *d) {
     be->ops->to_host_f32(be, d, 1, &f);
 }
 
+// MLA attention on DeepSeek's latent cache (kv_lora 512 + rope 64): T decode tokens, each the
+// last of its own sequence of L cached rows (64-token blocks), nh heads: us per call, GB/s of
+// latent rows read (T L 576 2 bytes) and TFLOP/s (2 (576 + 512) per head and key).
+// KAON_MLA_GENERIC=1 times the generic kernel instead.
+static void mla_timings(void) {
+    const kaon_backend_ops *o = be->ops;
+    const int D = 576, kvl = 512, bs = 64;
+    const int Ts[] = {1, 64}, Ls[] = {4096, 32768}, heads[] = {16, 64, 128};
+    const char *gen = getenv("KAON_MLA_GENERIC");
+    for (int a = 0; a < 2; a++)
+        for (int c = 0; c < 2; c++)
+            for (int h = 0; h < 3; h++) {
+                const int T = Ts[a], L = Ls[c], nh = heads[h], per = L / bs, nb = T * per;
+                kaon_tensor cl = {.dtype = KAON_BF16, .ndim = 2, .shape = {(int64_t)nb * bs, D}};
+                kaon_tensor ql = {.dtype = KAON_BF16, .ndim = 2, .shape = {T, (int64_t)nh * D}};
+                kaon_tensor ct, qt;
+                if (o->fill_dummy(be, &cl, 41 + c, 1.0f, 0.0f, &ct) || o->fill_dummy(be, &ql, 51 + h, 1.0f, 0.0f, &qt))
+                    die("fill%s", "");
+                void *y = o->alloc(be, (size_t)T * nh * kvl * 2);
+                int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * 3 * (size_t)T);
+                int32_t *seq = pos + T, *slot = seq + T;
+                for (int i = 0; i < nb; i++) tab[i] = i;
+                for (int t = 0; t < T; t++) {
+                    pos[t] = L - 1;
+                    seq[t] = t;
+                    slot[t] = t * per * bs + L - 1;
+                }
+                kaon_attn_meta m = {.n_tokens = T, .n_seqs = T, .positions = pos, .token_seq = seq,
+                                    .slot_mapping = slot, .block_tables = tab, .max_blocks = per, .block_size = bs};
+                kaon_kv_layer kv = {ct.data, NULL};
+                if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
+                const float scale = 0.1352f;
+                for (int it = 0; it < 3; it++) o->mla_attention(be, qt.data, &kv, &m, nh, kvl, D - kvl, scale, y);
+                sync_dev(y);
+                double t0 = now_s();
+                o->mla_attention(be, qt.data, &kv, &m, nh, kvl, D - kvl, scale, y);
+                sync_dev(y);
+                const double one = now_s() - t0;
+                int reps = one > 0.1 ? 1 : (int)(0.1 / (one > 1e-6 ? one : 1e-6)) + 1;
+                if (reps > 100) reps = 100;
+                t0 = now_s();
+                for (int it = 0; it < reps; it++) o->mla_attention(be, qt.data, &kv, &m, nh, kvl, D - kvl, scale, y);
+                sync_dev(y);
+                const double dt = (now_s() - t0) / reps;
+                printf("{\"timing\": \"mla_attention\", \"kernel\": \"%s\", \"T\": %d, \"ctx\": %d, \"nh\": %d, "
+                       "\"reps\": %d, \"us\": %.1f, \"GBps\": %.1f, \"TFLOPs\": %.1f}\n",
+                       gen && !strcmp(gen, "1") ? "generic" : "default", T, L, nh, reps, dt * 1e6,
+                       (double)T * L * D * 2 / dt / 1e9, (double)T * nh * L * 2.0 * (D + kvl) / dt / 1e12);
+                fflush(stdout);
+                if (o->status(be)) die("mla_attention failed%s", "");
+                o->release(be, &ct);
+                o->release(be, &qt);
+                o->free(be, y);
+                free(tab);
+                free(pos);
+            }
+}
+
 // Decode-shaped matrix-vector products of Llama-3.1-8B and its attention at a few contexts:
-// GB/s of weights (or KV) read, one JSON line each.
-static int run_timings(void) {
+// GB/s of weights (or KV) read, one JSON line each; then mla_timings. only_mla: that alone.
+static int run_timings(bool only_mla) {
     be = kaon_backend_cuda_create(0);
     if (!be) die("no backend%s", "");
     const kaon_backend_ops *o = be->ops;
+    if (only_mla) {
+        mla_timings();
+        o->destroy(be);
+        return 0;
+    }
     struct { int rows, in, silu, n; } shapes[] = {
         {4096, 4096, 0, 1}, {1024, 4096, 0, 1}, {14336, 4096, 1, 1}, {4096, 14336, 0, 1},
         {128256, 4096, 0, 1}, {6144, 4096, 0, 1}, {4096, 4096, 0, 4}, {4096, 4096, 0, 8},
@@ -532,6 +665,7 @@ static int run_timings(void) {
         free(tab);
     }
     if (o->status(be)) die("timings failed%s", "");
+    mla_timings();
     o->destroy(be);
     return 0;
 }
@@ -793,7 +927,7 @@ static int run_greedy(const char *path, const char *dev, const char *ids_s, int 
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "op")) return run_op(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "qtimings")) return run_qtimings();
-    if (argc >= 2 && !strcmp(argv[1], "timings")) return run_timings();
+    if (argc >= 2 && !strcmp(argv[1], "timings")) return run_timings(argc > 2 && !strcmp(argv[2], "mla"));
     if (argc >= 2 && !strcmp(argv[1], "attn_bench"))
         return run_attn_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
                               argc > 4 ? atoi(argv[4]) : 128, argc > 5 ? atoi(argv[5]) : 16384,

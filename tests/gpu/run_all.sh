@@ -104,7 +104,7 @@ if want gemma 30; then  # Gemma 3's ops: sliding-window attention, GELU-tanh, sc
     cat /tmp/gemma_bench.log
 fi
 want models 40 && pytest_section models 240 "small_vs_transformers"
-if want moe 40; then  # mixture of experts: the moe op and MoE models vs transformers, < 3 min
+if want moe 40; then  # mixture of experts: the moe op (DeepSeek routing too) and MoE models vs transformers, < 3 min
     t0=$(date +%s)
     timeout "$(tl 200)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 200 tests/gpu/test_gpu_moe.py \
         > /tmp/pytest_moe.log 2>&1
@@ -112,6 +112,19 @@ if want moe 40; then  # mixture of experts: the moe op and MoE models vs transfo
     { echo "######## section moe (rc $rc)"; cat /tmp/pytest_moe.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_moe.log | cut -c1-300 | tail -n 30
     note "tests moe rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_moe.log)"
+fi
+if want mla 40; then  # DeepSeek MLA's ops (cuda_mla.cu: mla_attention, head_linear, copy_strided) and their timings, < 3 min
+    t0=$(date +%s)
+    timeout "$(tl 240)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 200 tests/gpu/test_gpu_mla.py \
+        > /tmp/pytest_mla.log 2>&1
+    rc=$?
+    { echo "######## section mla (rc $rc)"; cat /tmp/pytest_mla.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_mla.log | cut -c1-300 | tail -n 30
+    note "tests mla rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_mla.log)"
+    timeout "$(tl 90)" "$KAON_GPU_DRIVER" timings mla > /tmp/mla_timings.log 2>&1
+    note "mla timings rc=$? ($(( $(date +%s) - t0 )) s)"
+    cat /tmp/mla_timings.log >> "$OUT/bench.log"
+    cat /tmp/mla_timings.log
 fi
 if [[ " ${sections[*]} " == *" gemma3 "* ]]; then  # Gemma 3 vs transformers (CPU and CUDA); only when named
     t0=$(date +%s)
@@ -133,7 +146,7 @@ if [[ " ${sections[*]} " == *" deepseek "* ]]; then  # DeepSeek V2/V3, Kimi-K2/K
 fi
 if want bench 60; then
     t0=$(date +%s)
-    timeout "$(tl 60)" "$KAON_GPU_DRIVER" timings > /tmp/timings.log 2>&1
+    timeout "$(tl 120)" "$KAON_GPU_DRIVER" timings > /tmp/timings.log 2>&1
     note "timings rc=$?"
     cat /tmp/timings.log >> "$OUT/bench.log"
     cat /tmp/timings.log

@@ -139,6 +139,144 @@ def test_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad):
     assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
 
 
+# ---- DeepSeekMoE routing ----------------------------------------------------------------------------
+
+def ds_route(logits, K, scoring, bias, n_group, topk_group, top2, norm, scale):
+    """DeepSeek routing (backend.h's kaon_moe_weights) in float64: experts [n, K], weights
+    [n, K], and the smallest margin of any choice (the k-th vs the next expert, the last kept
+    group vs the next), below which another kernel may legitimately choose otherwise."""
+    n, E = logits.shape
+    if scoring == 1:
+        s = 1 / (1 + np.exp(-logits))
+    else:
+        s = np.exp(logits - logits.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+    c = s + (bias[None, :] if bias is not None else 0)
+    margin = np.full(n, np.inf)
+    if n_group > 1 and topk_group < n_group:
+        per = E // n_group
+        cg = np.sort(c.reshape(n, n_group, per), axis=-1)[..., ::-1]
+        gs = cg[..., 0] + (cg[..., 1] if per > 1 else 0) if top2 else cg[..., 0]
+        gorder = np.argsort(-gs, axis=-1, kind="stable")
+        gsrt = np.take_along_axis(gs, gorder, -1)
+        margin = np.minimum(margin, gsrt[:, topk_group - 1] - gsrt[:, topk_group])
+        keep = np.zeros((n, n_group), bool)
+        np.put_along_axis(keep, gorder[:, :topk_group], True, -1)
+        c = np.where(np.repeat(keep, per, axis=-1), c, 0.0)  # HF's masked_fill(0.0)
+    order = np.argsort(-c, axis=-1, kind="stable")
+    srt = np.take_along_axis(c, order, -1)
+    if K < E:
+        margin = np.minimum(margin, srt[:, K - 1] - srt[:, K])
+    top = order[:, :K]
+    w = np.take_along_axis(s, top, -1)
+    if norm:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return top, w * (scale if scale > 0 else 1.0), margin
+
+
+def moe_reference_ds(x, router, gate, up, down, K, route, shared=None, pos=None):
+    """As moe_reference, with DeepSeek routing; shared = (gate, up, down) without a gate input."""
+    x = x.astype(np.float64)
+    n, E = x.shape[0], router.shape[0]
+    logits = x @ router.T.astype(np.float64)
+    unsure = np.zeros(n, bool)
+    if route["scoring"] == 0 and not ON_CPU:
+        # The GPU rounds softmax routers' f32 logits to bf16 (HF V2's bf16 gate); where the f32
+        # error could round a logit the other way, a token's scores may move by a bf16 step.
+        eps = 1e-5 * np.abs(logits) + 1e-6
+        unsure = (bf16(logits - eps) != bf16(logits + eps)).any(-1)
+        logits = bf16(logits).astype(np.float64)
+    top, w, margin = ds_route(logits, K, route["scoring"], route.get("bias"), route.get("n_group", 0),
+                              route.get("topk_group", 0), route.get("top2", 0), route["norm"], route.get("scale", 0.0))
+    # f32 logits differ from float64 by ~1e-6; bf16 logits tie exactly at times; a logit one bf16
+    # step away moves a softmax score by < 1% of itself (scores here are < 0.3)
+    clear = (margin > 1e-4) & ~(unsure & (margin < 3e-3))
+    outp = np.zeros_like(x)
+    counts = np.zeros(E, np.int64)
+    live_t = np.ones(n, bool) if pos is None else np.asarray(pos) >= 0
+    for e in range(E):
+        t, j = np.nonzero((top == e) & live_t[:, None])
+        if not len(t):
+            continue
+        counts[e] = len(t)
+        g = x[t] @ gate[e].T.astype(np.float64)
+        u = x[t] @ up[e].T.astype(np.float64)
+        y = (g / (1 + np.exp(-g)) * u) @ down[e].T.astype(np.float64)
+        np.add.at(outp, t, w[t, j][:, None] * y)
+    if shared is not None:
+        sg, su, sd = (a.astype(np.float64) for a in shared)
+        g, u = x @ sg.T, x @ su.T
+        live = np.ones((n, 1)) if pos is None else (np.asarray(pos) >= 0)[:, None]
+        outp += (g / (1 + np.exp(-g)) * u) @ sd.T * live
+    return outp, counts, clear
+
+
+DS_CASES = [
+    # name, n tokens, dim, E, K, ffn, shared ffn, padding, routing
+    ("v3-decode", 4, 256, 256, 8, 64, 128, 0,
+     dict(scoring=1, bias=True, n_group=8, topk_group=4, top2=1, norm=1, scale=2.5)),
+    ("v3-prefill-pad", 150, 256, 256, 8, 64, 128, 7,
+     dict(scoring=1, bias=True, n_group=8, topk_group=4, top2=1, norm=1, scale=2.5)),
+    ("kimi-decode-e384", 5, 128, 384, 8, 64, 64, 0, dict(scoring=1, bias=True, norm=1, scale=2.827)),
+    ("kimi-prefill-e384", 100, 128, 384, 8, 64, 0, 0, dict(scoring=1, bias=True, norm=1, scale=2.827)),
+    ("v2-group-max-softmax", 40, 256, 64, 6, 96, 192, 0,
+     dict(scoring=0, n_group=8, topk_group=3, top2=0, norm=0, scale=16.0)),
+    ("v2-group-max-norm-decode", 8, 256, 64, 6, 96, 0, 1,
+     dict(scoring=0, n_group=8, topk_group=3, top2=0, norm=1, scale=0.0)),
+    ("sigmoid-64-groups", 30, 128, 256, 8, 32, 0, 0,
+     dict(scoring=1, bias=True, n_group=64, topk_group=16, top2=1, norm=1, scale=1.5)),
+    ("softmax-scaled-only", 12, 128, 32, 4, 64, 0, 0, dict(scoring=0, norm=0, scale=2.0)),
+]
+
+
+@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,route", DS_CASES)
+def test_moe_op_deepseek_routing(tmp_path, name, n, dim, E, K, F, SF, npad, route):
+    rng = np.random.default_rng()
+    x = bf16(rng.standard_normal((n, dim)))
+    router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+    gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+    up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+    down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
+    arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+    route = dict(route)
+    if route.get("bias"):  # sigmoid scores are ~0.5 apart at most: a bias of that size reorders them
+        route["bias"] = (0.3 * rng.standard_normal(E)).astype(np.float32)
+        arrays["bias"] = route["bias"]
+    else:
+        route["bias"] = None
+    shared = None
+    if SF:
+        shared = (bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
+                  bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF)))
+        arrays.update(sgate=shared[0], sup=shared[1], sdown=shared[2])
+    pos = None
+    if npad:
+        pos = np.arange(n, dtype=np.int32)
+        pos[rng.choice(n, npad, replace=False)] = -1
+        arrays["pos"] = pos
+    params = dict(n=n, dim=dim, E=E, K=K, F=F, norm=route["norm"], SF=SF, shared_gated=0, has_pos=int(npad > 0),
+                  reps=2, time=0 if ON_CPU else 20, scoring=route["scoring"], has_bias=int(route["bias"] is not None),
+                  n_group=route.get("n_group", 0), topk_group=route.get("topk_group", 0),
+                  group_top2=route.get("top2", 0), routed_scale=route.get("scale", 0.0))
+    so = run_op(tmp_path, "moe", params, arrays)
+    ref, counts, clear = moe_reference_ds(x, router, gate, up, down, K, route, shared, pos)
+    got = out(tmp_path, shape=(n, dim))
+    live = np.ones(n, bool) if pos is None else pos >= 0
+    assert np.all(got[~live] == 0), "padding tokens must get zeros"
+    need = 0.7 if live.sum() >= 20 else 0.5
+    assert clear[live].mean() > need, f"too many near-ties ({(~clear[live]).sum()} of {live.sum()}): the test's inputs"
+    clear &= live
+    e = rel(got[clear], ref[clear])
+    gpu_counts = np.fromfile(tmp_path / "out_counts.bin", np.float32).astype(np.int64)
+    us = json.loads(so.strip().splitlines()[-1])["us"] if not ON_CPU else None
+    amb = int((~clear & live).sum())
+    record("moe_op_deepseek", case=name, rel_err=e, excluded=amb, us=us)
+    print(name, f"rel err {e:.2e}, {amb} near-tie tokens left out, {us} us/call")
+    assert e < 1.5e-2, e
+    assert gpu_counts.sum() == 2 * K * (n - npad)
+    assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
+
+
 # ---- models against HF transformers ------------------------------------------------------------
 
 SMALL_MOE = {

@@ -514,6 +514,10 @@ static int64_t cache_slots(const kc_backend *b, const kaon_kv_layer *kv, int nkv
 static void cuda_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                           const kaon_attn_meta *m, int nkv, int hd) {
     kc_backend *b = kc(be);
+    if (!v) {  // a cache without V (MLA's latent rows): cuda_mla.cu
+        kc_kv_write_k_only(be, kv, k, m, nkv, hd);
+        return;
+    }
     if (!kv || !kv->k || !kv->v || !m || nkv <= 0 || hd <= 0 || ((int64_t)nkv * hd) % 8) {
         kc_fail(b, "cuda kv_write: bad arguments");
         return;
@@ -723,6 +727,7 @@ static void cuda_destroy(kaon_backend *be) {
     kc_sampler_free(b);
     if (b->fa_mark) cudaFree(b->fa_mark);
     kc_quant_destroy(b);
+    kc_mla_destroy(b);
     if (b->meta_done) cudaEventDestroy(b->meta_done);
     if (b->stream) cudaStreamDestroy(b->stream);
     free(b);
@@ -742,6 +747,9 @@ static kaon_backend_ops make_ops(void) {
     o.rope = cuda_rope;
     o.kv_write = cuda_kv_write;
     o.attention = cuda_attention;
+    o.mla_attention = kc_op_mla_attention;
+    o.head_linear = kc_op_head_linear;
+    o.copy_strided = kc_op_copy_strided;
     o.silu_and_mul = cuda_silu_and_mul;
     o.gelu_tanh_and_mul = cuda_gelu_tanh_and_mul;
     o.scale = cuda_scale;

@@ -43,6 +43,7 @@ typedef struct kc_alloc_rec {
 } kc_alloc_rec;
 
 typedef struct kc_sampler kc_sampler;  // cuda_sample.cu's buffers
+typedef struct kc_mla kc_mla;          // cuda_mla.cu's state
 
 typedef struct kc_backend {
     kaon_backend base;
@@ -105,6 +106,7 @@ typedef struct kc_backend {
 
     kc_sampler *sampler;  // NULL until the first sample()
     struct kc_quant *quant;  // cuda_quant.cu's state and scratch (NULL until the first quantized weight)
+    struct kc_mla *mla;      // cuda_mla.cu's state (cuBLASLt problems of head_linear, scratch)
 
     // cuda_moe.cu's scratch (from the backend's alloc, so destroy frees it).
     void *moe_buf;
@@ -239,6 +241,25 @@ void kc_gemm_cache_free(kc_backend *b);
 // ---- mixture of experts (cuda_moe.cu): the moe op of backend.h ----
 extern "C" int kc_moe_op(kaon_backend *be, const void *x, int n, const int32_t *positions,
                          const kaon_moe_weights *w, uint32_t *counts, void *out);
+// DeepSeekMoE routing (cuda_moe_route.cu): whether w asks for it (sigmoid scores, a selection
+// bias, expert groups, a routed scaling factor), its argument checks (0 or -1), and the
+// routing kernel writing what k_route writes (ids, weights, per-expert counts).
+bool kc_moe_route_is_ds(const kaon_moe_weights *w);
+int kc_moe_route_ds_check(kc_backend *b, const kaon_moe_weights *w);
+int kc_moe_route_ds(kc_backend *b, const float *logits, const int32_t *d_pos, int n, const kaon_moe_weights *w,
+                    int *topk_id, float *topk_w, int *cnt, uint32_t *counts);
+
+// ---- MLA (cuda_mla.cu): the ops mla_attention, head_linear, copy_strided of backend.h, and
+// kv_write for a cache without V ----
+void kc_op_mla_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv, const kaon_attn_meta *m, int nh,
+                         int kv_lora, int rope_dim, float scale, void *out);
+void kc_op_head_linear(kaon_backend *be, const void *x, int n, int nh, size_t x_tok, size_t x_head,
+                       const kaon_tensor *w, void *y, size_t y_tok, size_t y_head);
+void kc_op_copy_strided(kaon_backend *be, const void *src, size_t src_stride, void *dst, size_t dst_stride, int rows,
+                        int width, float s);
+void kc_kv_write_k_only(kaon_backend *be, kaon_kv_layer *kv, const void *k, const kaon_attn_meta *m, int nkv,
+                        int hd);
+void kc_mla_destroy(kc_backend *b);
 
 // ---- sampling (cuda_sample.cu) ----
 // Samples sb's rows of logits [*, vocab] (edited in place) into host ids / logprobs; waits.
@@ -262,6 +283,9 @@ int kc_quant_linear_multi(kc_backend *b, const void *x, int n, int count, const 
                           const kaon_tensor *const *bias, void *const *y);
 int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_tensor *wg, const kaon_tensor *wu,
                              void *out);
+// Every row of a quantized matrix into out (bf16 [rows, cols], device): 0, -1, or 1 when w is
+// not a quantized matrix.
+int kc_quant_dequant(kc_backend *b, const kaon_tensor *w, bf16 *out);
 void kc_quant_destroy(kc_backend *b);
 
 #endif

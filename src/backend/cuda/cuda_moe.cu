@@ -6,7 +6,8 @@
 //   2. k_route: per token (one warp) the logits rounded to bf16 (as HF's bf16 Linear gives
 //      them), softmax in f32, top-k (ties: the lower expert), renormalised when asked;
 //      padding tokens (position < 0) get no experts. Per-expert counts by atomics (and the
-//      caller's expert-load counters).
+//      caller's expert-load counters). DeepSeekMoE routing (sigmoid scores, selection bias,
+//      expert groups, routed scaling): k_route_ds in cuda_moe_route.cu.
 //   3. k_plan (one block): offsets = exclusive scan of the counts, the list of active
 //      experts, and the tiles of the grouped GEMM (expert, first row) in expert order.
 //   4. k_permute: slot of each (token, choice): the rows of expert e are the slots
@@ -22,8 +23,8 @@
 //      H [n*K, ffn] and Y [n*K, dim] hold the routed rows in slot order. (This op reads bf16
 //      only: model/moe.c uploads quantized GGUF routers and experts through upload_dense,
 //      which expands them; the shared expert stays quantized, read by the linear ops.)
-//   6. the shared expert (Qwen2-MoE) through the backend's own linear ops, its sigmoid gate
-//      from an f32 GEMV;
+//   6. the shared expert through the backend's own linear ops, with Qwen2-MoE's sigmoid gate
+//      from an f32 GEMV (DeepSeek's shared experts have no gate: weight 1);
 //   7. k_combine: out[t] = sum_j w[t, j] * Y[inv[t*K + j]] (+ sigmoid(g_t) * shared_t): the
 //      weighted un-permute and the sum in one pass, f32, one rounding to bf16.
 // Intermediate roundings follow HF's bf16 modules: gate and up outputs, silu, their product and
@@ -538,10 +539,8 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     bf16 *out = (bf16 *)out_;
     if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
         return kc_fail(b, "cuda moe: bad arguments");
-    if (w->scoring != KAON_MOE_SOFTMAX || w->score_bias || w->n_group > 1 ||
-        (w->routed_scale > 0.0f && w->routed_scale != 1.0f))
-        return kc_fail(b, "cuda moe: DeepSeek routing (sigmoid scores, selection bias, expert groups, "
-                          "a routed scaling factor) is not implemented on the GPU yet");
+    const bool ds_route = kc_moe_route_is_ds(w);  // DeepSeekMoE routing: cuda_moe_route.cu
+    if (ds_route && kc_moe_route_ds_check(b, w)) return -1;
     const int E = w->n_experts, K = w->top_k;
     if (E < 1 || E > MOE_MAX_E || K < 1 || K > E || K > MOE_MAX_K)
         return kc_fail(b, "cuda moe: %d experts, top %d (at most %d experts, top %d)", E, K, MOE_MAX_E, MOE_MAX_K);
@@ -568,8 +567,12 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     if (kc_gemm_bf16(b, x, n, (const bf16 *)R->data, E, dim, NULL, m.logits, 1)) return -1;
     // 2. route
     if (kc_check(b, cudaMemsetAsync(m.cnt, 0, sizeof(int) * (size_t)E, b->stream), "moe")) return -1;
-    k_route<<<(n + 3) / 4, 128, 0, b->stream>>>(m.logits, dpos, n, E, K, w->norm_topk ? 1 : 0, m.topk_id,
-                                                 m.topk_w, m.cnt, counts);
+    if (ds_route) {
+        if (kc_moe_route_ds(b, m.logits, dpos, n, w, m.topk_id, m.topk_w, m.cnt, counts)) return -1;
+    } else {
+        k_route<<<(n + 3) / 4, 128, 0, b->stream>>>(m.logits, dpos, n, E, K, w->norm_topk ? 1 : 0, m.topk_id,
+                                                     m.topk_w, m.cnt, counts);
+    }
     // 3. plan, 4. permute
     k_plan<<<1, MOE_MAX_E, 0, b->stream>>>(m.cnt, E, m.off, m.fill, m.active, m.tiles, m.n_tiles);
     k_permute<<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K);

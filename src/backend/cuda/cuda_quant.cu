@@ -451,6 +451,11 @@ static int q_dequant(kc_backend *b, const kaon_tensor *w, const int32_t *d_ids, 
     return kc_check(b, e, "dequantize");
 }
 
+int kc_quant_dequant(kc_backend *b, const kaon_tensor *w, bf16 *out) {
+    if (!is_qt(w)) return 1;
+    return q_dequant(b, w, NULL, 0, w->shape[0], out) ? -1 : 0;
+}
+
 int kc_quant_embed(kc_backend *b, const kaon_tensor *table, const int32_t *ids, int n, void *out) {
     if (!is_qt(table)) return 1;
     if (n <= 0) return 0;
