@@ -162,7 +162,7 @@ def ds_route(logits, K, scoring, bias, n_group, topk_group, top2, norm, scale):
         margin = np.minimum(margin, gsrt[:, topk_group - 1] - gsrt[:, topk_group])
         keep = np.zeros((n, n_group), bool)
         np.put_along_axis(keep, gorder[:, :topk_group], True, -1)
-        c = np.where(np.repeat(keep, per, axis=-1), c, 0.0)  # HF's masked_fill(0.0)
+        c = np.where(np.repeat(keep, per, axis=-1), c, -np.inf)  # HF 5.17's V3 router
     order = np.argsort(-c, axis=-1, kind="stable")
     srt = np.take_along_axis(c, order, -1)
     if K < E:

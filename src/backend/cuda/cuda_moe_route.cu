@@ -8,7 +8,8 @@
 //   choice values c = s + score_bias (selection only), kept in shared memory;
 //   n_group > 1 (at most 64) with topk_group < n_group: a group's score is its best c, or with
 //     group_top2 the sum of its best two; the topk_group best groups (ties: the lower group)
-//     stay, the other groups' c become 0.0 (HF's masked_fill, not -inf);
+//     stay, the other groups' c become -inf (HF 5.17's V3 router; for softmax scores the same choice
+//     as V2's masked_fill(0.0));
 //   top_k of c (ties: the lower expert), weights s of the chosen, / (sum + 1e-20) when norm,
 //     times routed_scale (0: 1).
 // Padding tokens (position < 0) get no experts. The per-expert counts (and the caller's
@@ -126,7 +127,7 @@ k_route_ds(const float *__restrict__ logits, const int32_t *__restrict__ pos, in
 #pragma unroll
         for (int i = 0; i < PER; i++) {
             const int e = lane + 32 * i;
-            if (e < E && !(kept >> (e / per) & 1)) c[e] = 0.f;
+            if (e < E && !(kept >> (e / per) & 1)) c[e] = -INFINITY;
         }
         __syncwarp();
     }
