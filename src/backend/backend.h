@@ -118,6 +118,11 @@ typedef struct kaon_backend_ops {
     // out may be x itself (in-place norm, used for Qwen3's per-head q/k norm).
     void (*rmsnorm)(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
                     int n, int dim, void *out);
+    // As rmsnorm, with x / rms(x) * w computed in f32 and rounded to the activation dtype once
+    // (Gemma's RMSNorm), where rmsnorm rounds x / rms(x) before w multiplies it (Llama's). NULL:
+    // the backend's activations are f32 (the two are the same), rmsnorm serves.
+    void (*rmsnorm_once)(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                         int n, int dim, void *out);
     // y = x @ w^T (+ bias)                         x [n, in]; w [out, in]; bias [out]; y [n, out]
     void (*linear)(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
                    const kaon_tensor *bias, void *y);

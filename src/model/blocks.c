@@ -12,14 +12,20 @@ void kaon_blk_scale_x(kaon_fwd *f, const kaon_batch *b, float s) {
     f->op->scale(f->be, f->a.x, (size_t)b->n_tokens * (size_t)f->c->hidden_size, s);
 }
 
+// The norm op of this model: Gemma's rounds once where the backend tells the two apart.
+static void (*norm_op(const kaon_fwd *f))(kaon_backend *, void *, const void *, const kaon_tensor *, float, int,
+                                          int, void *) {
+    return f->norm_once && f->op->rmsnorm_once ? f->op->rmsnorm_once : f->op->rmsnorm;
+}
+
 void kaon_blk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w) {
-    f->op->rmsnorm(f->be, f->a.x, f->pending ? f->a.proj : NULL, w, f->c->rms_norm_eps, b->n_tokens,
+    norm_op(f)(f->be, f->a.x, f->pending ? f->a.proj : NULL, w, f->c->rms_norm_eps, b->n_tokens,
                    f->c->hidden_size, f->a.xn);
     f->pending = false;
 }
 
 void kaon_blk_post_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w) {
-    f->op->rmsnorm(f->be, f->a.proj, NULL, w, f->c->rms_norm_eps, b->n_tokens, f->c->hidden_size, f->a.proj);
+    norm_op(f)(f->be, f->a.proj, NULL, w, f->c->rms_norm_eps, b->n_tokens, f->c->hidden_size, f->a.proj);
 }
 
 void kaon_blk_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_linear *wq, const kaon_linear *wk,
@@ -35,8 +41,8 @@ void kaon_blk_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_linear *wq, const
 void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, const kaon_tensor *kn) {
     const kaon_model_config *c = f->c;
     const int T = b->n_tokens;
-    f->op->rmsnorm(f->be, f->a.q, NULL, qn, c->rms_norm_eps, T * c->n_heads, c->head_dim, f->a.q);
-    f->op->rmsnorm(f->be, f->a.k, NULL, kn, c->rms_norm_eps, T * c->n_kv_heads, c->head_dim, f->a.k);
+    norm_op(f)(f->be, f->a.q, NULL, qn, c->rms_norm_eps, T * c->n_heads, c->head_dim, f->a.q);
+    norm_op(f)(f->be, f->a.k, NULL, kn, c->rms_norm_eps, T * c->n_kv_heads, c->head_dim, f->a.k);
 }
 
 void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,

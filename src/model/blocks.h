@@ -41,6 +41,7 @@ typedef struct kaon_fwd {
     bool logits_f32;           // LM head in f32 (linear_f32)
     uint32_t *expert_counts;   // [n_layers, n_experts] backend counters, or NULL
     bool pending;              // a.proj holds a sublayer's output not yet added to x
+    bool norm_once;            // norms round once (Gemma's RMSNorm: the op's rmsnorm_once)
 } kaon_fwd;
 
 typedef enum kaon_act_fn { KAON_ACT_SILU, KAON_ACT_GELU_TANH } kaon_act_fn;

@@ -162,6 +162,7 @@ static void forward(kaon_fwd *f, const kaon_batch *b) {
     const kaon_model_config *c = f->c;
     const gemma3_globals *g = f->w->globals;
     const float scale = 1.0f / sqrtf(c->query_pre_attn_scalar > 0 ? c->query_pre_attn_scalar : (float)c->head_dim);
+    f->norm_once = true;  // Gemma3RMSNorm: (x / rms(x)) * (1 + w) in f32, one rounding
     kaon_blk_embed(f, b, &g->tok_embd);                                  // x [T, dim]
     // HF casts the scale to the activations' dtype: bf16(sqrt(hidden)) on a bf16 backend.
     float embed_scale = sqrtf((float)c->hidden_size);

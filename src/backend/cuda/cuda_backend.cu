@@ -470,11 +470,21 @@ static void cuda_get_rows(kaon_backend *be, const void *x, const int32_t *idx, i
     kc_get_rows(b, (const bf16 *)x, d, n, dim, (bf16 *)out);
 }
 
-static void cuda_rmsnorm(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
-                         int n, int dim, void *out) {
+static void rmsnorm_impl(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                         int n, int dim, void *out, bool once) {
     kc_backend *b = kc(be);
     if (n <= 0 || dim <= 0 || !is_vector(b, w, dim, "rmsnorm")) return;
-    kc_rmsnorm(b, (bf16 *)x, (const bf16 *)add, (const float *)w->data, eps, n, dim, (bf16 *)out);
+    kc_rmsnorm(b, (bf16 *)x, (const bf16 *)add, (const float *)w->data, eps, n, dim, (bf16 *)out, once);
+}
+
+static void cuda_rmsnorm(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                         int n, int dim, void *out) {
+    rmsnorm_impl(be, x, add, w, eps, n, dim, out, false);
+}
+
+static void cuda_rmsnorm_once(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
+                              int n, int dim, void *out) {
+    rmsnorm_impl(be, x, add, w, eps, n, dim, out, true);
 }
 
 static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
@@ -743,6 +753,7 @@ static kaon_backend_ops make_ops(void) {
     o.embed = cuda_embed;
     o.get_rows = cuda_get_rows;
     o.rmsnorm = cuda_rmsnorm;
+    o.rmsnorm_once = cuda_rmsnorm_once;
     o.linear = cuda_linear;
     o.rope = cuda_rope;
     o.kv_write = cuda_kv_write;

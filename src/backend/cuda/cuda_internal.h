@@ -180,8 +180,10 @@ int kc_grow(kc_backend *b, void **p, size_t *cap, size_t need, size_t elem, cons
 void kc_embed(kc_backend *b, const bf16 *table, int64_t vocab, int dim, const int32_t *d_ids,
               int n, bf16 *out);
 void kc_get_rows(kc_backend *b, const bf16 *x, const int32_t *d_idx, int n, int dim, bf16 *out);
+// once: x / rms(x) * w rounded to bf16 once (Gemma's RMSNorm, all in f32); else x / rms(x) is
+// rounded before the weight multiplies it (Llama's: weight * hidden.to(bf16)).
 void kc_rmsnorm(kc_backend *b, bf16 *x, const bf16 *add, const float *w, float eps, int n,
-                int dim, bf16 *out);
+                int dim, bf16 *out, bool once);
 void kc_rope(kc_backend *b, bf16 *x, int n, int n_heads, int hd, const int32_t *d_pos,
              int rot_dim, int interleaved);
 // Slots outside [0, n_slots) are skipped (negative: padding tokens).

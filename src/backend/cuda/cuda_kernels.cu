@@ -71,7 +71,7 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
 
 // One block per row. x += add (rounded to bf16, stored back), then
 // out = bf16(w * bf16(x / rms(x))). out may be x.
-template <bool VEC>
+template <bool VEC, bool ONCE>
 __global__ void k_rmsnorm(bf16 *__restrict__ x, const bf16 *__restrict__ add,
                           const float *__restrict__ w, float eps, int dim, bf16 *out) {
     __shared__ float red[33];
@@ -111,27 +111,26 @@ __global__ void k_rmsnorm(bf16 *__restrict__ x, const bf16 *__restrict__ add,
             uint4 xv = ((const uint4 *)xr)[j];
             bf16 *xe = (bf16 *)&xv;
 #pragma unroll
-            for (int e = 0; e < 8; e++) xe[e] = tobf(w[8 * j + e] * rbf(bf(xe[e]) * r));
+            for (int e = 0; e < 8; e++) xe[e] = tobf(w[8 * j + e] * (ONCE ? bf(xe[e]) * r : rbf(bf(xe[e]) * r)));
             ((uint4 *)orow)[j] = xv;
         }
     } else {
         for (int j = threadIdx.x; j < dim; j += blockDim.x)
-            orow[j] = tobf(w[j] * rbf(bf(xr[j]) * r));
+            orow[j] = tobf(w[j] * (ONCE ? bf(xr[j]) * r : rbf(bf(xr[j]) * r)));
     }
 }
 
 void kc_rmsnorm(kc_backend *b, bf16 *x, const bf16 *add, const float *w, float eps, int n,
-                int dim, bf16 *out) {
+                int dim, bf16 *out, bool once) {
     if (n <= 0 || dim <= 0) return;
     const bool vec = (dim & 7) == 0;
     int work = vec ? dim / 8 : dim;
     int threads = ((work + 31) / 32) * 32;
     if (threads > 1024) threads = 1024;
     if (threads < 32) threads = 32;
-    if (vec)
-        kc_launch(b, k_rmsnorm<true>, dim3(n), dim3(threads), 0, x, add, w, eps, dim, out);
-    else
-        kc_launch(b, k_rmsnorm<false>, dim3(n), dim3(threads), 0, x, add, w, eps, dim, out);
+    auto k = vec ? (once ? k_rmsnorm<true, true> : k_rmsnorm<true, false>)
+                 : (once ? k_rmsnorm<false, true> : k_rmsnorm<false, false>);
+    kc_launch(b, k, dim3(n), dim3(threads), 0, x, add, w, eps, dim, out);
     kc_launched(b, "rmsnorm");
 }
 
