@@ -25,11 +25,10 @@ void kaon_blk_post_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w) 
 void kaon_blk_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_linear *wq, const kaon_linear *wk,
                   const kaon_linear *wv) {
     const int T = b->n_tokens;
-    const kaon_tensor *ws[3] = {&wq->w, &wk->w, &wv->w};
-    const kaon_tensor *bs[3] = {kaon_linear_bias(wq), kaon_linear_bias(wk), kaon_linear_bias(wv)};
+    const kaon_linear *ws[3] = {wq, wk, wv};
     void *ys[3] = {f->a.q, f->a.k, f->a.v};
-    if (f->op->linear_multi && f->op->linear_multi(f->be, f->a.xn, T, 3, ws, bs, ys) != 1) return;
-    for (int i = 0; i < 3; i++) f->op->linear(f->be, f->a.xn, T, ws[i], bs[i], ys[i]);
+    if (f->op->linear_multi && f->op->linear_multi(f->be, f->a.xn, T, 3, ws, ys) != 1) return;
+    for (int i = 0; i < 3; i++) f->op->linear(f->be, f->a.xn, T, ws[i], ys[i]);
 }
 
 void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, const kaon_tensor *kn) {
@@ -55,7 +54,7 @@ void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope
 }
 
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
-    f->op->linear(f->be, in, b->n_tokens, &w->w, kaon_linear_bias(w), f->a.proj);
+    f->op->linear(f->be, in, b->n_tokens, w, f->a.proj);
     f->pending = true;
 }
 
@@ -64,10 +63,10 @@ void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_
     const kaon_backend_ops *op = f->op;
     const int T = b->n_tokens, ffn = (int)gate->w.shape[0];
     const bool fused = act == KAON_ACT_SILU && op->linear_silu_mul &&
-                       op->linear_silu_mul(f->be, f->a.xn, T, &gate->w, &up->w, f->a.gate) != 1;
+                       op->linear_silu_mul(f->be, f->a.xn, T, gate, up, f->a.gate) != 1;
     if (!fused) {
-        op->linear(f->be, f->a.xn, T, &gate->w, kaon_linear_bias(gate), f->a.gate);  // [T, ffn]
-        op->linear(f->be, f->a.xn, T, &up->w, kaon_linear_bias(up), f->a.up);        // [T, ffn]
+        op->linear(f->be, f->a.xn, T, gate, f->a.gate);  // [T, ffn]
+        op->linear(f->be, f->a.xn, T, up, f->a.up);      // [T, ffn]
         if (act == KAON_ACT_SILU) op->silu_and_mul(f->be, f->a.gate, f->a.up, T, ffn, f->a.gate);
         else op->gelu_tanh_and_mul(f->be, f->a.gate, f->a.up, T, ffn, f->a.gate);
     }
@@ -85,8 +84,8 @@ void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, 
     const int dim = f->c->hidden_size;
     kaon_blk_norm(f, b, norm);
     f->op->get_rows(f->be, f->a.xn, b->logit_rows, b->n_logits, dim, f->a.rows);
-    if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, &head->w, f->a.logits);
-    else f->op->linear(f->be, f->a.rows, b->n_logits, &head->w, NULL, f->a.logits);
+    if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, head, f->a.logits);
+    else f->op->linear(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     const float cap = f->c->final_logit_softcap;
     if (cap > 0) f->op->logit_softcap(f->be, f->a.logits, (size_t)b->n_logits * (size_t)f->c->vocab_size, cap);
 }

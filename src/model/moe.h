@@ -8,7 +8,8 @@
 //   GGUF legacy    blk.N.ffn_{gate,up,down}.E.weight             [ffn, dim] / [dim, ffn]
 //   HF per expert  ...experts.E.{w1,w3,w2 | gate_proj,up_proj,down_proj}.weight
 //   HF fused (transformers 5)  ...experts.gate_up_proj [E, 2 ffn, dim], ...experts.down_proj
-// A view is rows [row0, row0 + rows) of one source tensor; a device copy uploads each source
+// A view is rows [row0, row0 + rows) of one source tensor, held as the weight of a kaon_linear
+// (no bias; no format companions yet: no loader fills them); a device copy uploads each source
 // once (one allocation per stacked tensor) and rebuilds the views on top of it.
 #ifndef KAON_MODEL_MOE_H
 #define KAON_MODEL_MOE_H
@@ -26,10 +27,10 @@ enum { KAON_MOE_GATE = 0, KAON_MOE_UP = 1, KAON_MOE_DOWN = 2 };
 
 typedef struct kaon_moe_layer {
     kaon_moe_weights w;            // what the moe op gets; points into this struct
-    kaon_tensor router;            // [E, dim]
-    kaon_tensor *views;            // [3, E]: gate, up, down of each expert
-    kaon_tensor shared[3];         // shared expert gate, up, down (data NULL when absent)
-    kaon_tensor shared_gate_inp;   // [1, dim] (data NULL when absent)
+    kaon_linear router;            // [E, dim]
+    kaon_linear *views;            // [3, E]: gate, up, down of each expert
+    kaon_linear shared[3];         // shared expert gate, up, down (w.data NULL when absent)
+    kaon_linear shared_gate_inp;   // [1, dim] (w.data NULL when absent)
     kaon_tensor *src;              // [n_src] whole tensors the views are cut from (2-D)
     int n_src;
     int32_t *src_of;               // [3E] source of each view

@@ -249,7 +249,8 @@ void kc_sampler_free(kc_backend *b);
 // ---- quantized GGUF weights (cuda_quant.cu) ----
 // Matrices of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K stay quantized on the device (their own layout; the
 // tensor keeps the GGUF dtype). Each hook returns 1 when no weight it gets is quantized (the
-// caller goes on with its bf16 path), else 0 when done or -1 on error (recorded).
+// caller goes on with its bf16 path), else 0 when done or -1 on error (recorded). The linear
+// hooks get a layer's weight and bias once the op (cuda_backend.cu) has checked the layer.
 // KAON_CUDA_QUANT=0: upload declines, so weights are expanded to bf16 as before.
 int kc_quant_upload(kc_backend *b, const kaon_tensor *host, kaon_tensor *dev);
 // Bytes of kc_quant_upload's copy of host; 0 when it would expand host to bf16 instead.
