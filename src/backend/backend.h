@@ -1,6 +1,9 @@
 // The backend contract: the op table is the only way a model computes. A model passes
-// weights (kaon_tensor, any stored format) and activation buffers (void *, in the backend's
-// activation dtype: f32 on the CPU) that it got from the backend's own allocator.
+// weights (kaon_tensor, any stored format; the linear and moe ops take whole layers,
+// kaon_linear: weight, bias, format companions, parts) and activation buffers (void *, in the
+// backend's activation dtype: f32 on the CPU) that it got from the backend's own allocator.
+// A linear op given a layer its kernels cannot compute (a format companion it has no kernel
+// for: kaon_linear_unsupported) fails with an error naming the format, never guesses.
 #ifndef KAON_BACKEND_BACKEND_H
 #define KAON_BACKEND_BACKEND_H
 
@@ -8,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/linear.h"
 #include "backend/tensor.h"
 
 typedef struct kaon_backend kaon_backend;
@@ -72,21 +76,22 @@ typedef struct kaon_sample_batch {
 enum { KAON_MOE_SOFTMAX = 0, KAON_MOE_SIGMOID = 1 };
 
 // One mixture-of-experts MLP layer as the moe op sees it. Experts are given one by one ([E]
-// arrays of 2-D weights) so stacked GGUF tensors, per-expert safetensors and fused gate_up
-// tensors all reach a backend as the same kind of view.
+// arrays of layers over 2-D weights) so stacked GGUF tensors, per-expert safetensors and fused
+// gate_up tensors all reach a backend as the same kind of view; each is a kaon_linear, so a
+// format with scales can carry them per expert.
 typedef struct kaon_moe_weights {
     int n_experts;              // E
     int top_k;                  // experts per token
     bool norm_topk;             // renormalise the top-k routing probabilities to sum to 1
-    const kaon_tensor *router;  // [E, dim]: routing logits = x @ router^T, softmax over E
-    const kaon_tensor *gate;    // [E] of [ffn, dim]
-    const kaon_tensor *up;      // [E] of [ffn, dim]
-    const kaon_tensor *down;    // [E] of [dim, ffn]
+    const kaon_linear *router;  // [E, dim]: routing logits = x @ router^T, softmax over E
+    const kaon_linear *gate;    // [E] of [ffn, dim]
+    const kaon_linear *up;      // [E] of [ffn, dim]
+    const kaon_linear *down;    // [E] of [dim, ffn]
     // A shared expert every token goes through (Qwen2-MoE), NULL when absent, scaled by
     // sigmoid(x @ shared_gate_inp^T) when that is given.
-    const kaon_tensor *shared_gate, *shared_up;  // [sffn, dim]
-    const kaon_tensor *shared_down;              // [dim, sffn]
-    const kaon_tensor *shared_gate_inp;          // [1, dim] or NULL
+    const kaon_linear *shared_gate, *shared_up;  // [sffn, dim]
+    const kaon_linear *shared_down;              // [dim, sffn]
+    const kaon_linear *shared_gate_inp;          // [1, dim] or NULL
     // DeepSeekMoE routing (defaults, all zero: softmax, no bias, no groups, no factor).
     // scores s = softmax(logits) or sigmoid(logits); choice c = s + score_bias (bias: [E] f32,
     // for selection only); with n_group > 1 only the topk_group best groups of E/n_group
@@ -123,9 +128,9 @@ typedef struct kaon_backend_ops {
     // the backend's activations are f32 (the two are the same), rmsnorm serves.
     void (*rmsnorm_once)(kaon_backend *be, void *x, const void *add, const kaon_tensor *w, float eps,
                          int n, int dim, void *out);
-    // y = x @ w^T (+ bias)                         x [n, in]; w [out, in]; bias [out]; y [n, out]
-    void (*linear)(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
-                   const kaon_tensor *bias, void *y);
+    // y = x @ w->w^T (+ w->bias)                   x [n, in]; w->w [out, in]; bias [out]; y [n, out]
+    // (a fused weight's parts are the columns of y in order). Errors: kaon_last_error, status.
+    void (*linear)(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *y);
     // Rotates the first rot_dim of each head in place.   x [n, n_heads, head_dim]
     void (*rope)(kaon_backend *be, void *x, int n, int n_heads, int head_dim,
                  const int32_t *positions, const kaon_rope *rope);
@@ -153,11 +158,11 @@ typedef struct kaon_backend_ops {
                           const kaon_attn_meta *m, int n_heads, int kv_lora, int rope_dim,
                           float scale, void *out);
     // Per-head matrices: y[t, h, 0:out] = x[t, h, 0:in] @ w_h^T for h < n_heads, t < n, where
-    // w is [n_heads * out, in] (head h: rows [h out, (h+1) out)). x and y are strided
+    // w->w is [n_heads * out, in] (head h: rows [h out, (h+1) out)), no bias or companions. x and y are strided
     // activations (elements between tokens, between heads), so a head's slice of a wider row
     // is read or written in place (MLA's absorbed W_UK and W_UV).
     void (*head_linear)(kaon_backend *be, const void *x, int n, int n_heads, size_t x_tok,
-                        size_t x_head, const kaon_tensor *w, void *y, size_t y_tok, size_t y_head);
+                        size_t x_head, const kaon_linear *w, void *y, size_t y_tok, size_t y_head);
     // dst[r * dst_stride + i] = s * src[r * src_stride + i] for r < rows, i < width (activations).
     void (*copy_strided)(kaon_backend *be, const void *src, size_t src_stride, void *dst,
                          size_t dst_stride, int rows, int width, float s);
@@ -207,25 +212,27 @@ typedef struct kaon_backend_ops {
     // and buffers (the caller's buffers must not move while graphs exist).
     int (*graph_begin)(kaon_backend *be, uint64_t key);
     int (*graph_end)(kaon_backend *be);
-    // The first error of an asynchronous op since the last call: -1 + kaon_set_error, else 0.
+    // The first error of an op that returns none (or of an asynchronous one) since the last
+    // call: -1 + kaon_set_error, else 0. (The CPU's reports its linear and moe ops' errors.)
     int (*status)(kaon_backend *be);
     // Free and total bytes of the device's memory.
     int (*mem_info)(kaon_backend *be, size_t *free_bytes, size_t *total_bytes);
 
-    // Logits in f32: y = x @ w^T into f32 backend memory ([n, out] floats, from alloc), and the
-    // copy of such f32 memory to the host. (bf16 logits tie too often for greedy choices.)
-    void (*linear_f32)(kaon_backend *be, const void *x, int n, const kaon_tensor *w, float *y);
+    // Logits in f32: y = x @ w->w^T into f32 backend memory ([n, out] floats, from alloc; a
+    // layer with a bias is an error), and the copy of such f32 memory to the host. (bf16 logits
+    // tie too often for greedy choices.)
+    void (*linear_f32)(kaon_backend *be, const void *x, int n, const kaon_linear *w, float *y);
     void (*copy_f32_to_host)(kaon_backend *be, const float *x, size_t n, float *out);
 
     // Fused ops. Each returns 0 when done, 1 when it declines (the caller then runs the
     // unfused ops), -1 on error.
-    // y[i] = x @ w[i]^T (+ bias[i]) for i < count (<= 4): one pass over x, several weights.
+    // y[i] = x @ w[i]->w^T (+ w[i]->bias) for i < count (<= 4): one pass over x, several layers.
     int (*linear_multi)(kaon_backend *be, const void *x, int n, int count,
-                        const kaon_tensor *const *w, const kaon_tensor *const *bias,
-                        void *const *y);
-    // out = silu(x @ w_gate^T) * (x @ w_up^T)       x [n, in]; out [n, ffn]
-    int (*linear_silu_mul)(kaon_backend *be, const void *x, int n, const kaon_tensor *w_gate,
-                           const kaon_tensor *w_up, void *out);
+                        const kaon_linear *const *w, void *const *y);
+    // out = silu(x @ gate->w^T) * (x @ up->w^T)     x [n, in]; out [n, ffn]
+    // Declines (1) when gate or up has a bias.
+    int (*linear_silu_mul)(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
+                           const kaon_linear *up, void *out);
     // rope(q) in place, then rope(k) and v stored at their slots (k's buffer is left
     // unspecified): rope + rope + kv_write in one.
     int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,

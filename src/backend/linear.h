@@ -4,6 +4,8 @@
 #ifndef KAON_BACKEND_LINEAR_H
 #define KAON_BACKEND_LINEAR_H
 
+#include <string.h>
+
 #include "backend/tensor.h"
 
 // How tensor parallelism splits a weight across ranks.
@@ -31,6 +33,32 @@ typedef struct kaon_linear {
 
 static inline const kaon_tensor *kaon_linear_bias(const kaon_linear *l) {
     return l->bias.data ? &l->bias : 0;
+}
+
+// A layer of a bare weight and an optional bias (NULL: none), without companions (tests,
+// tools).
+static inline kaon_linear kaon_linear_of(const kaon_tensor *w, const kaon_tensor *bias) {
+    kaon_linear l;
+    memset(&l, 0, sizeof l);
+    l.w = *w;
+    if (bias) l.bias = *bias;
+    return l;
+}
+
+// What kernels that read only w and bias cannot compute in l: NULL when they can compute it
+// all, else a phrase for the backend's error ("scale companions", ...). Parts need no kernel of
+// their own (the output holds them in order), but they must add up to w's rows.
+static inline const char *kaon_linear_unsupported(const kaon_linear *l) {
+    if (l->scale.data) return "scale companions";
+    if (l->zero.data) return "zero points";
+    if (l->n_parts < 0 || l->n_parts > KAON_LINEAR_MAX_PARTS) return "a bad list of parts";
+    if (l->n_parts > 0) {
+        int64_t rows = 1, sum = 0;
+        for (int i = 0; i + 1 < l->w.ndim; i++) rows *= l->w.shape[i];
+        for (int i = 0; i < l->n_parts; i++) sum += l->part_rows[i];
+        if (sum != rows) return "parts that do not add up to its rows";
+    }
+    return 0;
 }
 
 #endif

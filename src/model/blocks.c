@@ -31,11 +31,10 @@ void kaon_blk_post_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *w) 
 void kaon_blk_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_linear *wq, const kaon_linear *wk,
                   const kaon_linear *wv) {
     const int T = b->n_tokens;
-    const kaon_tensor *ws[3] = {&wq->w, &wk->w, &wv->w};
-    const kaon_tensor *bs[3] = {kaon_linear_bias(wq), kaon_linear_bias(wk), kaon_linear_bias(wv)};
+    const kaon_linear *ws[3] = {wq, wk, wv};
     void *ys[3] = {f->a.q, f->a.k, f->a.v};
-    if (f->op->linear_multi && f->op->linear_multi(f->be, f->a.xn, T, 3, ws, bs, ys) != 1) return;
-    for (int i = 0; i < 3; i++) f->op->linear(f->be, f->a.xn, T, ws[i], bs[i], ys[i]);
+    if (f->op->linear_multi && f->op->linear_multi(f->be, f->a.xn, T, 3, ws, ys) != 1) return;
+    for (int i = 0; i < 3; i++) f->op->linear(f->be, f->a.xn, T, ws[i], ys[i]);
 }
 
 void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, const kaon_tensor *kn) {
@@ -84,13 +83,13 @@ void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weight
     char *qa = AT(lat, (size_t)T * kvl);                  // [T, q_lora]
     // q [T, nh, nope + rd] and [c | k_pe] from xn (one pass over xn where the backend can).
     const kaon_linear *first = w->wq ? w->wq : w->wq_a;
-    const kaon_tensor *ws[2] = {&first->w, &w->wkv_a->w}, *bs[2] = {NULL, NULL};
+    const kaon_linear *ws[2] = {first, w->wkv_a};
     void *ys[2] = {w->wq ? f->a.q : (void *)qa, kva};
-    if (!op->linear_multi || op->linear_multi(f->be, f->a.xn, T, 2, ws, bs, ys) == 1)
-        for (int i = 0; i < 2; i++) op->linear(f->be, f->a.xn, T, ws[i], NULL, ys[i]);
+    if (!op->linear_multi || op->linear_multi(f->be, f->a.xn, T, 2, ws, ys) == 1)
+        for (int i = 0; i < 2; i++) op->linear(f->be, f->a.xn, T, ws[i], ys[i]);
     if (!w->wq) {
         op->rmsnorm(f->be, qa, NULL, w->q_a_norm, MLA_NORM_EPS, T, c->q_lora_rank, qa);
-        op->linear(f->be, qa, T, &w->wq_b->w, NULL, f->a.q);
+        op->linear(f->be, qa, T, w->wq_b, f->a.q);
     }
     // The cache row: normed latent, then the rotated shared key.
     op->copy_strided(f->be, kva, (size_t)row, lat, (size_t)kvl, T, kvl, 1.0f);
@@ -100,17 +99,17 @@ void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weight
     op->kv_write(f->be, &f->kv[l], kva, NULL, &b->attn, 1, row);
     // q_pe rotated in place; q_nope absorbed into the latent: qm = [q_nope W_UK | pe_scale q_pe].
     op->rope(f->be, AT(f->a.q, nope), T, nh, hd, b->attn.positions, rope);
-    op->head_linear(f->be, f->a.q, T, nh, (size_t)nh * hd, (size_t)hd, &w->wk_b->w, qm, (size_t)nh * row, (size_t)row);
+    op->head_linear(f->be, f->a.q, T, nh, (size_t)nh * hd, (size_t)hd, w->wk_b, qm, (size_t)nh * row, (size_t)row);
     op->copy_strided(f->be, AT(f->a.q, nope), (size_t)hd, AT(qm, kvl), (size_t)row, T * nh, rd, pe_scale);
     op->mla_attention(f->be, qm, &f->kv[l], &b->attn, nh, kvl, rd, scale, ol);
     // Each head's latent output through its W_UV, then o_proj.
-    op->head_linear(f->be, ol, T, nh, (size_t)nh * kvl, (size_t)kvl, &w->wv_b->w, f->a.att, (size_t)nh * vh, (size_t)vh);
+    op->head_linear(f->be, ol, T, nh, (size_t)nh * kvl, (size_t)kvl, w->wv_b, f->a.att, (size_t)nh * vh, (size_t)vh);
 #undef AT
     kaon_blk_out(f, b, w->wo, f->a.att);
 }
 
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
-    f->op->linear(f->be, in, b->n_tokens, &w->w, kaon_linear_bias(w), f->a.proj);
+    f->op->linear(f->be, in, b->n_tokens, w, f->a.proj);
     f->pending = true;
 }
 
@@ -119,10 +118,10 @@ void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_
     const kaon_backend_ops *op = f->op;
     const int T = b->n_tokens, ffn = (int)gate->w.shape[0];
     const bool fused = act == KAON_ACT_SILU && op->linear_silu_mul &&
-                       op->linear_silu_mul(f->be, f->a.xn, T, &gate->w, &up->w, f->a.gate) != 1;
+                       op->linear_silu_mul(f->be, f->a.xn, T, gate, up, f->a.gate) != 1;
     if (!fused) {
-        op->linear(f->be, f->a.xn, T, &gate->w, kaon_linear_bias(gate), f->a.gate);  // [T, ffn]
-        op->linear(f->be, f->a.xn, T, &up->w, kaon_linear_bias(up), f->a.up);        // [T, ffn]
+        op->linear(f->be, f->a.xn, T, gate, f->a.gate);  // [T, ffn]
+        op->linear(f->be, f->a.xn, T, up, f->a.up);      // [T, ffn]
         if (act == KAON_ACT_SILU) op->silu_and_mul(f->be, f->a.gate, f->a.up, T, ffn, f->a.gate);
         else op->gelu_tanh_and_mul(f->be, f->a.gate, f->a.up, T, ffn, f->a.gate);
     }
@@ -140,8 +139,8 @@ void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, 
     const int dim = f->c->hidden_size;
     kaon_blk_norm(f, b, norm);
     f->op->get_rows(f->be, f->a.xn, b->logit_rows, b->n_logits, dim, f->a.rows);
-    if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, &head->w, f->a.logits);
-    else f->op->linear(f->be, f->a.rows, b->n_logits, &head->w, NULL, f->a.logits);
+    if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, head, f->a.logits);
+    else f->op->linear(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     const float cap = f->c->final_logit_softcap;
     if (cap > 0) f->op->logit_softcap(f->be, f->a.logits, (size_t)b->n_logits * (size_t)f->c->vocab_size, cap);
 }

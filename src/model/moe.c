@@ -103,8 +103,9 @@ static void set_view(kaon_moe_layer *l, int E, int k, int e, int s, int64_t row0
     const kaon_tensor *src = &l->src[s];
     const int64_t cols = src->shape[1];
     const size_t rb = kaon_dtype_row_bytes(src->dtype, cols);
-    kaon_tensor *v = &l->views[k * E + e];
-    memset(v, 0, sizeof *v);
+    kaon_linear *lin = &l->views[k * E + e];
+    memset(lin, 0, sizeof *lin);
+    kaon_tensor *v = &lin->w;
     v->dtype = src->dtype;
     v->ndim = 2;
     v->shape[0] = rows;
@@ -122,11 +123,11 @@ static void point_weights(kaon_moe_layer *l) {
     l->w.gate = l->views;
     l->w.up = l->views + E;
     l->w.down = l->views + 2 * E;
-    const bool sh = l->shared[0].data != NULL;
+    const bool sh = l->shared[0].w.data != NULL;
     l->w.shared_gate = sh ? &l->shared[0] : NULL;
     l->w.shared_up = sh ? &l->shared[1] : NULL;
     l->w.shared_down = sh ? &l->shared[2] : NULL;
-    l->w.shared_gate_inp = sh && l->shared_gate_inp.data ? &l->shared_gate_inp : NULL;
+    l->w.shared_gate_inp = sh && l->shared_gate_inp.w.data ? &l->shared_gate_inp : NULL;
     l->w.score_bias = l->score_bias.data ? &l->score_bias : NULL;
 }
 
@@ -169,9 +170,9 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
     if (probe.ndim == 2 && c->shared_expert_intermediate_size <= 0)
         c->shared_expert_intermediate_size = (int)probe.shape[0];
     const int64_t sf = c->shared_expert_intermediate_size;
-    if (find_shaped(m, names[0], true, 2, sf, dim, 0, &L->shared[0]) ||
-        find_shaped(m, names[1], true, 2, sf, dim, 0, &L->shared[1]) ||
-        find_shaped(m, names[2], true, 2, dim, sf, 0, &L->shared[2]))
+    if (find_shaped(m, names[0], true, 2, sf, dim, 0, &L->shared[0].w) ||
+        find_shaped(m, names[1], true, 2, sf, dim, 0, &L->shared[1].w) ||
+        find_shaped(m, names[2], true, 2, dim, sf, 0, &L->shared[2].w))
         return -1;
     kaon_tensor g;
     if (kaon_model_find_tensor(m, names[3], &g)) return -1;
@@ -183,7 +184,7 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
         g.ndim = 2;
         g.shape[0] = 1;
         g.shape[1] = dim;
-        L->shared_gate_inp = g;
+        L->shared_gate_inp.w = g;
     }
     return 0;
 }
@@ -226,7 +227,7 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
     kaon_tensor st[3];
     if (m->gguf) {
         snprintf(n0, sizeof n0, "blk.%d.ffn_gate_inp.weight", l);
-        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router)) goto fail;
+        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router.w)) goto fail;
         static const char *const stacked[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
         static const char *const single[3] = {"ffn_gate", "ffn_up", "ffn_down"};
         snprintf(n0, sizeof n0, "blk.%d.%s.weight", l, stacked[0]);
@@ -260,10 +261,10 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
         char p[96];
         snprintf(p, sizeof p, "model.layers.%d.block_sparse_moe", l);
         snprintf(n0, sizeof n0, "%s.gate.weight", p);
-        if (kaon_model_find_tensor(m, n0, &L->router)) goto fail;
-        if (!L->router.data) snprintf(p, sizeof p, "model.layers.%d.mlp", l);
+        if (kaon_model_find_tensor(m, n0, &L->router.w)) goto fail;
+        if (!L->router.w.data) snprintf(p, sizeof p, "model.layers.%d.mlp", l);
         snprintf(n0, sizeof n0, "%s.gate.weight", p);
-        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router)) goto fail;
+        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router.w)) goto fail;
         snprintf(n0, sizeof n0, "%s.experts.gate_up_proj", p);
         if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
         if (st[0].data) {  // fused: gate rows [0, F) then up rows [F, 2F) of each expert
@@ -333,7 +334,7 @@ int kaon_moe_dummy_layer(kaon_model *m, int l) {
     if (ensure_layers(m)) return -1;
     kaon_moe_layer *L = &m->w.moe[l];
     if (layer_alloc(L, E, 3)) return -1;
-    L->router = dummy_2d(E, dim);
+    L->router.w = dummy_2d(E, dim);
     L->src[0] = dummy_2d((int64_t)E * F, dim);
     L->src[1] = dummy_2d((int64_t)E * F, dim);
     L->src[2] = dummy_2d((int64_t)E * dim, F);
@@ -344,10 +345,10 @@ int kaon_moe_dummy_layer(kaon_model *m, int l) {
         set_view(L, E, KAON_MOE_DOWN, e, 2, (int64_t)e * dim, dim);
     }
     if (sf > 0) {
-        L->shared[0] = dummy_2d(sf, dim);
-        L->shared[1] = dummy_2d(sf, dim);
-        L->shared[2] = dummy_2d(dim, sf);
-        if (c->shared_expert_gated) L->shared_gate_inp = dummy_2d(1, dim);
+        L->shared[0].w = dummy_2d(sf, dim);
+        L->shared[1].w = dummy_2d(sf, dim);
+        L->shared[2].w = dummy_2d(dim, sf);
+        if (c->shared_expert_gated) L->shared_gate_inp.w = dummy_2d(1, dim);
     }
     if (c->moe_score_bias) {
         L->score_bias = dummy_2d(1, E);
@@ -399,10 +400,10 @@ static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
     st->score_bias = host->score_bias;
     st->w = host->w;
     for (int k = 0; k < 3; k++) {
-        const kaon_tensor *v0 = &host->views[k * E];
+        const kaon_tensor *v0 = &host->views[k * E].w;
         const size_t bytes = v0->nbytes;
         for (int e = 1; e < E; e++) {
-            const kaon_tensor *v = &host->views[k * E + e];
+            const kaon_tensor *v = &host->views[k * E + e].w;
             if (v->dtype != v0->dtype || v->nbytes != bytes || v->shape[0] != v0->shape[0]) {
                 kaon_set_error("experts of one layer have different formats (%s, %s)",
                                kaon_dtype_name(v0->dtype), kaon_dtype_name(v->dtype));
@@ -415,7 +416,7 @@ static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
             goto fail;
         }
         blobs[k] = blob;
-        for (int e = 0; e < E; e++) memcpy(blob + bytes * (size_t)e, host->views[k * E + e].data, bytes);
+        for (int e = 0; e < E; e++) memcpy(blob + bytes * (size_t)e, host->views[k * E + e].w.data, bytes);
         kaon_tensor *t = &st->src[k];
         *t = *v0;
         t->shape[0] = v0->shape[0] * E;
@@ -454,10 +455,10 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
     const int E = host->w.n_experts;
     if (layer_alloc(dev, E, host->n_src > 0 ? host->n_src : 1)) return -1;
     dev->n_src = 0;
-    int rc = copy_one(be, &host->router, dummy, seed, true, &dev->router);
+    int rc = copy_one(be, &host->router.w, dummy, seed, true, &dev->router.w);
     for (int i = 0; i < 3 && !rc; i++)
-        rc = copy_one(be, &host->shared[i], dummy, seed + 1 + i, false, &dev->shared[i]);
-    if (!rc) rc = copy_one(be, &host->shared_gate_inp, dummy, seed + 4, true, &dev->shared_gate_inp);
+        rc = copy_one(be, &host->shared[i].w, dummy, seed + 1 + i, false, &dev->shared[i].w);
+    if (!rc) rc = copy_one(be, &host->shared_gate_inp.w, dummy, seed + 4, true, &dev->shared_gate_inp.w);
     if (!rc) rc = copy_one(be, &host->score_bias, dummy, seed + 5, false, &dev->score_bias);
     for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++)
         rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, true, &dev->src[i]);
@@ -467,7 +468,7 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
     }
     for (int k = 0; k < 3; k++)
         for (int e = 0; e < E; e++) {
-            const kaon_tensor *hv = &host->views[k * E + e];
+            const kaon_tensor *hv = &host->views[k * E + e].w;
             set_view(dev, E, k, e, host->src_of[k * E + e], host->row0[k * E + e], hv->shape[0]);
         }
     dev->w = host->w;
@@ -477,10 +478,10 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
 
 void kaon_moe_release(kaon_backend *be, kaon_moe_layer *dev) {
     if (be->ops->release) {
-        if (dev->router.data) be->ops->release(be, &dev->router);
+        if (dev->router.w.data) be->ops->release(be, &dev->router.w);
         for (int i = 0; i < 3; i++)
-            if (dev->shared[i].data) be->ops->release(be, &dev->shared[i]);
-        if (dev->shared_gate_inp.data) be->ops->release(be, &dev->shared_gate_inp);
+            if (dev->shared[i].w.data) be->ops->release(be, &dev->shared[i].w);
+        if (dev->shared_gate_inp.w.data) be->ops->release(be, &dev->shared_gate_inp.w);
         if (dev->score_bias.data) be->ops->release(be, &dev->score_bias);
         for (int i = 0; i < dev->n_src; i++)
             if (dev->src[i].data) be->ops->release(be, &dev->src[i]);

@@ -11,7 +11,8 @@
 // shared_expert_gate) or shared_experts (DeepSeek). DeepSeek-V3's selection bias: HF
 // mlp.gate.e_score_correction_bias, GGUF exp_probs_b.bias.
 //   HF fused (transformers 5)  ...experts.gate_up_proj [E, 2 ffn, dim], ...experts.down_proj
-// A view is rows [row0, row0 + rows) of one source tensor; a device copy uploads each source
+// A view is rows [row0, row0 + rows) of one source tensor, held as the weight of a kaon_linear
+// (no bias; no format companions yet: no loader fills them); a device copy uploads each source
 // once (one allocation per stacked tensor) and rebuilds the views on top of it.
 #ifndef KAON_MODEL_MOE_H
 #define KAON_MODEL_MOE_H
@@ -29,10 +30,10 @@ enum { KAON_MOE_GATE = 0, KAON_MOE_UP = 1, KAON_MOE_DOWN = 2 };
 
 typedef struct kaon_moe_layer {
     kaon_moe_weights w;            // what the moe op gets; points into this struct
-    kaon_tensor router;            // [E, dim]
-    kaon_tensor *views;            // [3, E]: gate, up, down of each expert
-    kaon_tensor shared[3];         // shared expert gate, up, down (data NULL when absent)
-    kaon_tensor shared_gate_inp;   // [1, dim] (data NULL when absent)
+    kaon_linear router;            // [E, dim]
+    kaon_linear *views;            // [3, E]: gate, up, down of each expert
+    kaon_linear shared[3];         // shared expert gate, up, down (w.data NULL when absent)
+    kaon_linear shared_gate_inp;   // [1, dim] (w.data NULL when absent)
     kaon_tensor score_bias;        // [E] f32 selection bias (DeepSeek-V3), data NULL when absent
     float *own_bias;               // score_bias widened to f32 at load (freed with the layer)
     kaon_tensor *src;              // [n_src] whole tensors the views are cut from (2-D)

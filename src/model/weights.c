@@ -325,10 +325,10 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;
             const kaon_moe_layer *ml = &m->w.moe[l];
-            add(wc, sc, &ml->router);
-            add(wc, sc, &ml->shared_gate_inp);
+            add(wc, sc, &ml->router.w);
+            add(wc, sc, &ml->shared_gate_inp.w);
             add(wc, sc, &ml->score_bias);
-            for (int k = 0; k < 3; k++) add(wc, sc, &ml->shared[k]);
+            for (int k = 0; k < 3; k++) add(wc, sc, &ml->shared[k].w);
             for (int k = 0; k < ml->n_src; k++) {
                 add(wc, sc, &ml->src[k]);
                 wc->expert_params += (uint64_t)kaon_tensor_numel(&ml->src[k]);
@@ -352,9 +352,9 @@ size_t kaon_weights_device_bytes(kaon_backend *be, const kaon_model *m) {
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;
             const kaon_moe_layer *ml = &m->w.moe[l];
-            total += DEV_BYTES(&ml->router, true) + DEV_BYTES(&ml->shared_gate_inp, false) +
+            total += DEV_BYTES(&ml->router.w, true) + DEV_BYTES(&ml->shared_gate_inp.w, false) +
                      DEV_BYTES(&ml->score_bias, false);
-            for (int k = 0; k < 3; k++) total += DEV_BYTES(&ml->shared[k], false);
+            for (int k = 0; k < 3; k++) total += DEV_BYTES(&ml->shared[k].w, false);
             for (int k = 0; k < ml->n_src; k++) total += DEV_BYTES(&ml->src[k], true);
         }
     }

@@ -202,12 +202,13 @@ static int run_op(const char *dir) {
         void *dx = dev_bf16(need(dir, "x.bin", (size_t)n * in * 4), n, in);
         if (!strcmp(op, "linear") && P("f32out")) {  // the LM head's f32 logits
             kaon_tensor w = dev_matrix(need(dir, "w.bin", (size_t)out * in * 4), out, in);
+            const kaon_linear lw = kaon_linear_of(&w, NULL);
             float *y = o->alloc(be, (size_t)n * out * 4), *h = malloc((size_t)n * out * 4);
             if (o->linear_f32) {
-                o->linear_f32(be, dx, n, &w, y);
+                o->linear_f32(be, dx, n, &lw, y);
                 o->copy_f32_to_host(be, y, (size_t)n * out, h);
             } else {  // the CPU's activations are f32 already
-                o->linear(be, dx, n, &w, NULL, y);
+                o->linear(be, dx, n, &lw, y);
                 o->to_host_f32(be, y, (size_t)n * out, h);
             }
             write_f32(dir, "out.bin", h, (size_t)n * out);
@@ -215,29 +216,29 @@ static int run_op(const char *dir) {
             kaon_tensor w = dev_matrix(need(dir, "w.bin", (size_t)out * in * 4), out, in), b;
             if (has_bias) b = dev_vector(need(dir, "b.bin", (size_t)out * 4), out);
             void *dy = dev_bf16(NULL, n, out);
-            o->linear(be, dx, n, &w, has_bias ? &b : NULL, dy);
+            const kaon_linear lw = kaon_linear_of(&w, has_bias ? &b : NULL);
+            o->linear(be, dx, n, &lw, dy);
             save_dev(dir, "out.bin", dy, (size_t)n * out);
         } else if (!strcmp(op, "multi")) {
             int rows[3] = {P("out0"), P("out1"), P("out2")};
-            kaon_tensor w[3], b[3];
-            const kaon_tensor *wp[3], *bp[3];
+            kaon_linear l[3];
+            const kaon_linear *lp[3];
             void *y[3];
             for (int i = 0; i < 3; i++) {
                 char nm[32];
                 snprintf(nm, sizeof nm, "w%d.bin", i);
-                w[i] = dev_matrix(need(dir, nm, (size_t)rows[i] * in * 4), rows[i], in);
-                wp[i] = &w[i];
-                bp[i] = NULL;
+                const kaon_tensor w = dev_matrix(need(dir, nm, (size_t)rows[i] * in * 4), rows[i], in);
+                l[i] = kaon_linear_of(&w, NULL);
                 if (has_bias) {
                     snprintf(nm, sizeof nm, "b%d.bin", i);
-                    b[i] = dev_vector(need(dir, nm, (size_t)rows[i] * 4), rows[i]);
-                    bp[i] = &b[i];
+                    l[i].bias = dev_vector(need(dir, nm, (size_t)rows[i] * 4), rows[i]);
                 }
+                lp[i] = &l[i];
                 y[i] = dev_bf16(NULL, n, rows[i]);
             }
-            int rc = o->linear_multi ? o->linear_multi(be, dx, n, 3, wp, bp, y) : 1;
+            int rc = o->linear_multi ? o->linear_multi(be, dx, n, 3, lp, y) : 1;
             if (rc == 1)
-                for (int i = 0; i < 3; i++) o->linear(be, dx, n, wp[i], bp[i], y[i]);
+                for (int i = 0; i < 3; i++) o->linear(be, dx, n, lp[i], y[i]);
             printf("{\"declined\": %d}\n", on_cpu ? n > 8 : rc == 1);  // the CPU has no fused op
             for (int i = 0; i < 3; i++) {
                 char nm[32];
@@ -247,12 +248,13 @@ static int run_op(const char *dir) {
         } else {
             kaon_tensor wg = dev_matrix(need(dir, "wg.bin", (size_t)out * in * 4), out, in);
             kaon_tensor wu = dev_matrix(need(dir, "wu.bin", (size_t)out * in * 4), out, in);
+            const kaon_linear lg = kaon_linear_of(&wg, NULL), lu = kaon_linear_of(&wu, NULL);
             void *dy = dev_bf16(NULL, n, out);
-            int rc = o->linear_silu_mul ? o->linear_silu_mul(be, dx, n, &wg, &wu, dy) : 1;
+            int rc = o->linear_silu_mul ? o->linear_silu_mul(be, dx, n, &lg, &lu, dy) : 1;
             if (rc == 1) {
                 void *g = dev_bf16(NULL, n, out), *u = dev_bf16(NULL, n, out);
-                o->linear(be, dx, n, &wg, NULL, g);
-                o->linear(be, dx, n, &wu, NULL, u);
+                o->linear(be, dx, n, &lg, g);
+                o->linear(be, dx, n, &lu, u);
                 o->silu_and_mul(be, g, u, n, out, dy);
             }
             printf("{\"declined\": %d}\n", on_cpu ? n > 8 : rc == 1);  // the CPU has no fused op
@@ -387,16 +389,17 @@ static int run_op(const char *dir) {
         int n = P("n"), dim = P("dim"), E = P("E"), K = P("K"), F = P("F"), SF = P("SF");
         float *x = need(dir, "x.bin", (size_t)n * dim * 4);
         void *dx = dev_bf16(x, n, dim);
-        kaon_tensor router = dev_matrix(need(dir, "router.bin", (size_t)E * dim * 4), E, dim);
+        const kaon_tensor rt = dev_matrix(need(dir, "router.bin", (size_t)E * dim * 4), E, dim);
+        const kaon_linear router = kaon_linear_of(&rt, NULL);
         kaon_tensor st[3] = {dev_matrix(need(dir, "gate.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim),
                              dev_matrix(need(dir, "up.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim),
                              dev_matrix(need(dir, "down.bin", (size_t)E * dim * F * 4), (int64_t)E * dim, F)};
-        kaon_tensor *views = calloc((size_t)3 * E, sizeof *views);
+        kaon_linear *views = calloc((size_t)3 * E, sizeof *views);
         for (int k = 0; k < 3; k++)
             for (int e = 0; e < E; e++) {
                 const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
                 const size_t eb = on_cpu ? 4 : 2;
-                kaon_tensor *v = &views[k * E + e];
+                kaon_tensor *v = &views[k * E + e].w;
                 *v = st[k];
                 v->shape[0] = rows;
                 v->shape[1] = cols;
@@ -416,16 +419,18 @@ static int run_op(const char *dir) {
             sbias = dev_vector(need(dir, "bias.bin", (size_t)E * 4), E);
             w.score_bias = &sbias;
         }
-        kaon_tensor sh[4];
+        kaon_linear sh[4];
         if (SF) {
-            sh[0] = dev_matrix(need(dir, "sgate.bin", (size_t)SF * dim * 4), SF, dim);
-            sh[1] = dev_matrix(need(dir, "sup.bin", (size_t)SF * dim * 4), SF, dim);
-            sh[2] = dev_matrix(need(dir, "sdown.bin", (size_t)dim * SF * 4), dim, SF);
+            const kaon_tensor t[3] = {dev_matrix(need(dir, "sgate.bin", (size_t)SF * dim * 4), SF, dim),
+                                      dev_matrix(need(dir, "sup.bin", (size_t)SF * dim * 4), SF, dim),
+                                      dev_matrix(need(dir, "sdown.bin", (size_t)dim * SF * 4), dim, SF)};
+            for (int i = 0; i < 3; i++) sh[i] = kaon_linear_of(&t[i], NULL);
             w.shared_gate = &sh[0];
             w.shared_up = &sh[1];
             w.shared_down = &sh[2];
             if (param(dir, "shared_gated", 1) != 0) {  // 0: no gate (DeepSeek's shared experts)
-                sh[3] = dev_matrix(need(dir, "sgi.bin", (size_t)dim * 4), 1, dim);
+                const kaon_tensor g = dev_matrix(need(dir, "sgi.bin", (size_t)dim * 4), 1, dim);
+                sh[3] = kaon_linear_of(&g, NULL);
                 w.shared_gate_inp = &sh[3];
             }
         }
@@ -470,8 +475,9 @@ static int run_op(const char *dir) {
         kaon_tensor w = P("qtype") > 0 ? q_upload_raw(dir, "raw.bin", P("qtype"), (int64_t)nh * out, in)
                                        : dev_matrix(need(dir, "w.bin", (size_t)nh * out * in * 4), (int64_t)nh * out, in);
         char *y = dev_bf16(NULL, 1, (int64_t)ny);
+        const kaon_linear wl = kaon_linear_of(&w, NULL);
         for (int r = 0; r < (P("reps") > 1 ? P("reps") : 1); r++)
-            o->head_linear(be, x + (size_t)xo * o->act_elem_bytes, n, nh, xt, xh, &w, y + (size_t)yo * o->act_elem_bytes,
+            o->head_linear(be, x + (size_t)xo * o->act_elem_bytes, n, nh, xt, xh, &wl, y + (size_t)yo * o->act_elem_bytes,
                            yt, yh);
         save_dev(dir, "out.bin", y, ny);
     } else if (!strcmp(op, "mla")) {
@@ -616,30 +622,31 @@ static int run_timings(bool only_mla) {
     if (o->fill_dummy(be, &xt, 7, 1.0f, 0.0f, &xd)) die("fill%s", "");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         kaon_tensor like = {.dtype = KAON_BF16, .ndim = 2, .shape = {shapes[i].rows, shapes[i].in}};
-        kaon_tensor w, w2;
-        if (o->fill_dummy(be, &like, 1 + i, 0.01f, 0.0f, &w) || o->fill_dummy(be, &like, 99 + i, 0.01f, 0.0f, &w2))
+        kaon_tensor wt, wt2;
+        if (o->fill_dummy(be, &like, 1 + i, 0.01f, 0.0f, &wt) || o->fill_dummy(be, &like, 99 + i, 0.01f, 0.0f, &wt2))
             die("fill%s", "");
+        const kaon_linear w = kaon_linear_of(&wt, NULL), w2 = kaon_linear_of(&wt2, NULL);
         const int n = shapes[i].n, reps = 50;
         for (int it = 0; it < 5; it++) {  // warm-up (and cuBLAS's algorithm choice)
             if (shapes[i].silu) {
                 if (o->linear_silu_mul(be, xd.data, n, &w, &w2, y) != 0) die("silu gemv declined%s", "");
             } else {
-                o->linear(be, xd.data, n, &w, NULL, y);
+                o->linear(be, xd.data, n, &w, y);
             }
         }
         sync_dev(y);
         double t0 = now_s();
         for (int it = 0; it < reps; it++) {
             if (shapes[i].silu) o->linear_silu_mul(be, xd.data, n, &w, &w2, y);
-            else o->linear(be, xd.data, n, &w, NULL, y);
+            else o->linear(be, xd.data, n, &w, y);
         }
         sync_dev(y);
         double dt = (now_s() - t0) / reps;
         double bytes = (double)shapes[i].rows * shapes[i].in * 2 * (shapes[i].silu ? 2 : 1);
         printf("{\"timing\": \"linear\", \"rows\": %d, \"in\": %d, \"silu\": %d, \"n\": %d, \"us\": %.2f, "
                "\"GBps\": %.1f}\n", shapes[i].rows, shapes[i].in, shapes[i].silu, n, dt * 1e6, bytes / dt / 1e9);
-        o->release(be, &w);
-        o->release(be, &w2);
+        o->release(be, &wt);
+        o->release(be, &wt2);
     }
     // Attention: one decode token, 32 q heads over 8 KV heads, context L.
     const int nh = 32, nkv = 8, hd = 128, bs = 16;

@@ -73,19 +73,20 @@ static int run_qop(const char *dir, const char *op) {
     if (!strcmp(op, "qlinear")) {
         const int type = (int)param(dir, "type", 0), out = (int)param(dir, "out", 0);
         const bool f32 = param(dir, "f32out", 0) != 0;
-        kaon_tensor w = q_upload_raw(dir, "raw.bin", type, out, in), b;
-        if (has_bias) b = dev_vector(need(dir, "b.bin", (size_t)out * 4), out);
+        const kaon_tensor w = q_upload_raw(dir, "raw.bin", type, out, in);
+        kaon_linear l = kaon_linear_of(&w, NULL);
+        if (has_bias) l.bias = dev_vector(need(dir, "b.bin", (size_t)out * 4), out);
         for (int i = 0; i < n_ns; i++) {
             const int n = ns[i];
             void *y = q_poisoned((size_t)n * out, f32);
-            if (f32 && o->linear_f32) o->linear_f32(be, dx, n, &w, y);
-            else o->linear(be, dx, n, &w, has_bias ? &b : NULL, y);
+            if (f32 && o->linear_f32) o->linear_f32(be, dx, n, &l, y);
+            else o->linear(be, dx, n, &l, y);
             snprintf(nm, sizeof nm, "out_%d.bin", n);
             q_save(dir, nm, y, (size_t)n * out, f32);
         }
     } else if (!strcmp(op, "qmulti")) {
-        kaon_tensor w[3], b[3];
-        const kaon_tensor *wp[3], *bp[3];
+        kaon_linear l[3];
+        const kaon_linear *lp[3];
         int rows[3];
         for (int k = 0; k < 3; k++) {
             char key[16];
@@ -94,24 +95,23 @@ static int run_qop(const char *dir, const char *op) {
             snprintf(key, sizeof key, "t%d", k);
             const int t = (int)param(dir, key, 0);
             snprintf(nm, sizeof nm, "raw%d.bin", k);
-            w[k] = q_upload_raw(dir, nm, t, rows[k], in);
-            wp[k] = &w[k];
-            bp[k] = NULL;
+            const kaon_tensor w = q_upload_raw(dir, nm, t, rows[k], in);
+            l[k] = kaon_linear_of(&w, NULL);
             if (has_bias) {
                 snprintf(nm, sizeof nm, "b%d.bin", k);
-                b[k] = dev_vector(need(dir, nm, (size_t)rows[k] * 4), rows[k]);
-                bp[k] = &b[k];
+                l[k].bias = dev_vector(need(dir, nm, (size_t)rows[k] * 4), rows[k]);
             }
+            lp[k] = &l[k];
         }
         printf("[");
         for (int i = 0; i < n_ns; i++) {
             const int n = ns[i];
             void *y[3];
             for (int k = 0; k < 3; k++) y[k] = q_poisoned((size_t)n * rows[k], false);
-            const int rc = o->linear_multi(be, dx, n, 3, wp, bp, y);
+            const int rc = o->linear_multi(be, dx, n, 3, lp, y);
             if (rc < 0) die("linear_multi failed%s", "");
             if (rc == 1)
-                for (int k = 0; k < 3; k++) o->linear(be, dx, n, wp[k], bp[k], y[k]);
+                for (int k = 0; k < 3; k++) o->linear(be, dx, n, lp[k], y[k]);
             printf(i ? ", %d" : "%d", rc);
             for (int k = 0; k < 3; k++) {
                 snprintf(nm, sizeof nm, "out%d_%d.bin", k, n);
@@ -121,8 +121,9 @@ static int run_qop(const char *dir, const char *op) {
         printf("]\n");
     } else {
         const int out = (int)param(dir, "out", 0);
-        kaon_tensor wg = q_upload_raw(dir, "rawg.bin", (int)param(dir, "tg", 0), out, in);
-        kaon_tensor wu = q_upload_raw(dir, "rawu.bin", (int)param(dir, "tu", 0), out, in);
+        const kaon_tensor wgt = q_upload_raw(dir, "rawg.bin", (int)param(dir, "tg", 0), out, in);
+        const kaon_tensor wut = q_upload_raw(dir, "rawu.bin", (int)param(dir, "tu", 0), out, in);
+        const kaon_linear wg = kaon_linear_of(&wgt, NULL), wu = kaon_linear_of(&wut, NULL);
         printf("[");
         for (int i = 0; i < n_ns; i++) {
             const int n = ns[i];
@@ -131,8 +132,8 @@ static int run_qop(const char *dir, const char *op) {
             if (rc < 0) die("linear_silu_mul failed%s", "");
             if (rc == 1) {
                 void *g = q_poisoned((size_t)n * out, false), *u = q_poisoned((size_t)n * out, false);
-                o->linear(be, dx, n, &wg, NULL, g);
-                o->linear(be, dx, n, &wu, NULL, u);
+                o->linear(be, dx, n, &wg, g);
+                o->linear(be, dx, n, &wu, u);
                 o->silu_and_mul(be, g, u, n, out, y);
             }
             printf(i ? ", %d" : "%d", rc);
@@ -186,7 +187,7 @@ static kaon_tensor q_random_weight(kaon_dtype t, int64_t rows, int64_t cols, uin
 
 typedef struct q_case {
     int kind;  // 0 linear, 1 linear_f32 (LM head), 2 gate+up+SiLU, 3 q/k/v (linear_multi)
-    const kaon_tensor *w[3];
+    const kaon_linear *w[3];
     int n;
     void *x, *y[3];
 } q_case;
@@ -194,15 +195,13 @@ typedef struct q_case {
 static void q_issue(const q_case *c) {
     const kaon_backend_ops *o = be->ops;
     switch (c->kind) {
-    case 0: o->linear(be, c->x, c->n, c->w[0], NULL, c->y[0]); break;
+    case 0: o->linear(be, c->x, c->n, c->w[0], c->y[0]); break;
     case 1: o->linear_f32(be, c->x, c->n, c->w[0], c->y[0]); break;
     case 2:
         if (o->linear_silu_mul(be, c->x, c->n, c->w[0], c->w[1], c->y[0]) != 0) die("silu declined%s", "");
         break;
-    default: {
-        const kaon_tensor *bs[3] = {NULL, NULL, NULL};
-        if (o->linear_multi(be, c->x, c->n, 3, c->w, bs, c->y) != 0) die("multi declined%s", "");
-    }
+    default:
+        if (o->linear_multi(be, c->x, c->n, 3, c->w, c->y) != 0) die("multi declined%s", "");
     }
 }
 
@@ -252,7 +251,8 @@ static int run_qtimings(void) {
         const kaon_dtype t = types[ti];
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int rows = shapes[si].rows, in = shapes[si].in;
-            kaon_tensor w = q_random_weight(t, rows, in, 100 + si);
+            kaon_tensor wt = q_random_weight(t, rows, in, 100 + si);
+            const kaon_linear w = kaon_linear_of(&wt, NULL);
             const double bytes = (double)kaon_dtype_row_bytes(t, in) * rows;
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 if (rows == 64 && ns[ni] != 1) continue;
@@ -266,12 +266,14 @@ static int run_qtimings(void) {
                        bytes / ug / 1e6, bytes / ug / 1e6 / 4.3);
                 fflush(stdout);
             }
-            o->release(be, &w);
+            o->release(be, &wt);
         }
         // Llama-3.1-8B's fused decode ops: gate + up + SiLU (2 x 14336 x 4096), q/k/v (6144 x 4096).
-        kaon_tensor g = q_random_weight(t, 14336, 4096, 7), u = q_random_weight(t, 14336, 4096, 8);
-        kaon_tensor q = q_random_weight(t, 4096, 4096, 9), k = q_random_weight(t, 1024, 4096, 10),
-                    v = q_random_weight(t, 1024, 4096, 11);
+        kaon_tensor gt = q_random_weight(t, 14336, 4096, 7), ut = q_random_weight(t, 14336, 4096, 8);
+        kaon_tensor qt = q_random_weight(t, 4096, 4096, 9), kt = q_random_weight(t, 1024, 4096, 10),
+                    vt = q_random_weight(t, 1024, 4096, 11);
+        const kaon_linear g = kaon_linear_of(&gt, NULL), u = kaon_linear_of(&ut, NULL);
+        const kaon_linear q = kaon_linear_of(&qt, NULL), k = kaon_linear_of(&kt, NULL), v = kaon_linear_of(&vt, NULL);
         const double rb = (double)kaon_dtype_row_bytes(t, 4096);
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             q_case cs = {.kind = 2, .w = {&g, &u}, .n = ns[ni], .x = xd.data, .y = {y}};
@@ -287,11 +289,11 @@ static int run_qtimings(void) {
                    kaon_dtype_name(t), ns[ni], 6144 * rb / 1e6, ue, ug, 6144 * rb / ug / 1e6);
             fflush(stdout);
         }
-        o->release(be, &g);
-        o->release(be, &u);
-        o->release(be, &q);
-        o->release(be, &k);
-        o->release(be, &v);
+        o->release(be, &gt);
+        o->release(be, &ut);
+        o->release(be, &qt);
+        o->release(be, &kt);
+        o->release(be, &vt);
     }
     if (o->status(be)) die("qtimings failed%s", "");
     o->destroy(be);

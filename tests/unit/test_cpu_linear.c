@@ -237,10 +237,11 @@ static void check_linear(kaon_dtype t, int M, int K, int n, int with_bias) {
         }
     }
     float *y0 = NULL;
+    const kaon_linear lw = kaon_linear_of(&w, with_bias ? &bt : NULL);
     for (int s = 0; s < n_sets; s++) {
         float *y = malloc(sizeof(float) * (size_t)n * M);
         kaon_clear_error();
-        sets[s].be->ops->linear(sets[s].be, x, n, &w, with_bias ? &bt : NULL, y);
+        sets[s].be->ops->linear(sets[s].be, x, n, &lw, y);
         int bad = 0;
         double worst = 0.0;
         for (size_t i = 0; i < (size_t)n * M; i++) {
@@ -309,31 +310,39 @@ static void check_fused(kaon_backend *be, const char *set, kaon_dtype t, int n) 
         y1[i] = malloc(sizeof(float) * n * Ms[i]);
         y2[i] = malloc(sizeof(float) * n * Ms[i]);
     }
-    const kaon_tensor *ws[3] = {&tq, &tk, &tv}, *bs[3] = {NULL, &tb, NULL};
-    be->ops->linear(be, x, n, &tq, NULL, y1[0]);
-    be->ops->linear(be, x, n, &tk, &tb, y1[1]);
-    be->ops->linear(be, x, n, &tv, NULL, y1[2]);
-    CHECK(be->ops->linear_multi(be, x, n, 3, ws, bs, (void *const *)y2) == 0);
+    const kaon_linear lq = kaon_linear_of(&tq, NULL), lk = kaon_linear_of(&tk, &tb);
+    const kaon_linear lv = kaon_linear_of(&tv, NULL);
+    const kaon_linear lg = kaon_linear_of(&tg, NULL), lu = kaon_linear_of(&tu, NULL);
+    const kaon_linear *ws[3] = {&lq, &lk, &lv};
+    be->ops->linear(be, x, n, &lq, y1[0]);
+    be->ops->linear(be, x, n, &lk, y1[1]);
+    be->ops->linear(be, x, n, &lv, y1[2]);
+    CHECK(be->ops->linear_multi(be, x, n, 3, ws, (void *const *)y2) == 0);
     int same = 1;
     for (int i = 0; i < 3; i++) same &= memcmp(y1[i], y2[i], sizeof(float) * n * Ms[i]) == 0;
     if (!same) fprintf(stderr, "linear_multi %s %s n=%d differs\n", set, kaon_dtype_name(t), n);
     CHECK(same);
     float *g = malloc(sizeof(float) * n * F), *u = malloc(sizeof(float) * n * F);
     float *o1 = malloc(sizeof(float) * n * F), *o2 = malloc(sizeof(float) * n * F);
-    be->ops->linear(be, x, n, &tg, NULL, g);
-    be->ops->linear(be, x, n, &tu, NULL, u);
+    be->ops->linear(be, x, n, &lg, g);
+    be->ops->linear(be, x, n, &lu, u);
     be->ops->silu_and_mul(be, g, u, n, F, o1);
-    CHECK(be->ops->linear_silu_mul(be, x, n, &tg, &tu, o2) == 0);
+    CHECK(be->ops->linear_silu_mul(be, x, n, &lg, &lu, o2) == 0);
     same = memcmp(o1, o2, sizeof(float) * n * F) == 0;
     if (!same) fprintf(stderr, "linear_silu_mul %s %s n=%d differs\n", set, kaon_dtype_name(t), n);
     CHECK(same);
-    // Weights that cannot share one pass are declined (the caller runs the plain ops);
-    // gate and up of different heights are an error.
+    // Weights that cannot share one pass are declined (the caller runs the plain ops), as are
+    // gate and up with a bias (the fused kernel adds none); gate and up of different heights
+    // are an error.
     kaon_tensor other = tensor2(t == KAON_Q8_0 ? KAON_Q4_1 : KAON_Q8_0, Mk, K, NULL);
     other.data = make_weight(other.dtype, Mk, K);
-    const kaon_tensor *mixed[2] = {&tq, &other};
-    CHECK(be->ops->linear_multi(be, x, n, 2, mixed, NULL, (void *const *)y2) == 1);
-    CHECK(be->ops->linear_silu_mul(be, x, n, &tg, &tq, o2) == -1);
+    const kaon_linear lo = kaon_linear_of(&other, NULL);
+    const kaon_linear *mixed[2] = {&lq, &lo};
+    CHECK(be->ops->linear_multi(be, x, n, 2, mixed, (void *const *)y2) == 1);
+    CHECK(be->ops->linear_silu_mul(be, x, n, &lg, &lk, o2) == 1);
+    CHECK(be->ops->linear_silu_mul(be, x, n, &lg, &lq, o2) == -1);
+    CHECK(be->ops->status(be) == -1 && strstr(kaon_last_error(), "heights differ") != NULL);
+    CHECK(be->ops->status(be) == 0);
     free(other.data);
     for (int i = 0; i < 3; i++) {
         free(y1[i]);
@@ -354,6 +363,8 @@ static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype
     float *bias = malloc(sizeof(float) * M2);
     for (int m = 0; m < M2; m++) bias[m] = (float)rnd_n();
     kaon_tensor bt = {.dtype = KAON_F32, .ndim = 1, .shape = {M2}, .data = bias, .nbytes = 4u * M2};
+    const kaon_linear lw = kaon_linear_of(&w, NULL), lw2 = kaon_linear_of(&w2, NULL);
+    const kaon_linear lw2b = kaon_linear_of(&w2, &bt), lw3 = kaon_linear_of(&w3, NULL);
     float *x = make_x(n, K);
     float *ya = malloc(sizeof(float) * n * M2 * 3), *yb = malloc(sizeof(float) * n * M2 * 3);
     int bad = 0;
@@ -367,12 +378,12 @@ static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype
                 const int c = r0 + cnt > n ? n - r0 : cnt;
                 const float *xr = x + (size_t)r0 * K;
                 if (op == 0) {
-                    be->ops->linear(be, xr, c, &w, NULL, y + (size_t)r0 * M);
+                    be->ops->linear(be, xr, c, &lw, y + (size_t)r0 * M);
                 } else if (op == 1) {
-                    const kaon_tensor *ws[2] = {&w, &w2}, *bs[2] = {NULL, &bt};
+                    const kaon_linear *ws[2] = {&lw, &lw2b};
                     float *tmp = malloc(sizeof(float) * c * (M + M2));
                     void *ys[2] = {tmp, tmp + (size_t)c * M};
-                    CHECK(be->ops->linear_multi(be, xr, c, 2, ws, bs, ys) == 0);
+                    CHECK(be->ops->linear_multi(be, xr, c, 2, ws, ys) == 0);
                     for (int r = 0; r < c; r++) {
                         memcpy(y + (size_t)(r0 + r) * Mo, tmp + (size_t)r * M, sizeof(float) * M);
                         memcpy(y + (size_t)(r0 + r) * Mo + M, tmp + (size_t)c * M + (size_t)r * M2,
@@ -380,7 +391,7 @@ static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype
                     }
                     free(tmp);
                 } else {
-                    CHECK(be->ops->linear_silu_mul(be, xr, c, &w2, &w3, y + (size_t)r0 * M2) == 0);
+                    CHECK(be->ops->linear_silu_mul(be, xr, c, &lw2, &lw3, y + (size_t)r0 * M2) == 0);
                 }
                 r0 += c;
             }
@@ -452,12 +463,13 @@ static void self_checks(void) {
         const int M = 1000, K = 512, n = 6;
         void *wd = make_weight(tt[ti], M, K);
         kaon_tensor w = tensor2(tt[ti], M, K, wd);
+        const kaon_linear lw = kaon_linear_of(&w, NULL);
         float *x = make_x(n, K);
         float *y1 = malloc(sizeof(float) * n * M), *y2 = malloc(sizeof(float) * n * M);
-        b1->ops->linear(b1, x, n, &w, NULL, y1);
-        b2->ops->linear(b2, x, n, &w, NULL, y2);
+        b1->ops->linear(b1, x, n, &lw, y1);
+        b2->ops->linear(b2, x, n, &lw, y2);
         CHECK(memcmp(y1, y2, sizeof(float) * n * M) == 0);
-        b2->ops->linear(b2, x, 1, &w, NULL, y2);
+        b2->ops->linear(b2, x, 1, &lw, y2);
         CHECK(memcmp(y1, y2, sizeof(float) * M) == 0);
         free(y1);
         free(y2);
@@ -465,21 +477,62 @@ static void self_checks(void) {
         free(wd);
     }
 
-    // Bad inputs set an error and do not crash.
+    // Bad inputs set an error (kept for the status op) and do not crash.
     float x[64] = {0}, y[64];
     uint8_t raw[64] = {0};
     kaon_tensor bad = {.dtype = KAON_FP8_E4M3, .ndim = 2, .shape = {1, 32}, .data = raw, .nbytes = 64};
+    const kaon_linear lbad = kaon_linear_of(&bad, NULL);
     kaon_clear_error();
-    b1->ops->linear(b1, x, 1, &bad, NULL, y);
+    b1->ops->linear(b1, x, 1, &lbad, y);
     CHECK(strstr(kaon_last_error(), "not supported") != NULL);
     kaon_tensor odd = {.dtype = KAON_Q4_0, .ndim = 2, .shape = {1, 33}, .data = raw, .nbytes = 64};
+    const kaon_linear lodd = kaon_linear_of(&odd, NULL);
     kaon_clear_error();
-    b1->ops->linear(b1, x, 1, &odd, NULL, y);
+    b1->ops->linear(b1, x, 1, &lodd, y);
     CHECK(strstr(kaon_last_error(), "whole blocks") != NULL);
     kaon_tensor small = {.dtype = KAON_Q8_0, .ndim = 2, .shape = {2, 32}, .data = raw, .nbytes = 34};
+    const kaon_linear lsmall = kaon_linear_of(&small, NULL);
     kaon_clear_error();
-    b1->ops->linear(b1, x, 1, &small, NULL, y);
+    b1->ops->linear(b1, x, 1, &lsmall, y);
     CHECK(strstr(kaon_last_error(), "needs") != NULL);
+    // The status op gives the first of them, once.
+    kaon_clear_error();
+    CHECK(b1->ops->status(b1) == -1 && strstr(kaon_last_error(), "FP8") != NULL);
+    CHECK(b1->ops->status(b1) == 0);
+
+    // A layer with what the kernels cannot read (format companions, parts that do not add up
+    // to its rows) is an error through every linear op, never a result without them.
+    {
+        const int M = 16, K = 64;
+        void *wd = make_weight(KAON_Q8_0, M, K);
+        kaon_tensor w = tensor2(KAON_Q8_0, M, K, wd);
+        float sc[16] = {0}, xx[64] = {0}, yy[2 * 16];
+        kaon_tensor st = {.dtype = KAON_F32, .ndim = 1, .shape = {M}, .data = sc, .nbytes = sizeof sc};
+        kaon_linear l = kaon_linear_of(&w, NULL);
+        l.n_parts = 2;  // fused parts that add up: computed as one weight
+        l.part_rows[0] = 12;
+        l.part_rows[1] = 4;
+        b1->ops->linear(b1, xx, 1, &l, yy);
+        CHECK(b1->ops->status(b1) == 0);
+        const char *want[3] = {"with scale companions is not supported", "with zero points is not supported",
+                               "with parts that do not add up to its rows is not supported"};
+        for (int c = 0; c < 3; c++) {
+            kaon_linear lc = l;
+            if (c == 0) lc.scale = st;
+            if (c == 1) lc.zero = st;
+            if (c == 2) lc.part_rows[1] = 5;
+            const kaon_linear *pair[2] = {&lc, &lc};
+            void *ys[2] = {yy, yy + M};
+            kaon_clear_error();
+            b1->ops->linear(b1, xx, 1, &lc, yy);
+            CHECK(strstr(kaon_last_error(), want[c]) != NULL && strstr(kaon_last_error(), "Q8_0") != NULL);
+            CHECK(b1->ops->status(b1) == -1 && strstr(kaon_last_error(), want[c]) != NULL);
+            CHECK(b1->ops->linear_multi(b1, xx, 1, 2, pair, ys) == -1);
+            CHECK(b1->ops->linear_silu_mul(b1, xx, 1, &lc, &lc, yy) == -1);
+            CHECK(b1->ops->status(b1) == -1 && strstr(kaon_last_error(), want[c]) != NULL);
+        }
+        free(wd);
+    }
     b1->ops->destroy(b1);
     b2->ops->destroy(b2);
 }
@@ -530,12 +583,13 @@ static int ref_mode(const char *in, const char *outp) {
         const int K = (int)wt->dims[0], M = (int)wt->dims[1], N = (int)xt->dims[1];
         kaon_tensor w = {.dtype = dt, .ndim = 2, .shape = {M, K}, .data = (void *)wt->data,
                          .nbytes = wt->nbytes};
+        const kaon_linear lw = kaon_linear_of(&w, NULL);
         const int ns[] = {1, 3, 8, 33};
         float *y = malloc(sizeof(float) * (size_t)(M > 33 ? M : 33) * (M > K ? M : K) + 64);
         for (int j = 0; j < 4 && rc == 0; j++) {
             if (ns[j] > N) continue;
             kaon_clear_error();
-            be->ops->linear(be, xt->data, ns[j], &w, NULL, y);
+            be->ops->linear(be, xt->data, ns[j], &lw, y);
             if (strcmp(kaon_last_error(), "unknown error") != 0) {
                 fprintf(stderr, "linear failed: %s\n", kaon_last_error());
                 rc = 1;
@@ -565,15 +619,15 @@ static double cpu_seconds(void) {
 
 // Wall seconds per call; *cpu gets the process CPU seconds per call (all threads), which
 // stays meaningful when other processes share the machine.
-static double bench_linear(kaon_backend *be, const kaon_tensor *w, int n, double min_time,
+static double bench_linear(kaon_backend *be, const kaon_linear *w, int n, double min_time,
                            double *cpu) {
-    const int K = (int)w->shape[1], M = (int)w->shape[0];
+    const int K = (int)w->w.shape[1], M = (int)w->w.shape[0];
     float *x = make_x(n, K), *y = malloc(sizeof(float) * (size_t)n * M);
-    be->ops->linear(be, x, n, w, NULL, y);  // warm up
+    be->ops->linear(be, x, n, w, y);  // warm up
     int iters = 0;
     double t0 = kaon_now(), c0 = cpu_seconds(), t;
     do {
-        be->ops->linear(be, x, n, w, NULL, y);
+        be->ops->linear(be, x, n, w, y);
         iters++;
         t = kaon_now() - t0;
     } while (t < min_time);
@@ -584,8 +638,15 @@ static double bench_linear(kaon_backend *be, const kaon_tensor *w, int n, double
 }
 
 typedef struct {
-    kaon_tensor wq, wk, wv, wo, wg, wu, wd, norm1, norm2;
+    kaon_linear wq, wk, wv, wo, wg, wu, wd;
+    kaon_tensor norm1, norm2;
 } bench_layer;
+
+// A layer of random weights [M, K] of format t.
+static kaon_linear bench_weight(kaon_dtype t, int M, int K) {
+    const kaon_tensor w = tensor2(t, M, K, make_weight(t, M, K));
+    return kaon_linear_of(&w, NULL);
+}
 
 enum { BM_L = 30, BM_D = 576, BM_H = 9, BM_KVH = 3, BM_HD = 64, BM_F = 1536, BM_V = 49152,
        BM_BS = 16 };
@@ -594,6 +655,7 @@ typedef struct {
     kaon_backend *be;
     bench_layer ly[BM_L];
     kaon_tensor emb, norm;
+    kaon_linear head;  // the tied embedding as the LM head
     float *normw, inv_freq[BM_HD / 2];
     kaon_rope rope;
     kaon_kv_layer kv[BM_L];
@@ -618,16 +680,17 @@ static void net_init(bench_net *N, int n_threads, int max_tokens, int ctx) {
                             .nbytes = 4 * BM_D};
     for (int l = 0; l < BM_L; l++) {
         bench_layer *y = &N->ly[l];
-        y->wq = tensor2(KAON_Q4_1, BM_H * BM_HD, BM_D, make_weight(KAON_Q4_1, BM_H * BM_HD, BM_D));
-        y->wk = tensor2(KAON_Q4_1, BM_KVH * BM_HD, BM_D, make_weight(KAON_Q4_1, BM_KVH * BM_HD, BM_D));
-        y->wv = tensor2(KAON_Q4_1, BM_KVH * BM_HD, BM_D, make_weight(KAON_Q4_1, BM_KVH * BM_HD, BM_D));
-        y->wo = tensor2(KAON_Q4_1, BM_D, BM_H * BM_HD, make_weight(KAON_Q4_1, BM_D, BM_H * BM_HD));
-        y->wg = tensor2(KAON_Q4_1, BM_F, BM_D, make_weight(KAON_Q4_1, BM_F, BM_D));
-        y->wu = tensor2(KAON_Q4_1, BM_F, BM_D, make_weight(KAON_Q4_1, BM_F, BM_D));
-        y->wd = tensor2(KAON_Q4_1, BM_D, BM_F, make_weight(KAON_Q4_1, BM_D, BM_F));
+        y->wq = bench_weight(KAON_Q4_1, BM_H * BM_HD, BM_D);
+        y->wk = bench_weight(KAON_Q4_1, BM_KVH * BM_HD, BM_D);
+        y->wv = bench_weight(KAON_Q4_1, BM_KVH * BM_HD, BM_D);
+        y->wo = bench_weight(KAON_Q4_1, BM_D, BM_H * BM_HD);
+        y->wg = bench_weight(KAON_Q4_1, BM_F, BM_D);
+        y->wu = bench_weight(KAON_Q4_1, BM_F, BM_D);
+        y->wd = bench_weight(KAON_Q4_1, BM_D, BM_F);
         y->norm1 = y->norm2 = N->norm;
     }
-    N->emb = tensor2(KAON_Q8_0, BM_V, BM_D, make_weight(KAON_Q8_0, BM_V, BM_D));
+    N->head = bench_weight(KAON_Q8_0, BM_V, BM_D);
+    N->emb = N->head.w;
     for (int j = 0; j < BM_HD / 2; j++) N->inv_freq[j] = (float)pow(100000.0, -2.0 * j / BM_HD);
     N->rope = (kaon_rope){.rot_dim = BM_HD, .interleaved = false, .inv_freq = N->inv_freq};
     N->nblk = (ctx + BM_BS - 1) / BM_BS;
@@ -660,8 +723,8 @@ static void net_free(bench_net *N) {
     const kaon_backend_ops *o = N->be->ops;
     for (int l = 0; l < BM_L; l++) {
         bench_layer *y = &N->ly[l];
-        free(y->wq.data); free(y->wk.data); free(y->wv.data); free(y->wo.data);
-        free(y->wg.data); free(y->wu.data); free(y->wd.data);
+        free(y->wq.w.data); free(y->wk.w.data); free(y->wv.w.data); free(y->wo.w.data);
+        free(y->wg.w.data); free(y->wu.w.data); free(y->wd.w.data);
         o->free(N->be, N->kv[l].k);
         o->free(N->be, N->kv[l].v);
     }
@@ -698,33 +761,33 @@ static void net_forward(bench_net *N, int n, int p0, int prof) {
         bench_layer *y = &N->ly[l];
         NET_OP(N, 1, o->rmsnorm(be, N->x, l ? N->proj : NULL, &y->norm1, 1e-5f, n, BM_D, N->xn));
         // The fused forms when the backend has them, as the llama forward pass does.
-        const kaon_tensor *qkv[3] = {&y->wq, &y->wk, &y->wv};
+        const kaon_linear *qkv[3] = {&y->wq, &y->wk, &y->wv};
         void *const outs[3] = {N->q, N->k, N->v};
         int rc = 1;
-        if (o->linear_multi) NET_OP(N, 2, rc = o->linear_multi(be, N->xn, n, 3, qkv, NULL, outs));
+        if (o->linear_multi) NET_OP(N, 2, rc = o->linear_multi(be, N->xn, n, 3, qkv, outs));
         if (rc) {
-            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wq, NULL, N->q));
-            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wk, NULL, N->k));
-            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wv, NULL, N->v));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wq, N->q));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wk, N->k));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wv, N->v));
         }
         NET_OP(N, 3, o->rope(be, N->q, n, BM_H, BM_HD, N->pos, &N->rope));
         NET_OP(N, 3, o->rope(be, N->k, n, BM_KVH, BM_HD, N->pos, &N->rope));
         NET_OP(N, 4, o->kv_write(be, &N->kv[l], N->k, N->v, &m, BM_KVH, BM_HD));
         NET_OP(N, 5, o->attention(be, N->q, &N->kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, 0, N->att));
-        NET_OP(N, 2, o->linear(be, N->att, n, &y->wo, NULL, N->proj));
+        NET_OP(N, 2, o->linear(be, N->att, n, &y->wo, N->proj));
         NET_OP(N, 1, o->rmsnorm(be, N->x, N->proj, &y->norm2, 1e-5f, n, BM_D, N->xn));
         rc = 1;
         if (o->linear_silu_mul) NET_OP(N, 2, rc = o->linear_silu_mul(be, N->xn, n, &y->wg, &y->wu, N->g));
         if (rc) {
-            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wg, NULL, N->g));
-            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wu, NULL, N->u));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wg, N->g));
+            NET_OP(N, 2, o->linear(be, N->xn, n, &y->wu, N->u));
             NET_OP(N, 6, o->silu_and_mul(be, N->g, N->u, n, BM_F, N->g));
         }
-        NET_OP(N, 2, o->linear(be, N->g, n, &y->wd, NULL, N->proj));
+        NET_OP(N, 2, o->linear(be, N->g, n, &y->wd, N->proj));
     }
     const size_t last = (size_t)(n - 1) * BM_D;
     NET_OP(N, 1, o->rmsnorm(be, N->x + last, N->proj + last, &N->norm, 1e-5f, 1, BM_D, N->xn));
-    NET_OP(N, 0, o->linear(be, N->xn, 1, &N->emb, NULL, N->logits));
+    NET_OP(N, 0, o->linear(be, N->xn, 1, &N->head, N->logits));
 }
 
 static void mean_sd(const double *v, int n, double *mean, double *sd) {
@@ -828,23 +891,23 @@ static void bench_decode(int n_threads, int S, int C, int reps) {
             bench_layer *y = &N.ly[l];
             const int prof = pr;
             NET_OP(P, 1, o->rmsnorm(be, N.x, l ? N.proj : NULL, &y->norm1, 1e-5f, n, BM_D, N.xn));
-            const kaon_tensor *qkv[3] = {&y->wq, &y->wk, &y->wv};
+            const kaon_linear *qkv[3] = {&y->wq, &y->wk, &y->wv};
             void *const outs[3] = {N.q, N.k, N.v};
-            NET_OP(P, 2, o->linear_multi(be, N.xn, n, 3, qkv, NULL, outs));
+            NET_OP(P, 2, o->linear_multi(be, N.xn, n, 3, qkv, outs));
             NET_OP(P, 3, o->rope(be, N.q, n, BM_H, BM_HD, N.pos, &N.rope));
             NET_OP(P, 3, o->rope(be, N.k, n, BM_KVH, BM_HD, N.pos, &N.rope));
             NET_OP(P, 4, o->kv_write(be, &N.kv[l], N.k, N.v, &m, BM_KVH, BM_HD));
             NET_OP(P, 5, o->attention(be, N.q, &N.kv[l], &m, BM_H, BM_KVH, BM_HD, 0.125f, 0, N.att));
-            NET_OP(P, 2, o->linear(be, N.att, n, &y->wo, NULL, N.proj));
+            NET_OP(P, 2, o->linear(be, N.att, n, &y->wo, N.proj));
             NET_OP(P, 1, o->rmsnorm(be, N.x, N.proj, &y->norm2, 1e-5f, n, BM_D, N.xn));
             NET_OP(P, 2, o->linear_silu_mul(be, N.xn, n, &y->wg, &y->wu, N.g));
-            NET_OP(P, 2, o->linear(be, N.g, n, &y->wd, NULL, N.proj));
+            NET_OP(P, 2, o->linear(be, N.g, n, &y->wd, N.proj));
         }
         {
             const int prof = pr;
             NET_OP(P, 1, o->rmsnorm(be, N.x, N.proj, &N.norm, 1e-5f, n, BM_D, N.xn));
             NET_OP(P, 0, o->get_rows(be, N.xn, lrows, n, BM_D, rows));
-            NET_OP(P, 6, o->linear(be, rows, n, &N.emb, NULL, logits));
+            NET_OP(P, 6, o->linear(be, rows, n, &N.head, logits));
         }
         const double t = kaon_now() - t0;
         if (r >= 0) {
@@ -880,8 +943,9 @@ static void bench(void) {
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             void *wd = make_weight(shapes[s].t, shapes[s].M, shapes[s].K);
             kaon_tensor w = tensor2(shapes[s].t, shapes[s].M, shapes[s].K, wd);
+            const kaon_linear lw = kaon_linear_of(&w, NULL);
             for (int ni = 0; ni < 3; ni++) {
-                double cpu, t = bench_linear(be, &w, ns[ni], 0.3, &cpu);
+                double cpu, t = bench_linear(be, &lw, ns[ni], 0.3, &cpu);
                 printf("  %-18s %-4s n=%-3d %9.1f us (cpu %9.1f us)  %6.1f GB/s  %7.1f GFLOP/s\n",
                        shapes[s].name, kaon_dtype_name(shapes[s].t), ns[ni], t * 1e6, cpu * 1e6,
                        w.nbytes / t * 1e-9, 2.0 * shapes[s].M * shapes[s].K * ns[ni] / t * 1e-9);

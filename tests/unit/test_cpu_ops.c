@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/linear.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_internal.h"
 #include "test.h"
@@ -672,7 +673,8 @@ static void test_head_linear(kaon_backend *be, const char *set, kaon_dtype dt) {
     kaon_tensor w = {.dtype = dt, .ndim = 2, .shape = {H * out, in},
                      .data = dt == KAON_BF16 ? (void *)wb : (void *)wf,
                      .nbytes = (size_t)H * out * in * (dt == KAON_BF16 ? 2 : 4)};
-    be->ops->head_linear(be, x, T, H, xt, xh, &w, y, yt, yh);
+    const kaon_linear wl = kaon_linear_of(&w, NULL);
+    be->ops->head_linear(be, x, T, H, xt, xh, &wl, y, yt, yh);
     double worst = 0;
     int kept = 1;
     for (int t = 0; t < T; t++)

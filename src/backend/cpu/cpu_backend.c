@@ -2,6 +2,8 @@
 // heavy ops live in cpu_linear.c and cpu_attention.c; the SIMD kernels in cpu_x86.h.
 #include <math.h>
 #include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -13,13 +15,33 @@
 
 static const kaon_backend_ops cpu_ops;
 
+int kaon_cpu_fail(kaon_cpu_backend *be, const char *fmt, ...) {
+    char msg[sizeof be->errmsg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!be->err) {
+        memcpy(be->errmsg, msg, sizeof msg);
+        be->err = 1;
+    }
+    return kaon_set_error("%s", msg);
+}
+
+static int cpu_status(kaon_backend *be_) {
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
+    if (!be->err) return 0;
+    be->err = 0;
+    return kaon_set_error("%s", be->errmsg);
+}
+
 void *kaon_cpu_scratch(kaon_cpu_backend *be, size_t bytes) {
     if (bytes <= be->scratch_cap) return be->scratch;
     size_t cap = bytes + bytes / 4 + 4096;
     cap = (cap + 63) & ~(size_t)63;
     void *p = NULL;
     if (posix_memalign(&p, 64, cap) != 0) {
-        kaon_set_error("cpu: out of memory for %zu bytes of scratch", bytes);
+        kaon_cpu_fail(be, "cpu: out of memory for %zu bytes of scratch", bytes);
         return NULL;
     }
     free(be->scratch);
@@ -383,6 +405,7 @@ static const kaon_backend_ops cpu_ops = {
     .linear_multi = kaon_cpu_linear_multi,
     .linear_silu_mul = kaon_cpu_linear_silu_mul,
     .moe = kaon_cpu_moe,
+    .status = cpu_status,
 };
 
 static int env_on(const char *name) {

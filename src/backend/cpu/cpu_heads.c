@@ -24,9 +24,15 @@ static float *grow(void **buf, size_t *cap, size_t bytes) {
 // Head by head: gather the head's slices of x into [n, in] rows, run the linear kernels on
 // the head's [out, in] rows of w (any format they read), scatter [n, out] into y.
 void kaon_cpu_head_linear(kaon_backend *be_, const void *x_, int n, int n_heads, size_t x_tok,
-                          size_t x_head, const kaon_tensor *w, void *y_, size_t y_tok, size_t y_head) {
+                          size_t x_head, const kaon_linear *l, void *y_, size_t y_tok, size_t y_head) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     if (n <= 0) return;
+    const kaon_tensor *w = &l->w;
+    const char *why = kaon_linear_unsupported(l);
+    if (why || l->bias.data) {
+        kaon_set_error("cpu head_linear: %s is not supported", why ? why : "a bias");
+        return;
+    }
     if (!x_ || !y_ || !w || !w->data || w->ndim != 2 || n_heads <= 0 || w->shape[0] % n_heads) {
         kaon_set_error("cpu head_linear: bad arguments (%d heads, weight of %lld rows)", n_heads,
                        w ? (long long)w->shape[0] : -1LL);
@@ -46,11 +52,11 @@ void kaon_cpu_head_linear(kaon_backend *be_, const void *x_, int n, int n_heads,
     for (int h = 0; h < n_heads; h++) {
         for (int t = 0; t < n; t++)
             memcpy(xs + (size_t)t * in, x + t * x_tok + h * x_head, sizeof(float) * (size_t)in);
-        kaon_tensor wh = *w;
-        wh.shape[0] = out;
-        wh.data = (char *)w->data + (size_t)h * (size_t)out * rb;
-        wh.nbytes = (size_t)out * rb;
-        kaon_cpu_linear(be_, xs, n, &wh, NULL, ys);
+        kaon_linear wh = *l;
+        wh.w.shape[0] = out;
+        wh.w.data = (char *)w->data + (size_t)h * (size_t)out * rb;
+        wh.w.nbytes = (size_t)out * rb;
+        kaon_cpu_linear(be_, xs, n, &wh, ys);
         for (int t = 0; t < n; t++)
             memcpy(y + t * y_tok + h * y_head, ys + (size_t)t * out, sizeof(float) * (size_t)out);
     }

@@ -19,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "backend/quant_blocks.h"
+#include "util/err.h"
 
 #define KAON_MAX_ROWS 8  // most activation rows one kernel call processes (register blocking)
 
@@ -146,20 +147,26 @@ typedef struct kaon_cpu_backend {
     // head_linear's gathered rows and outputs (it calls the linear kernels, which use `scratch`).
     void *head_scratch;
     size_t head_scratch_cap;
+    // The first error of the linear and moe ops since the status op last ran.
+    int err;
+    char errmsg[256];
 } kaon_cpu_backend;
 
-// Returns at least `bytes` of 64-byte aligned scratch, or NULL (error set).
+// Records an error of an op for the status op (the first one is kept) and sets it as the
+// last error; returns -1.
+int kaon_cpu_fail(kaon_cpu_backend *be, const char *fmt, ...) KAON_PRINTF(2, 3);
+
+// Returns at least `bytes` of 64-byte aligned scratch, or NULL (error recorded).
 void *kaon_cpu_scratch(kaon_cpu_backend *be, size_t bytes);
 
-void kaon_cpu_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
-                     const kaon_tensor *bias, void *y);
-// The fused forms (backend.h): several weights over one x, and silu(x w_gate^T) * (x w_up^T).
-// 0 when done, 1 when declined (weights of different formats or widths), -1 on error.
+void kaon_cpu_linear(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *y);
+// The fused forms (backend.h): several layers over one x, and silu(x gate^T) * (x up^T).
+// 0 when done, 1 when declined (weights of different formats or widths; silu: a bias), -1 on
+// error.
 int kaon_cpu_linear_multi(kaon_backend *be, const void *x, int n, int count,
-                          const kaon_tensor *const *w, const kaon_tensor *const *bias,
-                          void *const *y);
-int kaon_cpu_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_tensor *w_gate,
-                             const kaon_tensor *w_up, void *out);
+                          const kaon_linear *const *w, void *const *y);
+int kaon_cpu_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
+                             const kaon_linear *up, void *out);
 void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                        const kaon_attn_meta *m, int n_kv_heads, int head_dim);
 void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
@@ -171,7 +178,7 @@ void kaon_cpu_mla_attention(kaon_backend *be, const void *q, const kaon_kv_layer
                             float scale, void *out);
 // Per-head matrices and strided copies (cpu_heads.c).
 void kaon_cpu_head_linear(kaon_backend *be, const void *x, int n, int n_heads, size_t x_tok,
-                          size_t x_head, const kaon_tensor *w, void *y, size_t y_tok, size_t y_head);
+                          size_t x_head, const kaon_linear *w, void *y, size_t y_tok, size_t y_head);
 void kaon_cpu_copy_strided(kaon_backend *be, const void *src, size_t src_stride, void *dst,
                            size_t dst_stride, int rows, int width, float s);
 

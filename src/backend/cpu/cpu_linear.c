@@ -74,7 +74,9 @@ static void lin_rows(const lin_job *j, int m0, int m1) {
     int mt = m1 - m0;
     if (n > R) {  // prefill: a tile of weight rows stays in L1 while all activation rows pass
         mt = (int)(KAON_TILE_BYTES / (j->rb * (j->silu ? 2 : 1)));
-        mt = (mt + 15) & ~15;  // whole SIMD vectors for silu, whole cache lines of y
+        // Whole SIMD vectors for silu, whole cache lines of y; at least one group of 16 when a
+        // row alone is larger than the tile (wide f32/bf16 rows: 0 here would never advance).
+        mt = mt < 1 ? 16 : (mt + 15) & ~15;
     }
     float out[KAON_MAX_ROWS], out2[KAON_MAX_ROWS];
     for (int t0 = m0; t0 < m1; t0 += mt) {
@@ -163,30 +165,36 @@ static void split_rows(int M, int ith, int nth, int *m0, int *m1) {
     *m1 = b > M ? M : (int)b;
 }
 
-// Checks one weight (and bias): its rows M, width K, bytes per row and kernel kind.
-static int check_weight(const kaon_tensor *w, const kaon_tensor *bias, int64_t *Mo, int64_t *Ko,
+// Checks one layer (weight, bias, no companions): its rows M, width K, bytes per row and
+// kernel kind.
+static int check_weight(kaon_cpu_backend *be, const kaon_linear *l, int64_t *Mo, int64_t *Ko,
                         size_t *rbo, int *kindo) {
+    const kaon_tensor *w = l ? &l->w : NULL, *bias = l ? kaon_linear_bias(l) : NULL;
     if (!w || !w->data || w->ndim < 1 || w->ndim > KAON_MAX_DIMS)
-        return kaon_set_error("cpu linear: missing weight");
+        return kaon_cpu_fail(be, "cpu linear: missing weight");
+    const char *unsupported = kaon_linear_unsupported(l);
+    if (unsupported)
+        return kaon_cpu_fail(be, "cpu linear: weight format %s with %s is not supported",
+                             kaon_dtype_name(w->dtype), unsupported);
     const int kind = kaon_cpu_kind(w->dtype);
     if (kind < 0)
-        return kaon_set_error("cpu linear: weight dtype %s not supported", kaon_dtype_name(w->dtype));
+        return kaon_cpu_fail(be, "cpu linear: weight dtype %s not supported", kaon_dtype_name(w->dtype));
     // w [out, in]: in is the last dim, out the product of the others.
     int64_t K = w->shape[w->ndim - 1], M = 1;
     for (int i = 0; i < w->ndim - 1; i++) {
         if (w->shape[i] <= 0 || M > INT32_MAX / w->shape[i])
-            return kaon_set_error("cpu linear: bad weight shape");
+            return kaon_cpu_fail(be, "cpu linear: bad weight shape");
         M *= w->shape[i];
     }
     const size_t rb = kaon_dtype_row_bytes(w->dtype, K);
     if (K <= 0 || K > INT32_MAX / 4 || rb == 0)
-        return kaon_set_error("cpu linear: %s rows of %lld elements are not whole blocks",
-                              kaon_dtype_name(w->dtype), (long long)K);
+        return kaon_cpu_fail(be, "cpu linear: %s rows of %lld elements are not whole blocks",
+                             kaon_dtype_name(w->dtype), (long long)K);
     if (w->nbytes && w->nbytes / rb < (size_t)M)
-        return kaon_set_error("cpu linear: weight holds %zu bytes, needs %zu", w->nbytes,
-                              rb * (size_t)M);
-    if (bias && bias->data && (bias->dtype != KAON_F32 || kaon_tensor_numel(bias) != M))
-        return kaon_set_error("cpu linear: bias must be F32 [%lld]", (long long)M);
+        return kaon_cpu_fail(be, "cpu linear: weight holds %zu bytes, needs %zu", w->nbytes,
+                             rb * (size_t)M);
+    if (bias && (bias->dtype != KAON_F32 || kaon_tensor_numel(bias) != M))
+        return kaon_cpu_fail(be, "cpu linear: bias must be F32 [%lld]", (long long)M);
     *Mo = M;
     *Ko = K;
     *rbo = rb;
@@ -293,36 +301,35 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     }
 }
 
-// Builds a job over count weights; 1 when they cannot share one (formats or widths differ).
+// Builds a job over count layers; 1 when they cannot share one (formats or widths differ).
 static int lin_setup(kaon_cpu_backend *be, lin_job *j, const void *x, int n, int count,
-                     const kaon_tensor *const *w, const kaon_tensor *const *bias,
-                     void *const *y) {
+                     const kaon_linear *const *w, void *const *y) {
     memset(j, 0, sizeof *j);
     if (!x || count < 1 || count > KAON_LIN_MAX || !w || !y)
-        return kaon_set_error("cpu linear: missing input or output");
+        return kaon_cpu_fail(be, "cpu linear: missing input or output");
     j->k = be->k;
     j->n = n;
     j->x = x;
     j->nseg = count;
     int64_t total = 0;
     for (int i = 0; i < count; i++) {
-        const kaon_tensor *b = bias ? bias[i] : NULL;
         int64_t M = 0, K = 0;
         size_t rb = 0;
         int kind = 0;
-        if (!y[i]) return kaon_set_error("cpu linear: missing output");
-        if (check_weight(w[i], b, &M, &K, &rb, &kind)) return -1;
+        if (!y[i]) return kaon_cpu_fail(be, "cpu linear: missing output");
+        if (check_weight(be, w[i], &M, &K, &rb, &kind)) return -1;
         if (i > 0 && (kind != j->kind || K != j->K)) return 1;
+        const kaon_tensor *b = kaon_linear_bias(w[i]);
         j->kind = kind;
         j->K = (int)K;
         j->rb = rb;
-        j->w[i] = w[i]->data;
-        j->bias[i] = b && b->data ? (const float *)b->data : NULL;
+        j->w[i] = w[i]->w.data;
+        j->bias[i] = b ? (const float *)b->data : NULL;
         j->y[i] = y[i];
         j->M[i] = (int)M;
         j->start[i] = (int)total;
         total += M;
-        if (total > INT32_MAX) return kaon_set_error("cpu linear: too many rows");
+        if (total > INT32_MAX) return kaon_cpu_fail(be, "cpu linear: too many rows");
     }
     j->start[count] = (int)total;
     j->total = (int)total;
@@ -330,38 +337,37 @@ static int lin_setup(kaon_cpu_backend *be, lin_job *j, const void *x, int n, int
     return 0;
 }
 
-void kaon_cpu_linear(kaon_backend *be_, const void *x, int n, const kaon_tensor *w,
-                     const kaon_tensor *bias, void *y) {
+void kaon_cpu_linear(kaon_backend *be_, const void *x, int n, const kaon_linear *w, void *y) {
     if (n <= 0) return;
     lin_job j;
-    const kaon_tensor *bl[1] = {bias};
     void *yl[1] = {y};
-    if (lin_setup((kaon_cpu_backend *)be_, &j, x, n, 1, &w, bl, yl) == 0)
-        lin_run((kaon_cpu_backend *)be_, &j);
+    if (lin_setup((kaon_cpu_backend *)be_, &j, x, n, 1, &w, yl) == 0) lin_run((kaon_cpu_backend *)be_, &j);
 }
 
 int kaon_cpu_linear_multi(kaon_backend *be_, const void *x, int n, int count,
-                          const kaon_tensor *const *w, const kaon_tensor *const *bias,
-                          void *const *y) {
+                          const kaon_linear *const *w, void *const *y) {
     if (n <= 0) return 0;
     lin_job j;
-    const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, count, w, bias, y);
+    const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, count, w, y);
     if (rc) return rc;
     lin_run((kaon_cpu_backend *)be_, &j);
     return 0;
 }
 
-int kaon_cpu_linear_silu_mul(kaon_backend *be_, const void *x, int n, const kaon_tensor *w_gate,
-                             const kaon_tensor *w_up, void *out) {
+int kaon_cpu_linear_silu_mul(kaon_backend *be_, const void *x, int n, const kaon_linear *gate,
+                             const kaon_linear *up, void *out) {
     if (n <= 0) return 0;
+    // The fused kernel adds no bias: the caller's unfused ops do.
+    if (gate && up && (kaon_linear_bias(gate) || kaon_linear_bias(up))) return 1;
+    kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     lin_job j;
-    const kaon_tensor *w[2] = {w_gate, w_up};
+    const kaon_linear *w[2] = {gate, up};
     void *y[2] = {out, out};
-    const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, 2, w, NULL, y);
+    const int rc = lin_setup(be, &j, x, n, 2, w, y);
     if (rc) return rc;
-    if (j.M[0] != j.M[1]) return kaon_set_error("cpu linear_silu_mul: gate and up heights differ");
+    if (j.M[0] != j.M[1]) return kaon_cpu_fail(be, "cpu linear_silu_mul: gate and up heights differ");
     j.silu = 1;
     j.total = j.M[0];  // row m gives out[:, m] from gate row m and up row m
-    lin_run((kaon_cpu_backend *)be_, &j);
+    lin_run(be, &j);
     return 0;
 }

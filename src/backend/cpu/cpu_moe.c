@@ -25,7 +25,7 @@ static void *moe_scratch(kaon_cpu_backend *be, size_t bytes) {
     size_t cap = (bytes + bytes / 4 + 4096 + 63) & ~(size_t)63;
     void *p = NULL;
     if (posix_memalign(&p, 64, cap) != 0) {
-        kaon_set_error("cpu moe: out of memory for %zu bytes of scratch", bytes);
+        kaon_cpu_fail(be, "cpu moe: out of memory for %zu bytes of scratch", bytes);
         return NULL;
     }
     free(be->moe_scratch);
@@ -34,7 +34,8 @@ static void *moe_scratch(kaon_cpu_backend *be, size_t bytes) {
     return p;
 }
 
-static bool is_matrix(const kaon_tensor *t, int64_t rows, int64_t cols) {
+static bool is_matrix(const kaon_linear *l, int64_t rows, int64_t cols) {
+    const kaon_tensor *t = l ? &l->w : NULL;
     return t && t->data && t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
 }
 
@@ -115,13 +116,13 @@ static void route_token(const float *l, const kaon_moe_weights *w, float *s, flo
 }
 
 // y = silu(x @ g^T) * (x @ u^T), through the fused kernel when g and u share a format.
-static void silu_mlp(kaon_backend *be, const float *x, int n, const kaon_tensor *g,
-                     const kaon_tensor *u, float *h, float *tmp) {
+static void silu_mlp(kaon_backend *be, const float *x, int n, const kaon_linear *g,
+                     const kaon_linear *u, float *h, float *tmp) {
     if (kaon_cpu_linear_silu_mul(be, x, n, g, u, h) != 1) return;
     const kaon_cpu_kernels *k = ((kaon_cpu_backend *)be)->k;
-    const int64_t F = g->shape[0];
-    kaon_cpu_linear(be, x, n, g, NULL, h);
-    kaon_cpu_linear(be, x, n, u, NULL, tmp);
+    const int64_t F = g->w.shape[0];
+    kaon_cpu_linear(be, x, n, g, h);
+    kaon_cpu_linear(be, x, n, u, tmp);
     for (int r = 0; r < n; r++) k->silu_mul(h + (size_t)r * F, tmp + (size_t)r * F, h + (size_t)r * F, (int)F);
 }
 
@@ -132,25 +133,26 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
     float *out = out_;
     if (n <= 0) return 0;
     if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
-        return kaon_set_error("cpu moe: bad arguments");
+        return kaon_cpu_fail(be, "cpu moe: bad arguments");
     const int E = w->n_experts, K = w->top_k;
-    if (E < 1 || E > 4096 || K < 1 || K > E || K > MOE_MAX_TOPK || w->router->ndim != 2 ||
-        w->router->shape[0] != E ||
+    const kaon_tensor *R = &w->router->w;
+    if (E < 1 || E > 4096 || K < 1 || K > E || K > MOE_MAX_TOPK || R->ndim != 2 || R->shape[0] != E ||
         (w->n_group > 1 && (w->n_group > 256 || E % w->n_group || w->topk_group < 1 ||
                             w->topk_group > w->n_group || (int64_t)w->topk_group * (E / w->n_group) < K)) ||
         (w->score_bias && (w->score_bias->dtype != KAON_F32 || kaon_tensor_numel(w->score_bias) != E)))
-        return kaon_set_error("cpu moe: %d experts, top %d, router of %lld rows", E, K,
-                              w->router ? (long long)w->router->shape[0] : -1LL);
-    const int64_t dim = w->router->shape[1], F = w->gate[0].shape[0];
-    const int64_t SF = w->shared_gate ? w->shared_gate->shape[0] : 0;
+        return kaon_cpu_fail(be, "cpu moe: %d experts, top %d, router of %lld rows, %d groups (top %d), "
+                             "selection bias %s", E, K, (long long)R->shape[0], w->n_group, w->topk_group,
+                             w->score_bias ? "given" : "none");
+    const int64_t dim = R->shape[1], F = w->gate[0].w.shape[0];
+    const int64_t SF = w->shared_gate ? w->shared_gate->w.shape[0] : 0;
     for (int e = 0; e < E; e++)
         if (!is_matrix(&w->gate[e], F, dim) || !is_matrix(&w->up[e], F, dim) || !is_matrix(&w->down[e], dim, F))
-            return kaon_set_error("cpu moe: expert %d's weights are not [%lld, %lld] / [%lld, %lld]", e,
-                                  (long long)F, (long long)dim, (long long)dim, (long long)F);
+            return kaon_cpu_fail(be, "cpu moe: expert %d's weights are not [%lld, %lld] / [%lld, %lld]", e,
+                                 (long long)F, (long long)dim, (long long)dim, (long long)F);
     if (SF && (!is_matrix(w->shared_gate, SF, dim) || !is_matrix(w->shared_up, SF, dim) ||
                !is_matrix(w->shared_down, dim, SF) ||
                (w->shared_gate_inp && !is_matrix(w->shared_gate_inp, 1, dim))))
-        return kaon_set_error("cpu moe: shared expert shapes");
+        return kaon_cpu_fail(be, "cpu moe: shared expert shapes");
 
     // Scratch: sizes first (b.p == NULL), then the pointers.
     const size_t NK = (size_t)n * K, wide = (size_t)(F > SF ? F : SF);
@@ -181,7 +183,7 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
     }
 
     // 1. Route.
-    kaon_cpu_linear(be_, x, n, w->router, NULL, logits);  // [n, E]
+    kaon_cpu_linear(be_, x, n, w->router, logits);  // [n, E]
     for (int t = 0; t < n; t++)
         route_token(logits + (size_t)t * E, w, rs, rs + E, ids + (size_t)t * K, pw + (size_t)t * K);
 
@@ -210,8 +212,8 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
     // 3. The shared expert (every token), scaled by its sigmoid gate; else zeros.
     if (SF) {
         silu_mlp(be_, x, n, w->shared_gate, w->shared_up, he, tmp);  // [n, SF]
-        kaon_cpu_linear(be_, he, n, w->shared_down, NULL, out);     // [n, dim]
-        if (w->shared_gate_inp) kaon_cpu_linear(be_, x, n, w->shared_gate_inp, NULL, sg);  // [n, 1]
+        kaon_cpu_linear(be_, he, n, w->shared_down, out);     // [n, dim]
+        if (w->shared_gate_inp) kaon_cpu_linear(be_, x, n, w->shared_gate_inp, sg);  // [n, 1]
         for (int t = 0; t < n; t++) {
             const bool pad = positions && positions[t] < 0;
             if (w->shared_gate_inp || pad) {
@@ -233,12 +235,12 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         for (int i = 0; i < ne; i++)
             memcpy(xe + (size_t)i * dim, x + (size_t)tok[i] * dim, (size_t)dim * sizeof(float));
         silu_mlp(be_, xe, ne, &w->gate[e], &w->up[e], he, tmp);  // [ne, F]
-        kaon_cpu_linear(be_, he, ne, &w->down[e], NULL, ye);     // [ne, dim]
+        kaon_cpu_linear(be_, he, ne, &w->down[e], ye);     // [ne, dim]
         for (int i = 0; i < ne; i++) {
             float *o = out + (size_t)tok[i] * dim;
             const float *y = ye + (size_t)i * dim, p = sw[i];
             for (int64_t c = 0; c < dim; c++) o[c] += p * y[c];
         }
     }
-    return 0;
+    return be->err ? -1 : 0;  // an error since the last status (here: a linear that failed)
 }

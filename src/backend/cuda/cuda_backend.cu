@@ -424,6 +424,21 @@ static bool is_vector(kc_backend *b, const kaon_tensor *v, int64_t n, const char
     return true;
 }
 
+// A layer the kernels here compute: its weight and bias alone (no format companions).
+static bool is_plain(kc_backend *b, const kaon_linear *l, const char *what) {
+    if (!l) {
+        kc_fail(b, "cuda %s: missing weight", what);
+        return false;
+    }
+    const char *unsupported = kaon_linear_unsupported(l);
+    if (unsupported) {
+        kc_fail(b, "cuda %s: weight format %s with %s is not supported", what, kaon_dtype_name(l->w.dtype),
+                unsupported);
+        return false;
+    }
+    return true;
+}
+
 // Points d_inv_freq at the device copy of r's frequencies, uploading them the first time
 // they are seen (outside graph recording). Tables are kept, never rewritten: kernels in
 // flight and recorded graphs may still read any of them.
@@ -487,9 +502,10 @@ static void cuda_rmsnorm_once(kaon_backend *be, void *x, const void *add, const 
     rmsnorm_impl(be, x, add, w, eps, n, dim, out, true);
 }
 
-static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
-                        const kaon_tensor *bias, void *y) {
+static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *y) {
     kc_backend *b = kc(be);
+    if (!is_plain(b, l, "linear")) return;
+    const kaon_tensor *w = &l->w, *bias = kaon_linear_bias(l);
     if (kc_quant_linear(b, x, n, w, bias, y, 0) != 1) return;  // quantized weight (cuda_quant.cu)
     if (n <= 0 || !is_matrix(b, w, "linear")) return;
     if (bias && !is_vector(b, bias, w->shape[0], "linear bias")) return;
@@ -497,8 +513,14 @@ static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_tenso
                  bias ? (const float *)bias->data : NULL, y, 0);
 }
 
-static void cuda_linear_f32(kaon_backend *be, const void *x, int n, const kaon_tensor *w, float *y) {
+static void cuda_linear_f32(kaon_backend *be, const void *x, int n, const kaon_linear *l, float *y) {
     kc_backend *b = kc(be);
+    if (!is_plain(b, l, "linear_f32")) return;
+    if (kaon_linear_bias(l)) {
+        kc_fail(b, "cuda linear_f32: a bias is not supported");
+        return;
+    }
+    const kaon_tensor *w = &l->w;
     if (kc_quant_linear(b, x, n, w, NULL, y, 1) != 1) return;  // quantized weight (cuda_quant.cu)
     if (n <= 0 || !is_matrix(b, w, "linear_f32")) return;
     kc_gemm_bf16(b, (const bf16 *)x, n, (const bf16 *)w->data, (int)w->shape[0], (int)w->shape[1], NULL, y, 1);
@@ -657,13 +679,20 @@ static int cuda_mem_info(kaon_backend *be, size_t *free_b, size_t *total_b) {
 // ---- fused ops ----------------------------------------------------------------------------------
 
 static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
-                             const kaon_tensor *const *w, const kaon_tensor *const *bias, void *const *y) {
+                             const kaon_linear *const *l, void *const *y) {
     kc_backend *b = kc(be);
+    if (count < 1 || count > 4) return 1;
+    const kaon_tensor *w[4], *bias[4];
+    for (int i = 0; i < count; i++) {
+        if (!is_plain(b, l[i], "linear_multi")) return -1;
+        w[i] = &l[i]->w;
+        bias[i] = kaon_linear_bias(l[i]);
+    }
     {  // quantized weights (cuda_quant.cu)
         const int q = kc_quant_linear_multi(b, x, n, count, w, bias, y);
         if (q != 1) return q;
     }
-    if (n > KC_GEMV_MAX_N || count < 1 || count > 4) return 1;
+    if (n > KC_GEMV_MAX_N) return 1;
     const bf16 *ws[4];
     const float *bs[4];
     void *ys[4];
@@ -671,18 +700,21 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
     for (int i = 0; i < count; i++) {
         if (!is_matrix(b, w[i], "linear")) return -1;
         if (w[i]->shape[1] != w[0]->shape[1]) return 1;
-        if (bias && bias[i] && !is_vector(b, bias[i], w[i]->shape[0], "linear bias")) return -1;
+        if (bias[i] && !is_vector(b, bias[i], w[i]->shape[0], "linear bias")) return -1;
         ws[i] = (const bf16 *)w[i]->data;
-        bs[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
+        bs[i] = bias[i] ? (const float *)bias[i]->data : NULL;
         ys[i] = y[i];
         rows[i] = (int)w[i]->shape[0];
     }
     return kc_gemv_multi(b, (const bf16 *)x, n, (int)w[0]->shape[1], count, ws, rows, bs, ys, 0);
 }
 
-static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_tensor *wg,
-                                const kaon_tensor *wu, void *out) {
+static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
+                                const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
+    if (!is_plain(b, gate, "linear_silu_mul") || !is_plain(b, up, "linear_silu_mul")) return -1;
+    if (kaon_linear_bias(gate) || kaon_linear_bias(up)) return 1;  // the fused kernels add no bias
+    const kaon_tensor *wg = &gate->w, *wu = &up->w;
     {  // quantized weights (cuda_quant.cu)
         const int q = kc_quant_linear_silu_mul(b, x, n, wg, wu, out);
         if (q != 1) return q;

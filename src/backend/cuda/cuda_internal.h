@@ -256,7 +256,7 @@ int kc_moe_route_ds(kc_backend *b, const float *logits, const int32_t *d_pos, in
 void kc_op_mla_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv, const kaon_attn_meta *m, int nh,
                          int kv_lora, int rope_dim, float scale, void *out);
 void kc_op_head_linear(kaon_backend *be, const void *x, int n, int nh, size_t x_tok, size_t x_head,
-                       const kaon_tensor *w, void *y, size_t y_tok, size_t y_head);
+                       const kaon_linear *w, void *y, size_t y_tok, size_t y_head);
 void kc_op_copy_strided(kaon_backend *be, const void *src, size_t src_stride, void *dst, size_t dst_stride, int rows,
                         int width, float s);
 void kc_kv_write_k_only(kaon_backend *be, kaon_kv_layer *kv, const void *k, const kaon_attn_meta *m, int nkv,
@@ -272,7 +272,8 @@ void kc_sampler_free(kc_backend *b);
 // ---- quantized GGUF weights (cuda_quant.cu) ----
 // Matrices of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K stay quantized on the device (their own layout; the
 // tensor keeps the GGUF dtype). Each hook returns 1 when no weight it gets is quantized (the
-// caller goes on with its bf16 path), else 0 when done or -1 on error (recorded).
+// caller goes on with its bf16 path), else 0 when done or -1 on error (recorded). The linear
+// hooks get a layer's weight and bias once the op (cuda_backend.cu) has checked the layer.
 // KAON_CUDA_QUANT=0: upload declines, so weights are expanded to bf16 as before.
 int kc_quant_upload(kc_backend *b, const kaon_tensor *host, kaon_tensor *dev);
 // Bytes of kc_quant_upload's copy of host; 0 when it would expand host to bf16 instead.

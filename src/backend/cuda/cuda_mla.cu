@@ -408,9 +408,15 @@ static kc_hgemm *hgemm_get(kc_backend *b, int n, int nh, int in, int out, const 
 }
 
 void kc_op_head_linear(kaon_backend *be, const void *x_, int n, int nh, size_t x_tok, size_t x_head,
-                       const kaon_tensor *w, void *y_, size_t y_tok, size_t y_head) {
+                       const kaon_linear *l, void *y_, size_t y_tok, size_t y_head) {
     kc_backend *b = kc(be);
     if (n <= 0) return;
+    const char *why = l ? kaon_linear_unsupported(l) : NULL;
+    if (why || (l && l->bias.data)) {
+        kc_fail(b, "cuda head_linear: %s is not supported", why ? why : "a bias");
+        return;
+    }
+    const kaon_tensor *w = l ? &l->w : NULL;
     if (!x_ || !y_ || !w || !w->data || w->ndim != 2 || nh <= 0 || w->shape[0] % nh || w->shape[1] <= 0 ||
         w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX || x_tok > (size_t)INT64_MAX || y_tok > (size_t)INT64_MAX) {
         kc_fail(b, "cuda head_linear: bad arguments (%d heads, weight of %lld rows)", nh,

@@ -475,19 +475,24 @@ __global__ void k_combine(const bf16 *__restrict__ Y, const int *__restrict__ in
 
 // Expert 0 of a kind and the stride to expert e (elements); -1 unless uniformly strided bf16
 // matrices of rows x cols.
-static int stacked(kc_backend *b, const kaon_tensor *v, int E, int64_t rows, int64_t cols,
+static int stacked(kc_backend *b, const kaon_linear *l, int E, int64_t rows, int64_t cols,
                    const bf16 **base, long long *stride, const char *what) {
-    for (int e = 0; e < E; e++)
-        if (!v[e].data || v[e].dtype != KAON_BF16 || v[e].ndim != 2 || v[e].shape[0] != rows ||
-            v[e].shape[1] != cols)
+    for (int e = 0; e < E; e++) {
+        const kaon_tensor *v = &l[e].w;
+        if (!v->data || v->dtype != KAON_BF16 || v->ndim != 2 || v->shape[0] != rows || v->shape[1] != cols)
             return kc_fail(b, "cuda moe: expert %d's %s is %s [%lld, %lld], expected bf16 [%lld, %lld] "
                            "(the GPU moe op reads bf16 experts: upload them with upload_dense)", e, what,
-                           kaon_dtype_name(v[e].dtype), (long long)v[e].shape[0], (long long)v[e].shape[1],
+                           kaon_dtype_name(v->dtype), (long long)v->shape[0], (long long)v->shape[1],
                            (long long)rows, (long long)cols);
-    const bf16 *p0 = (const bf16 *)v[0].data;
-    const long long st = E > 1 ? (long long)((const bf16 *)v[1].data - p0) : 0;
+        const char *extra = kaon_linear_bias(&l[e]) ? "a bias" : kaon_linear_unsupported(&l[e]);
+        if (extra)
+            return kc_fail(b, "cuda moe: expert %d's %s: weight format %s with %s is not supported", e, what,
+                           kaon_dtype_name(v->dtype), extra);
+    }
+    const bf16 *p0 = (const bf16 *)l[0].w.data;
+    const long long st = E > 1 ? (long long)((const bf16 *)l[1].w.data - p0) : 0;
     for (int e = 1; e < E; e++)
-        if ((const bf16 *)v[e].data - p0 != st * e)
+        if ((const bf16 *)l[e].w.data - p0 != st * e)
             return kc_fail(b, "cuda moe: the experts' %s matrices are not stacked at one stride", what);
     if (((uintptr_t)p0 & 15) || (st * 2) % 16) return kc_fail(b, "cuda moe: misaligned expert weights");
     *base = p0;
@@ -544,11 +549,13 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     const int E = w->n_experts, K = w->top_k;
     if (E < 1 || E > MOE_MAX_E || K < 1 || K > E || K > MOE_MAX_K)
         return kc_fail(b, "cuda moe: %d experts, top %d (at most %d experts, top %d)", E, K, MOE_MAX_E, MOE_MAX_K);
-    const kaon_tensor *R = w->router;
+    const kaon_tensor *R = &w->router->w;
     if (R->ndim != 2 || R->shape[0] != E || R->dtype != KAON_BF16)
         return kc_fail(b, "cuda moe: the router must be a bf16 [%d, dim] matrix", E);
-    const int dim = (int)R->shape[1], F = (int)w->gate[0].shape[0];
-    const int SF = w->shared_gate ? (int)w->shared_gate->shape[0] : 0;
+    const char *router_extra = kaon_linear_bias(w->router) ? "a bias" : kaon_linear_unsupported(w->router);
+    if (router_extra) return kc_fail(b, "cuda moe: a router with %s is not supported", router_extra);
+    const int dim = (int)R->shape[1], F = (int)w->gate[0].w.shape[0];
+    const int SF = w->shared_gate ? (int)w->shared_gate->w.shape[0] : 0;
     if (dim % 8 || F % 8 || dim <= 0 || F <= 0) return kc_fail(b, "cuda moe: dim %d and ffn %d must be multiples of 8", dim, F);
     MoeW mw;
     if (stacked(b, w->gate, E, F, dim, &mw.gate, &mw.sgate, "gate") ||
@@ -598,13 +605,13 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
         if (rc == 1) {
             if (kc_grow(b, (void **)&b->fuse_tmp, &b->fuse_tmp_cap, (size_t)n * SF, sizeof(bf16), "moe shared expert"))
                 return -1;
-            op->linear(be, x, n, w->shared_gate, NULL, m.HS);
-            op->linear(be, x, n, w->shared_up, NULL, b->fuse_tmp);
+            op->linear(be, x, n, w->shared_gate, m.HS);
+            op->linear(be, x, n, w->shared_up, b->fuse_tmp);
             op->silu_and_mul(be, m.HS, b->fuse_tmp, n, SF, m.HS);
         } else if (rc < 0) {
             return -1;
         }
-        op->linear(be, m.HS, n, w->shared_down, NULL, m.YS);
+        op->linear(be, m.HS, n, w->shared_down, m.YS);
         if (w->shared_gate_inp) op->linear_f32(be, x, n, w->shared_gate_inp, m.SG);
         if (b->err) return -1;
     }

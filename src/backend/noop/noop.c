@@ -20,9 +20,9 @@ static void noop_rmsnorm(kaon_backend *be, void *x, const void *add, const kaon_
                          int n, int dim, void *out) {
     (void)be; (void)x; (void)add; (void)w; (void)eps; (void)n; (void)dim; (void)out;
 }
-static void noop_linear(kaon_backend *be, const void *x, int n, const kaon_tensor *w,
-                        const kaon_tensor *bias, void *y) {
-    (void)be; (void)x; (void)n; (void)w; (void)bias; (void)y;
+// Reads no weights, so a layer of any format (companions included) is accepted.
+static void noop_linear(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *y) {
+    (void)be; (void)x; (void)n; (void)w; (void)y;
 }
 static void noop_rope(kaon_backend *be, void *x, int n, int nh, int hd, const int32_t *pos,
                       const kaon_rope *r) {
@@ -37,7 +37,7 @@ static void noop_mla_attention(kaon_backend *be, const void *q, const kaon_kv_la
     (void)be; (void)q; (void)kv; (void)m; (void)nh; (void)kvl; (void)rd; (void)scale; (void)out;
 }
 static void noop_head_linear(kaon_backend *be, const void *x, int n, int nh, size_t xt, size_t xh,
-                             const kaon_tensor *w, void *y, size_t yt, size_t yh) {
+                             const kaon_linear *w, void *y, size_t yt, size_t yh) {
     (void)be; (void)x; (void)n; (void)nh; (void)xt; (void)xh; (void)w; (void)y; (void)yt; (void)yh;
 }
 static void noop_copy_strided(kaon_backend *be, const void *src, size_t ss, void *dst, size_t ds, int rows,
