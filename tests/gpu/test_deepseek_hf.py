@@ -44,58 +44,25 @@ driver $KAON_GPU_DRIVER (default $KAON_BUILD/gpu_driver), as in test_gpu.py. Unt
 DeepSeek these tests fail.
 """
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from test_gpu import BUILD, REPO, agreement, kaon_logits as driver_logits, record, rel
+from test_gpu import REPO, agreement, record, rel
 
 sys.path.insert(0, str(REPO / "tests" / "ref"))
-from deepseek_models import CONFIGS, config_json, make_config, real_config, write_safetensors  # noqa: E402
-from deepseek_ref import DeepseekRef, canonical_weights, greedy, rope_params, text_config, variant  # noqa: E402
-from gemma3_models import write_tokenizer  # noqa: E402
+from deepseek_models import CONFIGS, config_json, make_config, real_config  # noqa: E402
+from deepseek_ref import F32_KEEP, DeepseekRef, canonical_weights, rope_params, text_config, variant  # noqa: E402
+from hf_compare import (SEED, HFRuns, assert_cuda_close, assert_greedy_near_ties, cuda_vs_hf,  # noqa: E402
+                        load_saved, new_model, to_dtype)
+from hf_files import write_folder  # noqa: E402
+from tiny_tokenizer import write_tokenizer  # noqa: E402
 
 IDS = [2, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31,
        270, 263, 1, 280, 101, 102, 33, 33, 33, 290, 6, 261, 262, 180, 44, 9, 298, 141, 66, 271,
        19, 88, 230, 4, 275, 55, 55, 112, 160, 293, 28, 71, 266, 190, 12, 39, 243, 285, 97, 14,
        130, 57, 269, 21, 147, 81, 45, 222, 16, 276, 93, 58]
-SEED = 1234
-
-
-@pytest.fixture(scope="session")
-def device(request):
-    return request.config.getoption("--device")
-
-
-def kaon_exe():
-    exe = BUILD / "kaon"
-    if not exe.exists():
-        pytest.fail(f"{exe} not found: build kaon (tests/gpu/run_all.sh build) or set KAON_BUILD")
-    return exe
-
-
-def run_kaon(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"kaon {cmd[1]} failed (rc {r.returncode}): {r.stderr.strip()}")
-    return r
-
-
-def kaon_cpu_logits(folder, ids, tmp, decode=False):
-    out = tmp / f"cpu-{int(decode)}.f32"
-    cmd = [kaon_exe(), "logits", "-m", folder, "--prompt-ids", ",".join(map(str, ids)), "-o", out, "--threads", "8"]
-    run_kaon(cmd + (["--decode"] if decode else []))
-    a = np.fromfile(out, np.float32).reshape(len(ids), -1)
-    out.unlink()
-    return a
-
-
-def kaon_cpu_greedy(folder, ids, n):
-    r = run_kaon([kaon_exe(), "run", "-m", folder, "--prompt-ids", ",".join(map(str, ids)), "-n", n, "--temp", "0",
-                  "--ignore-eos", "--print-ids", "--threads", "8"])
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def hf_config(cfg):
@@ -115,10 +82,7 @@ def build_model(hcfg, seed, init=None, device="cpu", dtype=None, small_latent=Fa
     1/fan-in), e_score_correction_bias U[0, 0.3). small_latent (Kimi-K2.5): q_a_proj and the
     latent rows of kv_a_proj_with_mqa x 0.01, so the latent norms' eps shows."""
     import torch
-    from transformers import AutoModelForCausalLM
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hcfg, attn_implementation="eager")
+    model = new_model(hcfg, seed, device)
     kvr = hcfg.kv_lora_rank
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -136,20 +100,8 @@ def build_model(hcfg, seed, init=None, device="cpu", dtype=None, small_latent=Fa
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.3 * torch.rand_like(b))
     if dtype is not None:
-        model = to_dtype(model, dtype)
+        model = to_dtype(model, dtype, keep_f32=F32_KEEP)  # RoPE tables, e_score_correction_bias stay f32
     return model.eval()
-
-
-def to_dtype(model, dtype):
-    """model.to(dtype) as from_pretrained(dtype=...) leaves a model: the RoPE tables and
-    e_score_correction_bias stay f32 (Module.to() alone would round them as well)."""
-    keep = {n: b.detach().clone() for n, b in model.named_buffers()
-            if "inv_freq" in n or n.endswith("e_score_correction_bias")}
-    model = model.to(dtype)
-    for n, b in keep.items():
-        parent, _, attr = n.rpartition(".")
-        model.get_submodule(parent)._buffers[attr] = b
-    return model
 
 
 def numpy_weights(model):
@@ -179,49 +131,12 @@ def save(model, cfg, folder, dtype_name):
     """save_pretrained (what transformers writes) + the tiny tokenizer; Kimi-K2.5 by our
     writer: its config.json with text_config, language_model.* names."""
     if "text_config" in cfg:
-        folder.mkdir(parents=True, exist_ok=True)
         w = {"language_model." + k: v for k, v in numpy_weights(model).items()}
-        (folder / "config.json").write_text(json.dumps(config_json(cfg, "hub", dtype_name), indent=2))
-        write_safetensors(folder / "model.safetensors", w, "BF16" if dtype_name == "bfloat16" else "F32")
+        write_folder(folder, config_json(cfg, "hub", dtype_name), w, "BF16" if dtype_name == "bfloat16" else "F32",
+                     keep_f32=F32_KEEP)
     else:
         model.save_pretrained(folder)
     write_tokenizer(folder)
-
-
-def hf_logits(model, ids):
-    import torch
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([ids], device=dev)).logits[0].float().cpu().numpy().astype(np.float64)
-
-
-def hf_greedy(model, ids, n):
-    """Greedy continuation through transformers' own cache (the MLA latent cache)."""
-    import torch
-    dev = next(model.parameters()).device
-    out, margins = [], []
-    with torch.no_grad():
-        res = model(input_ids=torch.tensor([ids], device=dev), use_cache=True)
-        for i in range(n):
-            lg = res.logits[0, -1].double().cpu().numpy()
-            srt = np.sort(lg)
-            out.append(int(lg.argmax()))
-            margins.append(float(srt[-1] - srt[-2]))
-            if i + 1 < n:
-                res = model(input_ids=torch.tensor([[out[-1]]], device=dev), past_key_values=res.past_key_values,
-                            use_cache=True)
-    return out, margins
-
-
-def load_saved(folder):
-    """config.json as written and the weights as float32 numpy (bf16 included), names as
-    stored (the reference canonicalises them)."""
-    from safetensors.torch import load_file
-    cfg = json.loads((folder / "config.json").read_text())
-    w = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        w.update({k: v.float().numpy() for k, v in load_file(str(f)).items()})
-    return cfg, w
 
 
 def assert_same_meaning(got, want):
@@ -237,10 +152,6 @@ def assert_same_meaning(got, want):
               "n_group", "topk_group", "rms_norm_eps"):
         assert gt.get(k) == wt.get(k), (k, gt.get(k), wt.get(k))
     assert variant(got) == variant(want)
-
-
-def first_divergence(a, b):
-    return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
 
 # ---- (a) the reference and kaon's CPU backend vs transformers --------------------------------
@@ -282,38 +193,21 @@ def test_tiny_cpu_vs_transformers(tmp_path, name):
     cfg = make_config(name)
     model, seed, margin = build_clear(cfg, IDS)
     f32, b16 = tmp_path / f"{name}-f32", tmp_path / f"{name}-bf16"
-    save(model, cfg, f32, "float32")
-    hf32 = hf_logits(model, IDS)
-    want, want_margins = hf_greedy(model, IDS[:40], 24)
-    model_b16 = to_dtype(model, torch.bfloat16)
-    save(model_b16, cfg, b16, "bfloat16")
-    hf_b16 = hf_logits(model_b16, IDS)                # bf16 weights, bf16 compute
-    hf_b16w = hf_logits(model_b16.float(), IDS)       # bf16 weights, f32 compute
-    del model, model_b16
+    hf = HFRuns(model, lambda m: to_dtype(m, torch.bfloat16, keep_f32=F32_KEEP),
+                lambda m, folder, dt: save(m, cfg, folder, dt), f32, b16, IDS, IDS[:40], 24)
+    del model
 
     saved_cfg, w32 = load_saved(f32)
     record("deepseek_saved_config", model=name, config=saved_cfg, seed=seed, routing_margin=margin)
     print(name, "config.json as saved:", json.dumps(saved_cfg))
     assert_same_meaning(saved_cfg, cfg)  # the reference's parser reads transformers' own form as meant
 
-    res = {"seed": seed, "routing_margin": margin, "hf_bf16_vs_f32": rel(hf_b16, hf32)}
-    ref = DeepseekRef(saved_cfg, w32).forward(IDS)
-    res["ref_vs_hf_f32"] = rel(ref, hf32)
-    res["ref_absorbed_vs_hf_f32"] = rel(DeepseekRef(saved_cfg, w32, mla="absorbed").forward(IDS), hf32)
     b16_cfg, w16 = load_saved(b16)
-    res["ref_bf16w_vs_hf_bf16w_f32"] = rel(DeepseekRef(b16_cfg, w16).forward(IDS), hf_b16w)
-    ref_greedy, _ = greedy(DeepseekRef(saved_cfg, w32, mla="absorbed"), IDS[:40], 24)
-    res["ref_greedy_first_divergence"] = first_divergence(ref_greedy, want)
-
-    k32 = kaon_cpu_logits(f32, IDS, tmp_path)
-    res["kaon_f32_vs_hf_f32"] = rel(k32, hf32)
-    res["kaon_f32_decode_vs_hf_f32"] = rel(kaon_cpu_logits(f32, IDS, tmp_path, decode=True), hf32)
-    kb = kaon_cpu_logits(b16, IDS, tmp_path)
-    res["kaon_bf16_vs_hf_bf16"] = rel(kb, hf_b16)
-    res["kaon_bf16_vs_hf_bf16w_f32"] = rel(kb, hf_b16w)
-    got = kaon_cpu_greedy(f32, IDS[:40], 24)
-    res["kaon_greedy_first_divergence"] = first_divergence(got, want)
-    res["hf_greedy"], res["kaon_greedy"], res["ref_greedy"] = want, got, ref_greedy
+    absorbed = DeepseekRef(saved_cfg, w32, mla="absorbed")
+    res = {"seed": seed, "routing_margin": margin, "hf_bf16_vs_f32": rel(hf.bf16, hf.f32),
+           "ref_absorbed_vs_hf_f32": rel(absorbed.forward(IDS), hf.f32)}
+    res.update(hf.reference_vs_hf(DeepseekRef(saved_cfg, w32), DeepseekRef(b16_cfg, w16), greedy_ref=absorbed))
+    res.update(hf.kaon_cpu_vs_hf(tmp_path))
     record("deepseek_cpu_vs_hf", model=name, **res)
     print(name, json.dumps(res))
 
@@ -324,48 +218,28 @@ def test_tiny_cpu_vs_transformers(tmp_path, name):
     # same bf16 weights computing in f32. (transformers' all-bf16 forward is reported, not
     # bounded: on these tiny models it is itself 0.1-0.2 away from its f32 result.)
     assert res["kaon_bf16_vs_hf_bf16w_f32"] < 1e-4, res
-    for key in ("ref_greedy_first_divergence", "kaon_greedy_first_divergence"):
-        i = res[key]
-        assert i is None or want_margins[i] < 1e-3, (key, i, want_margins[i])
+    assert_greedy_near_ties(res, hf.margins)
 
 
 # ---- (b) kaon on CUDA vs transformers in bf16 on the GPU --------------------------------------
 
+def top1(kc, ref32, model, ids):
+    """kaon's CPU logits kc: top-1 agreement with transformers in fp32 where its top-2 margin > 0.1."""
+    a, n_sel = agreement(kc, ref32)
+    return {"kaon_cpu_top1": a, "kaon_cpu_positions": n_sel}
+
+
 def check_cuda(name, folder, model, ids, tmp, chunks, cpu=False):
-    import torch
-    V = model.config.vocab_size
-    ref = hf_logits(model, ids)
-    ref32 = hf_logits(model.float(), ids)  # (model is now f32: build a new one for more runs)
-    torch.cuda.empty_cache()
-    res = {"hf_bf16_vs_fp32": rel(ref, ref32), "n_tokens": len(ids)}
-    if cpu:  # kaon's CPU backend (f32 math on the same bf16 weights) against HF in fp32
-        kc = kaon_cpu_logits(folder, ids, tmp)
-        res["kaon_cpu_vs_hf_fp32"] = rel(kc, ref32)
-        a, n_sel = agreement(kc, ref32)
-        res["kaon_cpu_top1"], res["kaon_cpu_positions"] = a, n_sel
-        del kc
-    for mode, chunk in chunks.items():
-        k = driver_logits(folder, "cuda", chunk, ids, V, tmp)
-        (tmp / f"k_cuda_{chunk}.f32").unlink(missing_ok=True)
-        a, n_sel = agreement(k, ref)
-        res[mode] = dict(rel_err=rel(k, ref), rel_err_vs_fp32=rel(k, ref32), top1=a, positions=n_sel)
-        if len(ids) > 64:  # where the error grows: by position
-            q = [0, 64, 256, len(ids)]
-            res[mode]["rel_err_by_pos"] = {f"{a0}-{a1}": rel(k[a0:a1], ref[a0:a1]) for a0, a1 in zip(q, q[1:]) if a1 > a0}
-        del k
-    record("deepseek_cuda_vs_hf", model=name, **res)
-    print(name, json.dumps(res))
+    res = cuda_vs_hf("deepseek_cuda_vs_hf", name, folder, model, ids, tmp, chunks, edges=(0, 64, 256),
+                     cpu=top1 if cpu else None)
     if cpu:
         assert res["kaon_cpu_vs_hf_fp32"] <= 1e-2 and res["kaon_cpu_top1"] >= 0.99, res
-    for mode in chunks:
-        assert res[mode]["rel_err"] <= 2e-2, (mode, res[mode])
-        assert res[mode]["top1"] >= 0.99, (mode, res[mode])
+    assert_cuda_close(res, chunks)
 
 
+@pytest.mark.usefixtures("needs_cuda")
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_tiny_cuda_vs_transformers(tmp_path, device, name):
-    if device != "cuda":
-        pytest.skip("kaon on CUDA: run with --device cuda")
+def test_tiny_cuda_vs_transformers(tmp_path, name):
     import torch
     cfg = make_config(name)
     model, seed, margin = build_clear(cfg, IDS, device="cuda", dtype=torch.bfloat16)
@@ -374,11 +248,10 @@ def test_tiny_cuda_vs_transformers(tmp_path, device, name):
     check_cuda(name, folder, model, IDS, tmp_path, {"prefill": len(IDS), "chunked5": 5, "decode": 1})
 
 
-def test_v2_lite_shape_cuda_vs_transformers(tmp_path, device):
+@pytest.mark.usefixtures("needs_cuda")
+def test_v2_lite_shape_cuda_vs_transformers(tmp_path):
     """DeepSeek-V2-Lite's configuration (the values of shared/configs/SOURCES.md) with 2 layers
     (one dense, one MoE), random bf16 weights, a 300-token prompt; kaon on CUDA and on the CPU."""
-    if device != "cuda":
-        pytest.skip("kaon on CUDA: run with --device cuda")
     import torch
     cfg = dict(real_config("DeepSeek-V2-Lite"), num_hidden_layers=2)
     model = build_model(hf_config(cfg), SEED, init=0.02, device="cuda", dtype=torch.bfloat16)

@@ -25,55 +25,22 @@ kaon is $KAON_BUILD/kaon (default <repo>/build/kaon), the driver $KAON_GPU_DRIVE
 $KAON_BUILD/gpu_driver), as in test_gpu.py. Until kaon runs Gemma 3 these tests fail.
 """
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from test_gpu import BUILD, REPO, agreement, kaon_logits as driver_logits, record, rel
+from test_gpu import REPO, record, rel
 
 sys.path.insert(0, str(REPO / "tests" / "ref"))
-from gemma3_models import CONFIGS, config_json, make_config, write_tokenizer  # noqa: E402
+from gemma3_models import CONFIGS, config_json, make_config  # noqa: E402
 from gemma3_ref import Gemma3Ref, layer_types, rope_params  # noqa: E402
+from hf_compare import (SEED, HFRuns, assert_cuda_close, assert_greedy_near_ties, cuda_vs_hf,  # noqa: E402
+                        hf_logits, load_saved, new_model, rel_by_pos, to_dtype)
+from tiny_tokenizer import write_tokenizer  # noqa: E402
 
 IDS = [2, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31,
        270, 263, 1, 280, 101, 102, 33, 33, 33, 290, 6, 261, 262, 180, 44, 9, 298]
-SEED = 1234
-
-
-@pytest.fixture(scope="session")
-def device(request):
-    return request.config.getoption("--device")
-
-
-def kaon_exe():
-    exe = BUILD / "kaon"
-    if not exe.exists():
-        pytest.fail(f"{exe} not found: build kaon (tests/gpu/run_all.sh build) or set KAON_BUILD")
-    return exe
-
-
-def run_kaon(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"kaon {cmd[1]} failed (rc {r.returncode}): {r.stderr.strip()}")
-    return r
-
-
-def kaon_cpu_logits(folder, ids, tmp, decode=False):
-    out = tmp / f"cpu-{int(decode)}.f32"
-    cmd = [kaon_exe(), "logits", "-m", folder, "--prompt-ids", ",".join(map(str, ids)), "-o", out, "--threads", "8"]
-    run_kaon(cmd + (["--decode"] if decode else []))
-    a = np.fromfile(out, np.float32).reshape(len(ids), -1)
-    out.unlink()
-    return a
-
-
-def kaon_cpu_greedy(folder, ids, n):
-    r = run_kaon([kaon_exe(), "run", "-m", folder, "--prompt-ids", ",".join(map(str, ids)), "-n", n, "--temp", "0",
-                  "--ignore-eos", "--print-ids", "--threads", "8"])
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def hf_config(cfg):
@@ -89,10 +56,7 @@ def build_model(hcfg, init, device="cpu", dtype=None):
     """Random weights: transformers' init (fixed seed), then norms w ~ 0.4 N(0,1) (the model
     uses 1 + w) and every matrix N(0, init^2) (init None: 1/sqrt(fan-in))."""
     import torch
-    from transformers import AutoModelForCausalLM
-    torch.manual_seed(SEED)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hcfg, attn_implementation="eager")
+    model = new_model(hcfg, SEED, device)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -100,50 +64,14 @@ def build_model(hcfg, init, device="cpu", dtype=None):
             elif p.dim() == 2:
                 p.copy_(torch.randn_like(p) * (init if init else p.shape[1] ** -0.5))
     if dtype is not None:
-        # As from_pretrained(dtype=...) leaves them: the RoPE tables stay f32 (they are computed
-        # in f32 and are not weights); Module.to() would round them to bf16 as well, and a
-        # bf16 inv_freq turns position p's angles by up to p * 2^-9 (errors growing with p).
-        keep = {n: b.detach().clone() for n, b in model.named_buffers() if "inv_freq" in n}
-        model = model.to(dtype)
-        for n, b in keep.items():
-            parent, _, attr = n.rpartition(".")
-            model.get_submodule(parent)._buffers[attr] = b
+        model = to_dtype(model, dtype)  # the RoPE tables stay f32, as from_pretrained(dtype=...) leaves them
     return model.eval()
 
 
-def hf_logits(model, ids):
-    import torch
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([ids], device=dev)).logits[0].float().cpu().numpy().astype(np.float64)
-
-
-def hf_greedy(model, ids, n):
-    """Greedy continuation through transformers' own cache (sliding layers included)."""
-    import torch
-    dev = next(model.parameters()).device
-    out, margins = [], []
-    with torch.no_grad():
-        res = model(input_ids=torch.tensor([ids], device=dev), use_cache=True)
-        for i in range(n):
-            lg = res.logits[0, -1].double().cpu().numpy()
-            srt = np.sort(lg)
-            out.append(int(lg.argmax()))
-            margins.append(float(srt[-1] - srt[-2]))
-            if i + 1 < n:
-                res = model(input_ids=torch.tensor([[out[-1]]], device=dev), past_key_values=res.past_key_values,
-                            use_cache=True)
-    return out, margins
-
-
-def load_saved(folder):
-    """config.json as transformers wrote it and the weights as float32 numpy (bf16 included)."""
-    from safetensors.torch import load_file
-    cfg = json.loads((folder / "config.json").read_text())
-    w = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        w.update({k: v.float().numpy() for k, v in load_file(str(f)).items()})
-    return cfg, w
+def save(model, folder, dtype_name=None):
+    """save_pretrained (what transformers writes) + the tiny tokenizer."""
+    model.save_pretrained(folder)
+    write_tokenizer(folder)
 
 
 def assert_same_meaning(got, want):
@@ -152,10 +80,6 @@ def assert_same_meaning(got, want):
     g, w = rope_params(got), rope_params(want)
     for t in w:
         assert {k: g[t].get(k) for k in w[t]} == w[t], (t, g[t], w[t])
-
-
-def first_divergence(a, b):
-    return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
 
 
 # ---- (a) the reference and kaon's CPU backend vs transformers --------------------------------
@@ -187,39 +111,19 @@ def test_tiny_cpu_vs_transformers(tmp_path, name):
     cfg = make_config(name)
     model = build_model(hf_config(cfg), init=None)
     f32, b16 = tmp_path / f"{name}-f32", tmp_path / f"{name}-bf16"
-    model.save_pretrained(f32)
-    write_tokenizer(f32)
-    hf32 = hf_logits(model, IDS)
-    want, want_margins = hf_greedy(model, IDS[:21], 24)
-    model_b16 = model.to(torch.bfloat16)
-    model_b16.save_pretrained(b16)
-    write_tokenizer(b16)
-    hf_b16 = hf_logits(model_b16, IDS)                # bf16 weights, bf16 compute
-    hf_b16w = hf_logits(model_b16.float(), IDS)       # bf16 weights, f32 compute
-    del model, model_b16
+    # (the bf16 copy by a plain Module.to: its RoPE tables and embed_scale are rounded to bf16 too)
+    hf = HFRuns(model, lambda m: m.to(torch.bfloat16), save, f32, b16, IDS, IDS[:21], 24)
+    del model
 
     saved_cfg, w32 = load_saved(f32)
     record("gemma3_saved_config", model=name, config=saved_cfg)
     print(name, "config.json as saved:", json.dumps(saved_cfg))
     assert_same_meaning(saved_cfg, cfg)  # the reference's parser reads transformers' own form as meant
 
-    res = {"hf_bf16_vs_f32": rel(hf_b16, hf32)}
-    ref = Gemma3Ref(saved_cfg, w32).forward(IDS)
-    res["ref_vs_hf_f32"] = rel(ref, hf32)
     b16_cfg, w16 = load_saved(b16)
-    res["ref_bf16w_vs_hf_bf16w_f32"] = rel(Gemma3Ref(b16_cfg, w16).forward(IDS), hf_b16w)
-    ref_greedy, _ = greedy_ref(saved_cfg, w32)
-    res["ref_greedy_first_divergence"] = first_divergence(ref_greedy, want)
-
-    k32 = kaon_cpu_logits(f32, IDS, tmp_path)
-    res["kaon_f32_vs_hf_f32"] = rel(k32, hf32)
-    res["kaon_f32_decode_vs_hf_f32"] = rel(kaon_cpu_logits(f32, IDS, tmp_path, decode=True), hf32)
-    kb = kaon_cpu_logits(b16, IDS, tmp_path)
-    res["kaon_bf16_vs_hf_bf16"] = rel(kb, hf_b16)
-    res["kaon_bf16_vs_hf_bf16w_f32"] = rel(kb, hf_b16w)
-    got = kaon_cpu_greedy(f32, IDS[:21], 24)
-    res["kaon_greedy_first_divergence"] = first_divergence(got, want)
-    res["hf_greedy"], res["kaon_greedy"], res["ref_greedy"] = want, got, ref_greedy
+    res = {"hf_bf16_vs_f32": rel(hf.bf16, hf.f32)}
+    res.update(hf.reference_vs_hf(Gemma3Ref(saved_cfg, w32), Gemma3Ref(b16_cfg, w16)))
+    res.update(hf.kaon_cpu_vs_hf(tmp_path))
     record("gemma3_cpu_vs_hf", model=name, **res)
     print(name, json.dumps(res))
 
@@ -228,70 +132,43 @@ def test_tiny_cpu_vs_transformers(tmp_path, name):
     assert res["ref_vs_hf_f32"] < 1e-5 and res["ref_bf16w_vs_hf_bf16w_f32"] < 5e-3, res
     assert res["kaon_f32_vs_hf_f32"] < 1e-4 and res["kaon_f32_decode_vs_hf_f32"] < 1e-4, res
     assert res["kaon_bf16_vs_hf_bf16w_f32"] < 1e-2 and res["kaon_bf16_vs_hf_bf16"] < 2e-2, res
-    for key in ("ref_greedy_first_divergence", "kaon_greedy_first_divergence"):
-        i = res[key]
-        assert i is None or want_margins[i] < 1e-3, (key, i, want_margins[i])
-
-
-def greedy_ref(cfg, w):
-    from gemma3_ref import greedy
-    return greedy(Gemma3Ref(cfg, w), IDS[:21], 24)
+    assert_greedy_near_ties(res, hf.margins)
 
 
 # ---- (b) kaon on CUDA vs transformers in bf16 on the GPU --------------------------------------
 
+def with_exact_embed_scale(kc, ref32, model, ids):
+    """HF's embed_scale buffer was made in bf16 with the model; kaon's f32 path uses sqrt(hidden):
+    kaon's CPU logits kc against transformers in fp32 with the exact scale, overall and by position."""
+    emb = model.model.embed_tokens
+    res = {"hf_embed_scale": float(emb.embed_scale)}
+    emb.embed_scale.fill_(float(np.sqrt(model.config.hidden_size)))
+    ref32x = hf_logits(model, ids)
+    res["kaon_cpu_vs_hf_fp32_exact_scale"] = rel(kc, ref32x)
+    res["kaon_cpu_by_pos"] = rel_by_pos(kc, ref32x, (0, 1, 16, 64, 256, 512))
+    return res
+
+
 def check_cuda(name, folder, model, ids, tmp, chunks, cpu=False):
-    import torch
-    V = model.config.vocab_size
-    ref = hf_logits(model, ids)
-    ref32 = hf_logits(model.float(), ids)  # (model is now f32: build a new one for more runs)
-    torch.cuda.empty_cache()
-    res = {"hf_bf16_vs_fp32": rel(ref, ref32), "n_tokens": len(ids)}
-    if cpu:  # kaon's CPU backend (f32 math on the same bf16 weights) against HF in fp32
-        kc = kaon_cpu_logits(folder, ids, tmp)
-        res["kaon_cpu_vs_hf_fp32"] = rel(kc, ref32)
-        # HF's embed_scale buffer was made in bf16 with the model; kaon's f32 path uses sqrt(hidden)
-        emb = model.model.embed_tokens
-        res["hf_embed_scale"] = float(emb.embed_scale)
-        emb.embed_scale.fill_(float(np.sqrt(model.config.hidden_size)))
-        ref32x = hf_logits(model, ids)
-        res["kaon_cpu_vs_hf_fp32_exact_scale"] = rel(kc, ref32x)
-        q = [0, 1, 16, 64, 256, 512, len(ids)]
-        res["kaon_cpu_by_pos"] = {f"{a0}-{a1}": rel(kc[a0:a1], ref32x[a0:a1]) for a0, a1 in zip(q, q[1:]) if a1 > a0}
-        del kc, ref32x
-    for mode, chunk in chunks.items():
-        k = driver_logits(folder, "cuda", chunk, ids, V, tmp)
-        (tmp / f"k_cuda_{chunk}.f32").unlink(missing_ok=True)  # up to 600 x 262144 floats
-        a, n_sel = agreement(k, ref)
-        res[mode] = dict(rel_err=rel(k, ref), rel_err_vs_fp32=rel(k, ref32), top1=a, positions=n_sel)
-        if len(ids) > 64:  # where the error grows: by position
-            q = [0, 64, 256, 512, len(ids)]
-            res[mode]["rel_err_by_pos"] = {f"{a0}-{a1}": rel(k[a0:a1], ref[a0:a1]) for a0, a1 in zip(q, q[1:]) if a1 > a0}
-        del k
-    record("gemma3_cuda_vs_hf", model=name, **res)
-    print(name, json.dumps(res))
-    for mode in chunks:
-        assert res[mode]["rel_err"] <= 2e-2, (mode, res[mode])
-        assert res[mode]["top1"] >= 0.99, (mode, res[mode])
+    res = cuda_vs_hf("gemma3_cuda_vs_hf", name, folder, model, ids, tmp, chunks, edges=(0, 64, 256, 512),
+                     cpu=with_exact_embed_scale if cpu else None)
+    assert_cuda_close(res, chunks)
 
 
+@pytest.mark.usefixtures("needs_cuda")
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_tiny_cuda_vs_transformers(tmp_path, device, name):
-    if device != "cuda":
-        pytest.skip("kaon on CUDA: run with --device cuda")
+def test_tiny_cuda_vs_transformers(tmp_path, name):
     import torch
     model = build_model(hf_config(make_config(name)), init=None, device="cuda", dtype=torch.bfloat16)
     folder = tmp_path / name
-    model.save_pretrained(folder)
-    write_tokenizer(folder)
+    save(model, folder)
     check_cuda(name, folder, model, IDS, tmp_path, {"prefill": len(IDS), "chunked5": 5, "decode": 1})
 
 
-def test_gemma3_270m_shape_cuda_vs_transformers(tmp_path, device):
+@pytest.mark.usefixtures("needs_cuda")
+def test_gemma3_270m_shape_cuda_vs_transformers(tmp_path):
     """The real google/gemma-3-270m configuration (18 layers, 4 heads on 1 KV head of 256,
     window 512, vocab 262144) with random bf16 weights (~540 MB), a 600-token prompt."""
-    if device != "cuda":
-        pytest.skip("kaon on CUDA: run with --device cuda")
     import torch
     from transformers import Gemma3TextConfig
     cfg = json.loads((REPO / "bench" / "configs" / "google__gemma-3-270m.json").read_text())

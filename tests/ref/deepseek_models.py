@@ -1,8 +1,8 @@
 """Tiny random DeepSeek V2 / V3 / Kimi-K2 / Kimi-K2.5 checkpoints written with numpy: Hugging
 Face folders (config.json as the hub files and transformers 5 write them, model.safetensors
 in F32 or BF16 with e_score_correction_bias kept in F32, the tiny Gemma-style tokenizer of
-gemma3_models so kaon can tokenize) and GGUF `deepseek2` files in llama.cpp's current layout
-(attn_k_b + attn_v_b, MQA metadata) and in the older one (attn_kv_b, MHA metadata). The
+tiny_tokenizer.py so kaon can tokenize) and GGUF `deepseek2` files in llama.cpp's current
+layout (attn_k_b + attn_v_b, MQA metadata) and in the older one (attn_kv_b, MHA metadata). The
 model math is in deepseek_ref.py.
 
 GGUF layout facts (llama.cpp = ggml-org/llama.cpp: the converter's DeepseekV2Model class,
@@ -76,13 +76,15 @@ YaRN attn factor; gguf-py 0.19.0 constants.py MODEL_TENSORS[DEEPSEEK2], read her
  vocab}; kaon should decide it by attn_q vs attn_q_a.)
 """
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 
+import bf16
+import gguf_files
 from deepseek_ref import F32_KEEP, canonical_weights, kv_elements_per_token, rope_params, text_config, variant
-from gemma3_models import CHAT_TEMPLATE, N_BYTES_FROM, tokenizer_vocab, write_tokenizer
+from hf_files import TORCH_DTYPE, write_folder
+from tiny_tokenizer import add_to_gguf
 
 REAL_CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"  # copies of shared/configs
 
@@ -287,15 +289,10 @@ def make_weights(cfg, seed=0):
     return w
 
 
-def keep_f32(name):
-    return name.endswith(F32_KEEP)
-
-
 def round_bf16(w):
     """The values a BF16 checkpoint stores: everything rounded to bf16 except the tensors kept
     in f32 (e_score_correction_bias)."""
-    from tiny_models import round_bf16 as rb
-    return {k: v if keep_f32(k) else rb({k: v})[k] for k, v in w.items()}
+    return bf16.round_bf16(w, keep_f32=F32_KEEP)
 
 
 def fuse_experts(w):
@@ -315,53 +312,10 @@ def fuse_experts(w):
 
 # ---- writers ------------------------------------------------------------------------------
 
-def write_safetensors(path, tensors, dtype="F32"):
-    """One safetensors file in dtype (F32 or BF16), with keep_f32 tensors always F32."""
-    from tiny_models import to_bf16_bits
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        dt = "F32" if keep_f32(name) else dtype
-        raw = to_bf16_bits(a).tobytes() if dt == "BF16" else np.ascontiguousarray(a, np.float32).tobytes()
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(h)))
-        fh.write(h)
-        for b in blobs:
-            fh.write(b)
-
-
 def save_hf(folder, cfg, weights, dtype="F32", form="hub", fused=False, tokenizer=True):
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    torch_dtype = {"F32": "float32", "BF16": "bfloat16"}[dtype]
-    (folder / "config.json").write_text(json.dumps(config_json(cfg, form, torch_dtype), indent=2))
-    write_safetensors(folder / "model.safetensors", fuse_experts(weights) if fused else weights, dtype)
-    if tokenizer:
-        write_tokenizer(folder)
-    return folder
-
-
-def _add_tokenizer(wr):
-    """The tiny Gemma-style SentencePiece vocabulary (gemma3_models), as a `llama` GGUF vocab."""
-    vocab = tokenizer_vocab()
-    toks = sorted(vocab.items(), key=lambda kv: kv[1])
-    first = N_BYTES_FROM + 256
-    wr.add_tokenizer_model("llama")
-    wr.add_token_list([t for t, _ in toks])
-    wr.add_token_scores([0.0 if i < first else -float(i - first) for _, i in toks])
-    wr.add_token_types([2 if i == 3 else 3 if i < N_BYTES_FROM else 6 if i < first else 1 for _, i in toks])
-    wr.add_bos_token_id(2)
-    wr.add_eos_token_id(1)
-    wr.add_unk_token_id(3)
-    wr.add_pad_token_id(0)
-    wr.add_add_bos_token(True)
-    wr.add_add_eos_token(False)
-    wr.add_add_space_prefix(False)
-    wr.add_chat_template(CHAT_TEMPLATE)
+    """An HF folder; in a BF16 checkpoint the F32_KEEP tensors stay F32, as HF saves them."""
+    return write_folder(folder, config_json(cfg, form, TORCH_DTYPE[dtype]),
+                        fuse_experts(weights) if fused else weights, dtype, keep_f32=F32_KEEP, tokenizer=tokenizer)
 
 
 GGUF_LAYER_NAMES = {
@@ -449,8 +403,7 @@ def save_gguf(path, cfg, weights, layout="split", tokenizer=True):
     if rp.get("mscale_all_dim") is not None:
         wr.add_rope_scaling_yarn_log_mul(0.1 * rp["mscale_all_dim"])
     if tokenizer:
-        assert c["vocab_size"] == len(tokenizer_vocab())
-        _add_tokenizer(wr)
+        add_to_gguf(wr, c["vocab_size"])
 
     def add(name, a):
         wr.add_tensor(name, np.ascontiguousarray(a, np.float32))
@@ -472,10 +425,7 @@ def save_gguf(path, cfg, weights, layout="split", tokenizer=True):
         if l >= c.get("first_k_dense_replace", 0):
             for hf, gg in EXPERT_NAMES.items():
                 add(f"blk.{l}.{gg}", np.stack([w[f"{p}mlp.experts.{e}.{hf}.weight"] for e in range(c["n_routed_experts"])]))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    gguf_files.write_out(wr)
     return Path(path)
 
 
@@ -485,13 +435,7 @@ def load_gguf(path):
     DeepSeek-V2 greedy (llama.cpp has no V2 group rule), sigmoid -> V3; the MLA head sizes
     from key_length_mla / value_length_mla when present (current files), else from
     key_length / value_length (older files); kv_b_proj rebuilt from attn_k_b + attn_v_b."""
-    import gguf
-    r = gguf.GGUFReader(str(path))
-    assert r.fields["general.architecture"].contents() == "deepseek2"
-
-    def kv(key, default=None):
-        f = r.fields.get("deepseek2." + key)
-        return f.contents() if f is not None else default
+    kv, top, blocks = gguf_files.read(path, "deepseek2")
     L, d, H = int(kv("block_count")), int(kv("embedding_length")), int(kv("attention.head_count"))
     kvr, rd = int(kv("attention.kv_lora_rank")), int(kv("rope.dimension_count"))
     mla = kv("attention.key_length_mla") is not None and kv("attention.value_length_mla") is not None
@@ -535,28 +479,19 @@ def load_gguf(path):
         cfg["rope_scaling"] = rs
     inv = {v.rsplit(".", 1)[0]: k for k, v in GGUF_LAYER_NAMES.items()}
     inv_exp = {v.rsplit(".", 1)[0]: k for k, v in EXPERT_NAMES.items()}
-    w, kb, vb = {}, {}, {}
-    for t in r.tensors:
-        a = np.asarray(t.data, np.float32).reshape([int(x) for x in reversed(t.shape)])
-        if t.name == "token_embd.weight":
-            w["model.embed_tokens.weight"] = a
-            cfg["vocab_size"] = a.shape[0]
-        elif t.name == "output.weight":
-            w["lm_head.weight"] = a
-        elif t.name == "output_norm.weight":
-            w["model.norm.weight"] = a
+    cfg["vocab_size"] = top["model.embed_tokens.weight"].shape[0]
+    w, kb, vb = dict(top), {}, {}
+    for (l, kind), a in blocks.items():
+        p = f"model.layers.{l}."
+        if kind == "attn_k_b":
+            kb[l] = a
+        elif kind == "attn_v_b":
+            vb[l] = a
+        elif kind in inv_exp:
+            for e in range(a.shape[0]):
+                w[f"{p}mlp.experts.{e}.{inv_exp[kind]}.weight"] = a[e]
         else:
-            _, l, kind, _ = t.name.split(".")
-            p = f"model.layers.{l}."
-            if kind == "attn_k_b":
-                kb[l] = a
-            elif kind == "attn_v_b":
-                vb[l] = a
-            elif kind in inv_exp:
-                for e in range(a.shape[0]):
-                    w[f"{p}mlp.experts.{e}.{inv_exp[kind]}.weight"] = a[e]
-            else:
-                w[p + inv[kind]] = a
+            w[p + inv[kind]] = a
     for l in kb:  # kv_b_proj rows per head: k_nope (k_b transposed back) then v
         w[f"model.layers.{l}.self_attn.kv_b_proj.weight"] = np.concatenate(
             [kb[l].transpose(0, 2, 1), vb[l]], axis=1).reshape(H * (qk - rd + vd), kvr)

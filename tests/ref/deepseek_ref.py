@@ -103,15 +103,9 @@ import math
 
 import numpy as np
 
+from np_ops import rmsnorm, rope, softmax
+
 F32_KEEP = ("e_score_correction_bias",)  # stays f32 in bf16 checkpoints (HF keep-in-fp32)
-
-
-def bf16_round(x):
-    """Round-to-nearest-even to bf16, returned as float64."""
-    a = np.asarray(x, np.float32)
-    u = a.view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    return u.view(np.float32).astype(np.float64)
 
 
 def text_config(cfg):
@@ -201,27 +195,6 @@ def softmax_scale(cfg):
 def rope_interleaved(cfg):
     c = text_config(cfg)
     return True if variant(cfg) == "v2" else bool(c.get("rope_interleave", True))
-
-
-def rope(x, pos, inv, att, interleaved):
-    """x [T, ..., d]: rotate pairs (2i, 2i+1) (interleaved) or (i, i + d/2) (NeoX) by
-    pos * inv_i; cos and sin carry the YaRN attention factor. Output keeps x's layout."""
-    ang = pos.astype(np.float64)[:, None] * inv[None, :]
-    shape = (len(pos),) + (1,) * (x.ndim - 2) + (inv.size,)
-    cos, sin = (np.cos(ang) * att).reshape(shape), (np.sin(ang) * att).reshape(shape)
-    out = np.empty_like(x)
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        out[..., 0::2], out[..., 1::2] = a * cos - b * sin, b * cos + a * sin
-    else:
-        h = x.shape[-1] // 2
-        a, b = x[..., :h], x[..., h:]
-        out[..., :h], out[..., h:] = a * cos - b * sin, b * cos + a * sin
-    return out
-
-
-def rmsnorm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
 def silu(x):
@@ -342,9 +315,7 @@ class DeepseekRef:
             q_abs = np.einsum("thn,hnr->thr", q_nope, W_UK)              # [T, H, kv_lora]
             att = (np.einsum("thr,sr->hts", q_abs, C) + rope_s) * self.scale
         S = C.shape[0]
-        att = np.where((np.arange(S)[None, :] > pos[:, None])[None], -np.inf, att)
-        att = np.exp(att - att.max(-1, keepdims=True))
-        att /= att.sum(-1, keepdims=True)
+        att = softmax(att, (np.arange(S)[None, :] > pos[:, None])[None])
         if self.mla == "naive":
             o = np.einsum("hts,shv->thv", att, v)
         else:
@@ -364,8 +335,7 @@ class DeepseekRef:
         logits = h @ self.w[p + "weight"].T                            # [T, E]
         T, E, G = h.shape[0], self.E, self.n_group
         if self.kind == "v2":
-            ex = np.exp(logits - logits.max(-1, keepdims=True))
-            scores = ex / ex.sum(-1, keepdims=True)
+            scores = softmax(logits)
             # Softmax is monotonic: choose (and measure margins) on the logits, where a gap
             # means the same to every precision; masked groups (0.0 in transformers) -> -inf.
             choice = logits.copy()
@@ -435,16 +405,3 @@ def kv_elements_per_token(cfg):
     c = text_config(cfg)
     return c["kv_lora_rank"] + c["qk_rope_head_dim"]
 
-
-def greedy(ref, ids, n):
-    """Greedy continuation of ids: n new ids, and the reference's top-2 margin at each step."""
-    ref.reset()
-    logits = ref.forward(ids)[-1]
-    out, margins = [], []
-    for i in range(n):
-        srt = np.sort(logits)
-        out.append(int(np.argmax(logits)))
-        margins.append(float(srt[-1] - srt[-2]))
-        if i + 1 < n:
-            logits = ref.forward([out[-1]])[-1]
-    return out, margins

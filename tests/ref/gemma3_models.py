@@ -1,15 +1,18 @@
 """Tiny random Gemma 3 checkpoints written with numpy: Hugging Face folders (config.json in the
-transformers 4.50, 4.55 and 5 forms, model.safetensors in F32 or BF16, a Gemma-style
-tokenizer) and GGUF `gemma3` files laid out as llama.cpp's converter writes them (norms stored
-as 1 + w, no output.weight when tied, the local RoPE base left out). See gemma3_ref.py for the
-facts these follow and where they were read."""
+transformers 4.50, 4.55 and 5 forms, model.safetensors in F32 or BF16, the Gemma-style
+tokenizer of tiny_tokenizer.py) and GGUF `gemma3` files laid out as llama.cpp's converter
+writes them (norms stored as 1 + w, no output.weight when tied, the local RoPE base left out).
+See gemma3_ref.py for the facts these follow and where they were read."""
 import json
 from pathlib import Path
 
 import numpy as np
 
+from bf16 import round_bf16
+import gguf_files
 from gemma3_ref import FULL, SLIDING, layer_types, rope_params
-from tiny_models import round_bf16, write_safetensors
+from hf_files import TORCH_DTYPE, write_folder
+from tiny_tokenizer import add_to_gguf
 
 # ---- configurations -----------------------------------------------------------------------
 
@@ -113,89 +116,10 @@ def make_weights(cfg, seed=0):
     return w
 
 
-# ---- tokenizer ----------------------------------------------------------------------------
-
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-N_BYTES_FROM = len(SPECIALS)  # <0x00>..<0xFF> follow the specials
-_PIECES = (["\u2581"] + list("etaoinshrdlucmwfgypbvk")
-           + ["\u2581t", "\u2581a", "th", "he", "in", "er", "an", "\u2581th", "\u2581the", "re", "on",
-              "\u2581s", "at", "en", "nd"])
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
-                 "else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-
-
-def tokenizer_vocab():
-    """Gemma's layout in miniature: <pad> 0, <eos> 1, <bos> 2, <unk> 3, turn markers, the 256
-    byte-fallback tokens, then SentencePiece pieces ("\u2581" marks a space): 300 tokens."""
-    vocab = {s: i for i, s in enumerate(SPECIALS)}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for p in _PIECES:
-        vocab[p] = len(vocab)
-    assert len(vocab) == 300, len(vocab)
-    return vocab
-
-
-def _merges(vocab):
-    """SentencePiece-style merges: every split of a piece into two pieces, ranked by the merged
-    piece's id (as HF's SentencePiece converter does)."""
-    first = N_BYTES_FROM + 256
-    out = []
-    for tok, tid in sorted(vocab.items(), key=lambda kv: kv[1]):
-        if tid < first or len(tok) < 2:
-            continue
-        for cut in range(1, len(tok)):
-            a, b = tok[:cut], tok[cut:]
-            if vocab.get(a, -1) >= first and vocab.get(b, -1) >= first:
-                out.append([a, b])
-    return out
-
-
-def write_tokenizer(folder):
-    """tokenizer.json + tokenizer_config.json as Gemma 3's are shaped: BPE with byte fallback,
-    Replace(" " -> "\u2581") normalizer and no prefix space, <bos> prepended."""
-    folder = Path(folder)
-    vocab = tokenizer_vocab()
-    tok = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i, s in enumerate(SPECIALS)],
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
-        "pre_tokenizer": None,
-        "post_processor": {"type": "TemplateProcessing",
-                           "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
-                                      {"Sequence": {"id": "A", "type_id": 0}}],
-                           "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
-                                    {"Sequence": {"id": "A", "type_id": 0}},
-                                    {"Sequence": {"id": "B", "type_id": 1}}],
-                           "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": _merges(vocab)},
-    }
-    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
-        "add_bos_token": True, "add_eos_token": False, "chat_template": CHAT_TEMPLATE}, ensure_ascii=False))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 2, "eos_token_id": [1, 5], "pad_token_id": 0}))
-
-
 # ---- writers ------------------------------------------------------------------------------
 
 def save_hf(folder, cfg, weights, dtype="F32", form="5", tokenizer=True):
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    torch_dtype = {"F32": "float32", "BF16": "bfloat16"}[dtype]
-    (folder / "config.json").write_text(json.dumps(config_json(cfg, form, torch_dtype), indent=2))
-    write_safetensors(folder / "model.safetensors", weights, dtype)
-    if tokenizer:
-        write_tokenizer(folder)
-    return folder
+    return write_folder(folder, config_json(cfg, form, TORCH_DTYPE[dtype]), weights, dtype, tokenizer=tokenizer)
 
 
 GGUF_LAYER_NAMES = {
@@ -240,22 +164,7 @@ def save_gguf(path, cfg, weights, tokenizer=True):
         wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         wr.add_rope_scaling_factor(rp[FULL]["factor"])
     if tokenizer:
-        vocab = tokenizer_vocab()
-        assert len(vocab) == cfg["vocab_size"]
-        toks = sorted(vocab.items(), key=lambda kv: kv[1])
-        first = N_BYTES_FROM + 256
-        wr.add_tokenizer_model("llama")
-        wr.add_token_list([t for t, _ in toks])
-        wr.add_token_scores([0.0 if i < first else -float(i - first) for _, i in toks])
-        wr.add_token_types([2 if i == 3 else 3 if i < N_BYTES_FROM else 6 if i < first else 1 for _, i in toks])
-        wr.add_bos_token_id(2)
-        wr.add_eos_token_id(1)
-        wr.add_unk_token_id(3)
-        wr.add_pad_token_id(0)
-        wr.add_add_bos_token(True)
-        wr.add_add_eos_token(False)
-        wr.add_add_space_prefix(False)
-        wr.add_chat_template(CHAT_TEMPLATE)
+        add_to_gguf(wr, cfg["vocab_size"])
     wr.add_tensor("token_embd.weight", np.ascontiguousarray(weights["model.embed_tokens.weight"], np.float32))
     wr.add_tensor("output_norm.weight", (weights["model.norm.weight"] + np.float32(1)).astype(np.float32))
     for l in range(cfg["num_hidden_layers"]):
@@ -264,10 +173,7 @@ def save_gguf(path, cfg, weights, tokenizer=True):
             if hf.endswith("norm.weight"):
                 a = (a + np.float32(1)).astype(np.float32)
             wr.add_tensor(f"blk.{l}.{gg}", np.ascontiguousarray(a))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    gguf_files.write_out(wr)
     return Path(path)
 
 
@@ -276,13 +182,7 @@ def load_gguf(path):
     (config in our canonical form, HF-named weights with HF's norm convention w = stored - 1).
     Not in the file, so taken as llama.cpp hard-codes them: the local RoPE base 10000, the
     pattern of 6, attention scale 1/sqrt(head_dim) (1/sqrt(hidden / heads) for 62 layers)."""
-    import gguf
-    r = gguf.GGUFReader(str(path))
-    assert r.fields["general.architecture"].contents() == "gemma3"
-
-    def kv(key, default=None):
-        f = r.fields.get("gemma3." + key)
-        return f.contents() if f is not None else default
+    kv, top, blocks = gguf_files.read(path, "gemma3")
     L, d, nh = int(kv("block_count")), int(kv("embedding_length")), int(kv("attention.head_count"))
     hd = int(kv("attention.key_length", d // nh))
     cfg = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": d, "num_hidden_layers": L,
@@ -298,22 +198,15 @@ def load_gguf(path):
     cfg["layer_types"] = [SLIDING if window and i % 6 < 5 else FULL for i in range(L)]
     if kv("rope.scaling.type") == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(kv("rope.scaling.factor"))}
+    cfg["vocab_size"] = top["model.embed_tokens.weight"].shape[0]
+    if "lm_head.weight" in top:
+        cfg["tie_word_embeddings"] = False
+    w = dict(top)
+    w["model.norm.weight"] = top["model.norm.weight"] - np.float32(1)
     names = {v.rsplit(".", 1)[0]: k for k, v in GGUF_LAYER_NAMES.items()}
-    w = {}
-    for t in r.tensors:
-        a = np.asarray(t.data, np.float32).reshape([int(x) for x in reversed(t.shape)])
-        if t.name == "token_embd.weight":
-            w["model.embed_tokens.weight"] = a
-            cfg["vocab_size"] = a.shape[0]
-        elif t.name == "output.weight":
-            w["lm_head.weight"] = a
-            cfg["tie_word_embeddings"] = False
-        elif t.name == "output_norm.weight":
-            w["model.norm.weight"] = a - np.float32(1)
-        else:
-            _, l, kind, _ = t.name.split(".")
-            hf = names[kind]
-            w[f"model.layers.{l}.{hf}"] = a - np.float32(1) if hf.endswith("norm.weight") else a
+    for (l, kind), a in blocks.items():
+        hf = names[kind]
+        w[f"model.layers.{l}.{hf}"] = a - np.float32(1) if hf.endswith("norm.weight") else a
     return cfg, w
 
 

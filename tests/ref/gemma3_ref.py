@@ -96,15 +96,10 @@ import math
 
 import numpy as np
 
+from bf16 import bf16_round
+from np_ops import rmsnorm, rope, softmax
+
 SLIDING, FULL = "sliding_attention", "full_attention"
-
-
-def bf16_round(x):
-    """Round-to-nearest-even to bf16, returned as float64."""
-    a = np.asarray(x, np.float32)
-    u = a.view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    return u.view(np.float32).astype(np.float64)
 
 
 def text_config(cfg):
@@ -154,20 +149,6 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def rmsnorm(x, w, eps, plus_one=True):
-    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    return y * ((1.0 + w) if plus_one else w)
-
-
-def rope(x, pos, inv):
-    """x [T, H, hd], NeoX halves (HF rotate_half)."""
-    ang = pos[:, None].astype(np.float64) * inv[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-
 class Gemma3Ref:
     """Gemma 3 forward in float64 with a KV cache: forward(ids) feeds ids after what is cached
     and returns their logits [len(ids), vocab].
@@ -206,7 +187,7 @@ class Gemma3Ref:
         self.V = [np.zeros((0, self.nkv, self.hd)) for _ in range(self.L)]
 
     def norm(self, x, name):
-        return rmsnorm(x, self.w[name], self.eps)
+        return rmsnorm(x, 1.0 + self.w[name], self.eps)  # Gemma multiplies by 1 + w
 
     def forward(self, ids):
         w, T = self.w, len(ids)
@@ -233,9 +214,7 @@ class Gemma3Ref:
             masked = dist < 0
             if kind == SLIDING:
                 masked |= dist >= self.window
-            att = np.where(masked[None], -np.inf, att)
-            att = np.exp(att - att.max(-1, keepdims=True))
-            att /= att.sum(-1, keepdims=True)
+            att = softmax(att, masked[None])
             o = np.einsum("hts,shd->thd", att, np.repeat(V, g, axis=1)).reshape(T, self.nh * self.hd)
             o = o @ w[p + "self_attn.o_proj.weight"].T
             x = x + self.norm(o, p + "post_attention_layernorm.weight")
@@ -249,16 +228,3 @@ class Gemma3Ref:
             logits = self.softcap * np.tanh(logits / self.softcap)
         return logits
 
-
-def greedy(ref, ids, n):
-    """Greedy continuation of ids: n new ids, and the reference's top-2 margin at each step."""
-    ref.reset()
-    logits = ref.forward(ids)[-1]
-    out, margins = [], []
-    for i in range(n):
-        srt = np.sort(logits)
-        out.append(int(np.argmax(logits)))
-        margins.append(float(srt[-1] - srt[-2]))
-        if i + 1 < n:
-            logits = ref.forward([out[-1]])[-1]
-    return out, margins

@@ -19,15 +19,18 @@ import json
 import math
 import re
 import subprocess
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 import pytest
 
+import kaon_cli
 from deepseek_models import (CONFIGS, GGUF_CONFIGS, GGUF_OLD_CONFIGS, config_json, fuse_experts,
                              kv_bytes_per_token, load_gguf, make_config, make_weights, model_of, real_config,
                              round_bf16)
-from deepseek_ref import DeepseekRef, canonical_weights, greedy, rope_params, text_config, variant
+from deepseek_ref import DeepseekRef, canonical_weights, rope_params, text_config, variant
+from logit_checks import (assert_greedy_matches, assert_logits_match, assert_matches_transcription, greedy,
+                          prefill_and_decode, rel_err)
 
 # 72 ids: every region of the vocabulary (specials, byte tokens, pieces), repeats, and more
 # than twice YaRN's original_max_position_embeddings (32) of the tiny configs.
@@ -40,10 +43,6 @@ CASES = ([(n, f) for n in CONFIGS for f in ("F32", "BF16")] + [(n, "GGUF") for n
          + [(n, "GGUF-kv_b") for n in GGUF_OLD_CONFIGS])
 
 
-def rel_err(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 @lru_cache(maxsize=None)
 def reference_logits(name, bf16):
     """The reference's logits of IDS for one variant (F32 and GGUF files hold the same values)."""
@@ -54,35 +53,10 @@ def reference_logits(name, bf16):
     return out, ref.min_margin
 
 
-def _kaon(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        why = r.stderr.strip()
-        if "unsupported architecture" in why or "not supported" in why:
-            pytest.fail(f"kaon does not run DeepSeek yet (src/model/deepseek2.c): {why}")
-        pytest.fail(f"{' '.join(map(str, cmd[:2]))} failed (rc {r.returncode}): {why}")
-    return r
-
-
-def kaon_logits(exe, model, ids, tmp_path, mode="prefill"):
-    """mode: prefill (one batch), decode (one token per step) or chunkN (prefill N at a time)."""
-    out = tmp_path / f"logits-{mode}-{len(ids)}.f32"
-    cmd = [str(exe), "logits", "-m", str(model), "--prompt-ids", ",".join(map(str, ids)),
-           "-o", str(out), "--threads", "2"]
-    if mode == "decode":
-        cmd.append("--decode")
-    elif mode.startswith("chunk"):
-        cmd += ["--chunk", mode[5:]]
-    _kaon(cmd)
-    a = np.fromfile(out, dtype=np.float32)
-    out.unlink()
-    return a.reshape(len(ids), -1)
-
-
-def kaon_greedy(exe, model, ids, n):
-    r = _kaon([str(exe), "run", "-m", str(model), "--prompt-ids", ",".join(map(str, ids)), "-n", str(n),
-               "--temp", "0", "--ignore-eos", "--print-ids", "--threads", "2"])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+NOT_YET = kaon_cli.NotYet("kaon does not run DeepSeek yet (src/model/deepseek2.c)",
+                          ("unsupported architecture", "not supported"))
+kaon_logits = partial(kaon_cli.logits, not_yet=NOT_YET)
+kaon_greedy = partial(kaon_cli.greedy, not_yet=NOT_YET)
 
 
 # ---- the reference against a literal transcription of transformers' code -------------------
@@ -148,13 +122,21 @@ def hf_literal_forward(cfg, w, ids):
 
         def find_correction_dim(num_rotations):
             return (dim * math.log(L0 / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
-        low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
-        if rp.get("truncate", True):
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, dim - 1)
-        if low == high:
-            high += 0.001
-        ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
+
+        def find_correction_range(low_rot, high_rot, truncate):
+            low = find_correction_dim(low_rot)
+            high = find_correction_dim(high_rot)
+            if truncate:
+                low = math.floor(low)
+                high = math.ceil(high)
+            return max(low, 0), min(high, dim - 1)
+
+        def linear_ramp_factor(lo, hi, n):
+            if lo == hi:
+                hi += 0.001  # prevent singularity
+            return np.clip((np.arange(n, dtype=f32) - f32(lo)) / f32(hi - lo), 0, 1).astype(f32)
+        low, high = find_correction_range(beta_fast, beta_slow, rp.get("truncate", True))
+        ramp = linear_ramp_factor(low, high, dim // 2)
         extrap = (f32(1.0) / pos_freqs).astype(f32)
         interp = (f32(1.0) / (f32(factor) * pos_freqs)).astype(f32)
         extrap_factor = (f32(1) - ramp).astype(f32)
@@ -297,12 +279,7 @@ EXTRA = {"v3-neox": lambda: _with("v3", rope_interleave=False),
 def test_reference_equals_literal_transcription(name):
     cfg = EXTRA[name]() if name in EXTRA else make_config(name)
     w = make_weights(cfg, seed=11)
-    ref = DeepseekRef(cfg, w).forward(IDS)
-    lit = hf_literal_forward(cfg, w, IDS)
-    err = rel_err(lit.astype(np.float64), ref)
-    print(f"{name}: reference vs literal transcription {err:.2e}")
-    assert err < 2e-5
-    assert (lit.argmax(-1) == ref.argmax(-1)).mean() > 0.9
+    assert_matches_transcription(hf_literal_forward(cfg, w, IDS), DeepseekRef(cfg, w).forward(IDS), name)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -319,10 +296,7 @@ def test_naive_mla_equals_absorbed(name):
 @pytest.mark.parametrize("name", ["v2-lite", "v3"])
 def test_reference_prefill_equals_decode(name):
     cfg = make_config(name)
-    ref = DeepseekRef(cfg, make_weights(cfg, seed=3), mla="absorbed")
-    a = ref.forward(IDS)
-    ref.reset()
-    b = np.concatenate([ref.forward(IDS[:5])] + [ref.forward([i]) for i in IDS[5:]])
+    a, b = prefill_and_decode(DeepseekRef(cfg, make_weights(cfg, seed=3), mla="absorbed"), IDS)
     assert np.abs(a - b).max() < 1e-10
 
 
@@ -410,15 +384,7 @@ def test_logits(kaon_bin, tmp_path, name, fmt):
     model, w, cfg = model_of(name, fmt, tmp_path)
     ref, _ = reference_logits(name, fmt == "BF16")
     for mode in ("prefill", "decode", "chunk5"):
-        ours = kaon_logits(kaon_bin, model, IDS, tmp_path, mode)
-        err = rel_err(ours, ref)
-        by_pos = [rel_err(ours[i], ref[i]) for i in range(len(IDS))]
-        worst = int(np.argmax(by_pos))
-        print(f"{name} {fmt} {mode}: relative logit error {err:.2e} (worst position {worst}: {by_pos[worst]:.2e})")
-        assert err < TOL[fmt], (mode, err, worst, by_pos[worst])
-        srt = np.sort(ref, -1)
-        clear = srt[:, -1] - srt[:, -2] > 0.05
-        assert (ours.argmax(-1) == ref.argmax(-1))[clear].all(), mode
+        assert_logits_match(kaon_logits(kaon_bin, model, IDS, tmp_path, mode), ref, TOL[fmt], f"{name} {fmt} {mode}")
 
 
 @pytest.mark.parametrize("name,fmt", [("v2", "F32"), ("v2-lite", "GGUF-kv_b"), ("v3", "GGUF"), ("kimi-k2", "BF16"),
@@ -429,12 +395,7 @@ def test_greedy_run(kaon_bin, tmp_path, name, fmt):
     model, w, cfg = model_of(name, fmt, tmp_path)
     prompt, n = IDS[:40], 24
     want, margins = greedy(DeepseekRef(cfg, w, mla="absorbed"), prompt, n)
-    got = kaon_greedy(kaon_bin, model, prompt, n)
-    assert len(got) == n, got
-    first = next((i for i in range(n) if got[i] != want[i]), None)
-    print(f"{name} {fmt}: kaon {got}\n{' ' * len(name + fmt)}   ref  {want}")
-    if first is not None:
-        assert margins[first] < 1e-3, (first, got[first], want[first], margins[first])
+    assert_greedy_matches(kaon_greedy(kaon_bin, model, prompt, n), want, margins, f"{name} {fmt}")
 
 
 def _info_kv(exe, args, cfg):

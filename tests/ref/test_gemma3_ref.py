@@ -10,16 +10,18 @@ by properties of its sliding mask; tests/gpu/test_gemma3_hf.py checks it against
 
 Until kaon supports Gemma 3, the kaon tests FAIL (not skip) with kaon's own error message.
 """
-import json
 import math
-import subprocess
+from functools import partial
 
 import numpy as np
 import pytest
 
-from gemma3_models import (CONFIGS, GGUF_CONFIGS, N_BYTES_FROM, config_json, load_gguf, make_config,
-                           make_weights, model_of, save_hf, tokenizer_vocab)
-from gemma3_ref import FULL, SLIDING, Gemma3Ref, greedy, layer_types, rope_params
+import kaon_cli
+from gemma3_models import CONFIGS, GGUF_CONFIGS, config_json, load_gguf, make_config, make_weights, model_of, save_hf
+from gemma3_ref import FULL, SLIDING, Gemma3Ref, layer_types, rope_params
+from logit_checks import (assert_greedy_matches, assert_logits_match, assert_matches_transcription, greedy,
+                          prefill_and_decode, rel_err)
+from tiny_tokenizer import N_BYTES_FROM, tokenizer_vocab
 
 # 37 ids: more than four sliding windows of 8; every region of the vocabulary (specials,
 # byte tokens, pieces) appears.
@@ -29,45 +31,15 @@ TOL = {"F32": 1e-4, "BF16": 1e-2, "GGUF": 1e-4}
 CASES = [(n, f) for n in CONFIGS for f in ("F32", "BF16", "GGUF") if f != "GGUF" or n in GGUF_CONFIGS]
 
 
-def rel_err(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def reference(cfg, w, fmt):
     # HF multiplies the embeddings by sqrt(hidden) in the model's dtype (bf16-rounded for a
     # bf16 model); F32 and GGUF (llama.cpp: sqrtf) use the f32 value.
     return Gemma3Ref(cfg, w, embed_scale="bf16" if fmt == "BF16" else "f32")
 
 
-def _kaon(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        why = r.stderr.strip()
-        if "unsupported architecture" in why:
-            pytest.fail(f"kaon does not run Gemma 3 yet (src/model/gemma3.c): {why}")
-        pytest.fail(f"{' '.join(map(str, cmd[:2]))} failed (rc {r.returncode}): {why}")
-    return r
-
-
-def kaon_logits(exe, model, ids, tmp_path, mode="prefill"):
-    """mode: prefill (one batch), decode (one token per step) or chunkN (prefill N at a time)."""
-    out = tmp_path / f"logits-{mode}-{len(ids)}.f32"
-    cmd = [str(exe), "logits", "-m", str(model), "--prompt-ids", ",".join(map(str, ids)),
-           "-o", str(out), "--threads", "2"]
-    if mode == "decode":
-        cmd.append("--decode")
-    elif mode.startswith("chunk"):
-        cmd += ["--chunk", mode[5:]]
-    _kaon(cmd)
-    a = np.fromfile(out, dtype=np.float32)
-    out.unlink()
-    return a.reshape(len(ids), -1)
-
-
-def kaon_greedy(exe, model, ids, n):
-    r = _kaon([str(exe), "run", "-m", str(model), "--prompt-ids", ",".join(map(str, ids)), "-n", str(n),
-               "--temp", "0", "--ignore-eos", "--print-ids", "--threads", "2"])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+NOT_YET = kaon_cli.NotYet("kaon does not run Gemma 3 yet (src/model/gemma3.c)")
+kaon_logits = partial(kaon_cli.logits, not_yet=NOT_YET)
+kaon_greedy = partial(kaon_cli.greedy, not_yet=NOT_YET)
 
 
 # ---- the reference against a literal transcription of transformers' code -------------------
@@ -159,20 +131,12 @@ def hf_literal_forward(cfg, w, ids):
 def test_reference_equals_literal_transcription(name):
     cfg = make_config(name)
     w = make_weights(cfg, seed=11)
-    ref = Gemma3Ref(cfg, w).forward(IDS)
-    lit = hf_literal_forward(cfg, w, IDS)
-    err = rel_err(lit.astype(np.float64), ref)
-    print(f"{name}: reference vs literal transcription {err:.2e}")
-    assert err < 2e-5
-    assert (lit.argmax(-1) == ref.argmax(-1)).mean() > 0.9
+    assert_matches_transcription(hf_literal_forward(cfg, w, IDS), Gemma3Ref(cfg, w).forward(IDS), name)
 
 
 def test_reference_prefill_equals_decode():
     cfg = make_config("hd256")
-    ref = Gemma3Ref(cfg, make_weights(cfg, seed=3))
-    a = ref.forward(IDS)
-    ref.reset()
-    b = np.concatenate([ref.forward(IDS[:5])] + [ref.forward([i]) for i in IDS[5:]])
+    a, b = prefill_and_decode(Gemma3Ref(cfg, make_weights(cfg, seed=3)), IDS)
     assert np.abs(a - b).max() < 1e-10
 
 
@@ -238,15 +202,7 @@ def test_logits(kaon_bin, tmp_path, name, fmt):
     model, w, cfg = model_of(name, fmt, tmp_path)
     ref = reference(cfg, w, fmt).forward(IDS)
     for mode in ("prefill", "decode", "chunk5"):
-        ours = kaon_logits(kaon_bin, model, IDS, tmp_path, mode)
-        err = rel_err(ours, ref)
-        by_pos = [rel_err(ours[i], ref[i]) for i in range(len(IDS))]
-        worst = int(np.argmax(by_pos))
-        print(f"{name} {fmt} {mode}: relative logit error {err:.2e} (worst position {worst}: {by_pos[worst]:.2e})")
-        assert err < TOL[fmt], (mode, err, worst, by_pos[worst])
-        srt = np.sort(ref, -1)
-        clear = srt[:, -1] - srt[:, -2] > 0.05
-        assert (ours.argmax(-1) == ref.argmax(-1))[clear].all(), mode
+        assert_logits_match(kaon_logits(kaon_bin, model, IDS, tmp_path, mode), ref, TOL[fmt], f"{name} {fmt} {mode}")
 
 
 @pytest.mark.parametrize("name,form", [("tiny", "4.50"), ("tiny", "4.55"), ("hd256", "4.50"), ("hd256", "4.55"),
@@ -270,9 +226,4 @@ def test_greedy_run(kaon_bin, tmp_path, name, fmt):
     model, w, cfg = model_of(name, fmt, tmp_path)
     prompt, n = IDS[:21], 24
     want, margins = greedy(reference(cfg, w, fmt), prompt, n)
-    got = kaon_greedy(kaon_bin, model, prompt, n)
-    assert len(got) == n, got
-    first = next((i for i in range(n) if got[i] != want[i]), None)
-    print(f"{name} {fmt}: kaon {got}\n{' ' * len(name + fmt)}   ref  {want}")
-    if first is not None:
-        assert margins[first] < 1e-3, (first, got[first], want[first], margins[first])
+    assert_greedy_matches(kaon_greedy(kaon_bin, model, prompt, n), want, margins, f"{name} {fmt}")

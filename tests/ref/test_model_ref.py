@@ -4,9 +4,10 @@ through the `gguf` package's own dequantizers."""
 import numpy as np
 import pytest
 
+from bf16 import round_bf16
 from conftest import kaon_logits
 from refmodel import RefModel
-from tiny_models import (make_config, make_weights, round_bf16, save_gguf, save_hf)
+from tiny_models import make_config, make_weights, save_gguf, save_hf
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31]

@@ -11,10 +11,11 @@ import subprocess
 import numpy as np
 import pytest
 
+from bf16 import round_bf16
 from conftest import kaon_logits
 from moe_models import (RefMoeModel, fuse_experts, is_moe_layer, make_moe_config, make_moe_weights,
                         save_moe_gguf)
-from tiny_models import round_bf16, save_hf
+from tiny_models import save_hf
 
 ARCHS = ["mixtral", "qwen3moe", "qwen2moe"]
 IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31]

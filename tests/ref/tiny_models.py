@@ -1,11 +1,10 @@
 """Tiny random checkpoints of the four Llama-family architectures, written as Hugging Face
 folders (config.json + model.safetensors, F32 or BF16) and as GGUF files (as llama.cpp's
 converter lays them out: Q/K rows permuted for `llama`)."""
-import json
-import struct
-from pathlib import Path
-
 import numpy as np
+
+import gguf_files
+from hf_files import write_folder
 
 
 def make_config(arch):
@@ -71,48 +70,8 @@ def make_weights(cfg, seed=0):
     return w
 
 
-def to_bf16_bits(a):
-    """Round-to-nearest-even f32 -> bf16 bit patterns (uint16)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return u.astype(np.uint16)
-
-
-def bf16_bits_to_f32(b):
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-def round_bf16(w):
-    return {k: bf16_bits_to_f32(to_bf16_bits(v)) for k, v in w.items()}
-
-
-def write_safetensors(path, tensors, dtype="F32"):
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        if dtype == "BF16":
-            raw = to_bf16_bits(a).tobytes()
-        elif dtype == "F16":
-            raw = np.asarray(a, np.float16).tobytes()
-        else:
-            raw = np.ascontiguousarray(a, np.float32).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(h)))
-        fh.write(h)
-        for b in blobs:
-            fh.write(b)
-
-
 def save_hf(folder, cfg, weights, dtype="F32"):
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(dict(cfg, torch_dtype=dtype.lower())))
-    write_safetensors(folder / "model.safetensors", weights, dtype)
-    return folder
+    return write_folder(folder, dict(cfg, torch_dtype=dtype.lower()), weights, dtype, indent=None)
 
 
 def permute_qk(w, n_head):
@@ -182,8 +141,5 @@ def save_gguf(path, cfg, weights):
             if arch == "llama" and hf == "self_attn.k_proj.weight":
                 a = permute_qk(a, nkv)
             wr.add_tensor(f"blk.{l}.{gg}", np.ascontiguousarray(a))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    gguf_files.write_out(wr)
     return path
