@@ -117,7 +117,7 @@ static int hf_config(const char *file, const cJSON *root, kaon_model_config *c) 
     char act[32] = "silu", scoring[16] = "", method[32] = "";
     c->kv_lora_rank = 512;
     c->v_head_dim = 128;
-    c->q_lora_rank = v3 ? 1536 : 1536;
+    c->q_lora_rank = 1536;
     c->n_experts = v3 ? 256 : 64;
     c->n_experts_used = v3 ? 8 : 6;
     c->moe_intermediate_size = v3 ? 2048 : 1407;
@@ -274,13 +274,17 @@ static int absorb(kaon_model *m, ds_layer *w) {
             }
         }
     free(row);
-    if (!rc) rc = kaon_model_own(m, kb) || kaon_model_own(m, vb) ? -1 : 0;
-    else {
+    if (rc) {
         free(kb);
         free(vb);
         return -1;
     }
-    if (rc) return -1;
+    // kaon_model_own frees its buffer when it fails; the other one is then freed here.
+    if (kaon_model_own(m, kb)) {
+        free(vb);
+        return -1;
+    }
+    if (kaon_model_own(m, vb)) return -1;
     w->wk_b.w = f32_matrix(kb, nh * kvl, nope);
     w->wv_b.w = f32_matrix(vb, nh * vh, kvl);
     memset(&w->wkv_b.w, 0, sizeof w->wkv_b.w);  // used up: never uploaded, counted once
