@@ -84,7 +84,7 @@ pytest_section() {  # name, timeout, pytest -k expression
     note "tests $1 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 "$log")"
 }
 
-want kernels 30 && pytest_section kernels 200 "not model and not gguf_greedy and not quant"
+want kernels 30 && pytest_section kernels 200 "not model and not gguf_gpu_as_accurate and not quant"
 if want fa 30; then  # attention tests (prefill kernel included) and its timings, < 2 min
     pytest_section fa 120 "attention"
     t0=$(date +%s)
@@ -156,7 +156,7 @@ if want bench 60; then
     cat /tmp/bench.log >> "$OUT/bench.log"
     tail -n 8 /tmp/bench.log
 fi
-want gguf 60 && pytest_section gguf 200 "gguf_greedy"
+want gguf 60 && pytest_section gguf 200 "gguf_gpu_as_accurate"
 if want quant 60; then  # quantized GGUF weights on the GPU (cuda_quant.cu), about 6 minutes
     t0=$(date +%s)
     python3 tests/gpu/quant_emulate.py > /tmp/quant_emu.log 2>&1
@@ -175,7 +175,7 @@ if want quant 60; then  # quantized GGUF weights on the GPU (cuda_quant.cu), abo
         > /tmp/cpu_linear.log 2>&1
     note "test_cpu_linear (CPU kernels) rc=$? ($(head -n 1 /tmp/cpu_linear.log); $(tail -n 1 /tmp/cpu_linear.log))"
     cat /tmp/quant_host.log /tmp/cpu_linear.log >> "$OUT/pytest.log"
-    pytest_section quant 420 "quant and not gguf_greedy"  # (not the kquants file of test_gguf_greedy_gpu_equals_cpu)
+    pytest_section quant 420 "quant and not gguf_gpu_as_accurate"  # (not the kquants file of test_gguf_gpu_as_accurate_as_cpu)
     timeout "$(tl 120)" "$KAON_GPU_DRIVER" qtimings > /tmp/qtimings.log 2>&1
     note "qtimings rc=$? ($(( $(date +%s) - t0 )) s)"
     { cat /tmp/quant_emu.log; cat /tmp/qtimings.log; } >> "$OUT/bench.log"

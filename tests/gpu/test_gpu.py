@@ -811,30 +811,47 @@ def greedy(path, dev, ids, n):
 
 
 @pytest.mark.parametrize("name", list(GGUF_FILES))
-def test_gguf_greedy_gpu_equals_cpu(tmp_path, name):
-    rng = np.random.default_rng()
+def test_gguf_gpu_as_accurate_as_cpu(tmp_path, name):
+    # Greedy ids of the two backends cannot match token for token on these random-weight files:
+    # logits are flat (3-way near-ties), the CPU quantizes activations to 8 bits for its
+    # quantized dot products and the GPU's residual stream is bf16. What must hold is that the
+    # GPU is as accurate as the CPU backend: both are measured against a float32 numpy forward
+    # pass of the gguf package's dequantized weights, on the CPU's greedy continuation (teacher
+    # forcing), the GPU both one token per step (decode kernels) and whole sequences (prefill).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ref"))
+    from gguf_files import load_gguf_reference
+    from refmodel import RefModel
+    rng = np.random.default_rng(1234 + len(name))
     shape, qtypes = GGUF_FILES[name]
     path = tmp_path / f"{name}.gguf"
     write_gguf(path, shape, qtypes, rng)
+    V = shape["vocab"]
+    cfg, w, _ = load_gguf_reference(path)
+    cfg["vocab_size"] = V
     report = []
     for p in range(4):
-        prompt = rng.integers(3, shape["vocab"], 5 + 7 * p).tolist()
-        g, c = greedy(path, "cuda", prompt, 64), greedy(path, "cpu", prompt, 64)
-        gi, ci = [x[0] for x in g], [x[0] for x in c]
-        first = next((i for i in range(64) if gi[i] != ci[i]), None)
-        # A divergence must start at a near-tie: the GPU took the CPU's runner-up there, and
-        # the CPU's top-2 margin was small next to its usual margin.
-        f = first
-        report.append(dict(prompt=p, same=f is None, first_divergence=f,
-                           cpu_margin_there=c[f][1] if f is not None else None,
-                           gpu_margin_there=g[f][1] if f is not None else None,
-                           swapped_top2=(g[f][0] == c[f][2] and c[f][0] == g[f][2]) if f is not None else None,
-                           median_cpu_margin=float(np.median([x[1] for x in c]))))
-    record("gguf_greedy", file=name, prompts=report)
+        prompt = rng.integers(3, V, 5 + 7 * p).tolist()
+        ids = prompt + [x[0] for x in greedy(path, "cpu", prompt, 64)]
+        exact = RefModel(cfg, w, dtype=np.float32).forward(ids)
+        row = dict(prompt=p)
+        for label, dev, chunk in (("cpu", "cpu", 1), ("gpu_decode", "cuda", 1), ("gpu_prefill", "cuda", len(ids))):
+            got = kaon_logits(path, dev, chunk, ids, V, tmp_path)
+            top1, n_sel = agreement(got, exact)
+            row[label] = dict(rel_err=float(np.linalg.norm(got - exact) / np.linalg.norm(exact)), top1=top1)
+        row["positions"] = n_sel
+        report.append(row)
+    record("gguf_vs_exact", file=name, prompts=report)
     print(name, json.dumps(report))
-    for r in report:
-        if not r["same"]:
-            assert r["swapped_top2"] and r["cpu_margin_there"] < 0.5 * r["median_cpu_margin"], r
+    # Top-1 agreement (where the exact top-2 margin exceeds 0.1) over all prompts' positions.
+    pooled = {k: sum(r[k]["top1"] * r["positions"] for r in report) / sum(r["positions"] for r in report)
+              for k in ("cpu", "gpu_decode", "gpu_prefill")}
+    print(name, "pooled top-1", pooled)
+    for label in ("gpu_decode", "gpu_prefill"):
+        # bf16's share on top of the CPU's own error, and a few more near-tie flips (3%: about 8
+        # of 280 positions; one prompt's ~70 are too few to judge alone).
+        for r in report:
+            assert r[label]["rel_err"] <= 1.25 * r["cpu"]["rel_err"] + 0.01, r
+        assert pooled[label] >= pooled["cpu"] - 0.03, pooled
 
 
 # ---- quantized GGUF weights kept quantized on the GPU (cuda_quant.cu) ------------------------------

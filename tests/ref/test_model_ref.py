@@ -6,6 +6,7 @@ import pytest
 
 from bf16 import round_bf16
 from conftest import kaon_logits
+from gguf_files import load_gguf_reference
 from refmodel import RefModel
 from tiny_models import make_config, make_weights, save_gguf, save_hf
 
@@ -40,63 +41,6 @@ def test_tiny_checkpoint(kaon_bin, tmp_path, arch, fmt, tol):
 
 
 # ---- the real SmolLM2 Q4_1 file ----------------------------------------------------------
-
-GGUF_TO_HF = {
-    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-
-
-def unpermute_qk(w, n_head):
-    rows = w.shape[0]
-    hd = rows // n_head
-    return w.reshape(n_head, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def load_gguf_reference(path):
-    import gguf
-    r = gguf.GGUFReader(str(path))
-
-    def field(k):
-        return r.fields[k].contents()
-
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": int(field("llama.embedding_length")),
-        "intermediate_size": int(field("llama.feed_forward_length")),
-        "num_hidden_layers": int(field("llama.block_count")),
-        "num_attention_heads": int(field("llama.attention.head_count")),
-        "num_key_value_heads": int(field("llama.attention.head_count_kv")),
-        "rms_norm_eps": float(field("llama.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(field("llama.rope.freq_base")),
-    }
-    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    w = {}
-    for t in r.tensors:
-        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        a = a.reshape([int(x) for x in reversed(t.shape)]) if a.ndim > 1 or len(t.shape) > 1 else a
-        name = t.name
-        if name == "token_embd.weight":
-            w["model.embed_tokens.weight"] = a
-        elif name == "output_norm.weight":
-            w["model.norm.weight"] = a
-        elif name == "output.weight":
-            w["lm_head.weight"] = a
-        else:
-            _, l, rest = name.split(".", 2)
-            hf = GGUF_TO_HF[rest]
-            if rest == "attn_q.weight":
-                a = unpermute_qk(a, nh)
-            elif rest == "attn_k.weight":
-                a = unpermute_qk(a, nkv)
-            w[f"model.layers.{l}.{hf}"] = a
-    tokens = [bytes(x).decode("utf-8", "replace") for x in
-              (r.fields["tokenizer.ggml.tokens"].parts[i] for i in r.fields["tokenizer.ggml.tokens"].data)]
-    return cfg, w, tokens
-
 
 PROMPTS = [
     "The capital of France is",
