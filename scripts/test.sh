@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 jobs=$(nproc)
-fuzz_seconds=${KAON_FUZZ_SECONDS:-60}
+fuzz_seconds=${KAON_FUZZ_SECONDS:-45}
 
 echo "== build (Release) and unit tests"
 ninja -C build
