@@ -38,7 +38,7 @@
 #define MLA_L 512
 #define MLA_LD (MLA_D + 8) // shared row stride (bf16) of Q and K tiles: rows 16 B apart in banks
 #define MLA_THREADS 256
-#define MLA_MAX_SPLITS 64
+#define MLA_MAX_SPLITS 256  // a multiple of 32 (k_mla_merge); batch 1 can fill every SM
 #define MG_THREADS 128     // generic kernel
 #define MG_KT 32
 #define MG_MAX_HEADS 16
@@ -496,21 +496,28 @@ k_mla_merge(const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, in
     if (n_act <= 1) return;
     const size_t stride = (size_t)kvl + 2;
     const float *pb = part + ((size_t)t * nh + h) * S * stride;
-    if (tid < 32) {
+    if (tid < 32) {  // one warp: the ranges' weights, MLA_MAX_SPLITS / 32 per lane
         const int lane = tid;
-        const float m0 = lane < n_act ? __ldcg(pb + lane * stride + kvl) : -INFINITY;
-        const float m1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + kvl) : -INFINITY;
-        float M = fmaxf(m0, m1);
+        constexpr int PER = MLA_MAX_SPLITS / 32;
+        float m[PER], M = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int z = lane + 32 * i;
+            m[i] = z < n_act ? __ldcg(pb + z * stride + kvl) : -INFINITY;
+            M = fmaxf(M, m[i]);
+        }
         for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float e0 = m0 == -INFINITY ? 0.f : exp2f(m0 - M);
-        const float e1 = m1 == -INFINITY ? 0.f : exp2f(m1 - M);
-        const float l0 = lane < n_act ? __ldcg(pb + lane * stride + kvl + 1) : 0.f;
-        const float l1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + kvl + 1) : 0.f;
-        float L = e0 * l0 + e1 * l1;
+        float L = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int z = lane + 32 * i;
+            m[i] = m[i] == -INFINITY ? 0.f : exp2f(m[i] - M);  // now the range's factor
+            L += z < n_act ? m[i] * __ldcg(pb + z * stride + kvl + 1) : 0.f;
+        }
         for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
         const float inv = L > 0.f ? 1.f / L : 0.f;
-        w_s[lane] = e0 * inv;
-        w_s[lane + 32] = e1 * inv;
+#pragma unroll
+        for (int i = 0; i < PER; i++) w_s[lane + 32 * i] = m[i] * inv;
     }
     __syncthreads();
     bf16 *o = out + ((size_t)t * nh + h) * kvl;
