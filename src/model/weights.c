@@ -123,6 +123,10 @@ static int attach_fp8_scale(kaon_model *m, kaon_tensor *t, const char *name) {
     if (n < 7 || strcmp(name + n - 7, ".weight"))
         return kaon_set_error("%s: F8_E4M3 tensor '%s' is not a module's .weight", m->path, name);
     snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
+    // The embedding op reads rows of the table alone, without its scales (no checkpoint kaon
+    // knows quantizes it).
+    if (strstr(module, "embed_tokens"))
+        return kaon_set_error("%s: tensor '%s': FP8 token embeddings are not supported", m->path, name);
     if (!kaon_quant_module_quantized(q, module))
         return kaon_set_error("%s: tensor '%s' is F8_E4M3, but the quantization_config's ignore list "
                               "leaves '%s' unquantized", m->path, name, module);

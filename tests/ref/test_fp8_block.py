@@ -107,6 +107,10 @@ def test_fp8_missing_or_bad_scale(kaon_bin, tmp_path):
     bad = dict(files, **{name: ("F32", np.ones((1, 1), np.float32))})
     kaon_fails(kaon_bin, write_folder(tmp_path / "shape", cfg, bad, "BF16"), name, "expected [2, 3]")
     # FP8 tensors without an fp8 quantization_config.
+    emb, _ = quantize_checkpoint({"model.layers.0.mlp.up_proj.weight": w["model.embed_tokens.weight"]})
+    bad = dict(files, **{"model.embed_tokens.weight": emb["model.layers.0.mlp.up_proj.weight"],
+                         "model.embed_tokens.weight_scale_inv": emb["model.layers.0.mlp.up_proj.weight_scale_inv"]})
+    kaon_fails(kaon_bin, write_folder(tmp_path / "emb", cfg, bad, "BF16"), "FP8 token embeddings are not supported")
     plain = {k: v for k, v in cfg.items() if k != "quantization_config"}
     kaon_fails(kaon_bin, write_folder(tmp_path / "noqc", plain, files, "BF16"), "no fp8 block quantization_config")
 
