@@ -14,4 +14,23 @@ static inline float kaon_e4m3_to_f32(uint8_t b) {
     return (b & 0x80) ? -v : v;
 }
 
+// float -> e4m3fn code: round to nearest, ties to even; saturates at +-448 (the largest
+// finite value), NaN -> 0x7F.
+static inline uint8_t kaon_f32_to_e4m3(float x) {
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    if (isnan(x)) return 0x7F;
+    if (a >= 448.0f) return sign | 0x7E;
+    if (a < 0.015625f) return sign | (uint8_t)rintf(a * 512.0f);  // subnormals (and 0x08 = 2^-6)
+    int e;
+    const float m = frexpf(a, &e);  // a = m 2^e, m in [0.5, 1)
+    int E = e - 1 + 7, q = (int)rintf((2.0f * m - 1.0f) * 8.0f);
+    if (q == 8) {
+        q = 0;
+        E++;
+    }
+    if (E > 15 || (E == 15 && q == 7)) return sign | 0x7E;
+    return sign | (uint8_t)(E << 3 | q);
+}
+
 #endif

@@ -66,3 +66,23 @@ def quantize_checkpoint(weights, skip=lambda name: False, block=BLOCK):
             files[name] = w
             deq[name] = w
     return files, deq
+
+
+def act_quant(x, group=BLOCK):
+    """DeepSeek's dynamic activation quantization, in f32 as kaon does it (KAON_FP8_ACT=1):
+    per token and group of columns, s = max(|x|, 1e-4) / 448, x ~ e4m3(x / s) * s."""
+    x = np.asarray(x, np.float32)
+    out = np.empty_like(x)
+    for k0 in range(0, x.shape[-1], group):
+        g = x[..., k0:k0 + group]
+        s = (np.maximum(np.abs(g).max(-1, keepdims=True), np.float32(1e-4)) / np.float32(E4M3_MAX)).astype(np.float32)
+        out[..., k0:k0 + group] = E4M3[to_e4m3((g / s).astype(np.float32))] * s
+    return out
+
+
+class ActQuantWeight(np.ndarray):
+    """A dequantized weight whose products `h @ w.T` quantize h first, as DeepSeek's fp8_gemm
+    sees its input: put in a reference model's weights after it is built."""
+
+    def __rmatmul__(self, other):
+        return act_quant(other).astype(np.float64) @ np.asarray(self)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bf16 import round_bf16
-from fp8_files import E4M3, quantize_checkpoint, to_e4m3
+from fp8_files import E4M3, ActQuantWeight, quantize_checkpoint, to_e4m3
 from hf_files import write_folder
 from kaon_cli import greedy, logits
 from refmodel import RefModel
@@ -163,3 +163,23 @@ def test_fp8_block_deepseek_v3(kaon_bin, tmp_path):
         print(f"deepseek-v3 fp8 block {mode}: relative logit error {err:.2e}")
         assert err < 1e-5
         assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_fp8_block_act_quant(kaon_bin, tmp_path, monkeypatch):
+    # KAON_FP8_ACT=1: activations quantized per token in groups of 128 as DeepSeek's reference
+    # does (the partial last group of 160 columns included), against the same in numpy.
+    cfg = fp8_config()
+    model, deq = fp8_model(tmp_path / "fp8", cfg)
+    ref = RefModel(cfg, deq, dtype=np.float64)
+    for k in deq:
+        if k.startswith("model.layers."):
+            if ref.w[k].ndim == 2:
+                ref.w[k] = ref.w[k].view(ActQuantWeight)
+    want = ref.forward(IDS)
+    plain = RefModel(cfg, deq, dtype=np.float64).forward(IDS)
+    monkeypatch.setenv("KAON_FP8_ACT", "1")
+    ours = logits(kaon_bin, model, IDS, tmp_path)
+    err, moved = rel_err(ours, want), rel_err(plain, want)
+    print(f"fp8 block, quantized activations: relative logit error {err:.2e} (the quantization moves them {moved:.2e})")
+    assert err < 1e-5 < moved
+    assert (ours.argmax(-1) == want.argmax(-1)).all()

@@ -7,6 +7,7 @@
 
 #include "model/quant_config.h"
 #include "test.h"
+#include "util/fp8.h"
 #include "util/err.h"
 
 static char *read_all(const char *path, size_t *len) {
@@ -90,9 +91,25 @@ static void expect_unsupported(kaon_quant_config *q, const char *needle, int lin
     }
 }
 
+// e4m3fn both ways: every finite code round-trips; ties go to the even code; saturation.
+static void check_e4m3(void) {
+    for (int b = 0; b < 256; b++) {
+        if ((b & 0x7F) == 0x7F) continue;  // NaN
+        CHECK(kaon_f32_to_e4m3(kaon_e4m3_to_f32((uint8_t)b)) == b);
+    }
+    CHECK(kaon_e4m3_to_f32(0x7E) == 448.0f && kaon_e4m3_to_f32(0x01) == 0x1p-9f && kaon_e4m3_to_f32(0x38) == 1.0f);
+    CHECK(kaon_f32_to_e4m3(1.0625f) == 0x38 && kaon_f32_to_e4m3(1.1875f) == 0x3A);  // ties to even
+    CHECK(kaon_f32_to_e4m3(1.07f) == 0x39 && kaon_f32_to_e4m3(-1.07f) == 0xB9);
+    CHECK(kaon_f32_to_e4m3(0x1.8p-10f) == 0x01 && kaon_f32_to_e4m3(0x1p-11f) == 0x00);  // subnormal ties
+    CHECK(kaon_f32_to_e4m3(0.01553f) == 0x08);  // rounds up into the first normal
+    CHECK(kaon_f32_to_e4m3(500.0f) == 0x7E && kaon_f32_to_e4m3(-1e30f) == 0xFE);
+    CHECK(kaon_f32_to_e4m3(NAN) == 0x7F);
+}
+
 int main(void) {
     kaon_quant_config q;
     char buf[160];
+    check_e4m3();
 
     // FP8 block: DeepSeek-V3/R1, Kimi-K2, Qwen3-FP8 (snippets and whole configs).
     const char *fp8_snippets[] = {"deepseek-ai__DeepSeek-V3", "moonshotai__Kimi-K2-Instruct", "Qwen__Qwen3-32B-FP8"};

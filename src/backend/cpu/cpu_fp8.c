@@ -1,11 +1,15 @@
 // y = x @ w^T (+ bias) for FP8 e4m3 weights with per-block f32 scales (DeepSeek's layout:
 // w[i, j] = e4m3(wq[i, j]) * scale[i / b0, j / b1]). Exactness first: each weight row is
 // dequantized to f32 (the same product a reference forms) and dotted in f32 with the
-// activations, which stay float. DeepSeek's reference also quantizes the activations per
-// token in groups of 128 (FORMATS-2.md §4); that variant and fast kernels are still to come.
+// activations, which stay float by default. KAON_FP8_ACT=1 quantizes them as DeepSeek's
+// reference does (FORMATS-2.md §4: per token, per group of the block's columns, s = max(|x|,
+// 1e-4) / 448, x ~ e4m3(x / s) s), to check against it; fast kernels are still to come.
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "util/fp8.h"
@@ -13,8 +17,26 @@
 static float e4m3_lut[256];
 static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
 
+static int act_quant;  // KAON_FP8_ACT=1
+
 static void e4m3_build(void) {
     for (int b = 0; b < 256; b++) e4m3_lut[b] = kaon_e4m3_to_f32((uint8_t)b);
+    const char *e = getenv("KAON_FP8_ACT");
+    act_quant = e && !strcmp(e, "1");
+}
+
+// x [n, K] -> xq: each token's groups of g columns quantized to e4m3 and back.
+static void quantize_act(const float *x, int n, int64_t K, int64_t g, float *xq) {
+    for (int r = 0; r < n; r++)
+        for (int64_t k0 = 0; k0 < K; k0 += g) {
+            const float *xr = x + (size_t)r * (size_t)K;
+            float *qr = xq + (size_t)r * (size_t)K;
+            const int64_t k1 = k0 + g < K ? k0 + g : K;
+            float amax = 0.0f;
+            for (int64_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(xr[k]));
+            const float s = fmaxf(amax, 1e-4f) / 448.0f;
+            for (int64_t k = k0; k < k1; k++) qr[k] = e4m3_lut[kaon_f32_to_e4m3(xr[k] / s)] * s;
+        }
 }
 
 static float dot_f32(const float *a, const float *b, int n) {
@@ -42,8 +64,14 @@ int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_
         return kaon_cpu_fail(be, "cpu linear: bias must be F32 [%lld]", (long long)M);
     pthread_once(&e4m3_once, e4m3_build);
     const int nt = kaon_cpu_threads_for(&be->base, 4.0 * (double)M * (double)K * n);
-    float *rows = kaon_cpu_scratch(be, sizeof(float) * (size_t)K * (size_t)nt);
+    const size_t xq_elems = act_quant ? (size_t)n * (size_t)K : 0;
+    float *rows = kaon_cpu_scratch(be, sizeof(float) * ((size_t)K * (size_t)nt + xq_elems));
     if (!rows) return -1;
+    if (act_quant) {
+        float *xq = rows + (size_t)K * (size_t)nt;
+        quantize_act(x, n, K, b1, xq);
+        x = xq;
+    }
     const uint8_t *wq = w->data;
     const float *s = sc->data, *bv = bias ? bias->data : NULL;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
