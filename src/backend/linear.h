@@ -24,6 +24,9 @@ typedef struct kaon_linear {
     kaon_tensor bias;    // [out] f32; data NULL when absent
     kaon_tensor scale;   // the format's scales (FP8 block/channel/tensor, int groups); data NULL when none
     kaon_tensor zero;    // zero points of asymmetric integer formats; data NULL when none
+    // FP8 block scales: rows and columns of w that one scale covers (scale is
+    // [ceil(out / scale_block[0]), ceil(in / scale_block[1])] f32, edge blocks partial).
+    int32_t scale_block[2];
     kaon_shard shard;
     // A weight stored fused (a qkv or gate_up projection) lists its parts' output rows in order;
     // n_parts == 0: one part.
@@ -45,10 +48,17 @@ static inline kaon_linear kaon_linear_of(const kaon_tensor *w, const kaon_tensor
     return l;
 }
 
+// Whether l is FP8 e4m3 with per-block f32 scales (the CPU's dequantizing path reads it).
+static inline int kaon_linear_is_fp8_block(const kaon_linear *l) {
+    return l && l->w.dtype == KAON_FP8_E4M3 && l->scale.data && l->scale.dtype == KAON_F32 &&
+           l->scale_block[0] > 0 && l->scale_block[1] > 0;
+}
+
 // What kernels that read only w and bias cannot compute in l: NULL when they can compute it
 // all, else a phrase for the backend's error ("scale companions", ...). Parts need no kernel of
 // their own (the output holds them in order), but they must add up to w's rows.
 static inline const char *kaon_linear_unsupported(const kaon_linear *l) {
+    if (l->scale.data && l->w.dtype == KAON_FP8_E4M3) return "FP8 block scales (weight_scale_inv)";
     if (l->scale.data) return "scale companions";
     if (l->zero.data) return "zero points";
     if (l->n_parts < 0 || l->n_parts > KAON_LINEAR_MAX_PARTS) return "a bad list of parts";

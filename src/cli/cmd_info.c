@@ -300,6 +300,11 @@ int kaon_cmd_info(int argc, char **argv) {
            : c->rope_scaling == KAON_ROPE_SCALING_LINEAR ? ", linear scaling"
            : c->rope_scaling == KAON_ROPE_SCALING_YARN ? ", YaRN scaling" : "");
     printf("embeddings:     %s\n", c->tie_word_embeddings ? "tied (LM head = token embedding)" : "separate LM head");
+    if (m->quant.method != KAON_QUANT_NONE) {
+        char qd[160];
+        printf("quantization:   %s (%s), from %s; %d module patterns left unquantized\n", m->quant.method_name,
+               kaon_quant_describe(&m->quant, qd, sizeof qd), m->quant.source, m->quant.n_ignore);
+    }
     printf("weight formats:");
     for (int t = 0; t < KAON_MAX_DTYPE_IDS; t++)
         if (wc.tensors_by_dtype[t])

@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
+#include "util/fp8.h"
 #include "util/half.h"
 
 typedef struct ds_globals {
@@ -221,8 +222,10 @@ static int gguf_config(const kaon_gguf *g, kaon_model_config *c) {
 
 // ---- prepare: the absorbed per-head matrices from kv_b_proj --------------------------------
 
-// Row r of a [rows, cols] matrix of any float or GGUF block format as floats.
-static int row_f32(const kaon_tensor *t, int64_t r, float *out) {
+// Row r of a [rows, cols] matrix of any float or GGUF block format, or FP8 with block scales,
+// as floats.
+static int row_f32(const kaon_linear *l, int64_t r, float *out) {
+    const kaon_tensor *t = &l->w;
     const int64_t cols = t->shape[1];
     const size_t rb = kaon_dtype_row_bytes(t->dtype, cols);
     const char *row = (const char *)t->data + (size_t)r * rb;
@@ -234,6 +237,13 @@ static int row_f32(const kaon_tensor *t, int64_t r, float *out) {
     case KAON_F16:
         for (int64_t i = 0; i < cols; i++) out[i] = kaon_f16_to_f32(((const uint16_t *)row)[i]);
         return 0;
+    case KAON_FP8_E4M3: {  // the same f32 product the CPU linear forms (cpu_fp8.c)
+        if (!kaon_linear_is_fp8_block(l)) return kaon_set_error("kv_b_proj: FP8 without block scales");
+        const int64_t b0 = l->scale_block[0], b1 = l->scale_block[1], sc = (cols + b1 - 1) / b1;
+        const float *s = (const float *)l->scale.data + (size_t)(r / b0) * (size_t)sc;
+        for (int64_t i = 0; i < cols; i++) out[i] = kaon_e4m3_to_f32((uint8_t)row[i]) * s[i / b1];
+        return 0;
+    }
     default: break;
     }
     const int be = kaon_dtype_block_elems(t->dtype), bb = kaon_dtype_block_bytes(t->dtype);
@@ -267,7 +277,7 @@ static int absorb(kaon_model *m, ds_layer *w) {
     int rc = kb && vb && row ? 0 : kaon_set_error("out of memory");
     for (int64_t h = 0; !rc && h < nh; h++)
         for (int64_t i = 0; !rc && i < nope + vh; i++) {
-            rc = row_f32(&w->wkv_b.w, h * (nope + vh) + i, row);
+            rc = row_f32(&w->wkv_b, h * (nope + vh) + i, row);
             for (int64_t j = 0; !rc && j < kvl; j++) {
                 if (i < nope) kb[(h * kvl + j) * nope + i] = row[j];
                 else vb[(h * vh + i - nope) * kvl + j] = row[j];
@@ -288,6 +298,7 @@ static int absorb(kaon_model *m, ds_layer *w) {
     w->wk_b.w = f32_matrix(kb, nh * kvl, nope);
     w->wv_b.w = f32_matrix(vb, nh * vh, kvl);
     memset(&w->wkv_b.w, 0, sizeof w->wkv_b.w);  // used up: never uploaded, counted once
+    memset(&w->wkv_b.scale, 0, sizeof w->wkv_b.scale);
     return 0;
 }
 

@@ -162,6 +162,11 @@ kaon_model *kaon_model_load(const char *path) {
     if (S_ISDIR(sb.st_mode)) {
         kaon_model_config_init(&m->cfg);
         if (kaon_hf_config_load(path, &m->cfg) || kaon_model_config_validate(&m->cfg)) goto fail;
+        // Before the tensors: an unsupported quantization is named, never read as garbage.
+        char qfile[4200];
+        if (kaon_quant_config_load(path, &m->quant)) goto fail;
+        snprintf(qfile, sizeof qfile, "%s/%s", path, m->quant.source);
+        if (kaon_quant_config_check(&m->quant, qfile)) goto fail;
         m->st = kaon_safetensors_open(path);
         if (!m->st) goto fail;
     } else {
@@ -187,6 +192,7 @@ void kaon_model_free(kaon_model *m) {
     if (m->arch) kaon_weights_free_host(m);
     if (m->gguf) kaon_gguf_close(m->gguf);
     if (m->st) kaon_safetensors_close(m->st);
+    kaon_quant_config_free(&m->quant);
     for (int i = 0; i < 2; i++) free(m->rope_inv_freq[i]);
     free(m);
 }

@@ -11,6 +11,7 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/quant_config.h"
 #include "model/weights.h"
 
 // DUMMY: shapes from config.json alone; the weights' data pointers are placeholders that only a
@@ -31,6 +32,7 @@ typedef struct kaon_model {
     char path[4096];
     kaon_gguf *gguf;               // owns the mapping (GGUF files)
     kaon_safetensors *st;          // owns the mapping (HF folders)
+    kaon_quant_config quant;       // how the checkpoint is quantized (HF folders; NONE otherwise)
     kaon_weights w;                // the weights, in place from the mapping (model/weights.h)
     void **owned;                  // [n_owned] host buffers of weights converted at load
     int n_owned;

@@ -106,6 +106,53 @@ static int widen(kaon_model *m, kaon_tensor *t, float add) {
 
 static bool is_float_dtype(kaon_dtype d) { return d == KAON_F32 || d == KAON_F16 || d == KAON_BF16; }
 
+// Every 2-D row of a table is the w of a kaon_linear (the scale companions live beside it).
+_Static_assert(offsetof(kaon_linear, w) == 0, "a linear row's slot is its kaon_linear");
+
+static kaon_linear *linear_of(kaon_tensor *w) { return (kaon_linear *)w; }
+
+// An FP8 weight's block scales: <module>.weight_scale_inv, f32 [ceil(out/b0), ceil(in/b1)]
+// (DeepSeek's layout), attached to the weight's kaon_linear. The config says the block.
+static int attach_fp8_scale(kaon_model *m, kaon_tensor *t, const char *name) {
+    const kaon_quant_config *q = &m->quant;
+    if (q->format != KAON_QFMT_FP8_BLOCK)
+        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but config.json has no fp8 block "
+                              "quantization_config (weight_block_size)", m->path, name);
+    char module[256], sname[300];
+    const size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight"))
+        return kaon_set_error("%s: F8_E4M3 tensor '%s' is not a module's .weight", m->path, name);
+    snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
+    // The embedding op reads rows of the table alone, without its scales (no checkpoint kaon
+    // knows quantizes it).
+    if (strstr(module, "embed_tokens"))
+        return kaon_set_error("%s: tensor '%s': FP8 token embeddings are not supported", m->path, name);
+    if (!kaon_quant_module_quantized(q, module))
+        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but the quantization_config's ignore list "
+                              "leaves '%s' unquantized", m->path, name, module);
+    snprintf(sname, sizeof sname, "%s.weight_scale_inv", module);
+    kaon_tensor sc;
+    if (kaon_model_find_tensor(m, sname, &sc)) return -1;
+    if (!sc.data)
+        return kaon_set_error("%s: FP8 weight '%s' has no scale tensor '%s'", m->path, name, sname);
+    const int64_t b0 = q->block[0], b1 = q->block[1];
+    const int64_t r = (t->shape[0] + b0 - 1) / b0, c = (t->shape[1] + b1 - 1) / b1;
+    if (sc.ndim != 2 || sc.shape[0] != r || sc.shape[1] != c)
+        return kaon_set_error("%s: scale '%s' has shape [%lld, %lld] (rank %d), expected [%lld, %lld] for a "
+                              "[%lld, %lld] weight in %lldx%lld blocks", m->path, sname, (long long)sc.shape[0],
+                              (long long)(sc.ndim > 1 ? sc.shape[1] : 0), sc.ndim, (long long)r, (long long)c,
+                              (long long)t->shape[0], (long long)t->shape[1], (long long)b0, (long long)b1);
+    if (sc.dtype != KAON_F32 && !is_float_dtype(sc.dtype))
+        return kaon_set_error("%s: scale '%s' is %s; expected F32", m->path, sname, kaon_dtype_name(sc.dtype));
+    if (sc.dtype != KAON_F32 && widen(m, &sc, 0.0f)) return -1;
+    kaon_linear *l = linear_of(t);
+    l->scale = sc;
+    l->scale_block[0] = (int32_t)b0;
+    l->scale_block[1] = (int32_t)b1;
+    return 0;
+}
+
+
 // One row of the table for layer l (or the globals) from the file.
 static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     const int nd = need(m, s, l);
@@ -153,6 +200,7 @@ static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
                               name, (long long)d1, kaon_dtype_name(t->dtype));
     if ((s->flags & KAON_W_HOST) && t->dtype != KAON_F32)
         return kaon_set_error("%s: %s must be F32", m->path, name);
+    if (s->ndim == 2 && t->dtype == KAON_FP8_E4M3) return attach_fp8_scale(m, t, name);
     const bool plus_one = (s->flags & KAON_W_PLUS_ONE_HF) && !m->gguf;
     if (plus_one || ((s->flags & KAON_W_F32) && t->dtype != KAON_F32)) return widen(m, t, plus_one ? 1.0f : 0.0f);
     return 0;
@@ -254,6 +302,9 @@ int kaon_weights_upload(kaon_backend *be, const kaon_model *m, kaon_weights *dev
             kaon_tensor *src = kaon_weight_slot(m, &m->w, s, l), *dst = kaon_weight_slot(m, dev, s, l);
             memset(dst, 0, sizeof *dst);
             if (!src->data || (s->flags & KAON_W_HOST)) continue;
+            const char *why = s->ndim == 2 ? kaon_linear_unsupported(linear_of(src)) : NULL;
+            if (why && linear_of(src)->scale.data)  // no device kernels read companions yet
+                return kaon_set_error("%s: weights with %s run on the CPU backend only for now", m->path, why);
             int rc;
             if (dummy) {
                 const float scale = src->ndim == 1 ? 0.1f : 1.0f / sqrtf((float)src->shape[src->ndim - 1]);
@@ -311,6 +362,19 @@ static void add(kaon_weight_count *wc, kaon_spec_count *sc, const kaon_tensor *t
     }
 }
 
+// A format's companion (scales): bytes and tensors, not parameters.
+static void add_companion(kaon_weight_count *wc, kaon_spec_count *sc, const kaon_tensor *t) {
+    if (!t->data) return;
+    const unsigned d = (unsigned)t->dtype < KAON_MAX_DTYPE_IDS ? (unsigned)t->dtype : KAON_MAX_DTYPE_IDS - 1;
+    wc->bytes += t->nbytes;
+    wc->bytes_by_dtype[d] += t->nbytes;
+    wc->tensors_by_dtype[d]++;
+    if (sc) {  // the row's tensor count stays its weights'
+        sc->bytes += t->nbytes;
+        sc->dtype_mask |= 1ull << d;
+    }
+}
+
 void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_count *by_spec) {
     const kaon_arch_ops *a = m->arch;
     memset(wc, 0, sizeof *wc);
@@ -320,7 +384,9 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
         kaon_spec_count *sc = by_spec ? &by_spec[i] : NULL;
         for (int l = 0; l < n_rows_of(m, s); l++) {
             if (!(s->flags & KAON_W_EXPERTS)) {
-                add(wc, sc, kaon_weight_slot(m, &m->w, s, l));
+                kaon_tensor *t = kaon_weight_slot(m, &m->w, s, l);
+                add(wc, sc, t);
+                if (s->ndim == 2) add_companion(wc, sc, &linear_of(t)->scale);
                 continue;
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;
@@ -347,7 +413,8 @@ size_t kaon_weights_device_bytes(kaon_backend *be, const kaon_model *m) {
         if (s->flags & KAON_W_HOST) continue;
         for (int l = 0; l < n_rows_of(m, s); l++) {
             if (!(s->flags & KAON_W_EXPERTS)) {
-                total += DEV_BYTES(kaon_weight_slot(m, &m->w, s, l), false);
+                kaon_tensor *t = kaon_weight_slot(m, &m->w, s, l);
+                total += DEV_BYTES(t, false) + (s->ndim == 2 ? DEV_BYTES(&linear_of(t)->scale, false) : 0);
                 continue;
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;

@@ -14,12 +14,16 @@ TORCH_DTYPE = {"F32": "float32", "BF16": "bfloat16"}  # safetensors dtype -> con
 
 def write_safetensors(path, tensors, dtype="F32", keep_f32=()):
     """One safetensors file with every tensor in dtype (F32, BF16 or F16), except those whose
-    names end with one of keep_f32, which stay F32."""
+    names end with one of keep_f32, which stay F32, and those given as (dtype, raw array):
+    written as the array's bytes under that dtype (F8_E4M3 codes as uint8)."""
     keep_f32 = tuple(keep_f32)
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
         dt = "F32" if name.endswith(keep_f32) else dtype
-        if dt == "BF16":
+        if isinstance(a, tuple):
+            dt, a = a
+            raw = np.ascontiguousarray(a).tobytes()
+        elif dt == "BF16":
             raw = to_bf16_bits(a).tobytes()
         elif dt == "F16":
             raw = np.asarray(a, np.float16).tobytes()
