@@ -147,6 +147,8 @@ typedef struct kaon_cpu_backend {
     // head_linear's gathered rows and outputs (it calls the linear kernels, which use `scratch`).
     void *head_scratch;
     size_t head_scratch_cap;
+    // The threads of the parallel ops: n_threads counting the engine thread (util/pool.h).
+    struct kaon_pool *pool;
     // The first error of the linear and moe ops since the status op last ran.
     int err;
     char errmsg[256];
@@ -188,5 +190,10 @@ int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *position
 
 // Threads worth using for `work` multiply-adds (1 below a size where a fork/join costs more).
 int kaon_cpu_threads_for(const kaon_backend *be, double work);
+
+// Tasks for n items (rows, tokens) on nt threads: a few per thread, so that a thread that
+// loses its core leaves its share to the others; items per task a multiple of `align`.
+// Returns the number of tasks and sets *per (items per task).
+int kaon_cpu_tasks(int n, int nt, int align, int *per);
 
 #endif
