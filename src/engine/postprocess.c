@@ -150,7 +150,7 @@ static bool plain_greedy(const seq *s) {
     return !edits && (sp->temperature <= 0.0f || sp->top_k == 1);
 }
 
-// Below this many logits a step's greedy rows are not worth a thread team.
+// Below this many logits a step's greedy rows are not worth a pool run.
 #define KAON_GREEDY_PAR_MIN (1 << 20)
 
 // The CPU backend's threads, or (another device) the engine's own, started on first use.

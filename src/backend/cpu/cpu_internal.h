@@ -188,7 +188,7 @@ void kaon_cpu_copy_strided(kaon_backend *be, const void *src, size_t src_stride,
 int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,
                  const kaon_moe_weights *w, uint32_t *counts, void *out);
 
-// Threads worth using for `work` multiply-adds (1 below a size where a fork/join costs more).
+// Threads worth using for `work` multiply-adds (1 below a size where a pool run costs more).
 int kaon_cpu_threads_for(const kaon_backend *be, double work);
 
 // Tasks for n items (rows, tokens) on nt threads: a few per thread, so that a thread that

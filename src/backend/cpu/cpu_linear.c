@@ -20,8 +20,8 @@
 #include "util/err.h"
 #include "util/pool.h"
 
-// Below this many int8 multiply-adds (or their equivalent) a fork/join of the thread team
-// (about 1 us, plus moving the activations between cores) costs more than it saves.
+// Below this many int8 multiply-adds (or their equivalent) a pool run (a few us to wake the
+// workers, plus moving the activations between cores) costs more than it saves.
 #define KAON_PAR_MIN_WORK 150000.0
 // Bytes of weight rows that one tile keeps hot while all activation rows stream past.
 #define KAON_TILE_BYTES 12288
