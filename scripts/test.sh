@@ -40,14 +40,14 @@ echo "== end-to-end tests against the ASan + UBSan server"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/e2e
 
 echo "== ThreadSanitizer: unit tests and the concurrency-heavy end-to-end tests"
-# OpenMP off (libgomp is not TSan-instrumented; its barriers would read as races): the kernels
-# run on one thread and TSan watches the engine thread, the HTTP threads and their queues.
-# scripts/tsan.supp lists only third-party false positives (none so far).
+# TSan watches the engine thread, the HTTP threads and their queues, and the kernels' thread
+# pool (util/pool.c; test_pool drives it hard). scripts/tsan.supp lists only third-party false
+# positives (none so far).
 # test_drain_timeout_aborts_cleanly is timing-bound (aborted requests get the server's fixed 5 s
-# grace) and a one-thread TSan build on a 2-core AVX2 machine needs ~2.7 s per decode step: it
+# grace) and a TSan build on a 2-core AVX2 machine needs seconds per decode step: it
 # runs in the Release and ASan e2e passes above, not here.
 [ -f build-tsan/build.ninja ] || cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DKAON_TSAN=ON -DKAON_OPENMP=OFF -DKAON_CUDA=OFF >/dev/null
+  -DKAON_TSAN=ON -DKAON_CUDA=OFF >/dev/null
 ninja -C build-tsan
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan.supp"
 ctest --test-dir build-tsan --output-on-failure -j "$jobs"

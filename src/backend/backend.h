@@ -263,8 +263,8 @@ struct kaon_backend {
     int n_threads;
 };
 
-// The CPU backend: C with OpenMP; AVX-512 VNNI or AVX2/FMA/F16C chosen at run time, portable C
-// otherwise.
+// The CPU backend: C on its own thread pool (util/pool.h); AVX-512 VNNI or AVX2/FMA/F16C chosen
+// at run time, portable C otherwise.
 kaon_backend *kaon_backend_cpu_create(int n_threads);
 // A backend that computes nothing (for measuring the engine's own overhead).
 kaon_backend *kaon_backend_noop_create(void);

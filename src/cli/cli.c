@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "backend/device.h"
+#include "util/cpus.h"
 #include "util/log.h"
 
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
@@ -100,10 +101,7 @@ int kaon_cli_parse_ids(const char *s, int32_t **ids, int *n) {
     return 0;
 }
 
-int kaon_cli_default_threads(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
+int kaon_cli_default_threads(void) { return kaon_default_threads(); }
 
 int kaon_cli_check_device(const char *v, bool allow_noop) {
     kaon_device d;

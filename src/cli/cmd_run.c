@@ -32,7 +32,7 @@ static void usage(void) {
            "  --seed S               random seed (default: random)\n"
            "  --ignore-eos           keep generating past end-of-sequence tokens\n"
            "engine:\n"
-           "  --threads N            CPU threads (default: all cores)\n"
+           "  --threads N            CPU threads (default: physical cores)\n"
            "  --device DEV           where the model runs: cpu (default), cuda, cuda:N\n"
            "  --load-format F        auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N           context length (default 4096)\n"

@@ -41,7 +41,7 @@ static void usage(FILE *f) {
             "  --device DEV                   where the model runs: cpu (default), cuda, cuda:N\n"
             "  --load-format auto|dummy       dummy: random weights from MODEL = a config.json or its folder\n"
             "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
-            "  --threads N                    CPU threads (default: all cores)\n"
+            "  --threads N                    CPU threads (default: physical cores)\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"

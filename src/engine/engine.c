@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "util/cpus.h"
 #include "util/err.h"
 #include "util/log.h"
+#include "util/pool.h"
 #include "util/timer.h"
 
 const char *kaon_version(void) { return "0.1.0"; }
@@ -84,10 +86,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     o->device = kaon_device_name(&dev, e->device_name, sizeof e->device_name);
     const bool on_gpu = dev.kind == KAON_DEVICE_CUDA;
     const bool kv_given = o->kv_cache_memory != 0;
-    if (o->n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        o->n_threads = n > 0 ? (int)n : 1;
-    }
+    if (o->n_threads <= 0) o->n_threads = kaon_default_threads();
     if (o->max_num_seqs <= 0) o->max_num_seqs = 256;
     // A GPU needs big steps to fill its tensor cores (prefill GEMMs of M = 8192); the CPU is as
     // fast at 512 and keeps decode latency low while prompts are chunked in.
@@ -934,6 +933,7 @@ void kaon_engine_destroy(kaon_engine *e) {
     free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
     free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);
     kaon_kv_pool_free(e->pool);
+    kaon_pool_destroy(e->host_threads);
     kaon_engine_expert_stats_free(e);
     kaon_runner_free(e->runner);
     if (e->be) e->be->ops->destroy(e->be);

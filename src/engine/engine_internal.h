@@ -119,6 +119,8 @@ struct kaon_engine {
     float *work;                 // [vocab] processed logits
     void *sample_scratch;
     int32_t *greedy_tok;         // [max_logits] greedy tokens found ahead (-1: none), postprocess.c
+    struct kaon_pool *host_threads;  // postprocess.c's threads when the backend has none (GPU)
+    bool host_threads_tried;
     int *row_of_sched;           // first logit row of each scheduled seq (-1: none)
     int *nrows_of_sched;
     // Sampling on the device (when the backend can): the rows sampled there this step and

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "engine/engine_internal.h"
+#include "util/pool.h"
 #include "util/timer.h"
 
 static float log_sum_exp(const float *x, int n, float *max_out) {
@@ -148,8 +150,29 @@ static bool plain_greedy(const seq *s) {
     return !edits && (sp->temperature <= 0.0f || sp->top_k == 1);
 }
 
-// Below this many logits a step's greedy rows are not worth a thread team.
+// Below this many logits a step's greedy rows are not worth a pool run.
 #define KAON_GREEDY_PAR_MIN (1 << 20)
+
+// The CPU backend's threads, or (another device) the engine's own, started on first use.
+static kaon_pool *host_threads(kaon_engine *e) {
+    kaon_pool *p = kaon_cpu_pool(e->be);
+    if (p) return p;
+    if (!e->host_threads_tried) {
+        e->host_threads_tried = true;
+        e->host_threads = kaon_pool_create(e->opts.n_threads);  // NULL: the argmaxes run here
+    }
+    return e->host_threads;
+}
+
+// The argmax of scheduled sequence i's last logit row, when kaon_post_greedy_rows marked it.
+static void greedy_task(void *ctx, int i, int thread) {
+    kaon_engine *e = ctx;
+    (void)thread;
+    const int row = e->row_of_sched[i], V = e->vocab;
+    if (row < 0) return;
+    const int last = row + e->nrows_of_sched[i] - 1;
+    if (e->greedy_tok[last] == -2) e->greedy_tok[last] = kaon_argmax(e->logits + (size_t)last * V, V);
+}
 
 void kaon_post_greedy_rows(kaon_engine *e) {
     const int V = e->vocab;
@@ -170,13 +193,7 @@ void kaon_post_greedy_rows(kaon_engine *e) {
     }
     if (n == 0) return;
     const int nt = (double)n * V >= KAON_GREEDY_PAR_MIN && e->opts.n_threads > 1 ? e->opts.n_threads : 1;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int i = 0; i < e->n_sched; i++) {
-        const int row = e->row_of_sched[i];
-        if (row < 0) continue;
-        const int last = row + e->nrows_of_sched[i] - 1;
-        if (e->greedy_tok[last] == -2) e->greedy_tok[last] = kaon_argmax(e->logits + (size_t)last * V, V);
-    }
+    kaon_pool_run(nt > 1 ? host_threads(e) : NULL, e->n_sched, nt, greedy_task, e);
 }
 
 void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {

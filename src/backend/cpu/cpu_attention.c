@@ -9,12 +9,13 @@
 // accumulator (online softmax), so nothing grows with the context. Items are handed out
 // dynamically: their cost grows with position.
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
-#include <omp.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "util/err.h"
+#include "util/pool.h"
 
 #define KAON_ATTN_CHUNK 64
 #define KAON_ATTN_MAX_HD 1024
@@ -176,6 +177,36 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
     return 0;
 }
 
+// One attention op's work items for the pool, and whether any failed.
+typedef struct attn_par {
+    const attn_job *j;
+    float *stbuf;
+    size_t st_floats;
+    int hg, nsub, per_tok;
+    atomic_int bad;
+} attn_par;
+
+// Work item `it` on thread th (whose state lives in its own slice of stbuf).
+static void attn_task(void *c, int it, int th) {
+    attn_par *ap = c;
+    const attn_job *j = ap->j;
+    const int hg = ap->hg, n_heads = j->n_heads, group = j->group;
+    float *b = ap->stbuf + ap->st_floats * (size_t)th;
+    const attn_state st = {.acc = b, .sc = b + (size_t)hg * j->hv,
+                           .mx = b + (size_t)hg * (j->hv + KAON_ATTN_CHUNK),
+                           .l = b + (size_t)hg * (j->hv + KAON_ATTN_CHUNK + 1)};
+    const int t = it / ap->per_tok;
+    int bad;
+    if (hg == n_heads) {
+        bad = attend_heads(j, t, 0, n_heads, &st, true);
+    } else {
+        const int r = it % ap->per_tok, g = r / ap->nsub, sb = r % ap->nsub;
+        const int nh = group - sb * hg < hg ? group - sb * hg : hg;
+        bad = attend_heads(j, t, g * group + sb * hg, nh, &st, false);
+    }
+    if (bad) atomic_fetch_or_explicit(&ap->bad, 1, memory_order_relaxed);
+}
+
 // Runs job j over its tokens (the threads and the grouping of heads into work items).
 static void run_attention(kaon_cpu_backend *be, const attn_job *jp, const char *what) {
     const attn_job j = *jp;
@@ -204,25 +235,10 @@ static void run_attention(kaon_cpu_backend *be, const attn_job *jp, const char *
     const size_t st_floats = (size_t)hg * ((size_t)j.hv + KAON_ATTN_CHUNK + 2) + 16;
     float *stbuf = kaon_cpu_scratch(be, sizeof(float) * st_floats * (size_t)nt);
     if (!stbuf) return;
-    int bad = 0;
-#pragma omp parallel num_threads(nt) reduction(| : bad) if (nt > 1)
-    {
-        float *b = stbuf + st_floats * (size_t)omp_get_thread_num();
-        const attn_state st = {.acc = b, .sc = b + (size_t)hg * j.hv,
-                               .mx = b + (size_t)hg * (j.hv + KAON_ATTN_CHUNK),
-                               .l = b + (size_t)hg * (j.hv + KAON_ATTN_CHUNK + 1)};
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int it = 0; it < items; it++) {
-            const int t = it / per_tok;
-            if (hg == n_heads) {
-                if (attend_heads(&j, t, 0, n_heads, &st, true)) bad |= 1;
-                continue;
-            }
-            const int r = it % per_tok, g = r / nsub, sb = r % nsub;
-            const int nh = group - sb * hg < hg ? group - sb * hg : hg;
-            if (attend_heads(&j, t, g * group + sb * hg, nh, &st, false)) bad |= 1;
-        }
-    }
+    attn_par ap = {.j = &j, .stbuf = stbuf, .st_floats = st_floats, .hg = hg, .nsub = nsub,
+                   .per_tok = per_tok};
+    kaon_pool_run(be->pool, items, nt, attn_task, &ap);
+    const int bad = atomic_load_explicit(&ap.bad, memory_order_relaxed);
     if (bad) kaon_set_error("cpu %s: a token's sequence, position or block is out of range", what);
 }
 

@@ -1,7 +1,6 @@
 // The CPU backend's op table: memory, embedding, norms, RoPE and the element-wise ops. The
 // heavy ops live in cpu_linear.c and cpu_attention.c; the SIMD kernels in cpu_x86.h.
 #include <math.h>
-#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,8 @@
 #include "backend/cpu/cpu_internal.h"
 #include "util/err.h"
 #include "util/half.h"
+#include "util/pool.h"
+#include "util/cpus.h"
 
 static const kaon_backend_ops cpu_ops;
 
@@ -164,6 +165,28 @@ static void norm_rows(const norm_job *j, int t0, int t1) {
     }
 }
 
+// Items [0, n) (rows, tokens) in a few ranges per thread, fn(ctx, i0, i1) for each.
+typedef struct range_par {
+    void (*fn)(void *ctx, int i0, int i1);
+    void *ctx;
+    int n, per;
+} range_par;
+
+static void range_task(void *c, int t, int th) {
+    const range_par *rp = c;
+    (void)th;
+    const int a = t * rp->per, b = a + rp->per < rp->n ? a + rp->per : rp->n;
+    rp->fn(rp->ctx, a, b);
+}
+
+static void par_ranges(kaon_backend *be_, int n, int nt, void (*fn)(void *, int, int), void *ctx) {
+    range_par rp = {.fn = fn, .ctx = ctx, .n = n};
+    const int tasks = kaon_cpu_tasks(n, nt, 1, &rp.per);
+    kaon_pool_run(((kaon_cpu_backend *)be_)->pool, tasks, nt, range_task, &rp);
+}
+
+static void norm_range(void *c, int t0, int t1) { norm_rows(c, t0, t1); }
+
 static void cpu_rmsnorm(kaon_backend *be_, void *x_, const void *add_, const kaon_tensor *w,
                         float eps, int n, int dim, void *out_) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
@@ -180,8 +203,7 @@ static void cpu_rmsnorm(kaon_backend *be_, void *x_, const void *add_, const kao
         norm_rows(&j, 0, n);
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < n; t++) norm_rows(&j, t, t + 1);
+    par_ranges(be_, n, nt, norm_range, &j);
 }
 
 // cos/sin of every (token, frequency) pair, cached while positions and frequencies repeat.
@@ -263,6 +285,8 @@ static void rope_rows(const rope_job *j, int t0, int t1) {
     }
 }
 
+static void rope_range(void *c, int t0, int t1) { rope_rows(c, t0, t1); }
+
 static void cpu_rope(kaon_backend *be_, void *x_, int n, int n_heads, int head_dim,
                      const int32_t *positions, const kaon_rope *rope) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
@@ -283,13 +307,27 @@ static void cpu_rope(kaon_backend *be_, void *x_, int n, int n_heads, int head_d
         rope_rows(&j, 0, n);
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < n; t++) rope_rows(&j, t, t + 1);
+    par_ranges(be_, n, nt, rope_range, &j);
 }
 
 // out = act(gate) * up with one of the kernel table's gated activations (silu_mul,
 // gelu_tanh_mul).                               gate, up, out [n, dim]
 typedef void (*gated_fn)(const float *g, const float *u, float *out, int n);
+
+typedef struct gated_job {
+    gated_fn fn;
+    const float *gate, *up;
+    float *out;
+    int dim;
+} gated_job;
+
+static void gated_range(void *c, int t0, int t1) {
+    const gated_job *g = c;
+    for (int t = t0; t < t1; t++) {
+        const size_t o = (size_t)t * g->dim;
+        g->fn(g->gate + o, g->up + o, g->out + o, g->dim);
+    }
+}
 
 static void gated_and_mul(kaon_backend *be_, gated_fn fn, const char *what, const void *gate,
                           const void *up, int n, int dim, void *out) {
@@ -310,10 +348,8 @@ static void gated_and_mul(kaon_backend *be_, gated_fn fn, const char *what, cons
         }
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < n; t++)
-        fn((const float *)gate + (size_t)t * dim, (const float *)up + (size_t)t * dim,
-           (float *)out + (size_t)t * dim, dim);
+    gated_job g = {.fn = fn, .gate = gate, .up = up, .out = out, .dim = dim};
+    par_ranges(be_, n, nt, gated_range, &g);
 }
 
 static void cpu_silu_and_mul(kaon_backend *be, const void *gate, const void *up, int n, int dim,
@@ -332,6 +368,28 @@ static void cpu_logit_softcap(kaon_backend *be, float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
+// An elementwise op over n floats, in spans of `per`.
+typedef struct span_job {
+    float *x;
+    const float *src;
+    size_t n, per;
+    float s;
+} span_job;
+
+static void scale_task(void *c, int t, int th) {
+    const span_job *j = c;
+    (void)th;
+    const size_t a = (size_t)t * j->per, e = a + j->per < j->n ? a + j->per : j->n;
+    for (size_t i = a; i < e; i++) j->x[i] *= j->s;
+}
+
+static void copy_task(void *c, int t, int th) {
+    const span_job *j = c;
+    (void)th;
+    const size_t a = (size_t)t * j->per, e = a + j->per < j->n ? a + j->per : j->n;
+    if (e > a) memcpy(j->x + a, j->src + a, (e - a) * sizeof(float));
+}
+
 static void cpu_scale(kaon_backend *be, void *x_, size_t n, float s) {
     if (!n) return;
     if (!x_) {
@@ -344,12 +402,8 @@ static void cpu_scale(kaon_backend *be, void *x_, size_t n, float s) {
         for (size_t i = 0; i < n; i++) x[i] *= s;
         return;
     }
-    const size_t per = (n + (size_t)nt - 1) / (size_t)nt;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        const size_t a = (size_t)t * per, e = a + per < n ? a + per : n;
-        for (size_t i = a; i < e; i++) x[i] *= s;
-    }
+    span_job sj = {.x = x, .n = n, .s = s, .per = ((n + 4 * (size_t)nt - 1) / (4 * (size_t)nt) + 15) & ~(size_t)15};
+    kaon_pool_run(((kaon_cpu_backend *)be)->pool, (int)((n + sj.per - 1) / sj.per), nt, scale_task, &sj);
 }
 
 static void cpu_to_host_f32(kaon_backend *be, const void *x, size_t n, float *out) {
@@ -360,18 +414,14 @@ static void cpu_to_host_f32(kaon_backend *be, const void *x, size_t n, float *ou
         memcpy(out, x, n * sizeof(float));
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        const size_t half = nth > 1 ? (n / 2 + 15) & ~(size_t)15 : n;
-        const size_t a = ith ? half : 0, b = ith ? n : half;
-        if (b > a) memcpy(out + a, (const float *)x + a, (b - a) * sizeof(float));
-    }
+    span_job sj = {.x = out, .src = x, .n = n, .per = (n / 2 + 15) & ~(size_t)15};
+    kaon_pool_run(((kaon_cpu_backend *)be)->pool, 2, nt, copy_task, &sj);
 }
 
 static void cpu_destroy(kaon_backend *be_) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     if (!be) return;
+    kaon_pool_destroy(be->pool);
     free(be->scratch);
     free(be->moe_scratch);
     free(be->head_scratch);
@@ -453,9 +503,15 @@ kaon_backend *kaon_backend_cpu_create(int n_threads) {
         kaon_set_error("cpu backend: out of memory");
         return NULL;
     }
-    // More threads than processors only adds spinning at every fork/join.
-    const int nproc = omp_get_num_procs() > 0 ? omp_get_num_procs() : 1;
+    // More threads than usable processors would only take turns on them.
+    const int nproc = kaon_usable_cpus();
     if (n_threads <= 0 || n_threads > nproc) n_threads = nproc;
+    if (n_threads > KAON_POOL_MAX_THREADS) n_threads = KAON_POOL_MAX_THREADS;
+    be->pool = kaon_pool_create(n_threads);
+    if (!be->pool) {
+        free(be);
+        return NULL;
+    }
     be->base.ops = &cpu_ops;
     be->base.n_threads = n_threads;
     be->k = pick_kernels();
@@ -465,4 +521,9 @@ kaon_backend *kaon_backend_cpu_create(int n_threads) {
 const char *kaon_cpu_kernel_name(const kaon_backend *be) {
     if (!be || be->ops != &cpu_ops) return NULL;
     return ((const kaon_cpu_backend *)be)->k->name;
+}
+
+struct kaon_pool *kaon_cpu_pool(const kaon_backend *be) {
+    if (!be || be->ops != &cpu_ops) return NULL;
+    return ((const kaon_cpu_backend *)be)->pool;
 }

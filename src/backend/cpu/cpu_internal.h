@@ -147,6 +147,8 @@ typedef struct kaon_cpu_backend {
     // head_linear's gathered rows and outputs (it calls the linear kernels, which use `scratch`).
     void *head_scratch;
     size_t head_scratch_cap;
+    // The threads of the parallel ops: n_threads counting the engine thread (util/pool.h).
+    struct kaon_pool *pool;
     // The first error of the linear and moe ops since the status op last ran.
     int err;
     char errmsg[256];
@@ -189,7 +191,12 @@ void kaon_cpu_copy_strided(kaon_backend *be, const void *src, size_t src_stride,
 int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,
                  const kaon_moe_weights *w, uint32_t *counts, void *out);
 
-// Threads worth using for `work` multiply-adds (1 below a size where a fork/join costs more).
+// Threads worth using for `work` multiply-adds (1 below a size where a pool run costs more).
 int kaon_cpu_threads_for(const kaon_backend *be, double work);
+
+// Tasks for n items (rows, tokens) on nt threads: a few per thread, so that a thread that
+// loses its core leaves its share to the others; items per task a multiple of `align`.
+// Returns the number of tasks and sets *per (items per task).
+int kaon_cpu_tasks(int n, int nt, int align, int *per);
 
 #endif

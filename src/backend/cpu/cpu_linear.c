@@ -1,8 +1,8 @@
 // y = x @ w^T (+ bias) on the CPU for every weight format.
 //
-// Quantized weights: x [n, K] is quantized to 8-bit blocks (cpu_internal.h), then each thread
-// takes a contiguous range of output rows (starting on a 16-row boundary, so two threads never
-// write one cache line of y). Inside it, a tile of weight rows small enough to stay in L1 is
+// Quantized weights: x [n, K] is quantized to 8-bit blocks (cpu_internal.h), then the output
+// rows are cut into a few tasks per thread (util/pool.h), each starting on a 16-row boundary
+// so two threads never write one cache line of y. Inside it, a tile of weight rows small enough to stay in L1 is
 // dotted with the activation rows 4 (AVX2) or 8 (AVX-512) at a time: each weight block is
 // loaded and unpacked once per 4 or 8 rows. Float weights (F32/F16/BF16) use the same tiling
 // with FMA dot products.
@@ -13,18 +13,22 @@
 // dots with every activation row, 8 (AVX-512) or 4 (AVX2) rows per call, with no horizontal
 // sums (cpu_x86.h). Its numbers are bit for bit those of the row path, so a row's output does
 // not depend on what it is batched with (test_cpu_linear checks it).
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "util/err.h"
+#include "util/pool.h"
 
-// Below this many int8 multiply-adds (or their equivalent) a fork/join of the thread team
-// (about 1 us, plus moving the activations between cores) costs more than it saves.
+// Below this many int8 multiply-adds (or their equivalent) a pool run (a few us to wake the
+// workers, plus moving the activations between cores) costs more than it saves.
 #define KAON_PAR_MIN_WORK 150000.0
 // Bytes of weight rows that one tile keeps hot while all activation rows stream past.
 #define KAON_TILE_BYTES 12288
+
+// Tasks per thread of a parallel op: enough that the others absorb a stalled thread's share,
+// few enough that claiming them (one atomic operation each) stays negligible.
+#define KAON_TASKS_PER_THREAD 4
 
 int kaon_cpu_threads_for(const kaon_backend *be, double work) {
     int nt = be->n_threads < 1 ? 1 : be->n_threads;
@@ -156,13 +160,16 @@ static void lin_rows_packed(const lin_job *j, int m0, int m1) {
     }
 }
 
-// Thread ith's share of M rows: contiguous, starting on a multiple of 16 rows (64 bytes of y).
-static void split_rows(int M, int ith, int nth, int *m0, int *m1) {
-    int chunk = (M + nth - 1) / nth;
-    chunk = (chunk + 15) & ~15;
-    long long a = (long long)ith * chunk, b = a + chunk;
-    *m0 = a > M ? M : (int)a;
-    *m1 = b > M ? M : (int)b;
+int kaon_cpu_tasks(int n, int nt, int align, int *per) {
+    if (n <= 0) {
+        *per = 1;
+        return 0;
+    }
+    const int want = nt <= 1 ? 1 : KAON_TASKS_PER_THREAD * nt;
+    int c = n / want + (n % want != 0);
+    c = (c + align - 1) / align * align;
+    *per = c;
+    return n / c + (n % c != 0);
 }
 
 // Checks one layer (weight, bias, no companions): its rows M, width K, bytes per row and
@@ -204,8 +211,45 @@ static int check_weight(kaon_cpu_backend *be, const kaon_linear *l, int64_t *Mo,
 
 #define KAON_RUP64(v) (((v) + 63) & ~(size_t)63)
 
+// A linear op's parallel state: the job, the scratch layout, and which threads have
+// quantized their own copy of the activations.
+typedef struct lin_par {
+    const lin_job *job;
+    uint8_t *sp;
+    size_t xg_bytes, per_thread, rq, rd;  // the batched path's scratch
+    kaon_q8_act act;                      // the activations (copy 0)
+    size_t act_bytes;                     // bytes of one copy
+    int copies;                           // one per thread, or one shared
+    int per;                              // items per task
+    unsigned char ready[KAON_POOL_MAX_THREADS];
+} lin_par;
+
+static void packed_quant_task(void *c, int t, int th) {
+    const lin_par *lp = c;
+    const lin_job *job = lp->job;
+    const kaon_cpu_kernels *k = job->k;
+    uint8_t *own = lp->sp + lp->xg_bytes + lp->per_thread * (size_t)th;
+    kaon_q8_act tmp = {.n = 1, .nb = job->nb, .nbp = job->nbp, .layout = k->layout[job->kind],
+                       .qs = (int8_t *)own, .d = (float *)(own + lp->rq),
+                       .s = (float *)(own + lp->rq + lp->rd)};
+    const int r0 = t * lp->per, r1 = r0 + lp->per < job->n ? r0 + lp->per : job->n;
+    for (int r = r0; r < r1; r++) {
+        k->quantize_row(job->x + (size_t)r * job->K, &tmp, 0);
+        kaon_cpu_act_regroup(&tmp, 0, lp->sp + (size_t)r * job->xstride);
+    }
+}
+
+static void packed_rows_task(void *c, int t, int th) {
+    const lin_par *lp = c;
+    lin_job mine = *lp->job;
+    mine.pk = lp->sp + lp->xg_bytes + lp->per_thread * (size_t)th + lp->rq + 2 * lp->rd;
+    const int m0 = t * lp->per, m1 = m0 + lp->per < mine.total ? m0 + lp->per : mine.total;
+    lin_rows_packed(&mine, m0, m1);
+}
+
 // The batched path: each row of x is quantized (through a one-row buffer per thread) and
-// regrouped for tile_dot, then each thread packs and computes its share of the weight rows.
+// regrouped for tile_dot; then, in a second run, the threads pack and compute the weight rows
+// a task at a time.
 static void lin_run_packed(kaon_cpu_backend *be, lin_job *job, int nt) {
     const kaon_cpu_kernels *k = be->k;
     const int n = job->n, K = job->K;
@@ -213,48 +257,73 @@ static void lin_run_packed(kaon_cpu_backend *be, lin_job *job, int nt) {
     job->nbp = (job->nb + 7) & ~7;
     job->xstride = (size_t)(job->nbp / 8) * KAON_GRP_BYTES;
     job->pk_bytes = KAON_RUP64(k->pack_bytes(job->nbp));
-    const size_t rq = KAON_RUP64((size_t)job->nbp * 32), rd = KAON_RUP64((size_t)job->nbp * sizeof(float));
-    const size_t per_thread = rq + 2 * rd + 2 * job->pk_bytes;
-    const size_t xg_bytes = KAON_RUP64((size_t)n * job->xstride);
-    uint8_t *sp = kaon_cpu_scratch(be, xg_bytes + per_thread * (size_t)nt);
-    if (!sp) return;
-    job->xg = sp;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        uint8_t *own = sp + xg_bytes + per_thread * (size_t)ith;
-        kaon_q8_act tmp = {.n = 1, .nb = job->nb, .nbp = job->nbp, .layout = k->layout[job->kind],
-                           .qs = (int8_t *)own, .d = (float *)(own + rq), .s = (float *)(own + rq + rd)};
-#pragma omp for schedule(static)
-        for (int r = 0; r < n; r++) {
-            k->quantize_row(job->x + (size_t)r * K, &tmp, 0);
-            kaon_cpu_act_regroup(&tmp, 0, sp + (size_t)r * job->xstride);
-        }
-        lin_job mine = *job;
-        mine.pk = own + rq + 2 * rd;
-        int m0, m1;
-        split_rows(job->total, ith, nth, &m0, &m1);
-        if (m0 < m1) lin_rows_packed(&mine, m0, m1);
-    }
+    lin_par lp = {.job = job, .rq = KAON_RUP64((size_t)job->nbp * 32),
+                  .rd = KAON_RUP64((size_t)job->nbp * sizeof(float))};
+    lp.per_thread = lp.rq + 2 * lp.rd + 2 * job->pk_bytes;
+    lp.xg_bytes = KAON_RUP64((size_t)n * job->xstride);
+    lp.sp = kaon_cpu_scratch(be, lp.xg_bytes + lp.per_thread * (size_t)nt);
+    if (!lp.sp) return;
+    job->xg = lp.sp;
+    int tasks = kaon_cpu_tasks(n, nt, 1, &lp.per);
+    kaon_pool_run(be->pool, tasks, nt, packed_quant_task, &lp);
+    // Rows in multiples of 16: whole cache lines of y, and the same tiles (so the same
+    // vector/scalar split of silu_mul) as on one thread.
+    tasks = kaon_cpu_tasks(job->total, nt, 16, &lp.per);
+    kaon_pool_run(be->pool, tasks, nt, packed_rows_task, &lp);
 }
 
-// Runs a checked job: quantizes x once, then all rows of all weights in one thread team.
+// Thread th's copy of the activations (decode: each thread quantizes x for itself).
+static kaon_q8_act own_copy(const lin_par *lp, int th) {
+    const size_t off = lp->act_bytes * (size_t)th;
+    kaon_q8_act own = lp->act;
+    own.qs = (int8_t *)((uint8_t *)own.qs + off);
+    own.d = (float *)((uint8_t *)own.d + off);
+    own.s = (float *)((uint8_t *)own.s + off);
+    if (own.s16) own.s16 = (int16_t *)((uint8_t *)own.s16 + off);
+    return own;
+}
+
+static void quant_task(void *c, int t, int th) {
+    lin_par *lp = c;
+    const lin_job *job = lp->job;
+    (void)th;
+    const int r0 = t * lp->per, r1 = r0 + lp->per < job->n ? r0 + lp->per : job->n;
+    for (int r = r0; r < r1; r++) job->k->quantize_row(job->x + (size_t)r * job->K, &lp->act, r);
+}
+
+static void rows_task(void *c, int t, int th) {
+    lin_par *lp = c;
+    lin_job mine = *lp->job;
+    kaon_q8_act own;
+    if (lp->copies > 1) {
+        own = own_copy(lp, th);
+        if (!lp->ready[th]) {  // this thread's first task: its own copy of x
+            for (int r = 0; r < mine.n; r++) mine.k->quantize_row(mine.x + (size_t)r * mine.K, &own, r);
+            lp->ready[th] = 1;
+        }
+        mine.a = &own;
+    }
+    const int m0 = t * lp->per, m1 = m0 + lp->per < mine.total ? m0 + lp->per : mine.total;
+    lin_rows(&mine, m0, m1);
+}
+
+// Runs a checked job: quantizes x once, then all rows of all weights, a task at a time.
 static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     const kaon_cpu_kernels *k = be->k;
     const int n = job->n, K = job->K;
     const float *x = job->x;
     const double work = (double)job->total * (job->silu ? 2.0 : 1.0) * K * n * (job->quant ? 1 : 4);
-    const int nt = kaon_cpu_threads_for(&be->base, work);
+    int nt = kaon_cpu_threads_for(&be->base, work);
+    if (nt > kaon_pool_size(be->pool)) nt = kaon_pool_size(be->pool);
     // Many activation rows of a format the packed kernels handle: the batched path.
     if (job->quant && n > k->max_rows && k->pack && k->layout[job->kind] == KAON_ACT_Q4PAIRS) {
         lin_run_packed(be, job, nt);
         return;
     }
     // Few rows (decode): every thread quantizes x into its own copy, which costs less than
-    // a barrier and keeps the copy in the cache of the core that reads it.
-    const int copies = job->quant && nt > 1 && n <= k->max_rows ? nt : 1;
-    kaon_q8_act act = {0};
-    size_t act_bytes = 0;
+    // a second run and keeps the copy in the cache of the core that reads it.
+    lin_par lp = {.job = job};
+    lp.copies = job->quant && nt > 1 && n <= k->max_rows ? nt : 1;
     if (job->quant) {
         const int nb = K / KAON_QK, nbp = (nb + 7) & ~7;
         const int need16 = job->kind == KAON_KI_Q6_K || job->kind == KAON_KI_Q2_K || job->kind == KAON_KI_Q3_K;
@@ -262,43 +331,29 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
         const size_t n16 = need16 ? (size_t)n * nbp * 2 * sizeof(int16_t) : 0;
         const size_t od = (nq + 63) & ~(size_t)63, os = (od + nd + 63) & ~(size_t)63;
         const size_t o16 = (os + nd + 63) & ~(size_t)63;
-        act_bytes = (o16 + n16 + 63) & ~(size_t)63;
-        uint8_t *sp = kaon_cpu_scratch(be, act_bytes * (size_t)copies);
+        lp.act_bytes = (o16 + n16 + 63) & ~(size_t)63;
+        uint8_t *sp = kaon_cpu_scratch(be, lp.act_bytes * (size_t)lp.copies);
         if (!sp) return;
         // Copy c lives at sp + c * act_bytes; the offsets inside it are the same for all.
-        act = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[job->kind],
-                            .qs = (int8_t *)sp, .d = (float *)(sp + od), .s = (float *)(sp + os),
-                            .s16 = need16 ? (int16_t *)(sp + o16) : NULL};
-        job->a = &act;
+        lp.act = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[job->kind],
+                               .qs = (int8_t *)sp, .d = (float *)(sp + od), .s = (float *)(sp + os),
+                               .s16 = need16 ? (int16_t *)(sp + o16) : NULL};
+        job->a = &lp.act;
     }
     if (nt == 1) {
         if (job->quant)
-            for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &act, r);
+            for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &lp.act, r);
         lin_rows(job, 0, job->total);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        lin_job mine = *job;
-        kaon_q8_act own;
-        if (job->quant && copies > 1) {
-            const size_t off = act_bytes * (size_t)(ith < copies ? ith : 0);
-            own = act;
-            own.qs = (int8_t *)((uint8_t *)act.qs + off);
-            own.d = (float *)((uint8_t *)act.d + off);
-            own.s = (float *)((uint8_t *)act.s + off);
-            if (own.s16) own.s16 = (int16_t *)((uint8_t *)act.s16 + off);
-            mine.a = &own;
-            for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &own, r);
-        } else if (job->quant) {
-#pragma omp for schedule(static)
-            for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &act, r);
-        }
-        int m0, m1;
-        split_rows(job->total, ith, nth, &m0, &m1);
-        if (m0 < m1) lin_rows(&mine, m0, m1);
+    if (job->quant && lp.copies == 1) {  // one shared copy, quantized first
+        const int tasks = kaon_cpu_tasks(n, nt, 1, &lp.per);
+        kaon_pool_run(be->pool, tasks, nt, quant_task, &lp);
     }
+    // Rows in multiples of 16: whole cache lines of y, and silu_mul's vector/scalar split
+    // as on one thread.
+    const int tasks = kaon_cpu_tasks(job->total, nt, 16, &lp.per);
+    kaon_pool_run(be->pool, tasks, nt, rows_task, &lp);
 }
 
 // Builds a job over count layers; 1 when they cannot share one (formats or widths differ).
