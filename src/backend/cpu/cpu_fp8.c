@@ -5,7 +5,6 @@
 // reference does (FORMATS-2.md §4: per token, per group of the block's columns, s = max(|x|,
 // 1e-4) / 448, x ~ e4m3(x / s) s), to check against it; fast kernels are still to come.
 #include <math.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "util/fp8.h"
+#include "util/pool.h"
 
 static float e4m3_lut[256];
 static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
@@ -50,6 +50,29 @@ static float dot_f32(const float *a, const float *b, int n) {
     return s;
 }
 
+typedef struct fp8_job {
+    const uint8_t *wq;
+    const float *s, *bias, *x;
+    float *y, *rows;  // rows: one dequantized weight row per thread
+    int64_t M, K, b0, b1, scols;
+    int n, per;
+} fp8_job;
+
+// Weight rows [task * per, ...): dequantized into the executing thread's row, dotted with x.
+static void fp8_rows(void *c, int task, int th) {
+    const fp8_job *j = c;
+    float *row = j->rows + (size_t)th * (size_t)j->K;
+    const int64_t m0 = (int64_t)task * j->per, m1 = m0 + j->per < j->M ? m0 + j->per : j->M;
+    for (int64_t m = m0; m < m1; m++) {
+        const uint8_t *q = j->wq + (size_t)m * (size_t)j->K;
+        const float *srow = j->s + (size_t)(m / j->b0) * (size_t)j->scols;
+        for (int64_t k = 0; k < j->K; k++) row[k] = e4m3_lut[q[k]] * srow[k / j->b1];
+        const float b = j->bias ? j->bias[m] : 0.0f;
+        for (int r = 0; r < j->n; r++)
+            j->y[(size_t)r * (size_t)j->M + (size_t)m] = dot_f32(row, j->x + (size_t)r * (size_t)j->K, (int)j->K) + b;
+    }
+}
+
 int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y) {
     const kaon_tensor *w = &l->w, *sc = &l->scale, *bias = kaon_linear_bias(l);
     if (!x || !y || !w->data || w->ndim != 2 || !kaon_linear_is_fp8_block(l))
@@ -72,16 +95,9 @@ int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_
         quantize_act(x, n, K, b1, xq);
         x = xq;
     }
-    const uint8_t *wq = w->data;
-    const float *s = sc->data, *bv = bias ? bias->data : NULL;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t m = 0; m < M; m++) {
-        float *row = rows + (size_t)omp_get_thread_num() * (size_t)K;
-        const uint8_t *q = wq + (size_t)m * (size_t)K;
-        const float *srow = s + (size_t)(m / b0) * (size_t)scols;
-        for (int64_t k = 0; k < K; k++) row[k] = e4m3_lut[q[k]] * srow[k / b1];
-        const float b = bv ? bv[m] : 0.0f;
-        for (int r = 0; r < n; r++) y[(size_t)r * (size_t)M + (size_t)m] = dot_f32(row, x + (size_t)r * (size_t)K, (int)K) + b;
-    }
+    fp8_job j = {.wq = w->data, .s = sc->data, .bias = bias ? bias->data : NULL, .x = x, .y = y, .rows = rows,
+                 .M = M, .K = K, .b0 = b0, .b1 = b1, .scols = scols, .n = n};
+    const int tasks = kaon_cpu_tasks((int)M, nt, 1, &j.per);
+    kaon_pool_run(be->pool, tasks, nt, fp8_rows, &j);
     return 0;
 }
