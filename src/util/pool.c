@@ -86,7 +86,7 @@ static void work(kaon_pool *p, uint32_t g, int me) {
         uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
         if ((uint32_t)(s >> 32) != g) return;
         const uint32_t i = (uint32_t)s;
-        const int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        const int n = atomic_load_explicit(&p->n_tasks, memory_order_acquire);
         if (i >= (uint32_t)n) return;
         if (!atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
@@ -186,12 +186,18 @@ void kaon_pool_run(kaon_pool *p, int n_tasks, int n_threads, kaon_pool_fn fn, vo
         return;
     }
     if (n_threads > p->n) n_threads = p->n;
+    const uint32_t g = ++p->gen;
+    // Close the previous run before n_tasks changes: a worker that read its state (g - 1, n_old)
+    // and then this run's larger n_tasks would otherwise claim task n_old of g - 1 by CAS, run
+    // it with this run's fn and count it in this run's `done` (one task twice, and a `done` past
+    // n_tasks that the caller waits for forever). The worker reads n_tasks with acquire: seeing
+    // the new count, its CAS must see this store and fail.
+    atomic_store(&p->state, (uint64_t)g << 32 | UINT32_MAX);
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
     atomic_store_explicit(&p->use, n_threads, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    const uint32_t g = ++p->gen;
     atomic_store_explicit(&p->state, (uint64_t)g << 32, memory_order_release);
     atomic_store(&p->wake, g);
     if (atomic_load(&p->sleepers) > 0) futex_wake(&p->wake, INT_MAX);

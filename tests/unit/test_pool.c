@@ -97,6 +97,20 @@ int main(void) {
     _Atomic int total = 0;
     for (int r = 0; r < 10000; r++) kaon_pool_run(p, 3, 4, add_one, &total);
     CHECK(atomic_load(&total) == 10000 * 6);
+    // Runs whose task count grows from one to the next: a worker still looking at the short run
+    // must not claim past its end once the long run's count is in (it did: a task ran twice and
+    // the caller waited forever for a count it had passed).
+    atomic_store(&total, 0);
+    long want = 0;
+    for (int r = 0; r < 20000; r++) {
+        const int n = r % 2 ? 64 : 2;
+        kaon_pool_run(p, n, 4, add_one, &total);
+        want += (long)n * (n + 1) / 2;
+        if (atomic_load(&total) != want) {
+            CHECK(atomic_load(&total) == want);
+            break;
+        }
+    }
     for (int r = 0; r < 5; r++) {
         sleep_ms(2);
         run_once(p, 64, 4, 0);
