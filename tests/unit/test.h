@@ -27,6 +27,25 @@ static int kaon_test_failures = 0;
         }                                                                              \
     } while (0)
 
+// A whole file, NUL-terminated, its length in *len; NULL when it cannot be opened.
+static inline char *kaon_test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = (char *)malloc((size_t)(n < 0 ? 0 : n) + 1);
+    if (!p) {
+        fclose(f);
+        return NULL;
+    }
+    if (n < 0 || fread(p, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    p[n] = 0;
+    *len = (size_t)n;
+    return p;
+}
+
 #define TEST_MAIN_END()                                                                \
     do {                                                                               \
         if (kaon_test_failures) fprintf(stderr, "%d check(s) failed\n", kaon_test_failures); \

@@ -17,26 +17,12 @@ static const char *configs_dir(void) {
     return d ? d : "/work/shared/configs";
 }
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    if (fread(p, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    p[n] = 0;
-    *len = (size_t)n;
-    return p;
-}
-
 // Parses a shared config; returns 0/-1 like the parser, -2 when the file is missing.
 static int parse_shared(const char *name, kaon_model_config *c) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", configs_dir(), name);
     size_t len;
-    char *text = read_all(path, &len);
+    char *text = kaon_test_read_file(path, &len);
     kaon_model_config_init(c);
     if (!text) {
         fprintf(stderr, "missing config file %s (set KAON_SHARED_CONFIGS)\n", path);

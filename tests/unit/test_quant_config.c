@@ -11,20 +11,11 @@
 #include "util/err.h"
 
 static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    char *p = kaon_test_read_file(path, len);
+    if (!p) {
         fprintf(stderr, "missing %s (run from the repository root)\n", path);
         kaon_test_failures++;
-        return NULL;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    if (fread(p, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    p[n] = 0;
-    *len = (size_t)n;
     return p;
 }
 
