@@ -927,7 +927,7 @@ static void KX(quantize_row)(const float *x, kaon_q8_act *a, int row) {
         }
         int dp = kaon_act_dpos(layout, b);
         d[dp] = db;
-        s[dp] = db * (float)(slo + shi);
+        s[dp] = db * (float)((int64_t)slo + shi);  // NaN/Inf inputs convert to INT_MIN: no int overflow
         if (s16) {
             s16[2 * b] = (int16_t)slo;
             s16[2 * b + 1] = (int16_t)shi;
