@@ -239,6 +239,15 @@ typedef struct kaon_backend_ops {
                          const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                          const kaon_rope *rope);
 
+    // DeepSeek MLA's cache row and query rope part in one pass, as blocks.c's unfused sequence
+    // computes them: kva [n, kvl + rd] = [latent | k_pe]; the row [bf16 RMSNorm(latent) * norm |
+    // rope(k_pe)] goes to the token's cache slot; q [n, nh, hd]: each head's last rd dims,
+    // rotated and rounded, times pe_scale, into qm [n, nh, kvl + rd] at column kvl (q itself
+    // is left as it is). kva is left unspecified.
+    int (*mla_prep)(kaon_backend *be, const void *kva, const kaon_tensor *norm, float eps, const void *q,
+                    int n_heads, int head_dim, float pe_scale, void *qm, kaon_kv_layer *kv,
+                    const kaon_attn_meta *m, int kv_lora, int rope_dim, const kaon_rope *rope);
+
     // Samples the rows of sb from f32 logits [*, vocab] (from linear_f32) into ids (host
     // memory, [n_rows]) and, where asked, logprobs; waits for the result. 0 or -1.
     int (*sample)(kaon_backend *be, const float *logits, int vocab, const kaon_sample_batch *sb,

@@ -91,16 +91,20 @@ void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weight
         op->rmsnorm(f->be, qa, NULL, w->q_a_norm, MLA_NORM_EPS, T, c->q_lora_rank, qa);
         op->linear(f->be, qa, T, w->wq_b, f->a.q);
     }
-    // The cache row: normed latent, then the rotated shared key.
-    op->copy_strided(f->be, kva, (size_t)row, lat, (size_t)kvl, T, kvl, 1.0f);
-    op->rmsnorm(f->be, lat, NULL, w->kv_a_norm, MLA_NORM_EPS, T, kvl, lat);
-    op->copy_strided(f->be, lat, (size_t)kvl, kva, (size_t)row, T, kvl, 1.0f);
-    op->rope(f->be, AT(kva, kvl), T, 1, row, b->attn.positions, rope);  // rotates [kvl, kvl + rd)
-    op->kv_write(f->be, &f->kv[l], kva, NULL, &b->attn, 1, row);
-    // q_pe rotated in place; q_nope absorbed into the latent: qm = [q_nope W_UK | pe_scale q_pe].
-    op->rope(f->be, AT(f->a.q, nope), T, nh, hd, b->attn.positions, rope);
+    // The cache row: normed latent, then the rotated shared key; qm's tail: pe_scale rope(q_pe).
+    const bool fused = op->mla_prep && op->mla_prep(f->be, kva, w->kv_a_norm, MLA_NORM_EPS, f->a.q, nh, hd, pe_scale,
+                                                    qm, &f->kv[l], &b->attn, kvl, rd, rope) != 1;
+    if (!fused) {
+        op->copy_strided(f->be, kva, (size_t)row, lat, (size_t)kvl, T, kvl, 1.0f);
+        op->rmsnorm(f->be, lat, NULL, w->kv_a_norm, MLA_NORM_EPS, T, kvl, lat);
+        op->copy_strided(f->be, lat, (size_t)kvl, kva, (size_t)row, T, kvl, 1.0f);
+        op->rope(f->be, AT(kva, kvl), T, 1, row, b->attn.positions, rope);  // rotates [kvl, kvl + rd)
+        op->kv_write(f->be, &f->kv[l], kva, NULL, &b->attn, 1, row);
+        op->rope(f->be, AT(f->a.q, nope), T, nh, hd, b->attn.positions, rope);  // q_pe, in place
+        op->copy_strided(f->be, AT(f->a.q, nope), (size_t)hd, AT(qm, kvl), (size_t)row, T * nh, rd, pe_scale);
+    }
+    // q_nope absorbed into the latent: qm = [q_nope W_UK | pe_scale q_pe].
     op->head_linear(f->be, f->a.q, T, nh, (size_t)nh * hd, (size_t)hd, w->wk_b, qm, (size_t)nh * row, (size_t)row);
-    op->copy_strided(f->be, AT(f->a.q, nope), (size_t)hd, AT(qm, kvl), (size_t)row, T * nh, rd, pe_scale);
     op->mla_attention(f->be, qm, &f->kv[l], &b->attn, nh, kvl, rd, scale, ol);
     // Each head's latent output through its W_UV, then o_proj.
     op->head_linear(f->be, ol, T, nh, (size_t)nh * kvl, (size_t)kvl, w->wv_b, f->a.att, (size_t)nh * vh, (size_t)vh);

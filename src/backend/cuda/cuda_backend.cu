@@ -741,6 +741,26 @@ static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v,
     return b->err ? -1 : 0;
 }
 
+static int cuda_mla_prep(kaon_backend *be, const void *kva, const kaon_tensor *norm, float eps, const void *q,
+                         int nh, int hd, float pe_scale, void *qm, kaon_kv_layer *kv, const kaon_attn_meta *m,
+                         int kvl, int rd, const kaon_rope *rope) {
+    kc_backend *b = kc(be);
+    if (!kva || !q || !qm || !kv || !kv->k || !m || nh <= 0 || kvl <= 0 || rd <= 0 || hd < rd)
+        return kc_fail(b, "cuda mla_prep: bad arguments");
+    if (!rope || kvl % 8 || (kvl + rd) % 8 || ((uintptr_t)kva & 15) || rope->rot_dim != rd)
+        return 1;  // the unfused ops take it
+    if (m->n_tokens <= 0) return 0;
+    if (!is_vector(b, norm, kvl, "mla_prep norm") || rope_sync(b, rope, rd)) return -1;
+    const int32_t *dp = kc_dev_i32(b, m->positions, (size_t)m->n_tokens);
+    const int32_t *ds = kc_dev_i32(b, m->slot_mapping, (size_t)m->n_tokens);
+    if (!dp || !ds) return -1;
+    const size_t bytes = alloc_size(b, kv->k);
+    const int64_t n_slots = bytes ? (int64_t)(bytes / ((size_t)(kvl + rd) * sizeof(bf16))) : INT64_MAX;
+    kc_mla_prep(b, (const bf16 *)kva, (const float *)norm->data, eps, (const bf16 *)q, nh, hd, pe_scale, (bf16 *)qm,
+                (bf16 *)kv->k, dp, ds, n_slots, m->n_tokens, kvl, rd, rope->interleaved);
+    return b->err ? -1 : 0;
+}
+
 // ---- lifetime -----------------------------------------------------------------------------------
 
 static void cuda_destroy(kaon_backend *be) {
@@ -812,6 +832,7 @@ static kaon_backend_ops make_ops(void) {
     o.linear_multi = cuda_linear_multi;
     o.linear_silu_mul = cuda_linear_silu_mul;
     o.rope_kv_write = cuda_rope_kv_write;
+    o.mla_prep = cuda_mla_prep;
     o.linear_f32 = cuda_linear_f32;
     o.copy_f32_to_host = cuda_copy_f32_to_host;
     o.sample = cuda_sample;

@@ -192,6 +192,9 @@ void kc_kv_write(kc_backend *b, bf16 *kc_, bf16 *vc, const bf16 *k, const bf16 *
 void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved);
+void kc_mla_prep(kc_backend *b, const bf16 *kva, const float *w, float eps, const bf16 *q, int nh, int hd,
+                 float pe_scale, bf16 *qm, bf16 *cache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
+                 int n, int kvl, int rd, int interleaved);
 void kc_silu_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
 void kc_gelu_tanh_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out);
 void kc_scale(kc_backend *b, bf16 *x, size_t n, float s);

@@ -234,6 +234,77 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
     kc_launched(b, "rope_kv_write");
 }
 
+// ---- DeepSeek MLA: the cache row and the query's rope part ------------------------------------
+
+// One block (256 threads) per token. kva [n, kvl + rd] = [latent | k_pe]: the cache row at the
+// token's slot is [RMSNorm(latent) * w | rope(k_pe)]; q [n, nh, hd]: each head's last rd dims
+// rotated (rounded to bf16, as the rope op leaves them), times pe_scale, into
+// qm [n, nh, kvl + rd] at column kvl. The same arithmetic as copy_strided + rmsnorm + rope +
+// kv_write + rope + copy_strided (the norm's sum in k_rmsnorm's order: 8 consecutive elements
+// per thread, then block_sum), in one launch.
+__global__ void __launch_bounds__(256)
+k_mla_prep(const bf16 *__restrict__ kva, const float *__restrict__ w, float eps, const bf16 *__restrict__ q,
+           int nh, int hd, float pe_scale, bf16 *__restrict__ qm, bf16 *__restrict__ cache,
+           const int32_t *__restrict__ pos, const int32_t *__restrict__ slot, int64_t n_slots, int kvl, int rd,
+           int interleaved, const float *__restrict__ inv_freq) {
+    __shared__ float red[33];
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int t = blockIdx.x, tid = threadIdx.x, row = kvl + rd, half = rd / 2;
+    const float p = (float)pos[t];
+    const bf16 *xr = kva + (size_t)t * row;
+    // q's rope part: no dependence on the norm.
+    for (int i = tid; i < nh * half; i += blockDim.x) {
+        const int h = i / half, j = i - h * half;
+        const bf16 *qh = q + ((size_t)t * nh + h) * hd + (hd - rd);
+        const float theta = p * inv_freq[j];
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        const int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+        const float a = bf(qh[i0]), c = bf(qh[i1]);
+        bf16 *o = qm + ((size_t)t * nh + h) * row + kvl;
+        o[i0] = tobf(rbf(a * cs - c * sn) * pe_scale);
+        o[i1] = tobf(rbf(a * sn + c * cs) * pe_scale);
+    }
+    const int64_t s = slot[t];
+    const bool write = s >= 0 && s < n_slots;
+    float ss = 0.f;
+    for (int j = tid; j < kvl / 8; j += blockDim.x) {
+        const uint4 v = ((const uint4 *)xr)[j];
+        const bf16 *e = (const bf16 *)&v;
+#pragma unroll
+        for (int k = 0; k < 8; k++) ss += bf(e[k]) * bf(e[k]);
+    }
+    const float r = rsqrtf(block_sum(ss, red) / (float)kvl + eps);
+    if (!write) return;
+    bf16 *dst = cache + (size_t)s * row;
+    for (int j = tid; j < kvl / 8; j += blockDim.x) {
+        uint4 v = ((const uint4 *)xr)[j];
+        bf16 *e = (bf16 *)&v;
+#pragma unroll
+        for (int k = 0; k < 8; k++) e[k] = tobf(w[8 * j + k] * rbf(bf(e[k]) * r));
+        ((uint4 *)dst)[j] = v;
+    }
+    for (int j = tid; j < half; j += blockDim.x) {
+        const float theta = p * inv_freq[j];
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        const int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+        const float a = bf(xr[kvl + i0]), c = bf(xr[kvl + i1]);
+        dst[kvl + i0] = tobf(a * cs - c * sn);
+        dst[kvl + i1] = tobf(a * sn + c * cs);
+    }
+}
+
+void kc_mla_prep(kc_backend *b, const bf16 *kva, const float *w, float eps, const bf16 *q, int nh, int hd,
+                 float pe_scale, bf16 *qm, bf16 *cache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
+                 int n, int kvl, int rd, int interleaved) {
+    if (n <= 0) return;
+    kc_launch(b, k_mla_prep, dim3(n), dim3(256), 0, kva, w, eps, q, nh, hd, pe_scale, qm, cache, d_pos, d_slot,
+              n_slots, kvl, rd, interleaved, (const float *)b->d_inv_freq);
+    kc_launched(b, "mla_prep");
+}
+
 // ---- element-wise --------------------------------------------------------------------------
 
 // out = bf16(bf16(act(g)) * u): the activation is rounded before it multiplies up, as HF's bf16

@@ -482,12 +482,18 @@ static __device__ __forceinline__ int mla_slot(const int32_t *bt, int kk, int k1
     return blk >= 0 && s < n_slots ? (int)s : -1;
 }
 
-// One CTA per (token, head): out = sum_z w_z O_z with w_z = exp2(m_z - M) / sum_z exp2(m_z - M)
-// l_z over the ranges the token used (tokens that used one range were written directly).
-__global__ void __launch_bounds__(128)
+// One CTA per (token, head, 128 output dims): out = sum_z w_z O_z with w_z = exp2(m_z - M) /
+// sum_z exp2(m_z - M) l_z over the ranges the token used (tokens that used one range were
+// written directly). The ranges are split over MM_ZG thread groups, each loading float4s of its
+// share with no dependence between loads (at batch 1 a token has up to MLA_MAX_SPLITS ranges: a
+// serial sum over them is L2-latency bound), then summed in shared memory in a fixed order.
+#define MM_DIMS 128
+#define MM_ZG 8
+__global__ void __launch_bounds__(MM_ZG * MM_DIMS / 4)
 k_mla_merge(const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, int n_seqs, int max_blocks, int bs,
             int nh, int kvl, int S, int min_keys, const float *__restrict__ part, bf16 *__restrict__ out) {
     __shared__ float w_s[MLA_MAX_SPLITS];
+    __shared__ float4 red_s[MM_ZG][MM_DIMS / 4];
     kc_pdl_trigger();
     kc_pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
@@ -520,12 +526,37 @@ k_mla_merge(const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, in
         for (int i = 0; i < PER; i++) w_s[lane + 32 * i] = m[i] * inv;
     }
     __syncthreads();
-    bf16 *o = out + ((size_t)t * nh + h) * kvl;
-    for (int d = tid; d < kvl; d += blockDim.x) {
-        float a = 0.f;
-#pragma unroll 8
-        for (int z = 0; z < n_act; z++) a = fmaf(w_s[z], __ldcg(pb + z * stride + d), a);
-        o[d] = __float2bfloat16(a);
+    // Thread (zg, c): dims d0 + 4c .. + 3 (float4; kvl % 8 == 0, the row stride kvl + 2 is even
+    // but not a multiple of 4 floats: float2 loads), ranges z = zg, zg + MM_ZG, ...
+    const int c = tid % (MM_DIMS / 4), zg = tid / (MM_DIMS / 4);
+    const int d = blockIdx.z * MM_DIMS + 4 * c;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (d < kvl) {
+#pragma unroll 4
+        for (int z = zg; z < n_act; z += MM_ZG) {
+            const float w = w_s[z];
+            const float2 lo = __ldcg((const float2 *)(pb + z * stride + d));
+            const float2 hi = __ldcg((const float2 *)(pb + z * stride + d + 2));
+            a.x = fmaf(w, lo.x, a.x);
+            a.y = fmaf(w, lo.y, a.y);
+            a.z = fmaf(w, hi.x, a.z);
+            a.w = fmaf(w, hi.y, a.w);
+        }
+    }
+    red_s[zg][c] = a;
+    __syncthreads();
+    if (zg == 0 && d < kvl) {
+#pragma unroll
+        for (int g = 1; g < MM_ZG; g++) {
+            const float4 v = red_s[g][c];
+            a.x += v.x;
+            a.y += v.y;
+            a.z += v.z;
+            a.w += v.w;
+        }
+        bf16 *o = out + ((size_t)t * nh + h) * kvl + d;
+        *(__nv_bfloat162 *)o = __floats2bfloat162_rn(a.x, a.y);
+        *(__nv_bfloat162 *)(o + 2) = __floats2bfloat162_rn(a.z, a.w);
     }
 }
 
@@ -572,7 +603,7 @@ struct MlaTC {
     static constexpr int DW = MLA_L / DS;  // output dims per warp in P V
     static constexpr int NV = DW / 8;    // n-tiles per warp in P V (even)
     static constexpr int PLD = KT + 8;   // P's shared row stride (bf16)
-    static constexpr int MIN_KEYS = 2 * KT;
+    static constexpr int MIN_KEYS = KT;  // short contexts: more CTAs, one tile each
     static constexpr size_t SMEM = sizeof(bf16) * ((size_t)HB * MLA_LD + 2 * (size_t)KT * MLA_LD + (size_t)HB * PLD) +
                                    sizeof(float) * 8 * 16 + sizeof(int) * 2 * KT;
 };
@@ -649,9 +680,13 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
         const int *sl = slot_s + cur * KT;
 
         // S [16 x KW] = Q_mt K^T over the warp's keys ds * KW ...
-        float sc[NQ][4];
+        // Two accumulators per n-tile (even and odd 16-wide k steps): at 16 heads a warp has one
+        // n-tile, and one chain of 36 dependent mma is the tile's critical path.
+        float sc[NQ][4], sc2[NQ][4];
 #pragma unroll
-        for (int j = 0; j < NQ; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+        for (int j = 0; j < NQ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[j][e] = sc2[j][e] = 0.f;
         const bf16 *kb = kt_s + (ds * KW + (lane & 7)) * MLA_LD + (lane >> 3) * 8;
 #pragma unroll 2
         for (int kk = 0; kk < MLA_D; kk += 32) {
@@ -663,9 +698,13 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
                 unsigned bb[4];
                 ldsm4(bb, kb + j * 8 * MLA_LD + kk);
                 mma16816(sc[j], a0, bb[0], bb[1]);
-                mma16816(sc[j], a1, bb[2], bb[3]);
+                mma16816(sc2[j], a1, bb[2], bb[3]);
             }
         }
+#pragma unroll
+        for (int j = 0; j < NQ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[j][e] += sc2[j][e];
         // Scale (log2 units), mask keys without a slot, row maxima over the warp's keys.
         float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
@@ -975,7 +1014,8 @@ void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *
         if (kc_launched(b, "mla attention (generic)")) return;
     }
     if (S > 1) {
-        kc_launch(b, k_mla_merge, dim3((unsigned)T, (unsigned)nh), dim3(128), 0, d_pos, d_seq, m->n_seqs,
+        kc_launch(b, k_mla_merge, dim3((unsigned)T, (unsigned)nh, (unsigned)((kvl + MM_DIMS - 1) / MM_DIMS)),
+                  dim3(MM_ZG * MM_DIMS / 4), 0, d_pos, d_seq, m->n_seqs,
                   m->max_blocks, m->block_size, nh, kvl, S, min_keys, (const float *)b->attn_part, out);
         kc_launched(b, "mla merge");
     }
