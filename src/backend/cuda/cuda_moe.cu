@@ -13,8 +13,9 @@
 //   4. k_permute: slot of each (token, choice): the rows of expert e are the slots
 //      [off[e], off[e+1]); slot_tok[slot] = token, inv[token * K + j] = slot.
 //   5. experts, reading each active expert's weights once for all of its tokens:
-//      n <= 8 (decode): GEMV kernels, one warp per weight row, the expert's <= 8 token rows
-//        in registers (k_moe_gemv_gu: silu(x gate^T) * (x up^T); k_moe_gemv_down);
+//      n <= 8 (decode; only with KAON_MOE_SMALL=0, see below): GEMV kernels, one warp per
+//        weight row, the expert's <= 8 token rows in registers (k_moe_gemv_gu:
+//        silu(x gate^T) * (x up^T); k_moe_gemv_down);
 //      else (prefill): grouped GEMM on tensor cores (WMMA bf16 16x16x16, f32 accumulators,
 //        64x64 tiles, 2-stage cp.async pipeline): the gate/up kernel gathers its A rows
 //        through slot_tok and applies SiLU-and-mul in its epilogue; the down kernel reads the
@@ -29,6 +30,20 @@
 //      weighted un-permute and the sum in one pass, f32, one rounding to bf16.
 // Intermediate roundings follow HF's bf16 modules: gate and up outputs, silu, their product and
 // each expert's output are rounded to bf16.
+//
+// Small batches (n <= 8, decode) take three launches instead (moe_small): at batch 1 the ten
+// launches above cost more in launch gaps and one-block kernels (routing, plan, combine) than
+// the expert GEMVs take to stream their weights.
+//   k_moe_route_small: router GEMV (k_gemv's arithmetic) with Qwen2-MoE's gate input as one more
+//     row; the last block to finish (a ticket counter in the scratch) routes every token with
+//     k_route's / k_route_ds's own code, counts in shared memory, and writes offsets, the active
+//     experts, slot_tok and inv (slots of an expert in token order: deterministic).
+//   k_moe_small_gu: the active experts' gate/up GEMV and, as extra grid rows, the shared expert's
+//     (its blocks first: they load weights before the routing is done, under PDL).
+//   k_moe_small_down: one output row per DN_WPR warps, which share its dot products (shared
+//     expert, active experts) and add them per token in k_combine's order and roundings.
+// A shared expert these kernels cannot read as bare bf16 goes through the linear ops between the
+// second and third launch. KAON_MOE_SMALL=0: small batches take the general path.
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_moe_route.cuh"
 
@@ -368,11 +383,17 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
                     acc[b] = s;
                 }
         }
-        for (; c < nc; c += 32) {
-            const uint4 w0 = ld_stream(wr + c);
+        if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+            for (int u = 0; u < SM_U - 1; u++)
+                if (c + 32 * u < nc) wv[u] = ld_stream(wr + c + 32 * u);
 #pragma unroll
             for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-                if (b < n) acc[b] = dot8(w0, __ldg(xr + (size_t)b * nc + c), acc[b]);
+                if (b < n) {
+#pragma unroll
+                    for (int u = 0; u < SM_U - 1; u++)
+                        if (c + 32 * u < nc) acc[b] = dot8(wv[u], __ldg(xr + (size_t)b * nc + c + 32 * u), acc[b]);
+                }
         }
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
@@ -521,14 +542,23 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
                 }
             }
     }
-    for (; c < nc; c += 32) {
-        const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
+    if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+        for (int q = 0; q < SM_U - 1; q++)
+            if (c + 32 * q < nc) {
+                gv[q] = ld_stream(gr + c + 32 * q);
+                uv[q] = ld_stream(ur + c + 32 * q);
+            }
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
             if (b < ne) {
-                const uint4 x0 = __ldg(xr[b] + c);
-                ag[b] = dot8(g0, x0, ag[b]);
-                au[b] = dot8(u0, x0, au[b]);
+#pragma unroll
+                for (int q = 0; q < SM_U - 1; q++)
+                    if (c + 32 * q < nc) {
+                        const uint4 x0 = __ldg(xr[b] + c + 32 * q);
+                        ag[b] = dot8(gv[q], x0, ag[b]);
+                        au[b] = dot8(uv[q], x0, au[b]);
+                    }
             }
     }
 #pragma unroll
@@ -604,11 +634,17 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
                     }
             }
             pre = false;
-            for (; c < ncs; c += 32) {
-                const uint4 d0 = ld_stream(wr + c);
+            if (c < ncs) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+                for (int q = 0; q < SM_U - 1; q++)
+                    if (c + 32 * q < ncs) dv[q] = ld_stream(wr + c + 32 * q);
 #pragma unroll
                 for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-                    if (b < ne) acc[b] = dot8(d0, __ldg(hr + (size_t)b * ncs + c), acc[b]);
+                    if (b < ne) {
+#pragma unroll
+                        for (int q = 0; q < SM_U - 1; q++)
+                            if (c + 32 * q < ncs) acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
+                    }
             }
 #pragma unroll
             for (int b = 0; b < MOE_GEMV_MAX_N; b++)
@@ -871,6 +907,7 @@ static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, 
                     (void **)&m->off, (void **)&m->fill, (void **)&m->active, (void **)&m->tiles,
                     (void **)&m->n_tiles, (void **)&m->slot_tok, (void **)&m->inv, (void **)&m->H,
                     (void **)&m->Y, (void **)&m->HS, (void **)&m->YS, (void **)&m->SG};
+    static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "one size per buffer");
     for (int i = 0; i < count; i++) {
         *dst[i] = sizes[i] ? p : NULL;
         p += al256(sizes[i]);
