@@ -13,8 +13,9 @@
 //   4. k_permute: slot of each (token, choice): the rows of expert e are the slots
 //      [off[e], off[e+1]); slot_tok[slot] = token, inv[token * K + j] = slot.
 //   5. experts, reading each active expert's weights once for all of its tokens:
-//      n <= 8 (decode): GEMV kernels, one warp per weight row, the expert's <= 8 token rows
-//        in registers (k_moe_gemv_gu: silu(x gate^T) * (x up^T); k_moe_gemv_down);
+//      n <= 8 (decode; only with KAON_MOE_SMALL=0, see below): GEMV kernels, one warp per
+//        weight row, the expert's <= 8 token rows in registers (k_moe_gemv_gu:
+//        silu(x gate^T) * (x up^T); k_moe_gemv_down);
 //      else (prefill): grouped GEMM on tensor cores (WMMA bf16 16x16x16, f32 accumulators,
 //        64x64 tiles, 2-stage cp.async pipeline): the gate/up kernel gathers its A rows
 //        through slot_tok and applies SiLU-and-mul in its epilogue; the down kernel reads the
@@ -29,9 +30,25 @@
 //      weighted un-permute and the sum in one pass, f32, one rounding to bf16.
 // Intermediate roundings follow HF's bf16 modules: gate and up outputs, silu, their product and
 // each expert's output are rounded to bf16.
+//
+// Small batches (n <= 8, decode) take three launches instead (moe_small): at batch 1 the ten
+// launches above cost more in launch gaps and one-block kernels (routing, plan, combine) than
+// the expert GEMVs take to stream their weights.
+//   k_moe_route_small: router GEMV (k_gemv's arithmetic) with Qwen2-MoE's gate input as one more
+//     row; the last block to finish (a ticket counter in the scratch) routes every token with
+//     k_route's / k_route_ds's own code, counts in shared memory, and writes offsets, the active
+//     experts, slot_tok and inv (slots of an expert in token order: deterministic).
+//   k_moe_small_gu: the active experts' gate/up GEMV and, as extra grid rows, the shared expert's
+//     (its blocks first: they load weights before the routing is done, under PDL).
+//   k_moe_small_down: one output row per DN_WPR warps, which share its dot products (shared
+//     expert, active experts) and add them per token in k_combine's order and roundings.
+// A shared expert these kernels cannot read as bare bf16 goes through the linear ops between the
+// second and third launch. KAON_MOE_SMALL=0: small batches take the general path.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_moe_route.cuh"
 
 #include <mma.h>
+#include <stdlib.h>
 #include <string.h>
 
 using namespace nvcuda;
@@ -52,6 +69,7 @@ typedef struct MoeW {
 
 // Device scratch of one call, carved from b->moe_buf.
 typedef struct MoeBufs {
+    unsigned *ticket;  // [1] k_moe_route_small's count of finished blocks (0 between launches)
     float *logits;     // [n, E]
     int *topk_id;      // [n*K] (-1: none)
     float *topk_w;     // [n*K]
@@ -74,12 +92,12 @@ static __device__ __forceinline__ float bfr(float v) { return __bfloat162float(_
 
 // ---- 2. routing ------------------------------------------------------------------------------
 
-// One warp per token. E <= MOE_MAX_E (each lane keeps E/32 logits), K <= MOE_MAX_K.
-__global__ void k_route(const float *__restrict__ logits, const int32_t *__restrict__ pos, int n,
-                        int E, int K, int norm, int *__restrict__ topk_id, float *__restrict__ topk_w,
-                        int *__restrict__ cnt, uint32_t *__restrict__ counts) {
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= n) return;
+// Token t (the whole warp; lane = its lane). E <= MOE_MAX_E (each lane keeps E/32 logits),
+// K <= MOE_MAX_K. The chosen experts are counted in cnt (global or shared memory) and counts
+// (NULL: none). logits are read through L2 (ld.cg): the small-batch kernel wrote them itself.
+static __device__ __forceinline__ void moe_route_token(const float *logits, const int32_t *pos, int t, int E, int K,
+                                                       int norm, int *topk_id, float *topk_w, int *cnt,
+                                                       uint32_t *counts, int lane) {
     if (pos && pos[t] < 0) {  // padding: no experts
         for (int j = lane; j < K; j += 32) {
             topk_id[(size_t)t * K + j] = -1;
@@ -93,7 +111,7 @@ __global__ void k_route(const float *__restrict__ logits, const int32_t *__restr
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int e = lane + 32 * i;
-        v[i] = e < E ? bfr(logits[(size_t)t * E + e]) : -INFINITY;
+        v[i] = e < E ? bfr(__ldcg(logits + (size_t)t * E + e)) : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -142,6 +160,15 @@ __global__ void k_route(const float *__restrict__ logits, const int32_t *__restr
         topk_id[(size_t)t * K + lane] = chosen_j;
         topk_w[(size_t)t * K + lane] = norm ? chosen_p / sel : chosen_p;
     }
+}
+
+// One warp per token.
+__global__ void k_route(const float *__restrict__ logits, const int32_t *__restrict__ pos, int n, int E, int K,
+                        int norm, int *__restrict__ topk_id, float *__restrict__ topk_w, int *__restrict__ cnt,
+                        uint32_t *__restrict__ counts) {
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    moe_route_token(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
 }
 
 // ---- 3. plan -----------------------------------------------------------------------------------
@@ -301,6 +328,355 @@ k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *_
             const float v = warp_sum(acc[b]);
             if (lane == 0) Y[(size_t)(s0 + b) * dim + r] = __float2bfloat16(v);
         }
+}
+
+// ---- small batches (n <= MOE_GEMV_MAX_N): three launches ------------------------------------------
+
+#define SR_WARPS 8      // k_moe_route_small: router rows per block; its last block routes token w in warp w
+#define SM_U 4          // weight loads in flight per lane and matrix (GEMV of the small path)
+#define DN_ROWS 2       // k_moe_small_down: output rows per block
+#define DN_WPR (GEMV_WARPS / DN_ROWS)  // warps per output row
+
+// Router logits (and Qwen2-MoE's shared-expert gate logit) for the n tokens, one warp per row
+// (the arithmetic of cuda_linear.cu's k_gemv, so the logits are the same bits), then the last
+// block to finish (a ticket in the scratch, back to 0 after each launch) routes the tokens and
+// plans the experts: counts in shared memory, offsets, the active experts in expert order,
+// slot_tok and inv (within an expert the slots follow the tokens).
+template <bool DS>
+__global__ void __launch_bounds__(SR_WARPS * 32)
+k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__restrict__ router, int E,
+                  const bf16 *__restrict__ sg_w, const int32_t *__restrict__ pos, int K, int norm, MoeRouteDs p,
+                  MoeBufs m, uint32_t *__restrict__ counts) {
+    __shared__ float c_s[DS ? SR_WARPS * MOE_MAX_E : 1];  // k_route_ds's choice values, per warp
+    __shared__ int s_cnt[MOE_MAX_E];
+    __shared__ int s_off[MOE_MAX_E + 1];
+    __shared__ int s_id[MOE_GEMV_MAX_N * MOE_MAX_K];
+    __shared__ int s_last;
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
+    const int row = blockIdx.x * SR_WARPS + warp, rows = E + (sg_w ? 1 : 0);
+    const bool active = row < rows;
+    const uint4 *wr = (const uint4 *)(!active ? router : row < E ? router + (size_t)row * dim : sg_w);
+    const uint4 *xr = (const uint4 *)x;
+    int c = lane;
+    // The first weights are requested before waiting for the kernel that writes x.
+    uint4 wv[SM_U];
+    if (active && c + 32 * (SM_U - 1) < nc)
+#pragma unroll
+        for (int u = 0; u < SM_U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+    kc_pdl_wait();
+    if (active) {
+        float acc[MOE_GEMV_MAX_N];
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+        for (bool first = true; c + 32 * (SM_U - 1) < nc; c += 32 * SM_U, first = false) {
+            if (!first)
+#pragma unroll
+                for (int u = 0; u < SM_U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+#pragma unroll
+            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                if (b < n) {
+                    const uint4 *xb = xr + (size_t)b * nc + c;
+                    float s = acc[b];
+#pragma unroll
+                    for (int u = 0; u < SM_U; u++) s = dot8(wv[u], __ldg(xb + 32 * u), s);
+                    acc[b] = s;
+                }
+        }
+        if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+            for (int u = 0; u < SM_U - 1; u++)
+                if (c + 32 * u < nc) wv[u] = ld_stream(wr + c + 32 * u);
+#pragma unroll
+            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                if (b < n) {
+#pragma unroll
+                    for (int u = 0; u < SM_U - 1; u++)
+                        if (c + 32 * u < nc) acc[b] = dot8(wv[u], __ldg(xr + (size_t)b * nc + c + 32 * u), acc[b]);
+                }
+        }
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < n) {
+                const float v = warp_sum(acc[b]);
+                if (lane == 0) {
+                    if (row < E) m.logits[(size_t)b * E + row] = v;
+                    else m.SG[b] = v;
+                }
+            }
+    }
+    // The last block to get here sees every block's logits.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(m.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *m.ticket = 0;  // for the next launch (and graph replay)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
+    __syncthreads();
+    if (warp < n) {
+        if (DS)
+            moe_route_ds_token(m.logits, pos, warp, E, K, p, c_s + (DS ? warp * MOE_MAX_E : 0), m.topk_id, m.topk_w,
+                               s_cnt, counts, lane);
+        else
+            moe_route_token(m.logits, pos, warp, E, K, norm, m.topk_id, m.topk_w, s_cnt, counts, lane);
+    }
+    __syncthreads();
+    const int nk = n * K;
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) s_id[i] = __ldcg(m.topk_id + i);
+    if (warp == 0) {
+        // Exclusive scans of the counts and of (count > 0): lane owns experts [e0, e1).
+        const int per = (E + 31) / 32, e0 = lane * per, e1 = min(e0 + per, E);
+        int sc = 0, sa = 0;
+        for (int e = e0; e < e1; e++) {
+            sc += s_cnt[e];
+            sa += s_cnt[e] > 0;
+        }
+        int ic = sc, ia = sa;  // inclusive
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, ic, o), q = __shfl_up_sync(0xffffffffu, ia, o);
+            if (lane >= o) {
+                ic += a;
+                ia += q;
+            }
+        }
+        int oc = ic - sc, oa = ia - sa;
+        for (int e = e0; e < e1; e++) {
+            const int ce = s_cnt[e];
+            s_off[e] = oc;
+            m.off[e] = oc;
+            if (ce > 0) m.active[oa++] = e;
+            oc += ce;
+        }
+        if (lane == 31) {
+            s_off[E] = ic;
+            m.off[E] = ic;
+            m.active[E] = ia;
+        }
+    }
+    __syncthreads();
+    // Choice i = t * K + j of expert e: slot off[e] + (earlier choices of e; a token takes an
+    // expert at most once, so these are the earlier tokens').
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+        const int e = s_id[i];
+        if (e < 0) {
+            m.inv[i] = -1;
+            continue;
+        }
+        int before = 0;
+        for (int q = 0; q < i; q++) before += s_id[q] == e;
+        const int s = s_off[e] + before;
+        m.slot_tok[s] = i / K;
+        m.inv[i] = s;
+    }
+}
+
+// Gate/up of the routed experts and of the shared expert in one launch. blockIdx.y < ys: the
+// shared expert's rows ((y * gridDim.x + x) * GEMV_WARPS + warp, all n tokens, into HS [n, SF]),
+// first so that their blocks start streaming weights before the routing is done; else active
+// expert y - ys, rows x * GEMV_WARPS + warp (k_moe_gemv_gu). Roundings as k_gemv_silu's.
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sgate,
+               const bf16 *__restrict__ sup, int SF, int ys, const int *__restrict__ active, int E,
+               const int *__restrict__ off, const int *__restrict__ slot_tok, bf16 *__restrict__ H,
+               bf16 *__restrict__ HS) {
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
+    const bool sh = (int)blockIdx.y < ys;
+    const int r = sh ? ((int)(blockIdx.y * gridDim.x + blockIdx.x)) * GEMV_WARPS + warp
+                     : (int)blockIdx.x * GEMV_WARPS + warp;
+    const uint4 *gr = NULL, *ur = NULL;
+    uint4 gv[SM_U], uv[SM_U];
+    int c = lane;
+    // The shared expert's first weights are requested before waiting for the routing.
+    const bool pre = sh && r < SF && c + 32 * (SM_U - 1) < nc;
+    if (sh && r < SF) {
+        gr = (const uint4 *)(sgate + (size_t)r * dim);
+        ur = (const uint4 *)(sup + (size_t)r * dim);
+    }
+    if (pre)
+#pragma unroll
+        for (int q = 0; q < SM_U; q++) {
+            gv[q] = ld_stream(gr + c + 32 * q);
+            uv[q] = ld_stream(ur + c + 32 * q);
+        }
+    kc_pdl_wait();
+    int s0 = 0, ne;
+    if (sh) {
+        if (r >= SF) return;
+        ne = n;
+    } else {
+        const int i = (int)blockIdx.y - ys;
+        if (i >= active[E] || r >= F) return;
+        const int e = active[i];
+        s0 = off[e];
+        ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+        gr = (const uint4 *)(w.gate + (size_t)e * w.sgate + (size_t)r * dim);
+        ur = (const uint4 *)(w.up + (size_t)e * w.sup + (size_t)r * dim);
+    }
+    const uint4 *xr[MOE_GEMV_MAX_N];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) {
+        const int bb = b < ne ? b : 0;
+        xr[b] = (const uint4 *)(x + (size_t)(sh ? bb : slot_tok[s0 + bb]) * dim);
+    }
+    float ag[MOE_GEMV_MAX_N], au[MOE_GEMV_MAX_N];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) ag[b] = au[b] = 0.f;
+    for (bool first = true; c + 32 * (SM_U - 1) < nc; c += 32 * SM_U, first = false) {
+        if (!(first && pre))
+#pragma unroll
+            for (int q = 0; q < SM_U; q++) {
+                gv[q] = ld_stream(gr + c + 32 * q);
+                uv[q] = ld_stream(ur + c + 32 * q);
+            }
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < ne) {
+#pragma unroll
+                for (int q = 0; q < SM_U; q++) {
+                    const uint4 x0 = __ldg(xr[b] + c + 32 * q);
+                    ag[b] = dot8(gv[q], x0, ag[b]);
+                    au[b] = dot8(uv[q], x0, au[b]);
+                }
+            }
+    }
+    if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+        for (int q = 0; q < SM_U - 1; q++)
+            if (c + 32 * q < nc) {
+                gv[q] = ld_stream(gr + c + 32 * q);
+                uv[q] = ld_stream(ur + c + 32 * q);
+            }
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < ne) {
+#pragma unroll
+                for (int q = 0; q < SM_U - 1; q++)
+                    if (c + 32 * q < nc) {
+                        const uint4 x0 = __ldg(xr[b] + c + 32 * q);
+                        ag[b] = dot8(gv[q], x0, ag[b]);
+                        au[b] = dot8(uv[q], x0, au[b]);
+                    }
+            }
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+        if (b < ne) {
+            const float g = bfr(warp_sum(ag[b])), u = bfr(warp_sum(au[b]));
+            if (lane == 0) {
+                const bf16 h = __float2bfloat16(bfr(g / (1.f + expf(-g))) * u);
+                if (sh) HS[(size_t)b * SF + r] = h;
+                else H[(size_t)(s0 + b) * F + r] = h;
+            }
+        }
+}
+
+// Down projections fused with the combine. Block: output rows blockIdx.x * DN_ROWS + (warp /
+// DN_WPR); the DN_WPR warps of a row share its dot products (tasks: the shared expert's row
+// when sdown is given, then each active expert's), each dot by one warp as k_moe_gemv_down /
+// k_gemv compute it, rounded to bf16 into shared memory; then one warp adds them per token in
+// k_combine's order: sg_t * shared (sg: sigmoid(bf16(SG[t])), 1 without SG), then the choices
+// j = 0..K-1, bf16(w) * Y, one rounding. ys: the shared expert's output when another kernel
+// computed it ([n, dim]; NULL: from sdown, or none when both are NULL). Padding: zeros.
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
+                 const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
+                 const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
+                 const float *__restrict__ topk_w, bf16 *__restrict__ out) {
+    __shared__ float s_y[DN_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
+    __shared__ float s_ys[DN_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lr = warp / DN_WPR, sub = warp % DN_WPR;
+    const int r = (int)blockIdx.x * DN_ROWS + lr;
+    const bool has_sd = sdown != NULL;
+    uint4 dv[SM_U];
+    // The shared expert's first weights (task 0 of warp sub 0) before waiting for gate/up.
+    bool pre = has_sd && sub == 0 && r < dim && lane + 32 * (SM_U - 1) < (SF >> 3);
+    if (pre)
+#pragma unroll
+        for (int q = 0; q < SM_U; q++) dv[q] = ld_stream((const uint4 *)(sdown + (size_t)r * SF) + lane + 32 * q);
+    kc_pdl_wait();
+    if (r < dim) {
+        const int nt = active[E] + (has_sd ? 1 : 0);
+        for (int task = sub; task < nt; task += DN_WPR) {
+            const bool shared = has_sd && task == 0;
+            const uint4 *wr, *hr;
+            int ncs, ne, s0 = 0;
+            if (shared) {
+                wr = (const uint4 *)(sdown + (size_t)r * SF);
+                hr = (const uint4 *)HS;
+                ncs = SF >> 3;
+                ne = n;
+            } else {
+                const int e = active[task - (has_sd ? 1 : 0)];
+                s0 = off[e];
+                ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+                wr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
+                hr = (const uint4 *)(H + (size_t)s0 * F);
+                ncs = F >> 3;
+            }
+            float acc[MOE_GEMV_MAX_N];
+#pragma unroll
+            for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+            int c = lane;
+            for (bool first = true; c + 32 * (SM_U - 1) < ncs; c += 32 * SM_U, first = false) {
+                if (!(first && pre))
+#pragma unroll
+                    for (int q = 0; q < SM_U; q++) dv[q] = ld_stream(wr + c + 32 * q);
+#pragma unroll
+                for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                    if (b < ne) {
+#pragma unroll
+                        for (int q = 0; q < SM_U; q++)
+                            acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
+                    }
+            }
+            pre = false;
+            if (c < ncs) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+                for (int q = 0; q < SM_U - 1; q++)
+                    if (c + 32 * q < ncs) dv[q] = ld_stream(wr + c + 32 * q);
+#pragma unroll
+                for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                    if (b < ne) {
+#pragma unroll
+                        for (int q = 0; q < SM_U - 1; q++)
+                            if (c + 32 * q < ncs) acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
+                    }
+            }
+#pragma unroll
+            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                if (b < ne) {
+                    const float v = bfr(warp_sum(acc[b]));
+                    if (lane == 0) {
+                        if (shared) s_ys[lr][b] = v;
+                        else s_y[lr][s0 + b] = v;
+                    }
+                }
+        }
+    }
+    __syncthreads();
+    if (r >= dim || sub != 0 || lane >= n) return;
+    const int t = lane;
+    const int *iv = inv + (size_t)t * K;
+    const float *wt = topk_w + (size_t)t * K;
+    if (iv[0] < 0) {  // padding
+        out[(size_t)t * dim + r] = __float2bfloat16(0.f);
+        return;
+    }
+    float acc = 0.f;
+    if (has_sd || YS) {
+        const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
+        acc = sg * (has_sd ? s_ys[lr][t] : __bfloat162float(YS[(size_t)t * dim + r]));
+    }
+    for (int j = 0; j < K; j++) {
+        const int s = iv[j];
+        if (s < 0) continue;
+        acc = fmaf(bfr(wt[j]), s_y[lr][s], acc);  // HF: weights cast to bf16
+    }
+    out[(size_t)t * dim + r] = __float2bfloat16(acc);
 }
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
@@ -507,6 +883,7 @@ static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, int max_tiles, MoeBufs *m) {
     const size_t nk = (size_t)n * K;
     const size_t sizes[] = {
+        4,  // the ticket: first, so that it stays at one place whatever the call's sizes
         (size_t)n * E * 4, nk * 4, nk * 4, (size_t)E * 4, (size_t)(E + 1) * 4, (size_t)E * 4,
         (size_t)(E + 1) * 4, (size_t)max_tiles * 8, 4, nk * 4, nk * 4, nk * F * 2, nk * dim * 2,
         (size_t)n * SF * 2, SF ? (size_t)n * dim * 2 : 0, (size_t)n * 4,
@@ -523,17 +900,96 @@ static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, 
         b->moe_buf = b->base.ops->alloc(&b->base, cap);
         if (!b->moe_buf) return kc_fail(b, "cuda moe: out of device memory for %zu bytes of scratch", cap);
         b->moe_cap = cap;
+        if (kc_check(b, cudaMemsetAsync(b->moe_buf, 0, sizeof(unsigned), b->stream), "moe scratch")) return -1;
     }
     char *p = (char *)b->moe_buf;
-    void **dst[] = {(void **)&m->logits, (void **)&m->topk_id, (void **)&m->topk_w, (void **)&m->cnt,
+    void **dst[] = {(void **)&m->ticket, (void **)&m->logits, (void **)&m->topk_id, (void **)&m->topk_w, (void **)&m->cnt,
                     (void **)&m->off, (void **)&m->fill, (void **)&m->active, (void **)&m->tiles,
                     (void **)&m->n_tiles, (void **)&m->slot_tok, (void **)&m->inv, (void **)&m->H,
                     (void **)&m->Y, (void **)&m->HS, (void **)&m->YS, (void **)&m->SG};
+    static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "one size per buffer");
     for (int i = 0; i < count; i++) {
         *dst[i] = sizes[i] ? p : NULL;
         p += al256(sizes[i]);
     }
     return 0;
+}
+
+// The shared expert through the backend's own linear ops: HS and YS (not its gate input).
+static int shared_by_ops(kc_backend *b, const bf16 *x, int n, const kaon_moe_weights *w, int SF, const MoeBufs &m) {
+    kaon_backend *be = &b->base;
+    const kaon_backend_ops *op = be->ops;
+    int rc = op->linear_silu_mul(be, x, n, w->shared_gate, w->shared_up, m.HS);
+    if (rc == 1) {
+        if (kc_grow(b, (void **)&b->fuse_tmp, &b->fuse_tmp_cap, (size_t)n * SF, sizeof(bf16), "moe shared expert"))
+            return -1;
+        op->linear(be, x, n, w->shared_gate, m.HS);
+        op->linear(be, x, n, w->shared_up, b->fuse_tmp);
+        op->silu_and_mul(be, m.HS, b->fuse_tmp, n, SF, m.HS);
+    } else if (rc < 0) {
+        return -1;
+    }
+    op->linear(be, m.HS, n, w->shared_down, m.YS);
+    return b->err ? -1 : 0;
+}
+
+// A bare bf16 [rows, cols] matrix (no bias, scales or zero points), 16-byte aligned: what the
+// small path's kernels read directly.
+static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
+    return l && l->w.data && l->w.dtype == KAON_BF16 && l->w.ndim == 2 && l->w.shape[0] == rows &&
+           l->w.shape[1] == cols && !kaon_linear_bias(l) && !kaon_linear_unsupported(l) &&
+           !((uintptr_t)l->w.data & 15);
+}
+
+// n <= MOE_GEMV_MAX_N (decode): three launches where the general path takes ten.
+//   k_moe_route_small: router (+ shared gate input) GEMV, routing and plan in its last block;
+//   k_moe_small_gu: gate/up of the active experts and of the shared expert;
+//   k_moe_small_down: down projections of both and the combine.
+// A shared expert the kernels cannot read directly (quantized, a bias, ...) goes through the
+// linear ops between the second and third launch (and a gate input through linear_f32).
+static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, const kaon_moe_weights *w,
+                     uint32_t *counts, bf16 *out, bool ds_route, int dim, int F, int SF, const MoeW &mw,
+                     const MoeBufs &m, int max_active) {
+    const int E = w->n_experts, K = w->top_k;
+    if (((uintptr_t)x & 15) || ((uintptr_t)w->router->w.data & 15))
+        return kc_fail(b, "cuda moe: misaligned activations or router");
+    const bool fuse_shared = SF > 0 && SF % 8 == 0 && plain_bf16(w->shared_gate, SF, dim) &&
+                             plain_bf16(w->shared_up, SF, dim) && plain_bf16(w->shared_down, dim, SF);
+    const bool fuse_sg = SF > 0 && w->shared_gate_inp && plain_bf16(w->shared_gate_inp, 1, dim);
+    const bf16 *router = (const bf16 *)w->router->w.data;
+    const bf16 *sg_w = fuse_sg ? (const bf16 *)w->shared_gate_inp->w.data : NULL;
+    const MoeRouteDs p = kc_moe_route_ds_params(w);
+    const int norm = w->norm_topk ? 1 : 0;
+    const dim3 blk(GEMV_WARPS * 32);
+    const int rows = E + (fuse_sg ? 1 : 0);
+    const dim3 rgrid((unsigned)((rows + SR_WARPS - 1) / SR_WARPS));
+    cudaError_t st;
+    if (ds_route)
+        st = kc_launch(b, k_moe_route_small<true>, rgrid, dim3(SR_WARPS * 32), 0, x, n, dim, router, E, sg_w, dpos, K,
+                       norm, p, m, counts);
+    else
+        st = kc_launch(b, k_moe_route_small<false>, rgrid, dim3(SR_WARPS * 32), 0, x, n, dim, router, E, sg_w, dpos,
+                       K, norm, p, m, counts);
+    if (kc_check(b, st, "moe routing")) return -1;
+    const int gx = (F + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int ys = fuse_shared ? (SF + gx * GEMV_WARPS - 1) / (gx * GEMV_WARPS) : 0;
+    if (kc_check(b, kc_launch(b, k_moe_small_gu, dim3((unsigned)gx, (unsigned)(ys + max_active)), blk, 0, x, n, dim, F,
+                              mw, fuse_shared ? (const bf16 *)w->shared_gate->w.data : NULL,
+                              fuse_shared ? (const bf16 *)w->shared_up->w.data : NULL, fuse_shared ? SF : 0, ys,
+                              m.active, E, m.off, m.slot_tok, m.H, m.HS),
+                 "moe experts"))
+        return -1;
+    if (SF && !fuse_shared && shared_by_ops(b, x, n, w, SF, m)) return -1;
+    if (SF && w->shared_gate_inp && !fuse_sg) {
+        b->base.ops->linear_f32(&b->base, x, n, w->shared_gate_inp, m.SG);
+        if (b->err) return -1;
+    }
+    const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
+    return kc_check(b, kc_launch(b, k_moe_small_down, dgrid, blk, 0, m.H, n, dim, F, mw,
+                                 fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
+                                 m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
+                                 m.active, E, m.off, m.inv, m.topk_w, out),
+                    "moe down and combine");
 }
 
 extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t *positions,
@@ -569,6 +1025,10 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     const int max_tiles = (nk + BM - 1) / BM + max_active;
     MoeBufs m;
     if (moe_bufs(b, n, E, K, F, dim, SF, max_tiles, &m)) return -1;
+    // KAON_MOE_SMALL=0: small batches take the general path too (its GEMV kernels).
+    static const char *small_env = getenv("KAON_MOE_SMALL");
+    if (n <= MOE_GEMV_MAX_N && !(small_env && !strcmp(small_env, "0")))
+        return moe_small(b, x, n, dpos, w, counts, out, ds_route, dim, F, SF, mw, m, max_active);
 
     // 1. router logits (f32)
     if (kc_gemm_bf16(b, x, n, (const bf16 *)R->data, E, dim, NULL, m.logits, 1)) return -1;
@@ -599,20 +1059,9 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     }
     if (kc_launched(b, "moe experts")) return -1;
     // 6. shared expert
-    if (SF) {
-        const kaon_backend_ops *op = be->ops;
-        int rc = op->linear_silu_mul(be, x, n, w->shared_gate, w->shared_up, m.HS);
-        if (rc == 1) {
-            if (kc_grow(b, (void **)&b->fuse_tmp, &b->fuse_tmp_cap, (size_t)n * SF, sizeof(bf16), "moe shared expert"))
-                return -1;
-            op->linear(be, x, n, w->shared_gate, m.HS);
-            op->linear(be, x, n, w->shared_up, b->fuse_tmp);
-            op->silu_and_mul(be, m.HS, b->fuse_tmp, n, SF, m.HS);
-        } else if (rc < 0) {
-            return -1;
-        }
-        op->linear(be, m.HS, n, w->shared_down, m.YS);
-        if (w->shared_gate_inp) op->linear_f32(be, x, n, w->shared_gate_inp, m.SG);
+    if (SF && shared_by_ops(b, x, n, w, SF, m)) return -1;
+    if (SF && w->shared_gate_inp) {
+        be->ops->linear_f32(be, x, n, w->shared_gate_inp, m.SG);
         if (b->err) return -1;
     }
     // 7. combine
