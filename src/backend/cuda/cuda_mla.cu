@@ -993,8 +993,10 @@ void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *
     }
     // Ranges per token: about one wave of CTAs (the tensor-core kernel holds one CTA per SM, the
     // generic one several); each token uses as many as its length fills with min_keys.
+    // Rounded down, so the CTAs fill whole waves (64 tokens x 16 heads: 2 ranges = 128 CTAs on
+    // 132 SMs, where 3 would run 192 in two waves, the second a third full).
     const int64_t per_sm = fast ? 1 : 4;
-    int64_t want = (per_sm * b->n_sm + (int64_t)T * n_hb - 1) / ((int64_t)T * n_hb);
+    int64_t want = per_sm * b->n_sm / ((int64_t)T * n_hb);
     int S = want > MLA_MAX_SPLITS ? MLA_MAX_SPLITS : (int)want;
     if (S < 1) S = 1;
     if (S > 1 && kc_grow(b, (void **)&b->attn_part, &b->attn_part_cap, (size_t)T * nh * S * ((size_t)kvl + 2),

@@ -95,7 +95,8 @@ static __device__ __forceinline__ float bfr(float v) { return __bfloat162float(_
 // Token t (the whole warp; lane = its lane). E <= MOE_MAX_E (each lane keeps E/32 logits),
 // K <= MOE_MAX_K. The chosen experts are counted in cnt (global or shared memory) and counts
 // (NULL: none). logits are read through L2 (ld.cg): the small-batch kernel wrote them itself.
-static __device__ __forceinline__ void moe_route_token(const float *logits, const int32_t *pos, int t, int E, int K,
+template <int PER>
+static __device__ __forceinline__ void moe_route_token_n(const float *logits, const int32_t *pos, int t, int E, int K,
                                                        int norm, int *topk_id, float *topk_w, int *cnt,
                                                        uint32_t *counts, int lane) {
     if (pos && pos[t] < 0) {  // padding: no experts
@@ -105,7 +106,6 @@ static __device__ __forceinline__ void moe_route_token(const float *logits, cons
         }
         return;
     }
-    constexpr int PER = MOE_MAX_E / 32;
     float v[PER];
     float mx = -INFINITY;
 #pragma unroll
@@ -160,6 +160,16 @@ static __device__ __forceinline__ void moe_route_token(const float *logits, cons
         topk_id[(size_t)t * K + lane] = chosen_j;
         topk_w[(size_t)t * K + lane] = norm ? chosen_p / sel : chosen_p;
     }
+}
+
+// Lanes keep PER = ceil(E / 32) logits each; the loops are as long as the experts need.
+static __device__ __forceinline__ void moe_route_token(const float *logits, const int32_t *pos, int t, int E, int K,
+                                                       int norm, int *topk_id, float *topk_w, int *cnt,
+                                                       uint32_t *counts, int lane) {
+    if (E <= 64) moe_route_token_n<2>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    else if (E <= 128) moe_route_token_n<4>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    else if (E <= 256) moe_route_token_n<8>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    else moe_route_token_n<MOE_MAX_E / 32>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
 }
 
 // One warp per token.
@@ -333,7 +343,8 @@ k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *_
 // ---- small batches (n <= MOE_GEMV_MAX_N): three launches ------------------------------------------
 
 #define SR_WARPS 8      // k_moe_route_small: router rows per block; its last block routes token w in warp w
-#define SM_U 4          // weight loads in flight per lane and matrix (GEMV of the small path)
+#define SM_U 8          // weight loads in flight per lane and matrix (GEMV of the small path): a
+                        // 2048-wide row (or 1408: the tail) in one round trip
 #define DN_ROWS 2       // k_moe_small_down: output rows per block
 #define DN_WPR (GEMV_WARPS / DN_ROWS)  // warps per output row
 

@@ -50,7 +50,8 @@ static __device__ __forceinline__ void warp_argmax(float &v, int &i) {
 // the chosen experts counted in cnt (global or shared memory) and counts (NULL: none). c: this
 // warp's E floats of shared memory. logits are read through L2 (ld.cg): the caller may have
 // written them in the same kernel. Padding tokens (pos[t] < 0) get ids -1, weights 0.
-static __device__ __forceinline__ void moe_route_ds_token(const float *logits, const int32_t *pos, int t, int E,
+template <int PER>
+static __device__ __forceinline__ void moe_route_ds_token_n(const float *logits, const int32_t *pos, int t, int E,
                                                           int K, const MoeRouteDs &p, float *c, int *topk_id,
                                                           float *topk_w, int *cnt, uint32_t *counts, int lane) {
     if (pos && pos[t] < 0) {
@@ -60,7 +61,6 @@ static __device__ __forceinline__ void moe_route_ds_token(const float *logits, c
         }
         return;
     }
-    constexpr int PER = DSR_MAX_E / 32;
     const float *lt = logits + (size_t)t * E;
     float s[PER];
     if (p.sigmoid) {
@@ -184,6 +184,16 @@ static __device__ __forceinline__ void moe_route_ds_token(const float *logits, c
         topk_id[(size_t)t * K + lane] = chosen;
         topk_w[(size_t)t * K + lane] = (p.norm ? chosen_s / (sel + 1e-20f) : chosen_s) * f;
     }
+}
+
+// Lanes keep PER = ceil(E / 32) scores each; the loops are as long as the experts need.
+static __device__ __forceinline__ void moe_route_ds_token(const float *logits, const int32_t *pos, int t, int E,
+                                                          int K, const MoeRouteDs &p, float *c, int *topk_id,
+                                                          float *topk_w, int *cnt, uint32_t *counts, int lane) {
+    if (E <= 64) moe_route_ds_token_n<2>(logits, pos, t, E, K, p, c, topk_id, topk_w, cnt, counts, lane);
+    else if (E <= 128) moe_route_ds_token_n<4>(logits, pos, t, E, K, p, c, topk_id, topk_w, cnt, counts, lane);
+    else if (E <= 256) moe_route_ds_token_n<8>(logits, pos, t, E, K, p, c, topk_id, topk_w, cnt, counts, lane);
+    else moe_route_ds_token_n<DSR_MAX_E / 32>(logits, pos, t, E, K, p, c, topk_id, topk_w, cnt, counts, lane);
 }
 
 #endif
