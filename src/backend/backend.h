@@ -157,6 +157,10 @@ typedef struct kaon_backend_ops {
     void (*mla_attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                           const kaon_attn_meta *m, int n_heads, int kv_lora, int rope_dim,
                           float scale, void *out);
+    // MLA prefill chunks may run expanded (model/blocks.c: each head's keys and values from
+    // the cached latents, then this backend's attention op with head_dim qk_nope + qk_rope).
+    // Set where the attention op takes that width and the weights stay in host memory.
+    bool mla_expanded_prefill;
     // Per-head matrices: y[t, h, 0:out] = x[t, h, 0:in] @ w_h^T for h < n_heads, t < n, where
     // w->w is [n_heads * out, in] (head h: rows [h out, (h+1) out)), no bias or companions. x and y are strided
     // activations (elements between tokens, between heads), so a head's slice of a wider row

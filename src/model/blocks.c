@@ -59,59 +59,6 @@ void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope
     op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, f->a.att);
 }
 
-size_t kaon_blk_mla_scratch(const kaon_model_config *c) {
-    const size_t nh = (size_t)c->n_heads, kvl = (size_t)c->kv_lora_rank, rd = (size_t)c->rope_dim;
-    return nh * (kvl + rd) + nh * kvl + (kvl + rd) + kvl + (size_t)c->q_lora_rank;
-}
-
-// The latent norms use RMSNorm's default epsilon (HF builds q_a_layernorm and kv_a_layernorm
-// without the config's rms_norm_eps).
-#define MLA_NORM_EPS 1e-6f
-
-void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weights *w,
-                  const kaon_rope *rope, float scale, float pe_scale) {
-    const kaon_backend_ops *op = f->op;
-    const kaon_model_config *c = f->c;
-    const int T = b->n_tokens, nh = c->n_heads, kvl = c->kv_lora_rank, rd = c->rope_dim;
-    const int nope = c->qk_nope_head_dim, hd = c->head_dim, vh = c->v_head_dim, row = kvl + rd;
-    const size_t eb = op->act_elem_bytes;
-#define AT(p, elems) ((char *)(p) + (size_t)(elems) * eb)
-    char *qm = f->a.scratch;                              // [T, nh, kvl + rd] absorbed q
-    char *ol = AT(qm, (size_t)T * nh * row);              // [T, nh, kvl] attention output (latent)
-    char *kva = AT(ol, (size_t)T * nh * kvl);             // [T, kvl + rd] latent | k_pe
-    char *lat = AT(kva, (size_t)T * row);                 // [T, kvl] latent, normed
-    char *qa = AT(lat, (size_t)T * kvl);                  // [T, q_lora]
-    // q [T, nh, nope + rd] and [c | k_pe] from xn (one pass over xn where the backend can).
-    const kaon_linear *first = w->wq ? w->wq : w->wq_a;
-    const kaon_linear *ws[2] = {first, w->wkv_a};
-    void *ys[2] = {w->wq ? f->a.q : (void *)qa, kva};
-    if (!op->linear_multi || op->linear_multi(f->be, f->a.xn, T, 2, ws, ys) == 1)
-        for (int i = 0; i < 2; i++) op->linear(f->be, f->a.xn, T, ws[i], ys[i]);
-    if (!w->wq) {
-        op->rmsnorm(f->be, qa, NULL, w->q_a_norm, MLA_NORM_EPS, T, c->q_lora_rank, qa);
-        op->linear(f->be, qa, T, w->wq_b, f->a.q);
-    }
-    // The cache row: normed latent, then the rotated shared key; qm's tail: pe_scale rope(q_pe).
-    const bool fused = op->mla_prep && op->mla_prep(f->be, kva, w->kv_a_norm, MLA_NORM_EPS, f->a.q, nh, hd, pe_scale,
-                                                    qm, &f->kv[l], &b->attn, kvl, rd, rope) != 1;
-    if (!fused) {
-        op->copy_strided(f->be, kva, (size_t)row, lat, (size_t)kvl, T, kvl, 1.0f);
-        op->rmsnorm(f->be, lat, NULL, w->kv_a_norm, MLA_NORM_EPS, T, kvl, lat);
-        op->copy_strided(f->be, lat, (size_t)kvl, kva, (size_t)row, T, kvl, 1.0f);
-        op->rope(f->be, AT(kva, kvl), T, 1, row, b->attn.positions, rope);  // rotates [kvl, kvl + rd)
-        op->kv_write(f->be, &f->kv[l], kva, NULL, &b->attn, 1, row);
-        op->rope(f->be, AT(f->a.q, nope), T, nh, hd, b->attn.positions, rope);  // q_pe, in place
-        op->copy_strided(f->be, AT(f->a.q, nope), (size_t)hd, AT(qm, kvl), (size_t)row, T * nh, rd, pe_scale);
-    }
-    // q_nope absorbed into the latent: qm = [q_nope W_UK | pe_scale q_pe].
-    op->head_linear(f->be, f->a.q, T, nh, (size_t)nh * hd, (size_t)hd, w->wk_b, qm, (size_t)nh * row, (size_t)row);
-    op->mla_attention(f->be, qm, &f->kv[l], &b->attn, nh, kvl, rd, scale, ol);
-    // Each head's latent output through its W_UV, then o_proj.
-    op->head_linear(f->be, ol, T, nh, (size_t)nh * kvl, (size_t)kvl, w->wv_b, f->a.att, (size_t)nh * vh, (size_t)vh);
-#undef AT
-    kaon_blk_out(f, b, w->wo, f->a.att);
-}
-
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
     f->op->linear(f->be, in, b->n_tokens, w, f->a.proj);
     f->pending = true;

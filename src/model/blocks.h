@@ -42,6 +42,8 @@ typedef struct kaon_fwd {
     uint32_t *expert_counts;   // [n_layers, n_experts] backend counters, or NULL
     bool pending;              // a.proj holds a sublayer's output not yet added to x
     bool norm_once;            // norms round once (Gemma's RMSNorm: the op's rmsnorm_once)
+    void **xbuf;               // a grow-only backend buffer of the runner (MLA's expanded
+    size_t *xbuf_cap;          // prefill), bytes; freed with the runner
 } kaon_fwd;
 
 typedef enum kaon_act_fn { KAON_ACT_SILU, KAON_ACT_GELU_TANH } kaon_act_fn;
@@ -80,13 +82,18 @@ typedef struct kaon_mla_weights {
     const kaon_linear *wkv_a;
     const kaon_tensor *kv_a_norm;
     const kaon_linear *wk_b, *wv_b, *wo;
+    const kaon_linear *wk_n;  // [nh * qk_nope, kv_lora]: W_UK of each head (expanded prefill); NULL: none
 } kaon_mla_weights;
 // Activation elements per token kaon_blk_mla needs in a.scratch.
 size_t kaon_blk_mla_scratch(const kaon_model_config *c);
 // Multi-head latent attention on xn, absorbed: the latent and rotated key of each token into
 // layer l's cache, then every head attends over the cached rows (mla_attention) and proj =
 // its output through W_UV and wo, pending. pe_scale multiplies q's rope part (HF's YaRN
-// attention_factor, squared).
+// attention_factor, squared). Prefill chunks of at least KAON_MLA_EXPAND_MIN tokens (256;
+// the environment variable sets it) at the end of the batch run expanded where the backend
+// and weights allow: each head's keys [c W_UK^T | k_pe] and values c W_UV^T from the cached
+// latents, then ordinary attention with head_dim qk_nope + qk_rope (a third of the absorbed
+// form's work per query and key, once a chunk is long enough to pay for the expansion).
 void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weights *w,
                   const kaon_rope *rope, float scale, float pe_scale);
 // The final norm and the LM head, on the rows that need logits only (into a.logits).

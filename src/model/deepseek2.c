@@ -53,6 +53,10 @@ typedef struct ds_layer {
     kaon_linear wkv_b;                 // [nh*(nope+v), kv_lora]: read by prepare only
     kaon_linear wk_b;                  // [nh*kv_lora, nope]: W_UK^T of each head
     kaon_linear wv_b;                  // [nh*v, kv_lora]: W_UV of each head
+    // [nh*nope, kv_lora]: W_UK of each head, for expanded prefill (blocks_mla.c). Derived in
+    // prepare, host memory only: not in the weight table, so never uploaded (backends that
+    // upload weights run prefill absorbed).
+    kaon_linear wk_n;
     kaon_linear wo;                    // [dim, nh*v]
     kaon_tensor ffn_norm;              // [dim]
     kaon_linear w_gate, w_up, w_down;  // dense layers: [ffn, dim] [ffn, dim] [dim, ffn]
@@ -302,14 +306,39 @@ static int absorb(kaon_model *m, ds_layer *w) {
     return 0;
 }
 
+// wk_n [nh * nope, kv_lora] from wk_b [nh * kv_lora, nope] (any stored format): per head, the
+// transpose.
+static int expand_weights(kaon_model *m, ds_layer *w) {
+    const kaon_model_config *c = &m->cfg;
+    const int64_t nh = c->n_heads, nope = c->qk_nope_head_dim, kvl = c->kv_lora_rank;
+    float *kn = malloc(sizeof(float) * (size_t)(nh * nope * kvl));
+    float *row = malloc(sizeof(float) * (size_t)nope);
+    int rc = kn && row ? 0 : kaon_set_error("out of memory");
+    for (int64_t h = 0; !rc && h < nh; h++)
+        for (int64_t j = 0; !rc && j < kvl; j++) {
+            rc = row_f32(&w->wk_b, h * kvl + j, row);
+            for (int64_t i = 0; !rc && i < nope; i++) kn[(h * nope + i) * kvl + j] = row[i];
+        }
+    free(row);
+    if (rc) {
+        free(kn);
+        return -1;
+    }
+    if (kaon_model_own(m, kn)) return -1;
+    w->wk_n.w = f32_matrix(kn, nh * nope, kvl);
+    return 0;
+}
+
 static int prepare(kaon_model *m) {
     const kaon_model_config *c = &m->cfg;
     for (int l = 0; l < c->n_layers; l++) {
         ds_layer *w = (ds_layer *)m->w.layers + l;
-        if (w->wk_b.w.data && w->wv_b.w.data) continue;
-        if (!w->wkv_b.w.data)
-            return kaon_set_error("%s: layer %d has neither kv_b_proj nor attn_k_b/attn_v_b", m->path, l);
-        if (absorb(m, w)) return -1;
+        if (!w->wk_b.w.data || !w->wv_b.w.data) {
+            if (!w->wkv_b.w.data)
+                return kaon_set_error("%s: layer %d has neither kv_b_proj nor attn_k_b/attn_v_b", m->path, l);
+            if (absorb(m, w)) return -1;
+        }
+        if (m->format != KAON_FORMAT_DUMMY && expand_weights(m, w)) return -1;
     }
     return kaon_model_build_rope(m, KAON_ROPE_GLOBAL, c->rope_theta, true, NULL);
 }
@@ -347,7 +376,7 @@ static void forward(kaon_fwd *f, const kaon_batch *b) {
         const kaon_mla_weights mla = {
             .wq = c->q_lora_rank > 0 ? NULL : &w->wq, .wq_a = &w->wq_a, .q_a_norm = &w->q_a_norm,
             .wq_b = &w->wq_b, .wkv_a = &w->wkv_a, .kv_a_norm = &w->kv_a_norm, .wk_b = &w->wk_b,
-            .wv_b = &w->wv_b, .wo = &w->wo};
+            .wv_b = &w->wv_b, .wo = &w->wo, .wk_n = w->wk_n.w.data ? &w->wk_n : NULL};
         kaon_blk_norm(f, b, &w->attn_norm);
         kaon_blk_mla(f, b, l, &mla, &f->m->rope[KAON_ROPE_GLOBAL], (float)scale, pe_scale);
         kaon_blk_norm(f, b, &w->ffn_norm);

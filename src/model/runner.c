@@ -29,6 +29,8 @@ struct kaon_runner {
     int32_t *pad_i32;     // tokens, positions, seqs, slots, rows: 5 x max_tokens
     int32_t *pad_tables;  // [pad_tables_cap]
     size_t pad_tables_cap;
+    void *xbuf;           // kaon_fwd's grow-only buffer (backend memory)
+    size_t xbuf_cap;
 };
 
 static void *act(kaon_runner *r, size_t elems, int *fail) {
@@ -146,6 +148,7 @@ void kaon_runner_free(kaon_runner *r) {
     kaon_moe_stats_free(be, r->moe_stats);
     free(r->pad_i32);
     free(r->pad_tables);
+    if (r->xbuf) be->ops->free(be, r->xbuf);
     const kaon_acts *a = &r->a;
     void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits, a->scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -206,6 +209,8 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
         .a = r->a,
         .logits_f32 = r->logits_f32,
         .expert_counts = r->moe_stats ? r->moe_stats->dev : NULL,
+        .xbuf = &r->xbuf,
+        .xbuf_cap = &r->xbuf_cap,
     };
     r->m->arch->forward(&f, b);
 }

@@ -388,6 +388,27 @@ def test_logits(kaon_bin, tmp_path, name, fmt):
 
 
 @pytest.mark.parametrize("name,fmt", [("v2", "F32"), ("v2-lite", "GGUF-kv_b"), ("v3", "GGUF"), ("kimi-k2", "BF16"),
+                                      ("kimi-k25", "F32"), ("v2-group", "BF16")])
+def test_expanded_prefill_agrees_with_absorbed(kaon_bin, tmp_path, monkeypatch, name, fmt):
+    """Prefill chunks run expanded (each head's keys and values from the cached latents,
+    KAON_MLA_EXPAND_MIN=2 forces it for any chunk of 2 tokens or more): the same logits as the
+    absorbed form (one prefill, and 5-token chunks whose keys include the earlier chunks'
+    cached latents) to f32 rounding, and as the reference; decode steps stay absorbed."""
+    model, w, cfg = model_of(name, fmt, tmp_path)
+    ref, _ = reference_logits(name, fmt == "BF16")
+    out = {}
+    for expand in ("2", "1000000"):
+        monkeypatch.setenv("KAON_MLA_EXPAND_MIN", expand)
+        for mode in ("prefill", "chunk5"):
+            out[expand, mode] = kaon_logits(kaon_bin, model, IDS, tmp_path, mode)
+            assert_logits_match(out[expand, mode], ref, TOL[fmt], f"{name} {fmt} {mode} expand-min {expand}")
+    for mode in ("prefill", "chunk5"):
+        err = rel_err(out["2", mode], out["1000000", mode])
+        print(f"{name} {fmt} {mode}: expanded vs absorbed {err:.2e}")
+        assert 0 < err < 1e-5, (mode, err)  # > 0: the two forms did run (f32 sums in another order)
+
+
+@pytest.mark.parametrize("name,fmt", [("v2", "F32"), ("v2-lite", "GGUF-kv_b"), ("v3", "GGUF"), ("kimi-k2", "BF16"),
                                       ("kimi-k25", "F32")])
 def test_greedy_run(kaon_bin, tmp_path, name, fmt):
     """`kaon run --temp 0` continues a prompt longer than YaRN's original context as the

@@ -22,13 +22,20 @@ def tiny_llama(tmp_path_factory):
     return save_hf(d / "llama", cfg, make_weights(cfg, seed=7), "F32")
 
 
-@pytest.fixture(scope="module", params=["llama", "deepseek-v3"])
+@pytest.fixture(scope="module", params=["llama", "deepseek-v3", "deepseek-v3-expanded"])
 def tiny(tmp_path_factory, request, tiny_llama):
+    """deepseek-v3-expanded: prefill chunks of 2 tokens or more run MLA's expanded form
+    (KAON_MLA_EXPAND_MIN), decode steps the absorbed one, in the same runs."""
     if request.param == "llama":
-        return tiny_llama
+        yield tiny_llama
+        return
     d = tmp_path_factory.mktemp("tiny")
     cfg = deepseek_models.make_config("v3")
-    return deepseek_models.save_hf(d / "v3", cfg, deepseek_models.make_weights(cfg, seed=7), "F32")
+    model = deepseek_models.save_hf(d / "v3", cfg, deepseek_models.make_weights(cfg, seed=7), "F32")
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param.endswith("-expanded"):
+            mp.setenv("KAON_MLA_EXPAND_MIN", "2")
+        yield model
 
 
 def kv_bytes_per_token(exe, model):

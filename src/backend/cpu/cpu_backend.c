@@ -444,6 +444,7 @@ static const kaon_backend_ops cpu_ops = {
     .kv_write = kaon_cpu_kv_write,
     .attention = kaon_cpu_attention,
     .mla_attention = kaon_cpu_mla_attention,
+    .mla_expanded_prefill = true,
     .head_linear = kaon_cpu_head_linear,
     .copy_strided = kaon_cpu_copy_strided,
     .silu_and_mul = cpu_silu_and_mul,
