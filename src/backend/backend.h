@@ -157,9 +157,9 @@ typedef struct kaon_backend_ops {
     void (*mla_attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                           const kaon_attn_meta *m, int n_heads, int kv_lora, int rope_dim,
                           float scale, void *out);
-    // MLA prefill chunks may run expanded (model/blocks.c: each head's keys and values from
-    // the cached latents, then this backend's attention op with head_dim qk_nope + qk_rope).
-    // Set where the attention op takes that width and the weights stay in host memory.
+    // MLA prefill chunks may run expanded (model/blocks_mla.c: each head's keys and values
+    // from the cached latents, then this backend's attention op with head_dim qk_nope +
+    // qk_rope): set where the attention op takes that width.
     bool mla_expanded_prefill;
     // Per-head matrices: y[t, h, 0:out] = x[t, h, 0:in] @ w_h^T for h < n_heads, t < n, where
     // w->w is [n_heads * out, in] (head h: rows [h out, (h+1) out)), no bias or companions. x and y are strided
@@ -211,8 +211,9 @@ typedef struct kaon_backend_ops {
     int (*begin_step)(kaon_backend *be, const int32_t *tokens, const kaon_attn_meta *m,
                       const int32_t *logit_rows, int n_logits);
     // Whole-step graphs. graph_begin(key): 1 = a graph recorded for key was launched (the
-    // caller skips its ops up to graph_end); 0 = the caller issues its ops (recorded when the
-    // backend decides to); -1 = error. key must name everything that fixes the ops' shapes
+    // caller skips its ops up to graph_end); 0 = the caller issues its ops; 2 = the caller
+    // issues its ops and they are recorded (so no host-side choice may depend on the step's
+    // positions); -1 = error. key must name everything that fixes the ops' shapes
     // and buffers (the caller's buffers must not move while graphs exist).
     int (*graph_begin)(kaon_backend *be, uint64_t key);
     int (*graph_end)(kaon_backend *be);

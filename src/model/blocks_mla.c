@@ -32,7 +32,8 @@ static int expand_min(void) {
 // consecutive positions. T when nothing runs expanded.
 static int expanded_from(const kaon_fwd *f, const kaon_batch *b, const kaon_mla_weights *w) {
     const int T = b->n_tokens;
-    if (!f->op->mla_expanded_prefill || !w->wk_n || !f->op->get_rows || !f->op->attention || !f->xbuf) return T;
+    if (!f->op->mla_expanded_prefill || !w->wk_n || !f->op->get_rows || !f->op->attention || !f->xbuf || f->graphed)
+        return T;
     const int32_t *seq = b->attn.token_seq, *pos = b->attn.positions;
     int from = T;
     while (from > 0) {

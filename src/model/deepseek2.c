@@ -53,10 +53,7 @@ typedef struct ds_layer {
     kaon_linear wkv_b;                 // [nh*(nope+v), kv_lora]: read by prepare only
     kaon_linear wk_b;                  // [nh*kv_lora, nope]: W_UK^T of each head
     kaon_linear wv_b;                  // [nh*v, kv_lora]: W_UV of each head
-    // [nh*nope, kv_lora]: W_UK of each head, for expanded prefill (blocks_mla.c). Derived in
-    // prepare, host memory only: not in the weight table, so never uploaded (backends that
-    // upload weights run prefill absorbed).
-    kaon_linear wk_n;
+    kaon_linear wk_n;                  // [nh*nope, kv_lora]: W_UK of each head (expanded prefill)
     kaon_linear wo;                    // [dim, nh*v]
     kaon_tensor ffn_norm;              // [dim]
     kaon_linear w_gate, w_up, w_down;  // dense layers: [ffn, dim] [ffn, dim] [dim, ffn]
@@ -84,6 +81,7 @@ static const kaon_weight_spec weights[] = {
     {"blk.%d.attn_kv_b.weight", HF "self_attn.kv_b_proj.weight", L(wkv_b.w), 2, {KAON_DIM_KV_B, KVL}, KAON_WHEN_SOURCE, 0, KAON_SHARD_COL},
     {"blk.%d.attn_k_b.weight", NULL, L(wk_b.w), 2, {KAON_DIM_K_B, KAON_DIM_QK_NOPE}, KAON_WHEN_DERIVED, KAON_W_FLAT3, KAON_SHARD_COL},
     {"blk.%d.attn_v_b.weight", NULL, L(wv_b.w), 2, {VB, KVL}, KAON_WHEN_DERIVED, KAON_W_FLAT3, KAON_SHARD_COL},
+    {"blk.%d.attn_k_n.weight", NULL, L(wk_n.w), 2, {KAON_DIM_K_N, KVL}, KAON_WHEN_DERIVED, 0, KAON_SHARD_COL},
     {"blk.%d.attn_output.weight", HF "self_attn.o_proj.weight", L(wo.w), 2, {HID, VB}, KAON_WHEN_ALWAYS, 0, KAON_SHARD_ROW},
     {"blk.%d.ffn_norm.weight", HF "post_attention_layernorm.weight", L(ffn_norm), 1, {HID}, KAON_WHEN_ALWAYS, KAON_W_NORM, 0},
     {"blk.%d.ffn_gate.weight", HF "mlp.gate_proj.weight", L(w_gate.w), 2, {FFN, HID}, KAON_WHEN_DENSE_MLP, 0, KAON_SHARD_COL},
@@ -338,7 +336,7 @@ static int prepare(kaon_model *m) {
                 return kaon_set_error("%s: layer %d has neither kv_b_proj nor attn_k_b/attn_v_b", m->path, l);
             if (absorb(m, w)) return -1;
         }
-        if (m->format != KAON_FORMAT_DUMMY && expand_weights(m, w)) return -1;
+        if (!w->wk_n.w.data && expand_weights(m, w)) return -1;
     }
     return kaon_model_build_rope(m, KAON_ROPE_GLOBAL, c->rope_theta, true, NULL);
 }

@@ -198,7 +198,7 @@ static int check_batch(const kaon_runner *r, const kaon_batch *b) {
 }
 
 // The layers of one step, from the embedding to the logits (left in a.logits).
-static void run_layers(kaon_runner *r, const kaon_batch *b) {
+static void run_layers(kaon_runner *r, const kaon_batch *b, bool graphed) {
     kaon_fwd f = {
         .be = r->be,
         .op = r->be->ops,
@@ -209,6 +209,7 @@ static void run_layers(kaon_runner *r, const kaon_batch *b) {
         .a = r->a,
         .logits_f32 = r->logits_f32,
         .expert_counts = r->moe_stats ? r->moe_stats->dev : NULL,
+        .graphed = graphed,
         .xbuf = &r->xbuf,
         .xbuf_cap = &r->xbuf_cap,
     };
@@ -290,16 +291,18 @@ static int forward_layers(kaon_runner *r, const kaon_batch *b) {
         return -1;
     // A step's shapes and buffers are fixed by these sizes (and by this runner).
     const bool graph = op->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS;
-    int replayed = 0;
+    int replayed = 0, recording = 0;
     if (graph) {
         uint64_t key = (uint64_t)(uintptr_t)r;
         const int64_t parts[5] = {b->n_tokens, b->attn.n_seqs, b->n_logits, b->attn.max_blocks,
                                   b->attn.block_size};
         for (int i = 0; i < 5; i++) key = (key ^ (uint64_t)parts[i]) * 0x100000001b3ull;
-        replayed = op->graph_begin(be, key);
-        if (replayed < 0) return -1;
+        const int g = op->graph_begin(be, key);
+        if (g < 0) return -1;
+        replayed = g == 1;
+        recording = g == 2;
     }
-    if (!replayed) run_layers(r, b);
+    if (!replayed) run_layers(r, b, recording);
     if (graph && op->graph_end(be)) return -1;
     return 0;
 }

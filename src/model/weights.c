@@ -36,6 +36,7 @@ int64_t kaon_weight_dim(const kaon_model_config *c, int dim) {
     case KAON_DIM_KV_A: return (int64_t)c->kv_lora_rank + c->rope_dim;
     case KAON_DIM_KV_B: return (int64_t)c->n_heads * (c->qk_nope_head_dim + c->v_head_dim);
     case KAON_DIM_K_B: return (int64_t)c->n_heads * c->kv_lora_rank;
+    case KAON_DIM_K_N: return (int64_t)c->n_heads * c->qk_nope_head_dim;
     case KAON_DIM_QK_NOPE: return c->qk_nope_head_dim;
     case KAON_DIM_V_B: return (int64_t)c->n_heads * c->v_head_dim;
     default: return 0;

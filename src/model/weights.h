@@ -37,6 +37,7 @@ enum {
     KAON_DIM_KV_A,       // kv_lora_rank + rope_dim (kv_a_proj_with_mqa's rows)
     KAON_DIM_KV_B,       // n_heads * (qk_nope_head_dim + v_head_dim) (kv_b_proj's rows)
     KAON_DIM_K_B,        // n_heads * kv_lora_rank (the absorbed W_UK^T, head by head)
+    KAON_DIM_K_N,        // n_heads * qk_nope_head_dim (W_UK, head by head: expanded prefill)
     KAON_DIM_QK_NOPE,    // qk_nope_head_dim
     KAON_DIM_V_B,        // n_heads * v_head_dim (W_UV head by head; o_proj's input)
 };

@@ -142,15 +142,15 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
     constexpr int CH = HD / 8;                 // 16-byte chunks per row
     constexpr int ROWB = HD * 2;               // bytes per row
     constexpr int TILEB = BN * ROWB;           // bytes per K or V stage
-    constexpr int LDN = BN * CH / NTH;         // chunks per thread per K or V tile
-    constexpr int KEY_STEP = NTH / CH;         // keys between one thread's chunks
-    constexpr int QLDN = FA_BM * CH / NTH;
+    // Chunks per thread per K or V tile, and per Q tile (the last pass partial where CH does
+    // not divide the threads: head_dim 192).
+    constexpr int LDN = (BN * CH + NTH - 1) / NTH;
+    constexpr int QLDN = (FA_BM * CH + NTH - 1) / NTH;
     constexpr int NT_S = BN / 8;   // n-tiles of S
     constexpr int KS_Q = HD / 16;  // k-steps of Q K^T
     constexpr int NT_O = HD / 8;   // n-tiles of O
     constexpr int KS_P = BN / 16;  // k-steps of P V
     static_assert(NW * RW == FA_BM && NTH >= FA_BM && NTH >= BN && NW <= 8, "rows");
-    static_assert(NTH % CH == 0 && (BN * CH) % NTH == 0 && (FA_BM * CH) % NTH == 0, "tile loads");
     static_assert(BN % 16 == 0 && HD % 64 == 0, "tile shapes");
 
     extern __shared__ __align__(128) unsigned char smem[];
@@ -200,7 +200,6 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
     // (accumulator elements 2h, 2h + 1 of m-tile mt).
     auto row_of = [&](int i) { return warp * RW + (i >> 1) * 16 + (i & 1) * 8 + (lane >> 2); };
     const int qd = lane & 3;  // column pair within an n-tile
-    const int ld_ch = tid % CH, ld_key = tid / CH;
     const size_t kv_row = (size_t)nkv * HD;
     const int mi = lane >> 3, r8 = lane & 7;
     // ldmatrix addresses (bytes, stage 0, first k/n step). Chunk c of a row sits at c ^ (row & 7)
@@ -257,7 +256,8 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
         // Q rows of the segment (others zero).
 #pragma unroll
         for (int u = 0; u < QLDN; u++) {
-            const int row = tid / CH + u * (NTH / CH), ti = row / g;
+            const int c = tid + u * NTH, row = c / CH, ld_ch = c % CH, ti = row / g;
+            if (c >= FA_BM * CH) break;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (ti >= a && ti <= e)
                 v = *(const uint4 *)(q + ((size_t)(t_base + ti) * nh + (size_t)kvh * g + row % g) * HD + ld_ch * 8);
@@ -305,7 +305,9 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
                 const int *sl = s_slot + (t % 3) * BN;
 #pragma unroll
                 for (int u = 0; u < LDN; u++) {
-                    const int kr = ld_key + u * KEY_STEP, slot = sl[kr];
+                    const int c = tid + u * NTH, kr = c / CH, ld_ch = c % CH;
+                    if (c >= BN * CH) break;
+                    const int slot = sl[kr];
                     const bf16 *src = slot >= 0 ? cache + (size_t)slot * kv_row + (size_t)kvh * HD + ld_ch * 8 : cache;
                     cp_async16(dst + swz<HD>(kr, ld_ch), src, slot >= 0);
                 }
@@ -539,6 +541,9 @@ int fa_dispatch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vc
     case 128:
         return fa_launch<128, 64, 2, 4, false, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
                                                        n_slots, nh, nkv, sl2, window, out);
+    case 192:  // DeepSeek's expanded MLA prefill (qk_nope 128 + rope 64; V padded to 192)
+        return fa_launch<192, 32, 1, 8, false, 1, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
+                                                       n_slots, nh, nkv, sl2, window, out);
     case 256:
         return fa_launch<256, 32, 1, 8, false, 1, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
                                                        n_slots, nh, nkv, sl2, window, out);
@@ -556,7 +561,7 @@ int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, in
     // Decided by the step's shape alone (graphs key on it): a run of FA_MIN_RUN tokens of one
     // sequence needs T >= n_seqs + FA_MIN_RUN - 1.
     if (fa_disabled() || T - m->n_seqs < FA_MIN_RUN - 1) return 0;
-    if (nkv <= 0 || nh % nkv || nh / nkv > FA_BM || (hd != 64 && hd != 128 && hd != 256) || !(scale > 0.f) ||
+    if (nkv <= 0 || nh % nkv || nh / nkv > FA_BM || (hd != 64 && hd != 128 && hd != 192 && hd != 256) || !(scale > 0.f) ||
         !isfinite(scale))
         return 0;
     if (kc_grow(b, (void **)&b->fa_mark, &b->fa_mark_cap, (size_t)T, sizeof(int32_t), "prefill attention marks"))

@@ -84,7 +84,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
         return -1;
     b->capturing = 1;
     b->cur_graph = idx;
-    return 0;
+    return 2;
 }
 
 static int cuda_graph_end(kaon_backend *be) {
@@ -833,6 +833,7 @@ static kaon_backend_ops make_ops(void) {
     o.linear_silu_mul = cuda_linear_silu_mul;
     o.rope_kv_write = cuda_rope_kv_write;
     o.mla_prep = cuda_mla_prep;
+    o.mla_expanded_prefill = true;  // head_dim 192: the tensor-core prefill kernel's instance
     o.linear_f32 = cuda_linear_f32;
     o.copy_f32_to_host = cuda_copy_f32_to_host;
     o.sample = cuda_sample;
