@@ -42,8 +42,8 @@ typedef struct kaon_fwd {
     uint32_t *expert_counts;   // [n_layers, n_experts] backend counters, or NULL
     bool pending;              // a.proj holds a sublayer's output not yet added to x
     bool norm_once;            // norms round once (Gemma's RMSNorm: the op's rmsnorm_once)
-    bool graphed;              // this pass is recorded as a graph: no host-side choices that
-                               // depend on the step's positions, no allocations
+    bool graphed;              // a step of a graph's shape (recorded now or on a later run):
+                               // no host-side choices that depend on the step's positions
     void **xbuf;               // a grow-only backend buffer of the runner (MLA's expanded
     size_t *xbuf_cap;          // prefill), bytes; freed with the runner
 } kaon_fwd;

@@ -291,7 +291,7 @@ static int forward_layers(kaon_runner *r, const kaon_batch *b) {
         return -1;
     // A step's shapes and buffers are fixed by these sizes (and by this runner).
     const bool graph = op->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS;
-    int replayed = 0, recording = 0;
+    int replayed = 0;
     if (graph) {
         uint64_t key = (uint64_t)(uintptr_t)r;
         const int64_t parts[5] = {b->n_tokens, b->attn.n_seqs, b->n_logits, b->attn.max_blocks,
@@ -299,10 +299,12 @@ static int forward_layers(kaon_runner *r, const kaon_batch *b) {
         for (int i = 0; i < 5; i++) key = (key ^ (uint64_t)parts[i]) * 0x100000001b3ull;
         const int g = op->graph_begin(be, key);
         if (g < 0) return -1;
-        replayed = g == 1;
-        recording = g == 2;
+        replayed = g == 1;  // 2: recording
     }
-    if (!replayed) run_layers(r, b, recording);
+    // Host-side choices that depend on the step's positions are off in every step of a graph's
+    // shape, recorded or not: the eager first run of a shape must allocate what its recording
+    // (the next run) will use.
+    if (!replayed) run_layers(r, b, graph);
     if (graph && op->graph_end(be)) return -1;
     return 0;
 }
