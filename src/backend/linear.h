@@ -19,6 +19,15 @@ typedef enum kaon_shard {
 
 #define KAON_LINEAR_MAX_PARTS 4
 
+// FP8 W8A8: how activations are quantized to e4m3 before the product (FORMATS-2.md §4-5).
+typedef enum kaon_act_quant {
+    KAON_ACTQ_NONE = 0,  // weight-only: activations stay float
+    KAON_ACTQ_GROUP,     // dynamic, per token and group of scale_block[1] columns (DeepSeek)
+    KAON_ACTQ_TOKEN,     // dynamic, one scale per token (compressed-tensors FP8-dynamic)
+    KAON_ACTQ_TENSOR,    // dynamic, one scale over the whole input
+    KAON_ACTQ_STATIC,    // the checkpoint's input_scale (act_scale)
+} kaon_act_quant;
+
 typedef struct kaon_linear {
     kaon_tensor w;       // [out, in], any stored format (w.dtype names it)
     kaon_tensor bias;    // [out] f32; data NULL when absent
@@ -26,7 +35,10 @@ typedef struct kaon_linear {
     kaon_tensor zero;    // zero points of asymmetric integer formats; data NULL when none
     // FP8 block scales: rows and columns of w that one scale covers (scale is
     // [ceil(out / scale_block[0]), ceil(in / scale_block[1])] f32, edge blocks partial).
+    // Per-channel scales are blocks of [1, in], a per-tensor scale one block of [out, in].
     int32_t scale_block[2];
+    int32_t act_quant;   // kaon_act_quant of an FP8 weight
+    float act_scale;     // KAON_ACTQ_STATIC: the input_scale
     kaon_shard shard;
     // A weight stored fused (a qkv or gate_up projection) lists its parts' output rows in order;
     // n_parts == 0: one part.
@@ -48,7 +60,8 @@ static inline kaon_linear kaon_linear_of(const kaon_tensor *w, const kaon_tensor
     return l;
 }
 
-// Whether l is FP8 e4m3 with per-block f32 scales (the CPU's dequantizing path reads it).
+// Whether l is FP8 e4m3 with per-block f32 scales, channel and tensor scales included (the
+// CPU's dequantizing path reads it).
 static inline int kaon_linear_is_fp8_block(const kaon_linear *l) {
     return l && l->w.dtype == KAON_FP8_E4M3 && l->scale.data && l->scale.dtype == KAON_F32 &&
            l->scale_block[0] > 0 && l->scale_block[1] > 0;
@@ -58,7 +71,7 @@ static inline int kaon_linear_is_fp8_block(const kaon_linear *l) {
 // all, else a phrase for the backend's error ("scale companions", ...). Parts need no kernel of
 // their own (the output holds them in order), but they must add up to w's rows.
 static inline const char *kaon_linear_unsupported(const kaon_linear *l) {
-    if (l->scale.data && l->w.dtype == KAON_FP8_E4M3) return "FP8 block scales (weight_scale_inv)";
+    if (l->scale.data && l->w.dtype == KAON_FP8_E4M3) return "FP8 scales (weight_scale_inv / weight_scale)";
     if (l->scale.data) return "scale companions";
     if (l->zero.data) return "zero points";
     if (l->n_parts < 0 || l->n_parts > KAON_LINEAR_MAX_PARTS) return "a bad list of parts";

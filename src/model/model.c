@@ -134,15 +134,22 @@ kaon_model *kaon_model_load_dummy(const char *path) {
     if (!m) return NULL;
     kaon_model_config *c = &m->cfg;
     kaon_model_config_init(c);
+    // The quantization config too: dummy FP8 weights take its format (fp8_weights.h).
+    char qfile[4200];
     if (S_ISDIR(sb.st_mode)) {
-        if (kaon_hf_config_load(path, c)) goto fail;
+        if (kaon_hf_config_load(path, c) || kaon_quant_config_load(path, &m->quant)) goto fail;
+        snprintf(qfile, sizeof qfile, "%s/%s", path, m->quant.source);
     } else {
         size_t len = 0;
         char *text = kaon_read_file(path, (size_t)16 << 20, &len);
         int rc = text ? kaon_hf_config_parse(text, len, c) : -1;
+        if (!rc) rc = kaon_quant_config_parse(text, len, &m->quant);
         free(text);
         if (rc) goto fail;
+        snprintf(qfile, sizeof qfile, "%s", path);
     }
+    // A quantization dummy weights cannot take (INT4, MXFP4, ...) leaves them bf16, as before.
+    if (kaon_quant_config_check(&m->quant, qfile)) kaon_quant_config_free(&m->quant);
     if (kaon_model_config_validate(c) || finish(m)) goto fail;
     return m;
 fail:

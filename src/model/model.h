@@ -39,6 +39,7 @@ typedef struct kaon_model {
     kaon_rope rope[2];             // KAON_ROPE_GLOBAL / KAON_ROPE_LOCAL
     float *rope_inv_freq[2];       // [rope_dim/2] each, scaling applied
     uint64_t n_params, weight_bytes;  // as stored (kaon_weights_count at load)
+    bool dummy_filled;             // dummy placeholders given host values (kaon_weights_fill_host)
 } kaon_model;
 
 // path: a .gguf file or a Hugging Face folder. NULL + kaon_last_error() on failure.

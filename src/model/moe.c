@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/fp8_weights.h"
 #include "model/model.h"
 #include "util/err.h"
 #include "util/half.h"
@@ -52,9 +53,9 @@ static int find_shaped(const kaon_model *m, const char *name, bool required, int
                        int64_t d1, int64_t d2, kaon_tensor *out) {
     if (kaon_model_find_tensor(m, name, out)) return -1;
     if (!out->data) return required ? kaon_set_error("%s: missing tensor '%s'", m->path, name) : 0;
-    if (out->dtype == KAON_FP8_E4M3)  // their block scales are not attached here yet
-        return kaon_set_error("%s: tensor '%s': FP8 experts and routers are not supported yet (FP8 "
-                              "block weights run in dense layers only)", m->path, name);
+    if (out->dtype == KAON_FP8_E4M3 && nd != 2)  // scales are attached per expert (attach_fp8)
+        return kaon_set_error("%s: tensor '%s': stacked FP8 experts are not supported (DeepSeek's "
+                              "checkpoints store one tensor per expert)", m->path, name);
     const int64_t want[3] = {d0, d1, d2};
     bool ok = out->ndim == nd;
     for (int i = 0; ok && i < nd; i++) ok = out->shape[i] == want[i];
@@ -64,6 +65,11 @@ static int find_shaped(const kaon_model *m, const char *name, bool required, int
         return kaon_set_error("%s: tensor '%s': rows of %lld are not a whole number of %s blocks",
                               m->path, name, (long long)cols, kaon_dtype_name(out->dtype));
     return 0;
+}
+
+// FP8 matrices get their scale companions (fp8_weights.h); other formats have none here.
+static int attach_fp8(kaon_model *m, kaon_linear *l, const char *name) {
+    return l->w.dtype == KAON_FP8_E4M3 ? kaon_fp8_attach(m, l, name) : 0;
 }
 
 // [E, rows, cols] (or [rows, cols]) seen as the 2-D [E * rows, cols] it is in memory.
@@ -177,6 +183,8 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
         find_shaped(m, names[1], true, 2, sf, dim, 0, &L->shared[1].w) ||
         find_shaped(m, names[2], true, 2, dim, sf, 0, &L->shared[2].w))
         return -1;
+    for (int k = 0; k < 3; k++)
+        if (attach_fp8(m, &L->shared[k], names[k])) return -1;
     kaon_tensor g;
     if (kaon_model_find_tensor(m, names[3], &g)) return -1;
     if (g.data) {
@@ -267,7 +275,7 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
         if (kaon_model_find_tensor(m, n0, &L->router.w)) goto fail;
         if (!L->router.w.data) snprintf(p, sizeof p, "model.layers.%d.mlp", l);
         snprintf(n0, sizeof n0, "%s.gate.weight", p);
-        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router.w)) goto fail;
+        if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router.w) || attach_fp8(m, &L->router, n0)) goto fail;
         snprintf(n0, sizeof n0, "%s.experts.gate_up_proj", p);
         if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
         if (st[0].data) {  // fused: gate rows [0, F) then up rows [F, 2F) of each expert
@@ -294,7 +302,8 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
                     snprintf(n0, sizeof n0, "%s.experts.%d.%s.weight", p, e, nm[k]);
                     const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
                     if (find_shaped(m, n0, true, 2, rows, cols, 0, &L->src[L->n_src])) goto fail;
-                    set_view(L, E, k, e, L->n_src++, 0, rows);
+                    set_view(L, E, k, e, L->n_src++, 0, rows);  // the whole tensor: its scales fit
+                    if (attach_fp8(m, &L->views[k * E + e], n0)) goto fail;
                 }
         }
         snprintf(n0, sizeof n0, "%s.gate.e_score_correction_bias", p);
@@ -342,16 +351,34 @@ int kaon_moe_dummy_layer(kaon_model *m, int l) {
     L->src[1] = dummy_2d((int64_t)E * F, dim);
     L->src[2] = dummy_2d((int64_t)E * dim, F);
     L->n_src = 3;
+    // FP8 configs: experts and shared experts as DeepSeek's checkpoints store them (the router
+    // stays bf16 there, FORMATS-2.md §4).
+    static const char *const kind[3] = {"gate_proj", "up_proj", "down_proj"};
+    char mod[160];
     for (int e = 0; e < E; e++) {
         set_view(L, E, KAON_MOE_GATE, e, 0, (int64_t)e * F, F);
         set_view(L, E, KAON_MOE_UP, e, 1, (int64_t)e * F, F);
         set_view(L, E, KAON_MOE_DOWN, e, 2, (int64_t)e * dim, dim);
+        for (int k = 0; k < 3; k++) {
+            snprintf(mod, sizeof mod, "model.layers.%d.mlp.experts.%d.%s", l, e, kind[k]);
+            kaon_fp8_dummy_mark(m, &L->views[k * E + e], mod);
+        }
     }
+    for (int k = 0; k < 3; k++)
+        if (L->views[k * E].w.dtype == KAON_FP8_E4M3) {
+            L->src[k].dtype = KAON_FP8_E4M3;
+            L->src[k].nbytes /= 2;
+        }
     if (sf > 0) {
         L->shared[0].w = dummy_2d(sf, dim);
         L->shared[1].w = dummy_2d(sf, dim);
         L->shared[2].w = dummy_2d(dim, sf);
         if (c->shared_expert_gated) L->shared_gate_inp.w = dummy_2d(1, dim);
+        for (int k = 0; k < 3; k++) {
+            snprintf(mod, sizeof mod, "model.layers.%d.mlp.%s.%s", l, c->shared_expert_gated ? "shared_expert" :
+                     "shared_experts", kind[k]);
+            kaon_fp8_dummy_mark(m, &L->shared[k], mod);
+        }
     }
     if (c->moe_score_bias) {
         L->score_bias = dummy_2d(1, E);
@@ -441,6 +468,12 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
 int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                     kaon_moe_layer *dev) {
     const int E = host->w.n_experts;
+    // No device kernel reads scale companions yet (a device fill would make them bf16 silently).
+    bool scales = host->router.scale.data != NULL;
+    for (int k = 0; k < 3; k++) scales |= host->shared[k].scale.data != NULL;
+    for (int v = 0; v < 3 * E; v++) scales |= host->views[v].scale.data != NULL;
+    if (scales)
+        return kaon_set_error("FP8 experts (scale companions) run on the CPU backend only for now");
     if (E < 2 || host->n_src != 3 * E) return upload_layer(be, host, dummy, seed, dev);
     void *blobs[3] = {NULL, NULL, NULL};
     kaon_moe_layer *st = stack_experts(host, blobs);

@@ -165,7 +165,11 @@ static int parse_compressed(const char *file, const cJSON *qc, const char *pre, 
         return -1;
     if (in) {
         bool dyn = false;
-        if (kaon_hf_get_bool(file, in, "dynamic", &dyn)) return -1;
+        char ip[128];
+        snprintf(ip, sizeof ip, "%sinput_activations.", gp);
+        if (kaon_hf_get_bool(file, in, "dynamic", &dyn) ||
+            get_str(file, in, ip, "strategy", q->act_strategy, sizeof q->act_strategy))
+            return -1;
         q->act = dyn ? KAON_QACT_DYNAMIC : KAON_QACT_STATIC;
     }
     if (!strcmp(type, "float") && q->bits == 8) {
@@ -302,9 +306,10 @@ static const char *method_label(const kaon_quant_config *q) {
 }
 
 const char *kaon_quant_describe(const kaon_quant_config *q, char *buf, size_t cap) {
-    const char *act = q->act == KAON_QACT_DYNAMIC ? ", dynamic activations"
-                      : q->act == KAON_QACT_STATIC ? ", static activations"
-                                                   : "";
+    char dyn[48];
+    snprintf(dyn, sizeof dyn, ", dynamic %s%s%sactivations", q->act_strategy[0] ? "per-" : "", q->act_strategy,
+             q->act_strategy[0] ? " " : "");  // "per-token", "per-tensor" (compressed-tensors)
+    const char *act = q->act == KAON_QACT_DYNAMIC ? dyn : q->act == KAON_QACT_STATIC ? ", static activations" : "";
     switch (q->format) {
     case KAON_QFMT_NONE: snprintf(buf, cap, "not quantized"); break;
     case KAON_QFMT_FP8_BLOCK:
@@ -329,12 +334,26 @@ const char *kaon_quant_describe(const kaon_quant_config *q, char *buf, size_t ca
     return buf;
 }
 
+// What kaon_fp8_attach (model/fp8_weights.c) reads: FP8 e4m3 in blocks (fp8), per channel or
+// per tensor (compressed-tensors float-quantized, ModelOpt FP8) with per-token, per-tensor or
+// static activations.
+static bool fp8_supported(const kaon_quant_config *q) {
+    if (strcmp(q->fp8_fmt, "e4m3")) return false;
+    if (q->method == KAON_QUANT_FP8) return q->format == KAON_QFMT_FP8_BLOCK;
+    if (q->method == KAON_QUANT_MODELOPT) return q->format == KAON_QFMT_FP8_TENSOR && q->act == KAON_QACT_STATIC;
+    if (q->method != KAON_QUANT_COMPRESSED_TENSORS || strcmp(q->ct_format, "float-quantized") ||
+        (q->format != KAON_QFMT_FP8_CHANNEL && q->format != KAON_QFMT_FP8_TENSOR))
+        return false;
+    if (q->act != KAON_QACT_DYNAMIC) return true;  // weight-only or static input_scale
+    return !q->act_strategy[0] || !strcmp(q->act_strategy, "token") || !strcmp(q->act_strategy, "tensor");
+}
+
 int kaon_quant_config_check(const kaon_quant_config *q, const char *file) {
-    if (q->method == KAON_QUANT_NONE) return 0;
-    if (q->method == KAON_QUANT_FP8 && q->format == KAON_QFMT_FP8_BLOCK && !strcmp(q->fp8_fmt, "e4m3")) return 0;
+    if (q->method == KAON_QUANT_NONE || fp8_supported(q)) return 0;
     char what[128];
     return kaon_set_error("%s: quantization method '%s' (%s) is not supported yet; supported: fp8 block "
-                          "(e4m3, weight_block_size)", file, method_label(q), kaon_quant_describe(q, what, sizeof what));
+                          "(e4m3, weight_block_size), compressed-tensors float-quantized (fp8 per channel or "
+                          "tensor), modelopt FP8", file, method_label(q), kaon_quant_describe(q, what, sizeof what));
 }
 
 // Glob with '*' (any run of characters) over the whole of s[0, n).

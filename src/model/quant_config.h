@@ -51,6 +51,7 @@ typedef struct kaon_quant_config {
     char ct_format[32];     // compressed-tensors "format" (pack-quantized, float-quantized, ...)
     int n_groups;           // compressed-tensors config_groups (only the first one is read)
     kaon_quant_act act;
+    char act_strategy[16];  // compressed-tensors input_activations strategy (token, tensor, group)
     char kv_cache[16];      // ModelOpt kv_cache_quant_algo ("FP8"), "" when none
     int n_ignore;
     char **ignore;          // module names or patterns left unquantized (owned)

@@ -90,8 +90,8 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
             return NULL;
         }
         r->w = &r->dev;
-    } else if (m->format == KAON_FORMAT_DUMMY) {
-        kaon_set_error("--load-format dummy needs a backend that creates weights (cuda)");
+    } else if (m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) {
+        // The host backend computes on the model's memory: the placeholders get values there.
         kaon_runner_free(r);
         return NULL;
     }

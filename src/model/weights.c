@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/arch.h"
+#include "model/fp8_weights.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
@@ -112,48 +113,6 @@ _Static_assert(offsetof(kaon_linear, w) == 0, "a linear row's slot is its kaon_l
 
 static kaon_linear *linear_of(kaon_tensor *w) { return (kaon_linear *)w; }
 
-// An FP8 weight's block scales: <module>.weight_scale_inv, f32 [ceil(out/b0), ceil(in/b1)]
-// (DeepSeek's layout), attached to the weight's kaon_linear. The config says the block.
-static int attach_fp8_scale(kaon_model *m, kaon_tensor *t, const char *name) {
-    const kaon_quant_config *q = &m->quant;
-    if (q->format != KAON_QFMT_FP8_BLOCK)
-        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but config.json has no fp8 block "
-                              "quantization_config (weight_block_size)", m->path, name);
-    char module[256], sname[300];
-    const size_t n = strlen(name);
-    if (n < 7 || strcmp(name + n - 7, ".weight"))
-        return kaon_set_error("%s: F8_E4M3 tensor '%s' is not a module's .weight", m->path, name);
-    snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
-    // The embedding op reads rows of the table alone, without its scales (no checkpoint kaon
-    // knows quantizes it).
-    if (strstr(module, "embed_tokens"))
-        return kaon_set_error("%s: tensor '%s': FP8 token embeddings are not supported", m->path, name);
-    if (!kaon_quant_module_quantized(q, module))
-        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but the quantization_config's ignore list "
-                              "leaves '%s' unquantized", m->path, name, module);
-    snprintf(sname, sizeof sname, "%s.weight_scale_inv", module);
-    kaon_tensor sc;
-    if (kaon_model_find_tensor(m, sname, &sc)) return -1;
-    if (!sc.data)
-        return kaon_set_error("%s: FP8 weight '%s' has no scale tensor '%s'", m->path, name, sname);
-    const int64_t b0 = q->block[0], b1 = q->block[1];
-    const int64_t r = (t->shape[0] + b0 - 1) / b0, c = (t->shape[1] + b1 - 1) / b1;
-    if (sc.ndim != 2 || sc.shape[0] != r || sc.shape[1] != c)
-        return kaon_set_error("%s: scale '%s' has shape [%lld, %lld] (rank %d), expected [%lld, %lld] for a "
-                              "[%lld, %lld] weight in %lldx%lld blocks", m->path, sname, (long long)sc.shape[0],
-                              (long long)(sc.ndim > 1 ? sc.shape[1] : 0), sc.ndim, (long long)r, (long long)c,
-                              (long long)t->shape[0], (long long)t->shape[1], (long long)b0, (long long)b1);
-    if (sc.dtype != KAON_F32 && !is_float_dtype(sc.dtype))
-        return kaon_set_error("%s: scale '%s' is %s; expected F32", m->path, sname, kaon_dtype_name(sc.dtype));
-    if (sc.dtype != KAON_F32 && widen(m, &sc, 0.0f)) return -1;
-    kaon_linear *l = linear_of(t);
-    l->scale = sc;
-    l->scale_block[0] = (int32_t)b0;
-    l->scale_block[1] = (int32_t)b1;
-    return 0;
-}
-
-
 // One row of the table for layer l (or the globals) from the file.
 static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     const int nd = need(m, s, l);
@@ -201,7 +160,7 @@ static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
                               name, (long long)d1, kaon_dtype_name(t->dtype));
     if ((s->flags & KAON_W_HOST) && t->dtype != KAON_F32)
         return kaon_set_error("%s: %s must be F32", m->path, name);
-    if (s->ndim == 2 && t->dtype == KAON_FP8_E4M3) return attach_fp8_scale(m, t, name);
+    if (s->ndim == 2 && t->dtype == KAON_FP8_E4M3) return kaon_fp8_attach(m, linear_of(t), name);
     const bool plus_one = (s->flags & KAON_W_PLUS_ONE_HF) && !m->gguf;
     if (plus_one || ((s->flags & KAON_W_F32) && t->dtype != KAON_F32)) return widen(m, t, plus_one ? 1.0f : 0.0f);
     return 0;
@@ -265,6 +224,13 @@ int kaon_weights_load_dummy(kaon_model *m) {
             t->shape[1] = s->ndim > 1 ? kaon_weight_dim(c, s->dims[1]) : 0;
             t->data = (void *)dummy_data;
             t->nbytes = (size_t)kaon_tensor_numel(t) * 2;
+            if (s->ndim == 2 && s->hf && s->when != KAON_WHEN_DERIVED) {  // FP8 configs: FP8 placeholders
+                char module[256];
+                snprintf(module, sizeof module, s->hf, l);
+                char *dot = strrchr(module, '.');
+                if (dot && !strcmp(dot, ".weight")) *dot = 0;
+                kaon_fp8_dummy_mark(m, linear_of(t), module);
+            }
         }
     }
     count_into_model(m);
@@ -400,6 +366,8 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
                 add(wc, sc, &ml->src[k]);
                 wc->expert_params += (uint64_t)kaon_tensor_numel(&ml->src[k]);
             }
+            for (int k = 0; k < 3; k++) add_companion(wc, sc, &ml->shared[k].scale);
+            for (int k = 0; k < 3 * ml->w.n_experts; k++) add_companion(wc, sc, &ml->views[k].scale);
         }
     }
 }

@@ -97,6 +97,10 @@ int64_t kaon_weight_dim(const kaon_model_config *c, int dim);
 int kaon_weights_load(struct kaon_model *m);
 // --load-format dummy: placeholders of the table's shapes (bf16) that a device backend fills.
 int kaon_weights_load_dummy(struct kaon_model *m);
+// Dummy weights for a backend that computes on host memory (the CPU: no upload op): every
+// placeholder gets random values in m's own memory, FP8 ones codes and scales (dummy_host.c).
+// Once per model; 0 or -1.
+int kaon_weights_fill_host(struct kaon_model *m);
 void kaon_weights_free_host(struct kaon_model *m);
 
 // Device copies of every weight (created in place for dummy models). dev is filled; on error it

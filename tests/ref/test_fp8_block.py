@@ -134,15 +134,6 @@ def test_unsupported_quantization(kaon_bin, tmp_path, qc, words):
     assert r.returncode != 0 and words[0] in r.stderr
 
 
-def test_modelopt_hf_quant_config(kaon_bin, tmp_path):
-    cfg = make_config("llama")
-    model = write_folder(tmp_path / "mo", cfg, make_weights(cfg, 0))
-    (model / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
-                                                             "exclude_modules": ["lm_head"]}}))
-    kaon_fails(kaon_bin, model, "hf_quant_config.json", "'modelopt FP8' (fp8 e4m3, per tensor")
-
-
 def test_fp8_block_deepseek_v3(kaon_bin, tmp_path):
     # A tiny DeepSeek-V3 with every layer dense (FP8 experts are not loaded yet): MLA's
     # projections in FP8, kv_b_proj dequantized at load into the absorbed per-head matrices.

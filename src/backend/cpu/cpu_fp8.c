@@ -1,9 +1,16 @@
-// y = x @ w^T (+ bias) for FP8 e4m3 weights with per-block f32 scales (DeepSeek's layout:
-// w[i, j] = e4m3(wq[i, j]) * scale[i / b0, j / b1]). Exactness first: each weight row is
-// dequantized to f32 (the same product a reference forms) and dotted in f32 with the
-// activations, which stay float by default. KAON_FP8_ACT=1 quantizes them as DeepSeek's
-// reference does (FORMATS-2.md §4: per token, per group of the block's columns, s = max(|x|,
-// 1e-4) / 448, x ~ e4m3(x / s) s), to check against it; fast kernels are still to come.
+// y = x @ w^T (+ bias) for FP8 e4m3 weights with f32 scales in blocks (DeepSeek's layout:
+// w[i, j] = e4m3(wq[i, j]) * scale[i / b0, j / b1]; per-channel scales are blocks of [1, K],
+// a per-tensor scale one block of [M, K]). Exactness first: each weight row is dequantized to
+// f32 (the same product a reference forms) and dotted in f32 with the activations.
+// Activations (FORMATS-2.md §4-5; l->act_quant) are quantized to e4m3 and back first, as the
+// format's reference does, then the f32 dot equals the reference's scaled integer-grid sum:
+//   GROUP   DeepSeek: per token, per group of b1 columns, s = max(amax, 1e-4) / 448, x / s
+//   TOKEN   vLLM dynamic_per_token_scaled_fp8_quant: s = max(amax / 448, 1 / (448 * 512)), x / s
+//   TENSOR  vLLM dynamic_scaled_fp8_quant: one s over the whole input, same formula
+//   STATIC  vLLM static_scaled_fp8_quant: x * (1 / input_scale), saturated at +-448
+// KAON_FP8_ACT=0 turns all of it off (weight-only), =1 turns GROUP on: block weights stay
+// weight-only by default (exact against a dequantized float model); the W8A8 formats
+// (channel / tensor with input activations) quantize by default. Fast kernels are still to come.
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -17,12 +24,43 @@
 static float e4m3_lut[256];
 static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
 
-static int act_quant;  // KAON_FP8_ACT=1
+static int act_env = -1;  // KAON_FP8_ACT: -1 unset, 0, 1
 
 static void e4m3_build(void) {
     for (int b = 0; b < 256; b++) e4m3_lut[b] = kaon_e4m3_to_f32((uint8_t)b);
     const char *e = getenv("KAON_FP8_ACT");
-    act_quant = e && !strcmp(e, "1");
+    act_env = !e || !e[0] ? -1 : !strcmp(e, "1");
+}
+
+// The activation quantization this call applies (the header's rules).
+static int act_mode(const kaon_linear *l) {
+    if (act_env == 0) return KAON_ACTQ_NONE;
+    if (l->act_quant == KAON_ACTQ_GROUP && act_env != 1) return KAON_ACTQ_NONE;
+    return l->act_quant;
+}
+
+static float e4m3_round(float v) { return e4m3_lut[kaon_f32_to_e4m3(v)]; }
+
+// Per-token, per-tensor and static quantization of x [n, K] into xq.
+static void quantize_scaled(const float *x, int n, int64_t K, int mode, float input_scale, float *xq) {
+    const size_t N = (size_t)n * (size_t)K;
+    const float min_s = 1.0f / (448.0f * 512.0f);
+    if (mode == KAON_ACTQ_STATIC) {
+        const float inv = 1.0f / input_scale;
+        for (size_t i = 0; i < N; i++) xq[i] = e4m3_round(x[i] * inv) * input_scale;
+        return;
+    }
+    float amax_all = 0.0f;
+    if (mode == KAON_ACTQ_TENSOR)
+        for (size_t i = 0; i < N; i++) amax_all = fmaxf(amax_all, fabsf(x[i]));
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * (size_t)K;
+        float *qr = xq + (size_t)r * (size_t)K, amax = amax_all;
+        if (mode == KAON_ACTQ_TOKEN)
+            for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
+        const float s = fmaxf(amax / 448.0f, min_s);
+        for (int64_t k = 0; k < K; k++) qr[k] = e4m3_round(xr[k] / s) * s;
+    }
 }
 
 // x [n, K] -> xq: each token's groups of g columns quantized to e4m3 and back.
@@ -87,12 +125,16 @@ int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_
         return kaon_cpu_fail(be, "cpu linear: bias must be F32 [%lld]", (long long)M);
     pthread_once(&e4m3_once, e4m3_build);
     const int nt = kaon_cpu_threads_for(&be->base, 4.0 * (double)M * (double)K * n);
-    const size_t xq_elems = act_quant ? (size_t)n * (size_t)K : 0;
+    const int mode = act_mode(l);
+    if (mode == KAON_ACTQ_STATIC && !(l->act_scale > 0.0f))
+        return kaon_cpu_fail(be, "cpu linear: FP8 static activations without an input_scale");
+    const size_t xq_elems = mode != KAON_ACTQ_NONE ? (size_t)n * (size_t)K : 0;
     float *rows = kaon_cpu_scratch(be, sizeof(float) * ((size_t)K * (size_t)nt + xq_elems));
     if (!rows) return -1;
-    if (act_quant) {
+    if (mode != KAON_ACTQ_NONE) {
         float *xq = rows + (size_t)K * (size_t)nt;
-        quantize_act(x, n, K, b1, xq);
+        if (mode == KAON_ACTQ_GROUP) quantize_act(x, n, K, b1, xq);
+        else quantize_scaled(x, n, K, mode, l->act_scale, xq);
         x = xq;
     }
     fp8_job j = {.wq = w->data, .s = sc->data, .bias = bias ? bias->data : NULL, .x = x, .y = y, .rows = rows,
