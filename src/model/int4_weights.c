@@ -71,6 +71,14 @@ static kaon_tensor tensor2(kaon_dtype dt, int64_t r, int64_t c, void *data, size
 static int read_src(int4_src *s, int64_t N, int64_t K, int64_t gs) {
     const kaon_quant_method meth = s->m->quant.method;
     const int64_t G = (K + gs - 1) / gs;
+    kaon_tensor probe;
+    if (find(s, meth == KAON_QUANT_COMPRESSED_TENSORS ? "weight_packed" : "qweight", &probe)) return -1;
+    if (!probe.data) return 0;
+    // AWQ/GPTQ words hold 8 columns or rows; compressed-tensors pads, but the layout's bytes
+    // hold two columns.
+    if ((meth != KAON_QUANT_COMPRESSED_TENSORS && (N % 8 || K % 8)) || K % 2 || (meth == KAON_QUANT_AWQ && K % gs))
+        return kaon_set_error("%s: INT4 weight '%s' [%lld, %lld] is not whole groups of 8 (group %lld)", s->m->path,
+                              s->module, (long long)N, (long long)K, (long long)gs);
     if (meth == KAON_QUANT_COMPRESSED_TENSORS) {
         if (find(s, "weight_packed", &s->qw)) return -1;
         if (!s->qw.data) return 0;
@@ -108,12 +116,6 @@ int kaon_int4_load(kaon_model *m, const char *module, int64_t N, int64_t K, kaon
     const kaon_quant_config *q = &m->quant;
     const int64_t gs = q->group_size > 0 ? q->group_size : K, G = (K + gs - 1) / gs;
     int4_src s = {.m = m, .module = module};
-    // AWQ/GPTQ words hold 8 columns or rows; compressed-tensors pads, but the layout's bytes
-    // hold two columns.
-    const bool ct = q->method == KAON_QUANT_COMPRESSED_TENSORS;
-    if ((!ct && (N % 8 || K % 8)) || K % 2 || (q->method == KAON_QUANT_AWQ && K % gs))
-        return kaon_set_error("%s: INT4 weight '%s' [%lld, %lld] is not whole groups of 8 (group %lld)", m->path,
-                              module, (long long)N, (long long)K, (long long)gs);
     if (read_src(&s, N, K, gs)) return -1;
     if (!s.qw.data) return 0;
     if (!kaon_quant_module_quantized(q, module))

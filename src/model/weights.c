@@ -394,6 +394,12 @@ static void add_companion(kaon_weight_count *wc, kaon_spec_count *sc, const kaon
     }
 }
 
+static void add_linear_companions(kaon_weight_count *wc, kaon_spec_count *sc, const kaon_linear *l) {
+    add_companion(wc, sc, &l->scale);
+    add_companion(wc, sc, &l->zero);
+    add_companion(wc, sc, &l->perm);
+}
+
 void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_count *by_spec) {
     const kaon_arch_ops *a = m->arch;
     memset(wc, 0, sizeof *wc);
@@ -405,11 +411,7 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
             if (!(s->flags & KAON_W_EXPERTS)) {
                 kaon_tensor *t = kaon_weight_slot(m, &m->w, s, l);
                 add(wc, sc, t);
-                if (s->ndim == 2) {
-                    add_companion(wc, sc, &linear_of(t)->scale);
-                    add_companion(wc, sc, &linear_of(t)->zero);
-                    add_companion(wc, sc, &linear_of(t)->perm);
-                }
+                if (s->ndim == 2) add_linear_companions(wc, sc, linear_of(t));
                 continue;
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;
@@ -417,7 +419,11 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
             add(wc, sc, &ml->router.w);
             add(wc, sc, &ml->shared_gate_inp.w);
             add(wc, sc, &ml->score_bias);
-            for (int k = 0; k < 3; k++) add(wc, sc, &ml->shared[k].w);
+            for (int k = 0; k < 3; k++) {
+                add(wc, sc, &ml->shared[k].w);
+                add_linear_companions(wc, sc, &ml->shared[k]);
+            }
+            for (int v = 0; ml->views && v < 3 * ml->w.n_experts; v++) add_linear_companions(wc, sc, &ml->views[v]);
             for (int k = 0; k < ml->n_src; k++) {
                 add(wc, sc, &ml->src[k]);
                 wc->expert_params += (uint64_t)kaon_tensor_numel(&ml->src[k]);

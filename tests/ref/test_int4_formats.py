@@ -118,3 +118,28 @@ def test_int4_bad_tensors(kaon_bin, tmp_path):
         bad = {k: v for k, v in dict(files, **change).items() if v is not None}
         r = kaon_info(kaon_bin, write_folder(tmp_path / f"bad{i}", dict(cfg, quantization_config=qc), bad, "F32"))
         assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("arch,fmt", [("qwen2moe", "gptq_act_order"), ("qwen3moe", "awq"), ("mixtral", "ct_asym")])
+def test_int4_moe_experts(kaon_bin, tmp_path, arch, fmt):
+    # Routed experts (and Qwen2-MoE's shared expert) in INT4 go through the same CPU linear;
+    # routers stay float as the producers leave them.
+    from moe_models import RefMoeModel, make_moe_config, make_moe_weights
+    cfg = make_moe_config(arch)
+    router = lambda n: n.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "shared_expert_gate.weight"))
+    for seed in range(10):  # the first model whose routing has no near-ties (f32 picks the same experts)
+        qc, files, deq = quantize_checkpoint(make_moe_weights(cfg, seed), fmt, seed=seed, skip=router)
+        ref_model = RefMoeModel(cfg, deq)
+        ref = ref_model.forward(IDS)
+        if ref_model.min_margin > 1e-4:
+            break
+    assert ref_model.min_margin > 1e-4, ref_model.min_margin
+    assert any(".experts.1." in k and k.endswith(("qweight", "weight_packed")) for k in files)
+    qdir = write_folder(tmp_path / "q", dict(cfg, quantization_config=qc), files, "F32", indent=None)
+    fdir = write_folder(tmp_path / "f", cfg, deq, "F32", indent=None)
+    for mode in ("prefill", "decode"):
+        ours, want = logits(kaon_bin, qdir, IDS, tmp_path, mode), logits(kaon_bin, fdir, IDS, tmp_path, mode)
+        err, err64 = rel_err(ours, want), rel_err(ours, ref)
+        print(f"{arch} {fmt} {mode}: relative logit error {err:.2e} vs kaon F32, {err64:.2e} vs float64")
+        assert err < BOUND and err64 < 1e-4
+        assert (ours.argmax(-1) == want.argmax(-1)).all()
