@@ -78,17 +78,23 @@ int kaon_int4_from_gptq(const int32_t *qweight, const int32_t *qzeros, const flo
     return rc;
 }
 
-void kaon_int4_from_ct(const int32_t *packed, const float *scales, const int32_t *zero_point, int64_t N,
-                       int64_t K, int64_t gs, uint8_t *w, float *scale, float *zero) {
+int kaon_int4_from_ct(const int32_t *packed, const float *scales, const int32_t *zero_point, const int32_t *g_idx,
+                      int64_t N, int64_t K, int64_t gs, uint8_t *w, float *scale, float *zero, int32_t *perm) {
     const int64_t G = (K + gs - 1) / gs, W = (K + 7) / 8;
+    const int rc = g_idx ? group_order(g_idx, K, gs, perm) : 0;
+    if (rc < 0) return -1;
     for (int64_t n = 0; n < N; n++) {
-        for (int64_t k = 0; k < K; k++) put(w, K, n, k, nib(packed[n * W + k / 8], (int)(k % 8)));
+        for (int64_t j = 0; j < K; j++) {
+            const int64_t k = rc ? perm[j] : j;
+            put(w, K, n, j, nib(packed[n * W + k / 8], (int)(k % 8)));
+        }
         for (int64_t g = 0; g < G; g++) {
             scale[n * G + g] = scales[n * G + g];
             // Both q and zp are stored + 8, so q - zp is the stored difference.
             zero[n * G + g] = zero_point ? (float)nib(zero_point[(n / 8) * G + g], (int)(n % 8)) : 8.0f;
         }
     }
+    return rc;
 }
 
 bool kaon_int4_zero_is_default(const float *zero, int64_t n) {

@@ -25,9 +25,10 @@ int kaon_int4_from_gptq(const int32_t *qweight, const int32_t *qzeros, const flo
 
 // compressed-tensors pack-quantized: packed [N, ceil(K/8)] (nibble i of packed[n, c] is column
 // 8c + i, stored q + 8), scales [N, G], zero_point [ceil(N/8), G] packed along N (stored zp + 8)
-// or NULL (symmetric: zero 8).
-void kaon_int4_from_ct(const int32_t *packed, const float *scales, const int32_t *zero_point, int64_t N,
-                       int64_t K, int64_t gs, uint8_t *w, float *scale, float *zero);
+// or NULL (symmetric: zero 8), g_idx [K] as GPTQ's (actorder; NULL: k / gs). Returns as
+// kaon_int4_from_gptq.
+int kaon_int4_from_ct(const int32_t *packed, const float *scales, const int32_t *zero_point, const int32_t *g_idx,
+                      int64_t N, int64_t K, int64_t gs, uint8_t *w, float *scale, float *zero, int32_t *perm);
 
 // Whether every zero point is 8 (the layout's default: the zero tensor can be dropped).
 bool kaon_int4_zero_is_default(const float *zero, int64_t n);

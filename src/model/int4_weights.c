@@ -82,8 +82,10 @@ static int read_src(int4_src *s, int64_t N, int64_t K, int64_t gs) {
     if (meth == KAON_QUANT_COMPRESSED_TENSORS) {
         if (find(s, "weight_packed", &s->qw)) return -1;
         if (!s->qw.data) return 0;
-        if (find(s, "weight_scale", &s->sc) || find(s, "weight_zero_point", &s->qz) || find(s, "weight_shape", &s->shape))
+        if (find(s, "weight_scale", &s->sc) || find(s, "weight_zero_point", &s->qz) || find(s, "weight_shape", &s->shape) ||
+            find(s, "weight_g_idx", &s->gidx))  // actorder
             return -1;
+        if (s->gidx.data && expect(s, "weight_g_idx", &s->gidx, false, K, -1)) return -1;
         if (expect(s, "weight_packed", &s->qw, false, N, (K + 7) / 8) || expect(s, "weight_scale", &s->sc, true, N, G))
             return -1;
         if (!s->m->quant.symmetric && expect(s, "weight_zero_point", &s->qz, false, (N + 7) / 8, G)) return -1;
@@ -125,18 +127,21 @@ int kaon_int4_load(kaon_model *m, const char *module, int64_t N, int64_t K, kaon
     float *scale = owned(m, sizeof(float) * (size_t)(N * G)), *zero = malloc(sizeof(float) * (size_t)(N * G));
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)K);
     float *sc = scales_f32(&s.sc);
-    int rc = w && scale && zero && perm && sc ? 0 : -1;
-    if (rc && w && scale) kaon_set_error("out of memory");
-    if (!rc && q->method == KAON_QUANT_AWQ) {
+    const bool have = w && scale && zero && perm && sc;
+    if (!have && w && scale) kaon_set_error("out of memory");  // (owned() reports its own)
+    int rc = -1;
+    if (have && q->method == KAON_QUANT_AWQ) {
         kaon_int4_from_awq(s.qw.data, s.qz.data, sc, N, K, gs, w, scale, zero);
-    } else if (!rc && q->method == KAON_QUANT_GPTQ) {
+        rc = 0;
+    } else if (have && q->method == KAON_QUANT_GPTQ) {
         rc = kaon_int4_from_gptq(s.qw.data, s.qz.data, sc, s.gidx.data, N, K, gs, strcmp(q->int_format, "gptq_v2") != 0,
                                  w, scale, zero, perm);
-        if (rc < 0)
-            kaon_set_error("%s: tensor '%s.g_idx' does not give every group %lld columns", m->path, module, (long long)gs);
-    } else if (!rc) {
-        kaon_int4_from_ct(s.qw.data, sc, s.qz.data, N, K, gs, w, scale, zero);
+    } else if (have) {
+        rc = kaon_int4_from_ct(s.qw.data, sc, s.qz.data, s.gidx.data, N, K, gs, w, scale, zero, perm);
     }
+    if (have && rc < 0)
+        kaon_set_error("%s: tensor '%s.%s' does not give every group %lld columns", m->path, module,
+                       q->method == KAON_QUANT_GPTQ ? "g_idx" : "weight_g_idx", (long long)gs);
     free(sc);
     if (rc < 0) {
         free(zero);

@@ -68,7 +68,7 @@ def gptq_tensors(q, s, z, g_idx, v1=True):
             "g_idx": ("I32", g_idx.astype(np.int32))}
 
 
-def ct_tensors(q, s, z, sym, shape_dtype=np.int64):
+def ct_tensors(q, s, z, sym, g_idx=None, shape_dtype=np.int64):
     """compressed-tensors pack-quantized: weight_packed [N, K/8] (stored q + 8 = our unsigned q),
     weight_scale bf16 [N, G], weight_zero_point [N/8, G] packed along N (asymmetric only),
     weight_shape [2]."""
@@ -76,6 +76,8 @@ def ct_tensors(q, s, z, sym, shape_dtype=np.int64):
          "weight_shape": ("I64" if shape_dtype == np.int64 else "I32", np.array(q.shape, shape_dtype))}
     if not sym:
         t["weight_zero_point"] = ("I32", np.ascontiguousarray(pack_rows(z.T).T))
+    if g_idx is not None:  # actorder: the group of each input column
+        t["weight_g_idx"] = ("I32", g_idx.astype(np.int32))
     return t
 
 
@@ -91,15 +93,16 @@ FORMATS = {
                        False, True),
     "ct_sym": (None, 32, True, False),
     "ct_asym": (None, 32, False, False),
+    "ct_act_order": (None, 32, True, True),
 }
 
 
-def ct_config(sym, group):
+def ct_config(sym, group, actorder=None):
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
             "ignore": ["lm_head"], "config_groups": {"group_0": {
                 "targets": ["Linear"], "input_activations": None, "output_activations": None,
                 "weights": {"num_bits": 4, "type": "int", "symmetric": sym, "strategy": "group",
-                            "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"}}}}
+                            "group_size": group, "dynamic": False, "actorder": actorder, "observer": "minmax"}}}}
 
 
 def quantize_checkpoint(weights, fmt, seed=0, skip=lambda name: False, awq_order=AWQ_ORDER):
@@ -107,7 +110,7 @@ def quantize_checkpoint(weights, fmt, seed=0, skip=lambda name: False, awq_order
     format fmt (a FORMATS key): every 2-D `.weight` but embeddings, lm_head and skipped ones."""
     qc, gs, sym, act_order = FORMATS[fmt]
     if qc is None:
-        qc = ct_config(sym, gs)
+        qc = ct_config(sym, gs, "group" if act_order else None)
     rng = np.random.default_rng(seed)
     files, deq = {}, {}
     for name, w in weights.items():
@@ -127,7 +130,7 @@ def quantize_checkpoint(weights, fmt, seed=0, skip=lambda name: False, awq_order
         elif fmt.startswith("gptq"):
             t = gptq_tensors(q, s, z, g_idx, v1=fmt != "gptq_v2_asym")
         else:
-            t = ct_tensors(q, s, z, sym)
+            t = ct_tensors(q, s, z, sym, g_idx if act_order else None)
         files.update({f"{mod}.{k}": v for k, v in t.items()})
         deq[name] = dequantize(q, s, z, g_idx)
     return qc, files, deq

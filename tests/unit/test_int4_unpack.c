@@ -112,7 +112,8 @@ static void test_ct(int asym) {
         for (int g = 0; g < G; g++) sc[n * G + g] = sv(n, g);
     uint8_t w[N * K / 2];
     float s[N * G], z[N * G];
-    kaon_int4_from_ct(packed, sc, asym ? zp : NULL, N, K, GS, w, s, z);
+    int32_t perm[K];
+    CHECK(kaon_int4_from_ct(packed, sc, asym ? zp : NULL, NULL, N, K, GS, w, s, z, perm) == 0);
     if (asym) {
         check_layout(w, s, z);
         return;
