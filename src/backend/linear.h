@@ -33,6 +33,7 @@ typedef struct kaon_linear {
     kaon_tensor bias;    // [out] f32; data NULL when absent
     kaon_tensor scale;   // the format's scales (FP8 block/channel/tensor, int groups); data NULL when none
     kaon_tensor zero;    // zero points of asymmetric integer formats; data NULL when none
+    kaon_tensor perm;    // I32 [in]: column k of w multiplies x[perm[k]] (GPTQ act-order); NULL: none
     // FP8 block scales: rows and columns of w that one scale covers (scale is
     // [ceil(out / scale_block[0]), ceil(in / scale_block[1])] f32, edge blocks partial).
     // Per-channel scales are blocks of [1, in], a per-tensor scale one block of [out, in].
@@ -67,12 +68,29 @@ static inline int kaon_linear_is_fp8_block(const kaon_linear *l) {
            l->scale_block[0] > 0 && l->scale_block[1] > 0;
 }
 
+// INT4 weight-only layout, the one every 4-bit checkpoint (AWQ, GPTQ, compressed-tensors
+// pack-quantized) is unpacked into at load (model/int4_weights.c), so kernels repack from one:
+//   w     KAON_I4 [out, in]: row-major, byte b of a row holds column 2b in its low nibble and
+//         2b + 1 in its high nibble; values q are unsigned 0..15.
+//   scale F32 [out, ceil(in / g)]; scale_block = {1, g}: columns [j g, (j + 1) g) share
+//         scale[:, j] (the last group may be partial).
+//   zero  F32 [out, ceil(in / g)], whole numbers (0..16: GPTQ v1 reads stored + 1); NULL means 8.
+//   perm  I32 [in] when the checkpoint's groups were not contiguous (act-order): w's columns
+//         were reordered so they are, and x is gathered by perm before the product.
+// w[m, k] = (q[m, k] - zero[m, k / g]) * scale[m, k / g], formed in f32.
+static inline int kaon_linear_is_int4(const kaon_linear *l) {
+    return l && l->w.dtype == KAON_I4 && l->scale.data && l->scale.dtype == KAON_F32 &&
+           l->scale_block[0] == 1 && l->scale_block[1] > 0;
+}
+
 // What kernels that read only w and bias cannot compute in l: NULL when they can compute it
 // all, else a phrase for the backend's error ("scale companions", ...). Parts need no kernel of
 // their own (the output holds them in order), but they must add up to w's rows.
 static inline const char *kaon_linear_unsupported(const kaon_linear *l) {
     if (l->scale.data && l->w.dtype == KAON_FP8_E4M3) return "FP8 scales (weight_scale_inv / weight_scale)";
+    if (l->w.dtype == KAON_I4) return "INT4 group scales";
     if (l->scale.data) return "scale companions";
+    if (l->perm.data) return "an input permutation";
     if (l->zero.data) return "zero points";
     if (l->n_parts < 0 || l->n_parts > KAON_LINEAR_MAX_PARTS) return "a bad list of parts";
     if (l->n_parts > 0) {

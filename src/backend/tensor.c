@@ -31,6 +31,8 @@ static const struct dtype_info {
     [KAON_I8] = {"I8", 1, 1, NO_GGML, 0},  // (GGUF's I8 is a plain integer tensor, not a weight)
     [KAON_I4] = {"I4", 2, 1, NO_GGML, 0},
     [KAON_MXFP4] = {"MXFP4", 32, 17, 39, 0},
+    [KAON_I32] = {"I32", 1, 4, NO_GGML, 0},
+    [KAON_I64] = {"I64", 1, 8, NO_GGML, 0},
 };
 
 static const struct dtype_info *find(kaon_dtype t) {

@@ -33,6 +33,9 @@ typedef enum kaon_dtype {
     KAON_I8,        // int8, one byte per element
     KAON_I4,        // int4 in groups (GPTQ/AWQ style), two elements per byte
     KAON_MXFP4,     // OCP MX fp4 (e2m1) blocks of 32 with an e8m0 scale, GGUF's layout
+    // Plain integers of checkpoints (packed INT4 words, g_idx, weight_shape): read at load only.
+    KAON_I32,
+    KAON_I64,
     KAON_DTYPE_COUNT
 } kaon_dtype;
 

@@ -143,6 +143,9 @@ static int dtype_from_name(const char *s, kaon_dtype *dt, int *elem_bytes) {
     if (!strcmp(s, "BF16")) { *dt = KAON_BF16; *elem_bytes = 2; return 0; }
     // FP8 weights; the loader insists on their scale companions (model/weights.c).
     if (!strcmp(s, "F8_E4M3")) { *dt = KAON_FP8_E4M3; *elem_bytes = 1; return 0; }
+    // Packed INT4 words, g_idx and weight_shape (model/int4_weights.c unpacks them at load).
+    if (!strcmp(s, "I32")) { *dt = KAON_I32; *elem_bytes = 4; return 0; }
+    if (!strcmp(s, "I64")) { *dt = KAON_I64; *elem_bytes = 8; return 0; }
     return -1;
 }
 
@@ -165,7 +168,7 @@ static int add_tensor(kaon_safetensors *st, const st_file *f, int file_idx, cons
     int es;
     if (dtype_from_name(jd->valuestring, &dt, &es))
         return kaon_set_error("%s: tensor '%s' has dtype %.32s, which kaon does not read (F32, "
-                              "F16, BF16, F8_E4M3)", fn, name, jd->valuestring);
+                              "F16, BF16, F8_E4M3, I32, I64)", fn, name, jd->valuestring);
     kaon_st_tensor t = {0};
     t.dtype = dt;
     int rank = cJSON_GetArraySize(js);

@@ -13,7 +13,7 @@ typedef struct kaon_safetensors kaon_safetensors;
 
 typedef struct kaon_st_tensor {
     const char *name;       // NUL-terminated, owned by the reader
-    kaon_dtype dtype;       // F32, F16, BF16 or FP8_E4M3 (others are rejected at open with a clear error
+    kaon_dtype dtype;       // F32, F16, BF16, FP8_E4M3, I32 or I64 (others are rejected at open with a clear error
                             // unless listed as skipped, see below)
     int ndim;
     int64_t shape[KAON_MAX_DIMS];

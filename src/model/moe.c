@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/fp8_weights.h"
+#include "model/int4_weights.h"
 #include "model/model.h"
 #include "util/err.h"
 #include "util/half.h"
@@ -72,6 +73,21 @@ static int attach_fp8(kaon_model *m, kaon_linear *l, const char *name) {
     return l->w.dtype == KAON_FP8_E4M3 ? kaon_fp8_attach(m, l, name) : 0;
 }
 
+// A [rows, cols] matrix <module>.weight, or a 4-bit checkpoint's packed tensors of the module
+// unpacked (int4_weights.h: l->w and its companions). The rest of l is kept.
+static int find_linear(kaon_model *m, const char *name, bool required, int64_t rows, int64_t cols, kaon_linear *l) {
+    const size_t n = strlen(name);
+    if (!m->gguf && m->quant.format == KAON_QFMT_INT && n > 7 && !strcmp(name + n - 7, ".weight")) {
+        kaon_tensor t;
+        if (kaon_model_find_tensor(m, name, &t)) return -1;
+        char module[192];
+        snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
+        if (!t.data && kaon_int4_load(m, module, rows, cols, l)) return -1;
+        if (l->w.data) return 0;
+    }
+    return find_shaped(m, name, required, 2, rows, cols, 0, &l->w);
+}
+
 // [E, rows, cols] (or [rows, cols]) seen as the 2-D [E * rows, cols] it is in memory.
 static kaon_tensor as_2d(kaon_tensor t) {
     if (t.ndim == 3) {
@@ -125,6 +141,16 @@ static void set_view(kaon_moe_layer *l, int E, int k, int e, int s, int64_t row0
     l->row0[k * E + e] = row0;
 }
 
+// A per-expert source loaded as a whole kaon_linear (INT4: scales, zeros, permutation): its view.
+static void set_whole_view(kaon_moe_layer *l, int E, int k, int e, int s, const kaon_linear *src) {
+    set_view(l, E, k, e, s, 0, src->w.shape[0]);
+    kaon_linear *v = &l->views[k * E + e];
+    v->scale = src->scale;
+    v->zero = src->zero;
+    v->perm = src->perm;
+    memcpy(v->scale_block, src->scale_block, sizeof v->scale_block);
+}
+
 // Points the op's view (l->w) at the layer's own tensors (l->w.n_experts set).
 static void point_weights(kaon_moe_layer *l) {
     const int E = l->w.n_experts;
@@ -175,13 +201,18 @@ static int load_shared(kaon_model *m, kaon_moe_layer *L, const char *const names
     const int64_t dim = c->hidden_size;
     kaon_tensor probe;
     if (kaon_model_find_tensor(m, names[0], &probe)) return -1;
-    if (!probe.data) return 0;
     if (probe.ndim == 2 && c->shared_expert_intermediate_size <= 0)
         c->shared_expert_intermediate_size = (int)probe.shape[0];
     const int64_t sf = c->shared_expert_intermediate_size;
-    if (find_shaped(m, names[0], true, 2, sf, dim, 0, &L->shared[0].w) ||
-        find_shaped(m, names[1], true, 2, sf, dim, 0, &L->shared[1].w) ||
-        find_shaped(m, names[2], true, 2, dim, sf, 0, &L->shared[2].w))
+    if (!probe.data) {  // none, or a 4-bit checkpoint's packed gate (its width from the config)
+        if (sf <= 0) return 0;
+        if (find_linear(m, names[0], false, sf, dim, &L->shared[0])) return -1;
+        if (!L->shared[0].w.data) return 0;
+    } else if (find_linear(m, names[0], true, sf, dim, &L->shared[0])) {
+        return -1;
+    }
+    if (find_linear(m, names[1], true, sf, dim, &L->shared[1]) ||
+        find_linear(m, names[2], true, dim, sf, &L->shared[2]))
         return -1;
     for (int k = 0; k < 3; k++)
         if (attach_fp8(m, &L->shared[k], names[k])) return -1;
@@ -294,15 +325,23 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
         } else {
             static const char *const mixtral[3] = {"w1", "w3", "w2"};
             static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"};
-            snprintf(n0, sizeof n0, "%s.experts.0.w1.weight", p);
-            if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
+            // Mixtral's names, as a float, AWQ/GPTQ or compressed-tensors Linear stores them.
+            static const char *const w1[3] = {"weight", "qweight", "weight_packed"};
+            st[0].data = NULL;
+            for (int i = 0; i < 3 && !st[0].data; i++) {
+                snprintf(n0, sizeof n0, "%s.experts.0.w1.%s", p, w1[i]);
+                if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
+            }
             const char *const *nm = st[0].data ? mixtral : qwen;
             for (int k = 0; k < 3; k++)
                 for (int e = 0; e < E; e++) {
                     snprintf(n0, sizeof n0, "%s.experts.%d.%s.weight", p, e, nm[k]);
                     const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
-                    if (find_shaped(m, n0, true, 2, rows, cols, 0, &L->src[L->n_src])) goto fail;
-                    set_view(L, E, k, e, L->n_src++, 0, rows);  // the whole tensor: its scales fit
+                    kaon_linear one;
+                    memset(&one, 0, sizeof one);
+                    if (find_linear(m, n0, true, rows, cols, &one)) goto fail;
+                    L->src[L->n_src] = one.w;
+                    set_whole_view(L, E, k, e, L->n_src++, &one);
                     if (attach_fp8(m, &L->views[k * E + e], n0)) goto fail;
                 }
         }
@@ -468,12 +507,13 @@ static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy
 int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                     kaon_moe_layer *dev) {
     const int E = host->w.n_experts;
-    // No device kernel reads scale companions yet (a device fill would make them bf16 silently).
-    bool scales = host->router.scale.data != NULL;
-    for (int k = 0; k < 3; k++) scales |= host->shared[k].scale.data != NULL;
-    for (int v = 0; v < 3 * E; v++) scales |= host->views[v].scale.data != NULL;
-    if (scales)
-        return kaon_set_error("FP8 experts (scale companions) run on the CPU backend only for now");
+    // No device kernel reads format companions yet (a device fill would make them bf16 silently).
+    if (host->router.scale.data) return kaon_set_error("an FP8 router runs on the CPU backend only for now");
+    for (int i = 0; i < 3 * E + 3; i++) {
+        const kaon_linear *v = i < 3 * E ? &host->views[i] : &host->shared[i - 3 * E];
+        if (v->scale.data)
+            return kaon_set_error("experts with %s run on the CPU backend only for now", kaon_linear_unsupported(v));
+    }
     if (E < 2 || host->n_src != 3 * E) return upload_layer(be, host, dummy, seed, dev);
     void *blobs[3] = {NULL, NULL, NULL};
     kaon_moe_layer *st = stack_experts(host, blobs);

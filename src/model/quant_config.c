@@ -129,7 +129,9 @@ static int parse_int_groups(const char *file, const cJSON *qc, const char *pre, 
         kaon_hf_get_int(file, qc, pre, "q_group_size", &q->group_size, NULL) ||
         kaon_hf_get_bool(file, qc, "desc_act", &q->desc_act) || kaon_hf_get_bool(file, qc, "sym", &q->symmetric) ||
         kaon_hf_get_bool(file, qc, "zero_point", &zero_point) ||
-        add_ignore(file, qc, pre, "modules_to_not_convert", q))
+        add_ignore(file, qc, pre, "modules_to_not_convert", q) ||
+        get_str(file, qc, pre, q->method == KAON_QUANT_AWQ ? "version" : "checkpoint_format", q->int_format,
+                sizeof q->int_format))
         return -1;
     if (q->method == KAON_QUANT_AWQ) q->symmetric = !zero_point;
     return 0;
@@ -348,12 +350,26 @@ static bool fp8_supported(const kaon_quant_config *q) {
     return !q->act_strategy[0] || !strcmp(q->act_strategy, "token") || !strcmp(q->act_strategy, "tensor");
 }
 
+// 4-bit weight-only integers in the packings model/int4_weights.c unpacks.
+static bool int4_loadable(const kaon_quant_config *q) {
+    if (q->format != KAON_QFMT_INT || q->bits != 4 || q->act != KAON_QACT_NONE) return false;
+    const char *f = q->int_format;
+    switch (q->method) {
+    case KAON_QUANT_AWQ: return (!f[0] || !strcmp(f, "gemm")) && !q->symmetric && q->group_size > 0;
+    case KAON_QUANT_GPTQ: return !f[0] || !strcmp(f, "gptq") || !strcmp(f, "gptq_v2");
+    case KAON_QUANT_COMPRESSED_TENSORS: return !strcmp(q->ct_format, "pack-quantized") && q->n_groups == 1;
+    default: return false;
+    }
+}
+
 int kaon_quant_config_check(const kaon_quant_config *q, const char *file) {
-    if (q->method == KAON_QUANT_NONE || fp8_supported(q)) return 0;
+    if (q->method == KAON_QUANT_NONE || fp8_supported(q) || int4_loadable(q)) return 0;
     char what[128];
-    return kaon_set_error("%s: quantization method '%s' (%s) is not supported yet; supported: fp8 block "
+    return kaon_set_error("%s: quantization method '%s' (%s%s%s) is not supported yet; supported: fp8 block "
                           "(e4m3, weight_block_size), compressed-tensors float-quantized (fp8 per channel or "
-                          "tensor), modelopt FP8", file, method_label(q), kaon_quant_describe(q, what, sizeof what));
+                          "tensor), modelopt FP8, 4-bit weight-only awq (gemm), gptq, compressed-tensors "
+                          "pack-quantized", file, method_label(q), kaon_quant_describe(q, what, sizeof what),
+                          q->int_format[0] ? ", " : "", q->int_format);
 }
 
 // Glob with '*' (any run of characters) over the whole of s[0, n).

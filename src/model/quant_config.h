@@ -49,6 +49,7 @@ typedef struct kaon_quant_config {
     bool symmetric;         // INT: no zero points
     bool desc_act;          // GPTQ act-order (g_idx is not i / group_size)
     char ct_format[32];     // compressed-tensors "format" (pack-quantized, float-quantized, ...)
+    char int_format[16];    // AWQ "version" (gemm); GPTQ "checkpoint_format" (gptq, gptq_v2)
     int n_groups;           // compressed-tensors config_groups (only the first one is read)
     kaon_quant_act act;
     char act_strategy[16];  // compressed-tensors input_activations strategy (token, tensor, group)

@@ -9,6 +9,7 @@
 
 #include "model/arch.h"
 #include "model/fp8_weights.h"
+#include "model/int4_weights.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
@@ -113,6 +114,21 @@ _Static_assert(offsetof(kaon_linear, w) == 0, "a linear row's slot is its kaon_l
 
 static kaon_linear *linear_of(kaon_tensor *w) { return (kaon_linear *)w; }
 
+// A Linear a 4-bit checkpoint stores as packed words (<module>.qweight, .weight_packed) instead
+// of <module>.weight: unpacked into the INT4 layout (int4_weights.h); t->data stays NULL when
+// the module has none of them.
+static int load_int4(kaon_model *m, const kaon_weight_spec *s, const char *name, kaon_tensor *t) {
+    const kaon_quant_method q = m->quant.method;
+    const size_t n = strlen(name);
+    if (m->quant.format != KAON_QFMT_INT || n < 7 || strcmp(name + n - 7, ".weight") ||
+        (q != KAON_QUANT_AWQ && q != KAON_QUANT_GPTQ && q != KAON_QUANT_COMPRESSED_TENSORS))
+        return 0;
+    char module[256];
+    snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
+    return kaon_int4_load(m, module, kaon_weight_dim(&m->cfg, s->dims[0]), kaon_weight_dim(&m->cfg, s->dims[1]),
+                          linear_of(t));
+}
+
 // One row of the table for layer l (or the globals) from the file.
 static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     const int nd = need(m, s, l);
@@ -130,6 +146,10 @@ static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     char name[256];
     snprintf(name, sizeof name, fmt, l);
     if (kaon_model_find_tensor(m, name, t)) return -1;
+    if (!t->data && s->ndim == 2 && !m->gguf) {
+        if (load_int4(m, s, name, t)) return -1;
+        if (t->data) return 0;
+    }
     if (!t->data) {
         if (nd == REQUIRED) return kaon_set_error("%s: missing tensor '%s'", m->path, name);
         return 0;
@@ -342,6 +362,12 @@ static void add_companion(kaon_weight_count *wc, kaon_spec_count *sc, const kaon
     }
 }
 
+static void add_linear_companions(kaon_weight_count *wc, kaon_spec_count *sc, const kaon_linear *l) {
+    add_companion(wc, sc, &l->scale);
+    add_companion(wc, sc, &l->zero);
+    add_companion(wc, sc, &l->perm);
+}
+
 void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_count *by_spec) {
     const kaon_arch_ops *a = m->arch;
     memset(wc, 0, sizeof *wc);
@@ -353,7 +379,7 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
             if (!(s->flags & KAON_W_EXPERTS)) {
                 kaon_tensor *t = kaon_weight_slot(m, &m->w, s, l);
                 add(wc, sc, t);
-                if (s->ndim == 2) add_companion(wc, sc, &linear_of(t)->scale);
+                if (s->ndim == 2) add_linear_companions(wc, sc, linear_of(t));
                 continue;
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;
@@ -361,7 +387,11 @@ void kaon_weights_count(const kaon_model *m, kaon_weight_count *wc, kaon_spec_co
             add(wc, sc, &ml->router.w);
             add(wc, sc, &ml->shared_gate_inp.w);
             add(wc, sc, &ml->score_bias);
-            for (int k = 0; k < 3; k++) add(wc, sc, &ml->shared[k].w);
+            for (int k = 0; k < 3; k++) {
+                add(wc, sc, &ml->shared[k].w);
+                add_linear_companions(wc, sc, &ml->shared[k]);
+            }
+            for (int v = 0; ml->views && v < 3 * ml->w.n_experts; v++) add_linear_companions(wc, sc, &ml->views[v]);
             for (int k = 0; k < ml->n_src; k++) {
                 add(wc, sc, &ml->src[k]);
                 wc->expert_params += (uint64_t)kaon_tensor_numel(&ml->src[k]);

@@ -116,11 +116,11 @@ def test_fp8_missing_or_bad_scale(kaon_bin, tmp_path):
 
 
 @pytest.mark.parametrize("qc,words", [
-    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
-     ["quantization method 'awq' (4-bit int, group 128, zero points) is not supported yet",
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemv"},
+     ["quantization method 'awq' (4-bit int, group 128, zero points, gemv) is not supported yet",
       "supported: fp8 block (e4m3, weight_block_size)"]),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True},
-     ["'gptq' (4-bit int, group 128, act-order)"]),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128, "desc_act": True, "sym": True},
+     ["'gptq' (8-bit int, group 128, act-order)"]),
     ({"quant_method": "mystery-quant"}, ["'mystery-quant' (unknown format)"]),
     ({"quant_method": "fp8", "activation_scheme": "static"}, ["'fp8' (fp8 e4m3, per tensor, static activations)"]),
     ({"quant_method": "fp8", "weight_block_size": "128"}, ["quantization_config.weight_block_size"]),

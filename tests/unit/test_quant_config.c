@@ -154,7 +154,7 @@ int main(void) {
     CHECK(!kaon_quant_module_quantized(&q, "model.layers.0.mlp.gate_proj"));
     CHECK(!kaon_quant_module_quantized(&q, "model.layers.5.mlp.shared_experts.down_proj"));
     CHECK(kaon_quant_module_quantized(&q, "model.layers.5.mlp.experts.17.down_proj"));
-    expect_unsupported(&q, "'compressed-tensors' (4-bit int, group 32)", __LINE__);
+    CHECK(kaon_quant_config_check(&q, "config.json") == 0);  // pack-quantized W4A16 loads
     kaon_quant_config_free(&q);
     CHECK(parse_full("moonshotai__Kimi-K2.5", &q) == 0);
     CHECK(q.method == KAON_QUANT_COMPRESSED_TENSORS && q.bits == 4 && q.group_size == 32);
@@ -164,7 +164,9 @@ int main(void) {
     CHECK(parse_snippet("Qwen__Qwen2.5-Coder-1.5B-Instruct-GPTQ-Int4", &q) == 0);
     CHECK(q.method == KAON_QUANT_GPTQ && q.format == KAON_QFMT_INT && q.bits == 4 && q.group_size == 128);
     CHECK(q.symmetric && !q.desc_act && q.act == KAON_QACT_NONE);
-    expect_unsupported(&q, "quantization method 'gptq' (4-bit int, group 128)", __LINE__);
+    CHECK(kaon_quant_config_check(&q, "config.json") == 0);
+    q.bits = 8;  // only 4-bit words are unpacked
+    expect_unsupported(&q, "quantization method 'gptq' (8-bit int, group 128)", __LINE__);
     kaon_quant_config_free(&q);
 
     // gpt-oss: MXFP4 experts; attention, router, embedding and head by glob.
@@ -200,7 +202,19 @@ int main(void) {
     CHECK(parse_text("{\"quantization_config\":{\"quant_method\":\"awq\",\"bits\":4,\"group_size\":128,"
                      "\"zero_point\":true,\"version\":\"gemm\"}}", &q) == 0);
     CHECK(q.method == KAON_QUANT_AWQ && q.bits == 4 && q.group_size == 128 && !q.symmetric);
-    expect_unsupported(&q, "quantization method 'awq' (4-bit int, group 128, zero points)", __LINE__);
+    CHECK(!strcmp(q.int_format, "gemm") && kaon_quant_config_check(&q, "config.json") == 0);
+    kaon_quant_config_free(&q);
+    CHECK(parse_text("{\"quantization_config\":{\"quant_method\":\"awq\",\"bits\":4,\"group_size\":128,"
+                     "\"zero_point\":true,\"version\":\"gemv\"}}", &q) == 0);
+    expect_unsupported(&q, "quantization method 'awq' (4-bit int, group 128, zero points, gemv)", __LINE__);
+    kaon_quant_config_free(&q);
+    CHECK(parse_text("{\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4,\"group_size\":32,"
+                     "\"sym\":false,\"desc_act\":true,\"checkpoint_format\":\"gptq_v2\"}}", &q) == 0);
+    CHECK(!q.symmetric && q.desc_act && !strcmp(q.int_format, "gptq_v2") && kaon_quant_config_check(&q, "c") == 0);
+    kaon_quant_config_free(&q);
+    CHECK(parse_text("{\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4,"
+                     "\"checkpoint_format\":\"marlin\"}}", &q) == 0);
+    expect_unsupported(&q, "'gptq' (4-bit int, group 128, marlin)", __LINE__);
     kaon_quant_config_free(&q);
     CHECK(parse_text("{\"quantization_config\":{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\","
                      "\"config_groups\":{\"group_0\":{\"targets\":[\"Linear\"],\"weights\":{\"num_bits\":8,"

@@ -162,8 +162,10 @@ static void test_bad(void) {
                     "tensor 'w' has dtype F8_E5M2, which kaon does not read");
     EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,5]}}", 5,
                     "hold 5 bytes, but F8_E4M3 x 4 elements need 4");
-    EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
-                    "has dtype I64");
+    EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"U64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
+                    "has dtype U64");
+    EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+                    "hold 8 bytes, but I32 x 3 elements need 12");
     EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
                     "tensor 'w' has 5 dimensions");
     EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
