@@ -83,12 +83,22 @@ static inline int kaon_linear_is_int4(const kaon_linear *l) {
            l->scale_block[0] == 1 && l->scale_block[1] > 0;
 }
 
+// MXFP4 layout, the one HF/OpenAI MXFP4 checkpoints (gpt-oss: *_blocks + *_scales) are
+// repacked into at load (model/mxfp4_weights.c), GGUF's MXFP4 blocks, so kernels repack from one:
+//   w KAON_MXFP4 [out, in], in % 32 == 0: each row is in / 32 blocks of 17 bytes { uint8 e;
+//     uint8 qs[16] }, element j < 16 of a block in qs[j]'s low nibble, j + 16 in its high one.
+// w[m, k] = e2m1(nibble) * 2^(e - 127) (backend/mxfp4.h); no companions: the scale is inline.
+static inline int kaon_linear_is_mxfp4(const kaon_linear *l) {
+    return l && l->w.dtype == KAON_MXFP4;
+}
+
 // What kernels that read only w and bias cannot compute in l: NULL when they can compute it
 // all, else a phrase for the backend's error ("scale companions", ...). Parts need no kernel of
 // their own (the output holds them in order), but they must add up to w's rows.
 static inline const char *kaon_linear_unsupported(const kaon_linear *l) {
     if (l->scale.data && l->w.dtype == KAON_FP8_E4M3) return "FP8 scales (weight_scale_inv / weight_scale)";
     if (l->w.dtype == KAON_I4) return "INT4 group scales";
+    if (l->w.dtype == KAON_MXFP4) return "MXFP4 blocks";
     if (l->scale.data) return "scale companions";
     if (l->perm.data) return "an input permutation";
     if (l->zero.data) return "zero points";

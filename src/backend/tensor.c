@@ -33,6 +33,7 @@ static const struct dtype_info {
     [KAON_MXFP4] = {"MXFP4", 32, 17, 39, 0},
     [KAON_I32] = {"I32", 1, 4, NO_GGML, 0},
     [KAON_I64] = {"I64", 1, 8, NO_GGML, 0},
+    [KAON_U8] = {"U8", 1, 1, NO_GGML, 0},
 };
 
 static const struct dtype_info *find(kaon_dtype t) {

@@ -36,6 +36,7 @@ typedef enum kaon_dtype {
     // Plain integers of checkpoints (packed INT4 words, g_idx, weight_shape): read at load only.
     KAON_I32,
     KAON_I64,
+    KAON_U8,        // raw bytes (HF MXFP4 *_blocks / *_scales): read at load only
     KAON_DTYPE_COUNT
 } kaon_dtype;
 

@@ -9,6 +9,7 @@
 
 #include "model/fp8_weights.h"
 #include "model/int4_weights.h"
+#include "model/mxfp4_weights.h"
 #include "model/model.h"
 #include "util/err.h"
 #include "util/half.h"
@@ -50,9 +51,10 @@ static int shape_error(const kaon_model *m, const char *name, const kaon_tensor 
 }
 
 // Finds a matrix (or stacked matrices: nd == 3) of the given shape; required or optional.
-static int find_shaped(const kaon_model *m, const char *name, bool required, int nd, int64_t d0,
+static int find_shaped(kaon_model *m, const char *name, bool required, int nd, int64_t d0,
                        int64_t d1, int64_t d2, kaon_tensor *out) {
     if (kaon_model_find_tensor(m, name, out)) return -1;
+    if (!out->data && kaon_mxfp4_load(m, name, out)) return -1;  // <name>_blocks + _scales
     if (!out->data) return required ? kaon_set_error("%s: missing tensor '%s'", m->path, name) : 0;
     if (out->dtype == KAON_FP8_E4M3 && nd != 2)  // scales are attached per expert (attach_fp8)
         return kaon_set_error("%s: tensor '%s': stacked FP8 experts are not supported (DeepSeek's "
@@ -308,7 +310,7 @@ int kaon_moe_load_layer(kaon_model *m, int l) {
         snprintf(n0, sizeof n0, "%s.gate.weight", p);
         if (find_shaped(m, n0, true, 2, E, dim, 0, &L->router.w) || attach_fp8(m, &L->router, n0)) goto fail;
         snprintf(n0, sizeof n0, "%s.experts.gate_up_proj", p);
-        if (kaon_model_find_tensor(m, n0, &st[0])) goto fail;
+        if (kaon_mxfp4_probe(m, n0, &st[0])) goto fail;
         if (st[0].data) {  // fused: gate rows [0, F) then up rows [F, 2F) of each expert
             snprintf(n1, sizeof n1, "%s.experts.down_proj", p);
             if (find_shaped(m, n0, true, 3, E, 2 * F, dim, &st[0]) ||
@@ -509,9 +511,10 @@ int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, ui
     const int E = host->w.n_experts;
     // No device kernel reads format companions yet (a device fill would make them bf16 silently).
     if (host->router.scale.data) return kaon_set_error("an FP8 router runs on the CPU backend only for now");
+    if (host->router.w.dtype == KAON_MXFP4) return kaon_set_error("an MXFP4 router runs on the CPU backend only for now");
     for (int i = 0; i < 3 * E + 3; i++) {
         const kaon_linear *v = i < 3 * E ? &host->views[i] : &host->shared[i - 3 * E];
-        if (v->scale.data)
+        if (v->scale.data || v->w.dtype == KAON_MXFP4)
             return kaon_set_error("experts with %s run on the CPU backend only for now", kaon_linear_unsupported(v));
     }
     if (E < 2 || host->n_src != 3 * E) return upload_layer(be, host, dummy, seed, dev);

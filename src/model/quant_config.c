@@ -364,11 +364,12 @@ static bool int4_loadable(const kaon_quant_config *q) {
 
 int kaon_quant_config_check(const kaon_quant_config *q, const char *file) {
     if (q->method == KAON_QUANT_NONE || fp8_supported(q) || int4_loadable(q)) return 0;
+    if (q->method == KAON_QUANT_MXFP4 && q->format == KAON_QFMT_MXFP4) return 0;  // model/mxfp4_weights.c
     char what[128];
     return kaon_set_error("%s: quantization method '%s' (%s%s%s) is not supported yet; supported: fp8 block "
                           "(e4m3, weight_block_size), compressed-tensors float-quantized (fp8 per channel or "
                           "tensor), modelopt FP8, 4-bit weight-only awq (gemm), gptq, compressed-tensors "
-                          "pack-quantized", file, method_label(q), kaon_quant_describe(q, what, sizeof what),
+                          "pack-quantized, mxfp4", file, method_label(q), kaon_quant_describe(q, what, sizeof what),
                           q->int_format[0] ? ", " : "", q->int_format);
 }
 

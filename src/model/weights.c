@@ -10,6 +10,7 @@
 #include "model/arch.h"
 #include "model/fp8_weights.h"
 #include "model/int4_weights.h"
+#include "model/mxfp4_weights.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
@@ -149,6 +150,7 @@ static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     if (!t->data && s->ndim == 2 && !m->gguf) {
         if (load_int4(m, s, name, t)) return -1;
         if (t->data) return 0;
+        if (kaon_mxfp4_load(m, name, t)) return -1;  // <name>_blocks: checked below as any matrix
     }
     if (!t->data) {
         if (nd == REQUIRED) return kaon_set_error("%s: missing tensor '%s'", m->path, name);
@@ -290,7 +292,7 @@ int kaon_weights_upload(kaon_backend *be, const kaon_model *m, kaon_weights *dev
             memset(dst, 0, sizeof *dst);
             if (!src->data || (s->flags & KAON_W_HOST)) continue;
             const char *why = s->ndim == 2 ? kaon_linear_unsupported(linear_of(src)) : NULL;
-            if (why && linear_of(src)->scale.data)  // no device kernels read companions yet
+            if (why && (linear_of(src)->scale.data || src->dtype == KAON_MXFP4))  // no device kernels read them yet
                 return kaon_set_error("%s: weights with %s run on the CPU backend only for now", m->path, why);
             int rc;
             if (dummy) {

@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         int es = (t->dtype == KAON_F32 || t->dtype == KAON_I32) ? 4
                : (t->dtype == KAON_F16 || t->dtype == KAON_BF16) ? 2
-               : t->dtype == KAON_FP8_E4M3 ? 1 : t->dtype == KAON_I64 ? 8 : 0;
+               : (t->dtype == KAON_FP8_E4M3 || t->dtype == KAON_U8) ? 1 : t->dtype == KAON_I64 ? 8 : 0;
         if (!es || numel * (uint64_t)es != t->nbytes) abort();
         const uint8_t *p = t->data;
         if (p < data || t->nbytes > (size_t)(data + size - p)) abort();

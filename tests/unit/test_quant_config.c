@@ -176,7 +176,7 @@ int main(void) {
     CHECK(!kaon_quant_module_quantized(&q, "model.layers.7.mlp.router"));
     CHECK(!kaon_quant_module_quantized(&q, "model.embed_tokens"));
     CHECK(kaon_quant_module_quantized(&q, "model.layers.7.mlp.experts"));
-    expect_unsupported(&q, "'mxfp4' (mxfp4, blocks of 32)", __LINE__);
+    CHECK(kaon_quant_config_check(&q, "config.json") == 0);  // model/mxfp4_weights.c loads it
     kaon_quant_config_free(&q);
     CHECK(parse_full("openai__gpt-oss-20b", &q) == 0);
     CHECK(q.method == KAON_QUANT_MXFP4);

@@ -167,6 +167,8 @@ void kaon_cpu_linear(kaon_backend *be, const void *x, int n, const kaon_linear *
 int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y);
 // INT4 weights in kaon's layout (kaon_linear_is_int4), dequantized row by row (cpu_int4.c).
 int kaon_cpu_linear_int4(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y);
+// MXFP4 weights in kaon's layout (kaon_linear_is_mxfp4), dequantized row by row (cpu_mxfp4.c).
+int kaon_cpu_linear_mxfp4(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y);
 // The fused forms (backend.h): several layers over one x, and silu(x gate^T) * (x up^T).
 // 0 when done, 1 when declined (weights of different formats or widths; silu: a bias), -1 on
 // error.

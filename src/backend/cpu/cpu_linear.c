@@ -402,6 +402,10 @@ void kaon_cpu_linear(kaon_backend *be_, const void *x, int n, const kaon_linear 
         kaon_cpu_linear_int4((kaon_cpu_backend *)be_, x, n, w, y);
         return;
     }
+    if (kaon_linear_is_mxfp4(w)) {
+        kaon_cpu_linear_mxfp4((kaon_cpu_backend *)be_, x, n, w, y);
+        return;
+    }
     lin_job j;
     void *yl[1] = {y};
     if (lin_setup((kaon_cpu_backend *)be_, &j, x, n, 1, &w, yl) == 0) lin_run((kaon_cpu_backend *)be_, &j);
@@ -411,7 +415,7 @@ int kaon_cpu_linear_multi(kaon_backend *be_, const void *x, int n, int count,
                           const kaon_linear *const *w, void *const *y) {
     if (n <= 0) return 0;
     for (int i = 0; w && i < count; i++)
-        if (kaon_linear_is_fp8_block(w[i]) || kaon_linear_is_int4(w[i])) return 1;  // one at a time
+        if (kaon_linear_is_fp8_block(w[i]) || kaon_linear_is_int4(w[i]) || kaon_linear_is_mxfp4(w[i])) return 1;  // one at a time
     lin_job j;
     const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, count, w, y);
     if (rc) return rc;
@@ -426,6 +430,7 @@ int kaon_cpu_linear_silu_mul(kaon_backend *be_, const void *x, int n, const kaon
     if (gate && up && (kaon_linear_bias(gate) || kaon_linear_bias(up))) return 1;
     if (kaon_linear_is_fp8_block(gate) || kaon_linear_is_fp8_block(up)) return 1;
     if (kaon_linear_is_int4(gate) || kaon_linear_is_int4(up)) return 1;
+    if (kaon_linear_is_mxfp4(gate) || kaon_linear_is_mxfp4(up)) return 1;
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     lin_job j;
     const kaon_linear *w[2] = {gate, up};
