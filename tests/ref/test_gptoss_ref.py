@@ -4,7 +4,8 @@ window 8 / full, 4 experts top 2, YaRN truncate false, sinks, biases) in F32 and
 prefill, decode (one token per step) and chunked prefill over prompts longer than the window.
 
 The port was checked once against transformers 5.17 (CPU torch, float64, eager attention) with
-scripts/check_gptoss_ref.py: relative logit error FIGURE_HERE. No torch here.
+scripts/check_gptoss_ref.py: relative logit error 2.9e-07 (transformers computes
+RoPE cos/sin in float32 whatever the model dtype). No torch here.
 """
 import numpy as np
 import pytest
