@@ -35,8 +35,9 @@ typedef struct gptoss_layer {
     kaon_linear wq, wk, wv, wo;        // with biases
     kaon_tensor sinks;                 // [n_heads] f32
     kaon_linear router;                // [E, dim] + bias [E]
-    kaon_tensor gate_up, gate_up_b;    // as stored: [E * dim, 2 ffn], [E, 2 ffn]
-    kaon_tensor down, down_b;          // as stored: [E * ffn, dim], [E, dim]
+    // As stored, each the w of a kaon_linear (2-D rows are read with their format companions):
+    kaon_linear gate_up, gate_up_b;    // [E * dim, 2 ffn], [E, 2 ffn]
+    kaon_linear down, down_b;          // [E * ffn, dim], [E, dim]
     kaon_moe_layer moe;                // per-expert views, built by prepare
 } gptoss_layer;
 
@@ -63,10 +64,10 @@ static const kaon_weight_spec weights[] = {
     {NULL, HF "post_attention_layernorm.weight", L(ffn_norm), 1, {HID}, KAON_WHEN_ALWAYS, KAON_W_NORM, 0},
     {NULL, HF "mlp.router.weight", L(router.w), 2, {E, HID}, KAON_WHEN_ALWAYS, 0, 0},
     {NULL, HF "mlp.router.bias", L(router.bias), 1, {E}, KAON_WHEN_ALWAYS, KAON_W_F32, 0},
-    {NULL, HF "mlp.experts.gate_up_proj", L(gate_up), 2, {KAON_DIM_EXP_HID, F2}, KAON_WHEN_ALWAYS, KAON_W_FLAT3, KAON_SHARD_EXPERT},
-    {NULL, HF "mlp.experts.gate_up_proj_bias", L(gate_up_b), 2, {E, F2}, KAON_WHEN_ALWAYS, 0, KAON_SHARD_EXPERT},
-    {NULL, HF "mlp.experts.down_proj", L(down), 2, {KAON_DIM_EXP_FFN, HID}, KAON_WHEN_ALWAYS, KAON_W_FLAT3, KAON_SHARD_EXPERT},
-    {NULL, HF "mlp.experts.down_proj_bias", L(down_b), 2, {E, HID}, KAON_WHEN_ALWAYS, 0, KAON_SHARD_EXPERT},
+    {NULL, HF "mlp.experts.gate_up_proj", L(gate_up.w), 2, {KAON_DIM_EXP_HID, F2}, KAON_WHEN_ALWAYS, KAON_W_FLAT3, KAON_SHARD_EXPERT},
+    {NULL, HF "mlp.experts.gate_up_proj_bias", L(gate_up_b.w), 2, {E, F2}, KAON_WHEN_ALWAYS, 0, KAON_SHARD_EXPERT},
+    {NULL, HF "mlp.experts.down_proj", L(down.w), 2, {KAON_DIM_EXP_FFN, HID}, KAON_WHEN_ALWAYS, KAON_W_FLAT3, KAON_SHARD_EXPERT},
+    {NULL, HF "mlp.experts.down_proj_bias", L(down_b.w), 2, {E, HID}, KAON_WHEN_ALWAYS, 0, KAON_SHARD_EXPERT},
 };
 
 // ---- config ------------------------------------------------------------------------------
@@ -149,16 +150,16 @@ static int build_experts(kaon_model *m, gptoss_layer *w) {
     const kaon_model_config *c = &m->cfg;
     const int nE = c->n_experts;
     const int64_t D = c->hidden_size, F = c->moe_intermediate_size;
-    const kaon_dtype dt = w->gate_up.dtype;
-    if ((dt != KAON_F32 && dt != KAON_BF16 && dt != KAON_F16) || w->down.dtype != dt)
+    const kaon_dtype dt = w->gate_up.w.dtype;
+    if ((dt != KAON_F32 && dt != KAON_BF16 && dt != KAON_F16) || w->down.w.dtype != dt)
         return kaon_set_error("%s: gpt-oss experts stored as %s / %s: kaon reads F32, BF16 or F16 here",
-                              m->path, kaon_dtype_name(dt), kaon_dtype_name(w->down.dtype));
+                              m->path, kaon_dtype_name(dt), kaon_dtype_name(w->down.w.dtype));
     const size_t es = dt == KAON_F32 ? 4 : 2, nEF = (size_t)nE * F, nED = (size_t)nE * D;
     char *g = owned(m, nEF * D * es), *u = owned(m, nEF * D * es), *dn = owned(m, nED * F * es);
     float *gb = owned(m, nEF * 4), *ub = owned(m, nEF * 4), *db = owned(m, nED * 4);
     kaon_linear *views = owned(m, (size_t)3 * nE * sizeof *views);
     if (!g || !u || !dn || !gb || !ub || !db || !views) return -1;
-    const char *gu = w->gate_up.data, *dp = w->down.data;
+    const char *gu = w->gate_up.w.data, *dp = w->down.w.data;
     for (int64_t e = 0; e < nE; e++) {
         for (int64_t d = 0; d < D; d++) {
             const char *row = gu + ((size_t)(e * D + d) * 2 * F) * es;
@@ -171,10 +172,10 @@ static int build_experts(kaon_model *m, gptoss_layer *w) {
             for (int64_t d = 0; d < D; d++)
                 memcpy(dn + ((size_t)(e * D + d) * F + f) * es, dp + ((size_t)(e * F + f) * D + d) * es, es);
         for (int64_t f = 0; f < F; f++) {
-            gb[e * F + f] = elem(&w->gate_up_b, (size_t)(e * 2 * F + 2 * f));
-            ub[e * F + f] = elem(&w->gate_up_b, (size_t)(e * 2 * F + 2 * f + 1));
+            gb[e * F + f] = elem(&w->gate_up_b.w, (size_t)(e * 2 * F + 2 * f));
+            ub[e * F + f] = elem(&w->gate_up_b.w, (size_t)(e * 2 * F + 2 * f + 1));
         }
-        for (int64_t d = 0; d < D; d++) db[e * D + d] = elem(&w->down_b, (size_t)(e * D + d));
+        for (int64_t d = 0; d < D; d++) db[e * D + d] = elem(&w->down_b.w, (size_t)(e * D + d));
     }
     memset(views, 0, (size_t)3 * nE * sizeof *views);
     for (int e = 0; e < nE; e++) {
