@@ -103,7 +103,14 @@ typedef struct kaon_moe_weights {
     int n_group, topk_group;
     bool group_top2;
     float routed_scale;
+    // The experts' activation: KAON_MOE_ACT_SILU (silu(g) * u), or gpt-oss's clamped SwiGLU
+    // (g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g));
+    // expert views may carry biases (kaon_linear.bias) with either.
+    int act;
+    float act_alpha, act_limit;
 } kaon_moe_weights;
+
+enum { KAON_MOE_ACT_SILU = 0, KAON_MOE_ACT_SWIGLU_OAI = 1 };
 
 typedef struct kaon_backend_ops {
     const char *name;
@@ -147,6 +154,12 @@ typedef struct kaon_backend_ops {
     void (*attention)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                       const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                       float scale, int window, void *out);
+    // As attention, with a learned logit per query head (sinks [n_heads] f32, gpt-oss) added to
+    // each softmax's denominator only: out = sum_p e^(s_p) v_p / (e^sink + sum_p e^(s_p)).
+    // NULL: the backend cannot run models with attention sinks.
+    void (*attention_sinks)(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                            const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                            float scale, int window, const float *sinks, void *out);
     // Multi-head latent attention (DeepSeek's MLA, absorbed form): causal paged attention over
     // one cached row per token, [kv_lora + rope_dim] = the normed latent c then the rotated
     // shared key k_pe (kv_write with n_kv_heads 1, head_dim kv_lora + rope_dim). Every head

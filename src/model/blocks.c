@@ -46,6 +46,11 @@ void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, c
 
 void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,
                         float scale) {
+    kaon_blk_attention_sinks(f, b, l, rope, window, scale, NULL);
+}
+
+void kaon_blk_attention_sinks(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,
+                              float scale, const float *sinks) {
     const kaon_backend_ops *op = f->op;
     const int T = b->n_tokens, nh = f->c->n_heads, nkv = f->c->n_kv_heads, hd = f->c->head_dim;
     kaon_kv_layer *kv = &f->kv[l];
@@ -56,7 +61,8 @@ void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope
         op->rope(f->be, f->a.k, T, nkv, hd, b->attn.positions, rope);
         op->kv_write(f->be, kv, f->a.k, f->a.v, &b->attn, nkv, hd);
     }
-    op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, f->a.att);
+    if (sinks) op->attention_sinks(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, sinks, f->a.att);
+    else op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, f->a.att);
 }
 
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {

@@ -68,6 +68,10 @@ void kaon_blk_qk_norm(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *qn, c
 // window > 0).
 void kaon_blk_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,
                         float scale);
+// As kaon_blk_attention, with a learned logit per query head in each softmax's denominator
+// (sinks [n_heads] f32: gpt-oss; the backend's attention_sinks op).
+void kaon_blk_attention_sinks(kaon_fwd *f, const kaon_batch *b, int l, const kaon_rope *rope, int window,
+                              float scale, const float *sinks);
 // proj = in @ w^T: a sublayer's output, pending for the residual stream.
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in);
 // proj = down(act(xn @ gate^T) * (xn @ up^T)), pending.

@@ -16,6 +16,7 @@ typedef enum kaon_arch {
     KAON_ARCH_GEMMA3,   // Gemma3ForCausalLM (text): sliding-window layers, pre/post norms, GELU
     KAON_ARCH_DEEPSEEK2,  // DeepseekV2ForCausalLM (and GGUF deepseek2): MLA + DeepSeekMoE
     KAON_ARCH_DEEPSEEK3,  // DeepseekV3ForCausalLM, Kimi-K2 (kimi_k2), Kimi-K2.5's text model
+    KAON_ARCH_GPTOSS,     // GptOssForCausalLM: attention sinks, clamped-SwiGLU experts with biases
 } kaon_arch;
 // The enum names the variant an architecture file tells apart (model/arch.h: which file serves
 // a name is the registry's business). The MoE variants map onto the attention family
@@ -59,6 +60,7 @@ typedef struct kaon_model_config {
     float rope_beta_fast, rope_beta_slow;
     float rope_mscale, rope_mscale_all_dim;  // 0: not given
     float rope_attn_factor;                   // cos/sin multiplier; 1 unless YaRN sets it
+    bool rope_yarn_no_truncate;               // yarn "truncate": false (gpt-oss): ramp ends not rounded
     bool tie_word_embeddings;
     bool attention_bias;     // q/k/v biases (Qwen2)
     bool qk_norm;            // per-head q/k RMSNorm (Qwen3)
@@ -99,6 +101,7 @@ typedef struct kaon_model_config {
     int moe_n_group, moe_topk_group;
     bool moe_group_top2;         // noaux_tc group scores (sum of top 2); else the group's max
     float moe_routed_scale;      // routed_scaling_factor (1: none)
+    float moe_swiglu_limit;      // gpt-oss: the experts' clamped SwiGLU limit
     // MLA (DeepSeek-V2/V3): q through a low-rank q_a/q_b pair when q_lora_rank > 0; K and V
     // from a shared latent of kv_lora_rank plus one rotated key of rope_dim (qk_rope_head_dim);
     // head_dim = qk_nope_head_dim + rope_dim (the query/key width per head).

@@ -177,6 +177,9 @@ static int parse_rope_scaling(const char *file, const cJSON *root, kaon_model_co
             kaon_hf_get_float(file, rs, pre, "mscale_all_dim", &c->rope_mscale_all_dim, NULL) ||
             kaon_hf_get_float(file, rs, pre, "attention_factor", &af, &aset))
             return -1;
+        bool trunc = true;
+        if (kaon_hf_get_bool(file, rs, "truncate", &trunc)) return -1;
+        c->rope_yarn_no_truncate = !trunc;
         if (!oset) c->rope_original_max_pos = c->max_position_embeddings;
         if (!fset && c->rope_original_max_pos > 0)
             c->rope_factor = (float)c->max_position_embeddings / (float)c->rope_original_max_pos;

@@ -63,8 +63,12 @@ int kaon_model_build_rope(kaon_model *m, int which, float theta, bool scaled,
     double lo = 0.0, hi = 0.0;
     if (scaled && c->rope_scaling == KAON_ROPE_SCALING_YARN) {
         const double d = c->rope_dim, two_ln_base = 2.0 * log((double)theta);
-        lo = floor(d * log(c->rope_original_max_pos / (c->rope_beta_fast * 2.0 * M_PI)) / two_ln_base);
-        hi = ceil(d * log(c->rope_original_max_pos / (c->rope_beta_slow * 2.0 * M_PI)) / two_ln_base);
+        lo = d * log(c->rope_original_max_pos / (c->rope_beta_fast * 2.0 * M_PI)) / two_ln_base;
+        hi = d * log(c->rope_original_max_pos / (c->rope_beta_slow * 2.0 * M_PI)) / two_ln_base;
+        if (!c->rope_yarn_no_truncate) {  // HF's default; gpt-oss sets truncate: false
+            lo = floor(lo);
+            hi = ceil(hi);
+        }
         if (lo < 0) lo = 0;
         if (hi > d - 1) hi = d - 1;
         if (lo == hi) hi += 0.001;

@@ -8,8 +8,10 @@
 extern const kaon_arch_ops kaon_arch_llama;
 extern const kaon_arch_ops kaon_arch_gemma3;
 extern const kaon_arch_ops kaon_arch_deepseek2;
+extern const kaon_arch_ops kaon_arch_gptoss;
 
-static const kaon_arch_ops *const archs[] = {&kaon_arch_llama, &kaon_arch_gemma3, &kaon_arch_deepseek2};
+static const kaon_arch_ops *const archs[] = {&kaon_arch_llama, &kaon_arch_gemma3, &kaon_arch_deepseek2,
+                                             &kaon_arch_gptoss};
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 
 const char *kaon_arch_supported(void) {
@@ -50,6 +52,7 @@ const char *kaon_arch_label(kaon_arch a) {
     case KAON_ARCH_GEMMA3: return "gemma3";
     case KAON_ARCH_DEEPSEEK2: return "deepseek2";
     case KAON_ARCH_DEEPSEEK3: return "deepseek3";
+    case KAON_ARCH_GPTOSS: return "gpt-oss";
     default: return "unknown";
     }
 }

@@ -40,6 +40,12 @@ enum {
     KAON_DIM_K_N,        // n_heads * qk_nope_head_dim (W_UK, head by head: expanded prefill)
     KAON_DIM_QK_NOPE,    // qk_nope_head_dim
     KAON_DIM_V_B,        // n_heads * v_head_dim (W_UV head by head; o_proj's input)
+    // gpt-oss: per-head sinks, the router and stacked experts read as 2-D (FLAT3)
+    KAON_DIM_HEADS,      // n_heads
+    KAON_DIM_EXPERTS,    // n_experts
+    KAON_DIM_EXP_FFN2,   // 2 * moe_intermediate_size (fused gate_up columns)
+    KAON_DIM_EXP_HID,    // n_experts * hidden_size
+    KAON_DIM_EXP_FFN,    // n_experts * moe_intermediate_size
 };
 
 // When a weight is in the file. REQUIRED-type conditions make it required when they hold and

@@ -54,6 +54,7 @@ typedef struct attn_job {
     int n_heads, n_kv, hd, hv, group;
     float scale;
     int window;  // 0: all of 0..p
+    const float *sinks;  // [n_heads] or NULL: a logit per head in the denominator only (gpt-oss)
 } attn_job;
 
 // Brings rows [0, len) of a [*, rs] float table into the cache, columns [c0, c1) of each.
@@ -170,6 +171,16 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
         p0 += cnt;
     }
     for (int h = 0; h < nh; h++) {
+        if (j->sinks) {  // e^(sink - max) joins the denominator (rescaled when the sink is larger)
+            const float sk = j->sinks[h0 + h];
+            if (sk > mx[h]) {
+                const float corr = expf(mx[h] - sk);
+                l[h] *= corr;
+                for (int i = 0; i < hv; i++) st->acc[(size_t)h * hv + i] *= corr;
+                mx[h] = sk;
+            }
+            l[h] += expf(sk - mx[h]);
+        }
         const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
         const float *acc = st->acc + (size_t)h * hv;
         for (int i = 0; i < hv; i++) o0[(size_t)h * hv + i] = acc[i] * inv;
@@ -247,9 +258,15 @@ static bool meta_ok(const kaon_attn_meta *m) {
            m->n_seqs > 0;
 }
 
-void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
+void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                         float scale, int window, void *out) {
+    kaon_cpu_attention_sinks(be, q, kv, m, n_heads, n_kv_heads, head_dim, scale, window, NULL, out);
+}
+
+void kaon_cpu_attention_sinks(kaon_backend *be_, const void *q, const kaon_kv_layer *kv,
+                              const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                              float scale, int window, const float *sinks, void *out) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
     if (!q || !kv || !kv->k || !kv->v || !m || !out || n_heads <= 0 || n_kv_heads <= 0 ||
         n_heads % n_kv_heads != 0 || head_dim <= 0 || head_dim > KAON_ATTN_MAX_HD || window < 0) {
@@ -264,7 +281,7 @@ void kaon_cpu_attention(kaon_backend *be_, const void *q, const kaon_kv_layer *k
     }
     const attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->v, .out = out, .m = m,
                         .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim, .hv = head_dim,
-                        .group = n_heads / n_kv_heads, .scale = scale, .window = window};
+                        .group = n_heads / n_kv_heads, .scale = scale, .window = window, .sinks = sinks};
     run_attention(be, &j, "attention");
 }
 

@@ -443,6 +443,7 @@ static const kaon_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_write = kaon_cpu_kv_write,
     .attention = kaon_cpu_attention,
+    .attention_sinks = kaon_cpu_attention_sinks,
     .mla_attention = kaon_cpu_mla_attention,
     .mla_expanded_prefill = true,
     .head_linear = kaon_cpu_head_linear,

@@ -178,6 +178,9 @@ int kaon_cpu_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_
                              const kaon_linear *up, void *out);
 void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                        const kaon_attn_meta *m, int n_kv_heads, int head_dim);
+void kaon_cpu_attention_sinks(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
+                              const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                              float scale, int window, const float *sinks, void *out);
 void kaon_cpu_attention(kaon_backend *be, const void *q, const kaon_kv_layer *kv,
                         const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                         float scale, int window, void *out);

@@ -126,6 +126,21 @@ static void silu_mlp(kaon_backend *be, const float *x, int n, const kaon_linear 
     for (int r = 0; r < n; r++) k->silu_mul(h + (size_t)r * F, tmp + (size_t)r * F, h + (size_t)r * F, (int)F);
 }
 
+// gpt-oss's clamped SwiGLU on expert e (biases included by the linears):
+// h = (clamp(u, -lim, lim) + 1) * g' * sigmoid(alpha * g'), g' = min(g, lim).
+static void oai_mlp(kaon_backend *be, const float *x, int n, const kaon_moe_weights *w, int e, float *h,
+                    float *tmp) {
+    const int64_t F = w->gate[e].w.shape[0];
+    const float lim = w->act_limit, alpha = w->act_alpha;
+    kaon_cpu_linear(be, x, n, &w->gate[e], h);
+    kaon_cpu_linear(be, x, n, &w->up[e], tmp);
+    for (size_t i = 0; i < (size_t)n * (size_t)F; i++) {
+        const float g = h[i] < lim ? h[i] : lim;
+        const float u = tmp[i] < -lim ? -lim : tmp[i] > lim ? lim : tmp[i];
+        h[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+    }
+}
+
 int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positions,
                  const kaon_moe_weights *w, uint32_t *counts, void *out_) {
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
@@ -234,7 +249,8 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         const float *sw = slot_w + off[e];
         for (int i = 0; i < ne; i++)
             memcpy(xe + (size_t)i * dim, x + (size_t)tok[i] * dim, (size_t)dim * sizeof(float));
-        silu_mlp(be_, xe, ne, &w->gate[e], &w->up[e], he, tmp);  // [ne, F]
+        if (w->act == KAON_MOE_ACT_SWIGLU_OAI) oai_mlp(be_, xe, ne, w, e, he, tmp);
+        else silu_mlp(be_, xe, ne, &w->gate[e], &w->up[e], he, tmp);  // [ne, F]
         kaon_cpu_linear(be_, he, ne, &w->down[e], ye);     // [ne, dim]
         for (int i = 0; i < ne; i++) {
             float *o = out + (size_t)tok[i] * dim;
