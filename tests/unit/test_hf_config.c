@@ -123,7 +123,9 @@ static void test_other_real(void) {
     rc = parse_shared("openai__gpt-oss-20b.json", &c);
     CHECK(rc == 0 && c.rope_scaling == KAON_ROPE_SCALING_YARN && c.rope_factor == 32.0f);
     CHECK(fabsf(c.rope_attn_factor - (float)(0.1 * log(32.0) + 1.0)) < 1e-6f);  // no mscale keys
-    CHECK(kaon_model_config_validate(&c) != 0);  // not an architecture kaon runs
+    CHECK(c.arch == KAON_ARCH_GPTOSS && c.rope_yarn_no_truncate && c.n_experts == 32 && c.n_experts_used == 4 &&
+          c.sliding_window == 128 && c.moe_swiglu_limit == 7.0f);
+    CHECK(kaon_model_config_validate(&c) == 0);
     // Kimi-K2.5 is a multimodal wrapper: its text_config is a DeepSeek-V3 model whose tensors
     // sit under language_model.
     rc = parse_shared("moonshotai__Kimi-K2.5.json", &c);
