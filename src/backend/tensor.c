@@ -1,6 +1,9 @@
 #include "backend/tensor.h"
 
+#include <string.h>
+
 #include "backend/quant_blocks.h"
+#include "util/half.h"
 
 #define NO_GGML UINT32_MAX
 
@@ -76,4 +79,28 @@ int64_t kaon_tensor_numel(const kaon_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;
+}
+
+float kaon_tensor_f32_at(const kaon_tensor *t, int64_t i) {
+    const char *p = (const char *)t->data;
+    if (t->dtype == KAON_F32) {
+        float f;
+        memcpy(&f, p + (size_t)i * sizeof f, sizeof f);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + (size_t)i * sizeof h, sizeof h);
+    return t->dtype == KAON_BF16 ? kaon_bf16_to_f32(h) : kaon_f16_to_f32(h);
+}
+
+int64_t kaon_tensor_int_at(const kaon_tensor *t, int64_t i) {
+    const char *p = (const char *)t->data;
+    if (t->dtype == KAON_I64) {
+        int64_t v;
+        memcpy(&v, p + (size_t)i * sizeof v, sizeof v);
+        return v;
+    }
+    int32_t v;
+    memcpy(&v, p + (size_t)i * sizeof v, sizeof v);
+    return v;
 }

@@ -64,5 +64,10 @@ typedef struct kaon_tensor {
 } kaon_tensor;
 
 int64_t kaon_tensor_numel(const kaon_tensor *t);
+// Element i of a host F32, BF16 or F16 tensor as f32, and of an I32 or I64 tensor as int64.
+// Tensors mapped in place from a file need not be aligned to their element size (safetensors
+// packs tensors of any size back to back): these copy the bytes out.
+float kaon_tensor_f32_at(const kaon_tensor *t, int64_t i);
+int64_t kaon_tensor_int_at(const kaon_tensor *t, int64_t i);
 
 #endif

@@ -32,12 +32,6 @@ static kaon_act_quant act_of(const kaon_quant_config *q) {
     return KAON_ACTQ_NONE;
 }
 
-static float value_at(const kaon_tensor *t, int64_t i) {
-    return t->dtype == KAON_F32    ? ((const float *)t->data)[i]
-           : t->dtype == KAON_BF16 ? kaon_bf16_to_f32(((const uint16_t *)t->data)[i])
-                                   : kaon_f16_to_f32(((const uint16_t *)t->data)[i]);
-}
-
 static const char *shape_str(const kaon_tensor *t, char *buf, size_t cap) {
     int o = snprintf(buf, cap, "[");
     for (int i = 0; i < t->ndim && o < (int)cap - 24; i++)
@@ -65,7 +59,7 @@ static int read_scales(kaon_model *m, const char *sname, const kaon_tensor *sc, 
                               kaon_dtype_name(sc->dtype));
     float *v = malloc(sizeof(float) * (size_t)n);
     if (!v || kaon_model_own(m, v)) return kaon_set_error("out of memory");
-    for (int64_t i = 0; i < n; i++) v[i] = value_at(sc, i);
+    for (int64_t i = 0; i < n; i++) v[i] = kaon_tensor_f32_at(sc, i);
     for (int64_t i = 0; i < n; i++)
         if (!(v[i] > 0.0f) || !isfinite(v[i]))
             return kaon_set_error("%s: scale '%s'[%lld] = %g is not a positive number (FP8 weight '%s')", m->path,
@@ -91,7 +85,7 @@ static int read_input_scale(kaon_model *m, const char *module, kaon_linear *l) {
     if (kaon_tensor_numel(&t) != 1 || (t.dtype != KAON_F32 && t.dtype != KAON_BF16 && t.dtype != KAON_F16))
         return kaon_set_error("%s: '%s' is %s %s; expected one F32 value", m->path, name, kaon_dtype_name(t.dtype),
                               shape_str(&t, got, sizeof got));
-    l->act_scale = value_at(&t, 0);
+    l->act_scale = kaon_tensor_f32_at(&t, 0);
     if (!(l->act_scale > 0.0f) || !isfinite(l->act_scale))
         return kaon_set_error("%s: '%s' = %g is not a positive number", m->path, name, (double)l->act_scale);
     return 0;

@@ -22,7 +22,6 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
-#include "util/half.h"
 
 typedef struct gptoss_globals {
     kaon_linear tok_embd;   // [vocab, dim]
@@ -116,13 +115,6 @@ static int hf_config(const char *file, const cJSON *root, kaon_model_config *c) 
 
 // ---- the experts, rewritten for the moe op ------------------------------------------------
 
-static float elem(const kaon_tensor *t, size_t i) {
-    switch (t->dtype) {
-    case KAON_F32: return ((const float *)t->data)[i];
-    case KAON_BF16: return kaon_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    default: return kaon_f16_to_f32(((const uint16_t *)t->data)[i]);
-    }
-}
 
 static void *owned(kaon_model *m, size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -172,10 +164,10 @@ static int build_experts(kaon_model *m, gptoss_layer *w) {
             for (int64_t d = 0; d < D; d++)
                 memcpy(dn + ((size_t)(e * D + d) * F + f) * es, dp + ((size_t)(e * F + f) * D + d) * es, es);
         for (int64_t f = 0; f < F; f++) {
-            gb[e * F + f] = elem(&w->gate_up_b.w, (size_t)(e * 2 * F + 2 * f));
-            ub[e * F + f] = elem(&w->gate_up_b.w, (size_t)(e * 2 * F + 2 * f + 1));
+            gb[e * F + f] = kaon_tensor_f32_at(&w->gate_up_b.w, (size_t)(e * 2 * F + 2 * f));
+            ub[e * F + f] = kaon_tensor_f32_at(&w->gate_up_b.w, (size_t)(e * 2 * F + 2 * f + 1));
         }
-        for (int64_t d = 0; d < D; d++) db[e * D + d] = elem(&w->down_b.w, (size_t)(e * D + d));
+        for (int64_t d = 0; d < D; d++) db[e * D + d] = kaon_tensor_f32_at(&w->down_b.w, (size_t)(e * D + d));
     }
     memset(views, 0, (size_t)3 * nE * sizeof *views);
     for (int e = 0; e < nE; e++) {

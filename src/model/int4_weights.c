@@ -9,7 +9,6 @@
 #include "model/int4_unpack.h"
 #include "model/model.h"
 #include "util/err.h"
-#include "util/half.h"
 
 typedef struct int4_src {
     kaon_model *m;
@@ -54,10 +53,7 @@ static float *scales_f32(const kaon_tensor *t) {
     const int64_t n = kaon_tensor_numel(t);
     float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
     if (!f) return NULL;
-    for (int64_t i = 0; i < n; i++)
-        f[i] = t->dtype == KAON_F32    ? ((const float *)t->data)[i]
-               : t->dtype == KAON_BF16 ? kaon_bf16_to_f32(((const uint16_t *)t->data)[i])
-                                       : kaon_f16_to_f32(((const uint16_t *)t->data)[i]);
+    for (int64_t i = 0; i < n; i++) f[i] = kaon_tensor_f32_at(t, i);
     return f;
 }
 
@@ -92,9 +88,8 @@ static int read_src(int4_src *s, int64_t N, int64_t K, int64_t gs) {
         if (s->m->quant.symmetric) s->qz.data = NULL;
         if (s->shape.data) {  // the original [N, K] (int64 from torch.tensor(shape), or int32)
             const bool i64 = s->shape.dtype == KAON_I64;
-            const int64_t n0 = i64 ? ((const int64_t *)s->shape.data)[0] : ((const int32_t *)s->shape.data)[0];
-            const int64_t n1 = i64 ? ((const int64_t *)s->shape.data)[1] : ((const int32_t *)s->shape.data)[1];
-            if ((!i64 && s->shape.dtype != KAON_I32) || kaon_tensor_numel(&s->shape) != 2 || n0 != N || n1 != K)
+            const bool ok = (i64 || s->shape.dtype == KAON_I32) && kaon_tensor_numel(&s->shape) == 2;
+            if (!ok || kaon_tensor_int_at(&s->shape, 0) != N || kaon_tensor_int_at(&s->shape, 1) != K)
                 return kaon_set_error("%s: tensor '%s.weight_shape' must be I32/I64 [%lld, %lld]", s->m->path,
                                       s->module, (long long)N, (long long)K);
         }
@@ -114,6 +109,16 @@ static int read_src(int4_src *s, int64_t N, int64_t K, int64_t gs) {
     return 0;
 }
 
+// An I32 tensor's words, aligned: the mapping itself when it is, else a copy in *copy (freed
+// by the caller; NULL data stays NULL).
+static const int32_t *words(const kaon_tensor *t, int32_t **copy) {
+    *copy = NULL;
+    if (!t->data || ((uintptr_t)t->data & 3) == 0) return t->data;
+    *copy = malloc(t->nbytes ? t->nbytes : 1);
+    if (*copy) memcpy(*copy, t->data, t->nbytes);
+    return *copy;
+}
+
 int kaon_int4_load(kaon_model *m, const char *module, int64_t N, int64_t K, kaon_linear *l) {
     const kaon_quant_config *q = &m->quant;
     const int64_t gs = q->group_size > 0 ? q->group_size : K, G = (K + gs - 1) / gs;
@@ -127,22 +132,27 @@ int kaon_int4_load(kaon_model *m, const char *module, int64_t N, int64_t K, kaon
     float *scale = owned(m, sizeof(float) * (size_t)(N * G)), *zero = malloc(sizeof(float) * (size_t)(N * G));
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)K);
     float *sc = scales_f32(&s.sc);
-    const bool have = w && scale && zero && perm && sc;
+    int32_t *cqw, *cqz, *cgi;
+    const int32_t *qw = words(&s.qw, &cqw), *qz = words(&s.qz, &cqz), *gidx = words(&s.gidx, &cgi);
+    const bool have = w && scale && zero && perm && sc && qw && (qz || !s.qz.data) && (gidx || !s.gidx.data);
     if (!have && w && scale) kaon_set_error("out of memory");  // (owned() reports its own)
     int rc = -1;
     if (have && q->method == KAON_QUANT_AWQ) {
-        kaon_int4_from_awq(s.qw.data, s.qz.data, sc, N, K, gs, w, scale, zero);
+        kaon_int4_from_awq(qw, qz, sc, N, K, gs, w, scale, zero);
         rc = 0;
     } else if (have && q->method == KAON_QUANT_GPTQ) {
-        rc = kaon_int4_from_gptq(s.qw.data, s.qz.data, sc, s.gidx.data, N, K, gs, strcmp(q->int_format, "gptq_v2") != 0,
+        rc = kaon_int4_from_gptq(qw, qz, sc, gidx, N, K, gs, strcmp(q->int_format, "gptq_v2") != 0,
                                  w, scale, zero, perm);
     } else if (have) {
-        rc = kaon_int4_from_ct(s.qw.data, sc, s.qz.data, s.gidx.data, N, K, gs, w, scale, zero, perm);
+        rc = kaon_int4_from_ct(qw, sc, qz, gidx, N, K, gs, w, scale, zero, perm);
     }
     if (have && rc < 0)
         kaon_set_error("%s: tensor '%s.%s' does not give every group %lld columns", m->path, module,
                        q->method == KAON_QUANT_GPTQ ? "g_idx" : "weight_g_idx", (long long)gs);
     free(sc);
+    free(cqw);
+    free(cqz);
+    free(cgi);
     if (rc < 0) {
         free(zero);
         free(perm);

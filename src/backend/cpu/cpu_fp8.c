@@ -19,7 +19,6 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "util/fp8.h"
-#include "util/pool.h"
 
 static float e4m3_lut[256];
 static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
@@ -77,38 +76,18 @@ static void quantize_act(const float *x, int n, int64_t K, int64_t g, float *xq)
         }
 }
 
-static float dot_f32(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    int k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int i = 0; i < 8; i++) acc[i] += a[k + i] * b[k + i];
-    float s = 0.0f;
-    for (; k < n; k++) s += a[k] * b[k];
-    for (int i = 0; i < 8; i++) s += acc[i];
-    return s;
-}
-
-typedef struct fp8_job {
+typedef struct fp8_w {
     const uint8_t *wq;
-    const float *s, *bias, *x;
-    float *y, *rows;  // rows: one dequantized weight row per thread
-    int64_t M, K, b0, b1, scols;
-    int n, per;
-} fp8_job;
+    const float *s;
+    int64_t K, b0, b1, scols;
+} fp8_w;
 
-// Weight rows [task * per, ...): dequantized into the executing thread's row, dotted with x.
-static void fp8_rows(void *c, int task, int th) {
-    const fp8_job *j = c;
-    float *row = j->rows + (size_t)th * (size_t)j->K;
-    const int64_t m0 = (int64_t)task * j->per, m1 = m0 + j->per < j->M ? m0 + j->per : j->M;
-    for (int64_t m = m0; m < m1; m++) {
-        const uint8_t *q = j->wq + (size_t)m * (size_t)j->K;
-        const float *srow = j->s + (size_t)(m / j->b0) * (size_t)j->scols;
-        for (int64_t k = 0; k < j->K; k++) row[k] = e4m3_lut[q[k]] * srow[k / j->b1];
-        const float b = j->bias ? j->bias[m] : 0.0f;
-        for (int r = 0; r < j->n; r++)
-            j->y[(size_t)r * (size_t)j->M + (size_t)m] = dot_f32(row, j->x + (size_t)r * (size_t)j->K, (int)j->K) + b;
-    }
+// Row m: each e4m3 value times its block's scale.
+static void fp8_row(const void *c, int64_t m, float *row) {
+    const fp8_w *j = c;
+    const uint8_t *q = j->wq + (size_t)m * (size_t)j->K;
+    const float *srow = j->s + (size_t)(m / j->b0) * (size_t)j->scols;
+    for (int64_t k = 0; k < j->K; k++) row[k] = e4m3_lut[q[k]] * srow[k / j->b1];
 }
 
 int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y) {
@@ -137,9 +116,7 @@ int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_
         else quantize_scaled(x, n, K, mode, l->act_scale, xq);
         x = xq;
     }
-    fp8_job j = {.wq = w->data, .s = sc->data, .bias = bias ? bias->data : NULL, .x = x, .y = y, .rows = rows,
-                 .M = M, .K = K, .b0 = b0, .b1 = b1, .scols = scols, .n = n};
-    const int tasks = kaon_cpu_tasks((int)M, nt, 1, &j.per);
-    kaon_pool_run(be->pool, tasks, nt, fp8_rows, &j);
+    const fp8_w j = {.wq = w->data, .s = sc->data, .K = K, .b0 = b0, .b1 = b1, .scols = scols};
+    kaon_cpu_rows_linear(be, x, n, M, K, bias ? bias->data : NULL, y, rows, nt, fp8_row, &j);
     return 0;
 }

@@ -6,41 +6,21 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
-#include "util/pool.h"
 
-static float dot_f32(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    int k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int i = 0; i < 8; i++) acc[i] += a[k + i] * b[k + i];
-    float s = 0.0f;
-    for (; k < n; k++) s += a[k] * b[k];
-    for (int i = 0; i < 8; i++) s += acc[i];
-    return s;
-}
-
-typedef struct int4_job {
+typedef struct int4_w {
     const uint8_t *w;
-    const float *s, *z, *bias, *x;
-    float *y, *rows;  // rows: one dequantized weight row per thread
-    int64_t M, K, g, G;
-    int n, per;
-} int4_job;
+    const float *s, *z;
+    int64_t K, g, G;
+} int4_w;
 
-static void int4_rows(void *c, int task, int th) {
-    const int4_job *j = c;
-    float *row = j->rows + (size_t)th * (size_t)j->K;
-    const int64_t m0 = (int64_t)task * j->per, m1 = m0 + j->per < j->M ? m0 + j->per : j->M;
-    for (int64_t m = m0; m < m1; m++) {
-        const uint8_t *q = j->w + (size_t)m * (size_t)(j->K / 2);
-        for (int64_t gi = 0; gi < j->G; gi++) {
-            const float s = j->s[m * j->G + gi], z = j->z ? j->z[m * j->G + gi] : 8.0f;
-            const int64_t k1 = (gi + 1) * j->g < j->K ? (gi + 1) * j->g : j->K;
-            for (int64_t k = gi * j->g; k < k1; k++) row[k] = ((float)(k & 1 ? q[k / 2] >> 4 : q[k / 2] & 15) - z) * s;
-        }
-        const float b = j->bias ? j->bias[m] : 0.0f;
-        for (int r = 0; r < j->n; r++)
-            j->y[(size_t)r * (size_t)j->M + (size_t)m] = dot_f32(row, j->x + (size_t)r * (size_t)j->K, (int)j->K) + b;
+// Row m: (q - zero) * scale per group of g columns (zero 8 when the layout has none).
+static void int4_row(const void *c, int64_t m, float *row) {
+    const int4_w *j = c;
+    const uint8_t *q = j->w + (size_t)m * (size_t)(j->K / 2);
+    for (int64_t gi = 0; gi < j->G; gi++) {
+        const float s = j->s[m * j->G + gi], z = j->z ? j->z[m * j->G + gi] : 8.0f;
+        const int64_t k1 = (gi + 1) * j->g < j->K ? (gi + 1) * j->g : j->K;
+        for (int64_t k = gi * j->g; k < k1; k++) row[k] = ((float)(k & 1 ? q[k / 2] >> 4 : q[k / 2] & 15) - z) * s;
     }
 }
 
@@ -70,9 +50,7 @@ int kaon_cpu_linear_int4(kaon_cpu_backend *be, const float *x, int n, const kaon
             for (int64_t k = 0; k < K; k++) xp[(size_t)r * (size_t)K + (size_t)k] = x[(size_t)r * (size_t)K + (size_t)perm[k]];
         x = xp;
     }
-    int4_job j = {.w = w->data, .s = sc->data, .z = zt->data, .bias = bias ? bias->data : NULL, .x = x, .y = y,
-                  .rows = rows, .M = M, .K = K, .g = g, .G = G, .n = n};
-    const int tasks = kaon_cpu_tasks((int)M, nt, 1, &j.per);
-    kaon_pool_run(be->pool, tasks, nt, int4_rows, &j);
+    const int4_w j = {.w = w->data, .s = sc->data, .z = zt->data, .K = K, .g = g, .G = G};
+    kaon_cpu_rows_linear(be, x, n, M, K, bias ? bias->data : NULL, y, rows, nt, int4_row, &j);
     return 0;
 }

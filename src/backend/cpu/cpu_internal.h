@@ -169,6 +169,12 @@ int kaon_cpu_linear_fp8(kaon_cpu_backend *be, const float *x, int n, const kaon_
 int kaon_cpu_linear_int4(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y);
 // MXFP4 weights in kaon's layout (kaon_linear_is_mxfp4), dequantized row by row (cpu_mxfp4.c).
 int kaon_cpu_linear_mxfp4(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y);
+// y [n, M] = x [n, K] @ w^T (+ bias [M]) for a weight read one dequantized row at a time:
+// row(ctx, m, out) writes row m as K floats (cpu_rows.c). rows: K floats of scratch for each of
+// nt threads.
+typedef void (*kaon_cpu_row_fn)(const void *ctx, int64_t m, float *out);
+void kaon_cpu_rows_linear(kaon_cpu_backend *be, const float *x, int n, int64_t M, int64_t K, const float *bias,
+                          float *y, float *rows, int nt, kaon_cpu_row_fn row, const void *ctx);
 // The fused forms (backend.h): several layers over one x, and silu(x gate^T) * (x up^T).
 // 0 when done, 1 when declined (weights of different formats or widths; silu: a bias), -1 on
 // error.

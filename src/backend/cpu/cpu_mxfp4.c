@@ -6,38 +6,16 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/mxfp4.h"
-#include "util/pool.h"
 
-static float dot_f32(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    int k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int i = 0; i < 8; i++) acc[i] += a[k + i] * b[k + i];
-    float s = 0.0f;
-    for (; k < n; k++) s += a[k] * b[k];
-    for (int i = 0; i < 8; i++) s += acc[i];
-    return s;
-}
-
-typedef struct mxfp4_job {
+typedef struct mxfp4_w {
     const uint8_t *w;
-    const float *bias, *x;
-    float *y, *rows;  // rows: one dequantized weight row per thread
-    int64_t M, K;
+    int64_t K;
     size_t rb;
-    int n, per;
-} mxfp4_job;
+} mxfp4_w;
 
-static void mxfp4_rows(void *c, int task, int th) {
-    const mxfp4_job *j = c;
-    float *row = j->rows + (size_t)th * (size_t)j->K;
-    const int64_t m0 = (int64_t)task * j->per, m1 = m0 + j->per < j->M ? m0 + j->per : j->M;
-    for (int64_t m = m0; m < m1; m++) {
-        kaon_mxfp4_dequant_row(j->w + (size_t)m * j->rb, j->K, row);
-        const float b = j->bias ? j->bias[m] : 0.0f;
-        for (int r = 0; r < j->n; r++)
-            j->y[(size_t)r * (size_t)j->M + (size_t)m] = dot_f32(row, j->x + (size_t)r * (size_t)j->K, (int)j->K) + b;
-    }
+static void mxfp4_row(const void *c, int64_t m, float *row) {
+    const mxfp4_w *j = c;
+    kaon_mxfp4_dequant_row(j->w + (size_t)m * j->rb, j->K, row);
 }
 
 int kaon_cpu_linear_mxfp4(kaon_cpu_backend *be, const float *x, int n, const kaon_linear *l, float *y) {
@@ -54,9 +32,7 @@ int kaon_cpu_linear_mxfp4(kaon_cpu_backend *be, const float *x, int n, const kao
     const int nt = kaon_cpu_threads_for(&be->base, 4.0 * (double)M * (double)K * n);
     float *rows = kaon_cpu_scratch(be, sizeof(float) * (size_t)K * (size_t)nt);
     if (!rows) return -1;
-    mxfp4_job j = {.w = w->data, .bias = bias ? bias->data : NULL, .x = x, .y = y, .rows = rows, .M = M, .K = K,
-                   .rb = rb, .n = n};
-    const int tasks = kaon_cpu_tasks((int)M, nt, 1, &j.per);
-    kaon_pool_run(be->pool, tasks, nt, mxfp4_rows, &j);
+    const mxfp4_w j = {.w = w->data, .K = K, .rb = rb};
+    kaon_cpu_rows_linear(be, x, n, M, K, bias ? bias->data : NULL, y, rows, nt, mxfp4_row, &j);
     return 0;
 }
