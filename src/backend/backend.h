@@ -214,6 +214,12 @@ typedef struct kaon_backend_ops {
     // random values offset + uniform(-scale, scale) from seed; as upload otherwise.
     int (*fill_dummy)(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
                       float offset, kaon_tensor *dev);
+    // Copies a linear layer whose format has companions (FP8 with scales, INT4 with group
+    // scales, zeros, a permutation) into backend memory in the backend's layout for that format:
+    // dev->w and its companions share one allocation, so release(&dev->w) frees them all (the
+    // bias is a weight of its own). dummy: host's data is not read; random codes and scales of
+    // host's format and shape come from seed. NULL: such layers run on host backends only.
+    int (*upload_linear)(kaon_backend *be, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
     void (*release)(kaon_backend *be, kaon_tensor *dev);
     // Bytes a device copy of host takes (upload's format; dense: upload_dense's). NULL: the
     // host's bytes (backends that use weights in place).

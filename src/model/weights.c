@@ -297,12 +297,16 @@ int kaon_weights_upload(kaon_backend *be, const kaon_model *m, kaon_weights *dev
             memset(dst, 0, sizeof *dst);
             if (!src->data || (s->flags & KAON_W_HOST)) continue;
             const char *why = s->ndim == 2 ? kaon_linear_unsupported(linear_of(src)) : NULL;
-            if (why && (linear_of(src)->scale.data || src->dtype == KAON_MXFP4))  // no device kernels read them yet
+            const bool companions = why && (linear_of(src)->scale.data || src->dtype == KAON_MXFP4);
+            if (companions && (!op->upload_linear || src->dtype == KAON_MXFP4))  // no device kernels read them yet
                 return kaon_set_error("%s: weights with %s run on the CPU backend only for now", m->path, why);
+            const uint64_t seed = DUMMY_SEED + ((uint64_t)i << 24) + (uint64_t)l;
             int rc;
-            if (dummy) {
+            if (companions) {
+                rc = op->upload_linear(be, linear_of(src), dummy, seed, linear_of(dst));
+            } else if (dummy) {
                 const float scale = src->ndim == 1 ? 0.1f : 1.0f / sqrtf((float)src->shape[src->ndim - 1]);
-                rc = op->fill_dummy(be, src, DUMMY_SEED + ((uint64_t)i << 24) + (uint64_t)l, scale,
+                rc = op->fill_dummy(be, src, seed, scale,
                                     (s->flags & KAON_W_NORM) ? 1.0f : 0.0f, dst);
             } else {
                 rc = op->upload(be, src, dst);

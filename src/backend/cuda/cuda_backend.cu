@@ -367,6 +367,9 @@ static int cuda_upload_dense(kaon_backend *be, const kaon_tensor *host, kaon_ten
 // What upload / upload_dense will allocate for host: quantized blocks kept as they are, other
 // matrices in bf16, vectors in f32.
 static size_t cuda_weight_bytes(kaon_backend *be, const kaon_tensor *host, bool dense) {
+    if (host->dtype == KAON_FP8_E4M3) return kc_fp8_bytes(host);
+    if (host->dtype == KAON_I4) return kc_int4_bytes(host);
+    if (host->dtype == KAON_F32 && host->ndim == 2) return (size_t)kaon_tensor_numel(host) * 4;  // scales
     const size_t q = dense ? 0 : kc_quant_bytes(kc(be), host);
     if (q) return q;
     return (size_t)kaon_tensor_numel(host) * (host->ndim == 1 ? 4 : 2);
@@ -394,6 +397,14 @@ static int cuda_fill_dummy(kaon_backend *be, const kaon_tensor *like, uint64_t s
     dev->nbytes = dst_bytes;
     b->bytes_weights += dst_bytes;
     return 0;
+}
+
+static int cuda_upload_linear(kaon_backend *be, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
+    kc_backend *b = kc(be);
+    if (kaon_linear_is_fp8_block(host)) return kc_fp8_upload(b, host, dummy, seed, dev);
+    if (kaon_linear_is_int4(host)) return kc_int4_upload(b, host, dummy, seed, dev);
+    return kc_fail(b, "cuda upload: weight format %s with %s is not supported", kaon_dtype_name(host->w.dtype),
+                   kaon_linear_unsupported(host));
 }
 
 static void cuda_release(kaon_backend *be, kaon_tensor *dev) {
@@ -502,8 +513,18 @@ static void cuda_rmsnorm_once(kaon_backend *be, void *x, const void *add, const 
     rmsnorm_impl(be, x, add, w, eps, n, dim, out, true);
 }
 
+// A layer of a format with scale companions (FP8, INT4): its own kernels.
+static int scaled_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
+    if (n <= 0) return 0;
+    return l->w.dtype == KAON_FP8_E4M3 ? kc_fp8_linear(b, x, n, l, y, f32out) : kc_int4_linear(b, x, n, l, y, f32out);
+}
+
 static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *y) {
     kc_backend *b = kc(be);
+    if (kc_is_scaled_linear(l)) {
+        scaled_linear(b, x, n, l, y, 0);
+        return;
+    }
     if (!is_plain(b, l, "linear")) return;
     const kaon_tensor *w = &l->w, *bias = kaon_linear_bias(l);
     if (kc_quant_linear(b, x, n, w, bias, y, 0) != 1) return;  // quantized weight (cuda_quant.cu)
@@ -515,11 +536,15 @@ static void cuda_linear(kaon_backend *be, const void *x, int n, const kaon_linea
 
 static void cuda_linear_f32(kaon_backend *be, const void *x, int n, const kaon_linear *l, float *y) {
     kc_backend *b = kc(be);
-    if (!is_plain(b, l, "linear_f32")) return;
     if (kaon_linear_bias(l)) {
         kc_fail(b, "cuda linear_f32: a bias is not supported");
         return;
     }
+    if (kc_is_scaled_linear(l)) {
+        scaled_linear(b, x, n, l, y, 1);
+        return;
+    }
+    if (!is_plain(b, l, "linear_f32")) return;
     const kaon_tensor *w = &l->w;
     if (kc_quant_linear(b, x, n, w, NULL, y, 1) != 1) return;  // quantized weight (cuda_quant.cu)
     if (n <= 0 || !is_matrix(b, w, "linear_f32")) return;
@@ -683,6 +708,8 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
     kc_backend *b = kc(be);
     if (count < 1 || count > 4) return 1;
     const kaon_tensor *w[4], *bias[4];
+    for (int i = 0; i < count; i++)
+        if (kc_is_scaled_linear(l[i])) return 1;  // one linear each
     for (int i = 0; i < count; i++) {
         if (!is_plain(b, l[i], "linear_multi")) return -1;
         w[i] = &l[i]->w;
@@ -712,6 +739,7 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
 static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
                                 const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
+    if (kc_is_scaled_linear(gate) || kc_is_scaled_linear(up)) return 1;  // two linears and silu_and_mul
     if (!is_plain(b, gate, "linear_silu_mul") || !is_plain(b, up, "linear_silu_mul")) return -1;
     if (kaon_linear_bias(gate) || kaon_linear_bias(up)) return 1;  // the fused kernels add no bias
     const kaon_tensor *wg = &gate->w, *wu = &up->w;
@@ -790,6 +818,8 @@ static void cuda_destroy(kaon_backend *be) {
     if (b->fa_mark) cudaFree(b->fa_mark);
     kc_quant_destroy(b);
     kc_mla_destroy(b);
+    kc_fp8_destroy(b);
+    kc_int4_destroy(b);
     if (b->meta_done) cudaEventDestroy(b->meta_done);
     if (b->stream) cudaStreamDestroy(b->stream);
     free(b);
@@ -823,6 +853,7 @@ static kaon_backend_ops make_ops(void) {
     o.upload_dense = cuda_upload_dense;
     o.fill_dummy = cuda_fill_dummy;
     o.weight_bytes = cuda_weight_bytes;
+    o.upload_linear = cuda_upload_linear;
     o.release = cuda_release;
     o.begin_step = cuda_begin_step;
     o.graph_begin = cuda_graph_begin;

@@ -44,6 +44,8 @@ typedef struct kc_alloc_rec {
 
 typedef struct kc_sampler kc_sampler;  // cuda_sample.cu's buffers
 typedef struct kc_mla kc_mla;          // cuda_mla.cu's state
+typedef struct kc_fp8 kc_fp8;          // cuda_fp8.cu's state
+typedef struct kc_int4 kc_int4;        // cuda_int4.cu's state
 
 typedef struct kc_backend {
     kaon_backend base;
@@ -107,6 +109,8 @@ typedef struct kc_backend {
     kc_sampler *sampler;  // NULL until the first sample()
     struct kc_quant *quant;  // cuda_quant.cu's state and scratch (NULL until the first quantized weight)
     struct kc_mla *mla;      // cuda_mla.cu's state (cuBLASLt problems of head_linear, scratch)
+    kc_fp8 *fp8;             // cuda_fp8.cu's state (NULL until the first FP8 layer)
+    kc_int4 *int4;           // cuda_int4.cu's state (NULL until the first INT4 layer)
 
     // cuda_moe.cu's scratch (from the backend's alloc, so destroy frees it).
     void *moe_buf;
@@ -293,5 +297,23 @@ int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_ten
 // not a quantized matrix.
 int kc_quant_dequant(kc_backend *b, const kaon_tensor *w, bf16 *out);
 void kc_quant_destroy(kc_backend *b);
+
+// ---- linear layers with scale companions: FP8 (cuda_fp8.cu) and INT4 (cuda_int4.cu) ----
+// upload: the upload_linear op of backend.h for host's format (w and companions in one
+// allocation; dev's bias, shard and parts untouched). linear: y [n, out] (bf16, or f32 when
+// f32out) = x [n, in] bf16 @ l^T (+ l's bias); 0, or -1 + recorded error. bytes: what upload
+// allocates for host.
+int kc_fp8_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
+int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out);
+size_t kc_fp8_bytes(const kaon_tensor *host);
+void kc_fp8_destroy(kc_backend *b);
+int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
+int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out);
+size_t kc_int4_bytes(const kaon_tensor *host);
+void kc_int4_destroy(kc_backend *b);
+// Whether l is a layer of those two formats (the ops send it to their linear).
+static inline bool kc_is_scaled_linear(const kaon_linear *l) {
+    return l && (l->w.dtype == KAON_FP8_E4M3 || l->w.dtype == KAON_I4) && l->scale.data;
+}
 
 #endif
