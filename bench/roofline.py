@@ -5,7 +5,10 @@ DeepSeek): the attention, dense layers, routers, shared experts and LM head once
 experts the step's tokens touch: top_k of them at batch 1, and for a batch of B tokens the
 expected number of distinct experts under uniform routing, E (1 - (1 - k/E)^B) (126 of 128 at
 B = 64, k = 8): a batched MoE step reads nearly the whole model. MLA (DeepSeek) caches one latent
-row (kv_lora + rope) per token and layer instead of K and V per head. bf16 throughout.
+row (kv_lora + rope) per token and layer instead of K and V per head. Weights are bf16 unless the
+config's quantization_config says otherwise: then the linear layers (attention, MLPs, experts) take
+the format's bytes per element with its scales (quant_elem_bytes), while the embedding, the LM
+head, the norms and the routers stay bf16, as the checkpoints keep them.
 
   python3 bench/roofline.py bench/configs/deepseek-ai__DeepSeek-V2-Lite.json --ctx 1024 --batch 1 64
 """
@@ -55,10 +58,33 @@ def shape(cfg):
     elif c.get("shared_expert_intermediate_size"):
         shared = 3 * d * c["shared_expert_intermediate_size"] + d
     dense_mlp = 3 * d * c["intermediate_size"]
+    fixed = L * (attn + 2 * d) + (L - len(moe)) * dense_mlp + len(moe) * (E * d + shared) + V * d + d
+    plain = L * 2 * d + len(moe) * E * d + V * d + d  # norms, routers, LM head: never quantized
     return dict(
-        layers=L, moe_layers=len(moe), experts=E, top_k=k, expert=3 * d * fe,
-        fixed=L * (attn + 2 * d) + (L - len(moe)) * dense_mlp + len(moe) * (E * d + shared) + V * d + d,
+        layers=L, moe_layers=len(moe), experts=E, top_k=k, expert=3 * d * fe, fixed=fixed, plain=plain,
         embed_row=d, kv_per_token=kv_per_token, attn=attn, dense_mlp=dense_mlp, shared=shared)
+
+
+def quant_elem_bytes(cfg, elem=2):
+    """Bytes per element of the quantized linear layers, scales included (elem when none)."""
+    q = cfg.get("quantization_config") or text_config(cfg).get("quantization_config")
+    if not q:
+        return elem
+    m = q.get("quant_method")
+    if m == "fp8":
+        b = q.get("weight_block_size") or [1 << 30, 1 << 30]
+        return 1 + 4 / (b[0] * b[1])
+    if m in ("awq", "gptq"):
+        g = q.get("group_size") or 128
+        zero = m == "gptq" or q.get("zero_point", True)
+        return q.get("bits", 4) / 8 + 2 / g + (0.5 / g if zero else 0)
+    if m == "mxfp4":
+        return 0.5 + 1 / 32
+    if m == "compressed-tensors":
+        w = next(iter(q.get("config_groups", {}).values()), {}).get("weights") or {}
+        bits, g = w.get("num_bits", 16), w.get("group_size") or 0
+        return bits / 8 + (2 / g if g else 0)
+    return elem
 
 
 def experts_touched(E, k, batch):
@@ -66,11 +92,14 @@ def experts_touched(E, k, batch):
     return E * (1 - (1 - k / E) ** batch) if E else 0.0
 
 
-def step_bytes(cfg, batch=1, elem=2):
-    """Weight bytes one decode step of `batch` tokens reads, and KV bytes per cached token."""
+def step_bytes(cfg, batch=1, elem=2, kv_elem=None):
+    """Weight bytes one decode step of `batch` tokens reads, and KV bytes per cached token
+    (kv_elem: bytes per cached element, elem by default; 1 for an FP8 cache)."""
     s = shape(cfg)
     experts = s["moe_layers"] * experts_touched(s["experts"], s["top_k"], batch) * s["expert"]
-    return elem * (s["fixed"] + batch * s["embed_row"] + experts), elem * s["kv_per_token"]
+    q = quant_elem_bytes(cfg, elem)
+    w = elem * (s["plain"] + batch * s["embed_row"]) + q * (s["fixed"] - s["plain"] + experts)
+    return w, (kv_elem or elem) * s["kv_per_token"]
 
 
 def active_params(cfg):

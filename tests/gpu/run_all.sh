@@ -5,8 +5,9 @@
 # the summary at the end says what passed.
 #
 #   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek] ...
-# (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, and deepseek, tests/gpu/test_deepseek_hf.py
-# --device cuda, run only when named, not under all; KAON_DEEPSEEK_K="EXPR" runs -k EXPR of it)
+# (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, deepseek, tests/gpu/test_deepseek_hf.py
+# --device cuda, and fp8, tests/gpu/test_gpu_fp8.py, run only when named, not under all;
+# KAON_DEEPSEEK_K / KAON_FP8_K="EXPR" run -k EXPR of them)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -143,6 +144,15 @@ if [[ " ${sections[*]} " == *" deepseek "* ]]; then  # DeepSeek V2/V3, Kimi-K2/K
     { echo "######## section deepseek (rc $rc)"; cat /tmp/pytest_deepseek.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_deepseek.log | cut -c1-300 | tail -n 30
     note "tests deepseek rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_deepseek.log)"
+fi
+if [[ " ${sections[*]} " == *" fp8 "* ]]; then  # FP8 layers (cuda_fp8.cu) vs the CPU backend; only when named
+    t0=$(date +%s)
+    timeout "$(tl 600)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 300 tests/gpu/test_gpu_fp8.py \
+        ${KAON_FP8_K:+-k "$KAON_FP8_K"} > /tmp/pytest_fp8.log 2>&1
+    rc=$?
+    { echo "######## section fp8 (rc $rc)"; cat /tmp/pytest_fp8.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_fp8.log | cut -c1-300 | tail -n 30
+    note "tests fp8 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_fp8.log)"
 fi
 if want bench 60; then
     t0=$(date +%s)

@@ -1,0 +1,166 @@
+"""FP8 layers on the CUDA backend (src/backend/cuda/cuda_fp8.cu), run on the GPU machine by
+`tests/gpu/run_all.sh fp8`. The reference is kaon's CPU backend on the same codes, scales and
+inputs (KAON_OP_DEVICE=cpu, KAON_FP8_ACT=1 so DeepSeek's activation groups are quantized as the
+GPU quantizes them); the CPU path itself is checked against numpy and transformers in tests/ref.
+Both quantize the activations identically and form exact e4m3 products, so they differ by the
+summation order and the GPU's bf16 output only; against the float64 product with unquantized
+activations they differ by the activation quantization (a few percent), which a wrong scale
+layout would exceed many times over. Model level: a tiny Llama with 128 x 128 block FP8
+weights, CUDA logits (prefill, decode, chunked) against the CPU's."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_gpu import bf16, driver, out, record, rel, run_op
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ref"))
+
+NS = [1, 3, 8, 17, 64, 65, 300]
+CPU_ENV = {"KAON_OP_DEVICE": "cpu", "KAON_FP8_ACT": "1"}
+
+
+def codes(rng, shape):
+    c = rng.integers(0, 256, shape).astype(np.uint8)
+    c[(c & 0x7F) == 0x7F] -= 1  # no NaN codes
+    return c
+
+
+def e4m3_values():
+    from fp8_files import E4M3
+    return E4M3
+
+
+def scales(rng, out_, in_, sb0, sb1):
+    sr, sc = -(-out_ // sb0), -(-in_ // sb1)
+    return ((0.5 + rng.random((sr, sc))) / np.sqrt(in_) / 448.0).astype(np.float32)
+
+
+def dequant(c, s, sb0, sb1):
+    w = e4m3_values()[c].astype(np.float64)
+    return w * np.repeat(np.repeat(s.astype(np.float64), sb0, 0), sb1, 1)[:c.shape[0], :c.shape[1]]
+
+
+def both(tmp, op, params, arrays):
+    """Runs op on the GPU (tmp/gpu) and the CPU (tmp/cpu); returns their stdout."""
+    g = run_op(tmp / "gpu", op, params, arrays)
+    c = run_op(tmp / "cpu", op, params, arrays, env=CPU_ENV)
+    return g, c
+
+
+# (name, sb0, sb1, act, act_scale): block weights with DeepSeek's groups, channel scales with
+# per-token activations, a tensor scale with one dynamic scale, ModelOpt's static input scale, and
+# a weight-only layer (no activation quantization).
+MODES = [("block", 128, 128, 1, 0.0), ("channel_token", 1, None, 2, 0.0), ("tensor_tensor", None, None, 3, 0.0),
+         ("tensor_static", None, None, 4, 0.05), ("block_weight_only", 128, 128, 0, 0.0)]
+
+
+@pytest.mark.parametrize("mode,sb0,sb1,act,act_scale", MODES)
+@pytest.mark.parametrize("rows,cols,has_bias", [(512, 1024, 1), (1000, 2048, 0), (4096, 4096, 0)])
+def test_fp8_linear(tmp_path, mode, sb0, sb1, act, act_scale, rows, cols, has_bias):
+    rng = np.random.default_rng()
+    sb0, sb1 = sb0 or rows, sb1 or cols
+    w, s = codes(rng, (rows, cols)), scales(rng, rows, cols, sb0, sb1)
+    x = bf16(rng.standard_normal((max(NS), cols)) * 2)
+    b = rng.standard_normal(rows).astype(np.float32)
+    p = dict(out=rows, ns=",".join(map(str, NS)), sb0=sb0, sb1=sb1, act=act, act_scale=act_scale, has_bias=has_bias,
+             **{"in": cols})
+    both(tmp_path, "fp8linear", p, dict(w=w, s=s, x=x, b=b))
+    W = dequant(w, s, sb0, sb1)
+    errs = {}
+    for n in NS:
+        g = out(tmp_path / "gpu", f"out_{n}", (n, rows))
+        c = out(tmp_path / "cpu", f"out_{n}", (n, rows))
+        plain = x[:n].astype(np.float64) @ W.T + (b if has_bias else 0)
+        errs[n] = (rel(g, c), rel(g, plain), rel(c, plain))
+        assert errs[n][0] < 5e-3, (mode, n, errs[n])
+        assert errs[n][1] < 6e-2, (mode, n, errs[n])
+    record("fp8_linear", mode=mode, rows=rows, inp=cols, gpu_vs_cpu={n: e[0] for n, e in errs.items()},
+           gpu_vs_unquantized_x={n: e[1] for n, e in errs.items()}, cpu_vs_unquantized_x={n: e[2] for n, e in errs.items()})
+
+
+@pytest.mark.parametrize("mode,sb0,sb1,act,act_scale", [MODES[0], MODES[1]])
+def test_fp8_linear_f32_logits(tmp_path, mode, sb0, sb1, act, act_scale):
+    rng = np.random.default_rng()
+    rows, cols, ns = 1000, 1024, [1, 5, 70]
+    sb0, sb1 = sb0 or rows, sb1 or cols
+    w, s = codes(rng, (rows, cols)), scales(rng, rows, cols, sb0, sb1)
+    x = bf16(rng.standard_normal((max(ns), cols)))
+    p = dict(out=rows, ns=",".join(map(str, ns)), sb0=sb0, sb1=sb1, act=act, act_scale=act_scale, f32out=1,
+             **{"in": cols})
+    both(tmp_path, "fp8linear", p, dict(w=w, s=s, x=x))
+    for n in ns:
+        g, c = out(tmp_path / "gpu", f"out_{n}", (n, rows)), out(tmp_path / "cpu", f"out_{n}", (n, rows))
+        assert rel(g, c) < 1e-3, (mode, n, rel(g, c))
+
+
+@pytest.mark.parametrize("mode,sb0,sb1,act,act_scale", [MODES[0], MODES[1]])
+def test_fp8_linear_multi_and_silu(tmp_path, mode, sb0, sb1, act, act_scale):
+    rng = np.random.default_rng()
+    cols, rows3, ns = 1024, (512, 128, 128), [1, 5, 8, 32, 33, 64, 65]
+    x = bf16(rng.standard_normal((max(ns), cols)))
+    arrays, params = dict(x=x), dict(ns=",".join(map(str, ns)), act=act, act_scale=act_scale, **{"in": cols})
+    for k, r in enumerate(rows3):
+        b0, b1 = sb0 or r, sb1 or cols
+        arrays[f"w{k}"], arrays[f"s{k}"] = codes(rng, (r, cols)), scales(rng, r, cols, b0, b1)
+        params[f"out{k}"] = r
+    params.update(sb0=sb0, sb1=sb1 or cols)
+    g, _ = both(tmp_path / "multi", "fp8multi", params, arrays)
+    rc = json.loads(g)
+    assert rc == [0 if n <= 64 else 1 for n in ns], rc  # fused up to 64 tokens
+    for n in ns:
+        for k, r in enumerate(rows3):
+            e = rel(out(tmp_path / "multi/gpu", f"out{k}_{n}", (n, r)), out(tmp_path / "multi/cpu", f"out{k}_{n}", (n, r)))
+            assert e < 5e-3, (n, k, e)
+    rows = 768
+    sarr = dict(x=x, wg=codes(rng, (rows, cols)), wu=codes(rng, (rows, cols)),
+                sg=scales(rng, rows, cols, sb0, sb1 or cols), su=scales(rng, rows, cols, sb0, sb1 or cols))
+    g, _ = both(tmp_path / "silu", "fp8silu", dict(params, out=rows), sarr)
+    assert json.loads(g) == [0 if n <= 32 else 1 for n in ns]
+    for n in ns:
+        e = rel(out(tmp_path / "silu/gpu", f"out_{n}", (n, rows)), out(tmp_path / "silu/cpu", f"out_{n}", (n, rows)))
+        assert e < 1e-2, (n, e)
+
+
+def test_fp8_model_cuda_vs_cpu(tmp_path):
+    from fp8_files import quantize_checkpoint
+    from hf_files import write_folder
+    from tiny_models import make_config, make_weights
+    from bf16 import round_bf16
+
+    cfg = make_config("llama")
+    cfg.update(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=3, vocab_size=512)
+    cfg = dict(cfg, torch_dtype="bfloat16",
+               quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                    "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]})
+    w = round_bf16(make_weights(cfg, 11))
+    files, _ = quantize_checkpoint(w, lambda n: n == "lm_head.weight")
+    folder = write_folder(tmp_path / "fp8", cfg, files, "BF16", indent=None)
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, cfg["vocab_size"], 40).tolist()
+    V = cfg["vocab_size"]
+
+    def run(dev, chunk):
+        o = tmp_path / f"{dev}_{chunk}.f32"
+        p = subprocess.run([driver(), "logits", str(folder), dev, str(chunk), ",".join(map(str, ids)), str(o)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, KAON_FP8_ACT="1"))
+        assert p.returncode == 0, p.stderr
+        return np.fromfile(o, np.float32).reshape(len(ids), V)
+
+    ref = run("cpu", len(ids))
+    res = {}
+    for mode, chunk in (("prefill", len(ids)), ("decode", 1), ("chunked7", 7)):
+        k = run("cuda", chunk)
+        srt = np.sort(ref, -1)
+        sel = srt[:, -1] - srt[:, -2] > 0.1
+        top1 = float((k.argmax(-1) == ref.argmax(-1))[sel].mean()) if sel.any() else 1.0
+        res[mode] = dict(rel_err=rel(k, ref), top1=top1, positions=int(sel.sum()))
+    record("fp8_model", **res)
+    print(json.dumps(res))
+    for mode, r in res.items():
+        assert r["rel_err"] <= 2e-2 and r["top1"] >= 0.99, (mode, r)
