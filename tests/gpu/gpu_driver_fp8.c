@@ -52,7 +52,7 @@ static int run_fp8op(const char *dir, const char *op) {
         for (int i = 0; i < n_ns; i++) {
             const int n = ns[i];
             void *y = q_poisoned((size_t)n * out, f32);
-            if (f32) o->linear_f32(be, dx, n, &l, y);
+            if (f32 && o->linear_f32) o->linear_f32(be, dx, n, &l, y);  // (the CPU's activations are f32)
             else o->linear(be, dx, n, &l, y);
             snprintf(nm, sizeof nm, "out_%d.bin", n);
             q_save(dir, nm, y, (size_t)n * out, f32);

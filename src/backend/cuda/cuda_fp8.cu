@@ -27,6 +27,7 @@
 #include <string.h>
 
 #define FP8_WARPS 8           // warps per GEMV block: they split K
+#define FP8_UNROLL 4          // 128-column chunks a warp requests at once (8 KB)
 #define FP8_GEMV_MAX_N 64     // 8 tiles of 8 tokens; larger batches go to cuBLASLt
 #define FP8_DEQ_CAP (64 << 20)  // elements of the bf16 scratch of weight-only layers
 #define FP8_LT_CACHE 32
@@ -250,7 +251,7 @@ static __device__ __forceinline__ float block_max(float v, float *red) {
 // TENSOR, first pass: the amax of everything into *amax (as bits: non-negative floats order like
 // their bits), which starts at 0.
 __global__ void __launch_bounds__(256) k_fp8_amax(const bf16 *__restrict__ x, size_t total, unsigned *amax) {
-    __shared__ float red[8];
+    __shared__ float red[32];
     kc_pdl_trigger();
     kc_pdl_wait();
     float m = 0.0f;
@@ -260,33 +261,73 @@ __global__ void __launch_bounds__(256) k_fp8_amax(const bf16 *__restrict__ x, si
     if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
 }
 
-// TOKEN / TENSOR / STATIC: one block per token; xs[token]. TOKEN and TENSOR: s = max(amax / 448,
-// 1 / (448 * 512)), q = e4m3(x / s) (vLLM's dynamic quantization); STATIC: q = e4m3(x * (1 / s))
-// with s the input_scale.
-__global__ void __launch_bounds__(256) k_fp8_act_rows(const bf16 *__restrict__ x, int K, int mode, float sstatic,
-                                                       const unsigned *__restrict__ amax_all,
-                                                       uint8_t *__restrict__ xq, float *__restrict__ xs) {
-    __shared__ float red[8];
+// TOKEN / TENSOR / STATIC: one block of 1024 threads per token; xs[token]. TOKEN and TENSOR:
+// s = max(amax / 448, 1 / (448 * 512)), q = e4m3(x / s) (vLLM's dynamic quantization); STATIC:
+// q = e4m3(x * (1 / s)) with s the input_scale. Rows of up to ROWS_VEC_MAX columns (K % 8 == 0)
+// stay in registers between the amax and the quantization (a decode step has one token: one
+// block does it all, so its latency is the step's).
+#define ROWS_VEC_MAX (1024 * 8 * 2)
+template <bool VEC>
+__global__ void __launch_bounds__(1024) k_fp8_act_rows(const bf16 *__restrict__ x, int K, int mode, float sstatic,
+                                                        const unsigned *__restrict__ amax_all,
+                                                        uint8_t *__restrict__ xq, float *__restrict__ xs) {
+    __shared__ float red[32];
     kc_pdl_trigger();
     kc_pdl_wait();
     const int tok = blockIdx.x;
     const bf16 *xr = x + (size_t)tok * K;
     uint8_t *qr = xq + (size_t)tok * K;
-    float s;
-    if (mode == KAON_ACTQ_STATIC) {
-        s = sstatic;
-        const float inv = __fdiv_rn(1.0f, s);
-        for (int k = threadIdx.x; k < K; k += blockDim.x) qr[k] = to_e4m3(__bfloat162float(xr[k]) * inv);
-    } else {
-        float m = 0.0f;
-        if (mode == KAON_ACTQ_TENSOR) {
-            m = __uint_as_float(*amax_all);
+    uint4 v[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+    float m = 0.0f;
+    if (VEC) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int k = (threadIdx.x + i * 1024) * 8;
+            if (k < K) v[i] = *(const uint4 *)(xr + k);
+        }
+    }
+    if (mode == KAON_ACTQ_TENSOR) {
+        m = __uint_as_float(*amax_all);
+    } else if (mode != KAON_ACTQ_STATIC) {
+        if (VEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[i];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(h[e]);
+                    m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+                }
+            }
         } else {
             for (int k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(__bfloat162float(xr[k])));
-            m = block_max(m, red);
         }
-        s = fmaxf(__fdiv_rn(m, 448.0f), 1.0f / (448.0f * 512.0f));
-        for (int k = threadIdx.x; k < K; k += blockDim.x) qr[k] = to_e4m3(__fdiv_rn(__bfloat162float(xr[k]), s));
+        m = block_max(m, red);
+    }
+    const bool stat = mode == KAON_ACTQ_STATIC;
+    const float s = stat ? sstatic : fmaxf(__fdiv_rn(m, 448.0f), 1.0f / (448.0f * 512.0f));
+    const float inv = __fdiv_rn(1.0f, s);
+    if (VEC) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int k = (threadIdx.x + i * 1024) * 8;
+            if (k >= K) continue;
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[i];
+            uint32_t q[2] = {0, 0};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(h[e]);
+                const uint32_t a = to_e4m3(stat ? f.x * inv : __fdiv_rn(f.x, s));
+                const uint32_t b2 = to_e4m3(stat ? f.y * inv : __fdiv_rn(f.y, s));
+                q[e >> 1] |= (a | b2 << 8) << (16 * (e & 1));
+            }
+            *(uint2 *)(qr + k) = make_uint2(q[0], q[1]);
+        }
+    } else {
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            const float f = __bfloat162float(xr[k]);
+            qr[k] = to_e4m3(stat ? f * inv : __fdiv_rn(f, s));
+        }
     }
     if (threadIdx.x == 0) xs[tok] = s;
 }
@@ -349,58 +390,60 @@ __global__ void __launch_bounds__(FP8_WARPS * 32) k_fp8_gemv(const Fp8Args a) {
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        uint4 cur[2][2], nxt[2][2];
-        int c = warp;
-        if (c < nch) {
+        // FP8_UNROLL chunks per step, all requested before any is used: bytes in flight per warp.
+        bool waited = false;
+        for (int c0 = warp; c0 < nch; c0 += FP8_WARPS * FP8_UNROLL) {
+            uint4 wv[FP8_UNROLL][2][2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                cur[h][0] = ld_stream((const uint4 *)(w0 + (size_t)c * 128 + h * 64));
-                cur[h][1] = ld_stream((const uint4 *)(w1 + (size_t)c * 128 + h * 64));
+            for (int u = 0; u < FP8_UNROLL; u++) {
+                const int c = c0 + u * FP8_WARPS;
+                if (c < nch) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        wv[u][h][0] = ld_stream((const uint4 *)(w0 + (size_t)c * 128 + h * 64));
+                        wv[u][h][1] = ld_stream((const uint4 *)(w1 + (size_t)c * 128 + h * 64));
+                    }
+                }
+            }
+            if (!waited) {
+                kc_pdl_wait();  // xq and xs come from the kernel before
+                waited = true;
+            }
+#pragma unroll
+            for (int u = 0; u < FP8_UNROLL; u++) {
+                const int c = c0 + u * FP8_WARPS;
+                if (c >= nch) break;
+                const float sw = MODE == MODE_BLOCK ? ws[(size_t)(m0 >> 7) * a.ws_cols + c] : 1.0f;
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    if (tok0 + j * 8 >= n) break;
+                    const int tok = tok0 + j * 8 + g;
+                    uint4 xv[2];
+                    if (tok < n) {
+                        const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
+                        xv[0] = *(const uint4 *)xp;
+                        xv[1] = *(const uint4 *)(xp + 64);
+                    } else {
+                        xv[0] = xv[1] = make_uint4(0, 0, 0, 0);
+                    }
+                    float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    chunk_mma(cc, wv[u], xv);
+                    if (MODE == MODE_BLOCK) {
+                        const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
+                        const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
+                        const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
+                        acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
+                        acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
+                        acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
+                        acc[j][3] = fmaf(cc[3], s1, acc[j][3]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[j][i] += cc[i];
+                    }
+                }
             }
         }
-        kc_pdl_wait();  // xq and xs come from the kernel before
-        for (; c < nch; c += FP8_WARPS) {
-            const int cn = c + FP8_WARPS;
-            if (cn < nch) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    nxt[h][0] = ld_stream((const uint4 *)(w0 + (size_t)cn * 128 + h * 64));
-                    nxt[h][1] = ld_stream((const uint4 *)(w1 + (size_t)cn * 128 + h * 64));
-                }
-            }
-            const float sw = MODE == MODE_BLOCK ? ws[(size_t)(m0 >> 7) * a.ws_cols + c] : 1.0f;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                if (tok0 + j * 8 >= n) break;
-                const int tok = tok0 + j * 8 + g;
-                uint4 xv[2];
-                if (tok < n) {
-                    const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
-                    xv[0] = *(const uint4 *)xp;
-                    xv[1] = *(const uint4 *)(xp + 64);
-                } else {
-                    xv[0] = xv[1] = make_uint4(0, 0, 0, 0);
-                }
-                float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                chunk_mma(cc, cur, xv);
-                if (MODE == MODE_BLOCK) {
-                    const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
-                    const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
-                    const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
-                    acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
-                    acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
-                    acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
-                    acc[j][3] = fmaf(cc[3], s1, acc[j][3]);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[j][i] += cc[i];
-                }
-            }
-            if (cn < nch) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) cur[h][0] = nxt[h][0], cur[h][1] = nxt[h][1];
-            }
-        }
+        if (!waited) kc_pdl_wait();
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -497,8 +540,9 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
         kc_launch(b, k_fp8_amax, dim3(blocks), dim3(256), 0, x, total, amax);
         if (kc_launched(b, "fp8 amax")) return -1;
     }
-    kc_launch(b, k_fp8_act_rows, dim3((unsigned)n), dim3(256), 0, x, K, (int)l->act_quant, l->act_scale,
-              (const unsigned *)amax, s->xq, s->xs);
+    const bool vec = K % 8 == 0 && K <= ROWS_VEC_MAX && ((uintptr_t)x & 15) == 0;
+    kc_launch(b, vec ? k_fp8_act_rows<true> : k_fp8_act_rows<false>, dim3((unsigned)n), dim3(1024), 0, x, K,
+              (int)l->act_quant, l->act_scale, (const unsigned *)amax, s->xq, s->xs);
     return kc_launched(b, "fp8 activation rows");
 }
 
