@@ -27,7 +27,8 @@
 #include <string.h>
 
 #define FP8_WARPS 8           // warps per GEMV block: they split K
-#define FP8_UNROLL 4          // 128-column chunks a warp requests at once (8 KB)
+#define FP8_STAGES 6          // ring slots of 2 KB per warp (cp.async pipeline depth)
+#define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * 2048)
 #define FP8_GEMV_MAX_N 64     // 8 tiles of 8 tokens; larger batches go to cuBLASLt
 #define FP8_DEQ_CAP (64 << 20)  // elements of the bf16 scratch of weight-only layers
 #define FP8_LT_CACHE 32
@@ -334,6 +335,11 @@ __global__ void __launch_bounds__(1024) k_fp8_act_rows(const bf16 *__restrict__ 
 
 // ---- the GEMV ---------------------------------------------------------------------------------
 
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+
 static __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                 uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -371,8 +377,9 @@ struct Fp8Args {
 // t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
 // the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
 template <int NT, int MODE, bool SILU>
-__global__ void __launch_bounds__(FP8_WARPS * 32) k_fp8_gemv(const Fp8Args a) {
+__global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
     __shared__ float part[SILU ? 2 : 1][FP8_WARPS][NT][32][4];
+    extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane]
     kc_pdl_trigger();
     int seg = 0;
     if (!SILU)
@@ -390,60 +397,68 @@ __global__ void __launch_bounds__(FP8_WARPS * 32) k_fp8_gemv(const Fp8Args a) {
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        // FP8_UNROLL chunks per step, all requested before any is used: bytes in flight per warp.
-        bool waited = false;
-        for (int c0 = warp; c0 < nch; c0 += FP8_WARPS * FP8_UNROLL) {
-            uint4 wv[FP8_UNROLL][2][2];
+        // Each warp streams its chunks through a ring of FP8_STAGES slots in shared memory with
+        // cp.async, FP8_STAGES - 1 chunks ahead of the one it multiplies: the bytes in flight do
+        // not cost registers. A lane reads back only the 64 bytes it copied, so waiting for its
+        // own copies is all the synchronisation a slot needs.
+        uint4 *ring = ring_all + (size_t)warp * FP8_STAGES * 128;
+        auto issue = [&](int i) {  // chunk i of this warp into slot i % FP8_STAGES
+            const int c = warp + i * FP8_WARPS;
+            if (c < nch) {
+                uint4 *slot = ring + (i % FP8_STAGES) * 128 + lane;
 #pragma unroll
-            for (int u = 0; u < FP8_UNROLL; u++) {
-                const int c = c0 + u * FP8_WARPS;
-                if (c < nch) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        wv[u][h][0] = ld_stream((const uint4 *)(w0 + (size_t)c * 128 + h * 64));
-                        wv[u][h][1] = ld_stream((const uint4 *)(w1 + (size_t)c * 128 + h * 64));
-                    }
+                for (int h = 0; h < 2; h++) {
+                    cp_async16(slot + (2 * h) * 32, w0 + (size_t)c * 128 + h * 64);
+                    cp_async16(slot + (2 * h + 1) * 32, w1 + (size_t)c * 128 + h * 64);
                 }
             }
-            if (!waited) {
-                kc_pdl_wait();  // xq and xs come from the kernel before
-                waited = true;
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+#pragma unroll
+        for (int i = 0; i < FP8_STAGES - 1; i++) issue(i);
+        kc_pdl_wait();  // xq and xs come from the kernel before
+        for (int i = 0;; i++) {
+            const int c = warp + i * FP8_WARPS;
+            if (c >= nch) break;
+            issue(i + FP8_STAGES - 1);
+            asm volatile("cp.async.wait_group %0;" ::"n"(FP8_STAGES - 1) : "memory");
+            const uint4 *slot = ring + (i % FP8_STAGES) * 128 + lane;
+            uint4 wv[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                wv[h][0] = slot[(2 * h) * 32];
+                wv[h][1] = slot[(2 * h + 1) * 32];
             }
+            const float sw = MODE == MODE_BLOCK ? ws[(size_t)(m0 >> 7) * a.ws_cols + c] : 1.0f;
 #pragma unroll
-            for (int u = 0; u < FP8_UNROLL; u++) {
-                const int c = c0 + u * FP8_WARPS;
-                if (c >= nch) break;
-                const float sw = MODE == MODE_BLOCK ? ws[(size_t)(m0 >> 7) * a.ws_cols + c] : 1.0f;
+            for (int j = 0; j < NT; j++) {
+                if (tok0 + j * 8 >= n) break;
+                const int tok = tok0 + j * 8 + g;
+                uint4 xv[2];
+                if (tok < n) {
+                    const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
+                    xv[0] = *(const uint4 *)xp;
+                    xv[1] = *(const uint4 *)(xp + 64);
+                } else {
+                    xv[0] = xv[1] = make_uint4(0, 0, 0, 0);
+                }
+                float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                chunk_mma(cc, wv, xv);
+                if (MODE == MODE_BLOCK) {
+                    const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
+                    const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
+                    const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
+                    acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
+                    acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
+                    acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
+                    acc[j][3] = fmaf(cc[3], s1, acc[j][3]);
+                } else {
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    if (tok0 + j * 8 >= n) break;
-                    const int tok = tok0 + j * 8 + g;
-                    uint4 xv[2];
-                    if (tok < n) {
-                        const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
-                        xv[0] = *(const uint4 *)xp;
-                        xv[1] = *(const uint4 *)(xp + 64);
-                    } else {
-                        xv[0] = xv[1] = make_uint4(0, 0, 0, 0);
-                    }
-                    float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    chunk_mma(cc, wv[u], xv);
-                    if (MODE == MODE_BLOCK) {
-                        const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
-                        const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
-                        const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
-                        acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
-                        acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
-                        acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
-                        acc[j][3] = fmaf(cc[3], s1, acc[j][3]);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 4; i++) acc[j][i] += cc[i];
-                    }
+                    for (int q = 0; q < 4; q++) acc[j][q] += cc[q];
                 }
             }
         }
-        if (!waited) kc_pdl_wait();
+        asm volatile("cp.async.wait_group 0;" ::: "memory");  // (empty groups past the end)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -481,16 +496,25 @@ __global__ void __launch_bounds__(FP8_WARPS * 32) k_fp8_gemv(const Fp8Args a) {
 // (SILU keeps two sets of partial sums in shared memory: at most 4 tiles.)
 #define FP8_SILU_MAX_N 32
 
+template <int NT, int MODE, bool SILU>
+static void launch_nt(kc_backend *b, unsigned blocks, const Fp8Args &a) {
+    static bool sized;  // the ring is more dynamic shared memory than a kernel gets by default
+    if (!sized) {
+        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8_RING_BYTES);
+        sized = true;
+    }
+    kc_launch(b, k_fp8_gemv<NT, MODE, SILU>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
+}
+
 template <int MODE, bool SILU>
 static void launch_gemv(kc_backend *b, int tiles, unsigned blocks, const Fp8Args &a) {
-    const dim3 grid(blocks), block(FP8_WARPS * 32);
     switch (tiles) {
-    case 1: kc_launch(b, k_fp8_gemv<1, MODE, SILU>, grid, block, 0, a); break;
-    case 2: kc_launch(b, k_fp8_gemv<2, MODE, SILU>, grid, block, 0, a); break;
+    case 1: launch_nt<1, MODE, SILU>(b, blocks, a); break;
+    case 2: launch_nt<2, MODE, SILU>(b, blocks, a); break;
     case 3:
-    case 4: kc_launch(b, k_fp8_gemv<4, MODE, SILU>, grid, block, 0, a); break;
+    case 4: launch_nt<4, MODE, SILU>(b, blocks, a); break;
     default:
-        if (!SILU) kc_launch(b, k_fp8_gemv<8, MODE, false>, grid, block, 0, a);
+        if (!SILU) launch_nt<8, MODE, false>(b, blocks, a);
         break;
     }
 }
