@@ -134,28 +134,6 @@ __global__ void k_fp8_dummy(uint8_t *codes, size_t n, float *s, size_t ns, float
         s[i] = a * (0.5f + unit(seed ^ 0x5ca1e5ull, i));
 }
 
-// KAON_FP8_TILED=1 (an experiment: twice the weight memory): a second copy of the codes in the
-// GEMV's read order, 16-row tiles of 128-column chunks of 2 KB, each chunk [4 x 16 bytes][lane]:
-// slot q = 2h + r of lane 4g + t holds row 16T + g + 8r, columns 128c + 64h + 16t .. + 15.
-// Every load of a warp then reads 512 contiguous bytes. dev->zero (KAON_U8) points at it.
-__global__ void k_fp8_tile(const uint8_t *__restrict__ w, int M, int K, uint4 *__restrict__ out) {
-    const int nch = K / 128;
-    const size_t total = (size_t)((M + 15) / 16) * nch * 128;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const int lane = (int)(i & 31), q = (int)((i >> 5) & 3);
-        const size_t tc = i >> 7;
-        const int c = (int)(tc % nch), T = (int)(tc / nch);
-        const int row = min(T * 16 + (lane >> 2) + 8 * (q & 1), M - 1);
-        const int col = c * 128 + 64 * (q >> 1) + 16 * (lane & 3);
-        out[i] = *(const uint4 *)(w + (size_t)row * K + col);
-    }
-}
-
-static bool tiled_wanted(void) {
-    const char *e = getenv("KAON_FP8_TILED");
-    return e && !strcmp(e, "1");
-}
-
 int kc_fp8_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
     const kaon_tensor *w = &host->w, *sc = &host->scale;
     if (w->ndim != 2 || w->shape[0] <= 0 || w->shape[1] <= 0 || w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX)
@@ -176,9 +154,7 @@ int kc_fp8_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t s
         return kc_fail(b, "cuda upload: FP8 weight [%lld, %lld] with scales that do not match it", (long long)M,
                        (long long)K);
     const size_t codes = align256((size_t)(M * K)), ns = scale_floats(w, mode);
-    const bool tiled = tiled_wanted() && K % 128 == 0;
-    const size_t tiled_bytes = tiled ? (size_t)((M + 15) / 16) * (size_t)K * 16 : 0;
-    const size_t total = codes + align256(ns * sizeof(float)) + tiled_bytes;
+    const size_t total = codes + align256(ns * sizeof(float));
     uint8_t *p = (uint8_t *)b->base.ops->alloc(&b->base, total);
     if (!p) return kc_fail(b, "%s", kaon_last_error());
     float *ds = (float *)(p + codes);
@@ -218,16 +194,6 @@ int kc_fp8_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t s
     dev->scale_block[0] = mode == MODE_BLOCK ? 128 : 1;
     dev->scale_block[1] = mode == MODE_BLOCK ? 128 : (int32_t)K;
     memset(&dev->zero, 0, sizeof dev->zero);
-    if (tiled) {
-        uint8_t *tp = p + codes + align256(ns * sizeof(float));
-        k_fp8_tile<<<1024, 256, 0, b->stream>>>(p, (int)M, (int)K, (uint4 *)tp);
-        if (kc_launched(b, "fp8 tile")) goto fail;
-        dev->zero.dtype = KAON_U8;
-        dev->zero.ndim = 1;
-        dev->zero.shape[0] = (int64_t)tiled_bytes;
-        dev->zero.data = tp;
-        dev->zero.nbytes = tiled_bytes;
-    }
     memset(&dev->perm, 0, sizeof dev->perm);
     dev->act_quant = host->act_quant;
     dev->act_scale = host->act_scale;
@@ -395,7 +361,6 @@ static __device__ __forceinline__ void chunk_mma(float (&c)[4], const uint4 (&wv
 
 struct Fp8Args {
     const uint8_t *w[3];  // up to 3 weights sharing x (linear_multi), or gate and up (SILU)
-    const uint8_t *wt[3];  // their tiled copies (KAON_FP8_TILED), else NULL
     const float *ws[3];
     const float *bias[3];
     void *y[3];
@@ -429,8 +394,6 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
         const uint8_t *w = a.w[SILU ? wi : seg];
         const float *ws = a.ws[SILU ? wi : seg];
         const uint8_t *w0 = w + (size_t)r0 * K + lane_off, *w1 = w + (size_t)r1 * K + lane_off;
-        const uint8_t *wt = a.wt[SILU ? wi : seg];
-        if (wt) wt += (size_t)(m0 >> 4) * nch * 2048 + lane * 16;
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -443,15 +406,10 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             const int c = warp + i * FP8_WARPS;
             if (c < nch) {
                 uint4 *slot = ring + (i % FP8_STAGES) * 128 + lane;
-                if (wt) {
 #pragma unroll
-                    for (int q = 0; q < 4; q++) cp_async16(slot + q * 32, wt + (size_t)c * 2048 + q * 512);
-                } else {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        cp_async16(slot + (2 * h) * 32, w0 + (size_t)c * 128 + h * 64);
-                        cp_async16(slot + (2 * h + 1) * 32, w1 + (size_t)c * 128 + h * 64);
-                    }
+                for (int h = 0; h < 2; h++) {
+                    cp_async16(slot + (2 * h) * 32, w0 + (size_t)c * 128 + h * 64);
+                    cp_async16(slot + (2 * h + 1) * 32, w1 + (size_t)c * 128 + h * 64);
                 }
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
@@ -629,7 +587,6 @@ static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_li
     int blocks = 0;
     for (int i = 0; i < count; i++) {
         a.w[i] = (const uint8_t *)l[i]->w.data;
-        a.wt[i] = (const uint8_t *)l[i]->zero.data;
         a.ws[i] = (const float *)l[i]->scale.data;
         a.bias[i] = l[i]->bias.data ? (const float *)l[i]->bias.data : NULL;
         a.y[i] = y[silu ? 0 : i];
