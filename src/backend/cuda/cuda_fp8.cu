@@ -50,6 +50,8 @@ struct kc_fp8 {
     size_t xs_cap;
     bf16 *deq;    // weight-only layers: dequantized rows
     size_t deq_cap;
+    bf16 *gu;     // large batches of gate/up: both outputs before SiLU-and-mul
+    size_t gu_cap;
     fp8_gemm lt[FP8_LT_CACHE];
     uint64_t tick;
     int gemv_max_n;  // KAON_FP8_GEMV_MAX_N
@@ -86,6 +88,7 @@ void kc_fp8_destroy(kc_backend *b) {
     if (s->xq) cudaFree(s->xq);
     if (s->xs) cudaFree(s->xs);
     if (s->deq) cudaFree(s->deq);
+    if (s->gu) cudaFree(s->gu);
     free(s);
     b->fp8 = NULL;
 }
@@ -754,32 +757,54 @@ static bool same_x(const kaon_linear *a, const kaon_linear *b) {
            a->w.shape[1] == b->w.shape[1];
 }
 
+// The product of one layer with the activations quantized already: cuBLASLt for large batches,
+// else (or where it has no algorithm) the GEMV.
+static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y) {
+    const int K = (int)l->w.shape[1];
+    if (n > s->gemv_max_n || K % 128) {
+        const int rc = lt_matmul(b, s, n, l, y, 0);
+        if (rc <= 0) return rc;
+    }
+    if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
+    return gemv(b, s, n, K, 1, &l, &y, 0, false);
+}
+
 int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
-    if (count < 1 || count > 3 || n > s->gemv_max_n) return 1;
+    if (count < 1 || count > 3) return 1;
     for (int i = 0; i < count; i++) {
         if (l[i]->w.dtype != KAON_FP8_E4M3) return 1;
         if (!fp8_ok(b, l[i], "linear_multi")) return -1;
-        if (!quantizes_acts(l[i]) || !same_x(l[0], l[i]) || l[i]->w.shape[1] % 128) return 1;
+        if (!quantizes_acts(l[i]) || !same_x(l[0], l[i])) return 1;
     }
     const int K = (int)l[0]->w.shape[1];
-    if (quantize(b, s, (const bf16 *)x, n, K, l[0])) return -1;
-    return gemv(b, s, n, K, count, l, y, 0, false);
+    if (quantize(b, s, (const bf16 *)x, n, K, l[0])) return -1;  // once for all of them
+    if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false);
+    for (int i = 0; i < count; i++)
+        if (product(b, s, n, l[i], y[i])) return -1;
+    return 0;
 }
 
 int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
-    if (n > FP8_SILU_MAX_N || n > s->gemv_max_n || gate->w.dtype != KAON_FP8_E4M3 || up->w.dtype != KAON_FP8_E4M3)
-        return 1;
+    if (gate->w.dtype != KAON_FP8_E4M3 || up->w.dtype != KAON_FP8_E4M3) return 1;
     if (!fp8_ok(b, gate, "linear_silu_mul") || !fp8_ok(b, up, "linear_silu_mul")) return -1;
-    if (!quantizes_acts(gate) || !same_x(gate, up) || gate->w.shape[0] != up->w.shape[0] || gate->w.shape[1] % 128 ||
-        gate->bias.data || up->bias.data)
+    if (!quantizes_acts(gate) || !same_x(gate, up) || gate->w.shape[0] != up->w.shape[0] || gate->bias.data ||
+        up->bias.data)
         return 1;
-    const int K = (int)gate->w.shape[1];
-    if (quantize(b, s, (const bf16 *)x, n, K, gate)) return -1;
-    const kaon_linear *l[2] = {gate, up};
-    void *y[2] = {out, out};
-    return gemv(b, s, n, K, 2, l, y, 0, true);
+    const int K = (int)gate->w.shape[1], F = (int)gate->w.shape[0];
+    if (quantize(b, s, (const bf16 *)x, n, K, gate)) return -1;  // once for both
+    if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) {
+        const kaon_linear *l[2] = {gate, up};
+        void *y[2] = {out, out};
+        return gemv(b, s, n, K, 2, l, y, 0, true);
+    }
+    // Larger batches: both products, then SiLU-and-mul (the unfused ops' roundings).
+    if (kc_grow(b, (void **)&s->gu, &s->gu_cap, 2 * (size_t)n * F, sizeof(bf16), "fp8 gate/up")) return -1;
+    bf16 *g = s->gu, *u = s->gu + (size_t)n * F;
+    if (product(b, s, n, gate, g) || product(b, s, n, up, u)) return -1;
+    kc_silu_mul(b, g, u, (size_t)n * F, (bf16 *)out);
+    return b->err ? -1 : 0;
 }
