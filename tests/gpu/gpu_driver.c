@@ -282,8 +282,13 @@ static int run_op(const char *dir) {
         int window = P("window");
         float scale = (float)param(dir, "scale", 1.0);
         size_t kvrow = (size_t)nkv * hd;
-        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes),
-                            o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes), KAON_KV_NATIVE, 1.0f, 1.0f};
+        // kv_fp8 1: an FP8 cache (one byte per element) with k_scale / v_scale; its raw codes
+        // are not dumped (out_*cache.bin are the bf16 cache's only).
+        const bool f8 = P("kv_fp8") != 0;
+        const size_t eb = f8 ? 1 : o->act_elem_bytes;
+        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * kvrow * eb), o->alloc(be, (size_t)n_blocks * bs * kvrow * eb),
+                            f8 ? KAON_KV_FP8 : KAON_KV_NATIVE, (float)param(dir, "k_scale", 1.0),
+                            (float)param(dir, "v_scale", 1.0)};
         int32_t *tables = need(dir, "tables.bin", (size_t)S * mb * 4);
         if (C > 0) {
             int32_t *cslot = need(dir, "ctx_slot.bin", (size_t)C * 4);
@@ -306,12 +311,12 @@ static int run_op(const char *dir) {
             int rot = P("rot");
             float *inv = need(dir, "inv.bin", (size_t)rot / 2 * 4);
             kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv};
-            if (!o->rope_kv_write) {
+            const int rc = o->rope_kv_write ? o->rope_kv_write(be, q, k, v, &kv, &m, nh, nkv, hd, &r) : 1;
+            if (rc < 0) die("rope_kv_write%s", "");
+            if (rc == 1) {  // declined (an FP8 cache) or absent: the unfused ops
                 o->rope(be, q, T, nh, hd, pos, &r);
                 o->rope(be, k, T, nkv, hd, pos, &r);
                 o->kv_write(be, &kv, k, v, &m, nkv, hd);
-            } else if (o->rope_kv_write(be, q, k, v, &kv, &m, nh, nkv, hd, &r) != 0) {
-                die("rope_kv_write%s", "");
             }
             save_dev(dir, "out_q.bin", q, (size_t)T * nh * hd);
         } else {
@@ -320,8 +325,10 @@ static int run_op(const char *dir) {
         void *out = dev_bf16(NULL, T, (int64_t)nh * hd);
         o->attention(be, q, &kv, &m, nh, nkv, hd, scale, window, out);
         save_dev(dir, "out.bin", out, (size_t)T * nh * hd);
-        save_dev(dir, "out_kcache.bin", kv.k, (size_t)n_blocks * bs * kvrow);
-        save_dev(dir, "out_vcache.bin", kv.v, (size_t)n_blocks * bs * kvrow);
+        if (!f8) {
+            save_dev(dir, "out_kcache.bin", kv.k, (size_t)n_blocks * bs * kvrow);
+            save_dev(dir, "out_vcache.bin", kv.v, (size_t)n_blocks * bs * kvrow);
+        }
     } else if (!strcmp(op, "embed")) {
         int V = P("vocab"), dim = P("dim"), n = P("n");
         kaon_tensor t = dev_matrix(need(dir, "table.bin", (size_t)V * dim * 4), V, dim);
