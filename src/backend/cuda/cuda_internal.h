@@ -219,8 +219,9 @@ int kc_convert(kc_backend *b, kaon_dtype src_t, const void *src, int64_t rows, i
 int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
                  int window, bf16 *out);
-// An FP8 cache (KAON_KV_FP8: e4m3 codes, values code * k_scale / v_scale): the split-K kernel
-// for every token.
+// An FP8 cache (KAON_KV_FP8: e4m3 codes, values code * k_scale / v_scale): the streaming
+// kernel (cuda_attention_decode.cu) for every token where it has an instance, else the split-K
+// one (no tensor-core prefill over FP8 yet).
 int kc_attention_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
                      const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale, float k_scale,
                      float v_scale, int window, bf16 *out);
@@ -230,6 +231,12 @@ int kc_attention_init(kc_backend *b);
 int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                         const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
+
+// The same kernel over an FP8 cache (e4m3 codes; values code * k_scale, code * v_scale).
+int kc_attention_decode_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                            const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                            const int32_t *d_tab, int nh, int nkv, int hd, float scale, float k_scale, float v_scale,
+                            int window, bf16 *out);
 
 // ---- prefill attention on the tensor cores (cuda_attention_prefill.cu) ----
 // Called by kc_attention before its split-K kernel: 1 when the step's shape allows runs of
