@@ -41,6 +41,10 @@ typedef struct kaon_engine_options {
                                     // sequences of it and, on the CPU, at least one)
     double gpu_memory_utilization;  // fraction of GPU memory (0: 0.9)
     int block_size;                 // KV block size in tokens (0: chosen by the architecture)
+    const char *kv_cache_dtype;     // "auto" (NULL), "bf16": the backend's own (CPU f32, CUDA
+                                    // bf16); "fp8" or "fp8_e4m3": 1 byte per element (e4m3 of
+                                    // x / the layer's k_scale or v_scale, 1.0 unless the
+                                    // checkpoint gives them), so twice bf16's tokens fit
     bool disable_prefix_caching;    // prefix caching is on unless this is set
     bool load_tokenizer;            // true: text deltas and stop strings need the tokenizer
     bool expert_stats;              // MoE models: count the tokens routed to each expert
@@ -191,6 +195,8 @@ typedef struct kaon_engine_info {
     int max_model_len;
     int block_size;
     int kv_blocks;
+    const char *kv_cache_dtype;     // "fp8_e4m3", "bf16" or "f32"
+    size_t kv_bytes_per_token;      // all layers, K and V
 } kaon_engine_info;
 
 void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info);

@@ -22,10 +22,17 @@ typedef struct kaon_rope {
     const float *inv_freq;   // [rot_dim/2], scaling (llama3, linear) already applied
 } kaon_rope;
 
+// How a KV cache stores its elements: the backend's activation dtype (CPU f32, CUDA bf16), or
+// FP8 e4m3fn, one byte each: code = e4m3(x / scale) (round to nearest even, saturated at
+// +-448), read back as e4m3 * scale, with one f32 scale per layer for K and one for V.
+enum { KAON_KV_NATIVE = 0, KAON_KV_FP8 = 1 };
+
 // One layer's paged KV cache: K and V are [n_blocks, block_size, n_kv_heads, head_dim].
 typedef struct kaon_kv_layer {
     void *k;
     void *v;
+    int dtype;               // KAON_KV_NATIVE or KAON_KV_FP8
+    float k_scale, v_scale;  // FP8 only (1.0 unless the checkpoint gives them)
 } kaon_kv_layer;
 
 // Attention metadata of one flat batch (prefill chunks and decodes mixed). Token t of
@@ -174,6 +181,10 @@ typedef struct kaon_backend_ops {
     // from the cached latents, then this backend's attention op with head_dim qk_nope +
     // qk_rope): set where the attention op takes that width.
     bool mla_expanded_prefill;
+    // Which ops take a KAON_KV_FP8 cache: kv_fp8 for kv_write, rope_kv_write and attention(_sinks);
+    // kv_fp8_mla for the MLA ops (mla_prep, mla_attention). A model is refused an FP8 cache
+    // on a backend without them.
+    bool kv_fp8, kv_fp8_mla;
     // Per-head matrices: y[t, h, 0:out] = x[t, h, 0:in] @ w_h^T for h < n_heads, t < n, where
     // w->w is [n_heads * out, in] (head h: rows [h out, (h+1) out)), no bias or companions. x and y are strided
     // activations (elements between tokens, between heads), so a head's slice of a wider row

@@ -110,6 +110,13 @@ int kaon_cli_check_device(const char *v, bool allow_noop) {
     return 0;
 }
 
+int kaon_cli_check_kv_dtype(const char *v) {
+    static const char *const ok[] = {"auto", "bf16", "fp8", "fp8_e4m3"};
+    for (size_t i = 0; v && i < sizeof ok / sizeof ok[0]; i++)
+        if (!strcmp(v, ok[i])) return 0;
+    return kaon_cli_fail("bad --kv-cache-dtype '%s' (auto, bf16, fp8 or fp8_e4m3)", v ? v : "");
+}
+
 void kaon_cli_quiet_logs(void) {
     if (!getenv("KAON_LOG")) kaon_log_set_level(KAON_LOG_WARN);
 }

@@ -18,7 +18,7 @@
 static void usage(void) {
     printf("usage: kaon chat [-m MODEL] [--system TEXT] [-n MAX_TOKENS_PER_TURN] [--temp T]\n"
            "                 [--top-k K] [--top-p P] [--min-p P] [--seed S] [--threads N] [--ctx-size N]\n"
-           "                 [--device cpu|cuda|cuda:N]\n"
+           "                 [--device cpu|cuda|cuda:N] [--kv-cache-dtype auto|bf16|fp8]\n"
            "sampling defaults as in kaon serve: the model's generation_config.json, else OpenAI's\n"
            "type a message and Enter; /reset starts over, /exit (or Ctrl-D) quits\n");
 }
@@ -112,7 +112,7 @@ static char *turn(chat *c, const kaon_sampling *defaults, int max_new) {
 }
 
 int kaon_cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *system = NULL, *device = NULL;
+    const char *model = NULL, *system = NULL, *device = NULL, *kv_dtype = NULL;
     long max_new = 512, threads = kaon_cli_default_threads(), ctx = 4096;
     // The user's sampling flags, applied over the engine's defaults once it is loaded.
     double temp = -1, top_p = -1, min_p = -1;
@@ -137,6 +137,9 @@ int kaon_cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--device")) {
             if (kaon_cli_check_device(v, false)) return 2;
             device = v;
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            if (kaon_cli_check_kv_dtype(v)) return 2;
+            kv_dtype = v;
         } else return kaon_cli_fail("bad option or value: %s %s", a, v);
     }
     kaon_cli_quiet_logs();
@@ -146,6 +149,7 @@ int kaon_cmd_chat(int argc, char **argv) {
     eo.n_threads = (int)threads;
     eo.max_num_seqs = 1;
     eo.max_model_len = (int)ctx;
+    eo.kv_cache_dtype = kv_dtype;
     chat c = {0};
     c.e = kaon_cli_engine(&eo, model, false);
     if (!c.e) return 2;

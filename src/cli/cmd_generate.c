@@ -20,6 +20,7 @@ static void usage(void) {
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
+           "  --kv-cache-dtype T (" KAON_CLI_KV_DTYPE_HELP ")\n"
            "  --expert-stats (MoE models: tokens routed to each expert, a kaon-expert-load line on stderr)\n"
            "  --device cpu|cuda|cuda:N|noop (noop: no math, to measure the engine's own cost)\n"
            "  --load-format auto|dummy (dummy: random weights from -m CONFIG, a config.json or its folder)\n"
@@ -233,6 +234,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--max-model-len") && kaon_cli_parse_int(v, 2, 1 << 24, &l)) { eo.max_model_len = (int)l; i++; }
         else if (!strcmp(a, "--kv-cache-memory") && kaon_cli_parse_float(v, 0.001, 1 << 20, &d)) { eo.kv_cache_memory = (size_t)(d * 1048576.0); i++; }
         else if (!strcmp(a, "--block-size") && kaon_cli_parse_int(v, 1, 1024, &l)) { eo.block_size = (int)l; i++; }
+        else if (!strcmp(a, "--kv-cache-dtype") && v) { if (kaon_cli_check_kv_dtype(v)) return 2; eo.kv_cache_dtype = v; i++; }
         else return kaon_cli_fail("bad option or value: %s %s (see kaon generate --help)", a, v ? v : "");
     }
     if (!in_path || !out_path) return kaon_cli_fail("--input and --output are required");

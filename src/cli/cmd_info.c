@@ -334,10 +334,12 @@ int kaon_cmd_info(int argc, char **argv) {
     const size_t kv_tok = kaon_model_kv_bytes_per_token(m, 4), kv_gpu = kaon_model_kv_bytes_per_token(m, 2);
     printf("memory:         weights %.1f MiB (%s)\n", m->weight_bytes / 1048576.0,
            m->format == KAON_FORMAT_DUMMY ? "bf16, created by the device backend" : "mapped in place");
+    const size_t kv_f8 = kaon_model_kv_bytes_per_token(m, 1);
     printf("KV cache:       %zu B/token in bf16 (GPU), %zu B/token in f32 (CPU); the full context of %d "
-           "tokens: %.1f MiB (bf16); 1 GiB holds %zu tokens (bf16)\n",
+           "tokens: %.1f MiB (bf16); 1 GiB holds %zu tokens (bf16); %zu B/token in fp8_e4m3 "
+           "(--kv-cache-dtype fp8): 1 GiB holds %zu tokens\n",
            kv_gpu, kv_tok, c->max_position_embeddings, (double)kv_gpu * c->max_position_embeddings / 1048576.0,
-           ((size_t)1 << 30) / kv_gpu);
+           ((size_t)1 << 30) / kv_gpu, kv_f8, ((size_t)1 << 30) / kv_f8);
     int rc = 0;
     if (o.expert_load) {
         fflush(stdout);

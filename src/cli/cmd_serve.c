@@ -38,6 +38,7 @@ static void usage(FILE *f) {
             "  --max-num-batched-tokens N     token budget of one engine step (default 512 on the CPU)\n"
             "  --gpu-memory-utilization F     fraction of GPU memory (default 0.9)\n"
             "  --kv-cache-memory SIZE         KV-cache bytes on the CPU, e.g. 512M, 2G (default 1G)\n"
+            "  --kv-cache-dtype T             " KAON_CLI_KV_DTYPE_HELP "\n"
             "  --device DEV                   where the model runs: cpu (default), cuda, cuda:N\n"
             "  --load-format auto|dummy       dummy: random weights from MODEL = a config.json or its folder\n"
             "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
@@ -186,6 +187,10 @@ int kaon_cmd_serve(int argc, char **argv) {
             NEED();
             if (parse_size(next, &o.engine.kv_cache_memory) || !o.engine.kv_cache_memory)
                 return kaon_cli_fail("bad --kv-cache-memory '%s' (e.g. 512M, 2G)", next);
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            NEED();
+            if (kaon_cli_check_kv_dtype(next)) return 2;
+            o.engine.kv_cache_dtype = next;
         } else if (!strcmp(a, "--device")) {
             NEED();
             if (kaon_cli_check_device(next, false)) return 2;

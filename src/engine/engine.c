@@ -27,6 +27,12 @@ void kaon_engine_options_default(kaon_engine_options *o) {
 
 static void *engine_main(void *arg);
 
+// The KV cache's element type as start-up and kaon_engine_info name it.
+static const char *kv_dtype_name(const kaon_engine *e) {
+    if (e->kv_dtype == KAON_KV_FP8) return "fp8_e4m3";
+    return e->be && e->be->ops->act_elem_bytes == 2 ? "bf16" : "f32";
+}
+
 static int alloc_step_buffers(kaon_engine *e) {
     size_t T = (size_t)e->opts.max_num_batched_tokens, S = (size_t)e->opts.max_num_seqs;
     e->b_tokens = malloc(sizeof(int32_t) * T);
@@ -86,6 +92,14 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     o->device = kaon_device_name(&dev, e->device_name, sizeof e->device_name);
     const bool on_gpu = dev.kind == KAON_DEVICE_CUDA;
     const bool kv_given = o->kv_cache_memory != 0;
+    const char *kvd = o->kv_cache_dtype ? o->kv_cache_dtype : "auto";
+    if (!strcmp(kvd, "fp8") || !strcmp(kvd, "fp8_e4m3")) {
+        e->kv_dtype = KAON_KV_FP8;
+    } else if (strcmp(kvd, "auto") && strcmp(kvd, "bf16")) {
+        kaon_set_error("engine: bad KV cache dtype '%s' (auto, bf16, fp8 or fp8_e4m3)", kvd);
+        free(e);
+        return NULL;
+    }
     if (o->n_threads <= 0) o->n_threads = kaon_default_threads();
     if (o->max_num_seqs <= 0) o->max_num_seqs = 256;
     // A GPU needs big steps to fill its tensor cores (prefill GEMMs of M = 8192); the CPU is as
@@ -112,7 +126,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     // free memory.
     e->be = kaon_backend_create(&dev, o->n_threads);
     if (!e->be) goto fail;
-    size_t per_token = kaon_model_kv_bytes_per_token(e->model, e->be->ops->act_elem_bytes);
+    size_t per_token = kaon_model_kv_bytes_per_token(e->model, kaon_kv_elem_bytes(e->be, e->kv_dtype));
+    e->kv_per_token = per_token;
     // GPU memory plan: weights (as the backend stores them), then the activation buffers (plus a
     // reserve for cuBLAS, attention partials and graphs), then KV blocks up to
     // --gpu-memory-utilization of the device.
@@ -172,8 +187,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                 : kaon_tokenizer_from_hf_dir(e->model->path);
         if (!e->tok) goto fail;
     }
-    e->runner = kaon_runner_create(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
-                                   e->n_blocks, e->block_size);
+    e->runner = kaon_runner_create_kv(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
+                                      e->n_blocks, e->block_size, e->kv_dtype);
     if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
     if (dev.kind == KAON_DEVICE_CPU) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
     e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
@@ -194,10 +209,10 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                   (tot - fr) / G);
     }
     e->stats.kv_blocks_total = e->n_blocks;
-    KAON_INFO("engine: %s, %d KV blocks x %d tokens = %d tokens fit (%.1f MiB, %zu B/token), max_model_len %d, "
+    KAON_INFO("engine: %s, %d KV blocks x %d tokens = %d tokens fit (%.1f MiB, %zu B/token %s), max_model_len %d, "
               "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s, %d threads",
               e->model->path, e->n_blocks, e->block_size, e->n_blocks * e->block_size,
-              (double)e->n_blocks * e->block_size * per_token / 1048576.0, per_token,
+              (double)e->n_blocks * e->block_size * per_token / 1048576.0, per_token, kv_dtype_name(e),
               e->max_model_len, o->max_num_seqs, o->max_num_batched_tokens,
               e->prefix_caching ? "on" : "off", o->n_threads);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
@@ -508,6 +523,8 @@ void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s) {
 }
 
 void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info) {
+    info->kv_cache_dtype = kv_dtype_name(e);
+    info->kv_bytes_per_token = e->kv_per_token;
     info->model_path = e->model->path;
     info->arch = e->model->cfg.arch_name;
     info->vocab_size = e->vocab;

@@ -95,6 +95,8 @@ struct kaon_engine {
     kaon_tokenizer *tok;
     kaon_kv_pool *pool;
     int block_size, n_blocks, max_blocks, max_model_len, max_logits, vocab;
+    int kv_dtype;         // KAON_KV_NATIVE or KAON_KV_FP8
+    size_t kv_per_token;  // KV cache bytes per token (all layers)
     bool prefix_caching;
 
     pthread_mutex_t mu;

@@ -32,7 +32,9 @@ static int expand_min(void) {
 // consecutive positions. T when nothing runs expanded.
 static int expanded_from(const kaon_fwd *f, const kaon_batch *b, const kaon_mla_weights *w) {
     const int T = b->n_tokens;
-    if (!f->op->mla_expanded_prefill || !w->wk_n || !f->op->get_rows || !f->op->attention || !f->xbuf || f->graphed)
+    // (Expanded chunks read the cached latents with get_rows: an FP8 cache stays absorbed.)
+    if (!f->op->mla_expanded_prefill || !w->wk_n || !f->op->get_rows || !f->op->attention || !f->xbuf || f->graphed ||
+        f->kv[0].dtype != KAON_KV_NATIVE)
         return T;
     const int32_t *seq = b->attn.token_seq, *pos = b->attn.positions;
     int from = T;
@@ -101,7 +103,7 @@ static int expanded_chunk(kaon_fwd *f, const kaon_batch *b, int l, const kaon_ml
     op->head_linear(f->be, lat, L, nh, (size_t)row, 0, w->wv_b, vx, (size_t)nh * hd, (size_t)hd);
     const kaon_attn_meta me = {.n_tokens = n, .n_seqs = 1, .positions = m->positions + t0, .token_seq = seq0,
                                .block_tables = tab, .max_blocks = nb, .block_size = bs};
-    const kaon_kv_layer kv = {kx, vx};
+    const kaon_kv_layer kv = {.k = kx, .v = vx, .dtype = KAON_KV_NATIVE};
     // V is hd wide per head with vh real values: the output's other columns are not read.
     op->attention(f->be, (char *)f->a.q + eb * (size_t)t0 * nh * hd, &kv, &me, nh, nh, hd, scale, 0, ox);
     op->copy_strided(f->be, ox, (size_t)hd, (char *)f->a.att + eb * (size_t)t0 * nh * vh, (size_t)vh, n * nh, vh,

@@ -2,6 +2,7 @@
 // device copies of the weights, the CUDA-graph ladder, and the hand-off of logits to the host
 // or to the backend's sampler. The forward pass itself is the architecture's (model/arch.h).
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@ struct kaon_runner {
     bool dev_weights;
     bool logits_f32;   // logits computed and copied in f32 (linear_f32 + copy_f32_to_host)
     kaon_kv_layer *kv; // [n_layers]
+    size_t kv_elem;    // bytes per cache element
     kaon_acts a;       // scratch activations in the backend's memory, sized for max_tokens
     kaon_moe_stats *moe_stats;  // expert load counters; NULL until enabled
     // Graph-friendly copies of a step's index arrays: decode batches padded to a ladder of
@@ -64,9 +66,53 @@ size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_bat
            kaon_moe_act_bytes(m, elem_bytes, max_batch_tokens);
 }
 
+size_t kaon_kv_elem_bytes(const kaon_backend *be, int kv_dtype) {
+    return kv_dtype == KAON_KV_FP8 ? 1 : be->ops->act_elem_bytes;
+}
+
+// A per-layer KV scale from the checkpoint under any of the names vLLM accepts (compressed-
+// tensors: self_attn.k_scale; ModelOpt: self_attn.k_proj.k_scale; some: self_attn.attn.k_scale).
+// 1.0 when absent; -1 + error when present but unusable.
+static int kv_scale(const kaon_model *m, int l, char kv, float *out) {
+    static const char *const fmt[] = {"model.layers.%d.self_attn.%c_scale",
+                                      "model.layers.%d.self_attn.%c_proj.%c_scale",
+                                      "model.layers.%d.self_attn.attn.%c_scale"};
+    *out = 1.0f;
+    if (m->format == KAON_FORMAT_DUMMY) return 0;
+    for (size_t i = 0; i < sizeof fmt / sizeof fmt[0]; i++) {
+        char name[128];
+        snprintf(name, sizeof name, fmt[i], l, kv, kv);
+        kaon_tensor t = {0};
+        if (kaon_model_find_tensor(m, name, &t)) return -1;
+        if (!t.data) continue;
+        const float s = kaon_tensor_f32_at(&t, 0);
+        if (!(s > 0.0f) || !isfinite(s))
+            return kaon_set_error("runner: %s = %g is not a usable FP8 KV cache scale", name, (double)s);
+        *out = s;
+        return 0;
+    }
+    return 0;
+}
+
 kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
                                 int max_logits, int n_blocks, int block_size) {
+    return kaon_runner_create_kv(m, be, max_batch_tokens, max_logits, n_blocks, block_size, KAON_KV_NATIVE);
+}
+
+kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype) {
     const kaon_model_config *c = &m->cfg;
+    if (kv_dtype == KAON_KV_FP8) {
+        const bool mla = c->kv_lora_rank > 0;
+        if (mla ? !be->ops->kv_fp8_mla : !be->ops->kv_fp8) {
+            kaon_set_error("runner: the %s backend cannot read an FP8 KV cache%s yet; use "
+                           "--kv-cache-dtype auto", be->ops->name, mla ? " for MLA (latent) attention" : "");
+            return NULL;
+        }
+    } else if (kv_dtype != KAON_KV_NATIVE) {
+        kaon_set_error("runner: unknown KV cache dtype %d", kv_dtype);
+        return NULL;
+    }
     if (max_batch_tokens < 1 || max_logits < 1 || max_logits > max_batch_tokens || n_blocks < 1 ||
         block_size < 1) {
         kaon_set_error("runner: bad sizes (tokens %d, logits %d, blocks %d x %d)", max_batch_tokens,
@@ -124,11 +170,19 @@ kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_b
     }
     r->kv = calloc((size_t)c->n_layers, sizeof *r->kv);
     if (!r->kv) fail = 1;
+    r->kv_elem = kaon_kv_elem_bytes(be, kv_dtype);
     for (int l = 0; !fail && l < c->n_layers; l++) {
         size_t ke, ve;
         kv_elems(m, l, &ke, &ve);
-        r->kv[l].k = act(r, (size_t)n_blocks * block_size * ke, &fail);
-        r->kv[l].v = ve ? act(r, (size_t)n_blocks * block_size * ve, &fail) : NULL;
+        kaon_kv_layer *kv = &r->kv[l];
+        kv->dtype = kv_dtype;
+        if (kv_dtype == KAON_KV_FP8 && (kv_scale(m, l, 'k', &kv->k_scale) || kv_scale(m, l, 'v', &kv->v_scale))) {
+            kaon_runner_free(r);
+            return NULL;
+        }
+        kv->k = be->ops->alloc(be, (size_t)n_blocks * block_size * ke * r->kv_elem);
+        kv->v = ve ? be->ops->alloc(be, (size_t)n_blocks * block_size * ve * r->kv_elem) : NULL;
+        if (!kv->k || (ve && !kv->v)) fail = 1;
     }
     if (fail) {
         kaon_set_error("runner: out of memory for activations and a KV cache of %d blocks", n_blocks);
@@ -168,7 +222,7 @@ void kaon_runner_reserve_host_kv(kaon_runner *r) {
     for (int l = 0; l < r->m->cfg.n_layers; l++) {
         size_t ke, ve;
         kv_elems(r->m, l, &ke, &ve);
-        const size_t per = (size_t)r->n_blocks * r->block_size * r->be->ops->act_elem_bytes;
+        const size_t per = (size_t)r->n_blocks * r->block_size * r->kv_elem;
         memset(r->kv[l].k, 0, per * ke);
         if (r->kv[l].v) memset(r->kv[l].v, 0, per * ve);
     }

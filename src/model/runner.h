@@ -28,6 +28,13 @@ typedef struct kaon_runner kaon_runner;
 
 kaon_runner *kaon_runner_create(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
                                 int max_logits, int n_blocks, int block_size);
+// As kaon_runner_create with a KV cache of kv_dtype (KAON_KV_NATIVE or KAON_KV_FP8: one byte
+// per element, each layer's k_scale / v_scale from the checkpoint, 1.0 when it has none).
+// An FP8 cache on a backend whose ops cannot read it is refused with an error.
+kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype);
+// Bytes one cache element takes: 1 for FP8, else the backend's activation element.
+size_t kaon_kv_elem_bytes(const kaon_backend *be, int kv_dtype);
 void kaon_runner_free(kaon_runner *r);
 int kaon_runner_block_size(const kaon_runner *r);
 // Writes the whole KV pool once so its memory is resident from the start (host backends only):

@@ -284,8 +284,13 @@ static int run_op(const char *dir) {
         int window = P("window");
         float scale = (float)param(dir, "scale", 1.0);
         size_t kvrow = (size_t)nkv * hd;
-        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes),
-                            o->alloc(be, (size_t)n_blocks * bs * kvrow * o->act_elem_bytes)};
+        // kv_fp8 1: an FP8 cache (one byte per element) with k_scale / v_scale; its raw codes
+        // are not dumped (out_*cache.bin are the bf16 cache's only).
+        const bool f8 = P("kv_fp8") != 0;
+        const size_t eb = f8 ? 1 : o->act_elem_bytes;
+        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * kvrow * eb), o->alloc(be, (size_t)n_blocks * bs * kvrow * eb),
+                            f8 ? KAON_KV_FP8 : KAON_KV_NATIVE, (float)param(dir, "k_scale", 1.0),
+                            (float)param(dir, "v_scale", 1.0)};
         int32_t *tables = need(dir, "tables.bin", (size_t)S * mb * 4);
         if (C > 0) {
             int32_t *cslot = need(dir, "ctx_slot.bin", (size_t)C * 4);
@@ -308,12 +313,12 @@ static int run_op(const char *dir) {
             int rot = P("rot");
             float *inv = need(dir, "inv.bin", (size_t)rot / 2 * 4);
             kaon_rope r = {.rot_dim = rot, .interleaved = P("interleaved") != 0, .inv_freq = inv};
-            if (!o->rope_kv_write) {
+            const int rc = o->rope_kv_write ? o->rope_kv_write(be, q, k, v, &kv, &m, nh, nkv, hd, &r) : 1;
+            if (rc < 0) die("rope_kv_write%s", "");
+            if (rc == 1) {  // declined (an FP8 cache) or absent: the unfused ops
                 o->rope(be, q, T, nh, hd, pos, &r);
                 o->rope(be, k, T, nkv, hd, pos, &r);
                 o->kv_write(be, &kv, k, v, &m, nkv, hd);
-            } else if (o->rope_kv_write(be, q, k, v, &kv, &m, nh, nkv, hd, &r) != 0) {
-                die("rope_kv_write%s", "");
             }
             save_dev(dir, "out_q.bin", q, (size_t)T * nh * hd);
         } else {
@@ -322,8 +327,10 @@ static int run_op(const char *dir) {
         void *out = dev_bf16(NULL, T, (int64_t)nh * hd);
         o->attention(be, q, &kv, &m, nh, nkv, hd, scale, window, out);
         save_dev(dir, "out.bin", out, (size_t)T * nh * hd);
-        save_dev(dir, "out_kcache.bin", kv.k, (size_t)n_blocks * bs * kvrow);
-        save_dev(dir, "out_vcache.bin", kv.v, (size_t)n_blocks * bs * kvrow);
+        if (!f8) {
+            save_dev(dir, "out_kcache.bin", kv.k, (size_t)n_blocks * bs * kvrow);
+            save_dev(dir, "out_vcache.bin", kv.v, (size_t)n_blocks * bs * kvrow);
+        }
     } else if (!strcmp(op, "embed")) {
         int V = P("vocab"), dim = P("dim"), n = P("n");
         kaon_tensor t = dev_matrix(need(dir, "table.bin", (size_t)V * dim * 4), V, dim);
@@ -488,7 +495,7 @@ static int run_op(const char *dir) {
         int T = P("T"), S = P("n_seqs"), nh = P("nh"), kvl = P("kvl"), rd = P("rd"), bs = P("bs");
         int n_blocks = P("n_blocks"), mb = P("max_blocks"), C = P("n_ctx"), D = kvl + rd;
         float scale = (float)param(dir, "scale", 1.0);
-        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * D * o->act_elem_bytes), NULL};
+        kaon_kv_layer kv = {o->alloc(be, (size_t)n_blocks * bs * D * o->act_elem_bytes), NULL, KAON_KV_NATIVE, 1.0f, 1.0f};
         if (!kv.k) die("alloc%s", "");
         int32_t *tables = need(dir, "tables.bin", (size_t)S * mb * 4);
         if (C > 0) {
@@ -575,7 +582,7 @@ static void mla_timings(void) {
                 }
                 kaon_attn_meta m = {.n_tokens = T, .n_seqs = T, .positions = pos, .token_seq = seq,
                                     .slot_mapping = slot, .block_tables = tab, .max_blocks = per, .block_size = bs};
-                kaon_kv_layer kv = {ct.data, NULL};
+                kaon_kv_layer kv = {ct.data, NULL, KAON_KV_NATIVE, 1.0f, 1.0f};
                 if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
                 const float scale = 0.1352f;
                 for (int it = 0; it < 3; it++) o->mla_attention(be, qt.data, &kv, &m, nh, kvl, D - kvl, scale, y);
@@ -656,7 +663,7 @@ static int run_timings(bool only_mla) {
     int ctxs[] = {512, 4096, 32768};
     for (int c = 0; c < 3; c++) {
         int L = ctxs[c], nb = L / bs + 1;
-        kaon_kv_layer kv = {o->alloc(be, (size_t)nb * bs * nkv * hd * 2), o->alloc(be, (size_t)nb * bs * nkv * hd * 2)};
+        kaon_kv_layer kv = {o->alloc(be, (size_t)nb * bs * nkv * hd * 2), o->alloc(be, (size_t)nb * bs * nkv * hd * 2), KAON_KV_NATIVE, 1.0f, 1.0f};
         int32_t *tab = malloc(sizeof(int32_t) * nb), pos = L - 1, seq = 0, slot = L - 1;
         for (int i = 0; i < nb; i++) tab[i] = i;
         kaon_attn_meta m = {.n_tokens = 1, .n_seqs = 1, .positions = &pos, .token_seq = &seq,
@@ -700,7 +707,7 @@ static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window) {
             die("fill%s", "");
         void *y = o->alloc(be, (size_t)T * nh * hd * 2);
         if (!y) die("alloc%s", "");
-        kaon_kv_layer kv = {kt.data, vt.data};
+        kaon_kv_layer kv = {kt.data, vt.data, KAON_KV_NATIVE, 1.0f, 1.0f};
         int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)T * 3);
         int32_t *seq = pos + T, *slot = seq + T;
         for (int i = 0; i < nb; i++) tab[i] = nb - 1 - i;  // scattered blocks

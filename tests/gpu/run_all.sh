@@ -4,10 +4,10 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek] ...
+#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek|fp8|kvfp8] ...
 # (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, deepseek, tests/gpu/test_deepseek_hf.py
-# --device cuda, and fp8, tests/gpu/test_gpu_fp8.py, run only when named, not under all;
-# KAON_DEEPSEEK_K / KAON_FP8_K="EXPR" run -k EXPR of them)
+# --device cuda, fp8, tests/gpu/test_gpu_fp8.py, and kvfp8, tests/gpu/test_gpu_kv_fp8.py (the FP8
+# KV cache), run only when named, not under all; KAON_DEEPSEEK_K / KAON_FP8_K="EXPR" run -k EXPR)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -153,6 +153,15 @@ if [[ " ${sections[*]} " == *" fp8 "* ]]; then  # FP8 layers (cuda_fp8.cu) vs th
     { echo "######## section fp8 (rc $rc)"; cat /tmp/pytest_fp8.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_fp8.log | cut -c1-300 | tail -n 30
     note "tests fp8 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_fp8.log)"
+fi
+if [[ " ${sections[*]} " == *" kvfp8 "* ]]; then  # the FP8 KV cache (--kv-cache-dtype fp8); only when named, < 5 min
+    t0=$(date +%s)
+    timeout "$(tl 400)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 300 tests/gpu/test_gpu_kv_fp8.py \
+        > /tmp/pytest_kvfp8.log 2>&1
+    rc=$?
+    { echo "######## section kvfp8 (rc $rc)"; cat /tmp/pytest_kvfp8.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_kvfp8.log | cut -c1-300 | tail -n 30
+    note "tests kvfp8 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_kvfp8.log)"
 fi
 if want bench 60; then
     t0=$(date +%s)

@@ -282,6 +282,8 @@ class DeepseekRef:
         self.n_routed = self.n_bias_changed = 0
         self.reset()
 
+    kv_quant = None  # f(x) -> x as the cache stores it, or None
+
     def reset(self):
         self.C = [np.zeros((0, self.kvr)) for _ in range(self.L)]     # latent, after kv_a_layernorm
         self.KPE = [np.zeros((0, self.rd)) for _ in range(self.L)]    # shared rope key, after RoPE
@@ -302,6 +304,8 @@ class DeepseekRef:
         k_pe = ckv[:, self.kvr:]
         q_pe = rope(q_pe, pos, self.inv, self.att, self.interleaved)
         k_pe = rope(k_pe, pos, self.inv, self.att, self.interleaved)
+        if self.kv_quant:  # what a quantized cache gives back (e.g. e4m3 round trips)
+            c, k_pe = self.kv_quant(c), self.kv_quant(k_pe)
         C = self.C[l] = np.concatenate([self.C[l], c])                # [S, kv_lora]
         KPE = self.KPE[l] = np.concatenate([self.KPE[l], k_pe])       # [S, rope]
         Wkv = w[p + "kv_b_proj.weight"].reshape(H, self.nope + self.vd, self.kvr)

@@ -56,6 +56,7 @@ class RefModel:
         self.inv, self.rot = rope_inv_freq(cfg)
         self.arch = cfg["architectures"][0]
         self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        self.kv_quant = None  # f(x) -> x as the cache stores it, or None
         self.reset()
 
     def reset(self):
@@ -87,6 +88,8 @@ class RefModel:
                 k = rmsnorm(k, w[p + "self_attn.k_norm.weight"], self.eps)
             q = apply_rope(q, pos, self.inv, self.rot)
             k = apply_rope(k, pos, self.inv, self.rot)
+            if self.kv_quant:  # what a quantized KV cache gives back (e.g. e4m3 round trips)
+                k, v = self.kv_quant(k), self.kv_quant(v)
             K = self.k_cache[l] = np.concatenate([self.k_cache[l], k])
             V = self.v_cache[l] = np.concatenate([self.v_cache[l], v])
             S = K.shape[0]

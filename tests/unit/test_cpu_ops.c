@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_internal.h"
 #include "test.h"
 #include "util/err.h"
+#include "util/fp8.h"
 #include "util/half.h"
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
@@ -412,7 +413,7 @@ static void test_attention_mixed(kaon_backend *be, const char *set, int hd) {
     float *kall = rnd_vec((size_t)L.n_seqs * MAXP * KVH * hd, 1.0);
     float *vall = rnd_vec((size_t)L.n_seqs * MAXP * KVH * hd, 1.0);
     kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd),
-                        be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd)};
+                        be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd), KAON_KV_NATIVE, 1.0f, 1.0f};
     // Step 1: the earlier tokens.
     int32_t s1[12], p1[12];
     int T1 = 0;
@@ -467,7 +468,7 @@ static void test_attention_long(kaon_backend *be, const char *set) {
     shuffled_tables(&L);
     float *kall = rnd_vec((size_t)MAXP * KVH * hd, 1.0), *vall = rnd_vec((size_t)MAXP * KVH * hd, 1.0);
     kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd),
-                        be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd)};
+                        be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd), KAON_KV_NATIVE, 1.0f, 1.0f};
     int32_t seqs[MAXP], pos[MAXP];
     for (int p = 0; p < MAXP; p++) seqs[p] = 0, pos[p] = p;
     write_tokens(be, &kv, &L, kall, vall, MAXP, seqs, pos, MAXP, KVH, hd);
@@ -511,7 +512,7 @@ static void test_attention_mqa(kaon_backend *be, const char *set) {
     float *kall = rnd_vec((size_t)L.n_seqs * MAXP * KVH * hd, 1.0);
     float *vall = rnd_vec((size_t)L.n_seqs * MAXP * KVH * hd, 1.0);
     kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd),
-                        be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd)};
+                        be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * KVH * hd), KAON_KV_NATIVE, 1.0f, 1.0f};
     int32_t seqs[2 * MAXP], pos[2 * MAXP];
     for (int t = 0; t < 2 * MAXP; t++) seqs[t] = t % 2, pos[t] = t / 2;
     write_tokens(be, &kv, &L, kall, vall, MAXP, seqs, pos, 2 * MAXP, KVH, hd);
@@ -543,7 +544,7 @@ static void test_attention_window(kaon_backend *be, const char *set, int hd, int
     const int nnew[5] = {1, 1, L + 5, 6, 1};
     float *kall = rnd_vec((size_t)S * MAXP * KVH * hd, 1.0), *vall = rnd_vec((size_t)S * MAXP * KVH * hd, 1.0);
     kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L_.n_blocks * L_.bs * KVH * hd),
-                        be->ops->alloc(be, sizeof(float) * L_.n_blocks * L_.bs * KVH * hd)};
+                        be->ops->alloc(be, sizeof(float) * L_.n_blocks * L_.bs * KVH * hd), KAON_KV_NATIVE, 1.0f, 1.0f};
     int32_t *s1 = malloc(sizeof(int32_t) * S * MAXP * 4), *p1 = s1 + S * MAXP, *s2 = p1 + S * MAXP,
             *p2 = s2 + S * MAXP;
     int T1 = 0, T2 = 0;
@@ -606,12 +607,16 @@ static void test_attention_window(kaon_backend *be, const char *set, int hd, int
 // MLA's absorbed attention: one cached row [kvl + rd] per token (kv_write with no V) is every
 // head's key, and its first kvl values the value. Two sequences interleaved, a decode after a
 // cached prefix, a padding token (position -1) that must come out as zeros.
-static void test_mla_attention(kaon_backend *be, const char *set, int H, int kvl, int rd) {
+static float *fp8_decoded(const float *x, size_t n, float s);
+
+// fp8 > 0: an FP8 latent cache with that k_scale (the reference reads the decoded rows).
+static void test_mla_attention(kaon_backend *be, const char *set, int H, int kvl, int rd, float fp8) {
     const int R = kvl + rd, MAXP = 21;
     kv_layout L = {.n_seqs = 2, .max_blocks = 6, .bs = 4, .n_blocks = 12};
     shuffled_tables(&L);
     float *rows = rnd_vec((size_t)L.n_seqs * MAXP * R, 1.0);
-    kaon_kv_layer kv = {be->ops->alloc(be, sizeof(float) * L.n_blocks * L.bs * R), NULL};
+    kaon_kv_layer kv = {be->ops->alloc(be, (fp8 > 0 ? 1 : sizeof(float)) * L.n_blocks * L.bs * R), NULL,
+                        fp8 > 0 ? KAON_KV_FP8 : KAON_KV_NATIVE, fp8 > 0 ? fp8 : 1.0f, 1.0f};
     int32_t seqs[2 * MAXP + 1], pos[2 * MAXP + 1], slot[2 * MAXP + 1];
     int T = 0;
     for (int p = 0; p < MAXP; p++) {
@@ -636,6 +641,11 @@ static void test_mla_attention(kaon_backend *be, const char *set, int H, int kvl
     double *ref = calloc((size_t)T * H * kvl, sizeof(double)), sc[MAXP];
     const float scale = 0.11f;
     be->ops->mla_attention(be, q, &kv, &m, H, kvl, rd, scale, out);
+    if (fp8 > 0) {  // the reference reads what the cache holds
+        float *d = fp8_decoded(rows, (size_t)L.n_seqs * MAXP * R, fp8);
+        free(rows);
+        rows = d;
+    }
     for (int t = 0; t < T - 1; t++)
         for (int h = 0; h < H; h++) {
             const float *qv = q + ((size_t)t * H + h) * R;
@@ -653,7 +663,8 @@ static void test_mla_attention(kaon_backend *be, const char *set, int H, int kvl
                 for (int i = 0; i < kvl; i++) o[i] += sc[p] / sum * rows[((size_t)seqs[t] * MAXP + p) * R + i];
         }
     CHECK(strstr(kaon_last_error(), "out of range") != NULL);  // the padding token's sequence
-    CHECK_RATIO(err_ratio(out, ref, (size_t)T * H * kvl, 2e-6, 2e-5), "mla_attention", set);
+    CHECK_RATIO(err_ratio(out, ref, (size_t)T * H * kvl, 2e-6, 2e-5), fp8 > 0 ? "mla_attention fp8" : "mla_attention",
+                set);
     be->ops->free(be, kv.k);
     free(L.btab); free(rows); free(k); free(q); free(out); free(ref);
 }
@@ -700,6 +711,77 @@ static void test_head_linear(kaon_backend *be, const char *set, kaon_dtype dt) {
     free(x); free(wf); free(y); free(wb);
 }
 
+// An FP8 KV cache: kv_write stores e4m3(x / scale) (checked code by code, saturation included),
+// attention equals the reference over the decoded values code * scale, and differs from the
+// unquantized one (the codes are really read). A long sequence, a prefill chunk and a decode,
+// GQA group `group`, with one and two threads.
+static uint8_t *fp8_codes(const float *x, size_t n, float s) {
+    uint8_t *c = malloc(n);
+    for (size_t i = 0; i < n; i++) c[i] = kaon_f32_to_e4m3(x[i] / s);
+    return c;
+}
+
+static float *fp8_decoded(const float *x, size_t n, float s) {
+    float *d = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) d[i] = kaon_e4m3_to_f32(kaon_f32_to_e4m3(x[i] / s)) * s;
+    return d;
+}
+
+static void test_attention_fp8(kaon_backend *be, const char *set, int hd, int group, int window) {
+    const int KVH = 2, H = KVH * group, MAXP = 200;
+    const float ks = 1.0f / 64, vs = 0.01f;
+    kv_layout L = {.n_seqs = 1, .max_blocks = 13, .bs = 16, .n_blocks = 13};
+    shuffled_tables(&L);
+    const size_t n = (size_t)MAXP * KVH * hd;
+    float *kall = rnd_vec(n, 1.0), *vall = rnd_vec(n, 1.0);
+    for (size_t i = 0; i < n; i += 97) kall[i] *= 4.0f;  // past 448 * ks: saturated codes
+    kaon_kv_layer kv = {be->ops->alloc(be, (size_t)L.n_blocks * L.bs * KVH * hd),
+                        be->ops->alloc(be, (size_t)L.n_blocks * L.bs * KVH * hd), KAON_KV_FP8, ks, vs};
+    int32_t seqs[MAXP], pos[MAXP];
+    for (int p = 0; p < MAXP; p++) seqs[p] = 0, pos[p] = p;
+    write_tokens(be, &kv, &L, kall, vall, MAXP, seqs, pos, MAXP, KVH, hd);
+    uint8_t *kc = fp8_codes(kall, n, ks), *vc = fp8_codes(vall, n, vs);
+    int same = 1;
+    for (int p = 0; p < MAXP; p++) {
+        const size_t slot = (size_t)L.btab[p / L.bs] * L.bs + p % L.bs, row = (size_t)KVH * hd;
+        same &= !memcmp((uint8_t *)kv.k + slot * row, kc + p * row, row);
+        same &= !memcmp((uint8_t *)kv.v + slot * row, vc + p * row, row);
+    }
+    CHECK(same);
+    float *kq = fp8_decoded(kall, n, ks), *vq = fp8_decoded(vall, n, vs);
+    const int T = 40;  // a prefill chunk: the last 40 positions
+    float *q = rnd_vec((size_t)T * H * hd, 1.0), *out = malloc(sizeof(float) * T * H * hd);
+    double *ref = malloc(sizeof(double) * T * H * hd), *ref32 = malloc(sizeof(double) * T * H * hd);
+    kaon_attn_meta m = {.n_tokens = T, .n_seqs = 1, .positions = pos + MAXP - T, .token_seq = seqs,
+                        .block_tables = L.btab, .max_blocks = L.max_blocks, .block_size = L.bs};
+    const float scale = 1.0f / sqrtf((float)hd);
+    kaon_clear_error();
+    be->ops->attention(be, q, &kv, &m, H, KVH, hd, scale, window, out);
+    CHECK(strcmp(kaon_last_error(), "unknown error") == 0);
+    ref_attention(q, kq, vq, MAXP, seqs, pos + MAXP - T, T, H, KVH, hd, scale, window, ref);
+    CHECK_RATIO(err_ratio(out, ref, (size_t)T * H * hd, 1e-5, 5e-5), "attention fp8 cache", set);
+    ref_attention(q, kall, vall, MAXP, seqs, pos + MAXP - T, T, H, KVH, hd, scale, window, ref32);
+    double diff = 0.0;
+    for (size_t i = 0; i < (size_t)T * H * hd; i++) diff = fmax(diff, fabs(ref[i] - ref32[i]));
+    CHECK(diff > 1e-4);  // e4m3 keeps 3 mantissa bits: the decoded values are not the inputs
+    // One decode token on one and two threads: the same values.
+    kaon_backend *b1 = kaon_backend_cpu_create(1), *b2 = kaon_backend_cpu_create(2);
+    float *o1 = malloc(sizeof(float) * H * hd), *o2 = malloc(sizeof(float) * H * hd);
+    m.n_tokens = 1;
+    m.positions = pos + MAXP - 1;
+    b1->ops->attention(b1, q, &kv, &m, H, KVH, hd, scale, window, o1);
+    b2->ops->attention(b2, q, &kv, &m, H, KVH, hd, scale, window, o2);
+    ref_attention(q, kq, vq, MAXP, seqs, pos + MAXP - 1, 1, H, KVH, hd, scale, window, ref);
+    CHECK_RATIO(err_ratio(o1, ref, (size_t)H * hd, 1e-5, 5e-5), "attention fp8 decode 1 thread", set);
+    CHECK_RATIO(err_ratio(o2, ref, (size_t)H * hd, 1e-5, 5e-5), "attention fp8 decode 2 threads", set);
+    b1->ops->destroy(b1);
+    b2->ops->destroy(b2);
+    be->ops->free(be, kv.k);
+    be->ops->free(be, kv.v);
+    free(L.btab); free(kall); free(vall); free(kc); free(vc); free(kq); free(vq);
+    free(q); free(out); free(ref); free(ref32); free(o1); free(o2);
+}
+
 int main(void) {
     make_sets(2);
     for (int s = 0; s < n_sets; s++) {
@@ -726,8 +808,13 @@ int main(void) {
         test_attention_window(be, nm, 40, 40, 7);
         test_attention_window(be, nm, 7, 40, 41);
         test_attention_window(be, nm, 64, 100, 64);  // several 64-key chunks per window
-        test_mla_attention(be, nm, 4, 32, 8);
-        test_mla_attention(be, nm, 16, 512, 64);  // DeepSeek's widths
+        test_attention_fp8(be, nm, 64, 4, 0);
+        test_attention_fp8(be, nm, 128, 1, 0);
+        test_attention_fp8(be, nm, 40, 3, 33);  // a sliding window, head_dim off the SIMD widths
+        test_mla_attention(be, nm, 4, 32, 8, 0);
+        test_mla_attention(be, nm, 16, 512, 64, 0);  // DeepSeek's widths
+        test_mla_attention(be, nm, 4, 32, 8, 0.02f);
+        test_mla_attention(be, nm, 16, 512, 64, 0.5f);
         test_head_linear(be, nm, KAON_F32);
         test_head_linear(be, nm, KAON_BF16);
     }

@@ -8,18 +8,39 @@
 // chunk's scores for each head, and folds them into a running max / sum / weighted V
 // accumulator (online softmax), so nothing grows with the context. Items are handed out
 // dynamically: their cost grows with position.
+//
+// An FP8 cache (KAON_KV_FP8) holds e4m3 codes of x / scale: kv_write quantizes, and attention
+// decodes each chunk's rows of the item's KV heads to f32 (times the layer's scale) once, then
+// runs the same score and accumulation kernels on them.
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "util/err.h"
+#include "util/fp8.h"
 #include "util/pool.h"
 
 #define KAON_ATTN_CHUNK 64
 #define KAON_ATTN_MAX_HD 1024
 #define KAON_ATTN_HEADS 8  // query heads one work item handles (GQA sharing)
+
+// e4m3 code -> f32, all 256 codes (NaN codes included, as stored).
+static float e4m3_table[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_table_init(void) {
+    for (int i = 0; i < 256; i++) e4m3_table[i] = kaon_e4m3_to_f32((uint8_t)i);
+}
+
+static void store_fp8(uint8_t *dst, const float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) dst[i] = kaon_f32_to_e4m3(x[i] / scale);
+}
+
+static void decode_fp8(float *dst, const uint8_t *src, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) dst[i] = e4m3_table[src[i]] * scale;
+}
 
 void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                        const kaon_attn_meta *m, int n_kv_heads, int head_dim) {
@@ -36,6 +57,19 @@ void kaon_cpu_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const
     const size_t row = (size_t)n_kv_heads * (size_t)head_dim;
     float *K = kv->k, *V = kv->v;
     const float *kf = k, *vf = v;
+    if (kv->dtype == KAON_KV_FP8) {
+        for (int t = 0; t < m->n_tokens; t++) {
+            const int32_t slot = m->slot_mapping[t];
+            if (slot < 0) continue;
+            store_fp8((uint8_t *)kv->k + (size_t)slot * row, kf + (size_t)t * row, row, kv->k_scale);
+            if (vf) store_fp8((uint8_t *)kv->v + (size_t)slot * row, vf + (size_t)t * row, row, kv->v_scale);
+        }
+        return;
+    }
+    if (kv->dtype != KAON_KV_NATIVE) {
+        kaon_set_error("cpu kv_write: unknown KV cache dtype %d", kv->dtype);
+        return;
+    }
     for (int t = 0; t < m->n_tokens; t++) {
         const int32_t slot = m->slot_mapping[t];
         if (slot < 0) continue;  // a padding token: nothing to store
@@ -55,6 +89,9 @@ typedef struct attn_job {
     float scale;
     int window;  // 0: all of 0..p
     const float *sinks;  // [n_heads] or NULL: a logit per head in the denominator only (gpt-oss)
+    // FP8 cache: K8, V8 (1-byte codes, the same layout as K and V) and their scales; NULL: f32.
+    const uint8_t *K8, *V8;
+    float ks, vs;
 } attn_job;
 
 // Brings rows [0, len) of a [*, rs] float table into the cache, columns [c0, c1) of each.
@@ -79,6 +116,7 @@ typedef struct attn_state {
     float *acc;  // [nh, hv]
     float *sc;   // [nh, KAON_ATTN_CHUNK]
     float *mx, *l;
+    float *kf, *vf;  // FP8 cache: a chunk's decoded K and V columns [KAON_ATTN_CHUNK, rs]
 } attn_state;
 
 // Token t, query heads h0..h0+nh-1 (consecutive, so the heads of one KV head are together):
@@ -131,8 +169,23 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
         }
         // The K and V columns this item reads: its KV heads.
         const size_t c0 = (size_t)(h0 / j->group) * hd, c1 = (size_t)((h0 + nh - 1) / j->group + 1) * hd;
-        if (prefetch && p0 == lo) prefetch_rows(j->K + seg_base[0], rs, seg_len[0], c0, c1);
-        for (int h = 0; h < nh; h++) {
+        const size_t cw = c1 - c0;
+        if (j->K8) {  // decode the chunk once; the heads then read it as one f32 run of cnt rows
+            const bool same = j->V8 == j->K8 && j->vs == j->ks;  // MLA: V is K's row
+            for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
+                for (int i = 0; i < seg_len[g]; i++) {
+                    const size_t src = seg_base[g] + (size_t)i * rs + c0, dst = (size_t)(c + i) * cw;
+                    decode_fp8(st->kf + dst, j->K8 + src, cw, j->ks);
+                    if (!same) decode_fp8(st->vf + dst, j->V8 + src, cw, j->vs);
+                }
+            for (int h = 0; h < nh; h++) {
+                const size_t hoff = (size_t)((h0 + h) / j->group) * hd - c0;
+                j->k->attn_scores(q0 + (size_t)h * hd, st->kf + hoff, cw, cnt, hd, j->scale,
+                                  st->sc + (size_t)h * KAON_ATTN_CHUNK);
+            }
+        }
+        if (prefetch && !j->K8 && p0 == lo) prefetch_rows(j->K + seg_base[0], rs, seg_len[0], c0, c1);
+        for (int h = 0; h < nh && !j->K8; h++) {
             const size_t hoff = (size_t)((h0 + h) / j->group) * hd;  // the KV head in a slot
             for (int g = 0, c = 0; g < nseg; c += seg_len[g++]) {
                 if (prefetch && h == 0) {  // the first pass over the chunk asks for what comes next
@@ -162,7 +215,15 @@ static int attend_heads(const attn_job *j, int t, int h0, int nh, const attn_sta
             }
             l[h] += j->k->exp_sum(sc, cnt, mx[h]);
         }
-        for (int h = 0; h < nh; h++) {
+        if (j->K8) {
+            const float *vf = j->V8 == j->K8 && j->vs == j->ks ? st->kf : st->vf;
+            for (int h = 0; h < nh; h++) {
+                const size_t hoff = (size_t)((h0 + h) / j->group) * hd - c0;
+                j->k->attn_accum(st->acc + (size_t)h * hv, vf + hoff, cw, st->sc + (size_t)h * KAON_ATTN_CHUNK,
+                                 cnt, hv);
+            }
+        }
+        for (int h = 0; h < nh && !j->K8; h++) {
             const size_t hoff = (size_t)((h0 + h) / j->group) * hd;
             for (int g = 0, c = 0; g < nseg; c += seg_len[g++])
                 j->k->attn_accum(st->acc + (size_t)h * hv, j->V + seg_base[g] + hoff, rs,
@@ -203,9 +264,12 @@ static void attn_task(void *c, int it, int th) {
     const attn_job *j = ap->j;
     const int hg = ap->hg, n_heads = j->n_heads, group = j->group;
     float *b = ap->stbuf + ap->st_floats * (size_t)th;
+    float *kf = b + (size_t)hg * (j->hv + KAON_ATTN_CHUNK + 2) + 16;  // after acc, sc, mx, l
+    const size_t dec = (size_t)KAON_ATTN_CHUNK * j->n_kv * j->hd;  // a decoded chunk, whole rows
     const attn_state st = {.acc = b, .sc = b + (size_t)hg * j->hv,
                            .mx = b + (size_t)hg * (j->hv + KAON_ATTN_CHUNK),
-                           .l = b + (size_t)hg * (j->hv + KAON_ATTN_CHUNK + 1)};
+                           .l = b + (size_t)hg * (j->hv + KAON_ATTN_CHUNK + 1),
+                           .kf = j->K8 ? kf : NULL, .vf = j->K8 ? kf + dec : NULL};
     const int t = it / ap->per_tok;
     int bad;
     if (hg == n_heads) {
@@ -243,7 +307,8 @@ static void run_attention(kaon_cpu_backend *be, const attn_job *jp, const char *
     const int nsub = hg == n_heads ? 1 : (group + hg - 1) / hg;
     const int per_tok = hg == n_heads ? 1 : n_kv_heads * nsub, items = T * per_tok;
     // Per-thread state for hg heads.
-    const size_t st_floats = (size_t)hg * ((size_t)j.hv + KAON_ATTN_CHUNK + 2) + 16;
+    size_t st_floats = (size_t)hg * ((size_t)j.hv + KAON_ATTN_CHUNK + 2) + 16;
+    if (j.K8) st_floats += 2 * (size_t)KAON_ATTN_CHUNK * n_kv_heads * head_dim + 16;  // kf, vf
     float *stbuf = kaon_cpu_scratch(be, sizeof(float) * st_floats * (size_t)nt);
     if (!stbuf) return;
     attn_par ap = {.j = &j, .stbuf = stbuf, .st_floats = st_floats, .hg = hg, .nsub = nsub,
@@ -279,9 +344,16 @@ void kaon_cpu_attention_sinks(kaon_backend *be_, const void *q, const kaon_kv_la
         kaon_set_error("cpu attention: incomplete metadata");
         return;
     }
+    if (kv->dtype != KAON_KV_NATIVE && kv->dtype != KAON_KV_FP8) {
+        kaon_set_error("cpu attention: unknown KV cache dtype %d", kv->dtype);
+        return;
+    }
+    const bool f8 = kv->dtype == KAON_KV_FP8;
+    if (f8) pthread_once(&e4m3_once, e4m3_table_init);
     const attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->v, .out = out, .m = m,
                         .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim, .hv = head_dim,
-                        .group = n_heads / n_kv_heads, .scale = scale, .window = window, .sinks = sinks};
+                        .group = n_heads / n_kv_heads, .scale = scale, .window = window, .sinks = sinks,
+                        .K8 = f8 ? kv->k : NULL, .V8 = f8 ? kv->v : NULL, .ks = kv->k_scale, .vs = kv->v_scale};
     run_attention(be, &j, "attention");
 }
 
@@ -300,8 +372,15 @@ void kaon_cpu_mla_attention(kaon_backend *be_, const void *q, const kaon_kv_laye
         kaon_set_error("cpu mla_attention: incomplete metadata");
         return;
     }
+    if (kv->dtype != KAON_KV_NATIVE && kv->dtype != KAON_KV_FP8) {
+        kaon_set_error("cpu mla_attention: unknown KV cache dtype %d", kv->dtype);
+        return;
+    }
+    const bool f8 = kv->dtype == KAON_KV_FP8;  // the latent row: K and V with k_scale
+    if (f8) pthread_once(&e4m3_once, e4m3_table_init);
     const attn_job j = {.k = be->k, .q = q, .K = kv->k, .V = kv->k, .out = out, .m = m,
                         .n_heads = n_heads, .n_kv = 1, .hd = kv_lora + rope_dim, .hv = kv_lora,
-                        .group = n_heads, .scale = scale, .window = 0};
+                        .group = n_heads, .scale = scale, .window = 0,
+                        .K8 = f8 ? kv->k : NULL, .V8 = f8 ? kv->k : NULL, .ks = kv->k_scale, .vs = kv->k_scale};
     run_attention(be, &j, "mla_attention");
 }

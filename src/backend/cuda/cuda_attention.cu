@@ -13,7 +13,16 @@
 // merges the S partials and resets the counter. The number of ranges in use is derived from
 // each token's own length inside the kernel, so one launch shape (and one CUDA graph) serves
 // every context length.
+//
+// The kernel is a template on the cache element: bf16, or FP8 e4m3 bytes (an FP8 cache; the
+// layer's k_scale is folded into the score scale, v_scale into the output, so the loads only
+// widen e4m3 to float). An FP8 cache runs the streaming decode kernel (templated the same way)
+// for every token where it has an instance, else this one: the tensor-core prefill kernel reads
+// bf16 only.
 #include "backend/cuda/cuda_internal.h"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +37,39 @@
 
 static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
 
+// Cache elements d8*8 .. d8*8+7 of a row as floats (16-byte loads for bf16, 8-byte for e4m3).
+static __device__ __forceinline__ void load8(const bf16 *r, int d8, float *f) {
+    const uint4 kv = ((const uint4 *)r)[d8];
+    const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kv;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 x = __bfloat1622float2(k2[e]);
+        f[2 * e] = x.x;
+        f[2 * e + 1] = x.y;
+    }
+}
+static __device__ __forceinline__ float2 e4m3x2(__nv_fp8x2_storage_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);  // exact: e4m3 fits in f16
+    return __half22float2(*(const __half2 *)&h);
+}
+static __device__ __forceinline__ void load8(const uint8_t *r, int d8, float *f) {
+    const uint2 kv = ((const uint2 *)r)[d8];
+    const __nv_fp8x2_storage_t *k2 = (const __nv_fp8x2_storage_t *)&kv;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 x = e4m3x2(k2[e]);
+        f[2 * e] = x.x;
+        f[2 * e + 1] = x.y;
+    }
+}
+// Elements 2i, 2i+1 of a row.
+static __device__ __forceinline__ float2 load2(const bf16 *r, size_t i) {
+    return __bfloat1622float2(((const __nv_bfloat162 *)r)[i]);
+}
+static __device__ __forceinline__ float2 load2(const uint8_t *r, size_t i) {
+    return e4m3x2(((const __nv_fp8x2_storage_t *)r)[i]);
+}
+
 static __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -37,12 +79,14 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// grid (n_tokens, n_kv_heads, S); dynamic shared memory: see att_smem_bytes.
+// grid (n_tokens, n_kv_heads, S); dynamic shared memory: see att_smem_bytes. KT: the cache
+// element (bf16, or uint8_t e4m3 codes); vs multiplies the output (1 for bf16: exact).
+template <typename KT>
 __global__ void __launch_bounds__(ATT_THREADS)
-k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
-            const bf16 *__restrict__ vcache, const int32_t *__restrict__ pos,
+k_attention(const bf16 *__restrict__ q, const KT *__restrict__ kcache,
+            const KT *__restrict__ vcache, const int32_t *__restrict__ pos,
             const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int n_seqs,
-            int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int hd, float scale, int window,
+            int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int hd, float scale, float vs, int window,
             bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
     extern __shared__ float sm[];
     __shared__ int last_flag;
@@ -100,19 +144,12 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
             float s[ATT_MAXG];
 #pragma unroll
             for (int h = 0; h < ATT_MAXG; h++) s[h] = 0.f;
-            const uint4 *kr = (const uint4 *)(kcache + (size_t)slot * row + (size_t)kvh * hd);
-            // Unrolled so that several of the row's 16-byte loads are in flight at once.
+            const KT *kr = kcache + (size_t)slot * row + (size_t)kvh * hd;
+            // Unrolled so that several of the row's loads are in flight at once.
 #pragma unroll 8
             for (int d8 = 0; d8 < hd / 8; d8++) {
-                const uint4 kv = kr[d8];
-                const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kv;
                 float kf[8];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float2 f = __bfloat1622float2(k2[e]);
-                    kf[2 * e] = f.x;
-                    kf[2 * e + 1] = f.y;
-                }
+                load8(kr, d8, kf);
 #pragma unroll
                 for (int h = 0; h < ATT_MAXG; h++) {
                     if (h < g) {
@@ -169,13 +206,13 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
             }
             // V rows in groups of 16 keys, all loads of a group issued before the first use
             // (one load at a time would make every key a round trip to memory).
-            const __nv_bfloat162 *vbase = (const __nv_bfloat162 *)(vcache + (size_t)kvh * hd) + dp;
+            const KT *vbase = vcache + (size_t)kvh * hd;
             for (int k0 = 0; k0 < nk; k0 += 16) {
                 float2 vv[16];
 #pragma unroll
                 for (int u = 0; u < 16; u++) {
                     const int sl = k0 + u < nk ? slot_s[k0 + u] : -1;
-                    vv[u] = sl >= 0 ? __bfloat1622float2(vbase[(size_t)sl * row / 2]) : make_float2(0.f, 0.f);
+                    vv[u] = sl >= 0 ? load2(vbase + (size_t)sl * row, (size_t)dp) : make_float2(0.f, 0.f);
                 }
                 // Keys past nk have probability 0 (and vv 0): no bound check needed (TILE % 16 == 0).
 #pragma unroll
@@ -201,7 +238,7 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
             for (int j = 0; j < ATT_MAXJ; j++) {
                 const int h = hg + j * hsplit;
                 if (h < g) {
-                    const float inv = l_s[h] > 0.f ? 1.f / l_s[h] : 0.f;
+                    const float inv = l_s[h] > 0.f ? vs / l_s[h] : 0.f;
                     ((__nv_bfloat162 *)(out + ((size_t)t * nh + (size_t)kvh * g + h) * hd))[dp] =
                         __floats2bfloat162_rn(acc[j].x * inv, acc[j].y * inv);
                 }
@@ -217,8 +254,8 @@ k_attention(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache,
             const int h = hg + j * hsplit;
             if (h < g) {
                 float *pp = part + (((size_t)t * nh + (size_t)kvh * g + h) * S + z) * stride;
-                pp[2 * dp] = acc[j].x;
-                pp[2 * dp + 1] = acc[j].y;
+                pp[2 * dp] = acc[j].x * vs;
+                pp[2 * dp + 1] = acc[j].y * vs;
             }
         }
     }
@@ -279,11 +316,35 @@ int kc_attention_init(kc_backend *b) {
     return 0;
 }
 
-int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
-                 const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
-                 int window, bf16 *out) {
+// The split-K kernel for the tokens of d_pos (those at a negative position get zeros).
+template <typename KT>
+static int launch_split(kc_backend *b, const bf16 *q, const KT *kcache, const KT *vcache, const kaon_attn_meta *m,
+                        int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq, const int32_t *d_tab, int nh,
+                        int nkv, int hd, float scale, float vs, int window, bf16 *out) {
+    const int T = m->n_tokens, g = nh / nkv;
+    // Enough (token, kv head, range) blocks for two waves of the GPU; the ranges in use
+    // shrink with the context inside the kernel.
+    int64_t want = (2LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
+    int S = want > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : (int)want;
+    if (S < 1) S = 1;
+    if (S > 1) {
+        const size_t need_part = (size_t)T * nh * S * ((size_t)hd + 2);
+        if (kc_grow(b, (void **)&b->attn_part, &b->attn_part_cap, need_part, sizeof(float), "attention partials") ||
+            kc_grow(b, (void **)&b->attn_count, &b->attn_count_cap, (size_t)T * nkv, sizeof(unsigned), "attention counters"))
+            return -1;
+    }
+    const size_t smem = att_smem_bytes(g, hd);
+    dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
+    k_attention<KT><<<grid, ATT_THREADS, smem, b->stream>>>(q, kcache, vcache, d_pos, d_seq, d_tab, m->n_seqs,
+                                                            m->max_blocks, m->block_size, n_slots, nh, nkv, hd,
+                                                            scale, vs, window, out, b->attn_part, b->attn_count);
+    return kc_launched(b, "attention") ? -1 : 0;
+}
+
+// Shapes the split-K kernel takes, and the step's index arrays on the device.
+static int att_check(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, const int32_t **d_pos,
+                     const int32_t **d_seq, const int32_t **d_tab) {
     const int T = m->n_tokens;
-    if (T <= 0) return 0;
     if (nkv <= 0 || nh % nkv || hd % 8 || hd > 256 || hd < 8)
         return kc_fail(b, "cuda attention: unsupported heads %d/%d, head_dim %d", nh, nkv, hd);
     const int g = nh / nkv, hsplit = ATT_THREADS / (hd / 2);
@@ -291,10 +352,19 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
         return kc_fail(b, "cuda attention: %d query heads per KV head with head_dim %d is not supported", g, hd);
     if (m->n_seqs <= 0 || m->max_blocks <= 0 || m->block_size <= 0)
         return kc_fail(b, "cuda attention: bad metadata");
-    const int32_t *d_pos = kc_dev_i32(b, m->positions, (size_t)T);
-    const int32_t *d_seq = kc_dev_i32(b, m->token_seq, (size_t)T);
-    const int32_t *d_tab = kc_dev_i32(b, m->block_tables, (size_t)m->n_seqs * m->max_blocks);
-    if (!d_pos || !d_seq || !d_tab) return -1;
+    *d_pos = kc_dev_i32(b, m->positions, (size_t)T);
+    *d_seq = kc_dev_i32(b, m->token_seq, (size_t)T);
+    *d_tab = kc_dev_i32(b, m->block_tables, (size_t)m->n_seqs * m->max_blocks);
+    return *d_pos && *d_seq && *d_tab ? 0 : -1;
+}
+
+int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                 const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
+                 int window, bf16 *out) {
+    const int T = m->n_tokens;
+    if (T <= 0) return 0;
+    const int32_t *d_pos, *d_seq, *d_tab;
+    if (att_check(b, m, nh, nkv, hd, &d_pos, &d_seq, &d_tab)) return -1;
     // Runs of prefill tokens go to the tensor-core kernel (cuda_attention_prefill.cu), launched
     // after this one: this one sees their positions marked invalid and writes zeros there.
     const int32_t *d_pos_rest = d_pos;
@@ -311,24 +381,26 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
         return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale,
                                          window, out)
                   : 0;
-    // Enough (token, kv head, range) blocks for two waves of the GPU; the ranges in use
-    // shrink with the context inside the kernel.
-    int64_t want = (2LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
-    int S = want > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : (int)want;
-    if (S < 1) S = 1;
-    if (S > 1) {
-        const size_t need_part = (size_t)T * nh * S * ((size_t)hd + 2);
-        if (kc_grow(b, (void **)&b->attn_part, &b->attn_part_cap, need_part, sizeof(float), "attention partials") ||
-            kc_grow(b, (void **)&b->attn_count, &b->attn_count_cap, (size_t)T * nkv, sizeof(unsigned), "attention counters"))
-            return -1;
-    }
-    const size_t smem = att_smem_bytes(g, hd);
-    dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
-    k_attention<<<grid, ATT_THREADS, smem, b->stream>>>(q, kcache, vcache, d_pos_rest, d_seq, d_tab, m->n_seqs,
-                                                        m->max_blocks, m->block_size, n_slots, nh, nkv, hd,
-                                                        scale, window, out, b->attn_part, b->attn_count);
-    if (kc_launched(b, "attention")) return -1;
+    if (launch_split<bf16>(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh, nkv, hd, scale, 1.0f,
+                           window, out))
+        return -1;
     return fa ? kc_attention_prefill(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale,
                                      window, out)
               : 0;
+}
+
+int kc_attention_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                     const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale, float k_scale,
+                     float v_scale, int window, bf16 *out) {
+    if (m->n_tokens <= 0) return 0;
+    const int32_t *d_pos, *d_seq, *d_tab;
+    if (att_check(b, m, nh, nkv, hd, &d_pos, &d_seq, &d_tab)) return -1;
+    const char *dec_env = getenv("KAON_DECODE_ATTN");
+    const int dec = dec_env && !strcmp(dec_env, "0")
+                        ? 1
+                        : kc_attention_decode_fp8(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd,
+                                                  scale, k_scale, v_scale, window, out);
+    if (dec <= 0) return dec;
+    return launch_split<uint8_t>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd,
+                                 scale * k_scale, v_scale, window, out);
 }

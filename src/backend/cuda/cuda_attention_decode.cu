@@ -11,7 +11,13 @@
 // merge at the end; a long context is split over blocks (z) whose partials the last block to
 // finish merges. Scores are kept in log2 units (exp2). In a sliding window the keys are the
 // last `window` up to the token's own (HF: kv_idx > q_idx - window) and only those are split.
+//
+// The kernel is a template on the cache element too: bf16, or e4m3 bytes of an FP8 cache
+// (half the bytes per load; k_scale is folded into the query scale, v_scale into the output).
 #include "backend/cuda/cuda_internal.h"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,36 +30,93 @@
 
 static __device__ __forceinline__ float bfv(bf16 x) { return __bfloat162float(x); }
 
-template <int N>
-struct DecVec;  // N bf16 values of one V row, loaded at once
+template <int BYTES>
+struct DecVec;  // BYTES of one V row, loaded at once
 template <>
 struct DecVec<2> {
-    typedef unsigned int T;
+    typedef unsigned short T;
 };
 template <>
 struct DecVec<4> {
-    typedef uint2 T;
+    typedef unsigned int T;
 };
 template <>
 struct DecVec<8> {
+    typedef uint2 T;
+};
+template <>
+struct DecVec<16> {
     typedef uint4 T;
+};
+
+// The cache element: K8 holds 8 elements of a K row (one lane's load), k8 widens them, v widens
+// N elements of a V row.
+template <typename KT>
+struct DecElem;
+template <>
+struct DecElem<bf16> {
+    typedef uint4 K8;
+    static __device__ __forceinline__ void k8(const K8 &v, float *f) {
+        const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&v;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 x = __bfloat1622float2(k2[e]);
+            f[2 * e] = x.x;
+            f[2 * e + 1] = x.y;
+        }
+    }
+    template <int N>
+    static __device__ __forceinline__ void v(const void *p, float *f) {
+        const bf16 *ve = (const bf16 *)p;
+#pragma unroll
+        for (int d = 0; d < N; d++) f[d] = __bfloat162float(ve[d]);
+    }
+};
+static __device__ __forceinline__ float2 dec_e4m3x2(__nv_fp8x2_storage_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);  // exact: e4m3 fits in f16
+    return __half22float2(*(const __half2 *)&h);
+}
+template <>
+struct DecElem<uint8_t> {
+    typedef uint2 K8;
+    static __device__ __forceinline__ void k8(const K8 &v, float *f) {
+        const __nv_fp8x2_storage_t *k2 = (const __nv_fp8x2_storage_t *)&v;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 x = dec_e4m3x2(k2[e]);
+            f[2 * e] = x.x;
+            f[2 * e + 1] = x.y;
+        }
+    }
+    template <int N>
+    static __device__ __forceinline__ void v(const void *p, float *f) {
+        const __nv_fp8x2_storage_t *ve = (const __nv_fp8x2_storage_t *)p;
+#pragma unroll
+        for (int d = 0; d < N / 2; d++) {
+            const float2 x = dec_e4m3x2(ve[d]);
+            f[2 * d] = x.x;
+            f[2 * d + 1] = x.y;
+        }
+    }
 };
 
 // V rows are loaded after the scores. (A variant that requested them, and the next chunk's
 // slots, together with the K rows measured 8% slower at 256 sequences in flight and no faster
 // at batch 1 on the H200, 2026-12-01; it was removed with its KAON_DECODE_PREFETCH switch.)
-template <int HD, int G>
+// vs multiplies the output (1 for a bf16 cache: exact).
+template <int HD, int G, typename KT>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
+k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
               const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
               const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs, int64_t n_slots,
-              int nh, int nkv, int g, float qscale, int window, bf16 *__restrict__ out,
+              int nh, int nkv, int g, float qscale, float vs, int window, bf16 *__restrict__ out,
               float *__restrict__ part, unsigned *__restrict__ count) {
     constexpr int LPK = HD / 8;       // lanes per K row
     constexpr int KPI = 32 / LPK;     // keys per load instruction
     constexpr int NI = DEC_CHUNK / KPI;
     constexpr int DPL = HD / 32;      // V dims per lane
-    typedef typename DecVec<DPL>::T vec_t;
+    typedef typename DecVec<DPL * (int)sizeof(KT)>::T vec_t;
+    typedef typename DecElem<KT>::K8 k8_t;
     __shared__ float p_s[DEC_WARPS][DEC_CHUNK][G];
     __shared__ float wm[DEC_WARPS][G], wl[DEC_WARPS][G];
     __shared__ float wacc[DEC_WARPS][G][HD];
@@ -76,7 +139,7 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
     const int k0 = lo + r0, k1 = lo + min(len, r0 + chunk);
     const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
     const size_t row = (size_t)nkv * HD;
-    const bf16 *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
+    const KT *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
     const int sub = lane % LPK, kin = lane / LPK;
 
     float qr[G][8];
@@ -116,25 +179,19 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
     int next_slot = slot_of(k0 + warp * DEC_CHUNK);
     for (int c0 = k0 + warp * DEC_CHUNK; c0 < k1; c0 += DEC_WARPS * DEC_CHUNK) {
         const int myslot = next_slot;
-        uint4 kv[NI];
+        k8_t kv[NI];
         int ks[NI];
 #pragma unroll
         for (int i = 0; i < NI; i++) {
             ks[i] = __shfl_sync(0xffffffffu, myslot, i * KPI + kin);
-            kv[i] = ks[i] >= 0 ? *(const uint4 *)(kbase + (size_t)ks[i] * row + sub * 8) : make_uint4(0, 0, 0, 0);
+            kv[i] = ks[i] >= 0 ? *(const k8_t *)(kbase + (size_t)ks[i] * row + sub * 8) : k8_t();
         }
         vec_t vv[DEC_CHUNK];
         float s[NI][G];
 #pragma unroll
         for (int i = 0; i < NI; i++) {
-            const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kv[i];
             float kf[8];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 f = __bfloat1622float2(k2[e]);
-                kf[2 * e] = f.x;
-                kf[2 * e + 1] = f.y;
-            }
+            DecElem<KT>::k8(kv[i], kf);
 #pragma unroll
             for (int h = 0; h < G; h++) {
                 float a = 0.f;
@@ -185,10 +242,8 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
         next_slot = slot_of(c0 + DEC_WARPS * DEC_CHUNK);
 #pragma unroll
         for (int j = 0; j < DEC_CHUNK; j++) {
-            const bf16 *ve = (const bf16 *)&vv[j];
             float vf[DPL];
-#pragma unroll
-            for (int d = 0; d < DPL; d++) vf[d] = bfv(ve[d]);
+            DecElem<KT>::template v<DPL>(&vv[j], vf);
 #pragma unroll
             for (int h = 0; h < G; h++) {
                 const float pj = p_s[warp][j][h];
@@ -228,10 +283,10 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
         }
         const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
         if (n_act == 1) {
-            out[head * HD + d] = __float2bfloat16(L > 0.f ? O / L : 0.f);
+            out[head * HD + d] = __float2bfloat16(L > 0.f ? O / L * vs : 0.f);
         } else {
             float *pp = part + (head * S + z) * stride;
-            pp[d] = O;
+            pp[d] = O * vs;
             if (d == 0) {
                 pp[HD] = M;
                 pp[HD + 1] = L;
@@ -277,19 +332,21 @@ k_decode_attn(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const
     if (tid == 0) *cnt = 0u;
 }
 
-template <int HD, int G>
-static void launch(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kc_, const bf16 *vc,
+template <int HD, int G, typename KT>
+static void launch(kc_backend *b, dim3 grid, const bf16 *q, const KT *kc_, const KT *vc,
                    const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
-                   int64_t n_slots, int nh, int nkv, int g, float qscale, int window, bf16 *out) {
-    kc_launch(b, k_decode_attn<HD, G>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
-              m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, window, out, b->attn_part, b->attn_count);
+                   int64_t n_slots, int nh, int nkv, int g, float qscale, float vs, int window, bf16 *out) {
+    kc_launch(b, k_decode_attn<HD, G, KT>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
+              m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, out, b->attn_part,
+              b->attn_count);
 }
 
-template <int HD>
-static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const bf16 *kc_, const bf16 *vc,
+template <int HD, typename KT>
+static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const KT *kc_, const KT *vc,
                     const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
-                    int64_t n_slots, int nh, int nkv, float qscale, int window, bf16 *out) {
-#define DEC_CASE(GG) launch<HD, GG>(b, grid, q, kc_, vc, pos, seq, tab, m, n_slots, nh, nkv, g, qscale, window, out)
+                    int64_t n_slots, int nh, int nkv, float qscale, float vs, int window, bf16 *out) {
+#define DEC_CASE(GG) \
+    launch<HD, GG, KT>(b, grid, q, kc_, vc, pos, seq, tab, m, n_slots, nh, nkv, g, qscale, vs, window, out)
     if (g == 1) DEC_CASE(1);
     else if (g == 2) DEC_CASE(2);
     else if (g <= 4) DEC_CASE(4);
@@ -299,9 +356,10 @@ static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const bf16 *
     return 0;
 }
 
-int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
-                        const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
+template <typename KT>
+static int decode_any(kc_backend *b, const bf16 *q, const KT *kcache, const KT *vcache, const kaon_attn_meta *m,
+                      int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq, const int32_t *d_tab, int nh,
+                      int nkv, int hd, float scale, float vs, int window, bf16 *out) {
     const int T = m->n_tokens, g = nh / nkv;
     if (T <= 0) return 0;
     if ((hd != 64 && hd != 128 && hd != 256) || g > (hd == 256 ? 4 : 8) || nh % nkv) return 1;
@@ -320,11 +378,29 @@ int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
     const float qscale = scale * 1.4426950408889634f;  // scores in log2 units
     int rc;
     if (hd == 64)
-        rc = launch_g<64>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, window, out);
+        rc = launch_g<64, KT>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, vs,
+                              window, out);
     else if (hd == 128)
-        rc = launch_g<128>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, window, out);
+        rc = launch_g<128, KT>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, vs,
+                               window, out);
     else
-        rc = launch_g<256>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, window, out);
+        rc = launch_g<256, KT>(b, grid, g, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, qscale, vs,
+                               window, out);
     if (rc) return 1;
     return kc_launched(b, "decode attention");
+}
+
+int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                        const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                        const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
+    return decode_any<bf16>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale, 1.0f,
+                            window, out);
+}
+
+int kc_attention_decode_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                            const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                            const int32_t *d_tab, int nh, int nkv, int hd, float scale, float k_scale, float v_scale,
+                            int window, bf16 *out) {
+    return decode_any<uint8_t>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd,
+                               scale * k_scale, v_scale, window, out);
 }

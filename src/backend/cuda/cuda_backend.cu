@@ -563,7 +563,7 @@ static void cuda_rope(kaon_backend *be, void *x, int n, int n_heads, int head_di
 
 static int64_t cache_slots(const kc_backend *b, const kaon_kv_layer *kv, int nkv, int hd) {
     const size_t bytes = alloc_size(b, kv->k), vbytes = alloc_size(b, kv->v);
-    const size_t row = (size_t)nkv * hd * sizeof(bf16);
+    const size_t row = (size_t)nkv * hd * (kv->dtype == KAON_KV_FP8 ? 1 : sizeof(bf16));
     if (!bytes || !vbytes) return INT64_MAX;  // not from alloc: trust the caller
     return (int64_t)((bytes < vbytes ? bytes : vbytes) / row);
 }
@@ -571,6 +571,18 @@ static int64_t cache_slots(const kc_backend *b, const kaon_kv_layer *kv, int nkv
 static void cuda_kv_write(kaon_backend *be, kaon_kv_layer *kv, const void *k, const void *v,
                           const kaon_attn_meta *m, int nkv, int hd) {
     kc_backend *b = kc(be);
+    if (kv && kv->dtype == KAON_KV_FP8) {  // K and V (no MLA: kv_fp8_mla is off)
+        if (!kv->k || !kv->v || !v || !m || nkv <= 0 || hd <= 0 || ((int64_t)nkv * hd) % 2) {
+            kc_fail(b, "cuda kv_write: bad arguments (fp8 cache)");
+            return;
+        }
+        if (m->n_tokens <= 0) return;
+        const int32_t *d = kc_dev_i32(b, m->slot_mapping, (size_t)m->n_tokens);
+        if (!d) return;
+        kc_kv_write_fp8(b, (uint8_t *)kv->k, (uint8_t *)kv->v, (const bf16 *)k, (const bf16 *)v, d,
+                        cache_slots(b, kv, nkv, hd), m->n_tokens, nkv * hd, kv->k_scale, kv->v_scale);
+        return;
+    }
     if (!v) {  // a cache without V (MLA's latent rows): cuda_mla.cu
         kc_kv_write_k_only(be, kv, k, m, nkv, hd);
         return;
@@ -592,6 +604,12 @@ static void cuda_attention(kaon_backend *be, const void *q, const kaon_kv_layer 
     kc_backend *b = kc(be);
     if (!kv || !kv->k || !kv->v || !m || window < 0) {
         kc_fail(b, "cuda attention: bad arguments");
+        return;
+    }
+    if (kv->dtype == KAON_KV_FP8) {
+        kc_attention_fp8(b, (const bf16 *)q, (const uint8_t *)kv->k, (const uint8_t *)kv->v, m,
+                         cache_slots(b, kv, nkv, hd), nh, nkv, hd, scale, kv->k_scale, kv->v_scale, window,
+                         (bf16 *)out);
         return;
     }
     kc_attention(b, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, m,
@@ -760,6 +778,8 @@ static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v,
     kc_backend *b = kc(be);
     if (!kv || !kv->k || !kv->v || !m || nh <= 0 || nkv <= 0 || hd <= 0)
         return kc_fail(b, "cuda rope_kv_write: bad arguments");
+    // An FP8 cache: rope, rope and kv_write (the rotation in bf16, then one rounding to e4m3).
+    if (kv->dtype == KAON_KV_FP8) return 1;
     if (m->n_tokens <= 0) return 0;
     if (rope_sync(b, rope, hd)) return -1;
     const int32_t *dp = kc_dev_i32(b, m->positions, (size_t)m->n_tokens);
@@ -865,7 +885,9 @@ static kaon_backend_ops make_ops(void) {
     o.linear_silu_mul = cuda_linear_silu_mul;
     o.rope_kv_write = cuda_rope_kv_write;
     o.mla_prep = cuda_mla_prep;
-    o.mla_expanded_prefill = true;  // head_dim 192: the tensor-core prefill kernel's instance
+    o.mla_expanded_prefill = true;
+    o.kv_fp8 = true;       // kv_write + the split-K attention kernel (cuda_attention.cu)
+    o.kv_fp8_mla = false;  // the MLA kernels read bf16 latents only  // head_dim 192: the tensor-core prefill kernel's instance
     o.linear_f32 = cuda_linear_f32;
     o.copy_f32_to_host = cuda_copy_f32_to_host;
     o.sample = cuda_sample;

@@ -193,6 +193,9 @@ void kc_rope(kc_backend *b, bf16 *x, int n, int n_heads, int hd, const int32_t *
 // Slots outside [0, n_slots) are skipped (negative: padding tokens).
 void kc_kv_write(kc_backend *b, bf16 *kc_, bf16 *vc, const bf16 *k, const bf16 *v,
                  const int32_t *d_slot, int64_t n_slots, int n, int row);
+// Into an FP8 cache (e4m3 of x / scale; vc NULL: no V); row even.
+void kc_kv_write_fp8(kc_backend *b, uint8_t *kc_, uint8_t *vc, const bf16 *k, const bf16 *v,
+                     const int32_t *d_slot, int64_t n_slots, int n, int row, float k_scale, float v_scale);
 void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved);
@@ -216,12 +219,24 @@ int kc_convert(kc_backend *b, kaon_dtype src_t, const void *src, int64_t rows, i
 int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
                  int window, bf16 *out);
+// An FP8 cache (KAON_KV_FP8: e4m3 codes, values code * k_scale / v_scale): the streaming
+// kernel (cuda_attention_decode.cu) for every token where it has an instance, else the split-K
+// one (no tensor-core prefill over FP8 yet).
+int kc_attention_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                     const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale, float k_scale,
+                     float v_scale, int window, bf16 *out);
 int kc_attention_init(kc_backend *b);
 // The streaming kernel for tokens attending to their context one by one (decode): 0 launched,
 // 1 no instance for these shapes, -1 error. Tokens with a negative position get zeros.
 int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                         const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
+
+// The same kernel over an FP8 cache (e4m3 codes; values code * k_scale, code * v_scale).
+int kc_attention_decode_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                            const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                            const int32_t *d_tab, int nh, int nkv, int hd, float scale, float k_scale, float v_scale,
+                            int window, bf16 *out);
 
 // ---- prefill attention on the tensor cores (cuda_attention_prefill.cu) ----
 // Called by kc_attention before its split-K kernel: 1 when the step's shape allows runs of

@@ -10,6 +10,7 @@
 #include "backend/quant_blocks.h"
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ bf16 tobf(float x) { return __float2bfloat16(x); }
@@ -191,6 +192,36 @@ void kc_kv_write(kc_backend *b, bf16 *kc_, bf16 *vc, const bf16 *k, const bf16 *
     if (n <= 0) return;
     k_kv_write<<<n, 128, 0, b->stream>>>(kc_, vc, k, v, d_slot, n_slots, row);
     kc_launched(b, "kv_write");
+}
+
+// As k_kv_write into an FP8 cache: code = e4m3(x / scale), round to nearest even, saturated
+// at +-448 (the CPU's kv_write). vc NULL: a cache without V. row: a multiple of 2.
+__global__ void k_kv_write_fp8(uint8_t *__restrict__ kc_, uint8_t *__restrict__ vc, const bf16 *__restrict__ k,
+                               const bf16 *__restrict__ v, const int32_t *__restrict__ slot, int64_t n_slots,
+                               int row, float ks, float vs) {
+    const int t = blockIdx.x;
+    const int64_t s = slot[t];
+    if (s < 0 || s >= n_slots) return;
+    const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)(k + (size_t)t * row);
+    __nv_fp8x2_storage_t *kd = (__nv_fp8x2_storage_t *)(kc_ + (size_t)s * row);
+    for (int j = threadIdx.x; j < row / 2; j += blockDim.x) {
+        const float2 x = __bfloat1622float2(k2[j]);
+        kd[j] = __nv_cvt_float2_to_fp8x2(make_float2(x.x / ks, x.y / ks), __NV_SATFINITE, __NV_E4M3);
+    }
+    if (!vc) return;
+    const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)(v + (size_t)t * row);
+    __nv_fp8x2_storage_t *vd = (__nv_fp8x2_storage_t *)(vc + (size_t)s * row);
+    for (int j = threadIdx.x; j < row / 2; j += blockDim.x) {
+        const float2 x = __bfloat1622float2(v2[j]);
+        vd[j] = __nv_cvt_float2_to_fp8x2(make_float2(x.x / vs, x.y / vs), __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+void kc_kv_write_fp8(kc_backend *b, uint8_t *kc_, uint8_t *vc, const bf16 *k, const bf16 *v,
+                     const int32_t *d_slot, int64_t n_slots, int n, int row, float k_scale, float v_scale) {
+    if (n <= 0) return;
+    k_kv_write_fp8<<<n, 128, 0, b->stream>>>(kc_, vc, k, v, d_slot, n_slots, row, k_scale, v_scale);
+    kc_launched(b, "kv_write (fp8)");
 }
 
 // One block per token: rotates its q heads in place, writes rotated k heads and v to the
