@@ -7,7 +7,7 @@
 //                           row reads 512 contiguous bytes per step: for a GEMV the row-major
 //                           layout is already coalesced and needs no repack.
 //   scale  f32 [out, G]     G = ceil(in / g); f32 so the product matches the CPU's
-//   zero   f32 [out, G]     only when the checkpoint has zero points (else 8)
+//   zero   f32 [out, G]     only when the checkpoint has zero points (else 8); integers (checked)
 //   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
 //
 // Small batches (n <= I4_GEMV_MAX_N, passes of 8 rows) run a GEMV that dequantizes in
@@ -293,8 +293,9 @@ static void i4_layout(int64_t M, int64_t K, int64_t g, bool zero, bool perm, I4L
 }
 
 // The layer's own checks (host or device copy): 0, or -1 + recorded error.
-static int i4_check(kc_backend *b, const kaon_linear *l, const char *what) {
-    const kaon_tensor *w = &l->w, *sc = &l->scale, *zt = &l->zero, *pt = &l->perm, *bias = kaon_linear_bias(l);
+static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool check_bias) {
+    const kaon_tensor *w = &l->w, *sc = &l->scale, *zt = &l->zero, *pt = &l->perm;
+    const kaon_tensor *bias = check_bias ? kaon_linear_bias(l) : NULL;  // (upload: the bias is its own weight)
     if (!kaon_linear_is_int4(l) || w->ndim != 2) return kc_fail(b, "cuda %s: bad INT4 layer", what);
     const int64_t M = w->shape[0], K = w->shape[1], g = l->scale_block[1], G = (K + g - 1) / g;
     if (M <= 0 || K <= 0 || K % 2 || M > INT32_MAX || K > INT32_MAX / 4)
@@ -315,7 +316,7 @@ size_t kc_int4_bytes(const kaon_tensor *host) {
 }
 
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
-    if (i4_check(b, host, "upload")) return -1;
+    if (i4_check(b, host, "upload", false)) return -1;
     if (b->capturing) return kc_fail(b, "cuda upload: while recording a graph");
     const int64_t M = host->w.shape[0], K = host->w.shape[1];
     const bool zero = host->zero.data != NULL, perm = !dummy && host->perm.data != NULL;
@@ -324,6 +325,12 @@ int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t 
     const size_t sbytes = sizeof(float) * (size_t)M * (size_t)L.G;
     if (!dummy && (host->w.nbytes < L.w_bytes || host->scale.nbytes < sbytes || (zero && host->zero.nbytes < sbytes)))
         return kc_fail(b, "cuda upload: INT4 layer data is short");
+    if (!dummy && zero) {  // the GEMV's exact float trick needs integer zeros (every format packs them)
+        const float *z = (const float *)host->zero.data;
+        for (size_t i = 0; i < (size_t)M * (size_t)L.G; i++)
+            if (!(z[i] >= -127.f && z[i] <= 127.f) || z[i] != (float)(int)z[i])
+                return kc_fail(b, "cuda upload: INT4 zero point %g is not an integer in [-127, 127]", (double)z[i]);
+    }
     uint8_t *dst = NULL;
     if (kc_check(b, cudaMalloc((void **)&dst, L.total), "INT4 weight")) return -1;
     int rc = 0;
@@ -462,7 +469,7 @@ static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_l
 
 int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
     if (n <= 0) return 0;
-    if (!l || !l->w.data || i4_check(b, l, "linear")) return -1;
+    if (!l || !l->w.data || i4_check(b, l, "linear", true)) return -1;
     kc_int4 *s = istate(b);
     if (!s) return -1;
     const int64_t K = l->w.shape[1], g = l->scale_block[1];
