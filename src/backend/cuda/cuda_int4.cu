@@ -11,14 +11,15 @@
 //   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
 //
 // Small batches (n <= I4_GEMV_MAX_N, passes of 8 rows) run a GEMV that dequantizes in
-// registers. x is first gathered (perm) into an f32 scratch, each column pre-multiplied by
-// 16^-p(k mod 8), p = {0,1,2,3,4,2,3,4}. Then a nibble needs no shift and no int->float
-// conversion: 0x4B000000 | (word & (0xF << 4p)) is the float 2^23 + q*16^p, and subtracting
-// 2^23 + z*16^p leaves (q - z)*16^p exactly (integers < 2^24); times the pre-scaled x it is
-// (q - z)*x with the same rounding (powers of two). Columns 5..7 come from word >> 12 (p 2..4).
-// Per weight: one LOP3, one FADD, one FMA per activation row; per 32 columns (one group, as
-// g % 32 == 0) the partial sum is multiplied by the group's scale. One warp handles R rows, its
-// lanes stride over the 16-byte vectors of the rows (ld_stream, loaded before kc_pdl_wait).
+// registers, reading x (bf16) as it is (act-order: gathered by perm into a scratch first). A
+// nibble needs no shift and no int->float conversion: with p = {0,1,2,3,4,2,3,4}[k mod 8] (the
+// last three come from word >> 12), 0x4B000000 | (word & (0xF << 4p)) is the float
+// 2^23 + q*16^p, and subtracting 2^23 + z*16^p leaves (q - z)*16^p exactly (integers < 2^24).
+// Times x * 16^-p (exact: a power of two, applied once per x value for the warp's R rows) it is
+// (q - z) * x with the same rounding; the group's scale multiplies each 32 columns' sum (one
+// group, as g % 32 == 0). Per weight: one LOP3, one FADD, one FMA per row of x. One warp
+// handles R rows and reads each x vector once for them; its lanes stride over the rows' 16-byte vectors (ld_stream, issued before
+// kc_pdl_wait so they overlap the previous kernel's tail).
 // Larger batches, and shapes the GEMV does not take (in or g not multiples of 32), dequantize
 // row chunks to a bf16 scratch ((q - z)*s in f32, rounded once) and call kc_gemm_bf16.
 #include "backend/cuda/cuda_internal.h"
@@ -32,9 +33,7 @@
 #define I4_DEQ_CAP ((int64_t)64 << 20)  // elements of the bf16 weight scratch (128 MB)
 
 struct kc_int4 {
-    void *xs;  // GEMV activations: f32 [n, in], gathered and pre-scaled
-    size_t xs_cap;
-    void *xg;  // GEMM activations gathered by perm: bf16 [n, in]
+    void *xg;  // activations gathered by perm: bf16 [n, in]
     size_t xg_cap;
     void *deq;  // dequantized weight rows: bf16
     size_t deq_cap;
@@ -52,7 +51,6 @@ static kc_int4 *istate(kc_backend *b) {
 void kc_int4_destroy(kc_backend *b) {
     kc_int4 *s = b->int4;
     if (!s) return;
-    if (s->xs) cudaFree(s->xs);
     if (s->xg) cudaFree(s->xg);
     if (s->deq) cudaFree(s->deq);
     if (s->tmp) cudaFree(s->tmp);
@@ -68,42 +66,27 @@ static __device__ __forceinline__ float i4_warp_sum(float v) {
     return v;
 }
 
-// 16^-p(k mod 8) of the layout comment.
-static __device__ __forceinline__ float i4_colscale(int k) {
-    const int p = (k & 7) < 5 ? (k & 7) : (k & 7) - 3;
-    return __int_as_float((127 - 4 * p) << 23);
-}
-
-// xs [n, K] f32 = x[r, perm ? perm[k] : k] * 16^-p(k).
-__global__ void k_i4_prep(const bf16 *__restrict__ x, const int32_t *__restrict__ perm, int n, int K,
-                          float *__restrict__ xs) {
-    kc_pdl_trigger();
-    kc_pdl_wait();  // x is the previous kernel's output; xs may still be read by an earlier GEMV
-    const int64_t total = (int64_t)n * K;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int k = (int)(i % K);
-        const int64_t r = i / K;
-        const int src = perm ? perm[k] : k;
-        xs[i] = __bfloat162float(x[r * K + src]) * i4_colscale(k);
-    }
-}
-
-// xg [n, K] bf16 = x[r, perm[k]].
+// xg [n, K] bf16 = x[r, perm[k]] (perm NULL: a copy, for x not 16-byte aligned).
 __global__ void k_i4_gather(const bf16 *__restrict__ x, const int32_t *__restrict__ perm, int n, int K,
                             bf16 *__restrict__ xg) {
     kc_pdl_trigger();
-    kc_pdl_wait();
+    kc_pdl_wait();  // x is the previous kernel's output; xg may still be read by an earlier GEMV
     const int64_t total = (int64_t)n * K;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int k = (int)(i % K);
-        xg[i] = x[(i / K) * K + perm[k]];
+        xg[i] = x[(i / K) * K + (perm ? perm[k] : k)];
     }
+}
+
+// 16^-p of column e of a word (p = {0,1,2,3,4,2,3,4}[e]); e is a compile-time constant.
+static __device__ __forceinline__ float i4_pscale(int e) {
+    return e == 0 ? 1.f : e == 1 ? 0x1p-4f : e == 2 || e == 5 ? 0x1p-8f : e == 3 || e == 6 ? 0x1p-12f : 0x1p-16f;
 }
 
 struct I4Args {
     const uint8_t *w;
     const float *s, *z;  // [M, G]; z NULL: 8
-    const float *xs;     // this pass's rows of the prepared activations [nvalid, K]
+    const bf16 *x;       // this pass's activation rows [nvalid, K] (gathered by perm), 16-byte aligned
     const float *bias;   // [M] or NULL
     void *y;             // this pass's rows of y [nvalid, M], bf16 or f32
     int M, K, G, g, nvalid, f32out;
@@ -112,7 +95,7 @@ struct I4Args {
 template <int NB>
 struct I4Cfg {
     static constexpr int R = NB <= 2 ? 4 : 2;  // rows per warp: x is read once for R rows
-    static constexpr int U = NB <= 2 ? 2 : 1;  // 16-byte vectors per row a lane has in flight
+    static constexpr int U = NB == 1 ? 2 : 1;  // 16-byte vectors per row a lane has in flight
 };
 
 // y[b, m] = sum_k (q[m,k] - z) * s * x[b, k] (+ bias[m]) for the rows of one warp.
@@ -134,9 +117,9 @@ __global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
         rowi[r] = min(row0 + r, a.M - 1);  // rows past M repeat the last (never stored)
         wr[r] = (const uint4 *)(a.w + (size_t)rowi[r] * (size_t)(a.K / 2));
     }
-    const float *xb[NB];
+    const bf16 *xb[NB];
 #pragma unroll
-    for (int b = 0; b < NB; b++) xb[b] = a.xs + (size_t)min(b, a.nvalid - 1) * a.K;
+    for (int b = 0; b < NB; b++) xb[b] = a.x + (size_t)min(b, a.nvalid - 1) * a.K;
     float acc[R][NB];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -149,7 +132,7 @@ __global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++) q[u][r] = c0 + 32 * u < nch ? ld_stream(wr[r] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
-        if (!waited) {  // xs is the prep kernel's output
+        if (!waited) {  // x is the previous kernel's output
             kc_pdl_wait();
             waited = true;
         }
@@ -190,9 +173,14 @@ __global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
                 }
 #pragma unroll
                 for (int b = 0; b < NB; b++) {
-                    const float4 *xp = (const float4 *)(xb[b] + (size_t)c * 32 + 8 * j);
-                    const float4 x0 = xp[0], x1 = xp[1];
-                    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    const uint4 xr = *(const uint4 *)(xb[b] + (size_t)c * 32 + 8 * j);  // 8 bf16 columns
+                    const uint32_t xw[4] = {xr.x, xr.y, xr.z, xr.w};
+                    float xv[8];  // x * 16^-p (exact), once for the R rows
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        xv[2 * e] = __uint_as_float(xw[e] << 16) * i4_pscale(2 * e);
+                        xv[2 * e + 1] = __uint_as_float(xw[e] & 0xFFFF0000u) * i4_pscale(2 * e + 1);
+                    }
 #pragma unroll
                     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -396,12 +384,20 @@ static cudaError_t i4_launch_nb(kc_backend *b, const I4Args &a) {
                      dim3(I4_WARPS * 32), 0, a);
 }
 
+// x gathered by perm (or copied when not 16-byte aligned) into the scratch; else x itself.
+static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, const int32_t *perm, bool aligned) {
+    if (!perm && aligned) return (const bf16 *)x;
+    if (kc_grow(b, &s->xg, &s->xg_cap, sizeof(bf16) * (size_t)n * (size_t)K, 1, "INT4 gathered activations"))
+        return NULL;
+    cudaError_t e = kc_launch(b, k_i4_gather, dim3(grid_for((int64_t)n * K, 256, 4096)), dim3(256), 0, (const bf16 *)x,
+                              perm, n, K, (bf16 *)s->xg);
+    return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
+}
+
 static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1];
-    if (kc_grow(b, &s->xs, &s->xs_cap, sizeof(float) * (size_t)n * (size_t)K, 1, "INT4 activations")) return -1;
-    cudaError_t e = kc_launch(b, k_i4_prep, dim3(grid_for((int64_t)n * K, 256, 4096)), dim3(256), 0, (const bf16 *)x,
-                              (const int32_t *)l->perm.data, n, K, (float *)s->xs);
-    if (kc_check(b, e, "INT4 activations")) return -1;
+    const bf16 *xg = i4_x(b, s, x, n, K, (const int32_t *)l->perm.data, ((uintptr_t)x & 15) == 0);
+    if (!xg) return -1;
     const kaon_tensor *bias = kaon_linear_bias(l);
     const size_t es = f32out ? 4 : 2;
     for (int p0 = 0; p0 < n; p0 += I4_PASS) {
@@ -410,13 +406,13 @@ static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_l
         a.w = (const uint8_t *)l->w.data;
         a.s = (const float *)l->scale.data;
         a.z = (const float *)l->zero.data;
-        a.xs = (const float *)s->xs + (size_t)p0 * K;
+        a.x = xg + (size_t)p0 * K;
         a.bias = bias ? (const float *)bias->data : NULL;
         a.y = (uint8_t *)y + (size_t)p0 * M * es;
         a.M = M, a.K = K, a.G = (int)l->scale.shape[1], a.g = (int)l->scale_block[1];
         a.nvalid = nv, a.f32out = f32out;
-        e = nv == 1 ? i4_launch_nb<1>(b, a) : nv == 2 ? i4_launch_nb<2>(b, a) : nv <= 4 ? i4_launch_nb<4>(b, a)
-                                                                                       : i4_launch_nb<8>(b, a);
+        const cudaError_t e = nv == 1 ? i4_launch_nb<1>(b, a) : nv == 2 ? i4_launch_nb<2>(b, a)
+                            : nv <= 4 ? i4_launch_nb<4>(b, a) : i4_launch_nb<8>(b, a);
         if (kc_check(b, e, "INT4 GEMV")) return -1;
     }
     return 0;
@@ -427,13 +423,8 @@ static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_l
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], G = (int)l->scale.shape[1], g = (int)l->scale_block[1];
     const kaon_tensor *bt = kaon_linear_bias(l);
     const float *bias = bt ? (const float *)bt->data : NULL;
-    if (l->perm.data) {
-        if (kc_grow(b, &s->xg, &s->xg_cap, sizeof(bf16) * (size_t)n * (size_t)K, 1, "INT4 gathered activations")) return -1;
-        cudaError_t e = kc_launch(b, k_i4_gather, dim3(grid_for((int64_t)n * K, 256, 4096)), dim3(256), 0,
-                                  (const bf16 *)x, (const int32_t *)l->perm.data, n, K, (bf16 *)s->xg);
-        if (kc_check(b, e, "INT4 gather")) return -1;
-        x = s->xg;
-    }
+    x = i4_x(b, s, x, n, K, (const int32_t *)l->perm.data, true);
+    if (!x) return -1;
     int chunk = M;
     if ((int64_t)M * K > I4_DEQ_CAP) {
         chunk = (int)(I4_DEQ_CAP / K) & ~63;
