@@ -2,7 +2,8 @@
 linear (cpu_int4.c) and a float64 numpy reference, on the same host layer in kaon's INT4 layout
 (backend/linear.h: nibbles [out, in/2] low first, f32 scales [out, G], f32 zeros or none (8),
 perm for act-order). Then whole tiny checkpoints of each producer (tests/ref/int4_files.py)
-through `kaon logits` / `kaon run` with --device cuda against --device cpu, and the GEMV's
+through `kaon logits` / `kaon run` with --device cuda against --device cpu (logits within 2e-2,
+greedy ids equal but at near ties of the CPU's logits), and the GEMV's
 bandwidth on Llama-3.1-8B's shapes (results.jsonl).
 
   python3 -m pytest -q tests/gpu/test_gpu_int4.py      (tests/gpu/run_all.sh int4)
@@ -171,7 +172,13 @@ def test_int4_model_cuda_vs_cpu(tmp_path, fmt):
         print(f"{fmt} {mode} {len(ids)} tokens: relative logit error {err:.2e}, argmax agreement {agree:.3f}")
         assert err <= 2e-2, f"{fmt} {mode}: CUDA vs CPU logits {err:.2e}"
     a, b = kaon_greedy(model, IDS, 16, "cpu"), kaon_greedy(model, IDS, 16, "cuda")
-    assert a == b, f"{fmt}: greedy ids differ: cpu {a} cuda {b}"
+    if a != b:  # allowed only at a near tie of the CPU's logits (bf16 activations move logits ~1e-2)
+        i = next(k for k in range(len(a)) if a[k] != b[k])
+        lg = kaon_logits(model, IDS + a[:i], "cpu", tmp_path, "prefill")[-1]
+        top = np.sort(lg)[-2:]
+        margin = float(top[1] - top[0]) / float(np.sqrt(np.mean(lg ** 2)))
+        record("int4_model_greedy", fmt=fmt, first_difference=i, relative_margin=margin)
+        assert margin < 0.05, f"{fmt}: greedy ids differ at {i} (margin {margin:.3f} of rms): cpu {a} cuda {b}"
 
 
 def test_int4_dummy_model_runs(tmp_path):
