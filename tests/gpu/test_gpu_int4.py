@@ -54,19 +54,27 @@ def reference(x, w, s, z, p, g, bias):
     return y + bias if bias is not None else y
 
 
-def run_i4(tmp, n, M, K, g, x, w, s, z, p, bias, f32out, device, time=0):
+def run_i4(tmp, n, M, K, g, x, w, s, z, p, bias, f32out, device, time=0, op="i4linear", layers=None):
+    """One op on kaon's backend (device cuda or cpu); layers: [(w, s, z, p, bias, M)] for
+    i4multi / i4silu (else the one layer given). Returns (outputs [n, M_i], stdout)."""
     d = tmp / device
-    params = dict(n=n, out=M, **{"in": K}, g=g, has_bias=int(bias is not None), has_zero=int(z is not None),
-                  has_perm=int(p is not None), f32out=int(f32out), time=time)
-    arrays = dict(x=x, w=w, s=s)
-    if z is not None:
-        arrays["z"] = z
-    if p is not None:
-        arrays["perm"] = p
-    if bias is not None:
-        arrays["b"] = bias
-    stdout = run_op(d, "i4linear", params, arrays, env={"KAON_OP_DEVICE": device} if device == "cpu" else None)
-    return out(d, shape=(n, M)), stdout
+    layers = layers or [(w, s, z, p, bias, M)]
+    params = dict(n=n, **{"in": K}, g=g, count=len(layers), has_bias=int(layers[0][4] is not None),
+                  has_zero=int(layers[0][2] is not None), has_perm=int(layers[0][3] is not None), f32out=int(f32out),
+                  time=time)
+    arrays = dict(x=x)
+    for i, (wi, si, zi, pi, bi, Mi) in enumerate(layers):
+        params[f"out{i}"] = Mi
+        arrays[f"w{i}"], arrays[f"s{i}"] = wi, si
+        if zi is not None:
+            arrays[f"z{i}"] = zi
+        if pi is not None:
+            arrays[f"perm{i}"] = pi
+        if bi is not None:
+            arrays[f"b{i}"] = bi
+    stdout = run_op(d, op, params, arrays, env={"KAON_OP_DEVICE": device} if device == "cpu" else None)
+    n_out = 1 if op in ("i4linear", "i4silu") else len(layers)
+    return [out(d, f"out{i}", shape=(n, layers[i][5])) for i in range(n_out)], stdout
 
 
 # (name, out, in, g, zero, perm, bias, f32out): every combination the formats produce, a partial last
@@ -93,8 +101,8 @@ def test_int4_linear_vs_cpu(tmp_path, case, n):
     x = bf16(rng.standard_normal((n, K)).astype(np.float32))  # the GPU's activations are bf16
     bias = (0.1 * rng.standard_normal(M)).astype(np.float32) if has_bias else None
     ref = reference(x, w, s, z, p, g, bias)
-    cpu, _ = run_i4(tmp_path, n, M, K, g, x, w, s, z, p, bias, f32out, "cpu")
-    gpu, _ = run_i4(tmp_path, n, M, K, g, x, w, s, z, p, bias, f32out, "cuda")
+    (cpu,), _ = run_i4(tmp_path, n, M, K, g, x, w, s, z, p, bias, f32out, "cpu")
+    (gpu,), _ = run_i4(tmp_path, n, M, K, g, x, w, s, z, p, bias, f32out, "cuda")
     e_cpu, e_gpu, e_gc = rel(cpu, ref), rel(gpu, ref), rel(gpu, cpu)
     record("int4_linear", case=name, n=n, rel_cpu_ref=e_cpu, rel_gpu_ref=e_gpu, rel_gpu_cpu=e_gc)
     assert e_cpu < 1e-5, f"the CPU reference itself is off: {e_cpu:.2e}"
@@ -105,6 +113,44 @@ def test_int4_linear_vs_cpu(tmp_path, case, n):
     # Every element, not only the norm: a wrong nibble or group shows in single outputs.
     scale = np.abs(ref).max()
     assert np.abs(gpu - ref).max() < 3e-2 * scale, f"{name} n={n}: max abs error {np.abs(gpu - ref).max():.3e}"
+
+
+def silu_mul_ref(g, u):
+    return g / (1 + np.exp(-g)) * u
+
+
+# The fused ops: q/k/v in one launch (linear_multi) and gate/up with SiLU-and-mul (linear_silu_mul);
+# act-order layers and n > 32 are declined (the unfused ops run; the CPU declines every one).
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 17, 40])
+@pytest.mark.parametrize("zero,perm,bias", [(True, False, False), (False, False, True), (True, True, False)],
+                         ids=["awq", "sym_bias", "actorder"])
+def test_int4_fused_vs_cpu(tmp_path, n, zero, perm, bias):
+    rng = np.random.default_rng(zlib.crc32(f"fused/{n}/{zero}/{perm}/{bias}".encode()))
+    K, g = 256, 128
+    x = bf16(rng.standard_normal((n, K)).astype(np.float32))
+
+    def lay(M, with_bias):
+        w, s, z, p = layer(rng, M, K, g, zero, perm)
+        return (w, s, z, p, (0.1 * rng.standard_normal(M)).astype(np.float32) if with_bias else None, M)
+
+    qkv = [lay(M, bias) for M in (128, 64, 64)]
+    refs = [reference(x, *L[:4], g, L[4]) for L in qkv]
+    cpu, _ = run_i4(tmp_path / "m", n, 0, K, g, x, *[None] * 5, False, "cpu", op="i4multi", layers=qkv)
+    gpu, stdout = run_i4(tmp_path / "m", n, 0, K, g, x, *[None] * 5, False, "cuda", op="i4multi", layers=qkv)
+    fused = '"declined": 0' in stdout
+    assert fused == (n <= 32 and not perm), stdout
+    for i in range(3):
+        assert rel(cpu[i], refs[i]) < 1e-5
+        assert rel(gpu[i], cpu[i]) < 1e-2, f"linear_multi weight {i}: {rel(gpu[i], cpu[i]):.2e}"
+    gu = [lay(160, False), lay(160, False)]
+    ref = silu_mul_ref(reference(x, *gu[0][:4], g, None), reference(x, *gu[1][:4], g, None))
+    (cpu,), _ = run_i4(tmp_path / "s", n, 0, K, g, x, *[None] * 5, False, "cpu", op="i4silu", layers=gu)
+    (gpu,), stdout = run_i4(tmp_path / "s", n, 0, K, g, x, *[None] * 5, False, "cuda", op="i4silu", layers=gu)
+    assert ('"declined": 0' in stdout) == (n <= 32 and not perm), stdout
+    assert rel(cpu, ref) < 1e-5
+    e = rel(gpu, cpu)
+    record("int4_fused", n=n, zero=zero, perm=perm, rel_silu=e)
+    assert e < 1e-2, f"linear_silu_mul: {e:.2e}"
 
 
 # Llama-3.1-8B's layers at batch 1 (q/o 4096x4096, kv 1024x4096, gate/up 14336x4096, down
@@ -119,7 +165,7 @@ def test_int4_gemv_bandwidth(tmp_path, M, K, n):
     w, s, z, p = layer(rng, M, K, 128, True, False)
     x = bf16(rng.standard_normal((n, K)).astype(np.float32))
     _, stdout = run_i4(tmp_path, n, M, K, 128, x, w, s, z, p, None, False, "cuda", time=200)
-    line = [l for l in stdout.splitlines() if l.startswith("{")][-1]
+    line = [l for l in stdout.splitlines() if l.startswith('{"us"')][-1]
     t = json.loads(line)
     record("int4_gemv_bandwidth", out=M, **{"in": K}, n=n, us=t["us"], GBps=t["GBps"])
     print(f"INT4 GEMV {M}x{K} n={n}: {t['us']:.1f} us, {t['GBps']:.0f} GB/s")

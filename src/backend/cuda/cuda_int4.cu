@@ -83,13 +83,16 @@ static __device__ __forceinline__ float i4_pscale(int e) {
     return e == 0 ? 1.f : e == 1 ? 0x1p-4f : e == 2 || e == 5 ? 0x1p-8f : e == 3 || e == 6 ? 0x1p-12f : 0x1p-16f;
 }
 
+// Up to 4 weights of one width sharing x (linear_multi: q, k, v), or SILU: gate (0) and up (1).
 struct I4Args {
-    const uint8_t *w;
-    const float *s, *z;  // [M, G]; z NULL: 8
-    const bf16 *x;       // this pass's activation rows [nvalid, K] (gathered by perm), 16-byte aligned
-    const float *bias;   // [M] or NULL
-    void *y;             // this pass's rows of y [nvalid, M], bf16 or f32
-    int M, K, G, g, nvalid, f32out;
+    const uint8_t *w[4];
+    const float *s[4], *z[4];  // [M, G]; z NULL: 8
+    const float *bias[4];      // [M] or NULL
+    void *y[4];                // this pass's rows of y [nvalid, M], bf16 or f32
+    int M[4], begin[4];        // rows of each weight; its first block
+    int count;
+    const bf16 *x;             // this pass's activation rows [nvalid, K] (gathered by perm), 16-byte aligned
+    int K, G, g, nvalid, f32out;
 };
 
 template <int NB>
@@ -98,40 +101,52 @@ struct I4Cfg {
     static constexpr int U = NB == 1 ? 2 : 1;  // 16-byte vectors per row a lane has in flight
 };
 
-// y[b, m] = sum_k (q[m,k] - z) * s * x[b, k] (+ bias[m]) for the rows of one warp.
-template <int NB>
+// y[b, m] = sum_k (q[m,k] - z) * s * x[b, k] (+ bias[m]) for R rows of one warp; block b of
+// the grid serves the weight seg with begin[seg] <= b. SILU: out[b, m] = bf16(silu(bf16 g)) *
+// bf16 u rounded as silu_and_mul after two linears, g from weight 0 and u from weight 1.
+template <int NB, bool SILU>
 __global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
-    constexpr int R = I4Cfg<NB>::R, U = I4Cfg<NB>::U;
+    constexpr int R = SILU ? I4Cfg<NB>::R / 2 : I4Cfg<NB>::R, NR = SILU ? 2 * R : R, U = I4Cfg<NB>::U;
     kc_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = ((int)blockIdx.x * I4_WARPS + warp) * R;
-    if (row0 >= a.M) {
+    int seg = 0;
+    if (!SILU) {
+#pragma unroll
+        for (int i = 1; i < 4; i++)
+            if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
+    }
+    const int M = a.M[seg];
+    const int row0 = (((int)blockIdx.x - a.begin[seg]) * I4_WARPS + warp) * R;
+    if (row0 >= M) {
         kc_pdl_wait();
         return;
     }
     const int nch = a.K >> 5;  // 16-byte vectors (32 columns) per row
-    const uint4 *wr[R];
-    int rowi[R];
+    const uint4 *wr[NR];
+    const float *sp[NR], *zp[NR];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        rowi[r] = min(row0 + r, a.M - 1);  // rows past M repeat the last (never stored)
-        wr[r] = (const uint4 *)(a.w + (size_t)rowi[r] * (size_t)(a.K / 2));
+    for (int r = 0; r < NR; r++) {
+        const int src = SILU && r >= R ? 1 : seg;
+        const int row = min(row0 + r % R, M - 1);  // rows past M repeat the last (never stored)
+        wr[r] = (const uint4 *)(a.w[src] + (size_t)row * (size_t)(a.K / 2));
+        sp[r] = a.s[src] + (size_t)row * a.G;
+        zp[r] = a.z[src] ? a.z[src] + (size_t)row * a.G : NULL;
     }
     const bf16 *xb[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) xb[b] = a.x + (size_t)min(b, a.nvalid - 1) * a.K;
-    float acc[R][NB];
+    float acc[NR][NB];
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
     bool waited = false;
     for (int c0 = lane; c0 < nch; c0 += 32 * U) {
-        uint4 q[U][R];
+        uint4 q[U][NR];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < R; r++) q[u][r] = c0 + 32 * u < nch ? ld_stream(wr[r] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < NR; r++) q[u][r] = c0 + 32 * u < nch ? ld_stream(wr[r] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
         if (!waited) {  // x is the previous kernel's output
             kc_pdl_wait();
             waited = true;
@@ -141,26 +156,25 @@ __global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
             const int c = c0 + 32 * u;
             if (c >= nch) break;
             const int gi = (c << 5) / a.g;
-            float cz[R][5];  // 2^23 + z * 16^p
-            float sc[R];
+            float cz[NR][5];  // 2^23 + z * 16^p
+            float sc[NR];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const size_t si = (size_t)rowi[r] * a.G + gi;
-                sc[r] = a.s[si];
-                const float z = a.z ? a.z[si] : 8.f;
+            for (int r = 0; r < NR; r++) {
+                sc[r] = sp[r][gi];
+                const float z = zp[r] ? zp[r][gi] : 8.f;
 #pragma unroll
                 for (int p = 0; p < 5; p++) cz[r][p] = fmaf(z, (float)(1 << (4 * p)), 8388608.f);
             }
-            float part[R][NB];
+            float part[NR][NB];
 #pragma unroll
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < NR; r++)
 #pragma unroll
                 for (int b = 0; b < NB; b++) part[r][b] = 0.f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                float v[R][8];
+                float v[NR][8];
 #pragma unroll
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < NR; r++) {
                     const uint32_t w0 = (&q[u][r].x)[j], w1 = w0 >> 12;
                     v[r][0] = __uint_as_float(0x4B000000u | (w0 & 0xFu)) - cz[r][0];
                     v[r][1] = __uint_as_float(0x4B000000u | (w0 & 0xF0u)) - cz[r][1];
@@ -182,33 +196,44 @@ __global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
                         xv[2 * e + 1] = __uint_as_float(xw[e] & 0xFFFF0000u) * i4_pscale(2 * e + 1);
                     }
 #pragma unroll
-                    for (int r = 0; r < R; r++)
+                    for (int r = 0; r < NR; r++)
 #pragma unroll
                         for (int e = 0; e < 8; e++) part[r][b] = fmaf(v[r][e], xv[e], part[r][b]);
                 }
             }
 #pragma unroll
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < NR; r++)
 #pragma unroll
                 for (int b = 0; b < NB; b++) acc[r][b] = fmaf(sc[r], part[r][b], acc[r][b]);
         }
     }
     if (!waited) kc_pdl_wait();  // (lanes without a vector)
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = i4_warp_sum(acc[r][b]);
     if (lane != 0) return;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int row = row0 + r;
-        if (row >= a.M) break;
-        const float bb = a.bias ? a.bias[row] : 0.f;
+        if (row >= M) break;
+        if (SILU) {
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            if (b >= a.nvalid) break;
-            if (a.f32out) ((float *)a.y)[(size_t)b * a.M + row] = acc[r][b] + bb;
-            else ((bf16 *)a.y)[(size_t)b * a.M + row] = __float2bfloat16(acc[r][b] + bb);
+            for (int b = 0; b < NB; b++) {
+                if (b >= a.nvalid) break;
+                const float g = __bfloat162float(__float2bfloat16(acc[r][b]));
+                const float u = __bfloat162float(__float2bfloat16(acc[R + r][b]));
+                const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+                ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
+            }
+        } else {
+            const float bb = a.bias[seg] ? a.bias[seg][row] : 0.f;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b >= a.nvalid) break;
+                if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = acc[r][b] + bb;
+                else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(acc[r][b] + bb);
+            }
         }
     }
 }
@@ -377,11 +402,20 @@ static unsigned grid_for(int64_t work, int threads, int64_t cap) {
     return (unsigned)blocks;
 }
 
-template <int NB>
-static cudaError_t i4_launch_nb(kc_backend *b, const I4Args &a) {
-    const int rows_per_block = I4_WARPS * I4Cfg<NB>::R;
-    return kc_launch(b, k_i4_gemv<NB>, dim3((unsigned)((a.M + rows_per_block - 1) / rows_per_block)),
-                     dim3(I4_WARPS * 32), 0, a);
+template <int NB, bool SILU>
+static cudaError_t i4_launch_nb(kc_backend *b, unsigned blocks, const I4Args &a) {
+    return kc_launch(b, k_i4_gemv<NB, SILU>, dim3(blocks), dim3(I4_WARPS * 32), 0, a);
+}
+
+template <bool SILU>
+static cudaError_t i4_launch(kc_backend *b, int nv, unsigned blocks, const I4Args &a) {
+    return nv == 1 ? i4_launch_nb<1, SILU>(b, blocks, a) : nv == 2 ? i4_launch_nb<2, SILU>(b, blocks, a)
+         : nv <= 4 ? i4_launch_nb<4, SILU>(b, blocks, a) : i4_launch_nb<8, SILU>(b, blocks, a);
+}
+
+static int i4_rows_per_warp(int nv, bool silu) {
+    const int r = nv == 1 ? I4Cfg<1>::R : nv == 2 ? I4Cfg<2>::R : nv <= 4 ? I4Cfg<4>::R : I4Cfg<8>::R;
+    return silu ? r / 2 : r;
 }
 
 // x gathered by perm (or copied when not 16-byte aligned) into the scratch; else x itself.
@@ -394,25 +428,36 @@ static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, 
     return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
 }
 
-static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
-    const int M = (int)l->w.shape[0], K = (int)l->w.shape[1];
-    const bf16 *xg = i4_x(b, s, x, n, K, (const int32_t *)l->perm.data, ((uintptr_t)x & 15) == 0);
+// The GEMV over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
+static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
+                   void *const *y, int f32out, bool silu) {
+    const int K = (int)l[0]->w.shape[1];
+    const bf16 *xg = i4_x(b, s, x, n, K, (const int32_t *)l[0]->perm.data, ((uintptr_t)x & 15) == 0);
     if (!xg) return -1;
-    const kaon_tensor *bias = kaon_linear_bias(l);
     const size_t es = f32out ? 4 : 2;
     for (int p0 = 0; p0 < n; p0 += I4_PASS) {
         const int nv = n - p0 < I4_PASS ? n - p0 : I4_PASS;
+        const int rpb = I4_WARPS * i4_rows_per_warp(nv, silu);
         I4Args a;
-        a.w = (const uint8_t *)l->w.data;
-        a.s = (const float *)l->scale.data;
-        a.z = (const float *)l->zero.data;
+        memset(&a, 0, sizeof a);
+        unsigned blocks = 0;
+        for (int i = 0; i < count; i++) {
+            const kaon_tensor *bias = kaon_linear_bias(l[i]);
+            a.w[i] = (const uint8_t *)l[i]->w.data;
+            a.s[i] = (const float *)l[i]->scale.data;
+            a.z[i] = (const float *)l[i]->zero.data;
+            a.bias[i] = bias ? (const float *)bias->data : NULL;
+            a.M[i] = (int)l[i]->w.shape[0];
+            a.y[i] = silu ? (i == 0 ? (void *)((uint8_t *)y[0] + (size_t)p0 * a.M[0] * 2) : NULL)
+                          : (void *)((uint8_t *)y[i] + (size_t)p0 * a.M[i] * es);
+            a.begin[i] = (int)blocks;
+            if (!silu || i == 0) blocks += (unsigned)((a.M[i] + rpb - 1) / rpb);
+        }
+        a.count = count;
         a.x = xg + (size_t)p0 * K;
-        a.bias = bias ? (const float *)bias->data : NULL;
-        a.y = (uint8_t *)y + (size_t)p0 * M * es;
-        a.M = M, a.K = K, a.G = (int)l->scale.shape[1], a.g = (int)l->scale_block[1];
+        a.K = K, a.G = (int)l[0]->scale.shape[1], a.g = (int)l[0]->scale_block[1];
         a.nvalid = nv, a.f32out = f32out;
-        const cudaError_t e = nv == 1 ? i4_launch_nb<1>(b, a) : nv == 2 ? i4_launch_nb<2>(b, a)
-                            : nv <= 4 ? i4_launch_nb<4>(b, a) : i4_launch_nb<8>(b, a);
+        const cudaError_t e = silu ? i4_launch<true>(b, nv, blocks, a) : i4_launch<false>(b, nv, blocks, a);
         if (kc_check(b, e, "INT4 GEMV")) return -1;
     }
     return 0;
@@ -465,6 +510,41 @@ int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, vo
     if (!s) return -1;
     const int64_t K = l->w.shape[1], g = l->scale_block[1];
     const bool gemv_ok = K % 32 == 0 && g % 32 == 0 && ((uintptr_t)l->w.data & 15) == 0;
-    if (gemv_ok && n <= I4_GEMV_MAX_N) return i4_gemv(b, s, x, n, l, y, f32out);
+    if (gemv_ok && n <= I4_GEMV_MAX_N) return i4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
     return i4_gemm(b, s, x, n, l, y, f32out);
+}
+
+// Whether layers a and b can share one GEMV launch: both INT4 of the GEMV's shapes, one width,
+// one group size, zeros alike, no act-order (each layer would gather x its own way).
+static bool i4_gemv_pair(const kaon_linear *a, const kaon_linear *b) {
+    for (const kaon_linear *l : {a, b})
+        if (!l || !kaon_linear_is_int4(l) || !l->w.data || l->w.ndim != 2 || l->perm.data || l->w.shape[1] % 32 ||
+            l->scale_block[1] % 32 || ((uintptr_t)l->w.data & 15) || l->w.shape[0] > INT32_MAX)
+            return false;
+    return a->w.shape[1] == b->w.shape[1] && a->scale_block[1] == b->scale_block[1] &&
+           a->scale.shape[1] == b->scale.shape[1];
+}
+
+int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
+    if (count < 1 || count > 4 || n <= 0 || n > I4_GEMV_MAX_N) return 1;
+    for (int i = 0; i < count; i++)
+        if (!i4_gemv_pair(l[0], l[i])) return 1;
+    for (int i = 0; i < count; i++)
+        if (i4_check(b, l[i], "linear_multi", true)) return -1;
+    kc_int4 *s = istate(b);
+    if (!s) return -1;
+    return i4_gemv(b, s, x, n, count, l, y, 0, false);
+}
+
+int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
+                            void *out) {
+    if (n <= 0 || n > I4_GEMV_MAX_N || !i4_gemv_pair(gate, up) || gate->w.shape[0] != up->w.shape[0] ||
+        kaon_linear_bias(gate) || kaon_linear_bias(up))
+        return 1;
+    if (i4_check(b, gate, "linear_silu_mul", true) || i4_check(b, up, "linear_silu_mul", true)) return -1;
+    kc_int4 *s = istate(b);
+    if (!s) return -1;
+    const kaon_linear *l[2] = {gate, up};
+    void *y[2] = {out, NULL};
+    return i4_gemv(b, s, x, n, 2, l, y, 0, true);
 }
