@@ -10,6 +10,10 @@ and a table.
 
   python3 bench/gpu_decode.py --kaon build/kaon --config bench/configs/meta-llama__Llama-3.1-8B.json
 
+A 4-bit weight-only config (e.g. bench/configs/llama-3.1-8b-awq-g128.json) runs dummy INT4 layers;
+its roofline counts the dense linears at 4 bits plus kaon's f32 group scales and zeros, and a
+second figure the checkpoint format's bytes (f16 scales, 4-bit zeros): the W4A16 bar.
+
 --layers N runs the config cut to its first N layers; --project-layers M also runs N - 1 layers
 and projects the full model's ms/token from the last layer's time (e.g. DeepSeek-V3 at 5 layers,
 3 dense + 2 MoE, projected to 61).
@@ -50,9 +54,33 @@ def copy_bandwidth(gib=4, reps=10):
     return bw
 
 
-def bytes_per_token(cfg, ctx):
-    """Weight bytes a batch-1 decode step reads, and the KV bytes of ctx cached positions."""
+def int4_format(cfg):
+    """(group size, zero points) of a 4-bit weight-only config (awq, gptq, compressed-tensors
+    pack-quantized), else None."""
+    q = (cfg.get("text_config") or cfg).get("quantization_config") or {}
+    m = q.get("quant_method")
+    if m in ("awq", "gptq") and q.get("bits") == 4:
+        return q.get("group_size") or 128, bool(q.get("zero_point")) if m == "awq" else not q.get("sym", True)
+    if m == "compressed-tensors":
+        for grp in (q.get("config_groups") or {}).values():
+            w = grp.get("weights") or {}
+            if w.get("num_bits") == 4 and w.get("type") == "int":
+                return w.get("group_size") or 128, not w.get("symmetric", True)
+    return None
+
+
+def bytes_per_token(cfg, ctx, int4_bytes="kaon"):
+    """Weight bytes a batch-1 decode step reads, and the KV bytes of ctx cached positions
+    (roofline.step_bytes: quantized linears at their checkpoint format's bytes). INT4 configs with
+    int4_bytes "kaon": the dense linears at what kaon reads instead, half a byte per weight plus
+    an f32 scale and an f32 zero per group of g (the checkpoint: f16 scale + 4-bit zero)."""
     w, kv = roofline.step_bytes(cfg, 1)
+    fmt = int4_format(cfg)
+    if fmt and int4_bytes == "kaon":
+        g, zero = fmt
+        s = roofline.shape(cfg)
+        lin = s["layers"] * s["attn"] + (s["layers"] - s["moe_layers"]) * s["dense_mlp"]
+        w += lin * (0.5 + (4 + (4 if zero else 0)) / g - roofline.quant_elem_bytes(cfg))
     return w, kv * ctx
 
 
@@ -114,7 +142,12 @@ def main():
         ctx = a.prompt_len + a.tokens / 2
         w, kv = bytes_per_token(cfg, ctx)
         roof = bw / (w + kv)
-        rows.append(dict(kind="decode", variant=name, config=Path(a.config).name, batch=1,
+        extra = {}
+        if int4_format(cfg):  # the W4A16 bar: the checkpoint format's bytes (f16 scales, 4-bit zeros)
+            wc, _ = bytes_per_token(cfg, ctx, "checkpoint")
+            extra = dict(int4_checkpoint_roofline_tok_s=bw / (wc + kv),
+                         int4_checkpoint_fraction=r["decode_tok_s"] / (bw / (wc + kv)))
+        rows.append(dict(extra, kind="decode", variant=name, config=Path(a.config).name, batch=1,
                          prompt=a.prompt_len, tokens=r["generated"], decode_tok_s=r["decode_tok_s"],
                          ms_per_token=1e3 / r["decode_tok_s"], roofline_tok_s=roof,
                          roofline_fraction=r["decode_tok_s"] / roof, copy_bw_TBs=bw / 1e12,
@@ -157,6 +190,10 @@ def main():
             print(f"decode  {row['variant']:9s} {row['decode_tok_s']:8.1f} tok/s  {row['ms_per_token']:.3f} ms/token  "
                   f"roofline {row['roofline_tok_s']:.1f} tok/s  fraction {row['roofline_fraction'] * 100:.1f}%  "
                   f"(wall incl. start-up {row['startup_and_run_wall_s']:.1f} s)")
+            if "int4_checkpoint_fraction" in row:
+                print(f"        INT4: roofline of the checkpoint's bytes (f16 scales, 4-bit zeros) "
+                      f"{row['int4_checkpoint_roofline_tok_s']:.1f} tok/s, fraction "
+                      f"{row['int4_checkpoint_fraction'] * 100:.1f}%")
         else:
             print(f"prefill {row['prompt']:6d} tokens {row['prefill_s']:.3f} s  {row['prefill_tok_s']:.0f} tok/s  "
                   f"{row['tflops']:.0f} TFLOP/s = {row['fraction_of_790_tflops'] * 100:.1f}% of 790")

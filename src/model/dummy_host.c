@@ -2,13 +2,14 @@
 // of kaon_weights_load_dummy become random values in the model's own memory, as a device
 // backend's fill_dummy makes them on the device: offset + uniform(-scale, scale), scale 0.1
 // for vectors and 1/sqrt(in) for matrices, norms near 1; FP8 matrices get codes and scales
-// (fp8_weights.c). Experts get one buffer per view (the host op reads only the views).
+// (fp8_weights.c), INT4 ones nibbles, scales and zeros (int4_weights.c). Experts get one buffer per view (the host op reads only the views).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/arch.h"
 #include "model/fp8_weights.h"
+#include "model/int4_weights.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
@@ -45,7 +46,9 @@ static int fill_float(kaon_model *m, kaon_tensor *t, uint64_t seed, float offset
 
 static int fill_linear(kaon_model *m, kaon_linear *l, uint64_t seed) {
     if (!l->w.data) return 0;
-    return l->w.dtype == KAON_FP8_E4M3 ? kaon_fp8_dummy_fill(m, l, seed) : fill_float(m, &l->w, seed, 0.0f);
+    if (l->w.dtype == KAON_FP8_E4M3) return kaon_fp8_dummy_fill(m, l, seed);
+    if (l->w.dtype == KAON_I4) return kaon_int4_dummy_fill(m, l, seed);
+    return fill_float(m, &l->w, seed, 0.0f);
 }
 
 static int fill_moe(kaon_model *m, kaon_moe_layer *L, uint64_t seed) {

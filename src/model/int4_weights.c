@@ -2,6 +2,7 @@
 // The names and shapes each producer writes: shared/notes/FORMATS-2.md §5-6.
 #include "model/int4_weights.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,5 +175,63 @@ int kaon_int4_load(kaon_model *m, const char *module, int64_t N, int64_t K, kaon
     } else {
         free(perm);
     }
+    return 0;
+}
+
+// ---- dummy INT4 layers (--load-format dummy) ------------------------------------------------------
+
+// Placeholder data of dummy scales and zeros: marks them present; never read before the fill.
+static const float dummy_companion[4];
+
+void kaon_int4_dummy_mark(const kaon_model *m, kaon_linear *l, const char *module) {
+    const kaon_quant_config *q = &m->quant;
+    // 4-bit checkpoints keep the embedding and the head in bf16 (AutoAWQ, GPTQ, llm-compressor).
+    if (q->format != KAON_QFMT_INT || q->bits != 4 || l->w.ndim != 2 || l->w.shape[1] % 2 ||
+        strstr(module, "embed_tokens") || strstr(module, "lm_head") || !kaon_quant_module_quantized(q, module))
+        return;
+    const int64_t M = l->w.shape[0], K = l->w.shape[1], g = q->group_size > 0 ? q->group_size : K;
+    const int64_t G = (K + g - 1) / g;
+    l->w.dtype = KAON_I4;
+    l->w.nbytes = (size_t)M * (size_t)K / 2;
+    kaon_tensor s = {0};
+    s.dtype = KAON_F32;
+    s.ndim = 2;
+    s.shape[0] = M;
+    s.shape[1] = G;
+    s.data = (void *)dummy_companion;
+    s.nbytes = sizeof(float) * (size_t)(M * G);
+    l->scale = s;
+    memset(&l->zero, 0, sizeof l->zero);
+    if (!q->symmetric) l->zero = s;
+    memset(&l->perm, 0, sizeof l->perm);
+    l->scale_block[0] = 1;
+    l->scale_block[1] = (int32_t)g;
+}
+
+static uint64_t dummy_next(uint64_t *s) {  // splitmix64
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int kaon_int4_dummy_fill(kaon_model *m, kaon_linear *l, uint64_t seed) {
+    const int64_t M = l->w.shape[0], K = l->w.shape[1], ns = kaon_tensor_numel(&l->scale);
+    const size_t wb = (size_t)M * (size_t)K / 2;
+    uint8_t *w = malloc(wb ? wb : 1);
+    if (!w || kaon_model_own(m, w)) return kaon_set_error("out of memory");  // own frees on failure
+    float *s = malloc(sizeof(float) * (size_t)ns * 2);
+    if (!s || kaon_model_own(m, s)) return kaon_set_error("out of memory");
+    uint64_t st = seed;
+    for (size_t i = 0; i < wb; i++) w[i] = (uint8_t)(dummy_next(&st) >> 56);
+    const float a = 1.0f / sqrtf((float)K) / 8.0f;
+    for (int64_t i = 0; i < ns; i++) {
+        const uint64_t r = dummy_next(&st);
+        s[i] = a * (0.5f + (float)((double)(r >> 11) * 0x1.0p-53));
+        s[ns + i] = (float)(r & 15);
+    }
+    l->w.data = w;
+    l->scale.data = s;
+    if (l->zero.data) l->zero.data = s + ns;
     return 0;
 }

@@ -15,4 +15,12 @@ struct kaon_model;
 // weight). -1 + an error naming the tensor on a bad shape, dtype or ignore-list conflict.
 int kaon_int4_load(struct kaon_model *m, const char *module, int64_t N, int64_t K, kaon_linear *l);
 
+// --load-format dummy: when m's config is a 4-bit weight-only one (awq, gptq, compressed-tensors
+// pack-quantized) that quantizes module, l (a placeholder [out, in]) becomes an INT4
+// placeholder: scales [out, ceil(in/g)], zeros when the format is asymmetric, no perm; the
+// embedding and the head stay bf16. Device backends create the values (upload_linear);
+// host backends call kaon_int4_dummy_fill (nibbles, scales ~ 1/sqrt(in)/8, zeros 0..15).
+void kaon_int4_dummy_mark(const struct kaon_model *m, kaon_linear *l, const char *module);
+int kaon_int4_dummy_fill(struct kaon_model *m, kaon_linear *l, uint64_t seed);
+
 #endif

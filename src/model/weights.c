@@ -251,12 +251,13 @@ int kaon_weights_load_dummy(kaon_model *m) {
             t->shape[1] = s->ndim > 1 ? kaon_weight_dim(c, s->dims[1]) : 0;
             t->data = (void *)dummy_data;
             t->nbytes = (size_t)kaon_tensor_numel(t) * 2;
-            if (s->ndim == 2 && s->hf && s->when != KAON_WHEN_DERIVED) {  // FP8 configs: FP8 placeholders
+            if (s->ndim == 2 && s->hf && s->when != KAON_WHEN_DERIVED) {  // FP8 / INT4 configs: their placeholders
                 char module[256];
                 snprintf(module, sizeof module, s->hf, l);
                 char *dot = strrchr(module, '.');
                 if (dot && !strcmp(dot, ".weight")) *dot = 0;
                 kaon_fp8_dummy_mark(m, linear_of(t), module);
+                kaon_int4_dummy_mark(m, linear_of(t), module);
             }
         }
     }
@@ -424,7 +425,11 @@ size_t kaon_weights_device_bytes(kaon_backend *be, const kaon_model *m) {
         for (int l = 0; l < n_rows_of(m, s); l++) {
             if (!(s->flags & KAON_W_EXPERTS)) {
                 kaon_tensor *t = kaon_weight_slot(m, &m->w, s, l);
-                total += DEV_BYTES(t, false) + (s->ndim == 2 ? DEV_BYTES(&linear_of(t)->scale, false) : 0);
+                if (s->ndim == 2) {  // companions: scales, INT4 zeros and permutation
+                    const kaon_linear *lt = linear_of(t);
+                    total += DEV_BYTES(&lt->scale, false) + DEV_BYTES(&lt->zero, false) + DEV_BYTES(&lt->perm, false);
+                }
+                total += DEV_BYTES(t, false);
                 continue;
             }
             if (!m->w.moe || !m->w.layer_moe[l]) continue;

@@ -17,6 +17,7 @@
 //                                         attention's (JSON lines); `mla`: MLA's only
 //   (op moe: the moe op on stacked experts, DeepSeek routing when asked; with "time N" it also
 //   prints us per call. ops copy_strided, head_linear and mla: the MLA model's ops)
+//   (op i4linear: one INT4 linear layer, on CUDA or KAON_OP_DEVICE=cpu: gpu_driver_int4.c)
 //   gpu_driver qtimings                   quantized GEMV timings per GGUF format (JSON lines; the
 //                                         ops qlinear/qmulti/qsilu: gpu_driver_quant.c; the FP8
 //                                         ops fp8linear/fp8multi/fp8silu: gpu_driver_fp8.c)
@@ -174,6 +175,7 @@ static void save_dev(const char *dir, const char *name, const void *d, size_t n)
 
 static int run_qop(const char *dir, const char *op);  // gpu_driver_quant.c
 static int run_fp8op(const char *dir, const char *op);  // gpu_driver_fp8.c
+static int run_i4op(const char *dir, const char *op);  // gpu_driver_int4.c
 static void q_dequant_save(const char *dir, const kaon_tensor *d, int rows, int cols);
 static kaon_tensor q_upload_raw(const char *dir, const char *name, int type, int64_t rows, int64_t cols);
 
@@ -530,7 +532,7 @@ static int run_op(const char *dir) {
         if (o->upload(be, &t, &d)) die("upload%s", "");
         if (d.dtype == KAON_BF16) save_dev(dir, "out.bin", d.data, (size_t)rows * cols);
         else q_dequant_save(dir, &d, rows, cols);  // kept quantized: its rows through embed
-    } else if (!run_qop(dir, op) && !run_fp8op(dir, op)) {  // quantized weights (gpu_driver_quant.c, _fp8.c)
+    } else if (!run_qop(dir, op) && !run_fp8op(dir, op) && !run_i4op(dir, op)) {  // quantized weights (gpu_driver_quant.c, _fp8.c, _int4.c)
         die("unknown op '%s'", op);
     }
 #undef P
@@ -941,6 +943,7 @@ static int run_greedy(const char *path, const char *dev, const char *ids_s, int 
 
 #include "gpu_driver_quant.c"  // the quantized-weight ops and qtimings
 #include "gpu_driver_fp8.c"    // the FP8 linear ops
+#include "gpu_driver_int4.c"   // op i4linear
 
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "op")) return run_op(argv[2]);

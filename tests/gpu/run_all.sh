@@ -4,10 +4,11 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek|fp8|kvfp8] ...
+#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek|fp8|int4|kvfp8] ...
 # (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, deepseek, tests/gpu/test_deepseek_hf.py
-# --device cuda, fp8, tests/gpu/test_gpu_fp8.py, and kvfp8, tests/gpu/test_gpu_kv_fp8.py (the FP8
-# KV cache), run only when named, not under all; KAON_DEEPSEEK_K / KAON_FP8_K="EXPR" run -k EXPR)
+# --device cuda, fp8, tests/gpu/test_gpu_fp8.py, int4, tests/gpu/test_gpu_int4.py + the dummy
+# Llama-3.1-8B AWQ decode benchmark, and kvfp8, tests/gpu/test_gpu_kv_fp8.py (the FP8 KV cache),
+# run only when named, not under all; KAON_DEEPSEEK_K / KAON_FP8_K / KAON_INT4_K="EXPR" run -k EXPR)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -162,6 +163,21 @@ if [[ " ${sections[*]} " == *" kvfp8 "* ]]; then  # the FP8 KV cache (--kv-cache
     { echo "######## section kvfp8 (rc $rc)"; cat /tmp/pytest_kvfp8.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_kvfp8.log | cut -c1-300 | tail -n 30
     note "tests kvfp8 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_kvfp8.log)"
+fi
+if [[ " ${sections[*]} " == *" int4 "* ]]; then  # W4A16 (cuda_int4.cu) vs the CPU + dummy Llama-3.1-8B AWQ decode; only when named
+    t0=$(date +%s)
+    timeout "$(tl 420)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 240 tests/gpu/test_gpu_int4.py \
+        -s ${KAON_INT4_K:+-k "$KAON_INT4_K"} > /tmp/pytest_int4.log 2>&1
+    rc=$?
+    { echo "######## section int4 (rc $rc)"; cat /tmp/pytest_int4.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)|INT4 GEMV" /tmp/pytest_int4.log | cut -c1-300 | tail -n 40
+    note "tests int4 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_int4.log)"
+    t0=$(date +%s)
+    timeout "$(tl 300)" python3 bench/gpu_decode.py --kaon "$BUILD/kaon" --tokens 256 \
+        --config bench/configs/llama-3.1-8b-awq-g128.json --json "$OUT/bench.jsonl" > /tmp/bench_int4.log 2>&1
+    note "bench int4 rc=$? ($(( $(date +%s) - t0 )) s): $(grep -m1 '^decode' /tmp/bench_int4.log)"
+    cat /tmp/bench_int4.log >> "$OUT/bench.log"
+    tail -n 4 /tmp/bench_int4.log
 fi
 if want bench 60; then
     t0=$(date +%s)

@@ -3,6 +3,7 @@ compressed-tensors pack-quantized sym/asym) on the CPU: kaon unpacks them at loa
 INT4 layout, and its logits equal those of the same model written with the dequantized weights
 in F32 (f32 rounding only). A wrong unpacking (AWQ's nibble order, one nibble off) moves them
 far past that bound; the ignore list and bad tensors are clear errors."""
+import json
 import subprocess
 
 import numpy as np
@@ -143,3 +144,26 @@ def test_int4_moe_experts(kaon_bin, tmp_path, arch, fmt):
         print(f"{arch} {fmt} {mode}: relative logit error {err:.2e} vs kaon F32, {err64:.2e} vs float64")
         assert err < BOUND and err64 < 1e-4
         assert (ours.argmax(-1) == want.argmax(-1)).all()
+
+
+# ---- --load-format dummy ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq_sym", "ct_asym"])
+def test_dummy_int4(kaon_bin, tmp_path, fmt):
+    # A 4-bit config without weights: INT4 placeholders (group from the config, zeros when
+    # asymmetric; embedding and head bf16) filled on the host, run on the CPU.
+    qc, gs, sym, _ = FORMATS[fmt]
+    if qc is None:
+        from int4_files import ct_config
+        qc = ct_config(sym, gs)
+    folder = tmp_path / fmt
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(int4_config(), quantization_config=qc)))
+    r = subprocess.run([str(kaon_bin), "info", f"dummy:{folder}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    print(r.stdout)
+    assert "I4" in r.stdout and "F32" in r.stdout and "BF16" in r.stdout
+    a = logits(kaon_bin, f"dummy:{folder}", IDS, tmp_path)
+    assert np.isfinite(a).all() and a.std() > 0
+    b = logits(kaon_bin, f"dummy:{folder}", IDS, tmp_path, "decode")
+    assert rel_err(b, a) < 1e-4  # the same random weights each run (seeded)

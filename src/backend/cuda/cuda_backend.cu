@@ -727,7 +727,9 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
     if (count < 1 || count > 4) return 1;
     const kaon_tensor *w[4], *bias[4];
     for (int i = 0; i < count; i++)
-        if (kc_is_scaled_linear(l[i])) return kc_fp8_linear_multi(b, x, n, count, l, y);  // else one linear each
+        if (kc_is_scaled_linear(l[i]))  // INT4 (cuda_int4.cu) or FP8 (cuda_fp8.cu): fused, or 1: one linear each
+            return l[0]->w.dtype == KAON_I4 ? kc_int4_linear_multi(b, x, n, count, l, y)
+                                            : kc_fp8_linear_multi(b, x, n, count, l, y);
     for (int i = 0; i < count; i++) {
         if (!is_plain(b, l[i], "linear_multi")) return -1;
         w[i] = &l[i]->w;
@@ -757,8 +759,9 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
 static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
                                 const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
-    if (kc_is_scaled_linear(gate) || kc_is_scaled_linear(up))  // FP8: fused; else two linears and silu_and_mul
-        return kc_fp8_silu_mul(b, x, n, gate, up, out);
+    if (kc_is_scaled_linear(gate) || kc_is_scaled_linear(up))  // INT4 / FP8: fused; or 1: two linears and silu_and_mul
+        return gate && gate->w.dtype == KAON_I4 ? kc_int4_linear_silu_mul(b, x, n, gate, up, out)
+                                                : kc_fp8_silu_mul(b, x, n, gate, up, out);
     if (!is_plain(b, gate, "linear_silu_mul") || !is_plain(b, up, "linear_silu_mul")) return -1;
     if (kaon_linear_bias(gate) || kaon_linear_bias(up)) return 1;  // the fused kernels add no bias
     const kaon_tensor *wg = &gate->w, *wu = &up->w;

@@ -1,17 +1,550 @@
 // INT4 weight-only layers (W4A16: AWQ, GPTQ, compressed-tensors pack-quantized) on the GPU.
-// Not written yet: upload refuses them with a clear error.
+//
+// Device copy of a layer: one allocation, regions 256-byte aligned, in this order:
+//   w      u8  [out, in/2]  kaon's host layout as it is (backend/linear.h): column k of row m is
+//                           nibble k&1 (low first) of byte m*in/2 + k/2. A u32 word holds 8
+//                           consecutive columns and a 16-byte vector 32, so a warp streaming a
+//                           row reads 512 contiguous bytes per step: for a GEMV the row-major
+//                           layout is already coalesced and needs no repack.
+//   scale  f32 [out, G]     G = ceil(in / g); f32 so the product matches the CPU's
+//   zero   f32 [out, G]     only when the checkpoint has zero points (else 8); integers (checked)
+//   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
+//
+// Small batches (n <= I4_GEMV_MAX_N, passes of 8 rows) run a GEMV that dequantizes in
+// registers, reading x (bf16) as it is (act-order: gathered by perm into a scratch first). A
+// nibble needs no shift and no int->float conversion: with p = {0,1,2,3,4,2,3,4}[k mod 8] (the
+// last three come from word >> 12), 0x4B000000 | (word & (0xF << 4p)) is the float
+// 2^23 + q*16^p, and subtracting 2^23 + z*16^p leaves (q - z)*16^p exactly (integers < 2^24).
+// Times x * 16^-p (exact: a power of two, applied once per x value for the warp's R rows) it is
+// (q - z) * x with the same rounding; the group's scale multiplies each 32 columns' sum (one
+// group, as g % 32 == 0). Per weight: one LOP3, one FADD, one FMA per row of x. One warp
+// handles R rows and reads each x vector once for them; its lanes stride over the rows' 16-byte vectors (ld_stream, issued before
+// kc_pdl_wait so they overlap the previous kernel's tail).
+// Larger batches, and shapes the GEMV does not take (in or g not multiples of 32), dequantize
+// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once) and call kc_gemm_bf16.
 #include "backend/cuda/cuda_internal.h"
 
+#include <stdlib.h>
+#include <string.h>
+
+#define I4_WARPS 4
+#define I4_PASS 8                  // activation rows per GEMV pass
+#define I4_GEMV_MAX_N 32           // above: dequantized weights through cuBLASLt
+#define I4_DEQ_CAP ((int64_t)64 << 20)  // elements of the bf16 weight scratch (128 MB)
+
+struct kc_int4 {
+    void *xg;  // activations gathered by perm: bf16 [n, in]
+    size_t xg_cap;
+    void *deq;  // dequantized weight rows: bf16
+    size_t deq_cap;
+    void *tmp;  // chunk outputs of the GEMM path
+    size_t tmp_cap;
+};
+
+static kc_int4 *istate(kc_backend *b) {
+    if (b->int4) return b->int4;
+    b->int4 = (kc_int4 *)calloc(1, sizeof(kc_int4));
+    if (!b->int4) kc_fail(b, "cuda: out of host memory");
+    return b->int4;
+}
+
+void kc_int4_destroy(kc_backend *b) {
+    kc_int4 *s = b->int4;
+    if (!s) return;
+    if (s->xg) cudaFree(s->xg);
+    if (s->deq) cudaFree(s->deq);
+    if (s->tmp) cudaFree(s->tmp);
+    free(s);
+    b->int4 = NULL;
+}
+
+// ---- device code --------------------------------------------------------------------------------
+
+static __device__ __forceinline__ float i4_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// xg [n, K] bf16 = x[r, perm[k]] (perm NULL: a copy, for x not 16-byte aligned).
+__global__ void k_i4_gather(const bf16 *__restrict__ x, const int32_t *__restrict__ perm, int n, int K,
+                            bf16 *__restrict__ xg) {
+    kc_pdl_trigger();
+    kc_pdl_wait();  // x is the previous kernel's output; xg may still be read by an earlier GEMV
+    const int64_t total = (int64_t)n * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int k = (int)(i % K);
+        xg[i] = x[(i / K) * K + (perm ? perm[k] : k)];
+    }
+}
+
+// 16^-p of column e of a word (p = {0,1,2,3,4,2,3,4}[e]); e is a compile-time constant.
+static __device__ __forceinline__ float i4_pscale(int e) {
+    return e == 0 ? 1.f : e == 1 ? 0x1p-4f : e == 2 || e == 5 ? 0x1p-8f : e == 3 || e == 6 ? 0x1p-12f : 0x1p-16f;
+}
+
+// Up to 4 weights of one width sharing x (linear_multi: q, k, v), or SILU: gate (0) and up (1).
+struct I4Args {
+    const uint8_t *w[4];
+    const float *s[4], *z[4];  // [M, G]; z NULL: 8
+    const float *bias[4];      // [M] or NULL
+    void *y[4];                // this pass's rows of y [nvalid, M], bf16 or f32
+    int M[4], begin[4];        // rows of each weight; its first block
+    int count;
+    const bf16 *x;             // this pass's activation rows [nvalid, K] (gathered by perm), 16-byte aligned
+    int K, G, g, nvalid, f32out;
+};
+
+template <int NB>
+struct I4Cfg {
+    static constexpr int R = NB <= 2 ? 4 : 2;  // rows per warp: x is read once for R rows
+    static constexpr int U = NB == 1 ? 2 : 1;  // 16-byte vectors per row a lane has in flight
+};
+
+// y[b, m] = sum_k (q[m,k] - z) * s * x[b, k] (+ bias[m]) for R rows of one warp; block b of
+// the grid serves the weight seg with begin[seg] <= b. SILU: out[b, m] = bf16(silu(bf16 g)) *
+// bf16 u rounded as silu_and_mul after two linears, g from weight 0 and u from weight 1.
+template <int NB, bool SILU>
+__global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
+    constexpr int R = SILU ? I4Cfg<NB>::R / 2 : I4Cfg<NB>::R, NR = SILU ? 2 * R : R, U = I4Cfg<NB>::U;
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int seg = 0;
+    if (!SILU) {
+#pragma unroll
+        for (int i = 1; i < 4; i++)
+            if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
+    }
+    const int M = a.M[seg];
+    const int row0 = (((int)blockIdx.x - a.begin[seg]) * I4_WARPS + warp) * R;
+    if (row0 >= M) {
+        kc_pdl_wait();
+        return;
+    }
+    const int nch = a.K >> 5;  // 16-byte vectors (32 columns) per row
+    const uint4 *wr[NR];
+    const float *sp[NR], *zp[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const int src = SILU && r >= R ? 1 : seg;
+        const int row = min(row0 + r % R, M - 1);  // rows past M repeat the last (never stored)
+        wr[r] = (const uint4 *)(a.w[src] + (size_t)row * (size_t)(a.K / 2));
+        sp[r] = a.s[src] + (size_t)row * a.G;
+        zp[r] = a.z[src] ? a.z[src] + (size_t)row * a.G : NULL;
+    }
+    const bf16 *xb[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) xb[b] = a.x + (size_t)min(b, a.nvalid - 1) * a.K;
+    float acc[NR][NB];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+    bool waited = false;
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+        uint4 q[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) q[u][r] = c0 + 32 * u < nch ? ld_stream(wr[r] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+        if (!waited) {  // x is the previous kernel's output
+            kc_pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + 32 * u;
+            if (c >= nch) break;
+            const int gi = (c << 5) / a.g;
+            float cz[NR][5];  // 2^23 + z * 16^p
+            float sc[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                sc[r] = sp[r][gi];
+                const float z = zp[r] ? zp[r][gi] : 8.f;
+#pragma unroll
+                for (int p = 0; p < 5; p++) cz[r][p] = fmaf(z, (float)(1 << (4 * p)), 8388608.f);
+            }
+            float part[NR][NB];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int b = 0; b < NB; b++) part[r][b] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float v[NR][8];
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    const uint32_t w0 = (&q[u][r].x)[j], w1 = w0 >> 12;
+                    v[r][0] = __uint_as_float(0x4B000000u | (w0 & 0xFu)) - cz[r][0];
+                    v[r][1] = __uint_as_float(0x4B000000u | (w0 & 0xF0u)) - cz[r][1];
+                    v[r][2] = __uint_as_float(0x4B000000u | (w0 & 0xF00u)) - cz[r][2];
+                    v[r][3] = __uint_as_float(0x4B000000u | (w0 & 0xF000u)) - cz[r][3];
+                    v[r][4] = __uint_as_float(0x4B000000u | (w0 & 0xF0000u)) - cz[r][4];
+                    v[r][5] = __uint_as_float(0x4B000000u | (w1 & 0xF00u)) - cz[r][2];
+                    v[r][6] = __uint_as_float(0x4B000000u | (w1 & 0xF000u)) - cz[r][3];
+                    v[r][7] = __uint_as_float(0x4B000000u | (w1 & 0xF0000u)) - cz[r][4];
+                }
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    const uint4 xr = *(const uint4 *)(xb[b] + (size_t)c * 32 + 8 * j);  // 8 bf16 columns
+                    const uint32_t xw[4] = {xr.x, xr.y, xr.z, xr.w};
+                    float xv[8];  // x * 16^-p (exact), once for the R rows
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        xv[2 * e] = __uint_as_float(xw[e] << 16) * i4_pscale(2 * e);
+                        xv[2 * e + 1] = __uint_as_float(xw[e] & 0xFFFF0000u) * i4_pscale(2 * e + 1);
+                    }
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) part[r][b] = fmaf(v[r][e], xv[e], part[r][b]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int b = 0; b < NB; b++) acc[r][b] = fmaf(sc[r], part[r][b], acc[r][b]);
+        }
+    }
+    if (!waited) kc_pdl_wait();  // (lanes without a vector)
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = i4_warp_sum(acc[r][b]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = row0 + r;
+        if (row >= M) break;
+        if (SILU) {
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b >= a.nvalid) break;
+                const float g = __bfloat162float(__float2bfloat16(acc[r][b]));
+                const float u = __bfloat162float(__float2bfloat16(acc[R + r][b]));
+                const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+                ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
+            }
+        } else {
+            const float bb = a.bias[seg] ? a.bias[seg][row] : 0.f;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b >= a.nvalid) break;
+                if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = acc[r][b] + bb;
+                else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(acc[r][b] + bb);
+            }
+        }
+    }
+}
+
+// out [cnt, K] bf16 = (q - z) * s of rows row0 .. row0 + cnt - 1 (columns in stored order).
+// One thread per byte (two columns).
+__global__ void k_i4_dequant(const uint8_t *__restrict__ w, const float *__restrict__ s, const float *__restrict__ z,
+                             int K, int G, int g, int64_t row0, int64_t cnt, bf16 *__restrict__ out) {
+    kc_pdl_trigger();
+    kc_pdl_wait();  // out may still be read by the GEMM before
+    const int kb = K / 2;
+    const int64_t total = cnt * kb;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t m = row0 + i / kb;
+        const int k = 2 * (int)(i % kb);
+        const unsigned byte = w[m * kb + k / 2];
+        const size_t s0 = (size_t)m * G + k / g, s1 = (size_t)m * G + (k + 1) / g;
+        const float v0 = ((float)(byte & 15u) - (z ? z[s0] : 8.f)) * s[s0];
+        const float v1 = ((float)(byte >> 4) - (z ? z[s1] : 8.f)) * s[s1];
+        *(__nv_bfloat162 *)(out + (i / kb) * K + k) = __floats2bfloat162_rn(v0, v1);
+    }
+}
+
+__global__ void k_i4_bias_f32(float *__restrict__ y, const float *__restrict__ bias, int64_t total, int M) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % M];
+}
+
+static __device__ __forceinline__ uint64_t i4_mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Dummy layer: random bytes, scales base * (0.5 + u), zeros random 0..15 (when z).
+__global__ void k_i4_dummy(uint8_t *__restrict__ w, size_t wbytes, float *__restrict__ s, float *__restrict__ z,
+                           size_t nsc, uint64_t seed, float base) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < wbytes / 8; i += stride)
+        ((uint64_t *)w)[i] = i4_mix(seed * 0x632BE59BD9B4E019ull + i);
+    for (size_t i = wbytes / 8 * 8 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < wbytes; i += stride)
+        w[i] = (uint8_t)i4_mix(seed * 0x632BE59BD9B4E019ull + i);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nsc; i += stride) {
+        const uint64_t r = i4_mix((seed ^ 0x5CA1Eull) * 0x632BE59BD9B4E019ull + i);
+        s[i] = base * (0.5f + (float)(r >> 40) * (1.0f / 16777216.0f));
+        if (z) z[i] = (float)(r & 15u);
+    }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+typedef struct I4Layout {
+    int64_t M, K, g, G;
+    size_t w_bytes, s_off, z_off, p_off, total;  // z_off / p_off 0: absent
+} I4Layout;
+
+static void i4_layout(int64_t M, int64_t K, int64_t g, bool zero, bool perm, I4Layout *L) {
+    L->M = M, L->K = K, L->g = g, L->G = (K + g - 1) / g;
+    L->w_bytes = (size_t)M * (size_t)K / 2;
+    L->s_off = al256(L->w_bytes);
+    size_t end = L->s_off + al256(sizeof(float) * (size_t)M * (size_t)L->G);
+    L->z_off = zero ? end : 0;
+    if (zero) end += al256(sizeof(float) * (size_t)M * (size_t)L->G);
+    L->p_off = perm ? end : 0;
+    if (perm) end += al256(sizeof(int32_t) * (size_t)K);
+    L->total = end;
+}
+
+// The layer's own checks (host or device copy): 0, or -1 + recorded error.
+static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool check_bias) {
+    const kaon_tensor *w = &l->w, *sc = &l->scale, *zt = &l->zero, *pt = &l->perm;
+    const kaon_tensor *bias = check_bias ? kaon_linear_bias(l) : NULL;  // (upload: the bias is its own weight)
+    if (!kaon_linear_is_int4(l) || w->ndim != 2) return kc_fail(b, "cuda %s: bad INT4 layer", what);
+    const int64_t M = w->shape[0], K = w->shape[1], g = l->scale_block[1], G = (K + g - 1) / g;
+    if (M <= 0 || K <= 0 || K % 2 || M > INT32_MAX || K > INT32_MAX / 4)
+        return kc_fail(b, "cuda %s: INT4 weight [%lld, %lld] is not whole", what, (long long)M, (long long)K);
+    if (sc->ndim != 2 || sc->shape[0] != M || sc->shape[1] != G || (zt->data && zt->dtype != KAON_F32))
+        return kc_fail(b, "cuda %s: INT4 scales and zeros must be F32 [%lld, %lld]", what, (long long)M, (long long)G);
+    if (pt->data && (pt->dtype != KAON_I32 || kaon_tensor_numel(pt) != K))
+        return kc_fail(b, "cuda %s: INT4 permutation must be I32 [%lld]", what, (long long)K);
+    if (bias && (bias->dtype != KAON_F32 || kaon_tensor_numel(bias) != M))
+        return kc_fail(b, "cuda %s: bias must be F32 [%lld]", what, (long long)M);
+    return 0;
+}
+
+size_t kc_int4_bytes(const kaon_tensor *host) {
+    // The weight's region and the alignment of the others; weights.c counts scale, zero and perm.
+    if (host->ndim != 2) return host->nbytes;
+    return al256((size_t)host->shape[0] * (size_t)host->shape[1] / 2) + 3 * 256;
+}
+
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
-    (void)host, (void)dummy, (void)seed, (void)dev;
-    return kc_fail(b, "cuda upload: INT4 weights have no GPU kernels yet (run them with --device cpu)");
+    if (i4_check(b, host, "upload", false)) return -1;
+    if (b->capturing) return kc_fail(b, "cuda upload: while recording a graph");
+    const int64_t M = host->w.shape[0], K = host->w.shape[1];
+    const bool zero = host->zero.data != NULL, perm = !dummy && host->perm.data != NULL;
+    I4Layout L;
+    i4_layout(M, K, host->scale_block[1], zero, perm, &L);
+    const size_t sbytes = sizeof(float) * (size_t)M * (size_t)L.G;
+    if (!dummy && (host->w.nbytes < L.w_bytes || host->scale.nbytes < sbytes || (zero && host->zero.nbytes < sbytes)))
+        return kc_fail(b, "cuda upload: INT4 layer data is short");
+    if (!dummy && zero) {  // the GEMV's exact float trick needs integer zeros (every format packs them)
+        const float *z = (const float *)host->zero.data;
+        for (size_t i = 0; i < (size_t)M * (size_t)L.G; i++)
+            if (!(z[i] >= -127.f && z[i] <= 127.f) || z[i] != (float)(int)z[i])
+                return kc_fail(b, "cuda upload: INT4 zero point %g is not an integer in [-127, 127]", (double)z[i]);
+    }
+    uint8_t *dst = NULL;
+    if (kc_check(b, cudaMalloc((void **)&dst, L.total), "INT4 weight")) return -1;
+    int rc = 0;
+    if (dummy) {
+        size_t blocks = (L.w_bytes / 8 + 255) / 256;
+        if (blocks < 1) blocks = 1;
+        if (blocks > 4096) blocks = 4096;
+        k_i4_dummy<<<(unsigned)blocks, 256, 0, b->stream>>>(dst, L.w_bytes, (float *)(dst + L.s_off),
+                                                             zero ? (float *)(dst + L.z_off) : NULL,
+                                                             (size_t)M * (size_t)L.G, seed, 1.0f / sqrtf((float)K) / 8.0f);
+        rc = kc_launched(b, "INT4 dummy weights");
+    } else {
+        rc = kc_check(b, cudaMemcpy(dst, host->w.data, L.w_bytes, cudaMemcpyHostToDevice), "INT4 upload");
+        if (!rc) rc = kc_check(b, cudaMemcpy(dst + L.s_off, host->scale.data, sbytes, cudaMemcpyHostToDevice), "INT4 upload");
+        if (!rc && zero)
+            rc = kc_check(b, cudaMemcpy(dst + L.z_off, host->zero.data, sbytes, cudaMemcpyHostToDevice), "INT4 upload");
+        if (!rc && perm)
+            rc = kc_check(b, cudaMemcpy(dst + L.p_off, host->perm.data, sizeof(int32_t) * (size_t)K, cudaMemcpyHostToDevice),
+                          "INT4 upload");
+    }
+    if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
+    if (rc) {
+        cudaFree(dst);
+        return -1;
+    }
+    // w, scale, zero, perm: host's dtypes and shapes, data inside dst; bias, shard, parts stay.
+    dev->w = host->w;
+    dev->w.data = dst;
+    dev->w.nbytes = L.total;
+    dev->scale = host->scale;
+    dev->scale.data = dst + L.s_off;
+    dev->scale.nbytes = sbytes;
+    if (zero) {
+        dev->zero = host->zero;
+        dev->zero.data = dst + L.z_off;
+        dev->zero.nbytes = sbytes;
+    } else {
+        memset(&dev->zero, 0, sizeof dev->zero);
+    }
+    if (perm) {
+        dev->perm = host->perm;
+        dev->perm.data = dst + L.p_off;
+        dev->perm.nbytes = sizeof(int32_t) * (size_t)K;
+    } else {
+        memset(&dev->perm, 0, sizeof dev->perm);
+    }
+    memcpy(dev->scale_block, host->scale_block, sizeof dev->scale_block);
+    b->bytes_weights += L.total;
+    return 0;
+}
+
+static unsigned grid_for(int64_t work, int threads, int64_t cap) {
+    int64_t blocks = (work + threads - 1) / threads;
+    if (blocks < 1) blocks = 1;
+    if (blocks > cap) blocks = cap;
+    return (unsigned)blocks;
+}
+
+template <int NB, bool SILU>
+static cudaError_t i4_launch_nb(kc_backend *b, unsigned blocks, const I4Args &a) {
+    return kc_launch(b, k_i4_gemv<NB, SILU>, dim3(blocks), dim3(I4_WARPS * 32), 0, a);
+}
+
+template <bool SILU>
+static cudaError_t i4_launch(kc_backend *b, int nv, unsigned blocks, const I4Args &a) {
+    return nv == 1 ? i4_launch_nb<1, SILU>(b, blocks, a) : nv == 2 ? i4_launch_nb<2, SILU>(b, blocks, a)
+         : nv <= 4 ? i4_launch_nb<4, SILU>(b, blocks, a) : i4_launch_nb<8, SILU>(b, blocks, a);
+}
+
+static int i4_rows_per_warp(int nv, bool silu) {
+    const int r = nv == 1 ? I4Cfg<1>::R : nv == 2 ? I4Cfg<2>::R : nv <= 4 ? I4Cfg<4>::R : I4Cfg<8>::R;
+    return silu ? r / 2 : r;
+}
+
+// x gathered by perm (or copied when not 16-byte aligned) into the scratch; else x itself.
+static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, const int32_t *perm, bool aligned) {
+    if (!perm && aligned) return (const bf16 *)x;
+    if (kc_grow(b, &s->xg, &s->xg_cap, sizeof(bf16) * (size_t)n * (size_t)K, 1, "INT4 gathered activations"))
+        return NULL;
+    cudaError_t e = kc_launch(b, k_i4_gather, dim3(grid_for((int64_t)n * K, 256, 4096)), dim3(256), 0, (const bf16 *)x,
+                              perm, n, K, (bf16 *)s->xg);
+    return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
+}
+
+// The GEMV over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
+static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
+                   void *const *y, int f32out, bool silu) {
+    const int K = (int)l[0]->w.shape[1];
+    const bf16 *xg = i4_x(b, s, x, n, K, (const int32_t *)l[0]->perm.data, ((uintptr_t)x & 15) == 0);
+    if (!xg) return -1;
+    const size_t es = f32out ? 4 : 2;
+    for (int p0 = 0; p0 < n; p0 += I4_PASS) {
+        const int nv = n - p0 < I4_PASS ? n - p0 : I4_PASS;
+        const int rpb = I4_WARPS * i4_rows_per_warp(nv, silu);
+        I4Args a;
+        memset(&a, 0, sizeof a);
+        unsigned blocks = 0;
+        for (int i = 0; i < count; i++) {
+            const kaon_tensor *bias = kaon_linear_bias(l[i]);
+            a.w[i] = (const uint8_t *)l[i]->w.data;
+            a.s[i] = (const float *)l[i]->scale.data;
+            a.z[i] = (const float *)l[i]->zero.data;
+            a.bias[i] = bias ? (const float *)bias->data : NULL;
+            a.M[i] = (int)l[i]->w.shape[0];
+            a.y[i] = silu ? (i == 0 ? (void *)((uint8_t *)y[0] + (size_t)p0 * a.M[0] * 2) : NULL)
+                          : (void *)((uint8_t *)y[i] + (size_t)p0 * a.M[i] * es);
+            a.begin[i] = (int)blocks;
+            if (!silu || i == 0) blocks += (unsigned)((a.M[i] + rpb - 1) / rpb);
+        }
+        a.count = count;
+        a.x = xg + (size_t)p0 * K;
+        a.K = K, a.G = (int)l[0]->scale.shape[1], a.g = (int)l[0]->scale_block[1];
+        a.nvalid = nv, a.f32out = f32out;
+        const cudaError_t e = silu ? i4_launch<true>(b, nv, blocks, a) : i4_launch<false>(b, nv, blocks, a);
+        if (kc_check(b, e, "INT4 GEMV")) return -1;
+    }
+    return 0;
+}
+
+// Dequantized row chunks through cuBLASLt (bias added here: kc_gemm_bf16 has none for f32 output).
+static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
+    const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], G = (int)l->scale.shape[1], g = (int)l->scale_block[1];
+    const kaon_tensor *bt = kaon_linear_bias(l);
+    const float *bias = bt ? (const float *)bt->data : NULL;
+    x = i4_x(b, s, x, n, K, (const int32_t *)l->perm.data, true);
+    if (!x) return -1;
+    int chunk = M;
+    if ((int64_t)M * K > I4_DEQ_CAP) {
+        chunk = (int)(I4_DEQ_CAP / K) & ~63;
+        if (chunk < 64) chunk = 64;
+        if (chunk > M) chunk = M;
+    }
+    if (kc_grow(b, &s->deq, &s->deq_cap, sizeof(bf16) * (size_t)chunk * (size_t)K, 1, "INT4 dequantized weights"))
+        return -1;
+    const size_t es = f32out ? 4 : 2;
+    if (chunk < M && kc_grow(b, &s->tmp, &s->tmp_cap, (size_t)n * (size_t)chunk * es, 1, "INT4 GEMM output")) return -1;
+    for (int r0 = 0; r0 < M; r0 += chunk) {
+        const int cnt = M - r0 < chunk ? M - r0 : chunk;
+        cudaError_t e = kc_launch(b, k_i4_dequant, dim3(grid_for((int64_t)cnt * (K / 2), 256, 65535)), dim3(256), 0,
+                                  (const uint8_t *)l->w.data, (const float *)l->scale.data, (const float *)l->zero.data,
+                                  K, G, g, (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq);
+        if (kc_check(b, e, "INT4 dequantize")) return -1;
+        const float *bc = bias && !f32out ? bias + r0 : NULL;
+        void *out = chunk == M ? y : s->tmp;
+        if (kc_gemm_bf16(b, (const bf16 *)x, n, (const bf16 *)s->deq, cnt, K, bc, out, f32out)) return -1;
+        if (chunk < M &&
+            kc_check(b, cudaMemcpy2DAsync((uint8_t *)y + (size_t)r0 * es, (size_t)M * es, s->tmp, (size_t)cnt * es,
+                                          (size_t)cnt * es, (size_t)n, cudaMemcpyDeviceToDevice, b->stream),
+                     "INT4 GEMM output"))
+            return -1;
+    }
+    if (bias && f32out) {
+        const int64_t total = (int64_t)n * M;
+        k_i4_bias_f32<<<grid_for(total, 256, 4096), 256, 0, b->stream>>>((float *)y, bias, total, M);
+        if (kc_launched(b, "INT4 bias")) return -1;
+    }
+    return 0;
 }
 
 int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
-    (void)x, (void)n, (void)l, (void)y, (void)f32out;
-    return kc_fail(b, "cuda linear: INT4 weights have no GPU kernels yet");
+    if (n <= 0) return 0;
+    if (!l || !l->w.data || i4_check(b, l, "linear", true)) return -1;
+    kc_int4 *s = istate(b);
+    if (!s) return -1;
+    const int64_t K = l->w.shape[1], g = l->scale_block[1];
+    const bool gemv_ok = K % 32 == 0 && g % 32 == 0 && ((uintptr_t)l->w.data & 15) == 0;
+    if (gemv_ok && n <= I4_GEMV_MAX_N) return i4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
+    return i4_gemm(b, s, x, n, l, y, f32out);
 }
 
-size_t kc_int4_bytes(const kaon_tensor *host) { return host->nbytes; }
+// Whether layers a and b can share one GEMV launch: both INT4 of the GEMV's shapes, one width,
+// one group size, zeros alike, no act-order (each layer would gather x its own way).
+static bool i4_gemv_pair(const kaon_linear *a, const kaon_linear *b) {
+    for (const kaon_linear *l : {a, b})
+        if (!l || !kaon_linear_is_int4(l) || !l->w.data || l->w.ndim != 2 || l->perm.data || l->w.shape[1] % 32 ||
+            l->scale_block[1] % 32 || ((uintptr_t)l->w.data & 15) || l->w.shape[0] > INT32_MAX)
+            return false;
+    return a->w.shape[1] == b->w.shape[1] && a->scale_block[1] == b->scale_block[1] &&
+           a->scale.shape[1] == b->scale.shape[1];
+}
 
-void kc_int4_destroy(kc_backend *b) { (void)b; }
+int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
+    if (count < 1 || count > 4 || n <= 0 || n > I4_GEMV_MAX_N) return 1;
+    for (int i = 0; i < count; i++)
+        if (!i4_gemv_pair(l[0], l[i])) return 1;
+    for (int i = 0; i < count; i++)
+        if (i4_check(b, l[i], "linear_multi", true)) return -1;
+    kc_int4 *s = istate(b);
+    if (!s) return -1;
+    return i4_gemv(b, s, x, n, count, l, y, 0, false);
+}
+
+int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
+                            void *out) {
+    if (n <= 0 || n > I4_GEMV_MAX_N || !i4_gemv_pair(gate, up) || gate->w.shape[0] != up->w.shape[0] ||
+        kaon_linear_bias(gate) || kaon_linear_bias(up))
+        return 1;
+    if (i4_check(b, gate, "linear_silu_mul", true) || i4_check(b, up, "linear_silu_mul", true)) return -1;
+    kc_int4 *s = istate(b);
+    if (!s) return -1;
+    const kaon_linear *l[2] = {gate, up};
+    void *y[2] = {out, NULL};
+    return i4_gemv(b, s, x, n, 2, l, y, 0, true);
+}

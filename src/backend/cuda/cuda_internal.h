@@ -328,6 +328,11 @@ void kc_fp8_destroy(kc_backend *b);
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
 int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out);
 size_t kc_int4_bytes(const kaon_tensor *host);
+// The fused ops for INT4 layers (n <= 32, same width and group, no act-order, no bias for
+// silu): one GEMV launch; 1 when declined (the caller runs the layers one at a time).
+int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y);
+int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
+                            void *out);
 void kc_int4_destroy(kc_backend *b);
 // Whether l is a layer of those two formats (the ops send it to their linear).
 static inline bool kc_is_scaled_linear(const kaon_linear *l) {
