@@ -241,11 +241,4 @@ void kaon_parker_destroy(kaon_parker *p) {
     p->started = false;
 }
 
-size_t kaon_parker_count(kaon_parker *p) {
-    pthread_mutex_lock(&p->mu);
-    size_t n = p->n_parked;
-    pthread_mutex_unlock(&p->mu);
-    return n;
-}
-
 #endif

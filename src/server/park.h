@@ -46,7 +46,6 @@ int kaon_parker_start(kaon_parker *p, bool (*should_wake_all)(void *ctx), void *
 // Stops the waker and resumes everything still parked; later kaon_park calls return -1.
 void kaon_parker_close(kaon_parker *p);
 void kaon_parker_destroy(kaon_parker *p);
-size_t kaon_parker_count(kaon_parker *p);
 
 // The engine's notification (kaon_request_set_notify) with ctx = the kaon_parked.
 void kaon_park_notify(void *ctx);
