@@ -10,8 +10,8 @@ import time
 
 from conftest import Server
 
-STREAMS = 200
-WHOLE = 20
+STREAMS = 100
+WHOLE = 12
 
 
 def threads_of(pid):
@@ -45,7 +45,7 @@ async def load_and_probe(s):
     tasks = [asyncio.create_task(one(s.host, s.port, i, i >= STREAMS))
              for i in range(STREAMS + WHOLE)]
     await asyncio.sleep(1.0)
-    # While most requests wait for one of the 4 running slots: few threads, /health quick.
+    # While most requests wait for one of the 8 running slots: few threads, /health quick.
     health, max_threads = [], 0
     for _ in range(10):
         t = time.perf_counter()
@@ -58,7 +58,7 @@ async def load_and_probe(s):
 
 
 def test_many_parked_streams_few_threads():
-    s = Server(["--served-model-name", "smol", "--max-num-seqs", "4", "--max-model-len", "256"])
+    s = Server(["--served-model-name", "smol", "--max-num-seqs", "8", "--max-model-len", "256"])
     try:
         results, health, max_threads = asyncio.run(load_and_probe(s))
         bad = [d for ok, d in results if not ok]
