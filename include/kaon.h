@@ -153,6 +153,11 @@ uint64_t kaon_request_id(const kaon_request *r);
 // Waits up to timeout_ms (-1: forever, 0: poll) for the next output. 1: *out filled; 0:
 // timeout; -1: error. After an output with finished == true, returns -1.
 int kaon_request_next(kaon_request *r, kaon_output *out, int timeout_ms);
+// Calls fn(ctx) whenever an output is queued on r (and at once when one already is), so a
+// caller with many requests need not wait on each. fn runs in the engine thread under its
+// lock: it must only note the event (no engine calls, no blocking). kaon_request_free ends it;
+// fn NULL ends it too.
+void kaon_request_set_notify(kaon_request *r, void (*fn)(void *ctx), void *ctx);
 // Aborts (its KV blocks return to the pool at once); outputs end with KAON_FINISH_ABORT.
 void kaon_request_abort(kaon_request *r);
 // Aborts if running, then frees the handle.

@@ -49,8 +49,8 @@ static void usage(FILE *f) {
             "  --chat-template FILE           a Jinja chat template overriding the model's\n"
             "limits (beyond them: an OpenAI error JSON; see docs/SECURITY.md):\n"
             "  --max-body-size SIZE           largest request body (default 8M; larger: 413)\n"
-            "  --max-connections N            concurrent connections (default 4096; more: 503)\n"
-            "  --max-queue N                  sequences waiting for a slot (default 1024; more: 429)\n"
+            "  --max-connections N            concurrent connections (default 16384; more: 503)\n"
+            "  --max-queue N                  sequences waiting for a slot (default 16384; more: 429)\n"
             "  --max-prompt-tokens N          longest prompt in tokens (default: the context)\n"
             "  --max-tokens N                 largest max_tokens, and the cap when absent (default: the context)\n"
             "  --max-n N                      largest n (default 128)\n"
@@ -295,7 +295,15 @@ int kaon_cmd_serve(int argc, char **argv) {
     }
     int fds = raise_fd_limit();
     // Leave room for the model, logs and the 64 connections answered 503 beyond the limit.
-    if (!conns_set && o.max_connections > fds - 192) o.max_connections = fds > 256 ? fds - 192 : 64;
+    if (o.max_connections > fds - 192) {
+        int cap = fds > 256 ? fds - 192 : 64;
+        KAON_WARN("serve: the file-descriptor limit is %d (ulimit -n; the hard limit allows no "
+                  "more), too low for %d connections: %s %d. Raise the hard limit (ulimit -Hn, "
+                  "/etc/security/limits.conf, systemd LimitNOFILE) for more.", fds,
+                  o.max_connections, conns_set ? "--max-connections lowered to" : "serving at most",
+                  cap);
+        o.max_connections = cap;
+    }
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

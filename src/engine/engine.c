@@ -483,6 +483,16 @@ int kaon_request_next(kaon_request *r, kaon_output *out, int timeout_ms) {
     return 1;
 }
 
+void kaon_request_set_notify(kaon_request *r, void (*fn)(void *ctx), void *ctx) {
+    kaon_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    r->notify = fn;
+    r->notify_ctx = ctx;
+    // Outputs may have arrived before the hook was set: they count as new.
+    if (fn && r->head) fn(ctx);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void kaon_request_abort(kaon_request *r) {
     kaon_engine *e = r->e;
     pthread_mutex_lock(&e->mu);
@@ -496,6 +506,7 @@ void kaon_request_free(kaon_request *r) {
     kaon_engine *e = r->e;
     pthread_mutex_lock(&e->mu);
     r->abort_requested = true;
+    r->notify = NULL;  // the caller's context may be gone once this returns
     pthread_cond_signal(&e->work_cv);
     request_unref(e, r);
     pthread_mutex_unlock(&e->mu);
@@ -548,6 +559,7 @@ static void deliver(struct kaon_request *r, out_item *it) {
     else r->head = it;
     r->tail = it;
     pthread_cond_broadcast(&r->cv);
+    if (r->notify) r->notify(r->notify_ctx);
 }
 
 static void fill_usage(struct kaon_request *r, out_item *it) {

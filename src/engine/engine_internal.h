@@ -80,6 +80,8 @@ struct kaon_request {
     bool abort_requested, admitted, finished;
     out_item *head, *tail, *current;
     pthread_cond_t cv;
+    void (*notify)(void *);     // kaon_request_set_notify: called by deliver (under e->mu)
+    void *notify_ctx;
     double t_submit, t_first_sched, t_first_token;
     int completion_tokens;
     struct kaon_request *next_live, *next_inbox;

@@ -1,18 +1,18 @@
-// One generation request (/v1/chat/completions, /v1/completions) in its connection's thread:
+// One generation request (/v1/chat/completions, /v1/completions) in libmicrohttpd's event loop:
 // parse and validate (openai.c), render the chat template and tokenize, check the limits,
-// submit every prompt under the admission lock, then wait on the requests' own output queues
-// and answer with one JSON object or an SSE stream; a request timeout, a server shutdown or a
-// vanished client aborts the engine requests. See server.h for the threading model.
+// submit every prompt under the admission lock, then take the requests' outputs as they come
+// and answer with one JSON object or an SSE stream. Whenever nothing is ready the connection is
+// parked (park.c) rather than waited on, so the loop's threads stay free for other clients; a
+// request timeout, a server shutdown or a vanished client aborts the engine requests. See
+// server.h for the threading model.
 #ifdef KAON_HAVE_MHD
 
 #include "server/server_internal.h"
 
 #include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 
 #include "server/sse.h"
@@ -26,25 +26,6 @@ static void make_id(kaon_server *s, const char *prefix, char *out, size_t n) {
     uint64_t k = atomic_fetch_add(&s->seq, 1);
     uint64_t a = kaon_splitmix64(s->salt ^ k), b = kaon_splitmix64(a ^ k);
     snprintf(out, n, "%s%016llx%016llx", prefix, (unsigned long long)a, (unsigned long long)b);
-}
-
-// True when the peer has closed its side of the connection (or the socket failed).
-static bool peer_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-    if (p.revents & POLLIN) {
-        char b;
-        return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-    }
-    return false;
-}
-
-static int conn_fd(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    return ci ? (int)ci->connect_fd : -1;
 }
 
 static const char *token_text_cb(void *ctx, int32_t id, size_t *len) {
@@ -141,14 +122,16 @@ typedef struct gen {
     kaon_sbuf out;           // stream: SSE bytes not yet handed to MHD
     bool all_done, done_sent, failed;
     char *error;             // an engine failure's message
-    int fd;
     int rr;
     double deadline;         // --request-timeout: abort after this time (0: none)
     bool timed_out;
+    bool aborted;            // aborted for the shutdown
+    kaon_parked pk;          // its place among the parked while it waits for the engine
 } gen;
 
 static void gen_free(gen *g) {
     if (!g) return;
+    // kaon_request_free also ends the engine's notifications to g->pk.
     for (int i = 0; i < g->np; i++) {
         if (g->p[i].r) kaon_request_free(g->p[i].r);  // aborts a running request
         free(g->p[i].ids);
@@ -392,7 +375,7 @@ static int gen_poll(gen *g, int timeout_ms) {
         g->all_done = true;
         return got;
     }
-    if (got || timeout_ms == 0) return got;
+    if (got || timeout_ms == 0) return got;  // the server only ever polls (timeout 0)
     // Nothing ready: wait on one live prompt (briefly when several share this thread).
     for (int k = 0; k < g->np; k++) {
         int i = (g->rr + k) % g->np;
@@ -454,12 +437,30 @@ static void stream_finish(gen *g) {
     kaon_sse_done(&g->out);
 }
 
-// MHD's content reader for streams: blocks (in this connection's own thread) until SSE bytes
-// are ready; watches the socket so a vanished client aborts its request promptly.
+// One step of waiting for the engine, shared by streams and whole responses: takes what is
+// ready, aborts for a shutdown or a timeout. 1: output was taken or everything is done (look
+// again); 0: parked (return and wait to be called again); -1: give up (client gone, server
+// closing).
+static int gen_step(gen *g) {
+    if (atomic_load(&g->pk.gone)) {
+        KAON_DEBUG("http: client of %s went away; aborting", g->id);
+        gen_abort(g);
+        return -1;
+    }
+    if (stopping(g->s) && !g->aborted) {
+        gen_abort(g);  // the outputs then end with finish_reason "abort"
+        g->aborted = true;
+    }
+    check_deadline(g);
+    if (gen_poll(g, 0) > 0 || g->all_done) return 1;
+    return kaon_park(&g->pk) > 0 ? 0 : -1;
+}
+
+// MHD's content reader for streams: hands over the SSE bytes that are ready, or parks the
+// connection (0 bytes) until the engine has more.
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen *g = cls;
-    bool aborted = false;
     while (g->out.len == 0) {
         if (g->out.failed || g->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (g->all_done) {
@@ -467,17 +468,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             stream_finish(g);
             continue;
         }
-        if (stopping(g->s) && !aborted) {
-            gen_abort(g);  // the outputs then end with finish_reason "abort"
-            aborted = true;
-        }
-        check_deadline(g);
-        int got = gen_poll(g, 200);
-        if (got == 0 && !g->all_done && peer_gone(g->fd)) {
-            KAON_DEBUG("http: client of %s went away; aborting", g->id);
-            gen_abort(g);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
+        int rc = gen_step(g);
+        if (rc == 0) return 0;
+        if (rc < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = g->out.len < max ? g->out.len : max;
     memcpy(buf, g->out.data, n);
@@ -642,8 +635,62 @@ static cJSON *gen_response(gen *g) {
     return j;
 }
 
+// The whole (non-stream) response, once every prompt has finished; frees g.
+static enum MHD_Result send_whole(struct MHD_Connection *c, gen *g) {
+    kaon_server *s = g->s;
+    if (g->error || g->timed_out) {
+        kaon_api_error e;
+        if (g->error)
+            kaon_api_error_set(&e, 500, NULL, NULL, "generation failed: %s", g->error);
+        else
+            timeout_error(g, &e);
+        gen_free(g);
+        return kaon_http_send_error(c, s, &e);
+    }
+    cJSON *resp = gen_response(g);
+    gen_free(g);
+    if (!resp) return kaon_http_send_errorf(c, s, 500, NULL, NULL, "out of memory");
+    return kaon_http_send_json(c, s, 200, resp);
+}
+
+enum MHD_Result kaon_generate_continue(struct MHD_Connection *c, void **pending) {
+    gen *g = *pending;
+    for (;;) {
+        if (g->all_done) {
+            *pending = NULL;
+            return send_whole(c, g);
+        }
+        int rc = gen_step(g);
+        if (rc == 0) return MHD_YES;  // parked: MHD calls the access handler again
+        if (rc < 0) {
+            *pending = NULL;
+            gen_free(g);
+            return MHD_NO;  // closes the connection
+        }
+    }
+}
+
+void kaon_generate_free(void *pending) { gen_free(pending); }
+
+// From here on the engine's outputs wake the connection when it is parked.
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? (int)ci->connect_fd : -1;
+}
+
+static void gen_watch(gen *g, struct MHD_Connection *c) {
+    g->pk.parker = &g->s->parker;
+    g->pk.c = c;
+    g->pk.fd = conn_fd(c);
+    g->pk.deadline = g->deadline;
+    atomic_init(&g->pk.gone, false);
+    for (int i = 0; i < g->np; i++) kaon_request_set_notify(g->p[i].r, kaon_park_notify, &g->pk);
+}
+
 enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, kaon_api_kind kind,
-                                     const char *body, size_t body_len, bool *busy) {
+                                     const char *body, size_t body_len, bool *busy,
+                                     void **pending) {
     kaon_api_error err;
     kaon_api_limits lim = kaon_server_limits(s);
     gen *g = calloc(1, sizeof *g);
@@ -661,16 +708,17 @@ enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, k
     }
     g->model = g->rq.model ? g->rq.model : s->model_name;
     g->created = (long long)time(NULL);
-    g->fd = conn_fd(c);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     make_id(s, kind == KAON_API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
     if (gen_prepare(g, &err) < 0) {
         gen_free(g);
         return kaon_http_send_error(c, s, &err);
     }
+    gen_watch(g, c);
     if (g->rq.stream) {
+        // SSE chunks are small: a small buffer keeps 10,000 streams' footprint down.
         struct MHD_Response *r =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_free);
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, g, stream_free);
         if (!r) {
             gen_free(g);
             return MHD_NO;
@@ -680,32 +728,8 @@ enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, k
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         return kaon_http_queue(c, s, 200, r);
     }
-    bool aborted = false;
-    while (!g->all_done) {
-        if (stopping(s) && !aborted) {
-            gen_abort(g);
-            aborted = true;
-        }
-        check_deadline(g);
-        if (gen_poll(g, 200) == 0 && !g->all_done && peer_gone(g->fd)) {
-            KAON_DEBUG("http: client of %s went away; aborting", g->id);
-            gen_free(g);
-            return MHD_NO;  // closes the connection
-        }
-    }
-    if (g->error || g->timed_out) {
-        kaon_api_error e;
-        if (g->error)
-            kaon_api_error_set(&e, 500, NULL, NULL, "generation failed: %s", g->error);
-        else
-            timeout_error(g, &e);
-        gen_free(g);
-        return kaon_http_send_error(c, s, &e);
-    }
-    cJSON *resp = gen_response(g);
-    gen_free(g);
-    if (!resp) return kaon_http_send_errorf(c, s, 500, NULL, NULL, "out of memory");
-    return kaon_http_send_json(c, s, 200, resp);
+    *pending = g;
+    return kaon_generate_continue(c, pending);
 }
 
 #endif

@@ -19,8 +19,8 @@ void kaon_server_options_default(kaon_server_options *o) {
     o->host = "127.0.0.1";
     o->port = 8000;
     o->max_body_bytes = (size_t)8 << 20;
-    o->max_connections = 4096;
-    o->max_queue = 1024;
+    o->max_connections = 16384;
+    o->max_queue = 16384;
     o->max_n = 128;
     o->drain_timeout_s = 30;
 }
@@ -69,6 +69,11 @@ void kaon_server_stop(kaon_server *s) { (void)s; }
 // Connections beyond --max-connections are still accepted up to this many more, and answered
 // 503 + Retry-After; past that libmicrohttpd closes new ones without a word.
 #define CONNECTION_SLACK 64
+// Each connection's memory pool (request line, headers, response headers, send buffer): a
+// fixed bound, so 10,000 connections cost at most 320 MiB of address space (far less resident).
+#define CONNECTION_MEMORY ((size_t)32 << 10)
+// Room for a burst of new connections (the kernel caps it at net.core.somaxconn).
+#define LISTEN_BACKLOG 16384u
 // After the drain timeout, how long aborted requests get to send their final chunk.
 #define ABORT_GRACE_S 5.0
 
@@ -117,6 +122,7 @@ typedef struct conn {
     bool preflight;        // CORS OPTIONS
     bool has_error;        // respond with err once the body has been read
     bool busy;             // counted in s->busy until on_completed
+    void *gen;             // a whole (non-stream) response still generating (generate.c)
     kaon_api_error err;
 } conn;
 
@@ -360,9 +366,11 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, kaon_server *s, conn *
     case R_MODELS: return handle_models(c, s);
     case R_MODEL: return handle_model(c, s, k->url);
     case R_CHAT:
-        return kaon_generate_handle(c, s, KAON_API_CHAT, k->body.data, k->body.len, &k->busy);
+        return kaon_generate_handle(c, s, KAON_API_CHAT, k->body.data, k->body.len, &k->busy,
+                                    &k->gen);
     case R_COMPLETION:
-        return kaon_generate_handle(c, s, KAON_API_COMPLETION, k->body.data, k->body.len, &k->busy);
+        return kaon_generate_handle(c, s, KAON_API_COMPLETION, k->body.data, k->body.len,
+                                    &k->busy, &k->gen);
     case R_TOKENIZE: return handle_tokenize(c, s, k);
     case R_DETOKENIZE: return handle_detokenize(c, s, k);
     default: return kaon_http_send_errorf(c, s, 404, "not_found", NULL, "Not Found");
@@ -448,6 +456,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *data_size = 0;
         return MHD_YES;
     }
+    if (k->gen) return kaon_generate_continue(c, &k->gen);  // resumed from the parker
     if (k->preflight) {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         if (r) {
@@ -491,6 +500,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)toe;
     conn *k = *con_cls;
     if (!k) return;
+    if (k->gen) kaon_generate_free(k->gen);
     if (k->busy) atomic_fetch_sub(&k->s->busy, 1);
     // Back to the idle timeout for the next request on this connection (this also restarts
     // MHD's timer, which stood still while the timeout was 0).
@@ -577,6 +587,12 @@ static int load_model(kaon_server *s) {
     return 0;
 }
 
+// libmicrohttpd's event-loop threads: one per core, 2 to 8.
+static unsigned event_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 2 ? 2u : n > 8 ? 8u : (unsigned)n;
+}
+
 static struct MHD_Daemon *start_daemon(kaon_server *s, int *port_out) {
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_UNSPEC;
@@ -589,19 +605,24 @@ static struct MHD_Daemon *start_daemon(kaon_server *s, int *port_out) {
         kaon_set_error("serve: cannot resolve host '%s': %s", s->o.host, gai_strerror(rc));
         return NULL;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
-                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    // A few event-loop threads (epoll where there is one) serve every connection; nothing in
+    // them waits for the engine (generation requests are parked: park.c), so /health and
+    // /metrics stay quick however many streams are open.
+    unsigned flags = MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME |
+                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES
+                          ? MHD_USE_EPOLL_INTERNAL_THREAD : MHD_USE_POLL_INTERNAL_THREAD);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_access, s,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_THREAD_POOL_SIZE, event_threads(),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections + CONNECTION_SLACK,
         MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, LISTEN_BACKLOG,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 << 10,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
         MHD_OPTION_END);
     freeaddrinfo(ai);
@@ -632,7 +653,7 @@ static kaon_server *server_new(const kaon_server_options *o) {
     s->o = *o;
     if (!s->o.host) s->o.host = "127.0.0.1";
     if (!s->o.max_body_bytes) s->o.max_body_bytes = (size_t)8 << 20;
-    if (s->o.max_connections <= 0) s->o.max_connections = 4096;
+    if (s->o.max_connections <= 0) s->o.max_connections = 16384;
     if (s->o.max_n <= 0 || s->o.max_n > 128) s->o.max_n = 128;
     if (s->o.api_key && !s->o.api_key[0]) s->o.api_key = NULL;
     atomic_init(&s->state, ST_LOADING);
@@ -655,6 +676,7 @@ static kaon_server *server_new(const kaon_server_options *o) {
 }
 
 static void server_free(kaon_server *s) {
+    kaon_parker_destroy(&s->parker);
     kaon_chat_template_free(s->tmpl);
     kaon_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->admit_mu);
@@ -662,10 +684,20 @@ static void server_free(kaon_server *s) {
     free(s);
 }
 
+// Parked requests are all woken while stopping, so that they abort.
+static bool server_stopping(void *ctx) {
+    kaon_server *s = ctx;
+    return atomic_load(&s->state) == ST_STOPPING;
+}
+
 // Listens, then loads the model (so /health answers 503 meanwhile). NULL + kaon_last_error().
 static kaon_server *server_start(const kaon_server_options *o) {
     kaon_server *s = server_new(o);
     if (!s) return NULL;
+    if (kaon_parker_start(&s->parker, server_stopping, s) < 0) {
+        server_free(s);
+        return NULL;
+    }
     s->d = start_daemon(s, &s->port);
     if (!s->d) {
         server_free(s);
@@ -682,6 +714,7 @@ static kaon_server *server_start(const kaon_server_options *o) {
     if (load_model(s) < 0) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kaon_last_error());
+        kaon_parker_close(&s->parker);
         MHD_stop_daemon(s->d);
         server_free(s);
         kaon_set_error("serve: cannot load the model: %s", msg);
@@ -697,8 +730,8 @@ kaon_server *kaon_server_start(const kaon_server_options *o) { return server_sta
 int kaon_server_port(const kaon_server *s) { return s ? s->port : -1; }
 
 // Graceful shutdown: /health and new requests get 503 (Connection: close), running requests
-// may finish for drain_timeout_s; then the rest are aborted: their threads see ST_STOPPING
-// within 200 ms and end each response properly (finish_reason "abort", [DONE]), which they get
+// may finish for drain_timeout_s; then the rest are aborted: parked ones are woken within
+// 200 ms, see ST_STOPPING and end each response properly (finish_reason "abort", [DONE]), which they get
 // ABORT_GRACE_S to send. Only then are the connections closed and the engine stopped.
 void kaon_server_stop(kaon_server *s) {
     if (!s) return;
@@ -713,7 +746,10 @@ void kaon_server_stop(kaon_server *s) {
         double t_grace = kaon_now() + ABORT_GRACE_S;
         while (atomic_load(&s->busy) > 0 && kaon_now() < t_grace) sleep_ms(20);
     }
-    MHD_stop_daemon(s->d);  // closes the idle connections and joins every connection thread
+    // Whatever is still parked gives up, then MHD closes the rest and joins its threads.
+    kaon_parker_close(&s->parker);
+    sleep_ms(50);
+    MHD_stop_daemon(s->d);
     kaon_engine_destroy(s->engine);
     KAON_INFO("serve: stopped");
     server_free(s);

@@ -1,12 +1,14 @@
 // kaon serve: the OpenAI-compatible HTTP server over one engine (docs/API.md).
 //
-// Threading: libmicrohttpd with one thread per connection (MHD_USE_THREAD_PER_CONNECTION over
-// poll, so file descriptors above 1024 work). JSON parsing, chat templating and tokenizing run
-// in those threads; each then waits on its own request's output queue (kaon_request_next) and
-// writes to its own socket, so a slow client only ever slows its own thread: the engine thread
-// only appends to queues and never blocks on a socket. While waiting, a thread wakes every
-// 200 ms to see whether its peer hung up; a client that disconnects has its request aborted
-// (kaon_request_free), which returns its KV blocks to the pool.
+// Threading: libmicrohttpd's epoll event loop on a small pool of threads (one per core, 2 to 8)
+// serves every connection. JSON parsing, chat templating and tokenizing run there; a request
+// then takes its outputs without waiting (kaon_request_next with timeout 0) and, when none is
+// ready, suspends its connection and parks (park.c) until the engine's notification
+// (kaon_request_set_notify) says one is. So no thread ever waits for the engine, and /health or
+// /metrics are answered at once however many streams are open; the engine thread only appends
+// to queues and never blocks on a socket. A waker thread resumes the notified connections and,
+// every 200 ms, the parked ones whose peer hung up (one poll over all their sockets): a client
+// that disconnects has its request aborted (kaon_request_free), which returns its KV blocks.
 #ifndef KAON_SERVER_SERVER_H
 #define KAON_SERVER_SERVER_H
 
@@ -23,9 +25,9 @@ typedef struct kaon_server_options {
     const char *served_model_name;  // NULL: the model file name without .gguf
     // Limits (docs/SECURITY.md). Requests beyond them get an OpenAI error, never a crash.
     size_t max_body_bytes;          // larger bodies get 413 (default 8 MiB)
-    int max_connections;            // concurrent connections (default 4096); beyond: 503, and
+    int max_connections;            // concurrent connections (default 16384); beyond: 503, and
                                     // past max_connections + 64 MHD closes new ones at once
-    int max_queue;                  // sequences waiting for a slot (default 1024); a request
+    int max_queue;                  // sequences waiting for a slot (default 16384); a request
                                     // arriving when this many wait gets 429 + Retry-After
     int max_prompt_tokens;          // longer prompts get 400 (0: the context length)
     int max_tokens;                 // larger max_tokens get 400; the default when absent is

@@ -14,6 +14,7 @@
 
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/park.h"
 #include "server/server.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -39,6 +40,7 @@ struct kaon_server {
     atomic_int busy;            // generation requests whose response is not yet fully sent
     atomic_int conns;           // open connections
     pthread_mutex_t admit_mu;   // the queue check and the submits of one request, together
+    kaon_parker parker;         // generation requests waiting for the engine (park.c)
     int port;
     atomic_ullong seq;
     atomic_ullong finished_since_trim;
@@ -76,9 +78,14 @@ kaon_api_limits kaon_server_limits(kaon_server *s);
 // Serves one /v1/chat/completions or /v1/completions request whose body has been read: parses
 // and validates it, submits its prompts (429 when the queue is full), then answers with the
 // whole JSON or an SSE stream. Sets *busy (counted in s->busy until the connection's
-// on_completed) so that a drain waits for the response to be sent.
+// on_completed) so that a drain waits for the response to be sent. A whole response not yet
+// ready leaves its state in *pending and the connection parked: the access handler then
+// calls kaon_generate_continue when it is resumed, and on_completed kaon_generate_free.
 enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, kaon_api_kind kind,
-                                     const char *body, size_t body_len, bool *busy);
+                                     const char *body, size_t body_len, bool *busy,
+                                     void **pending);
+enum MHD_Result kaon_generate_continue(struct MHD_Connection *c, void **pending);
+void kaon_generate_free(void *pending);
 // Renders the chat template for r and tokenizes the result (also for /tokenize). On error
 // fills err (400) and returns -1.
 int kaon_generate_render_chat(kaon_server *s, const kaon_api_request *r, int32_t **ids,

@@ -44,7 +44,7 @@ def kaon_binary():
 class Server:
     """A running `kaon serve`; base is http://host:port."""
 
-    def __init__(self, args, env=None):
+    def __init__(self, args, env=None, preexec_fn=None):
         exe = kaon_binary()
         self.tmp = tempfile.TemporaryDirectory(prefix="kaon-e2e-")
         port_file = pathlib.Path(self.tmp.name) / "port"
@@ -52,7 +52,7 @@ class Server:
         self.log = open(self.log_path, "wb")
         cmd = [str(exe), "serve", str(MODEL), "--port", "0", "--port-file", str(port_file)] + args
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
         deadline = time.time() + 120
         while not port_file.exists() or not port_file.read_text().strip():
             self._check_alive()
