@@ -605,11 +605,14 @@ static struct MHD_Daemon *start_daemon(kaon_server *s, int *port_out) {
         kaon_set_error("serve: cannot resolve host '%s': %s", s->o.host, gai_strerror(rc));
         return NULL;
     }
-    // A few event-loop threads (epoll where there is one) serve every connection; nothing in
-    // them waits for the engine (generation requests are parked: park.c), so /health and
-    // /metrics stay quick however many streams are open.
+    // A few event-loop threads serve every connection; nothing in them waits for the engine
+    // (generation requests are parked: park.c), so /health and /metrics stay quick however many
+    // streams are open. poll() by default: Debian 12's libmicrohttpd (0.9.75) in its epoll mode
+    // leaves some malformed requests ("\0\1\2 /x HTTP", then the client's half-close) open
+    // until the idle timeout, which fuzz_http caught; KAON_HTTP_EPOLL=1 takes epoll anyway.
+    const char *ep = getenv("KAON_HTTP_EPOLL");
     unsigned flags = MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME |
-                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES
+                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES && ep && !strcmp(ep, "1")
                           ? MHD_USE_EPOLL_INTERNAL_THREAD : MHD_USE_POLL_INTERNAL_THREAD);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
