@@ -505,18 +505,32 @@ fail:
 
 static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                         kaon_moe_layer *dev);
+static int upload_fp8_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                            kaon_moe_layer *dev);
+static int upload_common(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                         kaon_moe_layer *dev);
+
+// What a device backend can take of layer l: bare matrices, or FP8 with scales where the backend
+// has upload_linear (its FP8 layout); NULL, or why not.
+static const char *device_unsupported(const kaon_backend *be, const kaon_linear *l) {
+    if (!l->w.data) return NULL;
+    if (l->w.dtype == KAON_MXFP4 || l->w.dtype == KAON_I4) return kaon_linear_unsupported(l);
+    if (l->scale.data && !(kaon_linear_is_fp8_block(l) && be->ops->upload_linear)) return kaon_linear_unsupported(l);
+    return NULL;
+}
 
 int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                     kaon_moe_layer *dev) {
     const int E = host->w.n_experts;
-    // No device kernel reads format companions yet (a device fill would make them bf16 silently).
+    // The router is read by the moe op's own kernels, in bf16.
     if (host->router.scale.data) return kaon_set_error("an FP8 router runs on the CPU backend only for now");
     if (host->router.w.dtype == KAON_MXFP4) return kaon_set_error("an MXFP4 router runs on the CPU backend only for now");
     for (int i = 0; i < 3 * E + 3; i++) {
         const kaon_linear *v = i < 3 * E ? &host->views[i] : &host->shared[i - 3 * E];
-        if (v->scale.data || v->w.dtype == KAON_MXFP4)
-            return kaon_set_error("experts with %s run on the CPU backend only for now", kaon_linear_unsupported(v));
+        const char *why = device_unsupported(be, v);
+        if (why) return kaon_set_error("experts with %s run on the CPU backend only for now", why);
     }
+    if (kaon_linear_is_fp8_block(&host->views[0])) return upload_fp8_layer(be, host, dummy, seed, dev);
     if (E < 2 || host->n_src != 3 * E) return upload_layer(be, host, dummy, seed, dev);
     void *blobs[3] = {NULL, NULL, NULL};
     kaon_moe_layer *st = stack_experts(host, blobs);
@@ -529,16 +543,144 @@ int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, ui
     return rc;
 }
 
+// A shared expert's matrix: FP8 with its scales through upload_linear, else as copy_one.
+static int copy_shared(kaon_backend *be, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dst) {
+    memset(dst, 0, sizeof *dst);
+    if (host->w.data && host->scale.data) return be->ops->upload_linear(be, host, dummy, seed, dst);
+    return copy_one(be, &host->w, dummy, seed, false, &dst->w);
+}
+
+// The layer's router, shared expert, its gate input and the selection bias (the parts every
+// upload path copies the same way).
+static int upload_common(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                         kaon_moe_layer *dev) {
+    int rc = copy_one(be, &host->router.w, dummy, seed, true, &dev->router.w);
+    for (int i = 0; i < 3 && !rc; i++) rc = copy_shared(be, &host->shared[i], dummy, seed + 1 + i, &dev->shared[i]);
+    if (!rc) rc = copy_one(be, &host->shared_gate_inp.w, dummy, seed + 4, true, &dev->shared_gate_inp.w);
+    if (!rc) rc = copy_one(be, &host->score_bias, dummy, seed + 5, false, &dev->score_bias);
+    return rc;
+}
+
+// ---- FP8 experts on a device ---------------------------------------------------------------------
+// Kind k's experts become one FP8 layer [E * rows, cols] whose scale grid the backend's FP8 upload
+// takes: 128-row blocks stack when rows is a multiple of the block (DeepSeek, Qwen3-FP8), channel
+// scales stack as they are, a tensor's scale is repeated per row. The views then point into the
+// one device copy: expert e's codes at e * rows * cols, its scales at e * (scale rows) * (scale cols).
+
+static float *fp8_scales_stacked(const kaon_moe_layer *host, int k, bool per_row, int64_t *srows, int64_t *scols) {
+    const int E = host->w.n_experts;
+    const kaon_linear *v0 = &host->views[k * E];
+    const int64_t rows = v0->w.shape[0];
+    const int64_t er = per_row ? rows : v0->scale.shape[0], ec = per_row ? 1 : v0->scale.shape[1];
+    float *s = malloc(sizeof(float) * (size_t)(E * er * ec));
+    if (!s) {
+        kaon_set_error("out of memory stacking expert scales");
+        return NULL;
+    }
+    for (int e = 0; e < E; e++)
+        for (int64_t i = 0; i < er * ec; i++)
+            s[(size_t)(e * er * ec + i)] = kaon_tensor_f32_at(&host->views[k * E + e].scale, per_row ? 0 : i);
+    *srows = E * er;
+    *scols = ec;
+    return s;
+}
+
+static int stack_fp8(const kaon_moe_layer *host, int k, bool dummy, kaon_linear *out, void **blobs) {
+    const int E = host->w.n_experts;
+    const kaon_linear *v0 = &host->views[k * E];
+    const int64_t rows = v0->w.shape[0], cols = v0->w.shape[1];
+    const int32_t b0 = v0->scale_block[0], b1 = v0->scale_block[1];
+    for (int e = 0; e < E; e++) {
+        const kaon_linear *v = &host->views[k * E + e];
+        if (!kaon_linear_is_fp8_block(v) || v->w.shape[0] != rows || v->w.shape[1] != cols || v->scale_block[0] != b0 ||
+            v->scale_block[1] != b1 || v->scale.shape[0] != v0->scale.shape[0] ||
+            v->scale.shape[1] != v0->scale.shape[1] || v->act_quant != v0->act_quant || kaon_linear_bias(v))
+            return kaon_set_error("FP8 experts of one layer with different formats, shapes or scale blocks");
+    }
+    const bool tensor = b0 >= rows && b1 >= cols;
+    if (!tensor && b0 != 1 && rows % b0)
+        return kaon_set_error("FP8 experts of %lld rows with scale blocks of %d rows: not supported on the device",
+                              (long long)rows, b0);
+    memset(out, 0, sizeof *out);
+    out->w = v0->w;
+    out->w.shape[0] = E * rows;
+    out->w.nbytes = (size_t)(E * rows * cols);
+    out->scale_block[0] = tensor ? 1 : b0;
+    out->scale_block[1] = tensor ? (int32_t)cols : b1;
+    out->act_quant = v0->act_quant;
+    out->act_scale = v0->act_scale;
+    out->scale = v0->scale;
+    out->scale.shape[0] = tensor ? E * rows : E * v0->scale.shape[0];
+    out->scale.shape[1] = tensor ? 1 : v0->scale.shape[1];
+    out->scale.nbytes = sizeof(float) * (size_t)(out->scale.shape[0] * out->scale.shape[1]);
+    if (dummy) return 0;  // shapes only: the backend makes the values
+    // Codes: the views in place when they are one run of rows already, else a stacked copy.
+    bool run = true;
+    for (int e = 1; e < E && run; e++) run = (const char *)host->views[k * E + e].w.data == (const char *)v0->w.data + (size_t)(e * rows * cols);
+    if (!run) {
+        char *blob = malloc((size_t)(E * rows * cols));
+        if (!blob) return kaon_set_error("out of memory stacking experts (%lld MiB)", (long long)((E * rows * cols) >> 20));
+        blobs[0] = blob;
+        for (int e = 0; e < E; e++) memcpy(blob + (size_t)(e * rows * cols), host->views[k * E + e].w.data, (size_t)(rows * cols));
+        out->w.data = blob;
+    }
+    int64_t sr, sc;
+    float *s = fp8_scales_stacked(host, k, tensor, &sr, &sc);
+    if (!s) return -1;
+    blobs[1] = s;
+    out->scale.data = s;
+    out->scale.dtype = KAON_F32;
+    out->scale.ndim = 2;
+    out->scale.shape[0] = sr;
+    out->scale.shape[1] = sc;
+    return 0;
+}
+
+static int upload_fp8_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
+                            kaon_moe_layer *dev) {
+    const int E = host->w.n_experts;
+    if (layer_alloc(dev, E, 3)) return -1;
+    int rc = upload_common(be, host, dummy, seed, dev);
+    for (int k = 0; k < 3 && !rc; k++) {
+        void *blobs[2] = {NULL, NULL};
+        kaon_linear sl, dl;
+        rc = stack_fp8(host, k, dummy, &sl, blobs);
+        if (!rc) rc = be->ops->upload_linear(be, &sl, dummy, seed + 8 + (uint64_t)k, &dl);
+        free(blobs[0]);
+        free(blobs[1]);
+        if (rc) break;
+        dev->src[k] = dl.w;
+        dev->n_src++;
+        const int64_t rows = host->views[k * E].w.shape[0];
+        // The device's scale rows per expert (its layout may differ from the checkpoint's).
+        const int64_t er = dl.scale.shape[0] / E, ec = dl.scale.shape[1];
+        for (int e = 0; e < E; e++) {
+            set_view(dev, E, k, e, k, (int64_t)e * rows, rows);
+            kaon_linear *v = &dev->views[k * E + e];
+            v->scale = dl.scale;
+            v->scale.shape[0] = er;
+            v->scale.data = (float *)dl.scale.data + (size_t)(e * er * ec);
+            v->scale.nbytes = sizeof(float) * (size_t)(er * ec);
+            memcpy(v->scale_block, dl.scale_block, sizeof v->scale_block);
+            v->act_quant = dl.act_quant;
+            v->act_scale = dl.act_scale;
+        }
+    }
+    if (rc) {
+        kaon_moe_release(be, dev);
+        return -1;
+    }
+    dev->w = host->w;
+    point_weights(dev);
+    return 0;
+}
+
 static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                         kaon_moe_layer *dev) {
     const int E = host->w.n_experts;
     if (layer_alloc(dev, E, host->n_src > 0 ? host->n_src : 1)) return -1;
     dev->n_src = 0;
-    int rc = copy_one(be, &host->router.w, dummy, seed, true, &dev->router.w);
-    for (int i = 0; i < 3 && !rc; i++)
-        rc = copy_one(be, &host->shared[i].w, dummy, seed + 1 + i, false, &dev->shared[i].w);
-    if (!rc) rc = copy_one(be, &host->shared_gate_inp.w, dummy, seed + 4, true, &dev->shared_gate_inp.w);
-    if (!rc) rc = copy_one(be, &host->score_bias, dummy, seed + 5, false, &dev->score_bias);
+    int rc = upload_common(be, host, dummy, seed, dev);
     for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++)
         rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, true, &dev->src[i]);
     if (rc) {

@@ -12,8 +12,9 @@
 // mlp.gate.e_score_correction_bias, GGUF exp_probs_b.bias.
 //   HF fused (transformers 5)  ...experts.gate_up_proj [E, 2 ffn, dim], ...experts.down_proj
 // A view is rows [row0, row0 + rows) of one source tensor, held as the weight of a kaon_linear
-// (no bias; no format companions yet: no loader fills them); a device copy uploads each source
-// once (one allocation per stacked tensor) and rebuilds the views on top of it.
+// (no bias; FP8 and INT4 views carry their scales); a device copy uploads each source once (one
+// allocation per stacked tensor; FP8 experts as one FP8 layer per kind with its scales) and
+// rebuilds the views on top of it.
 #ifndef KAON_MODEL_MOE_H
 #define KAON_MODEL_MOE_H
 

@@ -436,8 +436,9 @@ size_t kaon_weights_device_bytes(kaon_backend *be, const kaon_model *m) {
             const kaon_moe_layer *ml = &m->w.moe[l];
             total += DEV_BYTES(&ml->router.w, true) + DEV_BYTES(&ml->shared_gate_inp.w, false) +
                      DEV_BYTES(&ml->score_bias, false);
-            for (int k = 0; k < 3; k++) total += DEV_BYTES(&ml->shared[k].w, false);
+            for (int k = 0; k < 3; k++) total += DEV_BYTES(&ml->shared[k].w, false) + DEV_BYTES(&ml->shared[k].scale, false);
             for (int k = 0; k < ml->n_src; k++) total += DEV_BYTES(&ml->src[k], true);
+            for (int k = 0; ml->views && k < 3 * ml->w.n_experts; k++) total += DEV_BYTES(&ml->views[k].scale, false);
         }
     }
 #undef DEV_BYTES

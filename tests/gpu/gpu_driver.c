@@ -175,6 +175,7 @@ static void save_dev(const char *dir, const char *name, const void *d, size_t n)
 
 static int run_qop(const char *dir, const char *op);  // gpu_driver_quant.c
 static int run_fp8op(const char *dir, const char *op);  // gpu_driver_fp8.c
+static kaon_linear fp8_layer(const char *dir, const char *wname, const char *sname, int out, int in);
 static int run_i4op(const char *dir, const char *op);  // gpu_driver_int4.c
 static void q_dequant_save(const char *dir, const kaon_tensor *d, int rows, int cols);
 static kaon_tensor q_upload_raw(const char *dir, const char *name, int type, int64_t rows, int64_t cols);
@@ -402,20 +403,35 @@ static int run_op(const char *dir) {
         void *dx = dev_bf16(x, n, dim);
         const kaon_tensor rt = dev_matrix(need(dir, "router.bin", (size_t)E * dim * 4), E, dim);
         const kaon_linear router = kaon_linear_of(&rt, NULL);
-        kaon_tensor st[3] = {dev_matrix(need(dir, "gate.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim),
-                             dev_matrix(need(dir, "up.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim),
-                             dev_matrix(need(dir, "down.bin", (size_t)E * dim * F * 4), (int64_t)E * dim, F)};
+        // fp8 1: e4m3 experts (gate8.bin, up8.bin, down8.bin u8 codes; gate_s.bin ... f32 scales in
+        // blocks of [sb0, sb1]; act: their kaon_act_quant), uploaded as model/moe.c uploads them.
+        const bool fp8 = P("fp8") != 0;
+        kaon_linear sl[3];
+        if (fp8) {
+            sl[0] = fp8_layer(dir, "gate8.bin", "gate_s.bin", E * F, dim);
+            sl[1] = fp8_layer(dir, "up8.bin", "up_s.bin", E * F, dim);
+            sl[2] = fp8_layer(dir, "down8.bin", "down_s.bin", E * dim, F);
+        } else {
+            sl[0] = kaon_linear_of((kaon_tensor[]){dev_matrix(need(dir, "gate.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim)}, NULL);
+            sl[1] = kaon_linear_of((kaon_tensor[]){dev_matrix(need(dir, "up.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim)}, NULL);
+            sl[2] = kaon_linear_of((kaon_tensor[]){dev_matrix(need(dir, "down.bin", (size_t)E * dim * F * 4), (int64_t)E * dim, F)}, NULL);
+        }
         kaon_linear *views = calloc((size_t)3 * E, sizeof *views);
         for (int k = 0; k < 3; k++)
             for (int e = 0; e < E; e++) {
                 const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
-                const size_t eb = on_cpu ? 4 : 2;
-                kaon_tensor *v = &views[k * E + e].w;
-                *v = st[k];
-                v->shape[0] = rows;
-                v->shape[1] = cols;
-                v->data = (char *)st[k].data + (size_t)e * rows * cols * eb;
-                v->nbytes = (size_t)rows * cols * eb;
+                const size_t eb = fp8 ? 1 : on_cpu ? 4 : 2;
+                kaon_linear *v = &views[k * E + e];
+                *v = sl[k];
+                v->w.shape[0] = rows;
+                v->w.data = (char *)sl[k].w.data + (size_t)e * rows * cols * eb;
+                v->w.nbytes = (size_t)rows * cols * eb;
+                if (fp8) {  // expert e's scale rows
+                    const int64_t er = rows / sl[k].scale_block[0], ec = sl[k].scale.shape[1];
+                    v->scale.shape[0] = er;
+                    v->scale.data = (float *)sl[k].scale.data + (size_t)(e * er * ec);
+                    v->scale.nbytes = (size_t)(er * ec) * 4;
+                }
             }
         kaon_moe_weights w = {.n_experts = E, .top_k = K, .norm_topk = P("norm") != 0, .router = &router,
                               .gate = views, .up = views + E, .down = views + 2 * E};
@@ -431,11 +447,17 @@ static int run_op(const char *dir) {
             w.score_bias = &sbias;
         }
         kaon_linear sh[4];
-        if (SF) {
+        if (SF && fp8) {  // an FP8 shared expert beside FP8 experts
+            sh[0] = fp8_layer(dir, "sgate8.bin", "sgate_s.bin", SF, dim);
+            sh[1] = fp8_layer(dir, "sup8.bin", "sup_s.bin", SF, dim);
+            sh[2] = fp8_layer(dir, "sdown8.bin", "sdown_s.bin", dim, SF);
+        } else if (SF) {
             const kaon_tensor t[3] = {dev_matrix(need(dir, "sgate.bin", (size_t)SF * dim * 4), SF, dim),
                                       dev_matrix(need(dir, "sup.bin", (size_t)SF * dim * 4), SF, dim),
                                       dev_matrix(need(dir, "sdown.bin", (size_t)dim * SF * 4), dim, SF)};
             for (int i = 0; i < 3; i++) sh[i] = kaon_linear_of(&t[i], NULL);
+        }
+        if (SF) {
             w.shared_gate = &sh[0];
             w.shared_up = &sh[1];
             w.shared_down = &sh[2];

@@ -8,7 +8,7 @@
 # (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, deepseek, tests/gpu/test_deepseek_hf.py
 # --device cuda, fp8, tests/gpu/test_gpu_fp8.py, int4, tests/gpu/test_gpu_int4.py + the dummy
 # Llama-3.1-8B AWQ decode benchmark, and kvfp8, tests/gpu/test_gpu_kv_fp8.py (the FP8 KV cache),
-# run only when named, not under all; KAON_DEEPSEEK_K / KAON_FP8_K / KAON_INT4_K="EXPR" run -k EXPR)
+# run only when named, not under all; KAON_MOE_K / KAON_DEEPSEEK_K / KAON_FP8_K / KAON_INT4_K="EXPR" run -k EXPR)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -109,7 +109,7 @@ want models 40 && pytest_section models 240 "small_vs_transformers"
 if want moe 40; then  # mixture of experts: the moe op (DeepSeek routing too) and MoE models vs transformers, < 3 min
     t0=$(date +%s)
     timeout "$(tl 200)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 200 tests/gpu/test_gpu_moe.py \
-        > /tmp/pytest_moe.log 2>&1
+        ${KAON_MOE_K:+-k "$KAON_MOE_K"} > /tmp/pytest_moe.log 2>&1
     rc=$?
     { echo "######## section moe (rc $rc)"; cat /tmp/pytest_moe.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_moe.log | cut -c1-300 | tail -n 30

@@ -184,3 +184,50 @@ def test_fp8_model_cuda_vs_cpu(tmp_path):
         r = res[mode]
         assert r["rel_err"] <= 1.5 * e_q and r["top1"] >= 0.99, (mode, r, e_q)
         assert mode == "prefill" or r["vs_cuda_prefill"] <= 1.5 * e_q, (mode, r)
+
+
+def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):
+    """A small DeepSeek-V3 whose every matrix but the head is 128 x 128 block FP8 (MLA, dense MLP,
+    the routed experts and the shared expert, as DeepSeek's checkpoints): CUDA logits (prefill,
+    decode, chunked) against the CPU's. The GPU reads the experts weight-only and quantizes the
+    other layers' activations; the CPU here quantizes every activation (KAON_FP8_ACT=1), so the
+    bound is relative to the activation quantization's own effect, as in the dense test above."""
+    from deepseek_models import config_json, make_config as ds_config, make_weights as ds_weights
+    from fp8_files import quantize_checkpoint
+    from hf_files import write_folder
+    from bf16 import round_bf16
+
+    cfg = ds_config("v3")
+    # Widths the device's FP8 layout stacks (experts of 128-row multiples), 3 MoE layers after a dense one.
+    cfg.update(hidden_size=256, intermediate_size=384, moe_intermediate_size=128, n_routed_experts=32,
+               num_experts_per_tok=8, n_group=4, topk_group=2, num_hidden_layers=4, first_k_dense_replace=1,
+               vocab_size=512, num_nextn_predict_layers=0)
+    w = round_bf16(ds_weights(cfg, seed=7))
+    files, _ = quantize_checkpoint(w, lambda n: n == "lm_head.weight" or n.endswith("mlp.gate.weight"))
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    folder = write_folder(tmp_path / "ds", dict(config_json(cfg, "hub", "bfloat16"), quantization_config=qc), files,
+                          "BF16", indent=None)
+    ids = np.random.default_rng(9).integers(0, cfg["vocab_size"], 48).tolist()
+    V = cfg["vocab_size"]
+
+    def run(dev, chunk, act="1"):
+        o = tmp_path / f"{dev}_{chunk}_{act}.f32"
+        p = subprocess.run([driver(), "logits", str(folder), dev, str(chunk), ",".join(map(str, ids)), str(o)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, KAON_FP8_ACT=act))
+        assert p.returncode == 0, p.stderr
+        return np.fromfile(o, np.float32).reshape(len(ids), V)
+
+    ref = run("cpu", len(ids))
+    e_q = rel(ref, run("cpu", len(ids), "0"))
+    res = {"act_quant_effect_cpu": e_q}
+    for mode, chunk in (("prefill", len(ids)), ("decode", 1), ("chunked7", 7)):
+        k = run("cuda", chunk)
+        srt = np.sort(ref, -1)
+        sel = srt[:, -1] - srt[:, -2] > 0.1
+        top1 = float((k.argmax(-1) == ref.argmax(-1))[sel].mean()) if sel.any() else 1.0
+        res[mode] = dict(rel_err=rel(k, ref), top1=top1, positions=int(sel.sum()))
+    record("fp8_deepseek_v3_moe", **res)
+    print(json.dumps(res))
+    for mode in ("prefill", "decode", "chunked7"):
+        r = res[mode]
+        assert r["rel_err"] <= 1.5 * e_q and r["top1"] >= 0.97, (mode, r, e_q)

@@ -139,6 +139,81 @@ def test_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad):
     assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
 
 
+# ---- FP8 experts (cuda_moe_fp8.cu) ---------------------------------------------------------------
+
+def fp8_codes(rng, shape):
+    c = rng.integers(0, 256, shape).astype(np.uint8)
+    c[(c & 0x7F) == 0x7F] -= 1  # no NaN codes
+    return c
+
+
+def fp8_matrix(rng, rows, cols, sb0, sb1):
+    """e4m3 codes [rows, cols], f32 scales in blocks of [sb0, sb1] (values ~ 1/sqrt(cols)), and the
+    float64 matrix they stand for."""
+    sys.path.insert(0, str(REPO / "tests" / "ref"))
+    from fp8_files import E4M3
+    c = fp8_codes(rng, (rows, cols))
+    sr, sc = -(-rows // sb0), -(-cols // sb1)
+    s = ((0.5 + rng.random((sr, sc))) / np.sqrt(cols) / 448.0).astype(np.float32)
+    full = np.repeat(np.repeat(s.astype(np.float64), sb0, 0), sb1, 1)[:rows, :cols]
+    return c, s, E4M3[c].astype(np.float64) * full
+
+
+FP8_MOE_CASES = [
+    # name, n tokens, dim, E, K, ffn, shared ffn, padding tokens, scale blocks (None: per row)
+    ("fp8-decode-qwen3-30b-a3b", 1, 2048, 128, 8, 768, 0, 0, 128),
+    ("fp8-decode-batch8-pad-shared", 8, 512, 16, 4, 256, 256, 2, 128),
+    ("fp8-decode-channel", 3, 256, 8, 2, 384, 0, 0, None),
+    ("fp8-prefill-shared", 200, 512, 16, 4, 256, 256, 5, 128),
+    ("fp8-prefill-e128-top8", 300, 1024, 128, 8, 384, 0, 0, 128),
+    ("fp8-prefill-channel", 150, 256, 8, 2, 384, 128, 0, None),
+]
+
+
+@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,blk", FP8_MOE_CASES)
+def test_moe_op_fp8_experts(tmp_path, name, n, dim, E, K, F, SF, npad, blk):
+    """FP8 experts (and an FP8 shared expert) against the float64 MoE of their dequantized
+    weights: the GPU reads them weight-only (bf16 activations), so the error is the bf16 path's."""
+    rng = np.random.default_rng()
+    sb0, sb1 = (blk, blk) if blk else (1, max(dim, F))
+    x = bf16(rng.standard_normal((n, dim)))
+    router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+    arrays, deq = dict(x=x, router=router), {}
+    for nm, rows, cols in (("gate", E * F, dim), ("up", E * F, dim), ("down", E * dim, F)):
+        c, sc, d = fp8_matrix(rng, rows, cols, sb0, sb1)
+        arrays[nm + "8"], arrays[nm + "_s"], deq[nm] = c, sc, d
+    shared = None
+    if SF:
+        for nm, rows, cols in (("sgate", SF, dim), ("sup", SF, dim), ("sdown", dim, SF)):
+            c, sc, d = fp8_matrix(rng, rows, cols, sb0, sb1)
+            arrays[nm + "8"], arrays[nm + "_s"], deq[nm] = c, sc, d
+        arrays["sgi"] = bf16(rng.standard_normal((1, dim)) / np.sqrt(dim))
+        shared = (deq["sgate"], deq["sup"], deq["sdown"], arrays["sgi"])
+    pos = None
+    if npad:
+        pos = np.arange(n, dtype=np.int32)
+        pos[rng.choice(n, npad, replace=False)] = -1
+        arrays["pos"] = pos
+    so = run_op(tmp_path, "moe", dict(n=n, dim=dim, E=E, K=K, F=F, norm=1, SF=SF, has_pos=int(npad > 0), fp8=1,
+                                      sb0=sb0, sb1=sb1, act=0, reps=2, time=0 if ON_CPU else 20), arrays)
+    ref, counts, clear = moe_reference(x, router, deq["gate"].reshape(E, F, dim), deq["up"].reshape(E, F, dim),
+                                       deq["down"].reshape(E, dim, F), K, 1, shared, pos)
+    got = out(tmp_path, shape=(n, dim))
+    live = np.ones(n, bool) if pos is None else pos >= 0
+    assert np.all(got[~live] == 0), "padding tokens must get zeros"
+    assert clear[live].mean() > 0.75, f"too many near-ties ({(~clear[live]).sum()} of {live.sum()})"
+    clear &= live
+    e = rel(got[clear], ref[clear])
+    gpu_counts = np.fromfile(tmp_path / "out_counts.bin", np.float32).astype(np.int64)
+    us = json.loads(so.strip().splitlines()[-1])["us"] if not ON_CPU else None
+    amb = int((~clear & live).sum())
+    record("moe_op_fp8", case=name, rel_err=e, excluded=amb, us=us)
+    print(name, f"rel err {e:.2e}, {amb} near-tie tokens left out, {us} us/call")
+    assert e < 1.5e-2
+    assert gpu_counts.sum() == 2 * K * (n - npad)
+    assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
+
+
 # ---- DeepSeekMoE routing ----------------------------------------------------------------------------
 
 def ds_route(logits, K, scoring, bias, n_group, topk_group, top2, norm, scale):

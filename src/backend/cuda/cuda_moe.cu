@@ -1,5 +1,7 @@
 // The moe op on the GPU: bf16 experts stacked per kind (expert e of a kind at a fixed stride
-// from expert 0: model/moe.c uploads them so), f32 accumulation.
+// from expert 0: model/moe.c uploads them so), f32 accumulation. FP8 experts (e4m3 with block or
+// per-row scales, one cuda_fp8.cu layer per kind) take the same routing and plan with the
+// expert kernels of cuda_moe_fp8.cu.
 //
 // One step, all on the stream with no host synchronisation (so whole steps are graphed):
 //   1. router logits = x @ router^T                      [n, E] f32 (GEMV / cuBLASLt)
@@ -45,6 +47,7 @@
 // A shared expert these kernels cannot read as bare bf16 goes through the linear ops between the
 // second and third launch. KAON_MOE_SMALL=0: small batches take the general path.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_moe_route.cuh"
 
 #include <mma.h>
@@ -53,42 +56,10 @@
 
 using namespace nvcuda;
 
-#define MOE_MAX_E 1024     // experts the routing kernels handle (k_plan: one thread each)
-#define MOE_MAX_K 32       // top-k
-#define MOE_GEMV_MAX_N 8   // tokens per step that take the GEMV path
-#define GEMV_WARPS 8
-#define BM 64
-#define BN 64
-#define BK 32
-#define LDS (BK + 8)       // shared-memory row stride of a tile (bf16), a multiple of 8
-
 typedef struct MoeW {
     const bf16 *gate, *up, *down;    // expert 0
     long long sgate, sup, sdown;     // expert stride (elements)
 } MoeW;
-
-// Device scratch of one call, carved from b->moe_buf.
-typedef struct MoeBufs {
-    unsigned *ticket;  // [1] k_moe_route_small's count of finished blocks (0 between launches)
-    float *logits;     // [n, E]
-    int *topk_id;      // [n*K] (-1: none)
-    float *topk_w;     // [n*K]
-    int *cnt;          // [E]
-    int *off;          // [E+1]
-    int *fill;         // [E]
-    int *active;       // [E] active experts, then their count at active[E]
-    int2 *tiles;       // [max_tiles] (expert, first row within the expert)
-    int *n_tiles;      // [1]
-    int *slot_tok;     // [n*K]
-    int *inv;          // [n*K]
-    bf16 *H;           // [n*K, F]
-    bf16 *Y;           // [n*K, dim]
-    bf16 *HS;          // [n, SF]
-    bf16 *YS;          // [n, dim]
-    float *SG;         // [n]
-} MoeBufs;
-
-static __device__ __forceinline__ float bfr(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // ---- 2. routing ------------------------------------------------------------------------------
 
@@ -235,11 +206,6 @@ __global__ void k_permute(const int *__restrict__ topk_id, int nk, const int *__
 
 // ---- 5a. decode: GEMV over the active experts -----------------------------------------------------
 
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // Block (r-block, i): active expert i, rows r of gate/up (one per warp); its tokens' x rows
 // (at most MOE_GEMV_MAX_N) dotted with both. H[slot, r] = bf16(silu(g)) * u.
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -345,8 +311,6 @@ k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *_
 #define SR_WARPS 8      // k_moe_route_small: router rows per block; its last block routes token w in warp w
 #define SM_U 8          // weight loads in flight per lane and matrix (GEMV of the small path): a
                         // 2048-wide row (or 1408: the tail) in one round trip
-#define DN_ROWS 2       // k_moe_small_down: output rows per block
-#define DN_WPR (GEMV_WARPS / DN_ROWS)  // warps per output row
 
 // Router logits (and Qwen2-MoE's shared-expert gate logit) for the n tokens, one warp per row
 // (the arithmetic of cuda_linear.cu's k_gemv, so the logits are the same bits), then the last
@@ -692,15 +656,6 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
 
-static __device__ __forceinline__ void cp16(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = valid ? 16 : 0;  // 0: zero-fill
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
-}
-static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
 // C tile [BM, BN] of rows (slots [s_begin + m0, s_end)) of A times B^T, B = W [N, Kd] rows n0...
 // A row i is a_row(slot) (gathered x rows, or H rows in slot order). GU: two B matrices (gate,
 // up) and the SiLU-and-mul epilogue; else one (down).
@@ -887,6 +842,40 @@ static int stacked(kc_backend *b, const kaon_linear *l, int E, int64_t rows, int
     return 0;
 }
 
+// FP8 experts (model/moe.c uploads each kind as one cuda_fp8.cu layer): expert 0's codes and
+// scales and the strides to expert e, checked.
+static int stacked_fp8(kc_backend *b, const kaon_linear *l, int E, int64_t rows, int64_t cols, const uint8_t **base,
+                       long long *stride, const float **sbase, long long *sstride, int *block, int *scols,
+                       const char *what) {
+    const bool blk = l[0].scale_block[0] == 128 && l[0].scale_block[1] == 128;
+    const int64_t er = blk ? (rows + 127) / 128 : rows, ec = blk ? (cols + 127) / 128 : 1;
+    for (int e = 0; e < E; e++) {
+        const kaon_linear *v = &l[e];
+        const bool same = blk ? (v->scale_block[0] == 128 && v->scale_block[1] == 128)
+                              : (v->scale_block[0] == 1 && v->scale_block[1] == cols);
+        if (!v->w.data || v->w.dtype != KAON_FP8_E4M3 || v->w.ndim != 2 || v->w.shape[0] != rows ||
+            v->w.shape[1] != cols || !v->scale.data || !same || v->scale.shape[0] != er || v->scale.shape[1] != ec ||
+            kaon_linear_bias(v))
+            return kc_fail(b, "cuda moe: expert %d's %s is not an FP8 [%lld, %lld] layer as the CUDA upload makes it", e,
+                           what, (long long)rows, (long long)cols);
+    }
+    const uint8_t *p0 = (const uint8_t *)l[0].w.data;
+    const float *s0 = (const float *)l[0].scale.data;
+    const long long st = E > 1 ? (long long)((const uint8_t *)l[1].w.data - p0) : 0;
+    const long long ss = E > 1 ? (long long)((const float *)l[1].scale.data - s0) : 0;
+    for (int e = 1; e < E; e++)
+        if ((const uint8_t *)l[e].w.data - p0 != st * e || (const float *)l[e].scale.data - s0 != ss * e)
+            return kc_fail(b, "cuda moe: the experts' FP8 %s matrices are not stacked at one stride", what);
+    if (((uintptr_t)p0 & 15) || st % 16 || cols % 16) return kc_fail(b, "cuda moe: misaligned FP8 expert weights");
+    *base = p0;
+    *stride = st;
+    *sbase = s0;
+    *sstride = ss;
+    *block = blk ? 1 : 0;
+    *scols = (int)ec;
+    return 0;
+}
+
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 // Carves the scratch of one call out of b->moe_buf (grown through the backend's alloc, outside
@@ -960,11 +949,11 @@ static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
 // linear ops between the second and third launch (and a gate input through linear_f32).
 static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, const kaon_moe_weights *w,
                      uint32_t *counts, bf16 *out, bool ds_route, int dim, int F, int SF, const MoeW &mw,
-                     const MoeBufs &m, int max_active) {
+                     const MoeW8 *w8, const MoeBufs &m, int max_active) {
     const int E = w->n_experts, K = w->top_k;
     if (((uintptr_t)x & 15) || ((uintptr_t)w->router->w.data & 15))
         return kc_fail(b, "cuda moe: misaligned activations or router");
-    const bool fuse_shared = SF > 0 && SF % 8 == 0 && plain_bf16(w->shared_gate, SF, dim) &&
+    const bool fuse_shared = !w8 && SF > 0 && SF % 8 == 0 && plain_bf16(w->shared_gate, SF, dim) &&
                              plain_bf16(w->shared_up, SF, dim) && plain_bf16(w->shared_down, dim, SF);
     const bool fuse_sg = SF > 0 && w->shared_gate_inp && plain_bf16(w->shared_gate_inp, 1, dim);
     const bf16 *router = (const bf16 *)w->router->w.data;
@@ -982,6 +971,16 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
         st = kc_launch(b, k_moe_route_small<false>, rgrid, dim3(SR_WARPS * 32), 0, x, n, dim, router, E, sg_w, dpos,
                        K, norm, p, m, counts);
     if (kc_check(b, st, "moe routing")) return -1;
+    if (w8) {  // FP8 experts (cuda_moe_fp8.cu); the shared expert through the linear ops
+        if (kc_moe8_small_gu(b, x, n, dim, F, *w8, max_active, m, E)) return -1;
+        if (SF && shared_by_ops(b, x, n, w, SF, m)) return -1;
+        if (SF && w->shared_gate_inp) {
+            b->base.ops->linear_f32(&b->base, x, n, w->shared_gate_inp, m.SG);
+            if (b->err) return -1;
+        }
+        return kc_moe8_small_down(b, n, dim, F, *w8, SF ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K, m,
+                                  E, out);
+    }
     const int gx = (F + GEMV_WARPS - 1) / GEMV_WARPS;
     const int ys = fuse_shared ? (SF + gx * GEMV_WARPS - 1) / (gx * GEMV_WARPS) : 0;
     if (kc_check(b, kc_launch(b, k_moe_small_gu, dim3((unsigned)gx, (unsigned)(ys + max_active)), blk, 0, x, n, dim, F,
@@ -1025,10 +1024,24 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     const int SF = w->shared_gate ? (int)w->shared_gate->w.shape[0] : 0;
     if (dim % 8 || F % 8 || dim <= 0 || F <= 0) return kc_fail(b, "cuda moe: dim %d and ffn %d must be multiples of 8", dim, F);
     MoeW mw;
-    if (stacked(b, w->gate, E, F, dim, &mw.gate, &mw.sgate, "gate") ||
-        stacked(b, w->up, E, F, dim, &mw.up, &mw.sup, "up") ||
-        stacked(b, w->down, E, dim, F, &mw.down, &mw.sdown, "down"))
+    MoeW8 w8;
+    memset(&mw, 0, sizeof mw);
+    const bool fp8 = w->gate[0].w.dtype == KAON_FP8_E4M3;
+    if (fp8) {
+        int bg, bu, bd, gc, uc;
+        if (stacked_fp8(b, w->gate, E, F, dim, &w8.gate, &w8.sgate, &w8.gs, &w8.sgs, &bg, &gc, "gate") ||
+            stacked_fp8(b, w->up, E, F, dim, &w8.up, &w8.sup, &w8.us, &w8.sus, &bu, &uc, "up") ||
+            stacked_fp8(b, w->down, E, dim, F, &w8.down, &w8.sdown, &w8.ds, &w8.sds, &bd, &w8.dcols, "down"))
+            return -1;
+        if (bg != bu || bg != bd) return kc_fail(b, "cuda moe: FP8 experts with different scale layouts per kind");
+        if (F % 16 || dim % 16) return kc_fail(b, "cuda moe: FP8 experts need dim %d and ffn %d multiples of 16", dim, F);
+        w8.block = bg;
+        w8.gcols = gc;
+    } else if (stacked(b, w->gate, E, F, dim, &mw.gate, &mw.sgate, "gate") ||
+               stacked(b, w->up, E, F, dim, &mw.up, &mw.sup, "up") ||
+               stacked(b, w->down, E, dim, F, &mw.down, &mw.sdown, "down")) {
         return -1;
+    }
     const int32_t *dpos = positions ? kc_dev_i32(b, positions, (size_t)n) : NULL;
     if (positions && !dpos) return -1;
     const int nk = n * K;
@@ -1038,8 +1051,9 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     if (moe_bufs(b, n, E, K, F, dim, SF, max_tiles, &m)) return -1;
     // KAON_MOE_SMALL=0: small batches take the general path too (its GEMV kernels).
     static const char *small_env = getenv("KAON_MOE_SMALL");
-    if (n <= MOE_GEMV_MAX_N && !(small_env && !strcmp(small_env, "0")))
-        return moe_small(b, x, n, dpos, w, counts, out, ds_route, dim, F, SF, mw, m, max_active);
+    // (FP8 experts always: the general path's GEMV kernels read bf16.)
+    if (n <= MOE_GEMV_MAX_N && (fp8 || !(small_env && !strcmp(small_env, "0"))))
+        return moe_small(b, x, n, dpos, w, counts, out, ds_route, dim, F, SF, mw, fp8 ? &w8 : NULL, m, max_active);
 
     // 1. router logits (f32)
     if (kc_gemm_bf16(b, x, n, (const bf16 *)R->data, E, dim, NULL, m.logits, 1)) return -1;
@@ -1056,7 +1070,9 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     k_permute<<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K);
     if (kc_launched(b, "moe routing")) return -1;
     // 5. experts
-    if (n <= MOE_GEMV_MAX_N) {
+    if (fp8) {
+        if (kc_moe8_gemm(b, x, dim, F, w8, max_tiles, m)) return -1;
+    } else if (n <= MOE_GEMV_MAX_N) {
         const dim3 blk(GEMV_WARPS * 32);
         k_moe_gemv_gu<<<dim3((F + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
             x, dim, F, mw, m.active, E, m.off, m.slot_tok, m.H);
