@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -39,6 +40,15 @@ def route_logits(l):
     eps = 1e-5 * np.abs(l) + 1e-6
     r, lo, hi = bf16(l), bf16(l - eps).astype(np.float64), bf16(l + eps).astype(np.float64)
     return r.astype(np.float64), (lo, hi)
+
+
+def case_rngs(name, tries=50):
+    """Seeded generators for a case's inputs, one per try: a test takes the first inputs whose
+    routing has few enough near-ties (decided before running anything), so the same inputs are
+    drawn on every run and a case never fails for an unlucky draw."""
+    for t in range(tries):
+        yield np.random.default_rng([zlib.crc32(name.encode()), t])
+    pytest.fail(f"{name}: no inputs without too many near-ties in {tries} tries (the case's shape)")
 
 
 def moe_reference(x, router, gate, up, down, K, norm, shared=None, pos=None):
@@ -99,29 +109,32 @@ MOE_CASES = [
 
 @pytest.mark.parametrize("name,n,dim,E,K,F,norm,SF,npad", MOE_CASES)
 def test_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad):
-    rng = np.random.default_rng()
-    x = bf16(rng.standard_normal((n, dim)))
-    router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
-    if name == "prefill-one-expert-hot":  # every token prefers expert 2: one long segment
-        router[2] += bf16(x.mean(0) / np.linalg.norm(x.mean(0)) * 3)
-        router = bf16(router)
-    gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-    up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-    down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
-    arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
-    shared = None
-    if SF:
-        shared = (bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
-                  bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF)), bf16(rng.standard_normal((1, dim)) / np.sqrt(dim)))
-        arrays.update(sgate=shared[0], sup=shared[1], sdown=shared[2], sgi=shared[3])
-    pos = None
-    if npad:
-        pos = np.arange(n, dtype=np.int32)
-        pos[rng.choice(n, npad, replace=False)] = -1
-        arrays["pos"] = pos
+    for rng in case_rngs(name):
+        x = bf16(rng.standard_normal((n, dim)))
+        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+        if name == "prefill-one-expert-hot":  # every token prefers expert 2: one long segment
+            router[2] += bf16(x.mean(0) / np.linalg.norm(x.mean(0)) * 3)
+            router = bf16(router)
+        gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+        up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+        down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
+        arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+        shared = None
+        if SF:
+            shared = (bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
+                      bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF)), bf16(rng.standard_normal((1, dim)) / np.sqrt(dim)))
+            arrays.update(sgate=shared[0], sup=shared[1], sdown=shared[2], sgi=shared[3])
+        pos = None
+        if npad:
+            pos = np.arange(n, dtype=np.int32)
+            pos[rng.choice(n, npad, replace=False)] = -1
+            arrays["pos"] = pos
+        ref, counts, clear = moe_reference(x, router, gate, up, down, K, norm, shared, pos)
+        live = np.ones(n, bool) if pos is None else pos >= 0
+        if clear[live].mean() > 0.75:
+            break
     so = run_op(tmp_path, "moe", dict(n=n, dim=dim, E=E, K=K, F=F, norm=norm, SF=SF, has_pos=int(npad > 0),
                                       reps=2, time=0 if ON_CPU else 20), arrays)
-    ref, counts, clear = moe_reference(x, router, gate, up, down, K, norm, shared, pos)
     got = out(tmp_path, shape=(n, dim))
     live = np.ones(n, bool) if pos is None else pos >= 0
     assert np.all(got[~live] == 0), "padding tokens must get zeros"
@@ -174,30 +187,33 @@ FP8_MOE_CASES = [
 def test_moe_op_fp8_experts(tmp_path, name, n, dim, E, K, F, SF, npad, blk):
     """FP8 experts (and an FP8 shared expert) against the float64 MoE of their dequantized
     weights: the GPU reads them weight-only (bf16 activations), so the error is the bf16 path's."""
-    rng = np.random.default_rng()
-    sb0, sb1 = (blk, blk) if blk else (1, max(dim, F))
-    x = bf16(rng.standard_normal((n, dim)))
-    router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
-    arrays, deq = dict(x=x, router=router), {}
-    for nm, rows, cols in (("gate", E * F, dim), ("up", E * F, dim), ("down", E * dim, F)):
-        c, sc, d = fp8_matrix(rng, rows, cols, sb0, sb1)
-        arrays[nm + "8"], arrays[nm + "_s"], deq[nm] = c, sc, d
-    shared = None
-    if SF:
-        for nm, rows, cols in (("sgate", SF, dim), ("sup", SF, dim), ("sdown", dim, SF)):
+    for rng in case_rngs(name):
+        sb0, sb1 = (blk, blk) if blk else (1, max(dim, F))
+        x = bf16(rng.standard_normal((n, dim)))
+        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+        arrays, deq = dict(x=x, router=router), {}
+        for nm, rows, cols in (("gate", E * F, dim), ("up", E * F, dim), ("down", E * dim, F)):
             c, sc, d = fp8_matrix(rng, rows, cols, sb0, sb1)
             arrays[nm + "8"], arrays[nm + "_s"], deq[nm] = c, sc, d
-        arrays["sgi"] = bf16(rng.standard_normal((1, dim)) / np.sqrt(dim))
-        shared = (deq["sgate"], deq["sup"], deq["sdown"], arrays["sgi"])
-    pos = None
-    if npad:
-        pos = np.arange(n, dtype=np.int32)
-        pos[rng.choice(n, npad, replace=False)] = -1
-        arrays["pos"] = pos
+        shared = None
+        if SF:
+            for nm, rows, cols in (("sgate", SF, dim), ("sup", SF, dim), ("sdown", dim, SF)):
+                c, sc, d = fp8_matrix(rng, rows, cols, sb0, sb1)
+                arrays[nm + "8"], arrays[nm + "_s"], deq[nm] = c, sc, d
+            arrays["sgi"] = bf16(rng.standard_normal((1, dim)) / np.sqrt(dim))
+            shared = (deq["sgate"], deq["sup"], deq["sdown"], arrays["sgi"])
+        pos = None
+        if npad:
+            pos = np.arange(n, dtype=np.int32)
+            pos[rng.choice(n, npad, replace=False)] = -1
+            arrays["pos"] = pos
+        ref, counts, clear = moe_reference(x, router, deq["gate"].reshape(E, F, dim), deq["up"].reshape(E, F, dim),
+                                           deq["down"].reshape(E, dim, F), K, 1, shared, pos)
+        live = np.ones(n, bool) if pos is None else pos >= 0
+        if clear[live].mean() > 0.75:
+            break
     so = run_op(tmp_path, "moe", dict(n=n, dim=dim, E=E, K=K, F=F, norm=1, SF=SF, has_pos=int(npad > 0), fp8=1,
                                       sb0=sb0, sb1=sb1, act=0, reps=2, time=0 if ON_CPU else 20), arrays)
-    ref, counts, clear = moe_reference(x, router, deq["gate"].reshape(E, F, dim), deq["up"].reshape(E, F, dim),
-                                       deq["down"].reshape(E, dim, F), K, 1, shared, pos)
     got = out(tmp_path, shape=(n, dim))
     live = np.ones(n, bool) if pos is None else pos >= 0
     assert np.all(got[~live] == 0), "padding tokens must get zeros"
@@ -306,35 +322,39 @@ DS_CASES = [
 
 @pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,route", DS_CASES)
 def test_moe_op_deepseek_routing(tmp_path, name, n, dim, E, K, F, SF, npad, route):
-    rng = np.random.default_rng()
-    x = bf16(rng.standard_normal((n, dim)))
-    router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
-    gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-    up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-    down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
-    arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
-    route = dict(route)
-    if route.get("bias"):  # sigmoid scores are ~0.5 apart at most: a bias of that size reorders them
-        route["bias"] = (0.3 * rng.standard_normal(E)).astype(np.float32)
-        arrays["bias"] = route["bias"]
-    else:
-        route["bias"] = None
-    shared = None
-    if SF:
-        shared = (bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
-                  bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF)))
-        arrays.update(sgate=shared[0], sup=shared[1], sdown=shared[2])
-    pos = None
-    if npad:
-        pos = np.arange(n, dtype=np.int32)
-        pos[rng.choice(n, npad, replace=False)] = -1
-        arrays["pos"] = pos
+    route0 = route
+    for rng in case_rngs(name):
+        route = dict(route0)
+        x = bf16(rng.standard_normal((n, dim)))
+        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+        gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+        up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+        down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
+        arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+        if route.get("bias"):  # sigmoid scores are ~0.5 apart at most: a bias of that size reorders them
+            route["bias"] = (0.3 * rng.standard_normal(E)).astype(np.float32)
+            arrays["bias"] = route["bias"]
+        else:
+            route["bias"] = None
+        shared = None
+        if SF:
+            shared = (bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
+                      bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF)))
+            arrays.update(sgate=shared[0], sup=shared[1], sdown=shared[2])
+        pos = None
+        if npad:
+            pos = np.arange(n, dtype=np.int32)
+            pos[rng.choice(n, npad, replace=False)] = -1
+            arrays["pos"] = pos
+        ref, counts, clear = moe_reference_ds(x, router, gate, up, down, K, route, shared, pos)
+        live = np.ones(n, bool) if pos is None else pos >= 0
+        if clear[live].mean() > (0.7 if live.sum() >= 20 else 0.5):
+            break
     params = dict(n=n, dim=dim, E=E, K=K, F=F, norm=route["norm"], SF=SF, shared_gated=0, has_pos=int(npad > 0),
                   reps=2, time=0 if ON_CPU else 20, scoring=route["scoring"], has_bias=int(route["bias"] is not None),
                   n_group=route.get("n_group", 0), topk_group=route.get("topk_group", 0),
                   group_top2=route.get("top2", 0), routed_scale=route.get("scale", 0.0))
     so = run_op(tmp_path, "moe", params, arrays)
-    ref, counts, clear = moe_reference_ds(x, router, gate, up, down, K, route, shared, pos)
     got = out(tmp_path, shape=(n, dim))
     live = np.ones(n, bool) if pos is None else pos >= 0
     assert np.all(got[~live] == 0), "padding tokens must get zeros"
