@@ -26,7 +26,9 @@ KAON_CUDA_GRAPHS=0 timeout 300 "$NCU" --clock-control none -k "regex:$RX" --metr
     --ctx-size 128 > "$OUT/stalls_raw.csv" 2> "$OUT/stalls.err"
 python3 - "$OUT/stalls_raw.csv" "$COUNT" << 'PY'
 import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))  # kaon's and ncu's own lines come first
+rows = list(csv.reader(lines[start:]))
 hdr = rows[0]
 data = [r for r in rows[2:] if len(r) == len(hdr)]
 ki = hdr.index("Kernel Name")
@@ -38,7 +40,7 @@ for k, rs in last.items():
     vals = {h: r[i] for i, h in enumerate(hdr)}
     print(f"== {k} {vals.get('Grid Size', '')} x {vals.get('Block Size', '')}")
     for h in hdr:
-        if h.startswith(("gpu__", "dram__", "sm__", "smsp__issue")):
+        if h.startswith(("gpu__", "dram__", "sm__", "smsp__issue")) and h.endswith((".avg", "pct_of_peak_sustained_active", "cycle")) and ".max." not in h and ".min." not in h and ".sum." not in h or h == "gpu__time_duration.sum":
             print(f"   {h:70s} {vals[h]}")
     stalls = sorted(((float(vals[h].replace(',', '') or 0), h.split('stalled_')[1].split('_per_')[0]) for h in hdr
                      if 'stalled_' in h), reverse=True)
