@@ -40,7 +40,7 @@ for k, rs in last.items():
     vals = {h: r[i] for i, h in enumerate(hdr)}
     print(f"== {k} {vals.get('Grid Size', '')} x {vals.get('Block Size', '')}")
     for h in hdr:
-        if h.startswith(("gpu__", "dram__", "sm__", "smsp__issue")) and h.endswith((".avg", "pct_of_peak_sustained_active", "cycle")) and ".max." not in h and ".min." not in h and ".sum." not in h or h == "gpu__time_duration.sum":
+        if h.startswith(("gpu__", "dram__", "sm__", "smsp__issue")) and h.endswith((".avg", "pct_of_peak_sustained_active", "pct_of_peak_sustained_elapsed", "cycle")) and ".max." not in h and ".min." not in h and ".sum." not in h or h == "gpu__time_duration.sum":
             print(f"   {h:70s} {vals[h]}")
     stalls = sorted(((float(vals[h].replace(',', '') or 0), h.split('stalled_')[1].split('_per_')[0]) for h in hdr
                      if 'stalled_' in h), reverse=True)
