@@ -193,11 +193,11 @@ def test_scale_layout_errors(kaon_bin, tmp_path):
 BLOCK = [16, 32]  # not square: a transposed scale grid is a shape error
 
 
-def ds_model(tmp_path):
+def ds_model(tmp_path, seed=7):
     from deepseek_models import config_json, make_config as ds_config, make_weights as ds_weights
     cfg = ds_config("v3")
     cfg.update(num_hidden_layers=3, first_k_dense_replace=1, num_nextn_predict_layers=0)
-    w = round_bf16(ds_weights(cfg, seed=7))
+    w = round_bf16(ds_weights(cfg, seed=seed))
     files, deq = {}, {}
     for name, t in w.items():
         # DeepSeek keeps the embedding, the head and the router (mlp.gate) in bf16.
@@ -255,25 +255,59 @@ def test_deepseek_v3_fp8_experts(kaon_bin, tmp_path, monkeypatch):
         assert err < 1e-5
 
 
-@pytest.mark.xfail(strict=True, reason="open: kaon's KAON_FP8_ACT=1 logits on the MoE + MLA model differ from the "
-                   "numpy emulation by ~1e-1 (the dense llama case matches to 1e-5); not found yet")
+class GroupQuantMargin(np.ndarray):
+    """GroupQuant that also records how close any quantized element came to an e4m3 rounding
+    boundary (relative to its value): f32 and float64 inputs that differ by ~1e-7 land on the
+    same code only when that distance is larger."""
+    margin = np.inf
+
+    def __rmatmul__(self, other):
+        x = np.asarray(other, np.float64)
+        for k0 in range(0, x.shape[-1], BLOCK[1]):
+            g = np.asarray(x[..., k0:k0 + BLOCK[1]], np.float32)
+            sc = np.maximum(np.abs(g).max(-1, keepdims=True), np.float32(1e-4)) / np.float32(E4M3_MAX)
+            v = np.abs((g / sc).astype(np.float64)).ravel()
+            i = np.clip(np.searchsorted(_MIDS, v), 1, len(_MIDS) - 1)
+            d = np.minimum(np.abs(v - _MIDS[i]), np.abs(v - _MIDS[i - 1])) / np.maximum(v, 1e-30)
+            GroupQuantMargin.margin = min(GroupQuantMargin.margin, float(d[v < E4M3_MAX].min(initial=np.inf)))
+        return act_quant(other, BLOCK[1]).astype(np.float64) @ np.asarray(self)
+
+
+_POS_E4M3 = np.unique(np.abs(E4M3[np.isfinite(E4M3)]))
+_MIDS = (_POS_E4M3[1:] + _POS_E4M3[:-1]) / 2  # rounding boundaries between neighbouring codes
+
+
 def test_deepseek_v3_fp8_experts_act_quant(kaon_bin, tmp_path, monkeypatch):
-    from deepseek_ref import DeepseekRef
-    cfg, model, files, deq = ds_model(tmp_path)
-    ids = IDS * 2
-    ref = DeepseekRef(cfg, deq).forward(ids)
     # KAON_FP8_ACT=1: DeepSeek's per-token, per-32-column activation quantization on every FP8
-    # linear (kv_b_proj is dequantized at load into the absorbed matrices: no product of its own).
-    r = DeepseekRef(cfg, deq)
-    for k in list(r.w):
-        if k in files and isinstance(files[k], tuple) and "kv_b_proj" not in k:
-            r.w[k] = r.w[k].view(GroupQuant)
-    want = r.forward(ids)
+    # linear (kv_b_proj is dequantized at load into the absorbed matrices: no product of its own),
+    # against the same in numpy. The comparison is only meaningful where no quantized element
+    # sits within f32 rounding of an e4m3 boundary (relative distance > 2e-6) and no expert choice
+    # is that close either: one such element moves this model's logits by 1e-2 to 1e-1 (a 1e-6
+    # nudge of the reference's embeddings does the same), which is what this test saw with seed 7
+    # (an element 9e-8 from a boundary). So the weights' seed is the first whose reference keeps
+    # both margins, decided before kaon runs (seed 8: kaon within 2.3e-7).
+    from deepseek_ref import DeepseekRef
+    ids = IDS * 2
+    for seed in range(7, 47):
+        cfg, model, files, deq = ds_model(tmp_path / f"s{seed}", seed)
+        r = DeepseekRef(cfg, deq)
+        for k in list(r.w):
+            if k in files and isinstance(files[k], tuple) and "kv_b_proj" not in k:
+                r.w[k] = r.w[k].view(GroupQuantMargin)
+        GroupQuantMargin.margin = np.inf
+        want = r.forward(ids)
+        if GroupQuantMargin.margin > 2e-6 and r.min_margin > 1e-4:
+            break
+    else:
+        pytest.fail("no seed in 7..46 keeps its activations away from e4m3 rounding boundaries")
+    ref = DeepseekRef(cfg, deq).forward(ids)
     monkeypatch.setenv("KAON_FP8_ACT", "1")
     ours = logits(kaon_bin, model, ids, tmp_path)
     err, moved = rel_err(ours, want), rel_err(ref, want)
-    print(f"deepseek-v3 fp8 experts, quantized activations: {err:.2e} (moves {moved:.2e})")
+    print(f"deepseek-v3 fp8 experts, quantized activations (seed {seed}, boundary margin "
+          f"{GroupQuantMargin.margin:.1e}, routing margin {r.min_margin:.1e}): {err:.2e} (moves {moved:.2e})")
     assert err < 1e-5 < moved
+    assert (ours.argmax(-1) == want.argmax(-1)).all()
 
 
 # ---- --load-format dummy ----------------------------------------------------------------------
