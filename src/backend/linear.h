@@ -68,6 +68,13 @@ static inline int kaon_linear_is_fp8_block(const kaon_linear *l) {
            l->scale_block[0] > 0 && l->scale_block[1] > 0;
 }
 
+// Whether l is INT8 with f32 scales per row or per tensor (blocks of [1, in] or [out, in]; the
+// CPU's scaled 8-bit path, cpu_fp8.c, reads it): w[i, j] = int8[i, j] * scale.
+static inline int kaon_linear_is_int8(const kaon_linear *l) {
+    return l && l->w.dtype == KAON_I8 && l->scale.data && l->scale.dtype == KAON_F32 && l->scale_block[0] > 0 &&
+           l->scale_block[1] > 0;
+}
+
 // INT4 weight-only layout, the one every 4-bit checkpoint (AWQ, GPTQ, compressed-tensors
 // pack-quantized) is unpacked into at load (model/int4_weights.c), so kernels repack from one:
 //   w     KAON_I4 [out, in]: row-major, byte b of a row holds column 2b in its low nibble and
@@ -97,6 +104,7 @@ static inline int kaon_linear_is_mxfp4(const kaon_linear *l) {
 // their own (the output holds them in order), but they must add up to w's rows.
 static inline const char *kaon_linear_unsupported(const kaon_linear *l) {
     if (l->scale.data && l->w.dtype == KAON_FP8_E4M3) return "FP8 scales (weight_scale_inv / weight_scale)";
+    if (l->w.dtype == KAON_I8) return "INT8 scales";
     if (l->w.dtype == KAON_I4) return "INT4 group scales";
     if (l->w.dtype == KAON_MXFP4) return "MXFP4 blocks";
     if (l->scale.data) return "scale companions";

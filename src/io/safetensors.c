@@ -146,6 +146,8 @@ static int dtype_from_name(const char *s, kaon_dtype *dt, int *elem_bytes) {
     // Packed INT4 words, g_idx and weight_shape (model/int4_weights.c unpacks them at load).
     if (!strcmp(s, "I32")) { *dt = KAON_I32; *elem_bytes = 4; return 0; }
     if (!strcmp(s, "I64")) { *dt = KAON_I64; *elem_bytes = 8; return 0; }
+    // INT8 weights (compressed-tensors int-quantized), with their scales (model/fp8_weights.c).
+    if (!strcmp(s, "I8")) { *dt = KAON_I8; *elem_bytes = 1; return 0; }
     // MXFP4 blocks and E8M0 scales (model/mxfp4_weights.c repacks them at load).
     if (!strcmp(s, "U8")) { *dt = KAON_U8; *elem_bytes = 1; return 0; }
     return -1;

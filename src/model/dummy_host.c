@@ -46,7 +46,7 @@ static int fill_float(kaon_model *m, kaon_tensor *t, uint64_t seed, float offset
 
 static int fill_linear(kaon_model *m, kaon_linear *l, uint64_t seed) {
     if (!l->w.data) return 0;
-    if (l->w.dtype == KAON_FP8_E4M3) return kaon_fp8_dummy_fill(m, l, seed);
+    if (l->w.dtype == KAON_FP8_E4M3 || l->w.dtype == KAON_I8) return kaon_fp8_dummy_fill(m, l, seed);
     if (l->w.dtype == KAON_I4) return kaon_int4_dummy_fill(m, l, seed);
     return fill_float(m, &l->w, seed, 0.0f);
 }

@@ -1,4 +1,4 @@
-// FP8 weights' scale companions from a checkpoint or for dummy models (fp8_weights.h).
+// FP8 and INT8 weights' scale companions from a checkpoint or for dummy models (fp8_weights.h).
 #include "model/fp8_weights.h"
 
 #include <math.h>
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "model/quant_config.h"
 #include "util/err.h"
 #include "util/fp8.h"
 #include "util/half.h"
@@ -15,9 +16,14 @@ static bool is_fp8_format(kaon_quant_format f) {
     return f == KAON_QFMT_FP8_BLOCK || f == KAON_QFMT_FP8_CHANNEL || f == KAON_QFMT_FP8_TENSOR;
 }
 
+// Per-channel scales: FP8 channel, or INT8 with the channel strategy.
+static bool per_channel(const kaon_quant_config *q) {
+    return q->format == KAON_QFMT_FP8_CHANNEL || (q->format == KAON_QFMT_INT && strcmp(q->w_strategy, "tensor"));
+}
+
 // The scale grid of an [M, K] weight: block rows and columns, and the grid's shape.
 static void grid(const kaon_quant_config *q, int64_t M, int64_t K, int64_t b[2], int64_t g[2]) {
-    b[0] = q->format == KAON_QFMT_FP8_BLOCK ? q->block[0] : q->format == KAON_QFMT_FP8_CHANNEL ? 1 : M;
+    b[0] = q->format == KAON_QFMT_FP8_BLOCK ? q->block[0] : per_channel(q) ? 1 : M;
     b[1] = q->format == KAON_QFMT_FP8_BLOCK ? q->block[1] : K;
     g[0] = (M + b[0] - 1) / b[0];
     g[1] = (K + b[1] - 1) / b[1];
@@ -91,29 +97,28 @@ static int read_input_scale(kaon_model *m, const char *module, kaon_linear *l) {
     return 0;
 }
 
-int kaon_fp8_attach(kaon_model *m, kaon_linear *l, const char *name) {
+// Finds, checks and attaches the scales (and a static input scale) of 8-bit weight name, whose
+// module the quantization config covers; dt / fmt: "F8_E4M3" / "FP8" or "I8" / "INT8" for messages.
+static int attach_scales(kaon_model *m, kaon_linear *l, const char *name, const char *dt, const char *fmt) {
     const kaon_quant_config *q = &m->quant;
     const kaon_tensor *t = &l->w;
-    if (!is_fp8_format(q->format))
-        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but config.json has no fp8 block quantization_config "
-                              "(weight_block_size) nor an fp8 per-channel/per-tensor one", m->path, name);
     char module[256], sname[300];
     const size_t n = strlen(name);
     if (n < 7 || strcmp(name + n - 7, ".weight") || t->ndim != 2)
-        return kaon_set_error("%s: F8_E4M3 tensor '%s' is not a module's 2-D .weight", m->path, name);
+        return kaon_set_error("%s: %s tensor '%s' is not a module's 2-D .weight", m->path, dt, name);
     snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
     // The embedding op reads rows of the table alone, without its scales (no checkpoint kaon
     // knows quantizes it).
     if (strstr(module, "embed_tokens"))
-        return kaon_set_error("%s: tensor '%s': FP8 token embeddings are not supported", m->path, name);
+        return kaon_set_error("%s: tensor '%s': %s token embeddings are not supported", m->path, name, fmt);
     if (!kaon_quant_module_quantized(q, module))
-        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but the quantization_config's ignore list "
-                              "leaves '%s' unquantized", m->path, name, module);
+        return kaon_set_error("%s: tensor '%s' is %s, but the quantization_config's ignore list "
+                              "leaves '%s' unquantized", m->path, name, dt, module);
     const bool deepseek = q->method == KAON_QUANT_FP8;
     snprintf(sname, sizeof sname, "%s.%s", module, deepseek ? "weight_scale_inv" : "weight_scale");
     kaon_tensor sc;
     if (kaon_model_find_tensor(m, sname, &sc)) return -1;
-    if (!sc.data) return kaon_set_error("%s: FP8 weight '%s' has no scale tensor '%s'", m->path, name, sname);
+    if (!sc.data) return kaon_set_error("%s: %s weight '%s' has no scale tensor '%s'", m->path, fmt, name, sname);
     int64_t b[2], g[2];
     grid(q, t->shape[0], t->shape[1], b, g);
     if (read_scales(m, sname, &sc, g, name, t->shape, b, &l->scale)) return -1;
@@ -123,18 +128,33 @@ int kaon_fp8_attach(kaon_model *m, kaon_linear *l, const char *name) {
     return l->act_quant == KAON_ACTQ_STATIC ? read_input_scale(m, module, l) : 0;
 }
 
+int kaon_fp8_attach(kaon_model *m, kaon_linear *l, const char *name) {
+    if (!is_fp8_format(m->quant.format))
+        return kaon_set_error("%s: tensor '%s' is F8_E4M3, but config.json has no fp8 block quantization_config "
+                              "(weight_block_size) nor an fp8 per-channel/per-tensor one", m->path, name);
+    return attach_scales(m, l, name, "F8_E4M3", "FP8");
+}
+
+int kaon_int8_attach(kaon_model *m, kaon_linear *l, const char *name) {
+    if (!kaon_quant_is_int8(&m->quant))
+        return kaon_set_error("%s: tensor '%s' is I8, but config.json has no 8-bit int-quantized "
+                              "quantization_config (compressed-tensors, per channel or tensor)", m->path, name);
+    return attach_scales(m, l, name, "I8", "INT8");
+}
+
 // Placeholder data of dummy scales: marks them present; never read before kaon_fp8_dummy_fill.
 static const float dummy_scale[4];
 
 void kaon_fp8_dummy_mark(const kaon_model *m, kaon_linear *l, const char *module) {
     const kaon_quant_config *q = &m->quant;
     // DeepSeek's checkpoints keep the embedding and the head in bf16 (FORMATS-2.md §4).
-    if (!is_fp8_format(q->format) || l->w.ndim != 2 || strstr(module, "embed_tokens") || strstr(module, "lm_head") ||
-        !kaon_quant_module_quantized(q, module))
+    const bool int8 = kaon_quant_is_int8(q);
+    if ((!is_fp8_format(q->format) && !int8) || l->w.ndim != 2 || strstr(module, "embed_tokens") ||
+        strstr(module, "lm_head") || !kaon_quant_module_quantized(q, module))
         return;
     int64_t b[2], g[2];
     grid(q, l->w.shape[0], l->w.shape[1], b, g);
-    l->w.dtype = KAON_FP8_E4M3;
+    l->w.dtype = int8 ? KAON_I8 : KAON_FP8_E4M3;
     l->w.nbytes = (size_t)l->w.shape[0] * (size_t)l->w.shape[1];
     memset(&l->scale, 0, sizeof l->scale);
     l->scale.dtype = KAON_F32;
@@ -165,8 +185,13 @@ int kaon_fp8_dummy_fill(kaon_model *m, kaon_linear *l, uint64_t seed) {
     float *s = malloc(sizeof(float) * (size_t)ns);
     if (!s || kaon_model_own(m, s)) return kaon_set_error("out of memory");
     uint64_t st = seed;
-    for (int64_t i = 0; i < M * K; i++) codes[i] = kaon_f32_to_e4m3((2.0f * uniform(&st) - 1.0f) * 448.0f);
-    const float a = 1.0f / sqrtf((float)K) / 448.0f;
+    const bool int8 = l->w.dtype == KAON_I8;
+    const float qmax = int8 ? 127.0f : 448.0f;
+    for (int64_t i = 0; i < M * K; i++) {
+        const float v = (2.0f * uniform(&st) - 1.0f) * qmax;
+        codes[i] = int8 ? (uint8_t)(int8_t)lrintf(v) : kaon_f32_to_e4m3(v);
+    }
+    const float a = 1.0f / sqrtf((float)K) / qmax;
     for (int64_t i = 0; i < ns; i++) s[i] = a * (0.5f + uniform(&st));
     l->w.data = codes;
     l->scale.data = s;

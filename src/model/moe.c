@@ -70,9 +70,10 @@ static int find_shaped(kaon_model *m, const char *name, bool required, int nd, i
     return 0;
 }
 
-// FP8 matrices get their scale companions (fp8_weights.h); other formats have none here.
+// FP8 and INT8 matrices get their scale companions (fp8_weights.h); other formats have none here.
 static int attach_fp8(kaon_model *m, kaon_linear *l, const char *name) {
-    return l->w.dtype == KAON_FP8_E4M3 ? kaon_fp8_attach(m, l, name) : 0;
+    if (l->w.dtype == KAON_FP8_E4M3) return kaon_fp8_attach(m, l, name);
+    return l->w.dtype == KAON_I8 ? kaon_int8_attach(m, l, name) : 0;
 }
 
 // A [rows, cols] matrix <module>.weight, or a 4-bit checkpoint's packed tensors of the module

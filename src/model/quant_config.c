@@ -174,6 +174,7 @@ static int parse_compressed(const char *file, const cJSON *qc, const char *pre, 
             return -1;
         q->act = dyn ? KAON_QACT_DYNAMIC : KAON_QACT_STATIC;
     }
+    snprintf(q->w_strategy, sizeof q->w_strategy, "%s", strategy);
     if (!strcmp(type, "float") && q->bits == 8) {
         snprintf(q->fp8_fmt, sizeof q->fp8_fmt, "e4m3");
         q->format = !strcmp(strategy, "block") ? KAON_QFMT_FP8_BLOCK
@@ -324,7 +325,8 @@ const char *kaon_quant_describe(const kaon_quant_config *q, char *buf, size_t ca
             snprintf(buf, cap, "%d-bit int, group %d%s%s%s", q->bits, q->group_size,
                      q->symmetric ? "" : ", zero points", q->desc_act ? ", act-order" : "", act);
         else
-            snprintf(buf, cap, "%d-bit int, per channel%s%s", q->bits, q->symmetric ? "" : ", zero points", act);
+            snprintf(buf, cap, "%d-bit int, per %s%s%s", q->bits, !strcmp(q->w_strategy, "tensor") ? "tensor" : "channel",
+                     q->symmetric ? "" : ", zero points", act);
         break;
     case KAON_QFMT_MXFP4: snprintf(buf, cap, "mxfp4, blocks of 32"); break;
     default:
@@ -362,14 +364,25 @@ static bool int4_loadable(const kaon_quant_config *q) {
     }
 }
 
+// 8-bit integers (compressed-tensors int-quantized, RedHat's W8A8 / W8A16): symmetric, one scale
+// per channel or per tensor, activations float or int8 per token, per tensor or by input_scale.
+bool kaon_quant_is_int8(const kaon_quant_config *q) {
+    if (q->method != KAON_QUANT_COMPRESSED_TENSORS || q->format != KAON_QFMT_INT || q->bits != 8 || !q->symmetric ||
+        strcmp(q->ct_format, "int-quantized") || (strcmp(q->w_strategy, "channel") && strcmp(q->w_strategy, "tensor")))
+        return false;
+    if (q->act != KAON_QACT_DYNAMIC) return true;  // weight-only or static input_scale
+    return !q->act_strategy[0] || !strcmp(q->act_strategy, "token") || !strcmp(q->act_strategy, "tensor");
+}
+
 int kaon_quant_config_check(const kaon_quant_config *q, const char *file) {
-    if (q->method == KAON_QUANT_NONE || fp8_supported(q) || int4_loadable(q)) return 0;
+    if (q->method == KAON_QUANT_NONE || fp8_supported(q) || int4_loadable(q) || kaon_quant_is_int8(q)) return 0;
     if (q->method == KAON_QUANT_MXFP4 && q->format == KAON_QFMT_MXFP4) return 0;  // model/mxfp4_weights.c
     char what[128];
     return kaon_set_error("%s: quantization method '%s' (%s%s%s) is not supported yet; supported: fp8 block "
                           "(e4m3, weight_block_size), compressed-tensors float-quantized (fp8 per channel or "
                           "tensor), modelopt FP8, 4-bit weight-only awq (gemm), gptq, compressed-tensors "
-                          "pack-quantized, mxfp4", file, method_label(q), kaon_quant_describe(q, what, sizeof what),
+                          "pack-quantized, compressed-tensors int-quantized (int8 per channel or tensor), mxfp4",
+                          file, method_label(q), kaon_quant_describe(q, what, sizeof what),
                           q->int_format[0] ? ", " : "", q->int_format);
 }
 

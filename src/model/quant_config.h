@@ -53,11 +53,14 @@ typedef struct kaon_quant_config {
     int n_groups;           // compressed-tensors config_groups (only the first one is read)
     kaon_quant_act act;
     char act_strategy[16];  // compressed-tensors input_activations strategy (token, tensor, group)
+    char w_strategy[16];    // compressed-tensors weights strategy (channel, tensor, group, block)
     char kv_cache[16];      // ModelOpt kv_cache_quant_algo ("FP8"), "" when none
     int n_ignore;
     char **ignore;          // module names or patterns left unquantized (owned)
 } kaon_quant_config;
 
+// Whether q is 8-bit integer weights kaon reads (model/fp8_weights.c: kaon_int8_attach).
+bool kaon_quant_is_int8(const kaon_quant_config *q);
 // Parses config.json text: its "quantization_config" (or text_config's). Absent: method NONE.
 // A key of the wrong type is an error naming it. Free q afterwards even on error.
 int kaon_quant_config_parse(const char *json, size_t len, kaon_quant_config *q);

@@ -188,6 +188,7 @@ static int load_one(kaon_model *m, const kaon_weight_spec *s, int l) {
     if ((s->flags & KAON_W_HOST) && t->dtype != KAON_F32)
         return kaon_set_error("%s: %s must be F32", m->path, name);
     if (s->ndim == 2 && t->dtype == KAON_FP8_E4M3) return kaon_fp8_attach(m, linear_of(t), name);
+    if (s->ndim == 2 && t->dtype == KAON_I8) return kaon_int8_attach(m, linear_of(t), name);
     const bool plus_one = (s->flags & KAON_W_PLUS_ONE_HF) && !m->gguf;
     if (plus_one || ((s->flags & KAON_W_F32) && t->dtype != KAON_F32)) return widen(m, t, plus_one ? 1.0f : 0.0f);
     return 0;

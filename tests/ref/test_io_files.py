@@ -293,14 +293,14 @@ def test_safetensors_sharded_folder(tmp_path):
 
 
 def test_safetensors_unsupported_dtype_is_named(tmp_path):
-    p = tmp_path / "int8.safetensors"
+    p = tmp_path / "int16.safetensors"
     safetensors.numpy.save_file({"ok": np.ones(2, np.float32),
-                                 "model.layers.0.mlp.gate_proj.weight": np.ones((2, 2), np.int8)},
+                                 "model.layers.0.mlp.gate_proj.weight": np.ones((2, 2), np.int16)},
                                 str(p))
-    assert st_reference([p])["model.layers.0.mlp.gate_proj.weight"][0] == "I8"  # valid file
+    assert st_reference([p])["model.layers.0.mlp.gate_proj.weight"][0] == "I16"  # valid file
     r = run_dump("test_safetensors", p)
     assert r.returncode == 2
-    assert b"tensor 'model.layers.0.mlp.gate_proj.weight' has dtype I8" in r.stderr
+    assert b"tensor 'model.layers.0.mlp.gate_proj.weight' has dtype I16" in r.stderr
 
 
 # ---- config.json -------------------------------------------------------------------------------

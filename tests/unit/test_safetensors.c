@@ -155,9 +155,11 @@ static void test_bad(void) {
     EXPECT_FAIL_HDR("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "needs \"data_offsets\"");
     EXPECT_FAIL_HDR("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8,
                     "needs \"data_offsets\"");
-    EXPECT_FAIL_HDR("{\"model.layers.0.self_attn.q_proj.weight\":{\"dtype\":\"I8\",\"shape\":[4],"
-                    "\"data_offsets\":[0,4]}}", 4,
-                    "tensor 'model.layers.0.self_attn.q_proj.weight' has dtype I8");
+    EXPECT_FAIL_HDR("{\"model.layers.0.self_attn.q_proj.weight\":{\"dtype\":\"I16\",\"shape\":[4],"
+                    "\"data_offsets\":[0,8]}}", 8,
+                    "tensor 'model.layers.0.self_attn.q_proj.weight' has dtype I16");
+    EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"I8\",\"shape\":[4],\"data_offsets\":[0,5]}}", 5,
+                    "hold 5 bytes, but I8 x 4 elements need 4");
     EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"F8_E5M2\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
                     "tensor 'w' has dtype F8_E5M2, which kaon does not read");
     EXPECT_FAIL_HDR("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,5]}}", 5,

@@ -394,7 +394,7 @@ static int lin_setup(kaon_cpu_backend *be, lin_job *j, const void *x, int n, int
 
 void kaon_cpu_linear(kaon_backend *be_, const void *x, int n, const kaon_linear *w, void *y) {
     if (n <= 0) return;
-    if (kaon_linear_is_fp8_block(w)) {
+    if (kaon_linear_is_fp8_block(w) || kaon_linear_is_int8(w)) {
         kaon_cpu_linear_fp8((kaon_cpu_backend *)be_, x, n, w, y);
         return;
     }
@@ -415,7 +415,9 @@ int kaon_cpu_linear_multi(kaon_backend *be_, const void *x, int n, int count,
                           const kaon_linear *const *w, void *const *y) {
     if (n <= 0) return 0;
     for (int i = 0; w && i < count; i++)
-        if (kaon_linear_is_fp8_block(w[i]) || kaon_linear_is_int4(w[i]) || kaon_linear_is_mxfp4(w[i])) return 1;  // one at a time
+        if (kaon_linear_is_fp8_block(w[i]) || kaon_linear_is_int8(w[i]) || kaon_linear_is_int4(w[i]) ||
+            kaon_linear_is_mxfp4(w[i]))
+            return 1;  // one at a time
     lin_job j;
     const int rc = lin_setup((kaon_cpu_backend *)be_, &j, x, n, count, w, y);
     if (rc) return rc;
@@ -429,6 +431,7 @@ int kaon_cpu_linear_silu_mul(kaon_backend *be_, const void *x, int n, const kaon
     // The fused kernel adds no bias: the caller's unfused ops do.
     if (gate && up && (kaon_linear_bias(gate) || kaon_linear_bias(up))) return 1;
     if (kaon_linear_is_fp8_block(gate) || kaon_linear_is_fp8_block(up)) return 1;
+    if (kaon_linear_is_int8(gate) || kaon_linear_is_int8(up)) return 1;
     if (kaon_linear_is_int4(gate) || kaon_linear_is_int4(up)) return 1;
     if (kaon_linear_is_mxfp4(gate) || kaon_linear_is_mxfp4(up)) return 1;
     kaon_cpu_backend *be = (kaon_cpu_backend *)be_;
