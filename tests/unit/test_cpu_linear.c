@@ -10,6 +10,9 @@
 //                                 a model-shaped pp512 / tg128 built from the backend's ops
 //   test_cpu_linear --bench model [THREADS [PROMPT [GEN [REPS]]]]
 //                                 only the model-shaped run (KAON_BENCH_PROFILE=1: time per op)
+//   test_cpu_linear --bench quant [THREADS]
+//                                 one 2816x1024 layer in each common format at n = 1, 8, 32,
+//                                 128 activation rows: CPU us per call, GB/s of weights, GOP/s
 //   test_cpu_linear --bench decode [THREADS [SEQS [CTX [REPS]]]]
 //                                 one batched decode step: SEQS sequences at context CTX, the
 //                                 LM head on every row, as the engine runs it (default 64 x 100)
@@ -957,6 +960,28 @@ static void bench(void) {
     for (int nth = 1; nth <= 2; nth++) bench_model(nth, 512, 128, 3);
 }
 
+// The same layer in each format, so the formats compare per byte and per multiply-add. CPU
+// time per call (all threads) is the figure to read on a shared machine.
+static void bench_quant(int nth) {
+    const kaon_dtype ts[] = {KAON_Q4_0, KAON_Q8_0, KAON_Q2_K, KAON_Q3_K, KAON_Q4_K, KAON_Q5_K, KAON_Q6_K};
+    const int ns[] = {1, 8, 32, 128}, M = 2816, K = 1024;
+    kaon_backend *be = kaon_backend_cpu_create(nth);
+    printf("linear %dx%d, %d thread(s), kernels %s\n", M, K, nth, kaon_cpu_kernel_name(be));
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        void *wd = make_weight(ts[ti], M, K);
+        kaon_tensor w = tensor2(ts[ti], M, K, wd);
+        const kaon_linear lw = kaon_linear_of(&w, NULL);
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            double cpu, t = bench_linear(be, &lw, ns[ni], 0.4, &cpu);
+            printf("  %-5s n=%-3d wall %9.1f us  cpu %9.1f us  %6.2f GB/s(cpu)  %6.1f GOP/s(cpu)\n",
+                   kaon_dtype_name(ts[ti]), ns[ni], t * 1e6, cpu * 1e6, w.nbytes / cpu * 1e-9,
+                   2.0 * M * K * ns[ni] / cpu * 1e-9);
+        }
+        free(wd);
+    }
+    be->ops->destroy(be);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "--ref") == 0) return ref_mode(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "--bench") == 0) {
@@ -964,6 +989,8 @@ int main(int argc, char **argv) {
             int th = argc >= 4 ? atoi(argv[3]) : 2;
             bench_decode(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 64, argc >= 6 ? atoi(argv[5]) : 100,
                          argc >= 7 ? atoi(argv[6]) : 5);
+        } else if (argc >= 3 && strcmp(argv[2], "quant") == 0) {
+            bench_quant(argc >= 4 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 1);
         } else if (argc >= 3 && strcmp(argv[2], "model") == 0) {
             int th = argc >= 4 ? atoi(argv[3]) : 2;
             bench_model(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 512,

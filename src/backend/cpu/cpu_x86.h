@@ -570,40 +570,47 @@ static void KX(tile_dot)(int kind, const void *pk_, const void *xg_, size_t xstr
 
 // Q4_K / Q5_K: per sub-block of 32 (one activation block), d sc dx isum - dmin m sx. Q5_K's
 // top bits: bit j of qh[l] for element 32 j + l.
+// One super-block's values q[j] (sub-block j's 32 values 0..15 or 0..31, in element order) and
+// sc (lane j: d sc_j), mn (lane j: dmin m_j). Shared by the row kernel and the batched pack, so
+// both see the same floats.
+KX_AI void KX(q45k_decode)(const int five, const uint8_t *b, __m256i *q, __m256 *scp, __m256 *mnp) {
+    const size_t qso = five ? offsetof(kaon_block_q5_k, qs) : offsetof(kaon_block_q4_k, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    uint32_t u[3], scm[4];  // d, dmin, scales[12] lead both formats
+    memcpy(u, b + offsetof(kaon_block_q4_k, scales), 12);
+    scm[0] = u[0] & 0x3f3f3f3fu;                                        // scales 0..3
+    scm[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // scales 4..7
+    scm[2] = u[1] & 0x3f3f3f3fu;                                        // mins 0..3
+    scm[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scm)));
+    __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm + 2))));
+    *scp = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(KX(ld16)(b))));
+    *mnp = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(KX(ld16)(b + 2))));
+    for (int k = 0; k < 4; k++) {
+        __m256i v = KX(ld)(b + qso + 32 * k);
+        q[2 * k] = _mm256_and_si256(v, m4);
+        q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    if (five) {
+        const __m256i qh = KX(ld)(b + offsetof(kaon_block_q5_k, qh));
+        for (int j = 0; j < 8; j++)  // (qh >> j) & 1 per byte, to bit 4
+            q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
+    }
+}
+
 KX_AI void KX(q45k_rows)(const int five, const uint8_t *w, const kaon_q8_act *a, int r0, const int nr,
                          float *out) {
     const int nsb = a->nb / 8, nbp = a->nbp;
     const size_t bs = five ? sizeof(kaon_block_q5_k) : sizeof(kaon_block_q4_k);
-    const size_t qso = five ? offsetof(kaon_block_q5_k, qs) : offsetof(kaon_block_q4_k, qs);
     const size_t xs = (size_t)nbp * 32;
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
     const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *b = w + (size_t)i * bs;  // d, dmin, scales[12] lead both formats
-        uint32_t u[3], scm[4];
-        memcpy(u, b + offsetof(kaon_block_q4_k, scales), 12);
-        scm[0] = u[0] & 0x3f3f3f3fu;                                        // scales 0..3
-        scm[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // scales 4..7
-        scm[2] = u[1] & 0x3f3f3f3fu;                                        // mins 0..3
-        scm[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
-        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scm)));
-        __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm + 2))));
-        sc = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(KX(ld16)(b))));
-        mn = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(KX(ld16)(b + 2))));
         __m256i q[8];
-        for (int k = 0; k < 4; k++) {
-            __m256i v = KX(ld)(b + qso + 32 * k);
-            q[2 * k] = _mm256_and_si256(v, m4);
-            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        if (five) {
-            const __m256i qh = KX(ld)(b + offsetof(kaon_block_q5_k, qh));
-            for (int j = 0; j < 8; j++)  // (qh >> j) & 1 per byte, to bit 4
-                q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-        }
+        __m256 sc, mn;
+        KX(q45k_decode)(five, w + (size_t)i * bs, q, &sc, &mn);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = x0 + r * xs + (size_t)i * 256;
             __m256i v[8];
@@ -626,6 +633,62 @@ KX_AI void KX(q45k_rows)(const int five, const uint8_t *w, const kaon_q8_act *a,
 // subtracted as integers (Q3_K 4x, Q6_K 32x), or, for Q2_K's mins, as dmin dx (sum m x half-sum).
 enum { KX_K_Q2, KX_K_Q3, KX_K_Q6 };
 
+// One super-block's values c[j] (chunk j's 32 values, unsigned: Q2_K 0..3, Q3_K 0..7, Q6_K
+// 0..63, in element order), its 16 scales s8 and (Q2_K) 16 mins m8 of the halves, d and dmin.
+KX_AI void KX(k16_decode)(const int fmt, const uint8_t *b, __m256i *c, int8_t *s8, int8_t *m8, float *dwp,
+                          float *dminp) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3);
+    float dw, dmin = 0.0f;
+    memset(m8, 0, 16);
+    if (fmt == KX_K_Q6) {
+        const kaon_block_q6_k *k = (const kaon_block_q6_k *)b;
+        for (int hf = 0; hf < 2; hf++) {  // raw values 0..63 of the 8 chunks of 32
+            __m256i l0 = KX(ld)(k->ql + 64 * hf), l1 = KX(ld)(k->ql + 64 * hf + 32);
+            __m256i hb = KX(ld)(k->qh + 32 * hf);
+            c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                            _mm256_and_si256(hb, m30));
+            c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        }
+        memcpy(s8, k->scales, 16);
+        dw = KX(h2f)(k->d);
+    } else {
+        // Chunk j = 4 hf + s: bits 2s, 2s + 1 of qs[32 hf + l]; Q3_K adds bit j of hmask[l] as 4.
+        const uint8_t *qs = fmt == KX_K_Q2 ? ((const kaon_block_q2_k *)b)->qs : ((const kaon_block_q3_k *)b)->qs;
+        const __m256i hm = fmt == KX_K_Q3 ? KX(ld)(((const kaon_block_q3_k *)b)->hmask) : _mm256_setzero_si256();
+        for (int hf = 0; hf < 2; hf++) {
+            const __m256i qv = KX(ld)(qs + 32 * hf);
+            for (int sh = 0; sh < 4; sh++) {
+                const int j = 4 * hf + sh;
+                c[j] = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+                if (fmt == KX_K_Q3)
+                    c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j),
+                                                                                    _mm256_set1_epi8(1)), 2));
+            }
+        }
+        if (fmt == KX_K_Q2) {
+            const kaon_block_q2_k *k = (const kaon_block_q2_k *)b;
+            for (int t = 0; t < 16; t++) {
+                s8[t] = (int8_t)(k->scales[t] & 0xF);
+                m8[t] = (int8_t)(k->scales[t] >> 4);
+            }
+            dw = KX(h2f)(k->d);
+            dmin = KX(h2f)(k->dmin);
+        } else {
+            const kaon_block_q3_k *k = (const kaon_block_q3_k *)b;
+            const uint32_t w0 = KX(ld32)(k->scales), w1 = KX(ld32)(k->scales + 4), w2 = KX(ld32)(k->scales + 8);
+            for (int t = 0; t < 16; t++) s8[t] = (int8_t)kaon_q3k_scale(w0, w1, w2, t);
+            dw = KX(h2f)(k->d);
+        }
+    }
+    *dwp = dw;
+    *dminp = dmin;
+}
+
 KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, int r0, const int nr,
                         float *out) {
     const int nsb = a->nb / 8, nbp = a->nbp;
@@ -635,59 +698,14 @@ KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, i
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
     const float *d0 = a->d + (size_t)r0 * nbp;
     const int16_t *h0 = a->s16 + (size_t)r0 * nbp * 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3);
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const uint8_t *b = w + (size_t)i * bs;
         __m256i c[8];
-        int8_t s8[16], m8[16] = {0};
-        float dw, dmin = 0.0f;
-        if (fmt == KX_K_Q6) {
-            const kaon_block_q6_k *k = (const kaon_block_q6_k *)b;
-            for (int hf = 0; hf < 2; hf++) {  // raw values 0..63 of the 8 chunks of 32
-                __m256i l0 = KX(ld)(k->ql + 64 * hf), l1 = KX(ld)(k->ql + 64 * hf + 32);
-                __m256i hb = KX(ld)(k->qh + 32 * hf);
-                c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                                _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-                c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                                _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-                c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                _mm256_and_si256(hb, m30));
-                c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-            }
-            memcpy(s8, k->scales, 16);
-            dw = KX(h2f)(k->d);
-        } else {
-            // Chunk j = 4 hf + s: bits 2s, 2s + 1 of qs[32 hf + l]; Q3_K adds bit j of hmask[l] as 4.
-            const uint8_t *qs = fmt == KX_K_Q2 ? ((const kaon_block_q2_k *)b)->qs : ((const kaon_block_q3_k *)b)->qs;
-            const __m256i hm = fmt == KX_K_Q3 ? KX(ld)(((const kaon_block_q3_k *)b)->hmask) : _mm256_setzero_si256();
-            for (int hf = 0; hf < 2; hf++) {
-                const __m256i qv = KX(ld)(qs + 32 * hf);
-                for (int sh = 0; sh < 4; sh++) {
-                    const int j = 4 * hf + sh;
-                    c[j] = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
-                    if (fmt == KX_K_Q3)
-                        c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j),
-                                                                                        _mm256_set1_epi8(1)), 2));
-                }
-            }
-            if (fmt == KX_K_Q2) {
-                const kaon_block_q2_k *k = (const kaon_block_q2_k *)b;
-                for (int t = 0; t < 16; t++) {
-                    s8[t] = (int8_t)(k->scales[t] & 0xF);
-                    m8[t] = (int8_t)(k->scales[t] >> 4);
-                }
-                dw = KX(h2f)(k->d);
-                dmin = KX(h2f)(k->dmin);
-            } else {
-                const kaon_block_q3_k *k = (const kaon_block_q3_k *)b;
-                const uint32_t w0 = KX(ld32)(k->scales), w1 = KX(ld32)(k->scales + 4), w2 = KX(ld32)(k->scales + 8);
-                for (int t = 0; t < 16; t++) s8[t] = (int8_t)kaon_q3k_scale(w0, w1, w2, t);
-                dw = KX(h2f)(k->d);
-            }
-        }
+        int8_t s8[16], m8[16];
+        float dw, dmin;
+        KX(k16_decode)(fmt, b, c, s8, m8, &dw, &dmin);
         // Chunk j's halves use scales 2j and 2j+1: [s_2j x 8 | s_2j+1 x 8] as int16.
         __m256i scv[8];
         for (int j = 0; j < 8; j++)
