@@ -87,6 +87,14 @@ typedef struct kaon_cpu_kernels {
     int (*pack)(int kind, const void *w, size_t rb, int rows, int nb, int nbp, void *dst);
     void (*tile_dot)(int kind, const void *pk, const void *xg, size_t xstride, int nb, int nbp,
                      int nr, float *out, size_t ldo);
+    // The batched path of the K-quants (Q2_K..Q6_K; NATURAL activations with s16): kpack()
+    // decodes `rows` (<= pack_rows) weight rows of nsb super-blocks into kpack_bytes(nsb) bytes
+    // (1: kind not supported); ktile_dot() gives out[r * ldo + i] = weight row i . activation
+    // row r0 + r of a for r < nr (<= ktile_rows), i < pack_rows, with exactly qdot's numbers.
+    int ktile_rows;
+    size_t (*kpack_bytes)(int nsb);
+    int (*kpack)(int kind, const void *w, size_t rb, int rows, int nsb, void *dst);
+    void (*ktile_dot)(int kind, const void *pk, const kaon_q8_act *a, int r0, int nr, float *out, size_t ldo);
     float (*dot_f32)(const float *a, const float *b, int n);
     // scores[j] = scale * dot(q, k + j * kstride) for j < n                 k [n, kstride]
     void (*attn_scores)(const float *q, const float *k, size_t kstride, int n, int hd,

@@ -12,7 +12,9 @@
 // weight rows is repacked once into an L1 buffer that a register-blocked micro-kernel then
 // dots with every activation row, 8 (AVX-512) or 4 (AVX2) rows per call, with no horizontal
 // sums (cpu_x86.h). Its numbers are bit for bit those of the row path, so a row's output does
-// not depend on what it is batched with (test_cpu_linear checks it).
+// not depend on what it is batched with (test_cpu_linear checks it). The K-quants (Q2_K..Q6_K)
+// have their own pack (each 8-row tile's super-blocks decoded once per step) and tile kernel,
+// which read the shared quantized activations directly.
 #include <stdint.h>
 #include <string.h>
 
@@ -60,6 +62,7 @@ typedef struct lin_job {
     uint8_t *pk;
     size_t pk_bytes;
     int nb, nbp;
+    int kp;  // the K-quants' batched path (kpack / ktile_dot on a) instead of pack / tile_dot
 } lin_job;
 
 // out[r] = row m of weight s dotted with activation rows r0..r0+nr-1.
@@ -117,11 +120,27 @@ static void lin_rows(const lin_job *j, int m0, int m1) {
     }
 }
 
+static inline void lin_pack(const lin_job *j, int s, int lm, int rows, uint8_t *dst) {
+    const uint8_t *w = j->w[s] + (size_t)lm * j->rb;
+    if (j->kp)
+        j->k->kpack(j->kind, w, j->rb, rows, j->nb / 8, dst);
+    else
+        j->k->pack(j->kind, w, j->rb, rows, j->nb, j->nbp, dst);
+}
+
+static inline void lin_tile(const lin_job *j, const uint8_t *pk, int r0, int nr, float *out, size_t ldo) {
+    if (j->kp)
+        j->k->ktile_dot(j->kind, pk, j->a, r0, nr, out, ldo);
+    else
+        j->k->tile_dot(j->kind, pk, j->xg + (size_t)r0 * j->xstride, j->xstride, j->nb, j->nbp, nr, out, ldo);
+}
+
 // The batched path: rows m0..m1, a tile of k->pack_rows weight rows at a time. Each tile is
-// packed once and then dotted with every activation row, k->tile_rows rows per call.
+// packed once and then dotted with every activation row, k->tile_rows (K-quants: ktile_rows)
+// rows per call.
 static void lin_rows_packed(const lin_job *j, int m0, int m1) {
     const kaon_cpu_kernels *k = j->k;
-    const int n = j->n, P = k->pack_rows, NR = k->tile_rows, nb = j->nb, nbp = j->nbp;
+    const int n = j->n, P = k->pack_rows, NR = j->kp ? k->ktile_rows : k->tile_rows;
     float out[KAON_MAX_ROWS * KAON_MAX_ROWS], out2[KAON_MAX_ROWS * KAON_MAX_ROWS];
     int s = 0;
     for (int m = m0; m < m1;) {
@@ -130,19 +149,18 @@ static void lin_rows_packed(const lin_job *j, int m0, int m1) {
         int rows = j->start[s + 1] - m;
         if (rows > m1 - m) rows = m1 - m;
         if (rows > P) rows = P;
-        k->pack(j->kind, j->w[s] + (size_t)lm * j->rb, j->rb, rows, nb, nbp, j->pk);
-        if (j->silu) k->pack(j->kind, j->w[1] + (size_t)lm * j->rb, j->rb, rows, nb, nbp, j->pk + j->pk_bytes);
+        lin_pack(j, s, lm, rows, j->pk);
+        if (j->silu) lin_pack(j, 1, lm, rows, j->pk + j->pk_bytes);
         const float *bias = j->bias[s] ? j->bias[s] + lm : NULL;
         for (int r0 = 0; r0 < n; r0 += NR) {
             const int nr = n - r0 < NR ? n - r0 : NR;
-            const uint8_t *xg = j->xg + (size_t)r0 * j->xstride;
             if (!j->silu && !bias && rows == P) {  // straight into y
-                k->tile_dot(j->kind, j->pk, xg, j->xstride, nb, nbp, nr, j->y[s] + (size_t)r0 * M + lm, (size_t)M);
+                lin_tile(j, j->pk, r0, nr, j->y[s] + (size_t)r0 * M + lm, (size_t)M);
                 continue;
             }
-            k->tile_dot(j->kind, j->pk, xg, j->xstride, nb, nbp, nr, out, (size_t)P);
+            lin_tile(j, j->pk, r0, nr, out, (size_t)P);
             if (j->silu) {
-                k->tile_dot(j->kind, j->pk + j->pk_bytes, xg, j->xstride, nb, nbp, nr, out2, (size_t)P);
+                lin_tile(j, j->pk + j->pk_bytes, r0, nr, out2, (size_t)P);
                 for (int r = 0; r < nr; r++)
                     k->silu_mul(out + r * P, out2 + r * P, j->y[0] + (size_t)(r0 + r) * M + lm, rows);
                 continue;
@@ -221,6 +239,7 @@ typedef struct lin_par {
     size_t act_bytes;                     // bytes of one copy
     int copies;                           // one per thread, or one shared
     int per;                              // items per task
+    uint8_t *kpk;                         // the K-quants' batched path: 2 pack buffers a thread
     unsigned char ready[KAON_POOL_MAX_THREADS];
 } lin_par;
 
@@ -291,6 +310,20 @@ static void quant_task(void *c, int t, int th) {
     for (int r = r0; r < r1; r++) job->k->quantize_row(job->x + (size_t)r * job->K, &lp->act, r);
 }
 
+static void kpacked_rows_task(void *c, int t, int th) {
+    const lin_par *lp = c;
+    lin_job mine = *lp->job;
+    mine.pk = lp->kpk + 2 * mine.pk_bytes * (size_t)th;
+    const int m0 = t * lp->per, m1 = m0 + lp->per < mine.total ? m0 + lp->per : mine.total;
+    lin_rows_packed(&mine, m0, m1);
+}
+
+// Whether a kind has the K-quants' batched path in table k.
+static int has_kpack(const kaon_cpu_kernels *k, int kind) {
+    return k->kpack && (kind == KAON_KI_Q2_K || kind == KAON_KI_Q3_K || kind == KAON_KI_Q4_K ||
+                        kind == KAON_KI_Q5_K || kind == KAON_KI_Q6_K);
+}
+
 static void rows_task(void *c, int t, int th) {
     lin_par *lp = c;
     lin_job mine = *lp->job;
@@ -320,6 +353,8 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
         lin_run_packed(be, job, nt);
         return;
     }
+    // Many activation rows of a K-quant: one shared copy of x, then the batched path.
+    job->kp = job->quant && n > k->max_rows && has_kpack(k, job->kind);
     // Few rows (decode): every thread quantizes x into its own copy, which costs less than
     // a second run and keeps the copy in the cache of the core that reads it.
     lin_par lp = {.job = job};
@@ -332,8 +367,14 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
         const size_t od = (nq + 63) & ~(size_t)63, os = (od + nd + 63) & ~(size_t)63;
         const size_t o16 = (os + nd + 63) & ~(size_t)63;
         lp.act_bytes = (o16 + n16 + 63) & ~(size_t)63;
-        uint8_t *sp = kaon_cpu_scratch(be, lp.act_bytes * (size_t)lp.copies);
+        if (job->kp) {
+            job->nb = nb;
+            job->pk_bytes = KAON_RUP64(k->kpack_bytes(nb / 8));
+        }
+        const size_t kpk_bytes = job->kp ? 2 * job->pk_bytes * (size_t)nt : 0;
+        uint8_t *sp = kaon_cpu_scratch(be, lp.act_bytes * (size_t)lp.copies + kpk_bytes);
         if (!sp) return;
+        lp.kpk = sp + lp.act_bytes * (size_t)lp.copies;
         // Copy c lives at sp + c * act_bytes; the offsets inside it are the same for all.
         lp.act = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[job->kind],
                                .qs = (int8_t *)sp, .d = (float *)(sp + od), .s = (float *)(sp + os),
@@ -343,7 +384,12 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     if (nt == 1) {
         if (job->quant)
             for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &lp.act, r);
-        lin_rows(job, 0, job->total);
+        if (job->kp) {
+            job->pk = lp.kpk;
+            lin_rows_packed(job, 0, job->total);
+        } else {
+            lin_rows(job, 0, job->total);
+        }
         return;
     }
     if (job->quant && lp.copies == 1) {  // one shared copy, quantized first
@@ -353,7 +399,7 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     // Rows in multiples of 16: whole cache lines of y, and silu_mul's vector/scalar split
     // as on one thread.
     const int tasks = kaon_cpu_tasks(job->total, nt, 16, &lp.per);
-    kaon_pool_run(be->pool, tasks, nt, rows_task, &lp);
+    kaon_pool_run(be->pool, tasks, nt, job->kp ? kpacked_rows_task : rows_task, &lp);
 }
 
 // Builds a job over count layers; 1 when they cannot share one (formats or widths differ).
