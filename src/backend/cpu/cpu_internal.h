@@ -208,6 +208,19 @@ void kaon_cpu_head_linear(kaon_backend *be, const void *x, int n, int n_heads, s
 void kaon_cpu_copy_strided(kaon_backend *be, const void *src, size_t src_stride, void *dst,
                            size_t dst_stride, int rows, int width, float s);
 
+// Several small linears of one weight format and width as one parallel run (the MoE op's
+// experts at decode): y [n, M] = x [n, K] @ w^T, or with w2, silu(x @ w^T) * (x @ w2^T). All
+// rows of all segments are one work list; each row gets kaon_cpu_linear's numbers bit for bit.
+// Each segment has 1..max_rows activation rows; no bias with w2. 0 when done, 1 when declined
+// (formats or widths differ, FP8/INT4/MXFP4 weights, more rows than max_rows), -1 on error.
+typedef struct kaon_cpu_seg {
+    const kaon_linear *w, *w2;
+    const float *x;  // [n, K]
+    int n;
+    float *y;        // [n, M]
+} kaon_cpu_seg;
+int kaon_cpu_linear_grouped(kaon_cpu_backend *be, int nseg, const kaon_cpu_seg *seg);
+
 // The moe op (cpu_moe.c).
 int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,
                  const kaon_moe_weights *w, uint32_t *counts, void *out);
