@@ -407,6 +407,53 @@ static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype
     free(ya); free(yb); free(x); free(bias); free(wd); free(wd2); free(wd3);
 }
 
+// kaon_cpu_linear_grouped (the MoE op's experts at decode): segments of 1..4 rows as one run
+// give each segment's kaon_cpu_linear / linear_silu_mul numbers bit for bit; mixed formats
+// are declined.
+static void check_grouped(kaon_backend *be, const char *set, kaon_dtype t, int K) {
+    enum { NS = 5 };
+    const int ns[NS] = {1, 3, 4, 2, 1}, M = 40;
+    void *wg[NS], *wu[NS];
+    kaon_tensor tg[NS], tu[NS];
+    kaon_linear lg[NS], lu[NS];
+    float *x[NS], *ya[NS], *yb[NS];
+    kaon_cpu_seg seg[NS];
+    int bad = 0;
+    for (int silu = 0; silu < 2; silu++) {
+        for (int s = 0; s < NS; s++) {
+            wg[s] = make_weight(t, M, K);
+            wu[s] = make_weight(t, M, K);
+            tg[s] = tensor2(t, M, K, wg[s]);
+            tu[s] = tensor2(t, M, K, wu[s]);
+            lg[s] = kaon_linear_of(&tg[s], NULL);
+            lu[s] = kaon_linear_of(&tu[s], NULL);
+            x[s] = make_x(ns[s], K);
+            ya[s] = malloc(sizeof(float) * (size_t)ns[s] * M);
+            yb[s] = malloc(sizeof(float) * (size_t)ns[s] * M);
+            seg[s] = (kaon_cpu_seg){.w = &lg[s], .w2 = silu ? &lu[s] : NULL, .x = x[s], .n = ns[s], .y = ya[s]};
+            if (silu)
+                CHECK(be->ops->linear_silu_mul(be, x[s], ns[s], &lg[s], &lu[s], yb[s]) == 0);
+            else
+                be->ops->linear(be, x[s], ns[s], &lg[s], yb[s]);
+        }
+        CHECK(kaon_cpu_linear_grouped((kaon_cpu_backend *)be, NS, seg) == 0);
+        for (int s = 0; s < NS; s++) bad += memcmp(ya[s], yb[s], sizeof(float) * (size_t)ns[s] * M) != 0;
+        if (!silu) {  // a segment of another format: declined
+            void *wq = make_weight(KAON_Q8_0, M, K);
+            kaon_tensor tq = tensor2(KAON_Q8_0, M, K, wq);
+            const kaon_linear lq = kaon_linear_of(&tq, NULL);
+            seg[2].w = t == KAON_Q8_0 ? seg[2].w : &lq;
+            if (t != KAON_Q8_0) CHECK(kaon_cpu_linear_grouped((kaon_cpu_backend *)be, NS, seg) == 1);
+            free(wq);
+        }
+        for (int s = 0; s < NS; s++) {
+            free(wg[s]); free(wu[s]); free(x[s]); free(ya[s]); free(yb[s]);
+        }
+    }
+    if (bad) fprintf(stderr, "grouped %s %s K=%d: %d segments differ\n", set, kaon_dtype_name(t), K, bad);
+    CHECK(bad == 0);
+}
+
 static void self_checks(void) {
     const kaon_dtype types[] = {KAON_F32,  KAON_F16,  KAON_BF16,   KAON_Q4_0, KAON_Q4_1,
                                 KAON_Q5_0, KAON_Q5_1, KAON_Q8_0,   KAON_IQ4_NL, KAON_Q2_K,
@@ -455,6 +502,16 @@ static void self_checks(void) {
                 for (int ki = 0; ki < (kq ? 2 : 6); ki++)
                     check_batch_invariance(sets[si].be, sets[si].name, bt[ti], kq ? ksk[ki] : ks32[ki]);
             }
+        free_sets();
+    }
+
+    for (int th = 1; th <= 2; th++) {
+        make_sets(th);
+        const kaon_dtype gt[] = {KAON_Q4_0, KAON_Q8_0, KAON_Q4_K, KAON_Q5_K, KAON_Q6_K, KAON_Q2_K, KAON_Q3_K,
+                                 KAON_F16};
+        for (int si = 0; si < n_sets; si++)
+            for (size_t ti = 0; ti < sizeof gt / sizeof *gt; ti++)
+                check_grouped(sets[si].be, sets[si].name, gt[ti], kaon_dtype_block_elems(gt[ti]) == 256 ? 512 : 320);
         free_sets();
     }
 
