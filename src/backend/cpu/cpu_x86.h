@@ -718,11 +718,20 @@ KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, i
         float dw, dmin;
         KX(k16_decode)(fmt, b, c, s8, m8, &dw, &dmin);
         // Chunk j's halves use scales 2j and 2j+1: [s_2j x 8 | s_2j+1 x 8] as int16.
+        // (one byte shuffle each from the 8 scales of chunks 0..3 or 4..7 in both lanes)
+        const __m128i slo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)s8));
+        const __m128i shi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(s8 + 8)));
+        const __m256i s_lo = _mm256_inserti128_si256(_mm256_castsi128_si256(slo), slo, 1);
+        const __m256i s_hi = _mm256_inserti128_si256(_mm256_castsi128_si256(shi), shi, 1);
         __m256i scv[8];
-        for (int j = 0; j < 8; j++)
-            scv[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s8[2 * j])),
-                                             _mm_set1_epi16(s8[2 * j + 1]), 1);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s8));
+        for (int j = 0; j < 8; j++) {
+            const char a = (char)(4 * (j & 3)), b = (char)(4 * (j & 3) + 2);
+            const __m256i ctl = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1,
+                                                 a, a + 1, a, a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
+                                                 b, b + 1, b, b + 1, b, b + 1, b, b + 1);
+            scv[j] = _mm256_shuffle_epi8(j < 4 ? s_lo : s_hi, ctl);
+        }
+        const __m256i sc16 = _mm256_inserti128_si256(_mm256_castsi128_si256(slo), shi, 1);
         const __m256i mn16 = fmt == KX_K_Q2 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)m8))
                                             : _mm256_setzero_si256();
         const __m256 vdw = _mm256_set1_ps(dw), vdmin = _mm256_set1_ps(dmin);
