@@ -7,8 +7,8 @@
 // row is dotted with up to 4 (AVX2) or 8 (AVX-512) activation rows at a time using integer
 // multiply-adds per block; the block's weight scale times the activation scale turns the
 // integer sum into a float. With more activation rows, the formats in blocks of 32 (Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take the batched path (pack/tile_dot below), which gives the
-// same numbers bit for bit.
+// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take the batched path (pack/tile_dot below) and the K-quants
+// (Q2_K..Q6_K) theirs (kpack/ktile_dot), which give the same numbers bit for bit.
 #ifndef KAON_BACKEND_CPU_INTERNAL_H
 #define KAON_BACKEND_CPU_INTERNAL_H
 
