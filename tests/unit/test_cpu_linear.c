@@ -10,6 +10,9 @@
 //                                 a model-shaped pp512 / tg128 built from the backend's ops
 //   test_cpu_linear --bench model [THREADS [PROMPT [GEN [REPS]]]]
 //                                 only the model-shaped run (KAON_BENCH_PROFILE=1: time per op)
+//   test_cpu_linear --bench quant [THREADS]
+//                                 one 2816x1024 layer in each common format at n = 1, 8, 32,
+//                                 128 activation rows: CPU us per call, GB/s of weights, GOP/s
 //   test_cpu_linear --bench decode [THREADS [SEQS [CTX [REPS]]]]
 //                                 one batched decode step: SEQS sequences at context CTX, the
 //                                 LM head on every row, as the engine runs it (default 64 x 100)
@@ -404,6 +407,53 @@ static void check_batch_invariance(kaon_backend *be, const char *set, kaon_dtype
     free(ya); free(yb); free(x); free(bias); free(wd); free(wd2); free(wd3);
 }
 
+// kaon_cpu_linear_grouped (the MoE op's experts at decode): segments of 1..4 rows as one run
+// give each segment's kaon_cpu_linear / linear_silu_mul numbers bit for bit; mixed formats
+// are declined.
+static void check_grouped(kaon_backend *be, const char *set, kaon_dtype t, int K) {
+    enum { NS = 5 };
+    const int ns[NS] = {1, 3, 4, 2, 1}, M = 40;
+    void *wg[NS], *wu[NS];
+    kaon_tensor tg[NS], tu[NS];
+    kaon_linear lg[NS], lu[NS];
+    float *x[NS], *ya[NS], *yb[NS];
+    kaon_cpu_seg seg[NS];
+    int bad = 0;
+    for (int silu = 0; silu < 2; silu++) {
+        for (int s = 0; s < NS; s++) {
+            wg[s] = make_weight(t, M, K);
+            wu[s] = make_weight(t, M, K);
+            tg[s] = tensor2(t, M, K, wg[s]);
+            tu[s] = tensor2(t, M, K, wu[s]);
+            lg[s] = kaon_linear_of(&tg[s], NULL);
+            lu[s] = kaon_linear_of(&tu[s], NULL);
+            x[s] = make_x(ns[s], K);
+            ya[s] = malloc(sizeof(float) * (size_t)ns[s] * M);
+            yb[s] = malloc(sizeof(float) * (size_t)ns[s] * M);
+            seg[s] = (kaon_cpu_seg){.w = &lg[s], .w2 = silu ? &lu[s] : NULL, .x = x[s], .n = ns[s], .y = ya[s]};
+            if (silu)
+                CHECK(be->ops->linear_silu_mul(be, x[s], ns[s], &lg[s], &lu[s], yb[s]) == 0);
+            else
+                be->ops->linear(be, x[s], ns[s], &lg[s], yb[s]);
+        }
+        CHECK(kaon_cpu_linear_grouped((kaon_cpu_backend *)be, NS, seg) == 0);
+        for (int s = 0; s < NS; s++) bad += memcmp(ya[s], yb[s], sizeof(float) * (size_t)ns[s] * M) != 0;
+        if (!silu) {  // a segment of another format: declined
+            void *wq = make_weight(KAON_Q8_0, M, K);
+            kaon_tensor tq = tensor2(KAON_Q8_0, M, K, wq);
+            const kaon_linear lq = kaon_linear_of(&tq, NULL);
+            seg[2].w = t == KAON_Q8_0 ? seg[2].w : &lq;
+            if (t != KAON_Q8_0) CHECK(kaon_cpu_linear_grouped((kaon_cpu_backend *)be, NS, seg) == 1);
+            free(wq);
+        }
+        for (int s = 0; s < NS; s++) {
+            free(wg[s]); free(wu[s]); free(x[s]); free(ya[s]); free(yb[s]);
+        }
+    }
+    if (bad) fprintf(stderr, "grouped %s %s K=%d: %d segments differ\n", set, kaon_dtype_name(t), K, bad);
+    CHECK(bad == 0);
+}
+
 static void self_checks(void) {
     const kaon_dtype types[] = {KAON_F32,  KAON_F16,  KAON_BF16,   KAON_Q4_0, KAON_Q4_1,
                                 KAON_Q5_0, KAON_Q5_1, KAON_Q8_0,   KAON_IQ4_NL, KAON_Q2_K,
@@ -452,6 +502,16 @@ static void self_checks(void) {
                 for (int ki = 0; ki < (kq ? 2 : 6); ki++)
                     check_batch_invariance(sets[si].be, sets[si].name, bt[ti], kq ? ksk[ki] : ks32[ki]);
             }
+        free_sets();
+    }
+
+    for (int th = 1; th <= 2; th++) {
+        make_sets(th);
+        const kaon_dtype gt[] = {KAON_Q4_0, KAON_Q8_0, KAON_Q4_K, KAON_Q5_K, KAON_Q6_K, KAON_Q2_K, KAON_Q3_K,
+                                 KAON_F16};
+        for (int si = 0; si < n_sets; si++)
+            for (size_t ti = 0; ti < sizeof gt / sizeof *gt; ti++)
+                check_grouped(sets[si].be, sets[si].name, gt[ti], kaon_dtype_block_elems(gt[ti]) == 256 ? 512 : 320);
         free_sets();
     }
 
@@ -957,6 +1017,28 @@ static void bench(void) {
     for (int nth = 1; nth <= 2; nth++) bench_model(nth, 512, 128, 3);
 }
 
+// The same layer in each format, so the formats compare per byte and per multiply-add. CPU
+// time per call (all threads) is the figure to read on a shared machine.
+static void bench_quant(int nth) {
+    const kaon_dtype ts[] = {KAON_Q4_0, KAON_Q8_0, KAON_Q2_K, KAON_Q3_K, KAON_Q4_K, KAON_Q5_K, KAON_Q6_K};
+    const int ns[] = {1, 8, 32, 128}, M = 2816, K = 1024;
+    kaon_backend *be = kaon_backend_cpu_create(nth);
+    printf("linear %dx%d, %d thread(s), kernels %s\n", M, K, nth, kaon_cpu_kernel_name(be));
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        void *wd = make_weight(ts[ti], M, K);
+        kaon_tensor w = tensor2(ts[ti], M, K, wd);
+        const kaon_linear lw = kaon_linear_of(&w, NULL);
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            double cpu, t = bench_linear(be, &lw, ns[ni], 0.4, &cpu);
+            printf("  %-5s n=%-3d wall %9.1f us  cpu %9.1f us  %6.2f GB/s(cpu)  %6.1f GOP/s(cpu)\n",
+                   kaon_dtype_name(ts[ti]), ns[ni], t * 1e6, cpu * 1e6, w.nbytes / cpu * 1e-9,
+                   2.0 * M * K * ns[ni] / cpu * 1e-9);
+        }
+        free(wd);
+    }
+    be->ops->destroy(be);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "--ref") == 0) return ref_mode(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "--bench") == 0) {
@@ -964,6 +1046,8 @@ int main(int argc, char **argv) {
             int th = argc >= 4 ? atoi(argv[3]) : 2;
             bench_decode(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 64, argc >= 6 ? atoi(argv[5]) : 100,
                          argc >= 7 ? atoi(argv[6]) : 5);
+        } else if (argc >= 3 && strcmp(argv[2], "quant") == 0) {
+            bench_quant(argc >= 4 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 1);
         } else if (argc >= 3 && strcmp(argv[2], "model") == 0) {
             int th = argc >= 4 ? atoi(argv[3]) : 2;
             bench_model(th > 0 ? th : 2, argc >= 5 ? atoi(argv[4]) : 512,

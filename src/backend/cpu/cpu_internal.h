@@ -7,8 +7,8 @@
 // row is dotted with up to 4 (AVX2) or 8 (AVX-512) activation rows at a time using integer
 // multiply-adds per block; the block's weight scale times the activation scale turns the
 // integer sum into a float. With more activation rows, the formats in blocks of 32 (Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take the batched path (pack/tile_dot below), which gives the
-// same numbers bit for bit.
+// Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take the batched path (pack/tile_dot below) and the K-quants
+// (Q2_K..Q6_K) theirs (kpack/ktile_dot), which give the same numbers bit for bit.
 #ifndef KAON_BACKEND_CPU_INTERNAL_H
 #define KAON_BACKEND_CPU_INTERNAL_H
 
@@ -87,6 +87,14 @@ typedef struct kaon_cpu_kernels {
     int (*pack)(int kind, const void *w, size_t rb, int rows, int nb, int nbp, void *dst);
     void (*tile_dot)(int kind, const void *pk, const void *xg, size_t xstride, int nb, int nbp,
                      int nr, float *out, size_t ldo);
+    // The batched path of the K-quants (Q2_K..Q6_K; NATURAL activations with s16): kpack()
+    // decodes `rows` (<= pack_rows) weight rows of nsb super-blocks into kpack_bytes(nsb) bytes
+    // (1: kind not supported); ktile_dot() gives out[r * ldo + i] = weight row i . activation
+    // row r0 + r of a for r < nr (<= ktile_rows), i < pack_rows, with exactly qdot's numbers.
+    int ktile_rows;
+    size_t (*kpack_bytes)(int nsb);
+    int (*kpack)(int kind, const void *w, size_t rb, int rows, int nsb, void *dst);
+    void (*ktile_dot)(int kind, const void *pk, const kaon_q8_act *a, int r0, int nr, float *out, size_t ldo);
     float (*dot_f32)(const float *a, const float *b, int n);
     // scores[j] = scale * dot(q, k + j * kstride) for j < n                 k [n, kstride]
     void (*attn_scores)(const float *q, const float *k, size_t kstride, int n, int hd,
@@ -199,6 +207,19 @@ void kaon_cpu_head_linear(kaon_backend *be, const void *x, int n, int n_heads, s
                           size_t x_head, const kaon_linear *w, void *y, size_t y_tok, size_t y_head);
 void kaon_cpu_copy_strided(kaon_backend *be, const void *src, size_t src_stride, void *dst,
                            size_t dst_stride, int rows, int width, float s);
+
+// Several small linears of one weight format and width as one parallel run (the MoE op's
+// experts at decode): y [n, M] = x [n, K] @ w^T, or with w2, silu(x @ w^T) * (x @ w2^T). All
+// rows of all segments are one work list; each row gets kaon_cpu_linear's numbers bit for bit.
+// Each segment has 1..max_rows activation rows; no bias with w2. 0 when done, 1 when declined
+// (formats or widths differ, FP8/INT4/MXFP4 weights, more rows than max_rows), -1 on error.
+typedef struct kaon_cpu_seg {
+    const kaon_linear *w, *w2;
+    const float *x;  // [n, K]
+    int n;
+    float *y;        // [n, M]
+} kaon_cpu_seg;
+int kaon_cpu_linear_grouped(kaon_cpu_backend *be, int nseg, const kaon_cpu_seg *seg);
 
 // The moe op (cpu_moe.c).
 int kaon_cpu_moe(kaon_backend *be, const void *x, int n, const int32_t *positions,

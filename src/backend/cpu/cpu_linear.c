@@ -12,7 +12,9 @@
 // weight rows is repacked once into an L1 buffer that a register-blocked micro-kernel then
 // dots with every activation row, 8 (AVX-512) or 4 (AVX2) rows per call, with no horizontal
 // sums (cpu_x86.h). Its numbers are bit for bit those of the row path, so a row's output does
-// not depend on what it is batched with (test_cpu_linear checks it).
+// not depend on what it is batched with (test_cpu_linear checks it). The K-quants (Q2_K..Q6_K)
+// have their own pack (each 8-row tile's super-blocks decoded once per step) and tile kernel,
+// which read the shared quantized activations directly.
 #include <stdint.h>
 #include <string.h>
 
@@ -60,6 +62,7 @@ typedef struct lin_job {
     uint8_t *pk;
     size_t pk_bytes;
     int nb, nbp;
+    int kp;  // the K-quants' batched path (kpack / ktile_dot on a) instead of pack / tile_dot
 } lin_job;
 
 // out[r] = row m of weight s dotted with activation rows r0..r0+nr-1.
@@ -117,11 +120,27 @@ static void lin_rows(const lin_job *j, int m0, int m1) {
     }
 }
 
+static inline void lin_pack(const lin_job *j, int s, int lm, int rows, uint8_t *dst) {
+    const uint8_t *w = j->w[s] + (size_t)lm * j->rb;
+    if (j->kp)
+        j->k->kpack(j->kind, w, j->rb, rows, j->nb / 8, dst);
+    else
+        j->k->pack(j->kind, w, j->rb, rows, j->nb, j->nbp, dst);
+}
+
+static inline void lin_tile(const lin_job *j, const uint8_t *pk, int r0, int nr, float *out, size_t ldo) {
+    if (j->kp)
+        j->k->ktile_dot(j->kind, pk, j->a, r0, nr, out, ldo);
+    else
+        j->k->tile_dot(j->kind, pk, j->xg + (size_t)r0 * j->xstride, j->xstride, j->nb, j->nbp, nr, out, ldo);
+}
+
 // The batched path: rows m0..m1, a tile of k->pack_rows weight rows at a time. Each tile is
-// packed once and then dotted with every activation row, k->tile_rows rows per call.
+// packed once and then dotted with every activation row, k->tile_rows (K-quants: ktile_rows)
+// rows per call.
 static void lin_rows_packed(const lin_job *j, int m0, int m1) {
     const kaon_cpu_kernels *k = j->k;
-    const int n = j->n, P = k->pack_rows, NR = k->tile_rows, nb = j->nb, nbp = j->nbp;
+    const int n = j->n, P = k->pack_rows, NR = j->kp ? k->ktile_rows : k->tile_rows;
     float out[KAON_MAX_ROWS * KAON_MAX_ROWS], out2[KAON_MAX_ROWS * KAON_MAX_ROWS];
     int s = 0;
     for (int m = m0; m < m1;) {
@@ -130,19 +149,18 @@ static void lin_rows_packed(const lin_job *j, int m0, int m1) {
         int rows = j->start[s + 1] - m;
         if (rows > m1 - m) rows = m1 - m;
         if (rows > P) rows = P;
-        k->pack(j->kind, j->w[s] + (size_t)lm * j->rb, j->rb, rows, nb, nbp, j->pk);
-        if (j->silu) k->pack(j->kind, j->w[1] + (size_t)lm * j->rb, j->rb, rows, nb, nbp, j->pk + j->pk_bytes);
+        lin_pack(j, s, lm, rows, j->pk);
+        if (j->silu) lin_pack(j, 1, lm, rows, j->pk + j->pk_bytes);
         const float *bias = j->bias[s] ? j->bias[s] + lm : NULL;
         for (int r0 = 0; r0 < n; r0 += NR) {
             const int nr = n - r0 < NR ? n - r0 : NR;
-            const uint8_t *xg = j->xg + (size_t)r0 * j->xstride;
             if (!j->silu && !bias && rows == P) {  // straight into y
-                k->tile_dot(j->kind, j->pk, xg, j->xstride, nb, nbp, nr, j->y[s] + (size_t)r0 * M + lm, (size_t)M);
+                lin_tile(j, j->pk, r0, nr, j->y[s] + (size_t)r0 * M + lm, (size_t)M);
                 continue;
             }
-            k->tile_dot(j->kind, j->pk, xg, j->xstride, nb, nbp, nr, out, (size_t)P);
+            lin_tile(j, j->pk, r0, nr, out, (size_t)P);
             if (j->silu) {
-                k->tile_dot(j->kind, j->pk + j->pk_bytes, xg, j->xstride, nb, nbp, nr, out2, (size_t)P);
+                lin_tile(j, j->pk + j->pk_bytes, r0, nr, out2, (size_t)P);
                 for (int r = 0; r < nr; r++)
                     k->silu_mul(out + r * P, out2 + r * P, j->y[0] + (size_t)(r0 + r) * M + lm, rows);
                 continue;
@@ -221,6 +239,7 @@ typedef struct lin_par {
     size_t act_bytes;                     // bytes of one copy
     int copies;                           // one per thread, or one shared
     int per;                              // items per task
+    uint8_t *kpk;                         // the K-quants' batched path: 2 pack buffers a thread
     unsigned char ready[KAON_POOL_MAX_THREADS];
 } lin_par;
 
@@ -272,6 +291,21 @@ static void lin_run_packed(kaon_cpu_backend *be, lin_job *job, int nt) {
     kaon_pool_run(be->pool, tasks, nt, packed_rows_task, &lp);
 }
 
+// The quantized activations of n rows of K for kind: bytes of one copy; with sp, *a describes
+// the copy at sp (qs, then d, s and the Q2_K/Q3_K/Q6_K half-sums, each 64-byte aligned).
+static size_t act_layout(const kaon_cpu_kernels *k, int kind, int n, int K, uint8_t *sp, kaon_q8_act *a) {
+    const int nb = K / KAON_QK, nbp = (nb + 7) & ~7;
+    const int need16 = kind == KAON_KI_Q6_K || kind == KAON_KI_Q2_K || kind == KAON_KI_Q3_K;
+    const size_t nq = (size_t)n * nbp * 32, nd = (size_t)n * nbp * sizeof(float);
+    const size_t n16 = need16 ? (size_t)n * nbp * 2 * sizeof(int16_t) : 0;
+    const size_t od = KAON_RUP64(nq), os = KAON_RUP64(od + nd), o16 = KAON_RUP64(os + nd);
+    if (sp)
+        *a = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[kind], .qs = (int8_t *)sp,
+                           .d = (float *)(sp + od), .s = (float *)(sp + os),
+                           .s16 = need16 ? (int16_t *)(sp + o16) : NULL};
+    return KAON_RUP64(o16 + n16);
+}
+
 // Thread th's copy of the activations (decode: each thread quantizes x for itself).
 static kaon_q8_act own_copy(const lin_par *lp, int th) {
     const size_t off = lp->act_bytes * (size_t)th;
@@ -289,6 +323,20 @@ static void quant_task(void *c, int t, int th) {
     (void)th;
     const int r0 = t * lp->per, r1 = r0 + lp->per < job->n ? r0 + lp->per : job->n;
     for (int r = r0; r < r1; r++) job->k->quantize_row(job->x + (size_t)r * job->K, &lp->act, r);
+}
+
+static void kpacked_rows_task(void *c, int t, int th) {
+    const lin_par *lp = c;
+    lin_job mine = *lp->job;
+    mine.pk = lp->kpk + 2 * mine.pk_bytes * (size_t)th;
+    const int m0 = t * lp->per, m1 = m0 + lp->per < mine.total ? m0 + lp->per : mine.total;
+    lin_rows_packed(&mine, m0, m1);
+}
+
+// Whether a kind has the K-quants' batched path in table k.
+static int has_kpack(const kaon_cpu_kernels *k, int kind) {
+    return k->kpack && (kind == KAON_KI_Q2_K || kind == KAON_KI_Q3_K || kind == KAON_KI_Q4_K ||
+                        kind == KAON_KI_Q5_K || kind == KAON_KI_Q6_K);
 }
 
 static void rows_task(void *c, int t, int th) {
@@ -320,30 +368,36 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
         lin_run_packed(be, job, nt);
         return;
     }
+    // Many activation rows of a K-quant: one shared copy of x, then the batched path.
+    job->kp = job->quant && n > k->max_rows && has_kpack(k, job->kind);
     // Few rows (decode): every thread quantizes x into its own copy, which costs less than
     // a second run and keeps the copy in the cache of the core that reads it.
     lin_par lp = {.job = job};
     lp.copies = job->quant && nt > 1 && n <= k->max_rows ? nt : 1;
     if (job->quant) {
-        const int nb = K / KAON_QK, nbp = (nb + 7) & ~7;
-        const int need16 = job->kind == KAON_KI_Q6_K || job->kind == KAON_KI_Q2_K || job->kind == KAON_KI_Q3_K;
-        const size_t nq = (size_t)n * nbp * 32, nd = (size_t)n * nbp * sizeof(float);
-        const size_t n16 = need16 ? (size_t)n * nbp * 2 * sizeof(int16_t) : 0;
-        const size_t od = (nq + 63) & ~(size_t)63, os = (od + nd + 63) & ~(size_t)63;
-        const size_t o16 = (os + nd + 63) & ~(size_t)63;
-        lp.act_bytes = (o16 + n16 + 63) & ~(size_t)63;
-        uint8_t *sp = kaon_cpu_scratch(be, lp.act_bytes * (size_t)lp.copies);
+        const int nb = K / KAON_QK;
+        lp.act_bytes = act_layout(k, job->kind, n, K, NULL, NULL);
+        if (job->kp) {
+            job->nb = nb;
+            job->pk_bytes = KAON_RUP64(k->kpack_bytes(nb / 8));
+        }
+        const size_t kpk_bytes = job->kp ? 2 * job->pk_bytes * (size_t)nt : 0;
+        uint8_t *sp = kaon_cpu_scratch(be, lp.act_bytes * (size_t)lp.copies + kpk_bytes);
         if (!sp) return;
+        lp.kpk = sp + lp.act_bytes * (size_t)lp.copies;
         // Copy c lives at sp + c * act_bytes; the offsets inside it are the same for all.
-        lp.act = (kaon_q8_act){.n = n, .nb = nb, .nbp = nbp, .layout = k->layout[job->kind],
-                               .qs = (int8_t *)sp, .d = (float *)(sp + od), .s = (float *)(sp + os),
-                               .s16 = need16 ? (int16_t *)(sp + o16) : NULL};
+        act_layout(k, job->kind, n, K, sp, &lp.act);
         job->a = &lp.act;
     }
     if (nt == 1) {
         if (job->quant)
             for (int r = 0; r < n; r++) k->quantize_row(x + (size_t)r * K, &lp.act, r);
-        lin_rows(job, 0, job->total);
+        if (job->kp) {
+            job->pk = lp.kpk;
+            lin_rows_packed(job, 0, job->total);
+        } else {
+            lin_rows(job, 0, job->total);
+        }
         return;
     }
     if (job->quant && lp.copies == 1) {  // one shared copy, quantized first
@@ -353,7 +407,7 @@ static void lin_run(kaon_cpu_backend *be, lin_job *job) {
     // Rows in multiples of 16: whole cache lines of y, and silu_mul's vector/scalar split
     // as on one thread.
     const int tasks = kaon_cpu_tasks(job->total, nt, 16, &lp.per);
-    kaon_pool_run(be->pool, tasks, nt, rows_task, &lp);
+    kaon_pool_run(be->pool, tasks, nt, job->kp ? kpacked_rows_task : rows_task, &lp);
 }
 
 // Builds a job over count layers; 1 when they cannot share one (formats or widths differ).
@@ -444,5 +498,138 @@ int kaon_cpu_linear_silu_mul(kaon_backend *be_, const void *x, int n, const kaon
     j.silu = 1;
     j.total = j.M[0];  // row m gives out[:, m] from gate row m and up row m
     lin_run(be, &j);
+    return 0;
+}
+
+// ---- grouped linears: several small products of one format as one parallel run ----------
+//
+// The MoE op's decode step multiplies each token by 8 (or so) experts' matrices, each with one
+// or a few activation rows. Run one at a time, each product is a pool run of its own (a wake-up
+// and a barrier per expert and matrix) over a few hundred rows. Here all rows of all segments
+// form one work list: the activations of every segment are quantized first (one run), then the
+// threads claim tasks of rows of any segment (a second run). Each row is computed by the same
+// row kernel as in kaon_cpu_linear, so the results are the same bit for bit.
+
+typedef struct grp_task {
+    int seg, m0, m1;
+} grp_task;
+
+typedef struct grp_par {
+    const lin_job *jobs;  // one per segment (a: its rows of the shared activations)
+    const grp_task *tasks;
+    const float *const *xrow;  // [rows] each activation row's floats
+    kaon_q8_act act;           // all segments' rows
+    int per;                   // activation rows per quantization task
+} grp_par;
+
+static void grp_quant_task(void *c, int t, int th) {
+    grp_par *gp = c;
+    (void)th;
+    const int r0 = t * gp->per, r1 = r0 + gp->per < gp->act.n ? r0 + gp->per : gp->act.n;
+    for (int r = r0; r < r1; r++) gp->jobs[0].k->quantize_row(gp->xrow[r], &gp->act, r);
+}
+
+static void grp_rows_task(void *c, int t, int th) {
+    const grp_par *gp = c;
+    (void)th;
+    const grp_task *tk = &gp->tasks[t];
+    lin_rows(&gp->jobs[tk->seg], tk->m0, tk->m1);
+}
+
+// Rows of a weight (the product of all dims but the last); 0 when it has none.
+static int64_t weight_rows(const kaon_linear *l) {
+    const kaon_tensor *w = &l->w;
+    if (w->ndim < 1) return 0;
+    int64_t M = 1;
+    for (int i = 0; i < w->ndim - 1; i++) M *= w->shape[i] > 0 ? w->shape[i] : 0;
+    return M;
+}
+
+int kaon_cpu_linear_grouped(kaon_cpu_backend *be, int nseg, const kaon_cpu_seg *seg) {
+    if (nseg <= 0) return 0;
+    const kaon_cpu_kernels *k = be->k;
+    const int silu = seg[0].w2 != NULL;
+    int rows = 0;
+    int64_t total = 0;
+    for (int s = 0; s < nseg; s++) {
+        const kaon_linear *l[2] = {seg[s].w, seg[s].w2};
+        if ((seg[s].w2 != NULL) != silu || seg[s].n <= 0 || seg[s].n > k->max_rows) return 1;
+        for (int i = 0; i < 1 + silu; i++)
+            if (!l[i] || kaon_linear_is_fp8_block(l[i]) || kaon_linear_is_int4(l[i]) || kaon_linear_is_mxfp4(l[i]) ||
+                (silu && kaon_linear_bias(l[i])))
+                return 1;
+        rows += seg[s].n;
+        total += weight_rows(seg[s].w);
+    }
+    if (total > INT32_MAX) return kaon_cpu_fail(be, "cpu linear_grouped: too many rows");
+    // Scratch: the jobs, their activation views, the row pointers, the tasks (at most one per
+    // 16 rows of each segment plus one per segment), the activations.
+    const kaon_tensor *w0 = &seg[0].w->w;
+    const int kind0 = kaon_cpu_kind(w0->dtype), quant = kind0 >= 0 && k->qdot[kind0] != NULL;
+    const int64_t K0 = w0->ndim >= 1 ? w0->shape[w0->ndim - 1] : 0;
+    if (kind0 < 0 || K0 <= 0 || K0 > INT32_MAX / 4) return 1;  // kaon_cpu_linear reports it
+    const size_t jobs_b = KAON_RUP64(sizeof(lin_job) * (size_t)nseg);
+    const size_t views_b = KAON_RUP64(sizeof(kaon_q8_act) * (size_t)nseg);
+    const size_t xrow_b = KAON_RUP64(sizeof(float *) * (size_t)rows);
+    const size_t max_tasks = (size_t)(total / 16) + (size_t)nseg;
+    const size_t tasks_b = KAON_RUP64(sizeof(grp_task) * max_tasks);
+    const size_t act_b = quant ? act_layout(k, kind0, rows, (int)K0, NULL, NULL) : 0;
+    uint8_t *sp = kaon_cpu_scratch(be, jobs_b + views_b + xrow_b + tasks_b + act_b);
+    if (!sp) return -1;
+    lin_job *jobs = (lin_job *)sp;
+    kaon_q8_act *views = (kaon_q8_act *)(sp + jobs_b);
+    const float **xrow = (const float **)(sp + jobs_b + views_b);
+    grp_task *tasks = (grp_task *)(sp + jobs_b + views_b + xrow_b);
+    grp_par gp = {.jobs = jobs, .tasks = tasks, .xrow = xrow};
+    if (quant) act_layout(k, kind0, rows, (int)K0, sp + jobs_b + views_b + xrow_b + tasks_b, &gp.act);
+
+    double work = 0;
+    int r = 0;
+    for (int s = 0; s < nseg; s++) {
+        lin_job *j = &jobs[s];
+        const kaon_linear *l[2] = {seg[s].w, seg[s].w2};
+        void *y[2] = {seg[s].y, seg[s].y};
+        const int rc = lin_setup(be, j, seg[s].x, seg[s].n, 1 + silu, l, y);
+        if (rc) return rc;
+        if (j->kind != kind0 || j->K != K0) return 1;
+        if (silu) {
+            if (j->M[0] != j->M[1]) return kaon_cpu_fail(be, "cpu linear_grouped: gate and up heights differ");
+            j->silu = 1;
+            j->total = j->M[0];
+        }
+        work += (double)j->total * (silu ? 2.0 : 1.0) * j->K * j->n * (quant ? 1 : 4);
+        if (quant) {  // segment s reads rows [r, r + n) of the shared activations
+            kaon_q8_act v = gp.act;
+            const size_t xs = (size_t)v.nbp * 32, ds = (size_t)v.nbp;
+            v.n = j->n;
+            v.qs += (size_t)r * xs;
+            v.d += (size_t)r * ds;
+            v.s += (size_t)r * ds;
+            if (v.s16) v.s16 += (size_t)r * ds * 2;
+            views[s] = v;
+            j->a = &views[s];
+            for (int i = 0; i < j->n; i++) xrow[r + i] = j->x + (size_t)i * j->K;
+        }
+        r += j->n;
+    }
+    int nt = kaon_cpu_threads_for(&be->base, work);
+    if (nt > kaon_pool_size(be->pool)) nt = kaon_pool_size(be->pool);
+    // Rows per task: about 4 tasks a thread over all rows, whole groups of 16 (cache lines of
+    // y, and silu_mul's vector/scalar split as in kaon_cpu_linear's tasks).
+    int per = (int)((total + 4 * nt - 1) / (4 * nt));
+    per = per < 16 ? 16 : (per + 15) & ~15;
+    int n_tasks = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int m = 0; m < jobs[s].total; m += per)
+            tasks[n_tasks++] = (grp_task){s, m, m + per < jobs[s].total ? m + per : jobs[s].total};
+    if (quant) {
+        if (nt == 1) {
+            for (int i = 0; i < rows; i++) k->quantize_row(xrow[i], &gp.act, i);
+        } else {
+            const int qt = kaon_cpu_tasks(rows, nt, 1, &gp.per);
+            kaon_pool_run(be->pool, qt, nt, grp_quant_task, &gp);
+        }
+    }
+    kaon_pool_run(be->pool, n_tasks, nt, grp_rows_task, &gp);
     return 0;
 }

@@ -11,6 +11,13 @@
 // Each expert's weights are read once per step for all the tokens routed to it, through the
 // same quantized (8-bit activation) or float kernels as the dense layers, so a quantized file
 // costs per expert what a dense MLP of that width costs.
+//
+// Expert-parallel threads: the experts with few tokens (at most the kernels' max_rows: every
+// expert of a decode step) run together, all their gate/up rows as one work list over the
+// threads and then all their down rows as another (kaon_cpu_linear_grouped), instead of two
+// pool runs per expert. The experts with more tokens run one at a time, each already a large
+// product. The weighted outputs are added per token in ascending expert order either way, and
+// each row comes from the same kernel, so the result does not depend on the split.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,9 +178,17 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
 
     // Scratch: sizes first (b.p == NULL), then the pointers.
     const size_t NK = (size_t)n * K, wide = (size_t)(F > SF ? F : SF);
-    float *logits = NULL, *pw = NULL, *slot_w = NULL, *xe = NULL, *he = NULL, *tmp = NULL, *ye = NULL, *sg = NULL;
+    float *logits = NULL, *pw = NULL, *slot_w = NULL, *xe = NULL, *he = NULL, *tmp = NULL, *ye0 = NULL, *sg = NULL;
+    const float *ye = NULL;
     float *rs = NULL;  // route_token's scores and choice values
     int32_t *ids = NULL, *cnt = NULL, *off = NULL, *slot_tok = NULL, *fill = NULL;
+    // The grouped experts' rows: gathered inputs, gate/up outputs, down outputs, one per slot
+    // (at most n K, and at most max_rows per expert); their segments.
+    const int G = be->k->max_rows;
+    const size_t gslots = NK < (size_t)E * G ? NK : (size_t)E * G;
+    float *gx = NULL, *gh = NULL, *gy = NULL;
+    int32_t *gbase = NULL;  // [E] first grouped slot of expert e, -1: not grouped
+    kaon_cpu_seg *gseg = NULL;
     for (int pass = 0; pass < 2; pass++) {
         bump b = {NULL, 0};
         if (pass) {
@@ -191,9 +206,14 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         xe = take(&b, (size_t)n * dim * sizeof(float));
         he = take(&b, (size_t)n * wide * sizeof(float));
         tmp = take(&b, (size_t)n * wide * sizeof(float));
-        ye = take(&b, (size_t)n * dim * sizeof(float));
+        ye0 = take(&b, (size_t)n * dim * sizeof(float));
         sg = take(&b, (size_t)n * sizeof(float));
         rs = take(&b, (size_t)2 * E * sizeof(float));
+        gx = take(&b, gslots * dim * sizeof(float));
+        gh = take(&b, gslots * F * sizeof(float));
+        gy = take(&b, gslots * dim * sizeof(float));
+        gbase = take(&b, (size_t)E * sizeof(int32_t));
+        gseg = take(&b, (size_t)E * sizeof(kaon_cpu_seg));
         if (!pass && !moe_scratch(be, b.used)) return -1;
     }
 
@@ -241,17 +261,51 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         memset(out, 0, (size_t)n * dim * sizeof(float));
     }
 
-    // 4. Each chosen expert once, over all of its tokens.
+    // 4a. The experts with few tokens together: gate/up of all as one run, then down.
+    for (int e = 0; e < E; e++) gbase[e] = -1;
+    if (w->act != KAON_MOE_ACT_SWIGLU_OAI) {
+        int ns = 0;
+        size_t used = 0;
+        for (int e = 0; e < E; e++) {
+            const int ne = cnt[e];
+            if (!ne || ne > G) continue;
+            const int32_t *tok = slot_tok + off[e];
+            for (int i = 0; i < ne; i++)
+                memcpy(gx + (used + i) * dim, x + (size_t)tok[i] * dim, (size_t)dim * sizeof(float));
+            gseg[ns++] = (kaon_cpu_seg){.w = &w->gate[e], .w2 = &w->up[e], .x = gx + used * dim, .n = ne,
+                                        .y = gh + used * F};
+            gbase[e] = (int32_t)used;
+            used += (size_t)ne;
+        }
+        int rc = ns ? kaon_cpu_linear_grouped(be, ns, gseg) : 0;
+        if (rc == 0 && ns) {
+            for (int e = 0, i = 0; e < E; e++)
+                if (gbase[e] >= 0)
+                    gseg[i++] = (kaon_cpu_seg){.w = &w->down[e], .x = gh + (size_t)gbase[e] * F, .n = cnt[e],
+                                               .y = gy + (size_t)gbase[e] * dim};
+            rc = kaon_cpu_linear_grouped(be, ns, gseg);
+        }
+        if (rc < 0) return -1;
+        if (rc == 1)  // declined (formats differ): every expert one at a time below
+            for (int e = 0; e < E; e++) gbase[e] = -1;
+    }
+
+    // 4b. Each chosen expert once, over all of its tokens, adding the weighted outputs.
     for (int e = 0; e < E; e++) {
         const int ne = cnt[e];
         if (!ne) continue;
         const int32_t *tok = slot_tok + off[e];
         const float *sw = slot_w + off[e];
-        for (int i = 0; i < ne; i++)
-            memcpy(xe + (size_t)i * dim, x + (size_t)tok[i] * dim, (size_t)dim * sizeof(float));
-        if (w->act == KAON_MOE_ACT_SWIGLU_OAI) oai_mlp(be_, xe, ne, w, e, he, tmp);
-        else silu_mlp(be_, xe, ne, &w->gate[e], &w->up[e], he, tmp);  // [ne, F]
-        kaon_cpu_linear(be_, he, ne, &w->down[e], ye);     // [ne, dim]
+        if (gbase[e] >= 0) {
+            ye = gy + (size_t)gbase[e] * dim;
+        } else {
+            for (int i = 0; i < ne; i++)
+                memcpy(xe + (size_t)i * dim, x + (size_t)tok[i] * dim, (size_t)dim * sizeof(float));
+            if (w->act == KAON_MOE_ACT_SWIGLU_OAI) oai_mlp(be_, xe, ne, w, e, he, tmp);
+            else silu_mlp(be_, xe, ne, &w->gate[e], &w->up[e], he, tmp);  // [ne, F]
+            kaon_cpu_linear(be_, he, ne, &w->down[e], ye0);     // [ne, dim]
+            ye = ye0;
+        }
         for (int i = 0; i < ne; i++) {
             float *o = out + (size_t)tok[i] * dim;
             const float *y = ye + (size_t)i * dim, p = sw[i];

@@ -52,8 +52,11 @@ static inline __m256i KX(reduce8)(__m256i v0, __m256i v1, __m256i v2, __m256i v3
                                   __m256i v5, __m256i v6, __m256i v7) {
     __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
     __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
-                            _mm256_permute2x128_si256(a, b, 0x31));
+    // [a_lo + a_hi | b_hi + b_lo]: a blend and one 128-bit insert instead of two vperm2i128
+    // (8 micro-ops each on Zen 1); integer sums, so the order of the halves does not matter.
+    const __m256i cross = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm256_extracti128_si256(a, 1)),
+                                                  _mm256_castsi256_si128(b), 1);
+    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xF0), cross);
 }
 
 // 8 f16 values found in the low 16 bits of the 8 int32 lanes -> 8 floats.
@@ -341,9 +344,10 @@ static inline __attribute__((always_inline)) void KX(transpose8)(__m256i *v) {
         u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
         u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
     }
+    // The 128-bit halves: inserts and extracts rather than vperm2i128 (8 micro-ops on Zen 1).
     for (int q = 0; q < 4; q++) {
-        v[q] = _mm256_permute2x128_si256(u[q], u[4 + q], 0x20);
-        v[q + 4] = _mm256_permute2x128_si256(u[q], u[4 + q], 0x31);
+        v[q] = _mm256_inserti128_si256(u[q], _mm256_castsi256_si128(u[4 + q]), 1);
+        v[q + 4] = _mm256_inserti128_si256(u[4 + q], _mm256_extracti128_si256(u[q], 1), 0);
     }
 }
 
@@ -570,40 +574,47 @@ static void KX(tile_dot)(int kind, const void *pk_, const void *xg_, size_t xstr
 
 // Q4_K / Q5_K: per sub-block of 32 (one activation block), d sc dx isum - dmin m sx. Q5_K's
 // top bits: bit j of qh[l] for element 32 j + l.
+// One super-block's values q[j] (sub-block j's 32 values 0..15 or 0..31, in element order) and
+// sc (lane j: d sc_j), mn (lane j: dmin m_j). Shared by the row kernel and the batched pack, so
+// both see the same floats.
+KX_AI void KX(q45k_decode)(const int five, const uint8_t *b, __m256i *q, __m256 *scp, __m256 *mnp) {
+    const size_t qso = five ? offsetof(kaon_block_q5_k, qs) : offsetof(kaon_block_q4_k, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    uint32_t u[3], scm[4];  // d, dmin, scales[12] lead both formats
+    memcpy(u, b + offsetof(kaon_block_q4_k, scales), 12);
+    scm[0] = u[0] & 0x3f3f3f3fu;                                        // scales 0..3
+    scm[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // scales 4..7
+    scm[2] = u[1] & 0x3f3f3f3fu;                                        // mins 0..3
+    scm[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scm)));
+    __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm + 2))));
+    *scp = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(KX(ld16)(b))));
+    *mnp = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(KX(ld16)(b + 2))));
+    for (int k = 0; k < 4; k++) {
+        __m256i v = KX(ld)(b + qso + 32 * k);
+        q[2 * k] = _mm256_and_si256(v, m4);
+        q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    if (five) {
+        const __m256i qh = KX(ld)(b + offsetof(kaon_block_q5_k, qh));
+        for (int j = 0; j < 8; j++)  // (qh >> j) & 1 per byte, to bit 4
+            q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
+    }
+}
+
 KX_AI void KX(q45k_rows)(const int five, const uint8_t *w, const kaon_q8_act *a, int r0, const int nr,
                          float *out) {
     const int nsb = a->nb / 8, nbp = a->nbp;
     const size_t bs = five ? sizeof(kaon_block_q5_k) : sizeof(kaon_block_q4_k);
-    const size_t qso = five ? offsetof(kaon_block_q5_k, qs) : offsetof(kaon_block_q4_k, qs);
     const size_t xs = (size_t)nbp * 32;
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
     const float *d0 = a->d + (size_t)r0 * nbp, *s0 = a->s + (size_t)r0 * nbp;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *b = w + (size_t)i * bs;  // d, dmin, scales[12] lead both formats
-        uint32_t u[3], scm[4];
-        memcpy(u, b + offsetof(kaon_block_q4_k, scales), 12);
-        scm[0] = u[0] & 0x3f3f3f3fu;                                        // scales 0..3
-        scm[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // scales 4..7
-        scm[2] = u[1] & 0x3f3f3f3fu;                                        // mins 0..3
-        scm[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
-        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scm)));
-        __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scm + 2))));
-        sc = _mm256_mul_ps(sc, _mm256_set1_ps(KX(h2f)(KX(ld16)(b))));
-        mn = _mm256_mul_ps(mn, _mm256_set1_ps(KX(h2f)(KX(ld16)(b + 2))));
         __m256i q[8];
-        for (int k = 0; k < 4; k++) {
-            __m256i v = KX(ld)(b + qso + 32 * k);
-            q[2 * k] = _mm256_and_si256(v, m4);
-            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        if (five) {
-            const __m256i qh = KX(ld)(b + offsetof(kaon_block_q5_k, qh));
-            for (int j = 0; j < 8; j++)  // (qh >> j) & 1 per byte, to bit 4
-                q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-        }
+        __m256 sc, mn;
+        KX(q45k_decode)(five, w + (size_t)i * bs, q, &sc, &mn);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = x0 + r * xs + (size_t)i * 256;
             __m256i v[8];
@@ -626,6 +637,69 @@ KX_AI void KX(q45k_rows)(const int five, const uint8_t *w, const kaon_q8_act *a,
 // subtracted as integers (Q3_K 4x, Q6_K 32x), or, for Q2_K's mins, as dmin dx (sum m x half-sum).
 enum { KX_K_Q2, KX_K_Q3, KX_K_Q6 };
 
+// One super-block's values c[j] (chunk j's 32 values, unsigned: Q2_K 0..3, Q3_K 0..7, Q6_K
+// 0..63, in element order), its 16 scales s8 and (Q2_K) 16 mins m8 of the halves, d and dmin.
+KX_AI void KX(k16_decode)(const int fmt, const uint8_t *b, __m256i *c, int8_t *s8, int8_t *m8, float *dwp,
+                          float *dminp) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3);
+    float dw, dmin = 0.0f;
+    memset(m8, 0, 16);
+    if (fmt == KX_K_Q6) {
+        const kaon_block_q6_k *k = (const kaon_block_q6_k *)b;
+        for (int hf = 0; hf < 2; hf++) {  // raw values 0..63 of the 8 chunks of 32
+            __m256i l0 = KX(ld)(k->ql + 64 * hf), l1 = KX(ld)(k->ql + 64 * hf + 32);
+            __m256i hb = KX(ld)(k->qh + 32 * hf);
+            c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                            _mm256_and_si256(hb, m30));
+            c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        }
+        memcpy(s8, k->scales, 16);
+        dw = KX(h2f)(k->d);
+    } else {
+        // Chunk j = 4 hf + s: bits 2s, 2s + 1 of qs[32 hf + l]; Q3_K adds bit j of hmask[l] as 4.
+        const uint8_t *qs = fmt == KX_K_Q2 ? ((const kaon_block_q2_k *)b)->qs : ((const kaon_block_q3_k *)b)->qs;
+        const __m256i hm = fmt == KX_K_Q3 ? KX(ld)(((const kaon_block_q3_k *)b)->hmask) : _mm256_setzero_si256();
+        for (int hf = 0; hf < 2; hf++) {
+            const __m256i qv = KX(ld)(qs + 32 * hf);
+            for (int sh = 0; sh < 4; sh++) {
+                const int j = 4 * hf + sh;
+                c[j] = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
+                if (fmt == KX_K_Q3)
+                    c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j),
+                                                                                    _mm256_set1_epi8(1)), 2));
+            }
+        }
+        if (fmt == KX_K_Q2) {
+            const kaon_block_q2_k *k = (const kaon_block_q2_k *)b;
+            for (int t = 0; t < 16; t++) {
+                s8[t] = (int8_t)(k->scales[t] & 0xF);
+                m8[t] = (int8_t)(k->scales[t] >> 4);
+            }
+            dw = KX(h2f)(k->d);
+            dmin = KX(h2f)(k->dmin);
+        } else {
+            const kaon_block_q3_k *k = (const kaon_block_q3_k *)b;
+            const uint32_t w0 = KX(ld32)(k->scales), w1 = KX(ld32)(k->scales + 4), w2 = KX(ld32)(k->scales + 8);
+            // kaon_q3k_scale for all 16 at once: 4 low bits from the nibbles of w0 / w1, 2 high
+            // bits from w2, minus 32.
+            const uint32_t n4 = 0x0f0f0f0fu, n2 = 0x03030303u;
+            const __m128i v = _mm_setr_epi32((int)((w0 & n4) | ((w2 & n2) << 4)),
+                                             (int)((w1 & n4) | (((w2 >> 2) & n2) << 4)),
+                                             (int)(((w0 >> 4) & n4) | (((w2 >> 4) & n2) << 4)),
+                                             (int)(((w1 >> 4) & n4) | (((w2 >> 6) & n2) << 4)));
+            _mm_storeu_si128((__m128i *)s8, _mm_sub_epi8(v, _mm_set1_epi8(32)));
+            dw = KX(h2f)(k->d);
+        }
+    }
+    *dwp = dw;
+    *dminp = dmin;
+}
+
 KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, int r0, const int nr,
                         float *out) {
     const int nsb = a->nb / 8, nbp = a->nbp;
@@ -635,65 +709,29 @@ KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, i
     const int8_t *x0 = a->qs + (size_t)r0 * xs;
     const float *d0 = a->d + (size_t)r0 * nbp;
     const int16_t *h0 = a->s16 + (size_t)r0 * nbp * 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(3);
     __m256 acc[KX_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const uint8_t *b = w + (size_t)i * bs;
         __m256i c[8];
-        int8_t s8[16], m8[16] = {0};
-        float dw, dmin = 0.0f;
-        if (fmt == KX_K_Q6) {
-            const kaon_block_q6_k *k = (const kaon_block_q6_k *)b;
-            for (int hf = 0; hf < 2; hf++) {  // raw values 0..63 of the 8 chunks of 32
-                __m256i l0 = KX(ld)(k->ql + 64 * hf), l1 = KX(ld)(k->ql + 64 * hf + 32);
-                __m256i hb = KX(ld)(k->qh + 32 * hf);
-                c[4 * hf + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                                _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-                c[4 * hf + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                                _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-                c[4 * hf + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                _mm256_and_si256(hb, m30));
-                c[4 * hf + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-            }
-            memcpy(s8, k->scales, 16);
-            dw = KX(h2f)(k->d);
-        } else {
-            // Chunk j = 4 hf + s: bits 2s, 2s + 1 of qs[32 hf + l]; Q3_K adds bit j of hmask[l] as 4.
-            const uint8_t *qs = fmt == KX_K_Q2 ? ((const kaon_block_q2_k *)b)->qs : ((const kaon_block_q3_k *)b)->qs;
-            const __m256i hm = fmt == KX_K_Q3 ? KX(ld)(((const kaon_block_q3_k *)b)->hmask) : _mm256_setzero_si256();
-            for (int hf = 0; hf < 2; hf++) {
-                const __m256i qv = KX(ld)(qs + 32 * hf);
-                for (int sh = 0; sh < 4; sh++) {
-                    const int j = 4 * hf + sh;
-                    c[j] = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * sh), m3);
-                    if (fmt == KX_K_Q3)
-                        c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j),
-                                                                                        _mm256_set1_epi8(1)), 2));
-                }
-            }
-            if (fmt == KX_K_Q2) {
-                const kaon_block_q2_k *k = (const kaon_block_q2_k *)b;
-                for (int t = 0; t < 16; t++) {
-                    s8[t] = (int8_t)(k->scales[t] & 0xF);
-                    m8[t] = (int8_t)(k->scales[t] >> 4);
-                }
-                dw = KX(h2f)(k->d);
-                dmin = KX(h2f)(k->dmin);
-            } else {
-                const kaon_block_q3_k *k = (const kaon_block_q3_k *)b;
-                const uint32_t w0 = KX(ld32)(k->scales), w1 = KX(ld32)(k->scales + 4), w2 = KX(ld32)(k->scales + 8);
-                for (int t = 0; t < 16; t++) s8[t] = (int8_t)kaon_q3k_scale(w0, w1, w2, t);
-                dw = KX(h2f)(k->d);
-            }
-        }
+        int8_t s8[16], m8[16];
+        float dw, dmin;
+        KX(k16_decode)(fmt, b, c, s8, m8, &dw, &dmin);
         // Chunk j's halves use scales 2j and 2j+1: [s_2j x 8 | s_2j+1 x 8] as int16.
+        // (one byte shuffle each from the 8 scales of chunks 0..3 or 4..7 in both lanes)
+        const __m128i slo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)s8));
+        const __m128i shi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(s8 + 8)));
+        const __m256i s_lo = _mm256_inserti128_si256(_mm256_castsi128_si256(slo), slo, 1);
+        const __m256i s_hi = _mm256_inserti128_si256(_mm256_castsi128_si256(shi), shi, 1);
         __m256i scv[8];
-        for (int j = 0; j < 8; j++)
-            scv[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s8[2 * j])),
-                                             _mm_set1_epi16(s8[2 * j + 1]), 1);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s8));
+        for (int j = 0; j < 8; j++) {
+            const char a = (char)(4 * (j & 3)), b = (char)(4 * (j & 3) + 2);
+            const __m256i ctl = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1,
+                                                 a, a + 1, a, a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
+                                                 b, b + 1, b, b + 1, b, b + 1, b, b + 1);
+            scv[j] = _mm256_shuffle_epi8(j < 4 ? s_lo : s_hi, ctl);
+        }
+        const __m256i sc16 = _mm256_inserti128_si256(_mm256_castsi128_si256(slo), shi, 1);
         const __m256i mn16 = fmt == KX_K_Q2 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)m8))
                                             : _mm256_setzero_si256();
         const __m256 vdw = _mm256_set1_ps(dw), vdmin = _mm256_set1_ps(dmin);
@@ -715,6 +753,217 @@ KX_AI void KX(k16_rows)(const int fmt, const uint8_t *w, const kaon_q8_act *a, i
     }
     for (int r = 0; r < nr; r++) out[r] = KX(hsum)(acc[r]);
 }
+
+// ---- Batched path for the K-quants: 8 weight rows decoded once, then every activation row --
+//
+// As the blocks-of-32 batched path above, with the super-block formats' own pack: for each
+// 8-row tile, every super-block i of every row is decoded once (q45k_decode / k16_decode, the
+// row kernels' own helpers) and stored per sub-block position j and super-block i as 8 vectors
+// [row 0: 4 values | ... | row 7] of the sub-block's element quads (unsigned bytes), followed by
+// the per-row scales the sub-block needs (KX_KP_* offsets). The tile kernel then multiplies a
+// packed vector by a broadcast quad of one activation row, so lane i of every sum belongs to
+// weight row i and no horizontal sums are needed; the decode costs once per 8 rows and step
+// instead of once per 8 rows and 4 activation rows.
+//
+// Same numbers as q45k_rows / k16_rows, bit for bit: the integer part of each sub-block is an
+// exact sum (the int16 partial sums are bounded below 2^15: |x| <= 127, so a maddubs lane is at
+// most 2 x 63 x 127; Q4_K / Q2_K / Q3_K sum up to 8 of them before widening, Q5_K 4, Q6_K 2),
+// the float part is the same two multiply-adds per sub-block in the same order of super-blocks,
+// kept in one accumulator per sub-block position j (the row kernels' lane j), and the eight
+// are summed in KX(hsum)'s order ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+// Activation rows per ktile_dot call (both builds: the register budget of AVX2).
+#define KX_KT_NR 4
+enum { KX_KQ_Q2, KX_KQ_Q3, KX_KQ_Q4, KX_KQ_Q5, KX_KQ_Q6 };
+// Offsets inside one packed (j, i) entry: the 256 bytes of values, then
+//  Q4_K/Q5_K: float d sc_j [8 rows], float dmin m_j [8 rows]
+//  Q2_K/Q3_K/Q6_K: int16 pairs (s_2j, s_2j+1) [8 rows], int16 (s_2j, s_2j) [8], (s_2j+1, s_2j+1)
+//  [8], float d [8], Q2_K: int16 pairs (m_2j, m_2j+1) [8], float dmin [8].
+#define KX_KP_SC 256
+#define KX_KP_MN 288
+#define KX_KP_SPAIR 256
+#define KX_KP_H0 288
+#define KX_KP_H1 320
+#define KX_KP_DW 352
+#define KX_KP_MPAIR 384
+#define KX_KP_DMIN 416
+#define KX_KP_BYTES 448
+
+static size_t KX(kpack_bytes)(int nsb) { return (size_t)nsb * 8 * KX_KP_BYTES; }
+
+KX_AI size_t KX(kq_bsize)(const int fmt) {
+    switch (fmt) {
+    case KX_KQ_Q2: return sizeof(kaon_block_q2_k);
+    case KX_KQ_Q3: return sizeof(kaon_block_q3_k);
+    case KX_KQ_Q4: return sizeof(kaon_block_q4_k);
+    case KX_KQ_Q5: return sizeof(kaon_block_q5_k);
+    default: return sizeof(kaon_block_q6_k);
+    }
+}
+
+KX_AI void KX(kpack_fmt)(const int fmt, const uint8_t *w, size_t rb, int rows, int nsb, uint8_t *dst) {
+    const size_t bs = KX(kq_bsize)(fmt);
+    const int q45 = fmt == KX_KQ_Q4 || fmt == KX_KQ_Q5;
+    for (int i = 0; i < nsb; i++) {
+        __m256i c[8][8];  // [row][sub-block]
+        float sc[8][8], mn[8][8], dw[8], dmin[8];
+        int8_t s8[8][16], m8[8][16];
+        for (int r = 0; r < 8; r++) {
+            if (r >= rows) {  // missing rows: zero values and scales
+                for (int j = 0; j < 8; j++) c[r][j] = _mm256_setzero_si256();
+                memset(sc[r], 0, sizeof sc[r]);
+                memset(mn[r], 0, sizeof mn[r]);
+                memset(s8[r], 0, 16);
+                memset(m8[r], 0, 16);
+                dw[r] = dmin[r] = 0.0f;
+                continue;
+            }
+            const uint8_t *b = w + (size_t)r * rb + (size_t)i * bs;
+            if (q45) {
+                __m256 vs, vm;
+                KX(q45k_decode)(fmt == KX_KQ_Q5, b, c[r], &vs, &vm);
+                _mm256_storeu_ps(sc[r], vs);
+                _mm256_storeu_ps(mn[r], vm);
+            } else {
+                KX(k16_decode)(fmt == KX_KQ_Q2 ? KX_K_Q2 : fmt == KX_KQ_Q3 ? KX_K_Q3 : KX_K_Q6, b, c[r], s8[r],
+                               m8[r], &dw[r], &dmin[r]);
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            uint8_t *o = dst + (size_t)(j * nsb + i) * KX_KP_BYTES;
+            __m256i v[8];
+            for (int r = 0; r < 8; r++) v[r] = c[r][j];
+            KX(transpose8)(v);  // v[q] lane r = quad q of row r
+            for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(o + 32 * q), v[q]);
+            if (q45) {
+                for (int r = 0; r < 8; r++) {
+                    memcpy(o + KX_KP_SC + 4 * r, &sc[r][j], 4);
+                    memcpy(o + KX_KP_MN + 4 * r, &mn[r][j], 4);
+                }
+                continue;
+            }
+            for (int r = 0; r < 8; r++) {
+                const uint16_t a = (uint16_t)s8[r][2 * j], b = (uint16_t)s8[r][2 * j + 1];
+                const uint16_t ma = (uint16_t)m8[r][2 * j], mb = (uint16_t)m8[r][2 * j + 1];
+                const uint32_t pr = a | (uint32_t)b << 16, h0 = a | (uint32_t)a << 16, h1 = b | (uint32_t)b << 16;
+                const uint32_t mp = ma | (uint32_t)mb << 16;
+                memcpy(o + KX_KP_SPAIR + 4 * r, &pr, 4);
+                memcpy(o + KX_KP_H0 + 4 * r, &h0, 4);
+                memcpy(o + KX_KP_H1 + 4 * r, &h1, 4);
+                memcpy(o + KX_KP_DW + 4 * r, &dw[r], 4);
+                memcpy(o + KX_KP_MPAIR + 4 * r, &mp, 4);
+                memcpy(o + KX_KP_DMIN + 4 * r, &dmin[r], 4);
+            }
+        }
+    }
+}
+
+static int KX(kpack)(int kind, const void *w, size_t rb, int rows, int nsb, void *dst) {
+    switch (kind) {
+    case KAON_KI_Q2_K: KX(kpack_fmt)(KX_KQ_Q2, w, rb, rows, nsb, dst); return 0;
+    case KAON_KI_Q3_K: KX(kpack_fmt)(KX_KQ_Q3, w, rb, rows, nsb, dst); return 0;
+    case KAON_KI_Q4_K: KX(kpack_fmt)(KX_KQ_Q4, w, rb, rows, nsb, dst); return 0;
+    case KAON_KI_Q5_K: KX(kpack_fmt)(KX_KQ_Q5, w, rb, rows, nsb, dst); return 0;
+    case KAON_KI_Q6_K: KX(kpack_fmt)(KX_KQ_Q6, w, rb, rows, nsb, dst); return 0;
+    default: return 1;
+    }
+}
+
+// Sum of maddubs(packed quad vectors q0..q1-1, the activation's broadcast quads) as int16.
+KX_AI __m256i KX(kq_sum16)(const uint8_t *p, const int8_t *x, const int q0, const int q1) {
+    __m256i s = _mm256_maddubs_epi16(KX(ld)(p + 32 * q0), KX(bcast32)((const uint8_t *)(x + 4 * q0)));
+    for (int q = q0 + 1; q < q1; q++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(KX(ld)(p + 32 * q), KX(bcast32)((const uint8_t *)(x + 4 * q))));
+    return s;
+}
+
+// Sub-block position j of every super-block for NR activation rows (from row r0 of a): the
+// partial sums part[r] (lane i = weight row i).
+KX_AI void KX(ktile_j)(const int fmt, const int j, const uint8_t *pk, const int nsb, const kaon_q8_act *a,
+                       const int r0, const int NR, __m256 *part) {
+    const int nbp = a->nbp;
+    const size_t xs = (size_t)nbp * 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 A[KX_KT_NR];
+    for (int r = 0; r < NR; r++) A[r] = _mm256_setzero_ps();
+    const uint8_t *p = pk + (size_t)j * nsb * KX_KP_BYTES;
+    for (int i = 0; i < nsb; i++, p += KX_KP_BYTES) {
+        const int blk = 8 * i + j;
+        for (int r = 0; r < NR; r++) {
+            const size_t row = (size_t)(r0 + r);
+            const int8_t *x = a->qs + row * xs + (size_t)blk * 32;
+            const __m256 dx = _mm256_set1_ps(a->d[row * nbp + blk]);
+            __m256i I;
+            if (fmt == KX_KQ_Q4) {
+                I = _mm256_madd_epi16(KX(kq_sum16)(p, x, 0, 8), ones);
+            } else if (fmt == KX_KQ_Q5) {
+                I = _mm256_add_epi32(_mm256_madd_epi16(KX(kq_sum16)(p, x, 0, 4), ones),
+                                     _mm256_madd_epi16(KX(kq_sum16)(p, x, 4, 8), ones));
+            } else {
+                const __m256i h0 = KX(ld)(p + KX_KP_H0), h1 = KX(ld)(p + KX_KP_H1);
+                if (fmt == KX_KQ_Q6) {
+                    I = _mm256_add_epi32(
+                        _mm256_add_epi32(_mm256_madd_epi16(KX(kq_sum16)(p, x, 0, 2), h0),
+                                         _mm256_madd_epi16(KX(kq_sum16)(p, x, 2, 4), h0)),
+                        _mm256_add_epi32(_mm256_madd_epi16(KX(kq_sum16)(p, x, 4, 6), h1),
+                                         _mm256_madd_epi16(KX(kq_sum16)(p, x, 6, 8), h1)));
+                } else {
+                    I = _mm256_add_epi32(_mm256_madd_epi16(KX(kq_sum16)(p, x, 0, 4), h0),
+                                         _mm256_madd_epi16(KX(kq_sum16)(p, x, 4, 8), h1));
+                }
+                // The block's two half-sums, one int32 (s16 is [row, block, 2]).
+                const __m256i hs = KX(bcast32)((const uint8_t *)(a->s16 + (row * nbp + blk) * 2));
+                if (fmt != KX_KQ_Q2)
+                    I = _mm256_sub_epi32(I, _mm256_slli_epi32(_mm256_madd_epi16(hs, KX(ld)(p + KX_KP_SPAIR)),
+                                                              fmt == KX_KQ_Q6 ? 5 : 2));
+                A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps((const float *)(p + KX_KP_DW)), dx),
+                                       A[r]);
+                if (fmt == KX_KQ_Q2)
+                    A[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hs, KX(ld)(p + KX_KP_MPAIR))),
+                                            _mm256_mul_ps(_mm256_loadu_ps((const float *)(p + KX_KP_DMIN)), dx), A[r]);
+                continue;
+            }
+            A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(_mm256_loadu_ps((const float *)(p + KX_KP_SC)), dx),
+                                   A[r]);
+            A[r] = _mm256_fnmadd_ps(_mm256_loadu_ps((const float *)(p + KX_KP_MN)),
+                                    _mm256_set1_ps(a->s[row * nbp + blk]), A[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) part[r] = A[r];
+}
+
+KX_AI void KX(ktile_fmt)(const int fmt, const uint8_t *pk, const kaon_q8_act *a, int r0, const int NR,
+                         float *out, size_t ldo) {
+    const int nsb = a->nb / 8;
+    __m256 part[8][KX_KT_NR];
+    for (int j = 0; j < 8; j++) KX(ktile_j)(fmt, j, pk, nsb, a, r0, NR, part[j]);
+    for (int r = 0; r < NR; r++) {
+        const __m256 lo = _mm256_add_ps(_mm256_add_ps(part[0][r], part[4][r]), _mm256_add_ps(part[2][r], part[6][r]));
+        const __m256 hi = _mm256_add_ps(_mm256_add_ps(part[1][r], part[5][r]), _mm256_add_ps(part[3][r], part[7][r]));
+        _mm256_storeu_ps(out + r * ldo, _mm256_add_ps(lo, hi));
+    }
+}
+
+#define KX_KT_DISPATCH(FMT)                                              \
+    switch (nr) {                                                        \
+    case 1: KX(ktile_fmt)(FMT, pk, a, r0, 1, out, ldo); break;           \
+    case 2: KX(ktile_fmt)(FMT, pk, a, r0, 2, out, ldo); break;           \
+    case 3: KX(ktile_fmt)(FMT, pk, a, r0, 3, out, ldo); break;           \
+    default: KX(ktile_fmt)(FMT, pk, a, r0, KX_KT_NR, out, ldo); break;   \
+    }
+
+// out[r * ldo + i] = packed weight row i . activation row r0 + r of a, r < nr (<= KX_KT_NR).
+static void KX(ktile_dot)(int kind, const void *pk_, const kaon_q8_act *a, int r0, int nr, float *out,
+                          size_t ldo) {
+    const uint8_t *pk = pk_;
+    switch (kind) {
+    case KAON_KI_Q2_K: KX_KT_DISPATCH(KX_KQ_Q2); break;
+    case KAON_KI_Q3_K: KX_KT_DISPATCH(KX_KQ_Q3); break;
+    case KAON_KI_Q4_K: KX_KT_DISPATCH(KX_KQ_Q4); break;
+    case KAON_KI_Q5_K: KX_KT_DISPATCH(KX_KQ_Q5); break;
+    default: KX_KT_DISPATCH(KX_KQ_Q6); break;
+    }
+}
+#undef KX_KT_DISPATCH
 
 // IQ4_XS: per sub-block j of 32, the levels of the 16 bytes' low then high nibbles (the
 // activation block's order), signed, times (d (ls_j - 32)) dx.
@@ -1100,6 +1349,10 @@ static const kaon_cpu_kernels KX(kernels) = {
     .pack_bytes = KX(pack_bytes),
     .pack = KX(pack),
     .tile_dot = KX(tile_dot),
+    .kpack_bytes = KX(kpack_bytes),
+    .kpack = KX(kpack),
+    .ktile_dot = KX(ktile_dot),
+    .ktile_rows = KX_KT_NR,
     .dot_f32 = KX(dot_f32),
     .attn_scores = KX(attn_scores),
     .attn_accum = KX(attn_accum),
