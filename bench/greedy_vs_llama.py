@@ -9,7 +9,9 @@ margins (the logits of every position, so step i's margin is read at the positio
 token), and llama-server's /completion with the same ids, temperature 0 and n_probs 2 (the
 top-2 log-probabilities of each step; their difference is the logit margin, the softmax's
 normaliser cancelling). llama-server is yours to build and start (e.g.
-`llama-server -m FILE -t 2 --port 8090`); nothing here builds it. Or --llama-jsonl FILE: one
+`llama-server -m FILE -t 2 --port 8090`); nothing here builds it. (The llama-server path
+follows its documented /tokenize and /completion fields but has not been run yet: the first
+comparison, docs/PERF.md, used --llama-jsonl.) Or --llama-jsonl FILE: one
 JSON line per prompt (in PROMPTS' order) from a libllama program of your own, with "ids" (its
 tokenizer's ids of the prompt, BOS added), "gen" (greedy ids after kaon's prompt ids, which
 must equal "ids"), "margin" (top-1 minus top-2 logit per step) and "top2" ([id, id] per step).
