@@ -111,6 +111,10 @@ static char *turn(chat *c, const kaon_sampling *defaults, int max_new) {
     return answer.data ? answer.data : strdup("");
 }
 
+static bool vocab_has(const char *text, void *tok) {
+    return kaon_tokenizer_find_token(tok, text) >= 0;
+}
+
 int kaon_cmd_chat(int argc, char **argv) {
     const char *model = NULL, *system = NULL, *device = NULL, *kv_dtype = NULL;
     long max_new = 512, threads = kaon_cli_default_threads(), ctx = 4096;
@@ -160,8 +164,9 @@ int kaon_cmd_chat(int argc, char **argv) {
     c.tok = kaon_engine_tokenizer(c.e);
     const char *src = kaon_tokenizer_chat_template(c.tok);
     if (!src) {
-        fprintf(stderr, "kaon chat: %s has no chat template; using kaon's default (ChatML)\n", info.model_path);
-        src = kaon_default_chat_template;
+        src = kaon_fallback_chat_template(vocab_has, (void *)c.tok);
+        fprintf(stderr, "kaon chat: %s has no chat template; using kaon's %s format\n", info.model_path,
+                src == kaon_default_chat_template ? "ChatML" : "Gemma turn");
     }
     c.tmpl = kaon_chat_template_parse(src, strlen(src));
     if (!c.tmpl) { kaon_cli_fail("chat template: %s", kaon_last_error()); goto out; }

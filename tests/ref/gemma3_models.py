@@ -135,10 +135,12 @@ GGUF_LAYER_NAMES = {
 }
 
 
-def save_gguf(path, cfg, weights, tokenizer=True):
+def save_gguf(path, cfg, weights, tokenizer=True, encode=None):
     """An F32 GGUF `gemma3` file as convert_hf_to_gguf.py writes one: every *norm.weight stored
     as 1 + w, no output.weight (tied), global rope theta as rope.freq_base, the local base and
-    the layer pattern left to the reader (llama.cpp hard-codes 10000 and 6)."""
+    the layer pattern left to the reader (llama.cpp hard-codes 10000 and 6).
+    encode(gguf_name, f32 array) -> (data, raw ggml type or None) stores a tensor in another
+    type (quantized files: read them back with load_gguf to get the values stored)."""
     import gguf
     assert layer_types(cfg) == [SLIDING if (i + 1) % 6 else FULL for i in range(cfg["num_hidden_layers"])], \
         "llama.cpp hard-codes the pattern of 6"
@@ -156,7 +158,7 @@ def save_gguf(path, cfg, weights, tokenizer=True):
     wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     wr.add_key_length(cfg["head_dim"])
     wr.add_value_length(cfg["head_dim"])
-    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
+    wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if encode else gguf.LlamaFileType.ALL_F32)
     wr.add_rope_freq_base(rp[FULL]["rope_theta"])
     wr.add_sliding_window(cfg["sliding_window"])
     wr.add_head_count_kv(cfg["num_key_value_heads"])
@@ -165,14 +167,18 @@ def save_gguf(path, cfg, weights, tokenizer=True):
         wr.add_rope_scaling_factor(rp[FULL]["factor"])
     if tokenizer:
         add_to_gguf(wr, cfg["vocab_size"])
-    wr.add_tensor("token_embd.weight", np.ascontiguousarray(weights["model.embed_tokens.weight"], np.float32))
-    wr.add_tensor("output_norm.weight", (weights["model.norm.weight"] + np.float32(1)).astype(np.float32))
+    def add(name, a):
+        data, raw_dtype = encode(name, a) if encode else (a, None)
+        wr.add_tensor(name, np.ascontiguousarray(data), raw_dtype=raw_dtype)
+
+    add("token_embd.weight", np.asarray(weights["model.embed_tokens.weight"], np.float32))
+    add("output_norm.weight", (weights["model.norm.weight"] + np.float32(1)).astype(np.float32))
     for l in range(cfg["num_hidden_layers"]):
         for hf, gg in GGUF_LAYER_NAMES.items():
             a = np.asarray(weights[f"model.layers.{l}.{hf}"], np.float32)
             if hf.endswith("norm.weight"):
                 a = (a + np.float32(1)).astype(np.float32)
-            wr.add_tensor(f"blk.{l}.{gg}", np.ascontiguousarray(a))
+            add(f"blk.{l}.{gg}", a)
     gguf_files.write_out(wr)
     return Path(path)
 

@@ -19,8 +19,10 @@ def read(path, arch):
     """(kv, top, blocks) of a GGUF file of architecture arch: kv(key, default=None) is the
     metadata value `{arch}.{key}`; top the tensors of TOP_NAMES under their HF names; blocks
     {(layer, kind): array} for the tensors `blk.{layer}.{kind}.weight` (or .bias; layer as the
-    string in the name). Arrays are float32 in numpy order (ggml's ne reversed), as stored."""
+    string in the name). Arrays are float32 in numpy order (ggml's ne reversed): the stored values,
+    dequantized by the gguf package for quantized types."""
     import gguf
+    import gguf.quants
     r = gguf.GGUFReader(str(path))
     assert r.fields["general.architecture"].contents() == arch
 
@@ -29,7 +31,8 @@ def read(path, arch):
         return f.contents() if f is not None else default
     top, blocks = {}, {}
     for t in r.tensors:
-        a = np.asarray(t.data, np.float32).reshape([int(x) for x in reversed(t.shape)])
+        # dequantized by the gguf package (float types pass through), so quantized files read too
+        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape([int(x) for x in reversed(t.shape)])
         if t.name in TOP_NAMES:
             top[TOP_NAMES[t.name]] = a
         else:

@@ -27,6 +27,8 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
+from quant_blocks import RANDOM_BLOCK_SCALES, random_blocks
+
 REPO = Path(__file__).resolve().parents[2]
 
 # (name, type, rows, K): K covers whole groups of 8 blocks, a tail of 2, an odd block count.
@@ -63,29 +65,6 @@ def helper():
     if not exe.exists():
         pytest.fail(f"{exe} not found: build kaon first (or set KAON_BUILD to the build dir)")
     return exe
-
-
-# Random valid blocks of the formats gguf cannot quantize: random bytes, then the f16 scales
-# (byte offset in the block, low, high) set to values that keep the weights near +-0.1.
-RANDOM_BLOCK_SCALES = {
-    QT.Q2_K: [(80, 0.0005, 0.003), (82, 0.0005, 0.003)],      # d, dmin
-    QT.Q3_K: [(108, 0.0005, 0.003)],                          # d
-    QT.Q4_K: [(0, 0.0005, 0.003), (2, 0.0005, 0.003)],        # d, dmin
-    QT.Q5_K: [(0, 0.0003, 0.002), (2, 0.0005, 0.003)],        # d, dmin
-    QT.Q6_K: [(208, 0.00005, 0.0003)],                        # d
-    QT.IQ4_NL: [(0, 0.0002, 0.002)],                          # d
-    QT.IQ4_XS: [(0, 0.00002, 0.0002)],                        # d
-}
-
-
-def random_blocks(qt, rows, K, rng):
-    block, size = gguf.GGML_QUANT_SIZES[qt]
-    nb = K // block
-    b = rng.integers(0, 256, size=(rows, nb, size), dtype=np.uint8)
-    for off, lo, hi in RANDOM_BLOCK_SCALES[qt]:
-        d = rng.uniform(lo, hi, size=(rows, nb, 1)).astype(np.float16)
-        b[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
-    return b.reshape(rows, nb * size)
 
 
 def make_weight(qt, rows, K, rng):

@@ -357,6 +357,39 @@ static void test_default_template(void) {
            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+static bool has_gemma_turns(const char *text, void *ctx) {
+    (void)ctx;
+    return !strcmp(text, "<start_of_turn>") || !strcmp(text, "<end_of_turn>");
+}
+
+static bool has_chatml(const char *text, void *ctx) {
+    (void)ctx;
+    return !strcmp(text, "<|im_start|>");
+}
+
+static bool has_both(const char *text, void *ctx) {
+    return has_gemma_turns(text, ctx) || has_chatml(text, ctx);
+}
+
+// A model without a template gets Gemma's turn format when its vocabulary has Gemma's turn
+// markers (and not ChatML's), else ChatML; the Gemma format folds a system message into the
+// first user turn, names assistant turns "model" and trims contents.
+static void test_fallback_template(void) {
+    CHECK(kaon_fallback_chat_template(has_gemma_turns, NULL) == kaon_gemma_chat_template);
+    CHECK(kaon_fallback_chat_template(has_chatml, NULL) == kaon_default_chat_template);
+    CHECK(kaon_fallback_chat_template(has_both, NULL) == kaon_default_chat_template);
+    CHECK(kaon_fallback_chat_template(NULL, NULL) == kaon_default_chat_template);
+    const char *ctx = "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                      " {\"role\": \"user\", \"content\": \" hi \"}, {\"role\": \"assistant\", \"content\": \"Hello\"},"
+                      " {\"role\": \"user\", \"content\": \"2+2?\"}],"
+                      " \"add_generation_prompt\": true, \"bos_token\": \"<bos>\"}";
+    EXPECT(kaon_gemma_chat_template, ctx,
+           "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+           "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n");
+    EXPECT(kaon_gemma_chat_template, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"bos_token\": \"<bos>\"}",
+           "<bos><start_of_turn>user\nx<end_of_turn>\n");
+}
+
 static void test_reuse_and_api(void) {
     // one parsed template renders many contexts; NULL context works; errors are reported
     kaon_chat_template *t = kaon_chat_template_parse("{{ x }}", 7);
@@ -398,6 +431,7 @@ int main(int argc, char **argv) {
     test_errors();
     test_limits();
     test_default_template();
+    test_fallback_template();
     test_reuse_and_api();
     TEST_MAIN_END();
 }
