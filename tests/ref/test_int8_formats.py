@@ -17,10 +17,10 @@ from hf_files import write_folder
 from kaon_cli import logits
 from refmodel import RefModel
 from test_fp8_block import fp8_config, rel_err
+from test_fp8_formats import IDS, check, info  # the same two comparisons as the FP8 formats'
 from tiny_models import make_weights
 
 F32 = np.float32
-IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5]
 
 
 def int8_config(strategy, act):
@@ -99,36 +99,6 @@ def write_int8(folder, cfg, strategy, act, seed=3, scale_dtype="F32", edit=None)
     keep = () if scale_dtype == "BF16" else (".weight_scale",)
     write_folder(folder, cfg, files, "BF16", keep_f32=keep, indent=None)
     return folder, deq, in_scales
-
-
-def info(kaon_bin, model):
-    r = subprocess.run([str(kaon_bin), "info", str(model)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def check(kaon_bin, tmp_path, monkeypatch, cfg, model, deq, wrap, modes=("prefill", "decode")):
-    plain = RefModel(cfg, deq, dtype=np.float64).forward(IDS)
-    monkeypatch.setenv("KAON_FP8_ACT", "0")
-    for mode in modes:
-        err = rel_err(logits(kaon_bin, model, IDS, tmp_path, mode), plain)
-        print(f"weight-only {mode}: {err:.2e}")
-        assert err < 1e-5
-    if wrap is None:
-        return
-    monkeypatch.delenv("KAON_FP8_ACT")
-    ref = RefModel(cfg, deq, dtype=np.float64)
-    for k in deq:
-        if k.startswith("model.layers.") and ref.w[k].ndim == 2:
-            ref.w[k] = wrap(k, ref.w[k])
-    want = ref.forward(IDS)
-    moved = rel_err(plain, want)
-    for mode in modes:
-        ours = logits(kaon_bin, model, IDS, tmp_path, mode)
-        err = rel_err(ours, want)
-        print(f"int8 activations {mode}: {err:.2e} (the quantization moves them {moved:.2e})")
-        assert err < 1e-5 and moved > 1e-4
-        assert (ours.argmax(-1) == want.argmax(-1)).all()
 
 
 def test_int8_channel_dynamic_token(kaon_bin, tmp_path, monkeypatch):
