@@ -51,6 +51,22 @@ static float e4m3_round(float v) { return e4m3_lut[kaon_f32_to_e4m3(v)]; }
 
 static float int8_round(float v) { return fminf(fmaxf(nearbyintf(v), -128.0f), 127.0f); }
 
+// The amax a dynamic scale of row r comes from: the row's (TOKEN) or the whole input's (TENSOR,
+// amax_all from tensor_amax).
+static float tensor_amax(const float *x, size_t N, int mode) {
+    float a = 0.0f;
+    if (mode == KAON_ACTQ_TENSOR)
+        for (size_t i = 0; i < N; i++) a = fmaxf(a, fabsf(x[i]));
+    return a;
+}
+
+static float row_amax(const float *xr, int64_t K, int mode, float amax_all) {
+    float a = amax_all;
+    if (mode == KAON_ACTQ_TOKEN)
+        for (int64_t k = 0; k < K; k++) a = fmaxf(a, fabsf(xr[k]));
+    return a;
+}
+
 // INT8 activations (the header's rules) of x [n, K] into xq.
 static void quantize_int8(const float *x, int n, int64_t K, int mode, float input_scale, float *xq) {
     const size_t N = (size_t)n * (size_t)K;
@@ -58,14 +74,11 @@ static void quantize_int8(const float *x, int n, int64_t K, int mode, float inpu
         for (size_t i = 0; i < N; i++) xq[i] = int8_round(x[i] / input_scale) * input_scale;
         return;
     }
-    float amax_all = 0.0f;
-    if (mode == KAON_ACTQ_TENSOR)
-        for (size_t i = 0; i < N; i++) amax_all = fmaxf(amax_all, fabsf(x[i]));
+    const float amax_all = tensor_amax(x, N, mode);
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)r * (size_t)K;
-        float *qr = xq + (size_t)r * (size_t)K, amax = amax_all;
-        if (mode == KAON_ACTQ_TOKEN)
-            for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
+        float *qr = xq + (size_t)r * (size_t)K;
+        const float amax = row_amax(xr, K, mode, amax_all);
         if (!(amax > 0.0f)) {  // all zeros
             memset(qr, 0, sizeof(float) * (size_t)K);
             continue;
@@ -84,14 +97,11 @@ static void quantize_scaled(const float *x, int n, int64_t K, int mode, float in
         for (size_t i = 0; i < N; i++) xq[i] = e4m3_round(x[i] * inv) * input_scale;
         return;
     }
-    float amax_all = 0.0f;
-    if (mode == KAON_ACTQ_TENSOR)
-        for (size_t i = 0; i < N; i++) amax_all = fmaxf(amax_all, fabsf(x[i]));
+    const float amax_all = tensor_amax(x, N, mode);
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)r * (size_t)K;
-        float *qr = xq + (size_t)r * (size_t)K, amax = amax_all;
-        if (mode == KAON_ACTQ_TOKEN)
-            for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
+        float *qr = xq + (size_t)r * (size_t)K;
+        const float amax = row_amax(xr, K, mode, amax_all);
         const float s = fmaxf(amax / 448.0f, min_s);
         for (int64_t k = 0; k < K; k++) qr[k] = e4m3_round(xr[k] / s) * s;
     }

@@ -972,7 +972,7 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
                        K, norm, p, m, counts);
     if (kc_check(b, st, "moe routing")) return -1;
     if (w8) {  // FP8 experts (cuda_moe_fp8.cu); the shared expert through the linear ops
-        if (kc_moe8_small_gu(b, x, n, dim, F, *w8, max_active, m, E)) return -1;
+        if (kc_moe8_small_gu(b, x, dim, F, *w8, max_active, m, E)) return -1;
         if (SF && shared_by_ops(b, x, n, w, SF, m)) return -1;
         if (SF && w->shared_gate_inp) {
             b->base.ops->linear_f32(&b->base, x, n, w->shared_gate_inp, m.SG);

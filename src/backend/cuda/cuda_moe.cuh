@@ -68,8 +68,8 @@ static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_g
 // The small path's gate/up (grid: F / GEMV_WARPS x max_active) and down + combine (dim / DN_ROWS),
 // as k_moe_small_gu / k_moe_small_down without a fused shared expert (an FP8 one runs through the
 // linear ops: YS).
-int kc_moe8_small_gu(kc_backend *b, const bf16 *x, int n, int dim, int F, const MoeW8 &w, int max_active,
-                     const MoeBufs &m, int E);
+int kc_moe8_small_gu(kc_backend *b, const bf16 *x, int dim, int F, const MoeW8 &w, int max_active, const MoeBufs &m,
+                     int E);
 int kc_moe8_small_down(kc_backend *b, int n, int dim, int F, const MoeW8 &w, const bf16 *YS, const float *SG, int K,
                        const MoeBufs &m, int E, bf16 *out);
 // The grouped GEMMs of the general path (tiles from k_plan): gate/up with SiLU into H, down into Y.

@@ -251,9 +251,8 @@ k_moe8_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW8 w, co
     out[(size_t)tk * dim + r] = __float2bfloat16(a);
 }
 
-int kc_moe8_small_gu(kc_backend *b, const bf16 *x, int n, int dim, int F, const MoeW8 &w, int max_active,
-                     const MoeBufs &m, int E) {
-    (void)n;
+int kc_moe8_small_gu(kc_backend *b, const bf16 *x, int dim, int F, const MoeW8 &w, int max_active, const MoeBufs &m,
+                     int E) {
     const dim3 grid((unsigned)((F + RPW * GEMV_WARPS - 1) / (RPW * GEMV_WARPS)), (unsigned)max_active);
     return kc_check(b, kc_launch(b, k_moe8_small_gu, grid, dim3(GEMV_WARPS * 32), 0, x, dim, F, w, m.active, E, m.off,
                                  m.slot_tok, m.H),
