@@ -154,15 +154,15 @@ __global__ void k_route(const float *__restrict__ logits, const int32_t *__restr
 
 // ---- 3. plan -----------------------------------------------------------------------------------
 
-// One block of MOE_MAX_E threads: thread e owns expert e.
-__global__ void __launch_bounds__(MOE_MAX_E) k_plan(const int *__restrict__ cnt, int E, int *__restrict__ off,
+// One block of MOE_MAX_E threads: thread e owns expert e. Tiles of tm rows (the GEMM's TM).
+__global__ void __launch_bounds__(MOE_MAX_E) k_plan(const int *__restrict__ cnt, int E, int tm, int *__restrict__ off,
                                                     int *__restrict__ fill, int *__restrict__ active,
                                                     int2 *__restrict__ tiles, int *__restrict__ n_tiles) {
     __shared__ int s_cnt[MOE_MAX_E], s_tiles[MOE_MAX_E], s_act[MOE_MAX_E];
     const int e = threadIdx.x;
     const int c = e < E ? cnt[e] : 0;
     s_cnt[e] = c;
-    s_tiles[e] = (c + BM - 1) / BM;
+    s_tiles[e] = (c + tm - 1) / tm;
     s_act[e] = c > 0;
     __syncthreads();
     // Inclusive scans (Hillis-Steele; 1024 elements, once per layer).
@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(MOE_MAX_E) k_plan(const int *__restrict__ cnt,
         off[e] = s_cnt[e] - c;
         fill[e] = 0;
         if (c > 0) active[s_act[e] - 1] = e;
-        const int t0 = s_tiles[e] - (c + BM - 1) / BM;
-        for (int r = 0, i = t0; r < c; r += BM, i++) tiles[i] = make_int2(e, r);
+        const int t0 = s_tiles[e] - (c + tm - 1) / tm;
+        for (int r = 0, i = t0; r < c; r += tm, i++) tiles[i] = make_int2(e, r);
     }
     if (e == MOE_MAX_E - 1) {
         off[E] = s_cnt[e];
@@ -656,46 +656,55 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
 
-// C tile [BM, BN] of rows (slots [s_begin + m0, s_end)) of A times B^T, B = W [N, Kd] rows n0...
+// C tile [TM, BN] of rows (slots [s_begin, s_end)) of A times B^T, B = W [N, Kd] rows n0...
 // A row i is a_row(slot) (gathered x rows, or H rows in slot order). GU: two B matrices (gate,
-// up) and the SiLU-and-mul epilogue; else one (down).
-template <bool GU>
+// up) and the SiLU-and-mul epilogue; else one (down). TM (64, 32 or 16 rows) follows the tokens
+// per expert: with a few per expert (a decode step of 64 sequences over 64 experts: ~6) a 64-row
+// tile is mostly padding, and its MMAs, not the weights' bytes, set the time (ncu on V2-Lite's
+// 64-token step: 243 TFLOP/s of which ~90% on padding, 2.3 TB/s).
+template <bool GU, int TM>
 __global__ void __launch_bounds__(128)
 k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__restrict__ tiles,
            const int *__restrict__ n_tiles, const int *__restrict__ off, const int *__restrict__ slot_tok,
            bf16 *__restrict__ C) {
     if ((int)blockIdx.y >= *n_tiles) return;
     const int2 tile = tiles[blockIdx.y];
-    const int e = tile.x, s_begin = off[e] + tile.y, s_end = min(off[e + 1], s_begin + BM);
+    const int e = tile.x, s_begin = off[e] + tile.y, s_end = min(off[e + 1], s_begin + TM);
     const int n0 = blockIdx.x * BN;
     const bf16 *B0 = GU ? w.gate + (size_t)e * w.sgate : w.down + (size_t)e * w.sdown;
     const bf16 *B1 = GU ? w.up + (size_t)e * w.sup : nullptr;
 
     constexpr int NB = GU ? 2 : 1;
-    __shared__ __align__(128) bf16 sA[2][BM * LDS];
-    __shared__ __align__(128) bf16 sB[2][NB][BN * LDS];
+    constexpr int MW = TM >= 32 ? 2 : 1, NW = 4 / MW;            // warps along M and N
+    constexpr int FI = TM / MW / 16, FJ = BN / NW / 16;            // 16x16 fragments per warp
+    constexpr int AH = (TM + 31) / 32;                             // A chunks per thread and stage
+    __shared__ __align__(128) bf16 smem[2 * TM * LDS + 2 * NB * BN * LDS];
+    bf16(*sA)[TM * LDS] = (bf16(*)[TM * LDS])smem;
+    bf16(*sB)[NB][BN * LDS] = (bf16(*)[NB][BN * LDS])(smem + 2 * TM * LDS);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // this warp's 32x32 of the tile
+    const int wm = (warp / NW) * (TM / MW), wn = (warp % NW) * (BN / NW);  // this warp's part of the tile
 
-    // Per thread: 2 chunks (16 B) of each 64x32 tile per stage: rows tid/4 and tid/4 + 32.
+    // Per thread and stage: A rows lr + 32 h (< TM), B rows lr and lr + 32; 8 columns each.
     const int lr = tid >> 2, lc = (tid & 3) * 8;
-    const bf16 *arow[2];
-    bool aval[2];
+    const bf16 *arow[AH];
+    bool aval[AH];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < AH; h++) {
         const int s = s_begin + lr + 32 * h;
-        aval[h] = s < s_end;
+        aval[h] = lr + 32 * h < TM && s < s_end;
         const int row = aval[h] ? (GU ? slot_tok[s] : s) : 0;
         arow[h] = A + (size_t)row * Kd;
     }
     auto load = [&](int stage, int k0) {
+        const int k = k0 + lc;
+        const bool kin = k < Kd;
+#pragma unroll
+        for (int h = 0; h < AH; h++)
+            if (lr + 32 * h < TM) cp16(&sA[stage][(lr + 32 * h) * LDS + lc], arow[h] + (kin ? k : 0), aval[h] && kin);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = lr + 32 * h, k = k0 + lc;
-            const bool kin = k < Kd;
-            cp16(&sA[stage][r * LDS + lc], arow[h] + (kin ? k : 0), aval[h] && kin);
-            const int nrow = n0 + r;
+            const int r = lr + 32 * h, nrow = n0 + r;
             const bool bin = kin && nrow < N;
             cp16(&sB[stage][0][r * LDS + lc], B0 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
             if (GU) cp16(&sB[stage][NB - 1][r * LDS + lc], B1 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
@@ -703,13 +712,13 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
         cp_commit();
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][2][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][FI][FJ];
 #pragma unroll
     for (int q = 0; q < NB; q++)
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < FI; i++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[q][i][j], 0.f);
+            for (int j = 0; j < FJ; j++) wmma::fill_fragment(acc[q][i][j], 0.f);
 
     const int nk = (Kd + BK - 1) / BK;
     load(0, 0);
@@ -724,31 +733,33 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[FI];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sA[cur][(wm + 16 * i) * LDS + kk], LDS);
+            for (int i = 0; i < FI; i++) wmma::load_matrix_sync(fa[i], &sA[cur][(wm + 16 * i) * LDS + kk], LDS);
 #pragma unroll
             for (int q = 0; q < NB; q++) {
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
+                for (int j = 0; j < FJ; j++) {
                     // B^T: element (k, n) = W[n][k]: column-major with stride LDS.
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
                     wmma::load_matrix_sync(fb, &sB[cur][q][(wn + 16 * j) * LDS + kk], LDS);
 #pragma unroll
-                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc[q][i][j], fa[i], fb, acc[q][i][j]);
+                    for (int i = 0; i < FI; i++) wmma::mma_sync(acc[q][i][j], fa[i], fb, acc[q][i][j]);
                 }
             }
         }
         __syncthreads();
     }
 
-    // Epilogue: each warp stages its 16x16 fragments in shared memory (the A buffers, free
-    // now), applies SiLU-and-mul (GU), rounds to bf16 and stores 8 columns per lane.
-    float *stage = (float *)&sA[0][0] + warp * (NB * 256);
+    // Epilogue: each warp stages its 16x16 fragments in shared memory (free now: 4 warps x NB x
+    // 256 floats fit in the smallest tile's buffers), applies SiLU-and-mul (GU), rounds to bf16 and
+    // stores 8 columns per lane.
+    static_assert(sizeof smem >= 4 * NB * 256 * sizeof(float), "epilogue staging");
+    float *stage = (float *)smem + warp * (NB * 256);
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FI; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < FJ; j++) {
 #pragma unroll
             for (int q = 0; q < NB; q++) wmma::store_matrix_sync(stage + q * 256, acc[q][i][j], 16, wmma::mem_row_major);
             __syncwarp();
@@ -770,6 +781,15 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
             }
             __syncwarp();
         }
+}
+
+// Both GEMMs of the general path with tiles of TM rows.
+template <int TM>
+static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles, const MoeBufs &m) {
+    k_moe_gemm<true, TM><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(x, dim, F, mw, m.tiles, m.n_tiles,
+                                                                                  m.off, m.slot_tok, m.H);
+    k_moe_gemm<false, TM><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(m.H, F, dim, mw, m.tiles,
+                                                                                     m.n_tiles, m.off, m.slot_tok, m.Y);
 }
 
 // ---- 7. combine ----------------------------------------------------------------------------------
@@ -1046,7 +1066,10 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     if (positions && !dpos) return -1;
     const int nk = n * K;
     const int max_active = nk < E ? nk : E;
-    const int max_tiles = (nk + BM - 1) / BM + max_active;
+    // Tile rows of the grouped GEMM from the rows per active expert (FP8 experts: 64).
+    const int avg_rows = (nk + max_active - 1) / max_active;
+    const int tm = fp8 ? BM : avg_rows <= 16 ? 16 : avg_rows <= 32 ? 32 : BM;
+    const int max_tiles = (nk + tm - 1) / tm + max_active;
     MoeBufs m;
     if (moe_bufs(b, n, E, K, F, dim, SF, max_tiles, &m)) return -1;
     // KAON_MOE_SMALL=0: small batches take the general path too (its GEMV kernels).
@@ -1066,7 +1089,7 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
                                                      m.topk_w, m.cnt, counts);
     }
     // 3. plan, 4. permute
-    k_plan<<<1, MOE_MAX_E, 0, b->stream>>>(m.cnt, E, m.off, m.fill, m.active, m.tiles, m.n_tiles);
+    k_plan<<<1, MOE_MAX_E, 0, b->stream>>>(m.cnt, E, tm, m.off, m.fill, m.active, m.tiles, m.n_tiles);
     k_permute<<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K);
     if (kc_launched(b, "moe routing")) return -1;
     // 5. experts
@@ -1079,10 +1102,9 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
         k_moe_gemv_down<<<dim3((dim + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
             m.H, dim, F, mw, m.active, E, m.off, m.Y);
     } else {
-        k_moe_gemm<true><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
-            x, dim, F, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.H);
-        k_moe_gemm<false><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
-            m.H, F, dim, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.Y);
+        if (tm == 16) moe_gemms<16>(b, x, dim, F, mw, max_tiles, m);
+        else if (tm == 32) moe_gemms<32>(b, x, dim, F, mw, max_tiles, m);
+        else moe_gemms<BM>(b, x, dim, F, mw, max_tiles, m);
     }
     if (kc_launched(b, "moe experts")) return -1;
     // 6. shared expert
