@@ -1008,13 +1008,22 @@ def test_quant_off_expands_to_bf16(tmp_path):
         assert rel(out(tmp_path, f"out_{n}", (n, rows)), ref) < 1e-2
 
 
-def test_quant_q4_0_greedy_gpu_equals_cpu(tmp_path):
-    """Q4_0 matrices (Q6_K output, Q4_0 embedding, as llama.cpp's Q4_0 files): greedy ids on the GPU
-    against our CPU backend, 4 prompts x 64 tokens; a divergence must start at a near-tie."""
+# Each GGUF type in one file: Q4_0 as llama.cpp writes its Q4_0 files (Q6_K output), and a file of
+# each type issue 23 added, every matrix in it (ggml type ids).
+GREEDY_FILES = {"q4_0": dict(embd=2, attn=2, ffn=2, down=2, out=14),
+                **{name: dict(embd=t, attn=t, ffn=t, down=t, out=t)
+                   for name, t in (("q5_0", 6), ("q5_1", 7), ("q2_k", 10), ("q3_k", 11), ("q5_k", 13),
+                                   ("iq4_nl", 20), ("iq4_xs", 23))}}
+
+
+@pytest.mark.parametrize("name", list(GREEDY_FILES))
+def test_quant_greedy_gpu_equals_cpu(tmp_path, name):
+    """Greedy ids on the GPU against our CPU backend, 4 prompts x 64 tokens, on a file of one
+    GGUF type; a divergence must start at a near-tie (the top two swapped, a small CPU margin)."""
     rng = np.random.default_rng()
     shape = dict(dim=512, ffn=1536, vocab=32000, layers=8, heads=8, kv_heads=2)
-    path = tmp_path / "q4_0.gguf"
-    write_gguf(path, shape, dict(embd=2, attn=2, ffn=2, down=2, out=14), rng)
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, shape, GREEDY_FILES[name], rng)
     report = []
     for p in range(4):
         prompt = rng.integers(3, shape["vocab"], 5 + 7 * p).tolist()
@@ -1025,7 +1034,7 @@ def test_quant_q4_0_greedy_gpu_equals_cpu(tmp_path):
                            cpu_margin_there=c[f][1] if f is not None else None,
                            swapped_top2=(g[f][0] == c[f][2] and c[f][0] == g[f][2]) if f is not None else None,
                            median_cpu_margin=float(np.median([x[1] for x in c]))))
-    record("quant_gguf_greedy", file="q4_0", prompts=report)
+    record("quant_gguf_greedy", file=name, prompts=report)
     print(json.dumps(report))
     for r in report:
         if not r["same"]:

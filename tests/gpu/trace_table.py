@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Per-step kernel times from tests/gpu/kernel_trace.c's CSV.
+
+Steps end at each k_sample kernel; the last STEPS whole steps are averaged. A kernel's
+exclusive time is what it adds to the stream's busy time (from the later of its start and
+the previous kernel's end, to its end): with PDL a kernel starts early and waits, and that
+wait is the previous kernel's time, not its own. Idle is the step's wall time no kernel ran.
+
+  trace_table.py TRACE.csv [STEPS]
+"""
+import collections
+import sys
+
+
+def short(name):
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            return name[:i]
+    return name
+
+
+def load(path):
+    ks = []
+    for line in open(path):
+        f = line.rstrip("\n").split(",", 7)
+        if len(f) < 8:
+            continue
+        ks.append((int(f[0]), int(f[1]), f"{short(f[7])} [{int(f[3]) * int(f[4]) * int(f[5])}x{f[6]}]"))
+    ks.sort()
+    return ks
+
+
+def main():
+    ks = load(sys.argv[1])
+    want = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    ends = [i for i, k in enumerate(ks) if k[2].startswith("k_sample")]
+    if len(ends) < 2:
+        sys.exit("fewer than two k_sample kernels: no whole step")
+    ends = ends[-(want + 1):]
+    steps = len(ends) - 1
+    excl = collections.defaultdict(float)
+    count = collections.Counter()
+    wall = busy = 0.0
+    for a, b in zip(ends, ends[1:]):
+        wall += (ks[b][1] - ks[a][1]) / 1e3
+        prev_end = ks[a][1]
+        for s, e, name in ks[a + 1:b + 1]:
+            t = max(0, e - max(s, prev_end)) / 1e3
+            prev_end = max(prev_end, e)
+            excl[name] += t
+            busy += t
+            count[name] += 1
+    print(f"{steps} steps; per step: wall {wall / steps:.1f} us, kernels {busy / steps:.1f} us, "
+          f"idle {(wall - busy) / steps:.1f} us, {sum(count.values()) / steps:.0f} launches")
+    print(f"{'kernel [blocks x threads]':<72} {'n':>4} {'us/step':>9} {'us each':>8} {'share':>6}")
+    for name, t in sorted(excl.items(), key=lambda kv: -kv[1]):
+        n = count[name] / steps
+        print(f"{name[:72]:<72} {n:>4.0f} {t / steps:>9.1f} {t / steps / n:>8.2f} {100 * t / wall:>5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
