@@ -1019,26 +1019,39 @@ GREEDY_FILES = {"q4_0": dict(embd=2, attn=2, ffn=2, down=2, out=14),
 @pytest.mark.parametrize("name", list(GREEDY_FILES))
 def test_quant_greedy_gpu_equals_cpu(tmp_path, name):
     """Greedy ids on the GPU against our CPU backend, 4 prompts x 64 tokens, on a file of one
-    GGUF type; a divergence must start at a near-tie (the top two swapped, a small CPU margin)."""
+    GGUF type. Where they part, both backends' logits of the common prefix (one token per step;
+    the greedy runs took the prompt at once, so the picks are recorded, not asserted, as these
+    logits' top-1) must show a near-tie: the two agree as elsewhere (relative error <= 0.1; a wrong format path gives ~1), and the CPU prefers
+    its own pick by at most 3x the RMS of the two backends' logit difference at that position
+    (the backends' numerical disagreement decides, not a wrong kernel). With every matrix in a
+    2-5 bit type (embedding and head too) the random model's logits are flat: three-way ties
+    occur, so the GPU's pick need not be the CPU's second."""
     rng = np.random.default_rng()
     shape = dict(dim=512, ffn=1536, vocab=32000, layers=8, heads=8, kv_heads=2)
+    V = shape["vocab"]
     path = tmp_path / f"{name}.gguf"
     write_gguf(path, shape, GREEDY_FILES[name], rng)
     report = []
     for p in range(4):
-        prompt = rng.integers(3, shape["vocab"], 5 + 7 * p).tolist()
+        prompt = rng.integers(3, V, 5 + 7 * p).tolist()
         g, c = greedy(path, "cuda", prompt, 64), greedy(path, "cpu", prompt, 64)
         f = next((i for i in range(64) if g[i][0] != c[i][0]), None)
-        report.append(dict(prompt=p, same=f is None, first_divergence=f,
-                           same_tokens=sum(a[0] == b[0] for a, b in zip(g, c)),
-                           cpu_margin_there=c[f][1] if f is not None else None,
-                           swapped_top2=(g[f][0] == c[f][2] and c[f][0] == g[f][2]) if f is not None else None,
-                           median_cpu_margin=float(np.median([x[1] for x in c]))))
+        row = dict(prompt=p, same=f is None, first_divergence=f, same_tokens=sum(a[0] == b[0] for a, b in zip(g, c)),
+                   median_cpu_margin=float(np.median([x[1] for x in c])))
+        if f is not None:
+            prefix = prompt + [x[0] for x in c[:f]]
+            lg = kaon_logits(path, "cuda", 1, prefix, V, tmp_path)[-1].astype(np.float64)
+            lc = kaon_logits(path, "cpu", 1, prefix, V, tmp_path)[-1].astype(np.float64)
+            d = lg - lc
+            row.update(gpu_pick_is_its_top1=int(lg.argmax()) == g[f][0], cpu_pick_is_its_top1=int(lc.argmax()) == c[f][0],
+                       rel_err=float(np.linalg.norm(d) / np.linalg.norm(lc)), cpu_gap=float(lc.max() - lc[g[f][0]]),
+                       rms_diff=float(np.sqrt(np.mean(d * d))))
+        report.append(row)
     record("quant_gguf_greedy", file=name, prompts=report)
-    print(json.dumps(report))
+    print(name, json.dumps(report))
     for r in report:
         if not r["same"]:
-            assert r["swapped_top2"] and r["cpu_margin_there"] < 0.5 * r["median_cpu_margin"], r
+            assert r["rel_err"] <= 0.1 and r["cpu_gap"] <= 3 * r["rms_diff"], r
 
 
 @pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),

@@ -603,7 +603,6 @@ struct MlaTC {
     static constexpr int DW = MLA_L / DS;  // output dims per warp in P V
     static constexpr int NV = DW / 8;    // n-tiles per warp in P V (even)
     static constexpr int PLD = KT + 8;   // P's shared row stride (bf16)
-    static constexpr int MIN_KEYS = KT;  // short contexts: more CTAs, one tile each
     static constexpr size_t SMEM = sizeof(bf16) * ((size_t)HB * MLA_LD + 2 * (size_t)KT * MLA_LD + (size_t)HB * PLD) +
                                    sizeof(float) * 8 * 16 + sizeof(int) * 2 * KT;
 };
@@ -613,7 +612,7 @@ template <int MT>
 __global__ void __launch_bounds__(MLA_THREADS, 1)
 k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32_t *__restrict__ pos,
          const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs,
-         int64_t n_slots, int nh, float qscale, bf16 *__restrict__ out, float *__restrict__ part) {
+         int64_t n_slots, int nh, float qscale, int min_keys, bf16 *__restrict__ out, float *__restrict__ part) {
     typedef MlaTC<MT> C;
     constexpr int HB = C::HB, DS = C::DS, KT = C::KT, KW = C::KW, NQ = C::NQ, DW = C::DW, NV = C::NV,
                   PLD = C::PLD;
@@ -631,7 +630,7 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mt = warp / DS, ds = warp % DS, g = lane >> 2, tg = lane & 3;
     int k0, k1, sq;
-    const int n_act = mla_range(pos, seq, t, n_seqs, max_blocks, bs, S, C::MIN_KEYS, z, &k0, &k1, &sq);
+    const int n_act = mla_range(pos, seq, t, n_seqs, max_blocks, bs, S, min_keys, z, &k0, &k1, &sq);
     if (z >= n_act) return;
     const int32_t *bt = tables + (size_t)sq * max_blocks;
     const int ntiles = (k1 - k0 + KT - 1) / KT;
@@ -940,12 +939,12 @@ k_mla_generic(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const 
 template <int MT>
 static int launch_tc(kc_backend *b, int T, int S, const bf16 *q, const bf16 *cache, const int32_t *pos,
                      const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m, int64_t n_slots, int nh,
-                     float qscale, bf16 *out) {
+                     float qscale, int min_keys, bf16 *out) {
     typedef MlaTC<MT> C;
     if (smem_optin(b, (const void *)k_mla_tc<MT>, MT, C::SMEM)) return -1;
     const dim3 grid((unsigned)T, (unsigned)(nh / C::HB), (unsigned)S);
     kc_launch(b, k_mla_tc<MT>, grid, dim3(MLA_THREADS), C::SMEM, q, cache, pos, seq, tab, m->n_seqs, m->max_blocks,
-              m->block_size, n_slots, nh, qscale, out, b->attn_part);
+              m->block_size, n_slots, nh, qscale, min_keys, out, b->attn_part);
     return kc_launched(b, "mla attention");
 }
 
@@ -980,7 +979,11 @@ void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *
     if (fast) {
         MT = nh % 64 == 0 ? 4 : nh % 32 == 0 ? 2 : 1;
         HB = 16 * MT;
-        min_keys = MT == 4 ? MlaTC<4>::MIN_KEYS : MT == 2 ? MlaTC<2>::MIN_KEYS : MlaTC<1>::MIN_KEYS;
+        // Keys per range at least: short contexts spread over more CTAs, each loading part of one
+        // tile (a whole 64-key tile is 74 KB: ~2 us at one SM's share of the bandwidth), the
+        // ranges merged after. KAON_MLA_MIN_KEYS (8..1024) for A/B; 64 was the old fixed value.
+        static const int mk_env = getenv("KAON_MLA_MIN_KEYS") ? atoi(getenv("KAON_MLA_MIN_KEYS")) : 0;
+        min_keys = mk_env >= 8 && mk_env <= 1024 ? mk_env : 16;
         n_hb = nh / HB;
     } else {
         kc_mla *s = mla_state(b);
@@ -1004,9 +1007,9 @@ void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *
         return;
     if (fast) {
         int rc;
-        if (MT == 4) rc = launch_tc<4>(b, T, S, q, cache, d_pos, d_seq, d_tab, m, n_slots, nh, qscale, out);
-        else if (MT == 2) rc = launch_tc<2>(b, T, S, q, cache, d_pos, d_seq, d_tab, m, n_slots, nh, qscale, out);
-        else rc = launch_tc<1>(b, T, S, q, cache, d_pos, d_seq, d_tab, m, n_slots, nh, qscale, out);
+        if (MT == 4) rc = launch_tc<4>(b, T, S, q, cache, d_pos, d_seq, d_tab, m, n_slots, nh, qscale, min_keys, out);
+        else if (MT == 2) rc = launch_tc<2>(b, T, S, q, cache, d_pos, d_seq, d_tab, m, n_slots, nh, qscale, min_keys, out);
+        else rc = launch_tc<1>(b, T, S, q, cache, d_pos, d_seq, d_tab, m, n_slots, nh, qscale, min_keys, out);
         if (rc) return;
     } else {
         if (smem_optin(b, (const void *)k_mla_generic, 8, gsmem)) return;
