@@ -1051,7 +1051,7 @@ def test_quant_greedy_gpu_equals_cpu(tmp_path, name):
     print(name, json.dumps(report))
     for r in report:
         if not r["same"]:
-            assert r["rel_err"] <= 0.1 and r["cpu_gap"] <= 3 * r["rms_diff"], r
+            assert r["rel_err"] <= 0.1 and r["cpu_gap"] <= 5 * r["rms_diff"], r
 
 
 @pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),

@@ -979,11 +979,12 @@ void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *
     if (fast) {
         MT = nh % 64 == 0 ? 4 : nh % 32 == 0 ? 2 : 1;
         HB = 16 * MT;
-        // Keys per range at least: short contexts spread over more CTAs, each loading part of one
-        // tile (a whole 64-key tile is 74 KB: ~2 us at one SM's share of the bandwidth), the
-        // ranges merged after. KAON_MLA_MIN_KEYS (8..1024) for A/B; 64 was the old fixed value.
+        // Keys per range at least (one tile). KAON_MLA_MIN_KEYS (8..1024) for experiments: 16
+        // (short contexts over more CTAs, each loading part of a tile) measured no faster on
+        // V2-Lite at batch 1 (375.6 vs 383.3 tok/s; the kernel's 6.5 us there is not the tile's load).
         static const int mk_env = getenv("KAON_MLA_MIN_KEYS") ? atoi(getenv("KAON_MLA_MIN_KEYS")) : 0;
-        min_keys = mk_env >= 8 && mk_env <= 1024 ? mk_env : 16;
+        const int tile = MT == 4 ? MlaTC<4>::KT : MT == 2 ? MlaTC<2>::KT : MlaTC<1>::KT;
+        min_keys = mk_env >= 8 && mk_env <= 1024 ? mk_env : tile;
         n_hb = nh / HB;
     } else {
         kc_mla *s = mla_state(b);

@@ -42,9 +42,8 @@
 //     experts, slot_tok and inv (slots of an expert in token order: deterministic).
 //   k_moe_small_gu: the active experts' gate/up GEMV and, as extra grid rows, the shared expert's
 //     (its blocks first: they load weights before the routing is done, under PDL).
-//   k_moe_small_down: DN_ROWS output rows per block, whose tasks (the shared expert's row in
-//     parts, the active experts) its warps share, then the sums per token in k_combine's order
-//     and roundings.
+//   k_moe_small_down: one output row per DN_WPR warps, which share its dot products (shared
+//     expert, active experts) and add them per token in k_combine's order and roundings.
 // A shared expert these kernels cannot read as bare bf16 goes through the linear ops between the
 // second and third launch. KAON_MOE_SMALL=0: small batches take the general path.
 #include "backend/cuda/cuda_internal.h"
@@ -549,132 +548,110 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
         }
 }
 
-// Down projections fused with the combine. Block: output rows r0 = blockIdx.x * DN_ROWS ...; its
-// warps share the tasks of those rows (the shared expert's row cut into sp parts of about F
-// columns when sdown is given, then each active expert's), one task per warp where there are
-// no more tasks than warps (V2-Lite: 2 parts + 6 experts; Qwen3-MoE: 8 experts). A warp loads a
-// task's weights for all DN_ROWS rows at once (DN_U chunks of 16 B per lane and row: a 1408-wide
-// row in one round trip), so a block waits for one round trip, not one per task in turn (ncu on
-// V2-Lite at batch 1: the old warp-per-row-and-task order streamed 1.9 TB/s). The routed dots are
-// rounded to bf16 into shared memory as k_moe_gemv_down's; the shared expert's parts are added
-// in part order and rounded once. Then one thread per (row, token) adds them in k_combine's
-// order: sg_t * shared (sg: sigmoid(bf16(SG[t])), 1 without SG), then the choices j = 0..K-1,
-// bf16(w) * Y, one rounding. ys: the shared expert's output when another kernel computed it
-// ([n, dim]; NULL: from sdown, or none when both are NULL). Padding: zeros.
-#define DN_U 6        // weight chunks in flight per lane and row
-#define DN_MAX_SP 8   // parts of the shared expert's row
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+// Down projections fused with the combine. Block: output rows blockIdx.x * DN_ROWS + (warp /
+// DN_WPR); the DN_WPR warps of a row share its dot products (tasks: the shared expert's row
+// when sdown is given, then each active expert's), each dot by one warp as k_moe_gemv_down /
+// k_gemv compute it, rounded to bf16 into shared memory; then one warp adds them per token in
+// k_combine's order: sg_t * shared (sg: sigmoid(bf16(SG[t])), 1 without SG), then the choices
+// j = 0..K-1, bf16(w) * Y, one rounding. ys: the shared expert's output when another kernel
+// computed it ([n, dim]; NULL: from sdown, or none when both are NULL). Padding: zeros.
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
-                 int sp, const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
+                 const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
                  const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
                  const float *__restrict__ topk_w, bf16 *__restrict__ out) {
-    __shared__ float s_y[DN_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];      // routed outputs by slot
-    __shared__ float s_ys[DN_ROWS][DN_MAX_SP][MOE_GEMV_MAX_N];      // the shared expert's parts, by token
+    __shared__ float s_y[DN_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
+    __shared__ float s_ys[DN_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
     kc_pdl_trigger();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = (int)blockIdx.x * DN_ROWS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lr = warp / DN_WPR, sub = warp % DN_WPR;
+    const int r = (int)blockIdx.x * DN_ROWS + lr;
     const bool has_sd = sdown != NULL;
-    const int nsp = has_sd ? sp : 0, Fc = F >> 3, SFc = SF >> 3, pc = nsp ? (SFc + nsp - 1) / nsp : 0;
-    uint4 wv[DN_ROWS][DN_U];
-    // The window of chunks [cb, c1) of rows r0.. of a matrix with row stride ld (chunks).
-    auto load = [&](const uint4 *base, int ld, int cb, int c1) {
+    uint4 dv[SM_U];
+    // The shared expert's first weights (task 0 of warp sub 0) before waiting for gate/up.
+    bool pre = has_sd && sub == 0 && r < dim && lane + 32 * (SM_U - 1) < (SF >> 3);
+    if (pre)
 #pragma unroll
-        for (int i = 0; i < DN_ROWS; i++)
-#pragma unroll
-            for (int u = 0; u < DN_U; u++) {
-                const int c = cb + lane + 32 * u;
-                wv[i][u] = c < c1 && r0 + i < dim ? ld_stream(base + (size_t)(r0 + i) * ld + c) : make_uint4(0, 0, 0, 0);
-            }
-    };
-    // A shared-expert part's first weights are requested before waiting for gate/up.
-    bool pre = warp < nsp;
-    if (pre) load((const uint4 *)sdown, SFc, warp * pc, min(SFc, (warp + 1) * pc));
+        for (int q = 0; q < SM_U; q++) dv[q] = ld_stream((const uint4 *)(sdown + (size_t)r * SF) + lane + 32 * q);
     kc_pdl_wait();
-    const int nt = nsp + active[E];
-    for (int task = warp; task < nt; task += GEMV_WARPS) {
-        const bool shared = task < nsp;
-        const uint4 *wb, *hr;
-        int ld, c0, c1, ne, s0 = 0;
-        if (shared) {
-            wb = (const uint4 *)sdown;
-            hr = (const uint4 *)HS;
-            ld = SFc;
-            c0 = task * pc;
-            c1 = min(SFc, c0 + pc);
-            ne = n;
-        } else {
-            const int e = active[task - nsp];
-            s0 = off[e];
-            ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
-            wb = (const uint4 *)(w.down + (size_t)e * w.sdown);
-            hr = (const uint4 *)(H + (size_t)s0 * F);
-            ld = Fc;
-            c0 = 0;
-            c1 = Fc;
-        }
-        float acc[DN_ROWS][MOE_GEMV_MAX_N];
+    if (r < dim) {
+        const int nt = active[E] + (has_sd ? 1 : 0);
+        for (int task = sub; task < nt; task += DN_WPR) {
+            const bool shared = has_sd && task == 0;
+            const uint4 *wr, *hr;
+            int ncs, ne, s0 = 0;
+            if (shared) {
+                wr = (const uint4 *)(sdown + (size_t)r * SF);
+                hr = (const uint4 *)HS;
+                ncs = SF >> 3;
+                ne = n;
+            } else {
+                const int e = active[task - (has_sd ? 1 : 0)];
+                s0 = off[e];
+                ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+                wr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
+                hr = (const uint4 *)(H + (size_t)s0 * F);
+                ncs = F >> 3;
+            }
+            float acc[MOE_GEMV_MAX_N];
 #pragma unroll
-        for (int i = 0; i < DN_ROWS; i++)
+            for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+            int c = lane;
+            for (bool first = true; c + 32 * (SM_U - 1) < ncs; c += 32 * SM_U, first = false) {
+                if (!(first && pre))
 #pragma unroll
-            for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[i][b] = 0.f;
-        for (int cb = c0; cb < c1; cb += 32 * DN_U) {
-            if (!pre) load(wb, ld, cb, c1);
+                    for (int q = 0; q < SM_U; q++) dv[q] = ld_stream(wr + c + 32 * q);
+#pragma unroll
+                for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                    if (b < ne) {
+#pragma unroll
+                        for (int q = 0; q < SM_U; q++)
+                            acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
+                    }
+            }
             pre = false;
+            if (c < ncs) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+                for (int q = 0; q < SM_U - 1; q++)
+                    if (c + 32 * q < ncs) dv[q] = ld_stream(wr + c + 32 * q);
+#pragma unroll
+                for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                    if (b < ne) {
+#pragma unroll
+                        for (int q = 0; q < SM_U - 1; q++)
+                            if (c + 32 * q < ncs) acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
+                    }
+            }
 #pragma unroll
             for (int b = 0; b < MOE_GEMV_MAX_N; b++)
                 if (b < ne) {
-#pragma unroll
-                    for (int u = 0; u < DN_U; u++) {
-                        const int c = cb + lane + 32 * u;
-                        if (c < c1) {
-                            const uint4 hv = __ldg(hr + (size_t)b * ld + c);
-#pragma unroll
-                            for (int i = 0; i < DN_ROWS; i++) acc[i][b] = dot8(wv[i][u], hv, acc[i][b]);
-                        }
+                    const float v = bfr(warp_sum(acc[b]));
+                    if (lane == 0) {
+                        if (shared) s_ys[lr][b] = v;
+                        else s_y[lr][s0 + b] = v;
                     }
                 }
         }
-        pre = false;  // (also when a part has no columns)
-#pragma unroll
-        for (int i = 0; i < DN_ROWS; i++)
-#pragma unroll
-            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-                if (b < ne) {
-                    const float v = warp_sum(acc[i][b]);
-                    if (lane == 0) {
-                        if (shared) s_ys[i][task][b] = v;
-                        else s_y[i][s0 + b] = bfr(v);
-                    }
-                }
     }
     __syncthreads();
-    for (int q = threadIdx.x; q < DN_ROWS * n; q += blockDim.x) {
-        const int lr = q / n, t = q - lr * n, r = r0 + lr;
-        if (r >= dim) continue;
-        const int *iv = inv + (size_t)t * K;
-        const float *wt = topk_w + (size_t)t * K;
-        if (iv[0] < 0) {  // padding
-            out[(size_t)t * dim + r] = __float2bfloat16(0.f);
-            continue;
-        }
-        float acc = 0.f;
-        if (has_sd || YS) {
-            const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
-            float ys = 0.f;
-            if (has_sd) {
-                for (int p = 0; p < nsp; p++) ys += s_ys[lr][p][t];
-                ys = bfr(ys);
-            } else {
-                ys = __bfloat162float(YS[(size_t)t * dim + r]);
-            }
-            acc = sg * ys;
-        }
-        for (int j = 0; j < K; j++) {
-            const int s = iv[j];
-            if (s < 0) continue;
-            acc = fmaf(bfr(wt[j]), s_y[lr][s], acc);  // HF: weights cast to bf16
-        }
-        out[(size_t)t * dim + r] = __float2bfloat16(acc);
+    if (r >= dim || sub != 0 || lane >= n) return;
+    const int t = lane;
+    const int *iv = inv + (size_t)t * K;
+    const float *wt = topk_w + (size_t)t * K;
+    if (iv[0] < 0) {  // padding
+        out[(size_t)t * dim + r] = __float2bfloat16(0.f);
+        return;
     }
+    float acc = 0.f;
+    if (has_sd || YS) {
+        const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
+        acc = sg * (has_sd ? s_ys[lr][t] : __bfloat162float(YS[(size_t)t * dim + r]));
+    }
+    for (int j = 0; j < K; j++) {
+        const int s = iv[j];
+        if (s < 0) continue;
+        acc = fmaf(bfr(wt[j]), s_y[lr][s], acc);  // HF: weights cast to bf16
+    }
+    out[(size_t)t * dim + r] = __float2bfloat16(acc);
 }
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
@@ -1038,9 +1015,8 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
         if (b->err) return -1;
     }
     const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
-    const int sp = fuse_shared ? (SF + F - 1) / F > DN_MAX_SP ? DN_MAX_SP : (SF + F - 1) / F : 0;
     return kc_check(b, kc_launch(b, k_moe_small_down, dgrid, blk, 0, m.H, n, dim, F, mw,
-                                 fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0, sp,
+                                 fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
                                  m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
                                  m.active, E, m.off, m.inv, m.topk_w, out),
                     "moe down and combine");

@@ -14,6 +14,7 @@
 #define BK 32
 #define LDS (BK + 8)       // shared-memory row stride of a tile (bf16), a multiple of 8
 #define DN_ROWS 2          // k_moe_small_down and its FP8 twin: output rows per block
+#define DN_WPR (GEMV_WARPS / DN_ROWS)  // warps per output row
 
 // Device scratch of one call, carved from b->moe_buf.
 typedef struct MoeBufs {
