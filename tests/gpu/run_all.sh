@@ -73,6 +73,9 @@ if want build || [ ! -x "$BUILD/kaon" ]; then
     tail -n 30 "$OUT/build.log"
     note "build rc=$rc ($(( $(date +%s) - t0 )) s)"
     [ $rc -ne 0 ] && { printf '%s\n' "${summary[@]}"; exit 1; }
+    # Loads a kernel issues before its PDL wait (a race: see tests/gpu/pdl_check.py).
+    python3 tests/gpu/pdl_check.py "$BUILD" >> "$OUT/build.log" 2>&1
+    note "pdl_check rc=$? ($(tail -n 1 "$OUT/build.log"))"
 fi
 
 pytest_section() {  # name, timeout, pytest -k expression

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Loads a kernel issues before its PDL wait (griddepcontrol.wait, SASS ACQBULK), from the
+built objects' machine code.
+
+Under programmatic dependent launch a kernel starts while the kernel before it still runs;
+before kc_pdl_wait() it may read only what no earlier kernel writes (weights). The compiler
+treats loads through `const T *__restrict__` (ld.global.nc, "invariant") as free to move, and
+ptxas has moved such a load of the routing's active-expert count above the wait (a race that
+read the previous layer's count: tests/gpu/patches/moe-small-down-tasks.patch). Weight loads
+here use ld_stream (SASS .NA) or cp.async (LDGSTS); any other global load before the wait is
+printed. Exit 1 when there is one.
+
+  pdl_check.py BUILD_DIR    (needs cuobjdump: $CUOBJDUMP, else on PATH / in /usr/local/cuda/bin)
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cuobjdump():
+    for c in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
+        if c and Path(c).exists():
+            return c
+    sys.exit("pdl_check: no cuobjdump (set CUOBJDUMP)")
+
+
+def early_loads(sass):
+    """(kernel, [loads before its first ACQBULK that are not weight-style])."""
+    parts = re.split(r"\n\s*Function : (\S+)\n", sass)
+    for name, body in zip(parts[1::2], parts[2::2]):
+        lines = body.splitlines()
+        acq = next((i for i, l in enumerate(lines) if "ACQBULK" in l), None)
+        if acq is None:
+            continue
+        ins = [l.split(";")[0].split("*/")[-1].strip() for l in lines[:acq]]
+        bad = [i for i in ins if re.search(r"\bLDG\b|\bLDG\.", i) and ".NA." not in i]
+        if bad:
+            yield name, bad
+
+
+def main():
+    build = Path(sys.argv[1] if len(sys.argv) > 1 else "build-gpu")
+    objs = sorted(build.glob("**/backend/cuda/*.cu.o"))
+    if not objs:
+        sys.exit(f"pdl_check: no CUDA objects under {build}")
+    tool, found = cuobjdump(), 0
+    for o in objs:
+        sass = subprocess.run([tool, "-sass", str(o)], capture_output=True, text=True).stdout
+        for name, bad in early_loads(sass):
+            found += 1
+            print(f"{o.name}: {name}: {len(bad)} load(s) before the PDL wait: {bad[:3]}")
+    print(f"pdl_check: {len(objs)} objects, {found} kernel(s) with loads before the wait")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
