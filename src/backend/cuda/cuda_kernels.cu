@@ -224,43 +224,47 @@ void kc_kv_write_fp8(kc_backend *b, uint8_t *kc_, uint8_t *vc, const bf16 *k, co
     kc_launched(b, "kv_write (fp8)");
 }
 
-// One block per token: rotates its q heads in place, writes rotated k heads and v to the
-// token's cache slot. q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
-__global__ void k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                                bf16 *__restrict__ kcache, bf16 *__restrict__ vcache,
-                                const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
-                                int64_t n_slots, int nh, int nkv, int hd, int half, int interleaved,
-                                const float *__restrict__ inv_freq) {
+// Grid (n, ceil((nh + 2 nkv) / RKV_WARPS)): warp w of block y takes head y * RKV_WARPS + w of the
+// list [q heads | k heads | v heads]: a q head is rotated in place; a k head is copied into its
+// cache row (the unrotated tail of partial RoPE included) and rotated there, the warp's lanes
+// ordered by __syncwarp; a v head is copied. One token's heads spread over many blocks: the
+// one-block-per-token version took 5.6 us per Llama-3.1-8B layer at batch 1 (CUPTI trace).
+// q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
+#define RKV_WARPS 4
+__global__ void __launch_bounds__(RKV_WARPS * 32)
+k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ kcache,
+                bf16 *__restrict__ vcache, const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
+                int64_t n_slots, int nh, int nkv, int hd, int half, int interleaved,
+                const float *__restrict__ inv_freq) {
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int t = blockIdx.x;
-    const float p = (float)pos[t];
-    const int64_t s = slot[t];
-    bf16 *qt = q + (size_t)t * nh * hd;
-    const int nq = nh * half;
-    for (int i = threadIdx.x; i < nq; i += blockDim.x)
-        rope_pair(qt + (i / half) * hd, i % half, half, interleaved, p, inv_freq);
-    if (s < 0 || s >= n_slots) return;
-    const size_t row = (size_t)nkv * hd;
-    const bf16 *kt = k + (size_t)t * row;
-    bf16 *kd = kcache + (size_t)s * row;
-    // Whole heads are copied first (the unrotated tail of partial RoPE included), then the
-    // rotated pairs overwrite their places: each element is owned by one thread per phase.
-    for (int i = threadIdx.x; i < (int)row; i += blockDim.x) {
-        kd[i] = kt[i];
-        vcache[(size_t)s * row + i] = v[(size_t)t * row + i];
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    const int hh = (int)blockIdx.y * RKV_WARPS + (threadIdx.x >> 5);
+    if (hh >= nh + 2 * nkv) return;
+    const float p = (float)__ldcg(pos + t);  // ld.cg: an invariant load may be moved above the wait
+    if (hh < nh) {
+        bf16 *qh = q + ((size_t)t * nh + hh) * hd;
+        for (int j = lane; j < half; j += 32) rope_pair(qh, j, half, interleaved, p, inv_freq);
+        return;
     }
-    __syncthreads();
-    const int nk = nkv * half;
-    for (int i = threadIdx.x; i < nk; i += blockDim.x)
-        rope_pair(kd + (i / half) * hd, i % half, half, interleaved, p, inv_freq);
+    const int64_t s = __ldcg(slot + t);
+    if (s < 0 || s >= n_slots) return;
+    const int kv = hh - nh;
+    const size_t row = (size_t)nkv * hd, off = (size_t)(kv < nkv ? kv : kv - nkv) * hd;
+    const bf16 *src = (kv < nkv ? k : v) + (size_t)t * row + off;
+    bf16 *dst = (kv < nkv ? kcache : vcache) + (size_t)s * row + off;
+    for (int i = lane; i < hd; i += 32) dst[i] = src[i];
+    if (kv >= nkv) return;
+    __syncwarp();
+    for (int j = lane; j < half; j += 32) rope_pair(dst, j, half, interleaved, p, inv_freq);
 }
 
 void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved) {
     if (n <= 0) return;
-    kc_launch(b, k_rope_kv_write, dim3(n), dim3(256), 0, q, k, v, kcache, vcache, d_pos, d_slot, n_slots,
+    const dim3 grid((unsigned)n, (unsigned)((nh + 2 * nkv + RKV_WARPS - 1) / RKV_WARPS));
+    kc_launch(b, k_rope_kv_write, grid, dim3(RKV_WARPS * 32), 0, q, k, v, kcache, vcache, d_pos, d_slot, n_slots,
               nh, nkv, hd, rot_dim / 2, interleaved, (const float *)b->d_inv_freq);
     kc_launched(b, "rope_kv_write");
 }
