@@ -25,7 +25,7 @@
 
 #define DEC_WARPS 4
 #define DEC_CHUNK 16      // keys per warp per step
-#define DEC_MIN_KEYS 64   // keys per range at least
+#define DEC_MIN_KEYS 64   // keys per range at least (KAON_DEC_MIN_KEYS, 16..4096, for experiments)
 #define DEC_MAX_SPLITS 64
 
 static __device__ __forceinline__ float bfv(bf16 x) { return __bfloat162float(x); }
@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
               const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
               const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs, int64_t n_slots,
-              int nh, int nkv, int g, float qscale, float vs, int window, bf16 *__restrict__ out,
-              float *__restrict__ part, unsigned *__restrict__ count) {
+              int nh, int nkv, int g, float qscale, float vs, int window, int min_keys,
+              bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
     constexpr int LPK = HD / 8;       // lanes per K row
     constexpr int KPI = 32 / LPK;     // keys per load instruction
     constexpr int NI = DEC_CHUNK / KPI;
@@ -131,7 +131,7 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
     const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
     const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;  // the first key
     const int len = ok ? p + 1 - lo : 0;
-    int n_act = (len + DEC_MIN_KEYS - 1) / DEC_MIN_KEYS;
+    int n_act = (len + min_keys - 1) / min_keys;
     n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
     if (z >= n_act) return;
     const int chunk = (len + n_act - 1) / n_act;
@@ -336,8 +336,10 @@ template <int HD, int G, typename KT>
 static void launch(kc_backend *b, dim3 grid, const bf16 *q, const KT *kc_, const KT *vc,
                    const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
                    int64_t n_slots, int nh, int nkv, int g, float qscale, float vs, int window, bf16 *out) {
+    static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
+    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : DEC_MIN_KEYS;
     kc_launch(b, k_decode_attn<HD, G, KT>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
-              m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, out, b->attn_part,
+              m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, out, b->attn_part,
               b->attn_count);
 }
 
