@@ -9,13 +9,13 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 jobs=$(nproc)
-fuzz_seconds=${KAON_FUZZ_SECONDS:-45}
+fuzz_seconds=${KAON_FUZZ_SECONDS:-30}
 
-echo "== build (Release) and unit tests"
+echo "== [$(date -u +%T)] build (Release) and unit tests"
 ninja -C build
 ctest --test-dir build --output-on-failure -j "$jobs"
 
-echo "== unit tests under ASan + UBSan"
+echo "== [$(date -u +%T)] unit tests under ASan + UBSan"
 # -O1: the end-to-end tests below generate real tokens with this build; at -O0 they would crawl.
 [ -f build-asan/build.ninja ] || cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DKAON_SANITIZE=ON -DKAON_CUDA=OFF >/dev/null
@@ -23,23 +23,23 @@ ninja -C build-asan
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
-echo "== reference tests (pytest: numpy, gguf, HF tokenizers, jinja2)"
+echo "== [$(date -u +%T)] reference tests (pytest: numpy, gguf, HF tokenizers, jinja2)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/ref
 
-echo "== end-to-end tests (pytest + the openai client against a real kaon serve)"
+echo "== [$(date -u +%T)] end-to-end tests (pytest + the openai client against a real kaon serve)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/e2e
 
-echo "== benchmark tools (bench/serve.py metrics against a fake server, the dashboard in Chromium)"
+echo "== [$(date -u +%T)] benchmark tools (bench/serve.py metrics against a fake server, the dashboard in Chromium)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench
 
-echo "== engine and model tests again on the ASan + UBSan build"
+echo "== [$(date -u +%T)] engine and model tests again on the ASan + UBSan build"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
 
-echo "== end-to-end tests against the ASan + UBSan server"
+echo "== [$(date -u +%T)] end-to-end tests against the ASan + UBSan server"
 # Any sanitizer report in a server's output fails the test (tests/e2e/conftest.py), leaks included.
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/e2e
 
-echo "== ThreadSanitizer: unit tests and the concurrency-heavy end-to-end tests"
+echo "== [$(date -u +%T)] ThreadSanitizer: unit tests and the concurrency-heavy end-to-end tests"
 # TSan watches the engine thread, the HTTP threads and their queues, and the kernels' thread
 # pool (util/pool.c; test_pool drives it hard). scripts/tsan.supp lists only third-party false
 # positives (none so far).
@@ -56,7 +56,7 @@ KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/e2e/test_concurre
   -k "(concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics) and not drain_timeout_aborts"
 unset TSAN_OPTIONS UBSAN_OPTIONS
 
-echo "== fuzzers (${fuzz_seconds}s each, ASan + UBSan)"
+echo "== [$(date -u +%T)] fuzzers (${fuzz_seconds}s each, ASan + UBSan)"
 [ -f build-fuzz/build.ninja ] || CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAON_FUZZ=ON -DKAON_TESTS=OFF -DKAON_CUDA=OFF >/dev/null
 ninja -C build-fuzz
 for f in build-fuzz/fuzz/fuzz_*; do
@@ -76,4 +76,4 @@ for f in build-fuzz/fuzz/fuzz_*; do
   rm -f "$log"
   rm -rf "$corpus"
 done
-echo "all tests passed"
+echo "all tests passed [$(date -u +%T)]"
