@@ -23,7 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEC_WARPS 4
+#define DEC_WARPS 4       // warps per block (8 for a few tokens: DEC_FEW_TOKENS)
+#define DEC_FEW_TOKENS 4
 #define DEC_CHUNK 16      // keys per warp per step
 #define DEC_MIN_KEYS 64   // keys per range at least (KAON_DEC_MIN_KEYS, 16..4096, for experiments)
 #define DEC_MAX_SPLITS 64
@@ -104,8 +105,8 @@ struct DecElem<uint8_t> {
 // slots, together with the K rows measured 8% slower at 256 sequences in flight and no faster
 // at batch 1 on the H200, 2026-12-01; it was removed with its KAON_DECODE_PREFETCH switch.)
 // vs multiplies the output (1 for a bf16 cache: exact).
-template <int HD, int G, typename KT>
-__global__ void __launch_bounds__(DEC_WARPS * 32)
+template <int HD, int G, typename KT, int W>
+__global__ void __launch_bounds__(W * 32)
 k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
               const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
               const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs, int64_t n_slots,
@@ -117,9 +118,9 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
     constexpr int DPL = HD / 32;      // V dims per lane
     typedef typename DecVec<DPL * (int)sizeof(KT)>::T vec_t;
     typedef typename DecElem<KT>::K8 k8_t;
-    __shared__ float p_s[DEC_WARPS][DEC_CHUNK][G];
-    __shared__ float wm[DEC_WARPS][G], wl[DEC_WARPS][G];
-    __shared__ float wacc[DEC_WARPS][G][HD];
+    __shared__ float p_s[W][DEC_CHUNK][G];
+    __shared__ float wm[W][G], wl[W][G];
+    __shared__ float wacc[W][G][HD];
     __shared__ float w_s[G][DEC_MAX_SPLITS];
     __shared__ int last_flag;
     kc_pdl_trigger();
@@ -177,7 +178,7 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
         return sl;
     };
     int next_slot = slot_of(k0 + warp * DEC_CHUNK);
-    for (int c0 = k0 + warp * DEC_CHUNK; c0 < k1; c0 += DEC_WARPS * DEC_CHUNK) {
+    for (int c0 = k0 + warp * DEC_CHUNK; c0 < k1; c0 += W * DEC_CHUNK) {
         const int myslot = next_slot;
         k8_t kv[NI];
         int ks[NI];
@@ -239,7 +240,7 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
             if (sl >= 0) vv[j] = *(const vec_t *)(vbase + (size_t)sl * row + lane * DPL);
             else vv[j] = vec_t();
         }
-        next_slot = slot_of(c0 + DEC_WARPS * DEC_CHUNK);
+        next_slot = slot_of(c0 + W * DEC_CHUNK);
 #pragma unroll
         for (int j = 0; j < DEC_CHUNK; j++) {
             float vf[DPL];
@@ -268,14 +269,14 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
         for (int d = 0; d < DPL; d++) wacc[warp][h][lane * DPL + d] = acc[h][d];
     __syncthreads();
     const size_t stride = (size_t)HD + 2;
-    for (int i = tid; i < g * HD; i += DEC_WARPS * 32) {
+    for (int i = tid; i < g * HD; i += W * 32) {
         const int h = i / HD, d = i % HD;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w][h]);
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][h]);
         float L = 0.f, O = 0.f;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
+        for (int w = 0; w < W; w++) {
             if (wm[w][h] == -INFINITY) continue;
             const float f = exp2f(wm[w][h] - M);
             L += f * wl[w][h];
@@ -303,7 +304,7 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
     __syncthreads();
     if (!last_flag) return;
     __threadfence();
-    for (int h = warp; h < g; h += DEC_WARPS) {
+    for (int h = warp; h < g; h += W) {
         const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
         const float m0 = lane < n_act ? __ldcg(pb + lane * stride + HD) : -INFINITY;
         const float m1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + HD) : -INFINITY;
@@ -320,7 +321,7 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
         if (lane + 32 < n_act) w_s[h][lane + 32] = e1 * inv;
     }
     __syncthreads();
-    for (int i = tid; i < g * HD; i += DEC_WARPS * 32) {
+    for (int i = tid; i < g * HD; i += W * 32) {
         const int h = i / HD, d = i % HD;
         const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
         const float *pb = part + head * S * stride;
@@ -336,11 +337,21 @@ template <int HD, int G, typename KT>
 static void launch(kc_backend *b, dim3 grid, const bf16 *q, const KT *kc_, const KT *vc,
                    const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m,
                    int64_t n_slots, int nh, int nkv, int g, float qscale, float vs, int window, bf16 *out) {
+    // A few tokens (batch-1 decode): 8 warps over 128-key ranges, one pass over short contexts
+    // with no partial merge (Llama-8B b1 +1.9%); many tokens: 4 warps (8 at 64 sequences in
+    // flight cost 23%: fewer blocks resident). KAON_DEC_WARPS / KAON_DEC_MIN_KEYS override.
+    const bool few = grid.x <= DEC_FEW_TOKENS;
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
-    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : DEC_MIN_KEYS;
-    kc_launch(b, k_decode_attn<HD, G, KT>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
-              m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, out, b->attn_part,
-              b->attn_count);
+    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : few ? 2 * DEC_MIN_KEYS : DEC_MIN_KEYS;
+    static const int w_env = getenv("KAON_DEC_WARPS") ? atoi(getenv("KAON_DEC_WARPS")) : 0;
+    if (w_env == 8 || (w_env != 4 && few))
+        kc_launch(b, k_decode_attn<HD, G, KT, 8>, grid, dim3(8 * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
+                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, out, b->attn_part,
+                  b->attn_count);
+    else
+        kc_launch(b, k_decode_attn<HD, G, KT, DEC_WARPS>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab,
+                  m->n_seqs, m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, out,
+                  b->attn_part, b->attn_count);
 }
 
 template <int HD, typename KT>
