@@ -59,6 +59,21 @@ typedef struct kaon_logit_bias {
 } kaon_logit_bias;
 
 // Sampling parameters of one request; kaon_sampling_default() fills OpenAI's defaults.
+// A constraint on the tokens a sequence may sample (structured outputs: a grammar's matcher).
+// Before each token it samples, a constrained sequence asks `allowed` for the set it may take
+// (EOS among them exactly when the constraint may end there); the engine masks everything else,
+// samples on the host, and reports the token to `accept`. Each of a request's n sequences gets
+// its own state, cloned at submit from kaon_sampling.constraint_state (the caller keeps that one).
+typedef struct kaon_constraint_ops {
+    // Sets bit t of mask[t / 32] for each allowed token t < vocab (mask arrives cleared).
+    // Returns 0, or -1 when the constraint cannot go on (the sequence then ends with an error).
+    int (*allowed)(void *state, uint32_t *mask, int vocab);
+    // The token sampled (one `allowed` let through). Returns 0, or -1 (an error ending).
+    int (*accept)(void *state, int32_t token);
+    void *(*clone)(const void *state);  // NULL when out of memory
+    void (*free)(void *state);
+} kaon_constraint_ops;
+
 typedef struct kaon_sampling {
     int n;                          // parallel samples (>= 1); prompt blocks are shared
     float temperature;              // 0: greedy
@@ -86,6 +101,8 @@ typedef struct kaon_sampling {
                                     // output (kaon_output.prompt_logits; for tests and tools)
     bool skip_special_tokens;       // in text (default true)
     int priority;                   // lower runs first (default 0); FCFS within a priority
+    const kaon_constraint_ops *constraint;  // NULL: unconstrained (must outlive the request)
+    const void *constraint_state;           // cloned for each sequence at submit
 } kaon_sampling;
 
 void kaon_sampling_default(kaon_sampling *s);

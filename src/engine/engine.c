@@ -43,6 +43,7 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->b_tables = malloc(sizeof(int32_t) * S * (size_t)e->max_blocks);
     e->logits = malloc(sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
     e->work = malloc(sizeof(float) * (size_t)e->vocab);
+    e->allowed = malloc(sizeof(uint32_t) * (((size_t)e->vocab + 31) / 32));
     e->sample_scratch = malloc(kaon_sample_scratch_bytes(e->vocab));
     e->greedy_tok = malloc(sizeof(int32_t) * (size_t)e->max_logits);
     e->row_of_sched = malloc(sizeof(int) * S);
@@ -57,7 +58,7 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->running = malloc(sizeof(seq *) * S);
     e->sched = malloc(sizeof(seq *) * S);
     if (!e->b_tokens || !e->b_pos || !e->b_slot || !e->b_seq || !e->b_rows || !e->b_tables ||
-        !e->logits || !e->work || !e->sample_scratch || !e->greedy_tok || !e->row_of_sched || !e->nrows_of_sched ||
+        !e->logits || !e->work || !e->allowed || !e->sample_scratch || !e->greedy_tok || !e->row_of_sched || !e->nrows_of_sched ||
         !e->waiting || !e->running || !e->sched || !e->smp_rows || !e->smp_of_sched || !e->smp_ids ||
         !e->smp_lps || !e->host_rows)
         return kaon_set_error("engine: out of memory for step buffers");
@@ -245,6 +246,7 @@ static void seq_free(seq *s) {
         free(s->prompt_lps);
     }
     free(s->prompt_logits);
+    if (s->constraint) s->req->sp.constraint->free(s->constraint);
 }
 
 static void request_destroy(struct kaon_request *r) {
@@ -320,6 +322,9 @@ static int validate(const kaon_engine *e, const int32_t *prompt, int n, const ka
     for (int i = 0; i < sp->n_stop_token_ids; i++)
         if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= e->vocab)
             return kaon_set_error("stop token id %d is outside the vocabulary", sp->stop_token_ids[i]);
+    if (sp->constraint && (!sp->constraint->allowed || !sp->constraint->accept || !sp->constraint->clone ||
+                           !sp->constraint->free))
+        return kaon_set_error("a constraint needs all four of allowed, accept, clone and free");
     if (sp->n_logit_bias < 0 || sp->n_logit_bias > 1024 || (sp->n_logit_bias && !sp->logit_bias))
         return kaon_set_error("at most 1024 logit_bias entries");
     for (int i = 0; i < sp->n_logit_bias; i++) {
@@ -358,6 +363,10 @@ static int seq_init(kaon_engine *e, struct kaon_request *r, seq *s, int index) {
         if (!s->prompt_lps) return -1;
         s->prompt_lps[0].token = r->prompt[0];
         s->prompt_lps[0].logprob = NAN;  // the first position has no distribution
+    }
+    if (r->sp.constraint) {
+        s->constraint = r->sp.constraint->clone(r->sp.constraint_state);
+        if (!s->constraint) return -1;
     }
     if (r->sp.prompt_logits && index == 0) {
         s->want_prompt_lp = true;
@@ -414,6 +423,7 @@ kaon_request *kaon_engine_submit(kaon_engine *e, const int32_t *prompt, int n_pr
     r->id = e->next_id++;
     pthread_mutex_unlock(&e->mu);
     for (int i = 0; ok && i < r->n_seqs; i++) ok = seq_init(e, r, &r->seqs[i], i) == 0;
+    r->sp.constraint_state = NULL;  // the caller's: each sequence has its clone
     if (!ok) {
         kaon_set_error("out of memory for a request");
         request_destroy(r);
@@ -714,7 +724,7 @@ static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *ro
                            sp->frequency_penalty != 0.0f;
     const bool mask = s->n_out < sp->min_tokens;
     const bool edits = sp->n_logit_bias > 0 || mask || penalties;
-    if (sp->logprobs > 0 || (sp->logprobs == 0 && edits)) return 1;
+    if (sp->logprobs > 0 || (sp->logprobs == 0 && edits) || s->constraint) return 1;  // host sampling
     if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) return 1;
     *row = (kaon_sample_row){.logit_row = logit_row, .temperature = sp->temperature, .top_k = sp->top_k,
                              .top_p = sp->top_p, .min_p = sp->min_p, .repetition = sp->repetition_penalty,
@@ -957,7 +967,7 @@ void kaon_engine_destroy(kaon_engine *e) {
         request_destroy(r);
     }
     free(e->b_tokens); free(e->b_pos); free(e->b_slot); free(e->b_seq); free(e->b_rows);
-    free(e->b_tables); free(e->logits); free(e->work); free(e->sample_scratch); free(e->greedy_tok);
+    free(e->b_tables); free(e->logits); free(e->work); free(e->allowed); free(e->sample_scratch); free(e->greedy_tok);
     free(e->row_of_sched); free(e->nrows_of_sched);
     free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
     free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);

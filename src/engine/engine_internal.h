@@ -62,6 +62,8 @@ typedef struct seq {
     kaon_token_logprob *prompt_lps;  // [n_prompt] until handed to the first output
     float *prompt_logits;        // [n_prompt, vocab] until handed to the first output
     int scheduled_tokens;        // this step
+    void *constraint;            // the sequence's own constraint state (req->sp.constraint), or NULL
+    const char *fail_msg;        // why it ended with KAON_FINISH_ERROR (a static string), or NULL
 } seq;
 
 struct kaon_request {
@@ -121,6 +123,7 @@ struct kaon_engine {
     int32_t *b_tokens, *b_pos, *b_slot, *b_seq, *b_rows, *b_tables;
     float *logits;               // [max_logits, vocab]
     float *work;                 // [vocab] processed logits
+    uint32_t *allowed;           // [(vocab + 31) / 32] a constrained sequence's allowed tokens
     void *sample_scratch;
     int32_t *greedy_tok;         // [max_logits] greedy tokens found ahead (-1: none), postprocess.c
     struct kaon_pool *host_threads;  // postprocess.c's threads when the backend has none (GPU)

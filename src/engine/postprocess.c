@@ -146,7 +146,7 @@ static bool plain_greedy(const seq *s) {
     const kaon_sampling *sp = &s->req->sp;
     const bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
                            sp->frequency_penalty != 0.0f;
-    const bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties;
+    const bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties || s->constraint;
     return !edits && (sp->temperature <= 0.0f || sp->top_k == 1);
 }
 
@@ -196,6 +196,28 @@ void kaon_post_greedy_rows(kaon_engine *e) {
     kaon_pool_run(nt > 1 ? host_threads(e) : NULL, e->n_sched, nt, greedy_task, e);
 }
 
+// Masks what the sequence's constraint does not allow (-inf). Nonzero when the constraint has
+// failed or allows nothing: the sequence then ends with an error and samples nothing.
+static int apply_constraint(kaon_engine *e, seq *s, float *w) {
+    const int V = e->vocab, nw = (V + 31) / 32;
+    memset(e->allowed, 0, sizeof(uint32_t) * (size_t)nw);
+    int any = 0;
+    if (s->req->sp.constraint->allowed(s->constraint, e->allowed, V) == 0)
+        for (int i = 0; i < nw; i++) {
+            const uint32_t m = e->allowed[i];
+            any |= m != 0;
+            if (m == 0xffffffffu) continue;
+            for (int b = 0; b < 32 && i * 32 + b < V; b++)
+                if (!(m >> b & 1u)) w[i * 32 + b] = -INFINITY;
+        }
+    if (!any) {
+        s->fail_msg = "the output constraint allows no next token";
+        kaon_seq_finish(s, KAON_FINISH_ERROR);
+        return -1;
+    }
+    return 0;
+}
+
 void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     struct kaon_request *r = s->req;
     const kaon_sampling *sp = &r->sp;
@@ -214,7 +236,7 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     }
     bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
                      sp->frequency_penalty != 0.0f;
-    bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties;
+    bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties || s->constraint;
     // The raw row is kept intact for logprobs; a copy is made only when something edits it.
     float *w = edits ? e->work : (float *)raw;
     if (edits) memcpy(w, raw, sizeof(float) * (size_t)V);
@@ -230,6 +252,7 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
     }
     if (penalties) kaon_apply_penalties(w, &s->seen, &s->output, sp->repetition_penalty, sp->presence_penalty,
                          sp->frequency_penalty);
+    if (s->constraint && apply_constraint(e, s, w)) return;
     int32_t tok = kaon_sample(w, V, sp, &s->rng, e->sample_scratch);
     kaon_token_logprob lp;
     if (sp->logprobs >= 0) fill_logprob(&lp, raw, V, tok, sp->logprobs);  // raw model logprobs
@@ -248,7 +271,11 @@ void kaon_post_accept(kaon_engine *e, seq *s, int32_t tok, const kaon_token_logp
     pend_push(s, tok, lpp);
 
     bool ends = false;
-    if (is_stop_token(r, tok)) {
+    if (s->constraint && r->sp.constraint->accept(s->constraint, tok)) {
+        s->fail_msg = "the output constraint rejected the sampled token";
+        kaon_seq_finish(s, KAON_FINISH_ERROR);
+        ends = true;
+    } else if (is_stop_token(r, tok)) {
         s->stop_token = tok;
         kaon_seq_finish(s, KAON_FINISH_STOP);
         ends = true;
@@ -361,6 +388,10 @@ out_item *kaon_post_make_output(kaon_engine *e, seq *s) {
         o->stop_token = s->stop_token;
         if (s->stop_reason) it->stop_reason = strdup(s->stop_reason);
         o->stop_reason = it->stop_reason;
+        if (s->finish == KAON_FINISH_ERROR && s->fail_msg) {
+            it->error = strdup(s->fail_msg);
+            o->error = it->error;
+        }
     }
     return it;
 }
