@@ -69,7 +69,7 @@ for f in build-fuzz/fuzz/fuzz_*; do
   [ -f "$dict" ] && extra+=(-dict="$dict")
   echo "-- $name"
   log=$(mktemp)
-  if ! "$f" -max_total_time="$fuzz_seconds" -print_final_stats=1 "${extra[@]}" "$corpus" >"$log" 2>&1; then
+  if ! "$f" -max_total_time="$fuzz_seconds" -timeout=60 -print_final_stats=1 "${extra[@]}" "$corpus" >"$log" 2>&1; then
     tail -50 "$log"; echo "fuzzer $name failed" >&2; exit 1
   fi
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb|^#[0-9]+.*DONE" "$log" | tail -3

@@ -386,15 +386,28 @@ int kaon_quant_config_check(const kaon_quant_config *q, const char *file) {
                           q->int_format[0] ? ", " : "", q->int_format);
 }
 
-// Glob with '*' (any run of characters) over the whole of s[0, n).
+// Glob with '*' (any run of characters) over the whole of s[0, n). Only the last '*' is ever
+// retried (a later '*' covers whatever an earlier one would give up), so the time is at most
+// pattern x name: a recursive retry of every '*' was exponential ("****...x", found by fuzz_hf_config).
 static bool glob_n(const char *p, const char *s, size_t n) {
-    if (!*p) return n == 0;
-    if (*p == '*') {
-        for (size_t k = 0; k <= n; k++)
-            if (glob_n(p + 1, s + k, n - k)) return true;
-        return false;
+    const char *star = NULL;
+    size_t i = 0, retry = 0;
+    while (i < n) {
+        if (*p == '*') {
+            star = ++p;
+            retry = i;
+        } else if (*p && *p == s[i]) {
+            p++;
+            i++;
+        } else if (star) {
+            p = star;
+            i = ++retry;
+        } else {
+            return false;
+        }
     }
-    return n > 0 && *p == *s && glob_n(p + 1, s + 1, n - 1);
+    while (*p == '*') p++;
+    return *p == 0;
 }
 
 // The pattern matches the module, a dotted prefix of it (a parent module: "...self_attn"), or
