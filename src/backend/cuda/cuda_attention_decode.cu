@@ -5,7 +5,8 @@
 // (all G query heads that share it) and one range of the token's keys. Warps take chunks of 16
 // keys in turn and keep their own online softmax, so no block-wide barrier sits inside the loop.
 // In a chunk, HD/8 lanes read one key's K row with 16-byte loads (every load instruction
-// covers whole rows: coalesced), each lane dots its 8 dims with the G query vectors it holds in registers, and shuffles sum the row;
+// covers whole rows: coalesced), each lane dots its 8 dims with the G query vectors it holds
+// in registers, and shuffles sum the row;
 // then each lane reads its HD/32 dims of the 16 V rows (all loads issued before the first use)
 // and accumulates with the chunk's probabilities, read back from shared memory. The W warps
 // merge at the end; a long context is split over blocks (z) whose partials the last block to
