@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "server/reasoning_parser.h"
 #include "server/server.h"
+#include "server/tool_parser.h"
 #include "util/err.h"
 #include "util/log.h"
 
@@ -47,6 +49,11 @@ static void usage(FILE *f) {
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
             "  --chat-template FILE           a Jinja chat template overriding the model's\n"
+            "  --tool-call-parser NAME        how tool calls are read from the output, for requests with\n"
+            "                                 tools: auto (default: from the chat template's markers),\n"
+            "                                 none, hermes, llama3_json, mistral, deepseek_v3, kimi_k2\n"
+            "  --reasoning-parser NAME        <think> blocks -> reasoning_content: auto (default: from the\n"
+            "                                 chat template), none, deepseek_r1, qwen3\n"
             "limits (beyond them: an OpenAI error JSON; see docs/SECURITY.md):\n"
             "  --max-body-size SIZE           largest request body (default 8M; larger: 413)\n"
             "  --max-connections N            concurrent connections (default 16384; more: 503)\n"
@@ -217,6 +224,20 @@ int kaon_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--chat-template")) {
             NEED();
             template_file = next;
+        } else if (!strcmp(a, "--tool-call-parser")) {
+            NEED();
+            kaon_tool_family tf;
+            if (strcmp(next, "auto") && kaon_tool_family_from_name(next, &tf) < 0)
+                return kaon_cli_fail("bad --tool-call-parser '%s' (auto, none, %s)", next,
+                                     kaon_tool_family_names);
+            o.tool_call_parser = next;
+        } else if (!strcmp(a, "--reasoning-parser")) {
+            NEED();
+            kaon_reasoning_family rf;
+            if (strcmp(next, "auto") && kaon_reasoning_family_from_name(next, &rf) < 0)
+                return kaon_cli_fail("bad --reasoning-parser '%s' (auto, none, %s)", next,
+                                     kaon_reasoning_family_names);
+            o.reasoning_parser = next;
         } else if (!strcmp(a, "--max-body-size")) {
             NEED();
             if (parse_size(next, &o.max_body_bytes) || o.max_body_bytes < 1024)

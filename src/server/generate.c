@@ -33,7 +33,7 @@ static const char *token_text_cb(void *ctx, int32_t id, size_t *len) {
 }
 
 int kaon_generate_render_chat(kaon_server *s, const kaon_api_request *r, int32_t **ids,
-                              int *n_ids, kaon_api_error *err) {
+                              int *n_ids, kaon_reasoning_start *start, kaon_api_error *err) {
     if (!s->tok) {
         kaon_api_error_set(err, 400, "invalid_value", "messages",
                            "this model has no tokenizer: use /v1/completions with token ids");
@@ -69,6 +69,7 @@ int kaon_generate_render_chat(kaon_server *s, const kaon_api_request *r, int32_t
         return -1;
     }
     len = kaon_api_continue_final_cut(r, text, len);
+    if (start) *start = kaon_reasoning_start_from_prompt(text, len);
     size_t n = 0;
     rc = kaon_tokenize(s->tok, text, len, r->add_special_tokens, ids, &n);
     free(text);
@@ -107,6 +108,11 @@ typedef struct gen_choice {
     size_t text_offset;
     int32_t *ids;            // non-stream with return_token_ids: the generated ids
     int n_ids, cap_ids;
+    // Chat output parsers (NULL: off); the text reaches the tool parser through the reasoning
+    // parser. Non-stream: text holds the content, reasoning the reasoning_content.
+    kaon_reasoning_parser *rp;
+    kaon_tool_parser *tp;
+    kaon_sbuf reasoning;
 } gen_choice;
 
 typedef struct gen {
@@ -127,6 +133,9 @@ typedef struct gen {
     bool timed_out;
     bool aborted;            // aborted for the shutdown
     kaon_parked pk;          // its place among the parked while it waits for the engine
+    kaon_tool_family tool_family;            // chat: the parsers this request's output goes through
+    kaon_reasoning_family reasoning_family;
+    kaon_reasoning_start reasoning_start;    // from the rendered prompt's tail
 } gen;
 
 static void gen_free(gen *g) {
@@ -143,6 +152,9 @@ static void gen_free(gen *g) {
         free(g->ch[i].ids);
         cJSON_Delete(g->ch[i].logprobs);
         cJSON_Delete(g->ch[i].stop_reason);
+        kaon_reasoning_parser_free(g->ch[i].rp);
+        kaon_tool_parser_free(g->ch[i].tp);
+        kaon_sbuf_free(&g->ch[i].reasoning);
     }
     free(g->p);
     free(g->ch);
@@ -176,19 +188,25 @@ static void emit(gen *g, cJSON *j) {
     free(text);
 }
 
-// ids: the chunk's token ids, sent with return_token_ids (NULL: none).
+// ids: the chunk's token ids, sent with return_token_ids (NULL: none). reasoning (NULL: none) and
+// tool_calls (owned; NULL: none): what the chat output parsers made of the chunk's text.
 static void emit_chunk(gen *g, int ci, const char *role, const char *text, size_t len,
                        cJSON *lp, const char *finish, cJSON *stop_reason, const int32_t *ids,
-                       int n_ids) {
+                       int n_ids, const kaon_sbuf *reasoning, cJSON *tool_calls) {
     kaon_api_kind kind = g->rq.kind;
     cJSON *j = kaon_api_response_new(kind, true, g->id, g->created, g->model);
     if (!j) {
         cJSON_Delete(lp);
         cJSON_Delete(stop_reason);
+        cJSON_Delete(tool_calls);
         g->failed = true;
         return;
     }
     kaon_api_add_choice(j, kind, true, ci, role, text, len, lp, finish, stop_reason);
+    if ((reasoning || tool_calls) &&
+        kaon_api_choice_add_parsed(j, ci, true, false, reasoning ? reasoning->data : NULL,
+                                   reasoning ? reasoning->len : 0, tool_calls) < 0)
+        g->failed = true;
     cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
     if (g->rq.return_token_ids && ids && choice && kaon_api_add_ids(choice, "token_ids", ids, n_ids) < 0)
         g->failed = true;
@@ -221,10 +239,46 @@ static void start_choice(gen *g, gen_prompt *p, gen_choice *c, int ci) {
     }
     if (!g->rq.stream) return;
     if (chat)
-        emit_chunk(g, ci, "assistant", "", 0, NULL, NULL, NULL, NULL, 0);
+        emit_chunk(g, ci, "assistant", "", 0, NULL, NULL, NULL, NULL, 0, NULL, NULL);
     else if (echo)
         emit_chunk(g, ci, NULL, p->text, p->text_len,
-                   p->echo_lp ? cJSON_Duplicate(p->echo_lp, 1) : NULL, NULL, NULL, NULL, 0);
+                   p->echo_lp ? cJSON_Duplicate(p->echo_lp, 1) : NULL, NULL, NULL, NULL, 0, NULL,
+                   NULL);
+}
+
+// A chat choice's new text through its parsers: reasoning, then tool calls. end: the choice
+// finished (what was held back is decided). calls: the tool_calls delta (stream), or NULL.
+static int parse_output(gen_choice *c, const char *text, size_t len, bool end, kaon_sbuf *content,
+                        kaon_sbuf *reasoning, cJSON **calls) {
+    kaon_sbuf mid = {0};
+    kaon_sbuf *to = c->tp ? &mid : content;
+    int rc = 0;
+    if (c->rp) {
+        rc |= kaon_reasoning_parser_feed(c->rp, text, len, reasoning, to);
+        if (end) rc |= kaon_reasoning_parser_finish(c->rp, reasoning, to);
+    } else if (len) {
+        rc |= kaon_sbuf_append(to, text, len);
+    }
+    if (c->tp) {
+        cJSON *d = NULL, *tail = NULL;
+        rc |= kaon_tool_parser_feed(c->tp, mid.data, mid.len, content, calls ? &d : NULL);
+        if (end) rc |= kaon_tool_parser_finish(c->tp, content, calls ? &tail : NULL);
+        if (tail && !d) {
+            d = tail;
+        } else if (tail) {
+            while (tail->child) cJSON_AddItemToArray(d, cJSON_DetachItemViaPointer(tail, tail->child));
+            cJSON_Delete(tail);
+        }
+        if (calls) *calls = d;
+    }
+    kaon_sbuf_free(&mid);
+    return rc < 0 ? -1 : 0;
+}
+
+// OpenAI's finish_reason for a choice that ended with tool calls.
+static const char *finish_with_calls(const gen_choice *c, const char *finish) {
+    if (finish && !strcmp(finish, "stop") && kaon_tool_parser_n_calls(c->tp) > 0) return "tool_calls";
+    return finish;
 }
 
 static bool is_requested_stop_token(const kaon_api_request *r, int32_t id) {
@@ -320,13 +374,34 @@ static void absorb(gen *g, int pi, const kaon_output *out) {
         }
         // With return_token_ids a chunk goes out for tokens whose text is still held back.
         bool ids = g->rq.return_token_ids && out->n_tokens > 0;
-        if (out->text_len > 0 || lp || finish || ids)
-            emit_chunk(g, ci, NULL, out->text_len || !chat ? out->text : NULL, out->text_len, lp,
-                       finish, stop_reason, out->token_ids, out->n_tokens);
+        const char *text = out->text;
+        size_t text_len = out->text_len;
+        kaon_sbuf content = {0}, reasoning = {0};
+        cJSON *calls = NULL;
+        if (c->rp || c->tp) {
+            if (parse_output(c, out->text, out->text_len, finish != NULL, &content, &reasoning,
+                             &calls) < 0)
+                g->failed = true;
+            text = content.data;
+            text_len = content.len;
+            finish = finish_with_calls(c, finish);
+        }
+        if (text_len > 0 || reasoning.len || calls || lp || finish || ids)
+            emit_chunk(g, ci, NULL, text_len || !chat ? text : NULL, text_len, lp, finish,
+                       stop_reason, out->token_ids, out->n_tokens, reasoning.len ? &reasoning : NULL,
+                       calls);
         else
             cJSON_Delete(stop_reason);
+        kaon_sbuf_free(&content);
+        kaon_sbuf_free(&reasoning);
     } else {
-        if (out->text_len) kaon_sbuf_append(&c->text, out->text, out->text_len);
+        if (c->rp || c->tp) {
+            if (parse_output(c, out->text, out->text_len, finish != NULL, &c->text, &c->reasoning,
+                             NULL) < 0)
+                g->failed = true;
+        } else if (out->text_len) {
+            kaon_sbuf_append(&c->text, out->text, out->text_len);
+        }
         if (g->rq.return_token_ids && out->n_tokens > 0) {
             if (c->n_ids + out->n_tokens > c->cap_ids) {
                 int cap = (c->n_ids + out->n_tokens) * 2;
@@ -480,6 +555,34 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) { gen_free(cls); }
 
+// The chat output parsers for this request: the server's, or with auto those of the request's
+// own template. Tool calls are only looked for when the request offers tools.
+static void choose_parsers(gen *g) {
+    const kaon_server *s = g->s;
+    const kaon_api_request *r = &g->rq;
+    const char *own = r->chat_template;
+    g->reasoning_family = s->reasoning_auto && own ? kaon_reasoning_family_detect(own)
+                                                   : s->reasoning_family;
+    bool tools = r->tools && cJSON_GetArraySize(r->tools) > 0 && !r->tool_choice_none;
+    g->tool_family = !tools ? KAON_TOOL_NONE
+                     : s->tool_auto && own ? kaon_tool_family_detect(own) : s->tool_family;
+}
+
+static int start_parsers(gen *g) {
+    for (int ci = 0; ci < g->nc; ci++) {
+        gen_choice *c = &g->ch[ci];
+        if (g->reasoning_family != KAON_REASONING_NONE &&
+            !(c->rp = kaon_reasoning_parser_new(g->reasoning_family, g->reasoning_start)))
+            return -1;
+        if (g->tool_family == KAON_TOOL_NONE) continue;
+        char prefix[64];  // call ids unique across requests and choices
+        const char *dash = strchr(g->id, '-');
+        snprintf(prefix, sizeof prefix, "call_%.16s_%d_", dash ? dash + 1 : g->id, ci);
+        if (!(c->tp = kaon_tool_parser_new(g->tool_family, prefix))) return -1;
+    }
+    return 0;
+}
+
 // Tokenizes the prompts, checks them against the context and the server's limits, and submits
 // them (all or none: a full queue refuses the whole request with 429).
 static int gen_prepare(gen *g, kaon_api_error *err) {
@@ -496,10 +599,12 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
         return -1;
     }
     const char *param = chat ? "messages" : "prompt";
+    if (chat) choose_parsers(g);
     for (int i = 0; i < g->np; i++) {
         gen_prompt *p = &g->p[i];
         if (chat) {
-            if (kaon_generate_render_chat(s, r, &p->ids, &p->n_ids, err) < 0) return -1;
+            if (kaon_generate_render_chat(s, r, &p->ids, &p->n_ids, &g->reasoning_start, err) < 0)
+                return -1;
         } else if (r->prompts[i].text) {
             if (!s->tok) {
                 kaon_api_error_set(err, 400, "invalid_value", "prompt",
@@ -573,7 +678,15 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
             sp.max_tokens = m < room ? m : room;
         }
         if (sp.min_tokens > sp.max_tokens) sp.min_tokens = sp.max_tokens;
+        // These families' markers are special tokens: they must reach the parser.
+        if (g->tool_family == KAON_TOOL_MISTRAL || g->tool_family == KAON_TOOL_KIMI_K2 ||
+            g->tool_family == KAON_TOOL_LLAMA3_JSON)
+            sp.skip_special_tokens = false;
         p->sp = sp;
+    }
+    if (chat && start_parsers(g) < 0) {
+        kaon_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return -1;
     }
     // The queue check and the submits under one lock, so concurrent requests cannot all slip
     // in under the limit (the engine thread only ever shortens the queue meanwhile).
@@ -611,11 +724,21 @@ static cJSON *gen_response(gen *g) {
     bool ok = true;
     for (int ci = 0; ci < g->nc; ci++) {
         gen_choice *c = &g->ch[ci];
+        const char *finish = c->finish ? c->finish : "abort";
+        if (c->tp) finish = finish_with_calls(c, finish);
         kaon_api_add_choice(j, g->rq.kind, false, ci, NULL, c->text.data ? c->text.data : "",
-                            c->text.len, c->logprobs, c->finish ? c->finish : "abort",
-                            c->stop_reason);
+                            c->text.len, c->logprobs, finish, c->stop_reason);
         c->logprobs = NULL;
         c->stop_reason = NULL;
+        bool saw = kaon_reasoning_parser_saw_reasoning(c->rp);
+        if ((c->rp || kaon_tool_parser_n_calls(c->tp) > 0) &&
+            kaon_api_choice_add_parsed(j, ci, false, c->rp != NULL,
+                                       saw ? (c->reasoning.data ? c->reasoning.data : "") : NULL,
+                                       c->reasoning.len,
+                                       kaon_tool_parser_n_calls(c->tp) > 0
+                                           ? kaon_tool_parser_calls_json(c->tp)
+                                           : NULL) < 0)
+            ok = false;
         // vLLM's places: each completions choice has its prompt's ids, a chat response has one.
         cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), ci);
         const gen_prompt *p = &g->p[ci / g->n];

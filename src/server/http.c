@@ -263,7 +263,7 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, kaon_server *s,
     int n = 0;
     int rc = 0;
     if (r.messages) {
-        rc = kaon_generate_render_chat(s, &r, &ids, &n, &err);
+        rc = kaon_generate_render_chat(s, &r, &ids, &n, NULL, &err);
     } else if (!s->tok) {
         kaon_api_error_set(&err, 400, "invalid_value", "prompt", "this model has no tokenizer");
         rc = -1;
@@ -566,6 +566,25 @@ static bool vocab_has(const char *text, void *tok) {
     return kaon_tokenizer_find_token(tok, text) >= 0;
 }
 
+// The output parsers: named by the options, else those whose markers the template has. The
+// names were checked when the options were read; an unknown one here means none.
+static void choose_parsers(kaon_server *s, const char *src) {
+    const char *t = s->o.tool_call_parser, *r = s->o.reasoning_parser;
+    s->tool_auto = !t || !strcmp(t, "auto");
+    s->reasoning_auto = !r || !strcmp(r, "auto");
+    if (s->tool_auto)
+        s->tool_family = kaon_tool_family_detect(src);
+    else if (kaon_tool_family_from_name(t, &s->tool_family) < 0)
+        s->tool_family = KAON_TOOL_NONE;
+    if (s->reasoning_auto)
+        s->reasoning_family = kaon_reasoning_family_detect(src);
+    else if (kaon_reasoning_family_from_name(r, &s->reasoning_family) < 0)
+        s->reasoning_family = KAON_REASONING_NONE;
+    KAON_INFO("serve: tool-call parser %s%s, reasoning parser %s%s",
+              kaon_tool_family_name(s->tool_family), s->tool_auto ? " (auto)" : "",
+              kaon_reasoning_family_name(s->reasoning_family), s->reasoning_auto ? " (auto)" : "");
+}
+
 static int load_model(kaon_server *s) {
     double t0 = kaon_now();
     s->engine = kaon_engine_create(&s->o.engine);
@@ -587,6 +606,7 @@ static int load_model(kaon_server *s) {
                                                strlen(kaon_default_chat_template));
         }
         if (!s->tmpl) KAON_WARN("serve: no usable chat template: %s", kaon_last_error());
+        choose_parsers(s, src);
     }
     load_sampling_defaults(s);
     KAON_INFO("serve: model %s (%s) loaded in %.2f s: vocab %d, max_model_len %d, %d KV blocks of %d",

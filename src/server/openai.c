@@ -411,7 +411,9 @@ static cJSON *message_content(const cJSON *msg, int i, const char *role, kaon_ap
     snprintf(param, sizeof param, "messages[%d].content", i);
     cJSON *c = field(msg, "content");
     if (!c) {
-        if (!strcmp(role, "assistant")) return cJSON_CreateNull();
+        // An assistant turn that only called tools has content null: templates get "", as
+        // vLLM gives them (many add strings to it).
+        if (!strcmp(role, "assistant")) return cJSON_CreateString("");
         bad(err, param, "message %d (%s) has no content", i, role);
         return NULL;
     }
@@ -454,6 +456,30 @@ static cJSON *message_content(const cJSON *msg, int i, const char *role, kaon_ap
     cJSON *s = cJSON_CreateString(text.data ? text.data : "");
     kaon_sbuf_free(&text);
     return s;
+}
+
+// An assistant message's tool_calls carry their arguments as a JSON text; templates index and
+// tojson them as objects (as vLLM hands them over), so a text that parses to an object becomes
+// one. Anything else stays as sent.
+static int decode_tool_call_arguments(cJSON *calls) {
+    if (!cJSON_IsArray(calls)) return 0;
+    for (cJSON *c = calls->child; c; c = c->next) {
+        cJSON *fn = cJSON_IsObject(c) ? cJSON_GetObjectItemCaseSensitive(c, "function") : NULL;
+        cJSON *args = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
+        if (!cJSON_IsString(args)) continue;
+        size_t at;
+        cJSON *obj = json_parse(args->valuestring, strlen(args->valuestring), &at);
+        if (!obj) continue;
+        if (!cJSON_IsObject(obj)) {
+            cJSON_Delete(obj);
+            continue;
+        }
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", obj)) {
+            cJSON_Delete(obj);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error *err) {
@@ -504,6 +530,8 @@ static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error
             if (!d) return oom(err);
             cJSON_AddItemToObject(copy, f->string, d);
         }
+        if (decode_tool_call_arguments(cJSON_GetObjectItemCaseSensitive(copy, "tool_calls")) < 0)
+            return oom(err);
     }
     return 0;
 }
@@ -537,6 +565,7 @@ static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_er
             return bad(err, "tool_choice",
                        "only tool_choice 'none' and 'auto' are supported (no constrained "
                        "decoding)");
+        r->tool_choice_none = !strcmp(tc->valuestring, "none");
     }
     if (field(root, "parallel_tool_calls") && !cJSON_IsBool(field(root, "parallel_tool_calls")))
         return bad(err, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
@@ -987,5 +1016,30 @@ int kaon_api_add_choice(cJSON *resp, kaon_api_kind kind, bool stream, int index,
         cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToObject(c, "stop_reason", stop_reason ? stop_reason : cJSON_CreateNull());
     cJSON_AddItemToArray(choices, c);
+    return 0;
+}
+
+int kaon_api_choice_add_parsed(cJSON *resp, int index, bool stream, bool with_reasoning,
+                               const char *reasoning, size_t reasoning_len, cJSON *tool_calls) {
+    cJSON *choices = cJSON_GetObjectItemCaseSensitive(resp, "choices");
+    cJSON *c = NULL;
+    for (cJSON *it = choices ? choices->child : NULL; it; it = it->next)
+        if (cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "index")) == index) c = it;
+    cJSON *m = c ? cJSON_GetObjectItemCaseSensitive(c, stream ? "delta" : "message") : NULL;
+    if (!m) {
+        cJSON_Delete(tool_calls);
+        return -1;
+    }
+    if (reasoning)
+        cJSON_AddItemToObject(m, "reasoning_content", kaon_api_string(reasoning, reasoning_len));
+    else if (with_reasoning && !stream)
+        cJSON_AddNullToObject(m, "reasoning_content");
+    if (tool_calls) {
+        cJSON_DeleteItemFromObjectCaseSensitive(m, "tool_calls");
+        cJSON_AddItemToObject(m, "tool_calls", tool_calls);
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!stream && cJSON_IsString(content) && !content->valuestring[0])
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateNull());
+    }
     return 0;
 }

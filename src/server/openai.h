@@ -81,6 +81,7 @@ typedef struct kaon_api_request {
     // Chat and /tokenize with messages.
     cJSON *messages;                   // normalised: each content is a string or null
     cJSON *tools;                      // NULL when absent
+    bool tool_choice_none;             // tool_choice "none": the output is never parsed for calls
     cJSON *template_kwargs;            // chat_template_kwargs object, or NULL
     char *chat_template;               // a per-request template, or NULL
     bool add_generation_prompt;        // default true
@@ -143,5 +144,11 @@ cJSON *kaon_api_response_new(kaon_api_kind kind, bool stream, const char *id, lo
 int kaon_api_add_choice(cJSON *resp, kaon_api_kind kind, bool stream, int index, const char *role,
                         const char *text, size_t text_len, cJSON *logprobs,
                         const char *finish_reason, cJSON *stop_reason);
+// What the output parsers (tool_parser.h, reasoning_parser.h) made of a chat choice, added to
+// its message (stream: its delta). reasoning: reasoning_content (NULL: a response gets null when
+// with_reasoning, a delta nothing). tool_calls (owned; NULL: none): message.tool_calls, and a
+// message whose content is "" then gets content null, as OpenAI sends.
+int kaon_api_choice_add_parsed(cJSON *resp, int index, bool stream, bool with_reasoning,
+                               const char *reasoning, size_t reasoning_len, cJSON *tool_calls);
 
 #endif

@@ -37,6 +37,10 @@ typedef struct kaon_server_options {
                                     // event in a stream (0: no timeout, the default)
     double drain_timeout_s;         // on stop: how long running requests may finish (default 30)
     const char *chat_template;      // template source overriding the model's (NULL: the model's)
+    // Output parsers by name (tool_parser.h, reasoning_parser.h): NULL or "auto" picks them from
+    // the chat template's markers (a request's own chat_template too), "none" turns them off.
+    const char *tool_call_parser;
+    const char *reasoning_parser;
     const char *ready_file;         // when set, "host port\n" is written here once ready
 } kaon_server_options;
 

@@ -15,6 +15,8 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/park.h"
+#include "server/reasoning_parser.h"
+#include "server/tool_parser.h"
 #include "server/server.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -29,6 +31,9 @@ struct kaon_server {
     kaon_engine *engine;
     const kaon_tokenizer *tok;
     kaon_chat_template *tmpl;
+    kaon_tool_family tool_family;            // for the server's template
+    kaon_reasoning_family reasoning_family;
+    bool tool_auto, reasoning_auto;          // chosen from templates (a request's own too)
     kaon_engine_info info;
     kaon_sampling defaults;
     int default_max_tokens;     // generation_config.json's max_new_tokens (0: none)
@@ -86,9 +91,10 @@ enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, k
                                      void **pending);
 enum MHD_Result kaon_generate_continue(struct MHD_Connection *c, void **pending);
 void kaon_generate_free(void *pending);
-// Renders the chat template for r and tokenizes the result (also for /tokenize). On error
-// fills err (400) and returns -1.
+// Renders the chat template for r and tokenizes the result (also for /tokenize). *start (when
+// not NULL) says where the rendered prompt leaves a thinking model's output. On error fills err
+// (400) and returns -1.
 int kaon_generate_render_chat(kaon_server *s, const kaon_api_request *r, int32_t **ids,
-                              int *n_ids, kaon_api_error *err);
+                              int *n_ids, kaon_reasoning_start *start, kaon_api_error *err);
 
 #endif

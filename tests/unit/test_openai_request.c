@@ -153,7 +153,9 @@ static void test_chat_fields(void) {
         "{\"model\": \"smol\", \"messages\": [{\"role\": \"system\", \"content\": \"be brief\"},"
         " {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": "
         "\"text\", \"text\": \"b\"}]}, {\"role\": \"assistant\", \"content\": null, \"tool_calls\":"
-        " []}, {\"role\": \"user\", \"content\": \"c\", \"name\": \"bob\"}],"
+        " [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"f\","
+        " \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}, {\"id\": \"call_2\", \"type\":"
+        " \"function\", \"function\": {\"name\": \"g\", \"arguments\": \"not json\"}}]}, {\"role\": \"user\", \"content\": \"c\", \"name\": \"bob\"}],"
         " \"temperature\": 0.25, \"top_p\": 0.5, \"top_k\": 7, \"min_p\": 0.05, \"n\": 3,"
         " \"max_tokens\": 100, \"max_completion_tokens\": 20, \"min_tokens\": 2, \"seed\": -3,"
         " \"stop\": [\"x\", \"\", \"yz\"], \"stop_token_ids\": [4, 5], \"logit_bias\": "
@@ -189,13 +191,20 @@ static void test_chat_fields(void) {
     CHECK(r.logprobs && r.top_logprobs == 4 && s->logprobs == 4);
     CHECK(r.stream && r.include_usage && !r.continuous_usage);
     CHECK(!r.add_special_tokens && r.add_generation_prompt);
-    // Messages: content parts joined with '\n', null content kept for the assistant.
+    // Messages: content parts joined with '\n', an assistant's null content made "" (templates
+    // add strings to it), tool-call arguments that are JSON objects decoded for the template.
     CHECK(cJSON_GetArraySize(r.messages) == 4);
     cJSON *m1 = cJSON_GetArrayItem(r.messages, 1);
     CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(m1, "content")), "a\nb"));
     cJSON *m2 = cJSON_GetArrayItem(r.messages, 2);
-    CHECK(cJSON_IsNull(cJSON_GetObjectItem(m2, "content")));
-    CHECK(cJSON_IsArray(cJSON_GetObjectItem(m2, "tool_calls")));
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(m2, "content")), ""));
+    cJSON *calls = cJSON_GetObjectItem(m2, "tool_calls");
+    CHECK(cJSON_GetArraySize(calls) == 2);
+    cJSON *fn1 = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    cJSON *fn2 = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(fn1, "arguments"),
+                                                           "city")), "Paris"));
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(fn2, "arguments")), "not json"));
     cJSON *m3 = cJSON_GetArrayItem(r.messages, 3);
     CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(m3, "name")), "bob"));
     // The template context: kwargs first, but they cannot replace messages.
