@@ -678,10 +678,9 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
             sp.max_tokens = m < room ? m : room;
         }
         if (sp.min_tokens > sp.max_tokens) sp.min_tokens = sp.max_tokens;
-        // These families' markers are special tokens: they must reach the parser.
-        if (g->tool_family == KAON_TOOL_MISTRAL || g->tool_family == KAON_TOOL_KIMI_K2 ||
-            g->tool_family == KAON_TOOL_LLAMA3_JSON)
-            sp.skip_special_tokens = false;
+        // Tool-call markers are special tokens in many vocabularies (<tool_call> in some,
+        // [TOOL_CALLS], <|python_tag|>, Kimi's): they must reach the parser, as vLLM does.
+        if (g->tool_family != KAON_TOOL_NONE) sp.skip_special_tokens = false;
         p->sp = sp;
     }
     if (chat && start_parsers(g) < 0) {
