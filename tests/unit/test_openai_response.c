@@ -277,8 +277,39 @@ static void test_metrics(void) {
     kaon_metrics_destroy(&m);
 }
 
+// What the output parsers made of a choice: tool_calls, content null, reasoning_content.
+static void test_parsed_choice(void) {
+    cJSON *r = kaon_api_response_new(KAON_API_CHAT, false, "chatcmpl-1", 1, "smol");
+    kaon_api_add_choice(r, KAON_API_CHAT, false, 0, NULL, "", 0, NULL, "tool_calls", NULL);
+    kaon_api_add_choice(r, KAON_API_CHAT, false, 1, NULL, "hi", 2, NULL, "stop", NULL);
+    cJSON *calls = cJSON_Parse("[{\"id\": \"call_0\", \"type\": \"function\", \"function\": "
+                               "{\"name\": \"f\", \"arguments\": \"{}\"}}]");
+    CHECK(kaon_api_choice_add_parsed(r, 0, false, true, "why", 3, calls) == 0);
+    CHECK(kaon_api_choice_add_parsed(r, 1, false, true, NULL, 0, NULL) == 0);
+    CHECK(kaon_api_choice_add_parsed(r, 7, false, true, NULL, 0, NULL) < 0);
+    cJSON *choices = cJSON_GetObjectItem(r, "choices");
+    cJSON *m0 = cJSON_GetObjectItem(cJSON_GetArrayItem(choices, 0), "message");
+    cJSON *m1 = cJSON_GetObjectItem(cJSON_GetArrayItem(choices, 1), "message");
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(m0, "content")));
+    CHECK(!strcmp(str_at(m0, "reasoning_content"), "why"));
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(m0, "tool_calls")) == 1);
+    CHECK(!strcmp(str_at(m1, "content"), "hi"));
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(m1, "reasoning_content")));
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(m1, "tool_calls")) == 0);
+    cJSON_Delete(r);
+    // A stream chunk: only what there is.
+    r = kaon_api_response_new(KAON_API_CHAT, true, "chatcmpl-1", 1, "smol");
+    kaon_api_add_choice(r, KAON_API_CHAT, true, 0, NULL, NULL, 0, NULL, NULL, NULL);
+    CHECK(kaon_api_choice_add_parsed(r, 0, true, true, "a", 1, NULL) == 0);
+    cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "delta");
+    CHECK(!strcmp(str_at(d, "reasoning_content"), "a"));
+    CHECK(!cJSON_GetObjectItem(d, "content") && !cJSON_GetObjectItem(d, "tool_calls"));
+    cJSON_Delete(r);
+}
+
 int main(void) {
     test_sse();
+    test_parsed_choice();
     test_utf8();
     test_chat_response();
     test_completion_logprobs();
