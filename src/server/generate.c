@@ -55,7 +55,9 @@ int kaon_generate_render_chat(kaon_server *s, const kaon_api_request *r, int32_t
         return -1;
     }
     cJSON *ctx = kaon_api_chat_context(r, kaon_tokenizer_bos_text(s->tok),
-                                       kaon_tokenizer_eos_text(s->tok));
+                                       kaon_tokenizer_eos_text(s->tok),
+                                       own ? kaon_template_tool_turns(r->chat_template)
+                                           : s->tool_turns);
     char *text = NULL;
     size_t len = 0;
     int rc = ctx ? kaon_chat_template_render(t, ctx, &text, &len) : -1;

@@ -570,6 +570,7 @@ static bool vocab_has(const char *text, void *tok) {
 // names were checked when the options were read; an unknown one here means none.
 static void choose_parsers(kaon_server *s, const char *src) {
     const char *t = s->o.tool_call_parser, *r = s->o.reasoning_parser;
+    s->tool_turns = kaon_template_tool_turns(src);
     s->tool_auto = !t || !strcmp(t, "auto");
     s->reasoning_auto = !r || !strcmp(r, "auto");
     if (s->tool_auto)

@@ -411,9 +411,7 @@ static cJSON *message_content(const cJSON *msg, int i, const char *role, kaon_ap
     snprintf(param, sizeof param, "messages[%d].content", i);
     cJSON *c = field(msg, "content");
     if (!c) {
-        // An assistant turn that only called tools has content null: templates get "", as
-        // vLLM gives them (many add strings to it).
-        if (!strcmp(role, "assistant")) return cJSON_CreateString("");
+        if (!strcmp(role, "assistant")) return cJSON_CreateNull();
         bad(err, param, "message %d (%s) has no content", i, role);
         return NULL;
     }
@@ -458,9 +456,9 @@ static cJSON *message_content(const cJSON *msg, int i, const char *role, kaon_ap
     return s;
 }
 
-// An assistant message's tool_calls carry their arguments as a JSON text; templates index and
-// tojson them as objects (as vLLM hands them over), so a text that parses to an object becomes
-// one. Anything else stays as sent.
+// An assistant message's tool_calls carry their arguments as a JSON text; most templates index
+// and tojson them as objects (as vLLM hands them over), so a text that parses to an object
+// becomes one. Anything else stays as sent.
 static int decode_tool_call_arguments(cJSON *calls) {
     if (!cJSON_IsArray(calls)) return 0;
     for (cJSON *c = calls->child; c; c = c->next) {
@@ -530,8 +528,6 @@ static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error
             if (!d) return oom(err);
             cJSON_AddItemToObject(copy, f->string, d);
         }
-        if (decode_tool_call_arguments(cJSON_GetObjectItemCaseSensitive(copy, "tool_calls")) < 0)
-            return oom(err);
     }
     return 0;
 }
@@ -793,15 +789,39 @@ void kaon_api_request_free(kaon_api_request *r) {
 
 // ---- chat templates --------------------------------------------------------------------------
 
-cJSON *kaon_api_chat_context(const kaon_api_request *r, const char *bos, const char *eos) {
+// The messages as the template gets them (a copy).
+static cJSON *template_messages(const kaon_api_request *r, kaon_api_tool_turns turns) {
+    cJSON *msgs = r->messages ? cJSON_Duplicate(r->messages, 1) : cJSON_CreateArray();
+    if (!msgs || turns == KAON_API_TOOL_TURNS_AS_SENT) return msgs;
+    for (cJSON *m = msgs->child; m; m = m->next) {
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant")) continue;
+        // Content null (a turn that only called tools): "", as vLLM gives it; many templates
+        // add strings to it.
+        if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(m, "content")))
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(""));
+        if (decode_tool_call_arguments(cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) < 0) {
+            cJSON_Delete(msgs);
+            return NULL;
+        }
+    }
+    return msgs;
+}
+
+cJSON *kaon_api_chat_context(const kaon_api_request *r, const char *bos, const char *eos,
+                             kaon_api_tool_turns turns) {
     cJSON *ctx = r->template_kwargs ? cJSON_Duplicate(r->template_kwargs, 1) : cJSON_CreateObject();
     if (!ctx) return NULL;
     static const char *const reserved[] = {"messages", "tools", "add_generation_prompt",
                                            "bos_token", "eos_token"};
     for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
         cJSON_DeleteItemFromObjectCaseSensitive(ctx, reserved[i]);
-    cJSON_AddItemToObject(ctx, "messages",
-                          r->messages ? cJSON_Duplicate(r->messages, 1) : cJSON_CreateArray());
+    cJSON *msgs = template_messages(r, turns);
+    if (!msgs) {
+        cJSON_Delete(ctx);
+        return NULL;
+    }
+    cJSON_AddItemToObject(ctx, "messages", msgs);
     if (r->tools) cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(r->tools, 1));
     cJSON_AddBoolToObject(ctx, "add_generation_prompt", r->add_generation_prompt);
     cJSON_AddStringToObject(ctx, "bos_token", bos ? bos : "");

@@ -79,7 +79,7 @@ typedef struct kaon_api_request {
     int n_prompts;
     bool echo;
     // Chat and /tokenize with messages.
-    cJSON *messages;                   // normalised: each content is a string or null
+    cJSON *messages;                   // normalised: each content is a string, or null (assistant)
     cJSON *tools;                      // NULL when absent
     bool tool_choice_none;             // tool_choice "none": the output is never parsed for calls
     cJSON *template_kwargs;            // chat_template_kwargs object, or NULL
@@ -101,9 +101,19 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err);
 void kaon_api_request_free(kaon_api_request *r);
 
+// How an assistant's tool turns reach the template. DECODED, as vLLM hands them over: content
+// null becomes "", and a tool call's arguments text that is a JSON object becomes that object
+// (most templates tojson it). AS_SENT: unchanged, for templates that test `content is none` and
+// add the arguments text to strings (DeepSeek V3 / R1).
+typedef enum kaon_api_tool_turns {
+    KAON_API_TOOL_TURNS_DECODED = 0,
+    KAON_API_TOOL_TURNS_AS_SENT,
+} kaon_api_tool_turns;
+
 // The chat template's variables: chat_template_kwargs first, then messages, tools (when
 // given), add_generation_prompt, bos_token, eos_token (a kwarg cannot replace those).
-cJSON *kaon_api_chat_context(const kaon_api_request *r, const char *bos, const char *eos);
+cJSON *kaon_api_chat_context(const kaon_api_request *r, const char *bos, const char *eos,
+                             kaon_api_tool_turns turns);
 // With continue_final_message: the length of the rendered text up to the end of the final
 // message's content (its closing tokens cut), or len when the content is not found.
 size_t kaon_api_continue_final_cut(const kaon_api_request *r, const char *text, size_t len);

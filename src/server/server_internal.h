@@ -34,6 +34,7 @@ struct kaon_server {
     kaon_tool_family tool_family;            // for the server's template
     kaon_reasoning_family reasoning_family;
     bool tool_auto, reasoning_auto;          // chosen from templates (a request's own too)
+    kaon_api_tool_turns tool_turns;          // how the template wants tool turns
     kaon_engine_info info;
     kaon_sampling defaults;
     int default_max_tokens;     // generation_config.json's max_new_tokens (0: none)
@@ -52,6 +53,14 @@ struct kaon_server {
     uint64_t salt;
     long long created;
 };
+
+// DeepSeek's templates test an assistant's `content is none` and add the arguments text to
+// strings: they get tool turns as sent; the others as vLLM hands them over.
+static inline kaon_api_tool_turns kaon_template_tool_turns(const char *template_src) {
+    return kaon_tool_family_detect(template_src) == KAON_TOOL_DEEPSEEK_V3
+               ? KAON_API_TOOL_TURNS_AS_SENT
+               : KAON_API_TOOL_TURNS_DECODED;
+}
 
 // Request ids and the server's salt.
 static inline uint64_t kaon_splitmix64(uint64_t x) {

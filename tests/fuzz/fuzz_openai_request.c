@@ -40,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int k = 0; k < r.prompts[i].n_ids; k++)
                 if (r.prompts[i].ids[k] < 0 || r.prompts[i].ids[k] >= lim.vocab_size) abort();
         if (r.messages) {
-            cJSON *ctx = kaon_api_chat_context(&r, "<s>", "</s>");
+            cJSON *ctx = kaon_api_chat_context(&r, "<s>", "</s>", (kaon_api_tool_turns)(data[0] >> 7));
             char *s = cJSON_PrintUnformatted(ctx);
             if (s) {
                 size_t n = strlen(s);

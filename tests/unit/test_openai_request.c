@@ -191,24 +191,37 @@ static void test_chat_fields(void) {
     CHECK(r.logprobs && r.top_logprobs == 4 && s->logprobs == 4);
     CHECK(r.stream && r.include_usage && !r.continuous_usage);
     CHECK(!r.add_special_tokens && r.add_generation_prompt);
-    // Messages: content parts joined with '\n', an assistant's null content made "" (templates
-    // add strings to it), tool-call arguments that are JSON objects decoded for the template.
+    // Messages: content parts joined with '\n', null content kept for the assistant.
     CHECK(cJSON_GetArraySize(r.messages) == 4);
     cJSON *m1 = cJSON_GetArrayItem(r.messages, 1);
     CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(m1, "content")), "a\nb"));
     cJSON *m2 = cJSON_GetArrayItem(r.messages, 2);
-    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(m2, "content")), ""));
-    cJSON *calls = cJSON_GetObjectItem(m2, "tool_calls");
-    CHECK(cJSON_GetArraySize(calls) == 2);
-    cJSON *fn1 = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
-    cJSON *fn2 = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
-    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(fn1, "arguments"),
-                                                           "city")), "Paris"));
-    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(fn2, "arguments")), "not json"));
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(m2, "content")));
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(m2, "tool_calls")) == 2);
     cJSON *m3 = cJSON_GetArrayItem(r.messages, 3);
     CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(m3, "name")), "bob"));
     // The template context: kwargs first, but they cannot replace messages.
-    cJSON *ctx = kaon_api_chat_context(&r, "<s>", "</s>");
+    // Tool turns for the template: as vLLM hands them over (content "", arguments objects),
+    // or as sent.
+    for (int turns = 0; turns < 2; turns++) {
+        cJSON *c = kaon_api_chat_context(&r, NULL, NULL, (kaon_api_tool_turns)turns);
+        cJSON *a = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "messages"), 2);
+        cJSON *calls = cJSON_GetObjectItem(a, "tool_calls");
+        cJSON *fn1 = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+        cJSON *fn2 = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
+        cJSON *args1 = cJSON_GetObjectItem(fn1, "arguments");
+        if (turns == KAON_API_TOOL_TURNS_DECODED) {
+            CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(a, "content")), ""));
+            CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(args1, "city")), "Paris"));
+        } else {
+            CHECK(cJSON_IsNull(cJSON_GetObjectItem(a, "content")));
+            CHECK(!strcmp(cJSON_GetStringValue(args1), "{\"city\": \"Paris\"}"));
+        }
+        CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(fn2, "arguments")), "not json"));
+        cJSON_Delete(c);
+    }
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(m2, "content")));  // r itself is unchanged
+    cJSON *ctx = kaon_api_chat_context(&r, "<s>", "</s>", KAON_API_TOOL_TURNS_DECODED);
     CHECK(cJSON_IsArray(cJSON_GetObjectItem(ctx, "messages")));
     CHECK(cJSON_IsFalse(cJSON_GetObjectItem(ctx, "enable_thinking")));
     CHECK(cJSON_IsTrue(cJSON_GetObjectItem(ctx, "add_generation_prompt")));

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/openai.h"
+#include "server/reasoning_parser.h"
 #include "server/tool_parser.h"
+#include "template/chat_template.h"
 #include "test.h"
 
 #define FIXTURES "tests/fixtures/tool_calls"
@@ -281,8 +284,79 @@ static void test_garbage(void) {
     }
 }
 
+// The models' own templates (tests/fixtures/templates): the parsers chosen from each, and a tool
+// conversation (an assistant turn with content null and tool_calls, a tool result) renders
+// through every one that takes tools, its call's arguments shown as the object they encode.
+static void test_real_templates(void) {
+    static const struct {
+        const char *file;
+        kaon_tool_family tool;
+        kaon_reasoning_family reasoning;
+        const char *args_shown;  // how the rendered prompt shows the call's arguments (NULL: skip)
+        kaon_api_tool_turns turns;
+    } cases[] = {
+        {"deepseek-r1.jinja", KAON_TOOL_DEEPSEEK_V3, KAON_REASONING_DEEPSEEK_R1, "{\"city\": \"Paris\"}",
+         KAON_API_TOOL_TURNS_AS_SENT},
+        {"deepseek-r1-0528-qwen3-8b.jinja", KAON_TOOL_DEEPSEEK_V3, KAON_REASONING_DEEPSEEK_R1, NULL, KAON_API_TOOL_TURNS_DECODED},
+        {"deepseek-v3.jinja", KAON_TOOL_DEEPSEEK_V3, KAON_REASONING_NONE, "{\"city\": \"Paris\"}",
+         KAON_API_TOOL_TURNS_AS_SENT},
+        {"kimi-k2-instruct.jinja", KAON_TOOL_KIMI_K2, KAON_REASONING_NONE, "{\"city\": \"Paris\"}", KAON_API_TOOL_TURNS_DECODED},
+        // Its tool turns call list.append, which a sandbox forbids (Jinja's and HF's alike).
+        {"kimi-k2-instruct-0905.jinja", KAON_TOOL_KIMI_K2, KAON_REASONING_NONE, NULL, KAON_API_TOOL_TURNS_DECODED},
+        {"llama-3.1-8b-instruct.jinja", KAON_TOOL_LLAMA3_JSON, KAON_REASONING_NONE, "\"city\": \"Paris\"", KAON_API_TOOL_TURNS_DECODED},
+        {"mistral-7b-instruct-v0.3.jinja", KAON_TOOL_MISTRAL, KAON_REASONING_NONE, NULL, KAON_API_TOOL_TURNS_DECODED},
+        {"mistral-nemo-instruct-2407.jinja", KAON_TOOL_MISTRAL, KAON_REASONING_NONE, NULL, KAON_API_TOOL_TURNS_DECODED},
+        {"qwen2.5-7b-instruct.jinja", KAON_TOOL_HERMES, KAON_REASONING_NONE, "{\"city\": \"Paris\"}", KAON_API_TOOL_TURNS_DECODED},
+        {"qwen3-0.6b.jinja", KAON_TOOL_HERMES, KAON_REASONING_QWEN3, "{\"city\": \"Paris\"}", KAON_API_TOOL_TURNS_DECODED},
+        {"smollm2-135m-instruct.jinja", KAON_TOOL_NONE, KAON_REASONING_NONE, NULL, KAON_API_TOOL_TURNS_DECODED},
+        {"mixtral-8x7b-instruct-v0.1.jinja", KAON_TOOL_NONE, KAON_REASONING_NONE, NULL, KAON_API_TOOL_TURNS_DECODED},
+    };
+    const char *body =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"},"
+        " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"call0abcd\","
+        " \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\":"
+        " \"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"call0abcd\", \"content\": \"18 C\"}],"
+        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\","
+        " \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]}";
+    kaon_api_request r;
+    kaon_api_error err;
+    CHECK(kaon_api_parse(KAON_API_CHAT, body, strlen(body), NULL, NULL, &r, &err) == 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/templates/%s", cases[i].file);
+        size_t n;
+        char *src = kaon_test_read_file(path, &n);
+        CHECK(src != NULL);
+        if (!src) continue;
+        bool ok = kaon_tool_family_detect(src) == cases[i].tool &&
+                  kaon_reasoning_family_detect(src) == cases[i].reasoning;
+        if (!ok) fprintf(stderr, "%s: detected %s / %s\n", cases[i].file,
+                         kaon_tool_family_name(kaon_tool_family_detect(src)),
+                         kaon_reasoning_family_name(kaon_reasoning_family_detect(src)));
+        CHECK(ok);
+        if (cases[i].args_shown) {
+            kaon_chat_template *t = kaon_chat_template_parse(src, n);
+            cJSON *ctx = kaon_api_chat_context(&r, "<s>", "</s>", cases[i].turns);
+            char *text = NULL;
+            size_t len = 0;
+            int rc = t && ctx ? kaon_chat_template_render(t, ctx, &text, &len) : -1;
+            bool shown = rc == 0 && strstr(text, cases[i].args_shown) && strstr(text, "18 C") &&
+                         strstr(text, "get_weather");
+            if (!shown) fprintf(stderr, "%s: rc %d: %s\n", cases[i].file, rc, rc == 0 ? text : kaon_last_error());
+            CHECK(shown);
+            free(text);
+            cJSON_Delete(ctx);
+            kaon_chat_template_free(t);
+        }
+        free(src);
+    }
+    kaon_api_request_free(&r);
+}
+
 int main(void) {
     test_names_and_detection();
+    test_real_templates();
     test_json_shapes();
     test_fixtures();
     test_garbage();
