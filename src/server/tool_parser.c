@@ -64,8 +64,9 @@ kaon_tool_parser *kaon_tool_parser_new(kaon_tool_family f, const char *id_prefix
     if (!p) return NULL;
     p->fam = f;
     p->id_prefix = strdup(id_prefix ? id_prefix : "call_");
-    if (!p->id_prefix) {
-        free(p);
+    // The buffer exists from the start: the steps point into it even when it is empty.
+    if (!p->id_prefix || kaon_sbuf_append(&p->buf, "", 0) < 0) {
+        kaon_tool_parser_free(p);
         return NULL;
     }
     p->at_start = f == KAON_TOOL_LLAMA3_JSON;
@@ -151,7 +152,6 @@ int kaon_tool_parser_finish(kaon_tool_parser *p, kaon_sbuf *content, cJSON **del
     if (delta) *delta = NULL;
     if (p->final) return 0;
     p->final = true;
-    if (!p->buf.data && kaon_sbuf_append(&p->buf, "", 0) < 0) return -1;
     return run(p, content, delta);
 }
 
