@@ -1,0 +1,100 @@
+// The compiled grammar and the matcher's stack machinery, shared by the grammar files.
+#ifndef KAON_GRAMMAR_INTERNAL_H
+#define KAON_GRAMMAR_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "grammar/grammar.h"
+
+// Rules are flattened into one element array: rule r starts at rule_start[r], its
+// alternatives follow each other separated by ALT, and END closes the rule.
+enum { GEL_END, GEL_ALT, GEL_REF, GEL_CHARS };
+typedef struct {
+    int32_t type;
+    int32_t val;  // REF: rule id; CHARS: charset id
+} gram_elem;
+
+// A charset is a sorted list of disjoint code point ranges (negations are complemented).
+typedef struct {
+    int32_t first, n;  // into ranges[]
+} gram_charset;
+
+struct kaon_grammar {
+    gram_elem *elems;
+    int n_elems;
+    int32_t *rule_alts;  // rule r's alternative starts: rule_alts[alt_first[r] .. + alt_count[r]]
+    int32_t *alt_first, *alt_count;
+    int n_rules;
+    uint32_t *ranges;  // lo, hi pairs
+    gram_charset *charsets;
+    int n_charsets;
+    int root;
+};
+
+bool gram_charset_has(const kaon_grammar *g, int cs, uint32_t cp);
+bool gram_charset_meets(const kaon_grammar *g, int cs, uint32_t lo, uint32_t hi);
+
+// Stacks are hash-consed linked nodes: (pos = element to match next, parent = the node to
+// continue with when this rule ends). Equal stacks share one id, so a state is a set of ids.
+#define GNODE_BOTTOM (-1)   // the stack ends here: the grammar is complete
+#define GNODE_CONTEXT (-2)  // an unknown rest of stack (mask precomputation)
+typedef struct {
+    int32_t *pos, *parent, *next;
+    uint32_t *seen;  // generation stamps for dedup within one step
+    int32_t *bucket;
+    int n, cap, n_buckets;
+    uint32_t gen;
+    int32_t *work;  // expansion worklist
+    int n_work, cap_work;
+    bool overflow;
+} gram_arena;
+
+// One matcher state: the stack tops (each at a CHARS element), whether the grammar may end
+// here, and a partially read UTF-8 code point.
+typedef struct {
+    int32_t *tops;
+    int n, cap;
+    bool accept;
+    bool ctx_now, ctx_any;  // popped into GNODE_CONTEXT at this byte / at any byte so far
+    uint32_t cp;
+    uint8_t rem, len;  // continuation bytes still expected, total bytes of the code point
+} gram_state;
+
+int gram_arena_init(gram_arena *a);
+void gram_arena_free(gram_arena *a);
+void gram_arena_truncate(gram_arena *a, int n);
+int32_t gram_node(gram_arena *a, int32_t pos, int32_t parent);
+void gram_state_free(gram_state *s);
+// The state of the given stack (expanded to its tops). Returns -1 on overflow.
+int gram_state_from_node(const kaon_grammar *g, gram_arena *a, int32_t node, gram_state *out);
+// out = in after one byte. Returns 0; -1 on arena overflow. Dead when !gram_state_viable.
+int gram_step(const kaon_grammar *g, gram_arena *a, const gram_state *in, uint8_t byte,
+              gram_state *out);
+static inline bool gram_state_viable(const gram_state *s) {
+    return s->n > 0 || s->accept || s->ctx_now;
+}
+int gram_state_copy(gram_state *dst, const gram_state *src);
+
+// The matcher's current state (for the masker).
+const gram_state *gram_matcher_state(const kaon_grammar_matcher *m);
+gram_arena *gram_matcher_arena(kaon_grammar_matcher *m);
+const kaon_grammar *gram_matcher_grammar(const kaon_grammar_matcher *m);
+bool gram_matcher_ended(const kaon_grammar_matcher *m);
+void gram_matcher_set_ended(kaon_grammar_matcher *m);
+
+// Vocabulary internals: tokens in byte order with the common prefix of each with the last.
+struct kaon_grammar_vocab {
+    int n;
+    uint8_t **bytes;
+    uint32_t *lens;
+    int32_t *order;     // non-special, non-empty token ids sorted by bytes
+    uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)
+    int n_order;
+    bool *eog;      // end-of-generation ids
+    bool *special;  // never matched as text
+    int32_t *eog_ids;
+    int n_eog;
+};
+
+#endif

@@ -1,0 +1,289 @@
+// Token masks. A walk over the sorted vocabulary steps each shared prefix once. To avoid a
+// whole walk per token, the masker caches, per top of stack (its top MASK_DEPTH frames),
+// the tokens accepted whatever lies below those frames and the ones that reached below them
+// ("uncertain"); a mask ORs the cached sets of the current tops and walks only the uncertain
+// tokens against the real stacks (xgrammar's split into context-independent and dependent).
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+#include "util/err.h"
+
+#define MASK_DEPTH 4        // stack frames in a cache key
+#define MASK_MAX_ENTRIES 4096
+
+typedef struct {
+    int32_t key[MASK_DEPTH + 1];  // frame positions (-1 past the bottom), then "more below"
+    uint32_t *accepted;           // [mask words]
+    int32_t *uncertain;           // token ids in vocabulary order
+    uint16_t *uncertain_lcp;
+    int n_uncertain;
+} mask_entry;
+
+struct kaon_grammar_masker {
+    const kaon_grammar *g;
+    const kaon_grammar_vocab *v;
+    size_t words;
+    gram_arena work;  // stacks built for cache entries
+    gram_state *depth_states;  // [max token length + 1] along the walk
+    int n_depth;
+    mask_entry *entries;
+    int n_entries, cap_entries;
+    int32_t *table;  // open addressing over entries, -1 empty
+    int table_size;
+    mask_entry spare;  // used when the cache is full
+    int32_t *unc_buf;  // uncertain tokens of the entry being built
+    int n_unc, cap_unc;
+};
+
+// Walk `n` tokens (vocabulary order, lcp with the previous one) from `start`; each token
+// reported as 1 accepted or 2 uncertain (rejected ones are not reported).
+typedef void (*walk_report)(void *ctx, int32_t id, int cls);
+
+static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state *start,
+                       const int32_t *order, const uint16_t *lcp, int n, walk_report report, void *ctx) {
+    const kaon_grammar_vocab *v = mk->v;
+    gram_state *st = mk->depth_states;
+    if (gram_state_copy(&st[0], start)) return -1;
+    int valid = 0;  // st[0..valid] hold the states along the previous token's bytes
+    for (int i = 0; i < n;) {
+        int32_t id = order[i];
+        const uint8_t *b = v->bytes[id];
+        int len = (int)v->lens[id];
+        int d = i && lcp[i] < valid ? lcp[i] : (i ? valid : 0);
+        bool dead = false;
+        while (d < len) {
+            if (gram_step(mk->g, a, &st[d], b[d], &st[d + 1])) return -1;
+            d++;
+            if (!gram_state_viable(&st[d])) {
+                dead = true;
+                break;
+            }
+        }
+        valid = d;
+        if (!dead) {
+            report(ctx, id, 1);
+            i++;
+            continue;
+        }
+        // every following token that shares the dead prefix b[0..d) ends the same way
+        int cls = st[d].ctx_any ? 2 : 0;
+        do {
+            if (cls) report(ctx, order[i], cls);
+            i++;
+        } while (i < n && lcp[i] >= d);
+        valid = d - 1;
+    }
+    return 0;
+}
+
+static void set_bit(uint32_t *mask, int32_t id) { mask[id >> 5] |= 1u << (id & 31); }
+
+typedef struct {
+    kaon_grammar_masker *mk;
+    uint32_t *mask;
+    bool failed;
+} build_ctx;
+
+static void report_build(void *p, int32_t id, int cls) {
+    build_ctx *c = p;
+    if (cls == 1) {
+        set_bit(c->mask, id);
+        return;
+    }
+    kaon_grammar_masker *mk = c->mk;
+    if (mk->n_unc == mk->cap_unc) {
+        int nc = mk->cap_unc ? mk->cap_unc * 2 : 256;
+        int32_t *u = realloc(mk->unc_buf, (size_t)nc * sizeof *u);
+        if (!u) {
+            c->failed = true;
+            return;
+        }
+        mk->unc_buf = u;
+        mk->cap_unc = nc;
+    }
+    mk->unc_buf[mk->n_unc++] = id;
+}
+
+static void entry_free(mask_entry *e) {
+    free(e->accepted);
+    free(e->uncertain);
+    free(e->uncertain_lcp);
+    memset(e, 0, sizeof *e);
+}
+
+// Fills e for its key: a walk from the key's frames over an unknown rest of stack.
+static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
+    gram_arena *a = &mk->work;
+    gram_arena_truncate(a, 0);
+    int frames = 0;
+    while (frames < MASK_DEPTH && e->key[frames] >= 0) frames++;
+    int32_t node = e->key[MASK_DEPTH] ? GNODE_CONTEXT : GNODE_BOTTOM;
+    for (int i = frames - 1; i >= 0 && node != -3; i--) {
+        node = gram_node(a, e->key[i], node);
+        if (node < 0) node = -3;
+    }
+    if (node == -3) return kaon_set_error("grammar: too many parse stacks");
+    gram_state start = {.tops = &node, .n = 1, .cap = 1};
+    if (!e->accepted && !(e->accepted = malloc(mk->words * sizeof *e->accepted)))
+        return kaon_set_error("grammar: out of memory");
+    memset(e->accepted, 0, mk->words * sizeof *e->accepted);
+    mk->n_unc = 0;
+    build_ctx c = {mk, e->accepted, false};
+    const kaon_grammar_vocab *v = mk->v;
+    if (walk_tokens(mk, a, &start, v->order, v->lcp, v->n_order, report_build, &c) || c.failed)
+        return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+    free(e->uncertain);
+    free(e->uncertain_lcp);
+    e->n_uncertain = mk->n_unc;
+    e->uncertain = malloc((size_t)(mk->n_unc + 1) * sizeof *e->uncertain);
+    e->uncertain_lcp = malloc((size_t)(mk->n_unc + 1) * sizeof *e->uncertain_lcp);
+    if (!e->uncertain || !e->uncertain_lcp) return kaon_set_error("grammar: out of memory");
+    for (int i = 0; i < mk->n_unc; i++) {  // the walk reports in vocabulary order
+        int32_t id = mk->unc_buf[i];
+        e->uncertain[i] = id;
+        uint32_t k = 0;
+        if (i) {
+            int32_t p = mk->unc_buf[i - 1];
+            uint32_t n = v->lens[p] < v->lens[id] ? v->lens[p] : v->lens[id];
+            while (k < n && k < UINT16_MAX && v->bytes[p][k] == v->bytes[id][k]) k++;
+        }
+        e->uncertain_lcp[i] = (uint16_t)k;
+    }
+    return 0;
+}
+
+static uint32_t key_hash(const int32_t *k) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i <= MASK_DEPTH; i++) h = (h ^ (uint32_t)k[i]) * 16777619u;
+    return h;
+}
+
+static void make_key(const gram_arena *a, int32_t top, int32_t *key) {
+    int32_t node = top;
+    for (int i = 0; i < MASK_DEPTH; i++) {
+        key[i] = node >= 0 ? a->pos[node] : -1;
+        if (node >= 0) node = a->parent[node];
+    }
+    key[MASK_DEPTH] = node >= 0;
+}
+
+static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
+    uint32_t h = key_hash(key) & (uint32_t)(mk->table_size - 1);
+    for (;; h = (h + 1) & (uint32_t)(mk->table_size - 1)) {
+        int32_t i = mk->table[h];
+        if (i < 0) break;
+        if (!memcmp(mk->entries[i].key, key, sizeof mk->entries[i].key)) return &mk->entries[i];
+    }
+    if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
+        memcpy(mk->spare.key, key, sizeof mk->spare.key);
+        return build_entry(mk, &mk->spare) ? NULL : &mk->spare;
+    }
+    mask_entry *e = &mk->entries[mk->n_entries];
+    memset(e, 0, sizeof *e);
+    memcpy(e->key, key, sizeof e->key);
+    if (build_entry(mk, e)) {
+        entry_free(e);
+        return NULL;
+    }
+    mk->table[h] = mk->n_entries++;
+    return e;
+}
+
+kaon_grammar_masker *kaon_grammar_masker_new(const kaon_grammar *g, const kaon_grammar_vocab *v) {
+    if (!g || !v) {
+        kaon_set_error("grammar masker: no grammar or vocabulary");
+        return NULL;
+    }
+    kaon_grammar_masker *mk = calloc(1, sizeof *mk);
+    if (!mk) return NULL;
+    mk->g = g;
+    mk->v = v;
+    mk->words = kaon_grammar_mask_words(v->n);
+    uint32_t max_len = 0;
+    for (int i = 0; i < v->n_order; i++)
+        if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
+    mk->n_depth = (int)max_len + 1;
+    mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
+    mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
+    mk->table_size = 2 * MASK_MAX_ENTRIES;
+    mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
+    if (!mk->depth_states || !mk->entries || !mk->table || gram_arena_init(&mk->work)) {
+        kaon_set_error("grammar masker: out of memory");
+        kaon_grammar_masker_free(mk);
+        return NULL;
+    }
+    memset(mk->table, 0xff, (size_t)mk->table_size * sizeof *mk->table);
+    return mk;
+}
+
+void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
+    if (!mk) return;
+    for (int i = 0; i < mk->n_entries; i++) entry_free(&mk->entries[i]);
+    entry_free(&mk->spare);
+    free(mk->entries);
+    free(mk->table);
+    if (mk->depth_states)
+        for (int i = 0; i < mk->n_depth; i++) gram_state_free(&mk->depth_states[i]);
+    free(mk->depth_states);
+    gram_arena_free(&mk->work);
+    free(mk->unc_buf);
+    free(mk);
+}
+
+static void report_mask(void *p, int32_t id, int cls) {
+    if (cls == 1) set_bit(p, id);
+}
+
+int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uint32_t *mask) {
+    if (gram_matcher_grammar(m) != mk->g) return kaon_set_error("grammar: matcher and masker differ");
+    memset(mask, 0, mk->words * sizeof *mask);
+    if (gram_matcher_ended(m)) return 0;
+    const gram_state *st = gram_matcher_state(m);
+    gram_arena *a = gram_matcher_arena(m);
+    int mark = a->n;
+    int rc = 0;
+    const kaon_grammar_vocab *v = mk->v;
+    if (st->rem) {  // mid code point (a token ended inside one): walk the whole vocabulary
+        rc = walk_tokens(mk, a, st, v->order, v->lcp, v->n_order, report_mask, mask);
+    } else {
+        const mask_entry *done[64];
+        int n_done = 0;
+        for (int t = 0; t < st->n && !rc; t++) {
+            int32_t key[MASK_DEPTH + 1];
+            make_key(a, st->tops[t], key);
+            mask_entry *e = lookup(mk, key);
+            if (!e) {
+                rc = -1;
+                break;
+            }
+            bool seen = false;
+            for (int j = 0; j < n_done && !seen; j++) seen = done[j] == e;
+            if (!seen) {
+                for (size_t w = 0; w < mk->words; w++) mask[w] |= e->accepted[w];
+                if (n_done < 64 && e != &mk->spare) done[n_done++] = e;
+            }
+            if (e->n_uncertain) {
+                int32_t top = st->tops[t];
+                gram_state one = {.tops = &top, .n = 1, .cap = 1};
+                rc = walk_tokens(mk, a, &one, e->uncertain, e->uncertain_lcp, e->n_uncertain, report_mask, mask);
+            }
+        }
+    }
+    gram_arena_truncate(a, mark);  // the stacks the walks built are not part of the state
+    if (rc) return kaon_set_error("grammar: mask failed (too many parse stacks or memory)");
+    if (st->accept)
+        for (int i = 0; i < v->n_eog; i++) set_bit(mask, v->eog_ids[i]);
+    return 0;
+}
+
+bool kaon_grammar_matcher_accept_token(kaon_grammar_matcher *m, const kaon_grammar_vocab *v, int32_t id) {
+    if (id < 0 || id >= v->n || gram_matcher_ended(m)) return false;
+    if (v->eog[id]) {
+        if (!kaon_grammar_matcher_can_end(m)) return false;
+        gram_matcher_set_ended(m);
+        return true;
+    }
+    if (v->special[id] || !v->lens[id]) return false;
+    return kaon_grammar_matcher_accept_bytes(m, v->bytes[id], v->lens[id]);
+}

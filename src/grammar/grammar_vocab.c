@@ -1,0 +1,89 @@
+// The vocabulary in byte order: a sorted list with common-prefix lengths is a byte trie
+// walked depth first, without trie nodes.
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+#include "util/err.h"
+
+typedef struct {
+    const uint8_t *b;
+    uint32_t len;
+    int32_t id;
+} sort_key;  // qsort has no context argument in C11: the keys carry their bytes
+
+static int cmp_tokens(const void *pa, const void *pb) {
+    const sort_key *a = pa, *b = pb;
+    int c = memcmp(a->b, b->b, a->len < b->len ? a->len : b->len);
+    if (c) return c;
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
+    if (!v) return;
+    if (v->bytes)
+        for (int i = 0; i < v->n; i++) free(v->bytes[i]);
+    free(v->bytes);
+    free(v->lens);
+    free(v->order);
+    free(v->lcp);
+    free(v->eog);
+    free(v->special);
+    free(v->eog_ids);
+    free(v);
+}
+
+int kaon_grammar_vocab_size(const kaon_grammar_vocab *v) { return v ? v->n : 0; }
+
+kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *bytes, const size_t *lens,
+                                           const bool *is_special, const int32_t *eog_ids, int n_eog) {
+    if (n_tokens <= 0 || !bytes || !lens) {
+        kaon_set_error("grammar vocab: no tokens");
+        return NULL;
+    }
+    kaon_grammar_vocab *v = calloc(1, sizeof *v);
+    if (!v) goto oom;
+    v->n = n_tokens;
+    v->bytes = calloc((size_t)n_tokens, sizeof *v->bytes);
+    v->lens = calloc((size_t)n_tokens, sizeof *v->lens);
+    v->order = malloc((size_t)n_tokens * sizeof *v->order);
+    v->lcp = calloc((size_t)n_tokens, sizeof *v->lcp);
+    v->eog = calloc((size_t)n_tokens, sizeof *v->eog);
+    v->special = calloc((size_t)n_tokens, sizeof *v->special);
+    v->eog_ids = malloc((size_t)(n_eog > 0 ? n_eog : 1) * sizeof *v->eog_ids);
+    if (!v->bytes || !v->lens || !v->order || !v->lcp || !v->eog || !v->special || !v->eog_ids) goto oom;
+    for (int i = 0; i < n_eog; i++) {
+        if (eog_ids[i] < 0 || eog_ids[i] >= n_tokens || v->eog[eog_ids[i]]) continue;
+        v->eog[eog_ids[i]] = true;
+        v->eog_ids[v->n_eog++] = eog_ids[i];
+    }
+    for (int i = 0; i < n_tokens; i++) {
+        size_t len = bytes[i] ? lens[i] : 0;
+        if (len > UINT32_MAX / 2) len = 0;
+        v->bytes[i] = malloc(len + 1);
+        if (!v->bytes[i]) goto oom;
+        if (len) memcpy(v->bytes[i], bytes[i], len);
+        v->lens[i] = (uint32_t)len;
+        // special and empty tokens are never text the grammar matches
+        v->special[i] = (is_special && is_special[i]) || v->eog[i];
+        if (len && !v->special[i]) v->order[v->n_order++] = i;
+    }
+    sort_key *keys = malloc((size_t)(v->n_order ? v->n_order : 1) * sizeof *keys);
+    if (!keys) goto oom;
+    for (int i = 0; i < v->n_order; i++) keys[i] = (sort_key){v->bytes[v->order[i]], v->lens[v->order[i]], v->order[i]};
+    qsort(keys, (size_t)v->n_order, sizeof *keys, cmp_tokens);
+    for (int i = 0; i < v->n_order; i++) v->order[i] = keys[i].id;
+    free(keys);
+    for (int i = 1; i < v->n_order; i++) {
+        int32_t a = v->order[i - 1], b = v->order[i];
+        uint32_t n = v->lens[a] < v->lens[b] ? v->lens[a] : v->lens[b], k = 0;
+        while (k < n && k < UINT16_MAX && v->bytes[a][k] == v->bytes[b][k]) k++;
+        v->lcp[i] = (uint16_t)k;
+    }
+    return v;
+oom:
+    kaon_set_error("grammar vocab: out of memory");
+    kaon_grammar_vocab_free(v);
+    return NULL;
+}
