@@ -137,8 +137,10 @@ static int expand(const kaon_grammar *g, gram_arena *a, int32_t node, gram_state
         if (e->type == GEL_CHARS) {
             if (push_top(out, id)) return -1;
         } else if (e->type == GEL_REF) {
-            int32_t cont = gram_node(a, pos + 1, a->parent[id]);
-            if (cont < 0) return -1;
+            // a reference that ends its alternative continues with the parent itself (a tail
+            // call): repetitions (star ::= x star | ) then keep a constant stack depth
+            int32_t next_type = g->elems[pos + 1].type, cont = a->parent[id];
+            if (next_type != GEL_END && next_type != GEL_ALT && (cont = gram_node(a, pos + 1, cont)) < 0) return -1;
             for (int k = 0; k < g->alt_count[e->val]; k++) {
                 int32_t child = gram_node(a, g->rule_alts[g->alt_first[e->val] + k], cont);
                 if (child < 0 || push_work(a, child)) return -1;
