@@ -92,6 +92,63 @@ bool gram_charset_meets(const kaon_grammar *g, int cs, uint32_t lo, uint32_t hi)
     return false;
 }
 
+// Rules that can match the empty string. Each alternative scans forward over nullable
+// references and, when it meets a reference not yet known nullable, waits on that rule;
+// the rule's turn resumes its waiters. Linear in the grammar's size.
+static int mark_nullable(const kaon_grammar *g, bool *nullable) {
+    int n = g->n_rules, n_alts = g->alt_first[n - 1] + g->alt_count[n - 1];
+    int32_t *scan = malloc((size_t)n_alts * sizeof *scan), *alt_rule = malloc((size_t)n_alts * sizeof *alt_rule);
+    int32_t *wait_head = malloc((size_t)n * sizeof *wait_head), *wait_next = malloc((size_t)n_alts * sizeof *wait_next);
+    int32_t *queue = malloc((size_t)n * sizeof *queue);
+    int rc = 0, qh = 0, qt = 0;
+    if (!scan || !alt_rule || !wait_head || !wait_next || !queue) {
+        rc = -1;
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        wait_head[r] = -1;
+        for (int k = 0; k < g->alt_count[r]; k++) {
+            alt_rule[g->alt_first[r] + k] = r;
+            scan[g->alt_first[r] + k] = g->rule_alts[g->alt_first[r] + k];
+        }
+    }
+    for (int a = 0; a < n_alts || qh < qt;) {
+        int alt;
+        if (qh < qt) {  // a rule just became nullable: resume one of its waiters
+            int r = queue[qh];
+            if (wait_head[r] < 0) {
+                qh++;
+                continue;
+            }
+            alt = wait_head[r];
+            wait_head[r] = wait_next[alt];
+            scan[alt]++;
+        } else {
+            alt = a++;
+        }
+        int p = scan[alt];
+        while (g->elems[p].type == GEL_REF && nullable[g->elems[p].val]) p++;
+        scan[alt] = p;
+        int type = g->elems[p].type, r = alt_rule[alt];
+        if (type == GEL_END || type == GEL_ALT) {
+            if (!nullable[r]) {
+                nullable[r] = true;
+                queue[qt++] = r;
+            }
+        } else if (type == GEL_REF) {
+            wait_next[alt] = wait_head[g->elems[p].val];
+            wait_head[g->elems[p].val] = alt;
+        }
+    }
+out:
+    free(scan);
+    free(alt_rule);
+    free(wait_head);
+    free(wait_next);
+    free(queue);
+    return rc;
+}
+
 // Left recursion: rule r reaches itself through references each preceded only by nullable
 // elements. Iterative DFS (state 1 = on the path, 2 = done).
 static int check_left_recursion(const kaon_grammar *g, const gram_build *b) {
@@ -106,16 +163,9 @@ static int check_left_recursion(const kaon_grammar *g, const gram_build *b) {
         rc = kaon_set_error("grammar: out of memory");
         goto out;
     }
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int r = 0; r < n; r++) {
-            if (nullable[r]) continue;
-            for (int a = 0; a < g->alt_count[r] && !nullable[r]; a++) {
-                int p = g->rule_alts[g->alt_first[r] + a];
-                while (g->elems[p].type == GEL_REF && nullable[g->elems[p].val]) p++;
-                if (g->elems[p].type == GEL_ALT || g->elems[p].type == GEL_END) nullable[r] = changed = true;
-            }
-        }
+    if (mark_nullable(g, nullable)) {
+        rc = kaon_set_error("grammar: out of memory");
+        goto out;
     }
     // left-reachable references of each rule, as edge lists (CSR)
     edge_first = malloc((size_t)(n + 1) * sizeof *edge_first);

@@ -452,7 +452,39 @@ static void test_masks_smollm2(void) {
     kaon_gguf_close(gf);
 }
 
+// The fuzzer's seeds stay valid grammars (all but the left-recursive one).
+static void test_fuzz_seeds(void) {
+    static const char *seeds[] = {"json", "arith", "utf8", "repeat", "left_recursion"};
+    for (int i = 0; i < 5; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "tests/fuzz/seeds/grammar/%s.gbnf", seeds[i]);
+        size_t len;
+        char *text = kaon_test_read_file(path, &len);
+        CHECK(text != NULL);
+        if (!text) continue;
+        kaon_grammar *g = kaon_grammar_parse(text, len, NULL);
+        if ((g != NULL) != (i < 4)) fprintf(stderr, "%s: %s\n", path, g ? "parsed" : kaon_last_error());
+        CHECK((g != NULL) == (i < 4));
+        kaon_grammar_free(g);
+        free(text);
+    }
+}
+
+// A long repetition keeps one stack depth (tail calls): the state stays small.
+static void test_long_repetition(void) {
+    kaon_grammar *g = parse("root ::= \"\\\"\" [a-z ]* \"\\\"\"");
+    kaon_grammar_matcher *m = kaon_grammar_matcher_new(g);
+    CHECK(kaon_grammar_matcher_accept_bytes(m, "\"", 1));
+    for (int i = 0; i < 20000; i++) CHECK(kaon_grammar_matcher_accept_bytes(m, "ab c", 4) || i > 20000);
+    CHECK(kaon_grammar_matcher_accept_bytes(m, "\"", 1) && kaon_grammar_matcher_can_end(m));
+    CHECK(kaon_grammar_matcher_steps(m) == 20002);
+    kaon_grammar_matcher_free(m);
+    kaon_grammar_free(g);
+}
+
 int main(void) {
+    test_fuzz_seeds();
+    test_long_repetition();
     test_parse_errors();
     test_strings();
     test_matcher_state();
