@@ -90,6 +90,7 @@ struct kaon_grammar_vocab {
     uint32_t *lens;
     int32_t *order;     // non-special, non-empty token ids sorted by bytes
     uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)
+    int32_t first_byte_start[257];  // order[first_byte_start[b] ..] begin with byte b
     int n_order;
     bool *eog;      // end-of-generation ids
     bool *special;  // never matched as text

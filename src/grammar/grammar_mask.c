@@ -112,6 +112,22 @@ static void entry_free(mask_entry *e) {
     memset(e, 0, sizeof *e);
 }
 
+// The first UTF-8 bytes of the code points in charset cs (the lead byte grows with the
+// code point, so a range of code points has a range of lead bytes).
+static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
+    memset(lead, 0, 256);
+    const gram_charset *set = &g->charsets[cs];
+    for (int i = 0; i < set->n; i++) {
+        uint32_t lo = g->ranges[2 * (set->first + i)], hi = g->ranges[2 * (set->first + i) + 1];
+        for (uint32_t c = lo; c <= hi && c < 0x80; c++) lead[c] = true;
+        if (hi < 0x80) continue;
+        if (lo < 0x80) lo = 0x80;
+        int first = lo < 0x800 ? 0xC0 | (int)(lo >> 6) : lo < 0x10000 ? 0xE0 | (int)(lo >> 12) : 0xF0 | (int)(lo >> 18);
+        int last = hi < 0x800 ? 0xC0 | (int)(hi >> 6) : hi < 0x10000 ? 0xE0 | (int)(hi >> 12) : 0xF0 | (int)(hi >> 18);
+        for (int b = first; b <= last && b < 256; b++) lead[b] = true;
+    }
+}
+
 // Fills e for its key: a walk from the key's frames over an unknown rest of stack.
 static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
     gram_arena *a = &mk->work;
@@ -131,8 +147,18 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
     mk->n_unc = 0;
     build_ctx c = {mk, e->accepted, false};
     const kaon_grammar_vocab *v = mk->v;
-    if (walk_tokens(mk, a, &start, v->order, v->lcp, v->n_order, report_build, &c) || c.failed)
-        return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+    // only runs of tokens whose first byte can begin a code point of the top's class
+    bool lead[256];
+    lead_bytes(mk->g, mk->g->elems[e->key[0]].val, lead);
+    for (int b = 0; b < 256; b++) {
+        if (!lead[b]) continue;
+        int end = b + 1;
+        while (end < 256 && lead[end]) end++;
+        int lo = v->first_byte_start[b], hi = v->first_byte_start[end];
+        if (walk_tokens(mk, a, &start, v->order + lo, v->lcp + lo, hi - lo, report_build, &c) || c.failed)
+            return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+        b = end;
+    }
     free(e->uncertain);
     free(e->uncertain_lcp);
     e->n_uncertain = mk->n_unc;
@@ -235,6 +261,17 @@ static void report_mask(void *p, int32_t id, int cls) {
     if (cls == 1) set_bit(p, id);
 }
 
+// The first token in vocabulary order whose first byte is >= b.
+static int first_with_byte_at_least(const kaon_grammar_vocab *v, uint8_t b) {
+    int lo = 0, hi = v->n_order;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (v->bytes[v->order[mid]][0] < b) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uint32_t *mask) {
     if (gram_matcher_grammar(m) != mk->g) return kaon_set_error("grammar: matcher and masker differ");
     memset(mask, 0, mk->words * sizeof *mask);
@@ -244,8 +281,11 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
     int mark = a->n;
     int rc = 0;
     const kaon_grammar_vocab *v = mk->v;
-    if (st->rem) {  // mid code point (a token ended inside one): walk the whole vocabulary
-        rc = walk_tokens(mk, a, st, v->order, v->lcp, v->n_order, report_mask, mask);
+    if (st->rem) {
+        // mid code point (a token ended inside one): only tokens that begin with a
+        // continuation byte can follow, one contiguous run of the sorted vocabulary
+        int lo = first_with_byte_at_least(v, 0x80), hi = first_with_byte_at_least(v, 0xC0);
+        rc = walk_tokens(mk, a, st, v->order + lo, v->lcp + lo, hi - lo, report_mask, mask);
     } else {
         const mask_entry *done[64];
         int n_done = 0;

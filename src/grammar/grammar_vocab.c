@@ -75,6 +75,10 @@ kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *byte
     qsort(keys, (size_t)v->n_order, sizeof *keys, cmp_tokens);
     for (int i = 0; i < v->n_order; i++) v->order[i] = keys[i].id;
     free(keys);
+    for (int b = 0, i = 0; b <= 256; b++) {
+        while (i < v->n_order && v->bytes[v->order[i]][0] < b) i++;
+        v->first_byte_start[b] = i;
+    }
     for (int i = 1; i < v->n_order; i++) {
         int32_t a = v->order[i - 1], b = v->order[i];
         uint32_t n = v->lens[a] < v->lens[b] ? v->lens[a] : v->lens[b], k = 0;
