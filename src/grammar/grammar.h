@@ -14,8 +14,11 @@
 #define KAON_GRAMMAR_MAX_ELEMS (256 * 1024)
 #define KAON_GRAMMAR_MAX_NESTING 64
 #define KAON_GRAMMAR_MAX_REPEAT 1024
-// Distinct stacks one matcher may hold (ambiguous grammars grow them); past it, accepts fail.
+// Ambiguous grammars multiply parse stacks: past these limits a step fails (an error, not a
+// hang): stack nodes one matcher holds, stacks in one state, nodes visited by one byte.
 #define KAON_GRAMMAR_MAX_NODES (1 << 20)
+#define KAON_GRAMMAR_MAX_TOPS 1024
+#define KAON_GRAMMAR_MAX_STEP_WORK 16384
 
 typedef struct kaon_grammar kaon_grammar;
 

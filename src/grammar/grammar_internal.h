@@ -47,6 +47,7 @@ typedef struct {
     uint32_t gen;
     int32_t *work;  // expansion worklist
     int n_work, cap_work;
+    int budget;  // work items left in this step
     bool overflow;
 } gram_arena;
 

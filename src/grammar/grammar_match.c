@@ -72,12 +72,16 @@ static int start_state(kaon_grammar_matcher *m) {
         gram_state one = {0};
         if (node < 0 || gram_state_from_node(g, &m->arena, node, &one)) {
             gram_state_free(&one);
-            return kaon_set_error("grammar: too many parse stacks");
+            return kaon_set_error("grammar: too ambiguous (parse stacks over the limit)");
         }
         for (int i = 0; i < one.n; i++) {
             bool dup = false;
             for (int j = 0; j < s->n && !dup; j++) dup = s->tops[j] == one.tops[i];
             if (dup) continue;
+            if (s->n >= KAON_GRAMMAR_MAX_TOPS) {
+                gram_state_free(&one);
+                return kaon_set_error("grammar: too ambiguous (parse stacks over the limit)");
+            }
             if (s->n == s->cap) {
                 int nc = s->cap ? s->cap * 2 : 16;
                 int32_t *t = realloc(s->tops, (size_t)nc * sizeof *t);
@@ -137,7 +141,7 @@ bool kaon_grammar_matcher_accept_bytes(kaon_grammar_matcher *m, const void *byte
     for (size_t i = 0; i < len; i++) {
         gram_state *out = &m->tmp[k];
         if (gram_step(m->g, &m->arena, in, b[i], out)) {
-            kaon_set_error("grammar: too many parse stacks");
+            kaon_set_error("grammar: too ambiguous (parse stacks over the limit)");
             return false;
         }
         if (!gram_state_viable(out)) return false;

@@ -93,6 +93,7 @@ int32_t gram_node(gram_arena *a, int32_t pos, int32_t parent) {
 }
 
 static int push_top(gram_state *s, int32_t id) {
+    if (s->n >= KAON_GRAMMAR_MAX_TOPS) return -1;
     if (s->n == s->cap) {
         int nc = s->cap ? s->cap * 2 : 16;
         int32_t *t = realloc(s->tops, (size_t)nc * sizeof *t);
@@ -131,6 +132,10 @@ static int expand(const kaon_grammar *g, gram_arena *a, int32_t node, gram_state
     while (a->n_work) {
         int32_t id = a->work[--a->n_work];
         if (a->seen[id] == a->gen) continue;
+        if (--a->budget < 0) {
+            a->overflow = true;
+            return -1;
+        }
         a->seen[id] = a->gen;
         int32_t pos = a->pos[id];
         const gram_elem *e = &g->elems[pos];
@@ -184,6 +189,7 @@ int gram_state_from_node(const kaon_grammar *g, gram_arena *a, int32_t node, gra
     state_clear(out);
     next_generation(a);
     a->n_work = 0;
+    a->budget = KAON_GRAMMAR_MAX_STEP_WORK;
     return expand(g, a, node, out);
 }
 
@@ -224,6 +230,7 @@ int gram_step(const kaon_grammar *g, gram_arena *a, const gram_state *in, uint8_
     }
     next_generation(a);
     a->n_work = 0;
+    a->budget = KAON_GRAMMAR_MAX_STEP_WORK;
     for (int i = 0; i < in->n; i++) {
         int32_t t = in->tops[i];
         if (!gram_charset_has(g, g->elems[a->pos[t]].val, cp)) continue;

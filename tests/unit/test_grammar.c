@@ -482,7 +482,24 @@ static void test_long_repetition(void) {
     kaon_grammar_free(g);
 }
 
+// An ambiguous grammar (nested repetitions: exponentially many parses) fails with an error
+// instead of taking exponential time or memory.
+static void test_ambiguous_grammar(void) {
+    char text[128] = "root ::= [a-z]";
+    for (int i = 0; i < 80; i++) strcat(text, "+");
+    kaon_grammar *g = parse(text);
+    CHECK(g != NULL);
+    kaon_grammar_matcher *m = g ? kaon_grammar_matcher_new(g) : NULL;
+    bool failed = !m;
+    for (int i = 0; i < 200 && !failed; i++) failed = !kaon_grammar_matcher_accept_bytes(m, "a", 1);
+    CHECK(failed);
+    CHECK(strstr(kaon_last_error(), "too ambiguous") != NULL);
+    kaon_grammar_matcher_free(m);
+    kaon_grammar_free(g);
+}
+
 int main(void) {
+    test_ambiguous_grammar();
     test_fuzz_seeds();
     test_long_repetition();
     test_parse_errors();
