@@ -19,6 +19,10 @@
 #define KAON_GRAMMAR_MAX_NODES (1 << 20)
 #define KAON_GRAMMAR_MAX_TOPS 1024
 #define KAON_GRAMMAR_MAX_STEP_WORK 16384
+// ... and nodes visited by one mask's walks: 128 per token of the vocabulary + 1M (JSON on
+// Llama-3's vocabulary needs under 24 per token).
+#define KAON_GRAMMAR_WALK_WORK_PER_TOKEN 128
+#define KAON_GRAMMAR_WALK_WORK_BASE (1 << 20)
 
 typedef struct kaon_grammar kaon_grammar;
 

@@ -47,7 +47,8 @@ typedef struct {
     uint32_t gen;
     int32_t *work;  // expansion worklist
     int n_work, cap_work;
-    int budget;  // work items left in this step
+    int budget;        // work items left in this byte's step
+    int64_t total;     // work items left in this walk or token (set by the caller)
     bool overflow;
 } gram_arena;
 

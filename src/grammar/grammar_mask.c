@@ -112,6 +112,11 @@ static void entry_free(mask_entry *e) {
     memset(e, 0, sizeof *e);
 }
 
+// The work one mask may do (a bound for hostile grammars; JSON needs a fraction of it).
+static int64_t walk_work_limit(const kaon_grammar_vocab *v) {
+    return KAON_GRAMMAR_WALK_WORK_BASE + (int64_t)KAON_GRAMMAR_WALK_WORK_PER_TOKEN * v->n_order;
+}
+
 // The first UTF-8 bytes of the code points in charset cs (the lead byte grows with the
 // code point, so a range of code points has a range of lead bytes).
 static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
@@ -132,6 +137,7 @@ static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
 static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
+    a->total = walk_work_limit(mk->v);
     int frames = 0;
     while (frames < MASK_DEPTH && e->key[frames] >= 0) frames++;
     int32_t node = e->key[MASK_DEPTH] ? GNODE_CONTEXT : GNODE_BOTTOM;
@@ -280,6 +286,7 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
     gram_arena *a = gram_matcher_arena(m);
     int mark = a->n;
     int rc = 0;
+    a->total = walk_work_limit(mk->v);
     const kaon_grammar_vocab *v = mk->v;
     if (st->rem) {
         // mid code point (a token ended inside one): only tokens that begin with a

@@ -137,6 +137,7 @@ bool kaon_grammar_matcher_accept_bytes(kaon_grammar_matcher *m, const void *byte
     if (gram_matcher_ended(m)) return false;
     const uint8_t *b = bytes;
     const gram_state *in = &m->cur;
+    m->arena.total = KAON_GRAMMAR_WALK_WORK_BASE + (int64_t)KAON_GRAMMAR_MAX_STEP_WORK * (int64_t)len;
     int k = 0;
     for (size_t i = 0; i < len; i++) {
         gram_state *out = &m->tmp[k];

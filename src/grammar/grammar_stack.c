@@ -18,6 +18,7 @@ int gram_arena_init(gram_arena *a) {
     if (!a->bucket) return kaon_set_error("grammar: out of memory");
     memset(a->bucket, 0xff, (size_t)a->n_buckets * sizeof *a->bucket);
     a->gen = 1;
+    a->total = INT64_MAX;
     return 0;
 }
 
@@ -132,7 +133,7 @@ static int expand(const kaon_grammar *g, gram_arena *a, int32_t node, gram_state
     while (a->n_work) {
         int32_t id = a->work[--a->n_work];
         if (a->seen[id] == a->gen) continue;
-        if (--a->budget < 0) {
+        if (--a->budget < 0 || --a->total < 0) {
             a->overflow = true;
             return -1;
         }

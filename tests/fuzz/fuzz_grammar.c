@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kaon_grammar_masker *mk = vocab ? kaon_grammar_masker_new(g, vocab) : NULL;
     uint32_t mask[(256 + 8 + 31) / 32];
     if (m && mk) {
-        for (size_t i = 0; i < size && i < 64; i++) {
+        for (size_t i = 0; i < size && i < 16; i++) {
             if (kaon_grammar_fill_mask(mk, m, mask)) break;
             // the first allowed token at or after the input byte
             int pick = -1;
