@@ -100,4 +100,8 @@ struct kaon_grammar_vocab {
     int n_eog;
 };
 
+// A masker whose cache keys hold `depth` frames (1..6; the default is 6): shallow keys leave
+// more tokens to the run-time walk, which the tests use to exercise it.
+kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_grammar_vocab *v, int depth);
+
 #endif

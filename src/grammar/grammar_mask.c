@@ -24,6 +24,7 @@ struct kaon_grammar_masker {
     const kaon_grammar *g;
     const kaon_grammar_vocab *v;
     size_t words;
+    int depth;  // frames in a key, 1..MASK_DEPTH
     gram_arena work;  // stacks built for cache entries
     gram_state *depth_states;  // [max token length + 1] along the walk
     int n_depth;
@@ -191,11 +192,11 @@ static uint32_t key_hash(const int32_t *k) {
     return h;
 }
 
-static void make_key(const gram_arena *a, int32_t top, int32_t *key) {
+static void make_key(const gram_arena *a, int depth, int32_t top, int32_t *key) {
     int32_t node = top;
     for (int i = 0; i < MASK_DEPTH; i++) {
-        key[i] = node >= 0 ? a->pos[node] : -1;
-        if (node >= 0) node = a->parent[node];
+        key[i] = node >= 0 && i < depth ? a->pos[node] : -1;
+        if (node >= 0 && i < depth) node = a->parent[node];
     }
     key[MASK_DEPTH] = node >= 0;
 }
@@ -223,7 +224,11 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
 }
 
 kaon_grammar_masker *kaon_grammar_masker_new(const kaon_grammar *g, const kaon_grammar_vocab *v) {
-    if (!g || !v) {
+    return gram_masker_new_depth(g, v, MASK_DEPTH);
+}
+
+kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_grammar_vocab *v, int depth) {
+    if (!g || !v || depth < 1 || depth > MASK_DEPTH) {
         kaon_set_error("grammar masker: no grammar or vocabulary");
         return NULL;
     }
@@ -232,6 +237,7 @@ kaon_grammar_masker *kaon_grammar_masker_new(const kaon_grammar *g, const kaon_g
     mk->g = g;
     mk->v = v;
     mk->words = kaon_grammar_mask_words(v->n);
+    mk->depth = depth;
     uint32_t max_len = 0;
     for (int i = 0; i < v->n_order; i++)
         if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
@@ -298,7 +304,7 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
         int n_done = 0;
         for (int t = 0; t < st->n && !rc; t++) {
             int32_t key[MASK_DEPTH + 1];
-            make_key(a, st->tops[t], key);
+            make_key(a, mk->depth, st->tops[t], key);
             mask_entry *e = lookup(mk, key);
             if (!e) {
                 rc = -1;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_internal.h"
 #include "io/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "util/err.h"
@@ -268,8 +269,9 @@ typedef struct {
 
 // Random walks: sample allowed tokens; masks checked against brute force at every step
 // (check_every = 1) or some; the text must be accepted at the end. Also rollback checks.
-static void random_walks(const kaon_grammar *g, const vocab_view *vv, int walks, int max_steps, int check_every) {
-    kaon_grammar_masker *mk = kaon_grammar_masker_new(g, vv->v);
+static void random_walks(const kaon_grammar *g, const vocab_view *vv, int walks, int max_steps, int check_every,
+                         int depth) {
+    kaon_grammar_masker *mk = gram_masker_new_depth(g, vv->v, depth);
     kaon_grammar_matcher *m = kaon_grammar_matcher_new(g);
     CHECK(mk && m);
     if (!mk || !m) return;
@@ -358,8 +360,8 @@ static void random_walks(const kaon_grammar *g, const vocab_view *vv, int walks,
 }
 
 // Masks along a given text (tokenized by the caller) against brute force.
-static void masks_along(const kaon_grammar *g, const vocab_view *vv, const int32_t *ids, size_t n) {
-    kaon_grammar_masker *mk = kaon_grammar_masker_new(g, vv->v);
+static void masks_along(const kaon_grammar *g, const vocab_view *vv, const int32_t *ids, size_t n, int depth) {
+    kaon_grammar_masker *mk = gram_masker_new_depth(g, vv->v, depth);
     kaon_grammar_matcher *m = kaon_grammar_matcher_new(g);
     size_t words = kaon_grammar_mask_words(vv->n);
     uint32_t *mask = malloc(words * 4), *ref = malloc(words * 4);
@@ -395,7 +397,8 @@ static void test_masks_synthetic(void) {
     for (int i = 0; grammars[i]; i++) {
         kaon_grammar *g = parse(grammars[i]);
         CHECK(g != NULL);
-        if (g) random_walks(g, &vv, 12, 60, 1);
+        // cache keys of 1, 2 and 6 frames: shallow keys send most tokens to the run-time walk
+        for (int depth = 1; g && depth <= 6; depth = depth == 2 ? 6 : depth + 1) random_walks(g, &vv, 12, 60, 1, depth);
         kaon_grammar_free(g);
     }
     free(is_eog);
@@ -436,11 +439,13 @@ static void test_masks_smollm2(void) {
     int32_t *ids;
     size_t n_ids;
     CHECK(kaon_tokenize(t, text, sizeof text - 1, false, &ids, &n_ids) == 0);
-    masks_along(g, &vv, ids, n_ids);
+    masks_along(g, &vv, ids, n_ids, 6);
+    masks_along(g, &vv, ids, n_ids, 1);
     free(ids);
-    random_walks(g, &vv, 3, 40, 5);
+    random_walks(g, &vv, 3, 40, 5, 6);
+    random_walks(g, &vv, 2, 40, 5, 2);
     kaon_grammar *ga = parse(ARITH_GBNF);
-    random_walks(ga, &vv, 3, 30, 5);
+    random_walks(ga, &vv, 3, 30, 5, 6);
     kaon_grammar_free(ga);
     kaon_grammar_free(g);
     free(bytes);
