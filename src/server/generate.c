@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar/grammar_constraint.h"
 #include "server/sse.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -278,8 +279,11 @@ static int parse_output(gen_choice *c, const char *text, size_t len, bool end, k
 }
 
 // OpenAI's finish_reason for a choice that ended with tool calls.
-static const char *finish_with_calls(const gen_choice *c, const char *finish) {
-    if (finish && !strcmp(finish, "stop") && kaon_tool_parser_n_calls(c->tp) > 0) return "tool_calls";
+// A function named by tool_choice keeps "stop", as OpenAI answers.
+static const char *finish_with_calls(const gen *g, const gen_choice *c, const char *finish) {
+    if (finish && !strcmp(finish, "stop") && kaon_tool_parser_n_calls(c->tp) > 0 &&
+        !g->rq.tool_choice_name)
+        return "tool_calls";
     return finish;
 }
 
@@ -386,7 +390,7 @@ static void absorb(gen *g, int pi, const kaon_output *out) {
                 g->failed = true;
             text = content.data;
             text_len = content.len;
-            finish = finish_with_calls(c, finish);
+            finish = finish_with_calls(g, c, finish);
         }
         if (text_len > 0 || reasoning.len || calls || lp || finish || ids)
             emit_chunk(g, ci, NULL, text_len || !chat ? text : NULL, text_len, lp, finish,
@@ -567,6 +571,7 @@ static void choose_parsers(gen *g) {
                                                    : s->reasoning_family;
     bool tools = r->tools && cJSON_GetArraySize(r->tools) > 0 && !r->tool_choice_none;
     g->tool_family = !tools ? KAON_TOOL_NONE
+                     : r->tool_choice_required || r->tool_choice_name ? KAON_TOOL_FORCED
                      : s->tool_auto && own ? kaon_tool_family_detect(own) : s->tool_family;
 }
 
@@ -580,10 +585,15 @@ static int start_parsers(gen *g) {
         char prefix[64];  // call ids unique across requests and choices
         const char *dash = strchr(g->id, '-');
         snprintf(prefix, sizeof prefix, "call_%.16s_%d_", dash ? dash + 1 : g->id, ci);
-        if (!(c->tp = kaon_tool_parser_new(g->tool_family, prefix))) return -1;
+        c->tp = g->tool_family == KAON_TOOL_FORCED
+                    ? kaon_tool_parser_new_forced(g->rq.tool_choice_name, prefix)
+                    : kaon_tool_parser_new(g->tool_family, prefix);
+        if (!c->tp) return -1;
     }
     return 0;
 }
+
+static int submit_all(gen *g, kaon_api_error *err);
 
 // Tokenizes the prompts, checks them against the context and the server's limits, and submits
 // them (all or none: a full queue refuses the whole request with 429).
@@ -689,8 +699,24 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
         kaon_api_error_set(err, 500, NULL, NULL, "out of memory");
         return -1;
     }
-    // The queue check and the submits under one lock, so concurrent requests cannot all slip
-    // in under the limit (the engine thread only ever shortens the queue meanwhile).
+    // Structured outputs: every sequence gets a clone of this state (the engine makes them).
+    bool unconstrained = true;
+    void *cs = kaon_structured_state(&s->structured, r, &unconstrained, err);
+    if (!cs && !unconstrained) return -1;
+    for (int i = 0; i < g->np && cs; i++) {
+        g->p[i].sp.constraint = &kaon_grammar_constraint_ops;
+        g->p[i].sp.constraint_state = cs;
+    }
+    int rc = submit_all(g, err);
+    if (cs) kaon_grammar_constraint_ops.free(cs);
+    for (int i = 0; i < g->np; i++) g->p[i].sp.constraint_state = NULL;
+    return rc;
+}
+
+// The queue check and the submits under one lock, so concurrent requests cannot all slip in
+// under the limit (the engine thread only ever shortens the queue meanwhile).
+static int submit_all(gen *g, kaon_api_error *err) {
+    kaon_server *s = g->s;
     pthread_mutex_lock(&s->admit_mu);
     if (s->o.max_queue > 0) {
         kaon_engine_stats st;
@@ -726,7 +752,7 @@ static cJSON *gen_response(gen *g) {
     for (int ci = 0; ci < g->nc; ci++) {
         gen_choice *c = &g->ch[ci];
         const char *finish = c->finish ? c->finish : "abort";
-        if (c->tp) finish = finish_with_calls(c, finish);
+        if (c->tp) finish = finish_with_calls(g, c, finish);
         kaon_api_add_choice(j, g->rq.kind, false, ci, NULL, c->text.data ? c->text.data : "",
                             c->text.len, c->logprobs, finish, c->stop_reason);
         c->logprobs = NULL;

@@ -592,6 +592,7 @@ static int load_model(kaon_server *s) {
     if (!s->engine) return -1;
     kaon_engine_get_info(s->engine, &s->info);
     s->tok = kaon_engine_tokenizer(s->engine);
+    kaon_structured_init(&s->structured, s->tok, s->info.vocab_size);
     if (s->tok) {
         const char *src = s->o.chat_template ? s->o.chat_template : kaon_tokenizer_chat_template(s->tok);
         if (!src) {
@@ -712,6 +713,7 @@ static void server_free(kaon_server *s) {
     kaon_chat_template_free(s->tmpl);
     kaon_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->admit_mu);
+    if (s->engine) kaon_structured_destroy(&s->structured);
     free(s->model_name);
     free(s);
 }

@@ -385,22 +385,7 @@ static int parse_sampling(const cJSON *root, const kaon_api_limits *lim, kaon_ap
     int plp = -1;
     if (read_int(root, "prompt_logprobs", 0, max_lp, &plp, err) < 0) return -1;
     s->prompt_logprobs = plp;
-    cJSON *rf = field(root, "response_format");
-    if (rf) {
-        cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
-        if (!cJSON_IsString(t))
-            return bad(err, "response_format", "'response_format' must be an object with a type");
-        if (strcmp(t->valuestring, "text"))
-            return bad(err, "response_format",
-                       "response_format type '%.40s' is not supported (no constrained decoding)",
-                       t->valuestring);
-    }
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
-                                         "guided_grammar", "structured_outputs"};
-    for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
-        if (field(root, guided[i]))
-            return bad(err, guided[i], "'%s' is not supported (no constrained decoding)",
-                       guided[i]);
+    if (kaon_api_parse_format(root, r, err) < 0) return -1;
     return 0;
 }
 
@@ -556,12 +541,7 @@ static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_er
     if (tc) {
         if (!cJSON_IsString(tc) && !cJSON_IsObject(tc))
             return bad(err, "tool_choice", "'tool_choice' must be a string or an object");
-        if (!cJSON_IsString(tc) ||
-            (strcmp(tc->valuestring, "none") && strcmp(tc->valuestring, "auto")))
-            return bad(err, "tool_choice",
-                       "only tool_choice 'none' and 'auto' are supported (no constrained "
-                       "decoding)");
-        r->tool_choice_none = !strcmp(tc->valuestring, "none");
+        if (kaon_api_parse_tool_choice(tc, r, err) < 0) return -1;
     }
     if (field(root, "parallel_tool_calls") && !cJSON_IsBool(field(root, "parallel_tool_calls")))
         return bad(err, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
@@ -784,6 +764,8 @@ void kaon_api_request_free(kaon_api_request *r) {
     cJSON_Delete(r->tools);
     cJSON_Delete(r->template_kwargs);
     free(r->chat_template);
+    free(r->tool_choice_name);
+    free(r->format_spec);
     memset(r, 0, sizeof *r);
 }
 

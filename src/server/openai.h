@@ -58,6 +58,17 @@ typedef struct kaon_api_prompt {
     int n_ids;
 } kaon_api_prompt;
 
+// What the output must match (structured outputs): OpenAI's response_format, vLLM's
+// structured_outputs and its older guided_* fields.
+typedef enum kaon_api_format {
+    KAON_API_FORMAT_TEXT = 0,      // unconstrained
+    KAON_API_FORMAT_JSON_SCHEMA,   // spec: the schema's JSON text
+    KAON_API_FORMAT_JSON_OBJECT,   // any JSON object
+    KAON_API_FORMAT_REGEX,         // spec: the pattern
+    KAON_API_FORMAT_CHOICE,        // spec: a JSON array of the allowed strings
+    KAON_API_FORMAT_GRAMMAR,       // spec: GBNF text
+} kaon_api_format;
+
 typedef struct kaon_api_request {
     kaon_api_kind kind;
     char *model;                       // as sent, or NULL
@@ -82,6 +93,11 @@ typedef struct kaon_api_request {
     cJSON *messages;                   // normalised: each content is a string, or null (assistant)
     cJSON *tools;                      // NULL when absent
     bool tool_choice_none;             // tool_choice "none": the output is never parsed for calls
+    bool tool_choice_required;         // "required": the output is a JSON list of calls
+    char *tool_choice_name;            // a named function: the output is its arguments
+    kaon_api_format format;            // structured outputs (TEXT: none)
+    char *format_spec;
+    const char *format_param;          // the field it came from, for errors
     cJSON *template_kwargs;            // chat_template_kwargs object, or NULL
     char *chat_template;               // a per-request template, or NULL
     bool add_generation_prompt;        // default true
@@ -100,6 +116,10 @@ typedef struct kaon_api_request {
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err);
 void kaon_api_request_free(kaon_api_request *r);
+// Parts of kaon_api_parse (openai_format.c): response_format / structured_outputs / guided_*,
+// and tool_choice (after tools). 0, or -1 with err filled.
+int kaon_api_parse_format(const cJSON *root, kaon_api_request *r, kaon_api_error *err);
+int kaon_api_parse_tool_choice(const cJSON *tc, kaon_api_request *r, kaon_api_error *err);
 
 // How an assistant's tool turns reach the template. DECODED, as vLLM hands them over: content
 // null becomes "", and a tool call's arguments text that is a JSON object becomes that object

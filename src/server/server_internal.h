@@ -18,6 +18,7 @@
 #include "server/reasoning_parser.h"
 #include "server/tool_parser.h"
 #include "server/server.h"
+#include "server/structured.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,6 +48,7 @@ struct kaon_server {
     atomic_int conns;           // open connections
     pthread_mutex_t admit_mu;   // the queue check and the submits of one request, together
     kaon_parker parker;         // generation requests waiting for the engine (park.c)
+    kaon_structured structured; // output grammars (set up once the model is loaded)
     int port;
     atomic_ullong seq;
     atomic_ullong finished_since_trim;

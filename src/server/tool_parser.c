@@ -75,6 +75,19 @@ kaon_tool_parser *kaon_tool_parser_new(kaon_tool_family f, const char *id_prefix
     return p;
 }
 
+kaon_tool_parser *kaon_tool_parser_new_forced(const char *name, const char *id_prefix) {
+    kaon_tool_parser *p = kaon_tool_parser_new(KAON_TOOL_FORCED, id_prefix);
+    if (!p) return NULL;
+    p->after_obj = S_MISTRAL_NEXT;  // list entries: ',' and another, or ']'
+    p->state = name ? S_ARGS_START : S_MISTRAL_OPEN;
+    p->after = S_CALL_DONE;
+    if (name && !(p->pending_name = strdup(name))) {
+        kaon_tool_parser_free(p);
+        return NULL;
+    }
+    return p;
+}
+
 void kaon_tool_parser_free(kaon_tool_parser *p) {
     if (!p) return;
     for (int i = 0; i < p->n; i++) {

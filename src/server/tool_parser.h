@@ -37,6 +37,7 @@ typedef enum kaon_tool_family {
     KAON_TOOL_MISTRAL,
     KAON_TOOL_DEEPSEEK_V3,
     KAON_TOOL_KIMI_K2,
+    KAON_TOOL_FORCED,  // tool_choice required / named: made by kaon_tool_parser_new_forced only
 } kaon_tool_family;
 
 // The family for a name (hermes, qwen, llama3_json, mistral, deepseek_v3, deepseek_v31,
@@ -53,6 +54,10 @@ typedef struct kaon_tool_parser kaon_tool_parser;
 // Call ids are id_prefix followed by the call's index (Kimi-K2 keeps the model's own id, which
 // its template renders back). NULL when out of memory or f is KAON_TOOL_NONE.
 kaon_tool_parser *kaon_tool_parser_new(kaon_tool_family f, const char *id_prefix);
+// For an output a grammar forced into calls: with a name, the whole output is that function's
+// arguments (tool_choice naming a function); without, it is a JSON list of
+// {"name": ..., "parameters": {...}} objects (tool_choice "required").
+kaon_tool_parser *kaon_tool_parser_new_forced(const char *name, const char *id_prefix);
 void kaon_tool_parser_free(kaon_tool_parser *p);
 
 // Feeds text[0..n). Appends the content that became certain to *content, and sets *delta to

@@ -92,7 +92,17 @@ static const bad_case bad_cases[] = {
     {CHAT, "{" MSG ", \"logprobs\": 1}", 400, "logprobs"},
     {CHAT, "{" MSG ", \"top_logprobs\": 3}", 400, "top_logprobs"},
     {CHAT, "{" MSG ", \"logprobs\": true, \"top_logprobs\": 21}", 400, "top_logprobs"},
-    {CHAT, "{" MSG ", \"response_format\": {\"type\": \"json_object\"}}", 400, "response_format"},
+    {CHAT, "{" MSG ", \"response_format\": {\"type\": \"xml\"}}", 400, "response_format"},
+    {CHAT, "{" MSG ", \"response_format\": {\"type\": \"json_schema\"}}", 400, "response_format"},
+    {CHAT, "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+           "{\"schema\": 5}}}", 400, "response_format"},
+    {CHAT, "{" MSG ", \"structured_outputs\": {\"choice\": [1]}}", 400, "structured_outputs"},
+    {CHAT, "{" MSG ", \"structured_outputs\": {\"regex\": \"\"}}", 400, "structured_outputs"},
+    {CHAT, "{" MSG ", \"guided_regex\": \"a\", \"guided_grammar\": \"root ::= \\\"a\\\"\"}", 400,
+     "guided_grammar"},
+    {CHAT, "{" MSG ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+           "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}}", 400,
+     "tool_choice"},
     {CHAT, "{" MSG ", \"tools\": [{\"type\": \"function\"}]}", 400, "tools[0]"},
     {CHAT, "{" MSG ", \"tool_choice\": \"required\"}", 400, "tool_choice"},
     {CHAT, "{" MSG ", \"ignore_eos\": \"no\"}", 400, "ignore_eos"},
@@ -101,7 +111,8 @@ static const bad_case bad_cases[] = {
      "continue_final_message"},
     {CHAT, "{" MSG ", \"continue_final_message\": true}", 400, "continue_final_message"},
     {CHAT, "{" MSG ", \"best_of\": 3}", 400, "best_of"},
-    {CHAT, "{" MSG ", \"guided_json\": {}}", 400, "guided_json"},
+    {CHAT, "{" MSG ", \"guided_json\": 5}", 400, "guided_json"},
+    {CHAT, "{" MSG ", \"guided_json\": \"[1]\"}", 400, "guided_json"},
     {CHAT, "{" MSG ", \"user\": 5}", 400, "user"},
     {CHAT, "{" MSG ", \"priority\": 0.5}", 400, "priority"},
     {COMP, "{}", 400, "prompt"},
@@ -370,8 +381,59 @@ static void test_return_token_ids(void) {
     kaon_api_request_free(&r);
 }
 
+// Structured outputs: each field lands as its format and spec; tool_choice forms.
+static void test_structured_fields(void) {
+    kaon_api_limits lim = limits();
+    kaon_api_request r;
+    kaon_api_error e;
+    static const struct {
+        const char *extra;
+        kaon_api_format f;
+        const char *spec;
+    } cases[] = {
+        {"\"response_format\": {\"type\": \"text\"}", KAON_API_FORMAT_TEXT, NULL},
+        {"\"response_format\": {\"type\": \"json_object\"}", KAON_API_FORMAT_JSON_OBJECT, NULL},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"p\", "
+         "\"strict\": true, \"schema\": {\"type\": \"object\"}}}",
+         KAON_API_FORMAT_JSON_SCHEMA, "{\"type\":\"object\"}"},
+        {"\"guided_json\": \"{\\\"type\\\": \\\"integer\\\"}\"", KAON_API_FORMAT_JSON_SCHEMA,
+         "{\"type\": \"integer\"}"},
+        {"\"structured_outputs\": {\"regex\": \"[0-9]+\"}", KAON_API_FORMAT_REGEX, "[0-9]+"},
+        {"\"structured_outputs\": {\"choice\": [\"a\", \"b c\"]}", KAON_API_FORMAT_CHOICE,
+         "[\"a\",\"b c\"]"},
+        {"\"guided_grammar\": \"root ::= [a-z]+\"", KAON_API_FORMAT_GRAMMAR, "root ::= [a-z]+"},
+        {"\"structured_outputs\": {\"json_object\": true}", KAON_API_FORMAT_JSON_OBJECT, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" MSG ", %s}", cases[i].extra);
+        int rc = kaon_api_parse(CHAT, body, strlen(body), &lim, NULL, &r, &e);
+        CHECK(rc == 0);
+        if (rc) {
+            fprintf(stderr, "case %zu: %s\n", i, e.message);
+            continue;
+        }
+        CHECK(r.format == cases[i].f);
+        CHECK(cases[i].spec ? r.format_spec && !strcmp(r.format_spec, cases[i].spec) : !r.format_spec);
+        kaon_api_request_free(&r);
+    }
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";
+    char body[512];
+    snprintf(body, sizeof body, "{" MSG ", %s, \"tool_choice\": \"required\"}", tools);
+    CHECK(kaon_api_parse(CHAT, body, strlen(body), &lim, NULL, &r, &e) == 0);
+    CHECK(r.tool_choice_required && !r.tool_choice_name && !r.tool_choice_none);
+    kaon_api_request_free(&r);
+    snprintf(body, sizeof body,
+             "{" MSG ", %s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}}",
+             tools);
+    CHECK(kaon_api_parse(CHAT, body, strlen(body), &lim, NULL, &r, &e) == 0);
+    CHECK(r.tool_choice_name && !strcmp(r.tool_choice_name, "f") && !r.tool_choice_required);
+    kaon_api_request_free(&r);
+}
+
 int main(void) {
     test_bad_requests();
+    test_structured_fields();
     test_chat_fields();
     test_chat_defaults();
     test_completion_prompts();

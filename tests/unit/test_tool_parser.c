@@ -33,8 +33,15 @@ static void parsed_free(parsed *r) {
     memset(r, 0, sizeof *r);
 }
 
+// KAON_TOOL_FORCED makes kaon_tool_parser_new_forced(forced_name) parsers.
+static const char *forced_name;
+static kaon_tool_parser *new_parser(kaon_tool_family f) {
+    return f == KAON_TOOL_FORCED ? kaon_tool_parser_new_forced(forced_name, "call_")
+                                 : kaon_tool_parser_new(f, "call_");
+}
+
 static void whole(kaon_tool_family f, const char *text, size_t len, parsed *r) {
-    kaon_tool_parser *p = kaon_tool_parser_new(f, "call_");
+    kaon_tool_parser *p = new_parser(f);
     CHECK(kaon_tool_parser_feed(p, text, len, &r->content, NULL) == 0);
     CHECK(kaon_tool_parser_finish(p, &r->content, NULL) == 0);
     r->n = kaon_tool_parser_n_calls(p);
@@ -79,7 +86,7 @@ static void absorb_delta(parsed *r, cJSON *delta) {
 // Streams text in the chunks that end at cuts[0..n_cuts) (then the rest).
 static void streamed(kaon_tool_family f, const char *text, size_t len, const size_t *cuts,
                      int n_cuts, parsed *r) {
-    kaon_tool_parser *p = kaon_tool_parser_new(f, "call_");
+    kaon_tool_parser *p = new_parser(f);
     size_t at = 0;
     for (int k = 0; k <= n_cuts; k++) {
         size_t end = k < n_cuts ? cuts[k] : len;
@@ -253,6 +260,43 @@ static void test_json_shapes(void) {
     kaon_tool_parser_free(p);
 }
 
+// Outputs a grammar forced into calls (tool_choice named / required): whole, and streamed at
+// every byte cut, give the same calls.
+static void test_forced(void) {
+    static const struct {
+        const char *name, *text;
+        int n;
+        const char *names[2], *args[2];
+    } cases[] = {
+        {"add", "{\"a\": 1, \"b\": -2}", 1, {"add"}, {"{\"a\": 1, \"b\": -2}"}},
+        {NULL, "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]", 1,
+         {"get_weather"}, {"{\"city\": \"Paris\"}"}},
+        {NULL, "[{\"name\": \"f\", \"parameters\": {}}, {\"name\": \"g\", \"parameters\": "
+               "{\"x\": [1, \"\xc3\xa9\"]}}]", 2, {"f", "g"}, {"{}", "{\"x\": [1, \"\xc3\xa9\"]}"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        forced_name = cases[i].name;
+        const char *t = cases[i].text;
+        size_t len = strlen(t);
+        parsed w = {0};
+        whole(KAON_TOOL_FORCED, t, len, &w);
+        CHECK(w.n == cases[i].n && w.content.len == 0);
+        for (int k = 0; k < w.n && k < cases[i].n; k++) {
+            CHECK(!strcmp(w.name[k], cases[i].names[k]));
+            CHECK(w.args[k].len == strlen(cases[i].args[k]) &&
+                  !memcmp(w.args[k].data, cases[i].args[k], w.args[k].len));
+        }
+        for (size_t cut = 0; cut <= len; cut++) {
+            parsed st = {0};
+            streamed(KAON_TOOL_FORCED, t, len, &cut, 1, &st);
+            CHECK(same(&w, &st));
+            parsed_free(&st);
+        }
+        parsed_free(&w);
+    }
+    forced_name = NULL;
+}
+
 // Bytes no model writes must not crash or hang any parser.
 static void test_garbage(void) {
     unsigned x = 12345;
@@ -352,6 +396,7 @@ static void test_real_templates(void) {
 }
 
 int main(void) {
+    test_forced();
     test_names_and_detection();
     test_real_templates();
     test_json_shapes();
