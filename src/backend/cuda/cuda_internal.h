@@ -253,6 +253,12 @@ int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const
 // y [n, out] = x [n, in] @ w [out, in]^T (+ bias f32); y bf16, or f32 when f32out.
 int kc_gemm_bf16(kc_backend *b, const bf16 *x, int n, const bf16 *w, int out, int in,
                  const float *bias, void *y, int f32out);
+// KAON_GEMV_OCC (a bit mask, read once; default KC_OCC_MOE_DOWN): which GEMV kernels take
+// their instances built for 4 blocks per SM. More resident warps speed a kernel up but leave no
+// room for the next kernel's early (PDL) blocks: a win for the MoE down kernel on every model
+// measured, model-dependent for the others (tests/gpu/NOTES.md, 2026-12-03).
+enum { KC_OCC_GEMV = 1, KC_OCC_SILU = 2, KC_OCC_MOE_DOWN = 4 };
+bool kc_gemv_occ_hi(int which);
 // Up to 4 weights sharing x, through the small-batch kernel; returns 1 when n or the shapes
 // do not suit it.
 #define KC_GEMV_MAX_N 8

@@ -9,6 +9,7 @@
 // Larger batches go to cuBLASLt (descriptors and the chosen algorithm cached per shape).
 #include "backend/cuda/cuda_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define GEMV_WARPS 8
@@ -28,9 +29,11 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// One block per SM's register budget lets ptxas keep all U loads of a lane in flight.
-template <int NB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+// MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
+// in flight with room to spare; 4 (64 registers, checked free of spills for NB <= 2) doubles the
+// warps resident per SM, so one wave covers a 4,096-row matrix (KAON_GEMV_OCC picks).
+template <int NB, int MINB = 1>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     const int bid = blockIdx.x;
     const bf16 *w = a.w[0];
@@ -101,8 +104,8 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
 
 // out[b, r] = bf16(bf16(silu(g)) * u) with g = x[b] . wg[r], u = x[b] . wu[r] (each rounded
 // to bf16 first, as the separate ops would).
-template <int NB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+template <int NB, int MINB = 1>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
     kc_pdl_trigger();
@@ -172,6 +175,15 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+bool kc_gemv_occ_hi(int which) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_GEMV_OCC");
+        v = e ? atoi(e) : KC_OCC_MOE_DOWN;  // measured: docs/PERF.md (2026-12-03)
+    }
+    return (v & which) != 0;
+}
+
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out) {
     if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x))
@@ -192,6 +204,11 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
     }
     if (blocks > INT32_MAX / 2) return 1;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
+    if (n <= 2 && kc_gemv_occ_hi(KC_OCC_GEMV)) {
+        if (n == 1) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
+        else kc_launch(b, k_gemv<2, 4>, grid, block, 0, x, in, a);
+        return kc_launched(b, "gemv");
+    }
     switch (n) {
     case 1: kc_launch(b, k_gemv<1>, grid, block, 0, x, in, a); break;
     case 2: kc_launch(b, k_gemv<2>, grid, block, 0, x, in, a); break;
@@ -211,6 +228,11 @@ int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, co
         !aligned16(wg) || !aligned16(wu))
         return 1;
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    if (n <= 2 && kc_gemv_occ_hi(KC_OCC_SILU)) {
+        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        return kc_launched(b, "gemv_silu");
+    }
     switch (n) {
     case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out); break;
     case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out); break;

@@ -555,7 +555,8 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
 // k_combine's order: sg_t * shared (sg: sigmoid(bf16(SG[t])), 1 without SG), then the choices
 // j = 0..K-1, bf16(w) * Y, one rounding. ys: the shared expert's output when another kernel
 // computed it ([n, dim]; NULL: from sdown, or none when both are NULL). Padding: zeros.
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+template <int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
                  const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
                  const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
@@ -1015,7 +1016,8 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
         if (b->err) return -1;
     }
     const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
-    return kc_check(b, kc_launch(b, k_moe_small_down, dgrid, blk, 0, m.H, n, dim, F, mw,
+    // KAON_GEMV_OCC & 4: the 4-blocks-per-SM instance (64 registers, 8 bytes spilled).
+    return kc_check(b, kc_launch(b, kc_gemv_occ_hi(KC_OCC_MOE_DOWN) ? k_moe_small_down<4> : k_moe_small_down<1>, dgrid, blk, 0, m.H, n, dim, F, mw,
                                  fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
                                  m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
                                  m.active, E, m.off, m.inv, m.topk_w, out),
