@@ -192,6 +192,9 @@ typedef struct kaon_engine_stats {
     uint64_t prompt_tokens, generation_tokens;
     uint64_t finished_stop, finished_length, finished_abort, finished_error;
     uint64_t steps;
+    // Output constraints (structured outputs): masks computed and the time they took.
+    uint64_t constraint_masks;
+    double constraint_mask_seconds;
 } kaon_engine_stats;
 
 void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s);

@@ -904,6 +904,8 @@ static void step_process(kaon_engine *e, const step_plan *p, const step_result *
 // Under e->mu: counts, then each sequence's output to its request (or its retirement).
 static void step_publish(kaon_engine *e, const step_plan *p, const step_result *res, step_outputs *o) {
     e->stats.steps++;
+    e->stats.constraint_masks = e->constraint_masks;
+    e->stats.constraint_mask_seconds = e->constraint_mask_seconds;
     if (res->rc) {
         KAON_WARN("engine: %s", res->err);
         fail_all(e, res->err);

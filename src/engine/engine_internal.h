@@ -111,6 +111,8 @@ struct kaon_engine {
     struct kaon_request *inbox_head, *inbox_tail;  // submitted, not yet admitted
     struct kaon_request *live;                     // every request not yet freed
     kaon_engine_stats stats;
+    uint64_t constraint_masks;       // engine thread only; published into stats each step
+    double constraint_mask_seconds;
 
     // engine thread
     seq **waiting;               // sorted by (priority, order)

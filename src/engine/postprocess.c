@@ -202,7 +202,11 @@ static int apply_constraint(kaon_engine *e, seq *s, float *w) {
     const int V = e->vocab, nw = (V + 31) / 32;
     memset(e->allowed, 0, sizeof(uint32_t) * (size_t)nw);
     int any = 0;
-    if (s->req->sp.constraint->allowed(s->constraint, e->allowed, V) == 0)
+    const double t0 = kaon_now();
+    const int rc = s->req->sp.constraint->allowed(s->constraint, e->allowed, V);
+    e->constraint_mask_seconds += kaon_now() - t0;
+    e->constraint_masks++;
+    if (rc == 0)
         for (int i = 0; i < nw; i++) {
             const uint32_t m = e->allowed[i];
             any |= m != 0;

@@ -8,15 +8,12 @@
 #include <stdlib.h>
 
 #include "util/err.h"
-#include "util/timer.h"
 
 typedef struct shared_grammar {
     atomic_int refs;
     kaon_grammar *g;
     const kaon_grammar_vocab *v;
     kaon_grammar_masker *mk;
-    double mask_us;  // engine thread only
-    long masks;
 } shared_grammar;
 
 typedef struct grammar_state {
@@ -85,11 +82,7 @@ static int state_allowed(void *p, uint32_t *mask, int vocab) {
     grammar_state *st = p;
     shared_grammar *sh = st->sh;
     if (kaon_grammar_vocab_size(sh->v) > vocab) return -1;  // cannot happen: checked at new
-    double t0 = kaon_now();
-    int rc = kaon_grammar_fill_mask(sh->mk, st->m, mask);
-    sh->mask_us += (kaon_now() - t0) * 1e6;
-    sh->masks++;
-    return rc;
+    return kaon_grammar_fill_mask(sh->mk, st->m, mask);
 }
 
 const kaon_constraint_ops kaon_grammar_constraint_ops = {
@@ -125,10 +118,4 @@ void *kaon_grammar_constraint_new(kaon_grammar *g, const kaon_grammar_vocab *v) 
     grammar_state *st = state_new(sh);
     shared_release(sh);
     return st;
-}
-
-void kaon_grammar_constraint_mask_stats(const void *state, double *us, long *masks) {
-    const grammar_state *st = state;
-    *us = st->sh->mask_us;
-    *masks = st->sh->masks;
 }

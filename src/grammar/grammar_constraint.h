@@ -13,8 +13,4 @@ extern const kaon_constraint_ops kaon_grammar_constraint_ops;
 // kaon_grammar_constraint_ops.free once submitted), or NULL with kaon_last_error().
 void *kaon_grammar_constraint_new(kaon_grammar *g, const kaon_grammar_vocab *v);
 
-// Microseconds spent in masks so far and their count, over every state sharing this one's
-// grammar (for the bench and the server's metrics).
-void kaon_grammar_constraint_mask_stats(const void *state, double *us, long *masks);
-
 #endif

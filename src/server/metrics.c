@@ -185,6 +185,12 @@ char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s, const cha
                s->kv_blocks_total);
         metric(&b, "kaon:engine_steps_total", "counter", "Number of engine steps run.", model,
                (double)s->steps);
+        metric(&b, "kaon:structured_output_masks_total", "counter",
+               "Token masks computed for structured outputs (one per constrained token).", model,
+               (double)s->constraint_masks);
+        metric(&b, "kaon:structured_output_mask_seconds_total", "counter",
+               "Time spent computing structured-output token masks.", model,
+               s->constraint_mask_seconds);
     }
     pthread_mutex_lock(&m->mu);
     kaon_histogram ttft = m->ttft, itl = m->itl, e2e = m->e2e, queue = m->queue;
