@@ -708,6 +708,7 @@ static void put_json_set(rx *p, const cset *s) {
 }
 
 static void put_quant(gbnf_text *o, int min, int max) {
+    if (min == 1 && max == 1) return;
     if (min == 0 && max == 1) gbnf_puts(o, "?");
     else if (min == 0 && max == UNBOUNDED) gbnf_puts(o, "*");
     else if (min == 1 && max == UNBOUNDED) gbnf_puts(o, "+");
