@@ -732,6 +732,12 @@ static void put_symbol(rx *p, int id, bool nonempty) {
     gbnf_puts(p->out, ")");
 }
 
+// An item of a sequence: only an alternation needs parentheses there.
+static void put_seq_item(rx *p, int id) {
+    if (p->nodes[id].kind == N_ALT) put_symbol(p, id, false);
+    else put_node(p, id);
+}
+
 static void put_rep(rx *p, const rx_node *n) {
     const rx_node *c = &p->nodes[n->child];
     if (n->max == 0 || !c->nonempty) {
@@ -759,8 +765,7 @@ static void put_node(rx *p, int id) {
         if (n->child < 0) gbnf_puts(p->out, "\"\"");
         for (int c = n->child; c >= 0; c = p->nodes[c].next) {
             if (c != n->child) gbnf_puts(p->out, " ");
-            if (p->nodes[c].kind == N_ALT) put_symbol(p, c, false);
-            else put_node(p, c);
+            put_seq_item(p, c);
         }
         return;
     case N_ALT:
@@ -791,7 +796,7 @@ static void put_nonempty(rx *p, int id) {
             put_symbol(p, c, true);
             for (int d = p->nodes[c].next; d >= 0; d = p->nodes[d].next) {
                 gbnf_puts(p->out, " ");
-                put_symbol(p, d, false);
+                put_seq_item(p, d);
             }
         }
         return;
