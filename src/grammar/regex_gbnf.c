@@ -763,13 +763,13 @@ static void put_node(rx *p, int id) {
         return;
     case N_SEQ:
         if (n->child < 0) gbnf_puts(p->out, "\"\"");
-        for (int c = n->child; c >= 0; c = p->nodes[c].next) {
+        for (int c = n->child; c >= 0 && !p->failed; c = p->nodes[c].next) {
             if (c != n->child) gbnf_puts(p->out, " ");
             put_seq_item(p, c);
         }
         return;
     case N_ALT:
-        for (int c = n->child; c >= 0; c = p->nodes[c].next) {
+        for (int c = n->child; c >= 0 && !p->failed; c = p->nodes[c].next) {
             if (c != n->child) gbnf_puts(p->out, " | ");
             put_node(p, c);
         }
@@ -789,19 +789,19 @@ static void put_nonempty(rx *p, int id) {
     const char *sep = "";
     switch (n->kind) {
     case N_SEQ:  // the first non-empty item, what follows it as is
-        for (int c = n->child; c >= 0; c = p->nodes[c].next) {
+        for (int c = n->child; c >= 0 && !p->failed; c = p->nodes[c].next) {
             if (!p->nodes[c].nonempty) continue;
             gbnf_puts(p->out, sep);
             sep = " | ";
             put_symbol(p, c, true);
-            for (int d = p->nodes[c].next; d >= 0; d = p->nodes[d].next) {
+            for (int d = p->nodes[c].next; d >= 0 && !p->failed; d = p->nodes[d].next) {
                 gbnf_puts(p->out, " ");
                 put_seq_item(p, d);
             }
         }
         return;
     case N_ALT:
-        for (int c = n->child; c >= 0; c = p->nodes[c].next) {
+        for (int c = n->child; c >= 0 && !p->failed; c = p->nodes[c].next) {
             if (!p->nodes[c].nonempty) continue;
             gbnf_puts(p->out, sep);
             sep = " | ";
