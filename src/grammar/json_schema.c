@@ -116,12 +116,11 @@ static const char *shared(conv *c, unsigned which) {
             gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char* \"\\\"\"\n", r, r);
             break;
         case SH_INTEGER:
-            gbnf_printf(c->out, "%s-integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,%d})\n", r, JS_MAX_INT_DIGITS - 1);
+            gbnf_printf(c->out, "%s-integer ::= \"0\" | \"-\"? [1-9] [0-9]{0,%d}\n", r, JS_MAX_INT_DIGITS - 1);
             break;
         case SH_NUMBER:
-            shared(c, SH_INTEGER);
-            gbnf_printf(c->out, "%s-number ::= %s-integer (\".\" [0-9]{1,%d})? ([eE] [-+]? [0-9]{1,2})?\n", r, r,
-                        JS_MAX_FRACTION_DIGITS);
+            gbnf_printf(c->out, "%s-number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,%d}) (\".\" [0-9]{1,%d})? ([eE] [-+]? [0-9]{1,2})?\n",
+                        r, JS_MAX_INT_DIGITS - 1, JS_MAX_FRACTION_DIGITS);
             break;
         case SH_WS:
             gbnf_printf(c->out, "%s-ws ::= [ \\t\\n\\r]{0,16}\n", r);
@@ -507,8 +506,25 @@ static int object_body(conv *c, const cJSON *s, gbnf_text *b) {
             pop_ptr(c, old);
             if (e) goto done;
         }
+        // extra keys cannot be listed ones: their values would have the listed schemas
+        char key_rule[JS_NAME];
+        const char **names = calloc((size_t)n + 1, sizeof *names);
+        if (!names || new_name(c, key_rule)) {
+            free(names);
+            if (!names) fail(c, "out of memory");
+            goto done;
+        }
+        int j = 0;
+        for (const cJSON *p = props ? props->child : NULL; p; p = p->next) names[j++] = p->string;
+        int nodes = js_key_excluding(c->out, key_rule, names, n);
+        free(names);
+        if (nodes < 0) {
+            fail(c, "out of memory");
+            goto done;
+        }
+        c->n_rules += nodes;
         gbnf_text t = {0};
-        gbnf_printf(&t, "%s %s\":\" %s %s", shared(c, SH_STRING), in, sep, value);
+        gbnf_printf(&t, "%s %s\":\" %s %s", key_rule, in, sep, value);
         if (new_name(c, extra_kv) || emit_rule(c, extra_kv, &t)) {
             gbnf_text_free(&t);
             goto done;

@@ -17,4 +17,9 @@
 // Both bounds must lie within +-JS_MAX_INT_VALUE and lo <= hi.
 void js_int_range_expr(gbnf_text *out, int64_t lo, int64_t hi);
 
+// Appends the rule `name` (helpers `name`-...) matching JSON string keys, quotes included, that
+// are none of keys[0..n): no escapes, any other character. Returns the trie's node count (the
+// number of helper rules) or -1 when out of memory.
+int js_key_excluding(gbnf_text *out, const char *name, const char *const *keys, int n_keys);
+
 #endif
