@@ -311,7 +311,10 @@ static int ref_rule(conv *c, const cJSON *target, const char *ref, char *name) {
 
 static int format_body(conv *c, const char *fmt, gbnf_text *b) {
     (void)c;
-    static const char *DATE = "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])";
+    // day ranges per month (February to 28: leap years are not worth a grammar); years 1000-9999
+    static const char *DATE = "[1-9] [0-9]{3} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
+                              "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
+                              "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8]))";
     static const char *TIME = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
                               "(\"Z\" | [+\\-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
     if (!strcmp(fmt, "date")) {
@@ -678,6 +681,25 @@ static bool type_allows(const cJSON *type, const cJSON *v) {
     return false;
 }
 
+// A constant value: scalars as their compact JSON text, containers token by token so the
+// whitespace policy holds inside them too (a flat sequence, no groups).
+static int const_value(conv *c, const cJSON *v, gbnf_text *b) {
+    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return json_text_literal(c, v, b);
+    bool obj = cJSON_IsObject(v);
+    gbnf_printf(b, obj ? "\"{\"" : "\"[\"");
+    for (const cJSON *e = v->child; e; e = e->next) {
+        if (e != v->child) gbnf_printf(b, " %s\",\" %s", c->inner, c->sep);
+        gbnf_printf(b, " %s", e == v->child ? c->inner : "");
+        if (obj) {
+            if (key_literal(c, e->string, b)) return -1;
+            gbnf_printf(b, " %s\":\" %s ", c->inner, c->sep);
+        }
+        if (const_value(c, e, b)) return -1;
+    }
+    gbnf_printf(b, " %s%s", c->inner, obj ? "\"}\"" : "\"]\"");
+    return 0;
+}
+
 static int enum_body(conv *c, const cJSON *s, gbnf_text *b) {
     const cJSON *en = get(s, "enum"), *cn = get(s, "const"), *type = get(s, "type");
     if (en && !cJSON_IsArray(en)) return fail(c, "enum must be an array");
@@ -692,7 +714,7 @@ static int enum_body(conv *c, const cJSON *s, gbnf_text *b) {
             if (!found) continue;
         }
         if (written++) gbnf_puts(b, " | ");
-        if (json_text_literal(c, one, b)) return -1;
+        if (const_value(c, one, b)) return -1;
     }
     if (!written) return fail(c, "no value satisfies enum/const together with type");
     return 0;

@@ -46,8 +46,8 @@ static const schema_case CASES[] = {
      {"{\"x\":\"s\"}", "{\"x\":1.1234567}", "{\"x\":01}"}},
     // enums and const: canonical compact JSON text
     {"{\"enum\":[\"red\",\"green\",1,null,{\"a\":[1,2]},true]}", false, false,
-     {"\"red\"", "\"green\"", "1", "null", "{\"a\":[1,2]}", "true"},
-     {"\"blue\"", "\"Red\"", "2", "false", "{\"a\":[1, 2]}", "1.0"}},
+     {"\"red\"", "\"green\"", "1", "null", "{\"a\":[1,2]}", "{\"a\": [1, 2]}", "true"},
+     {"\"blue\"", "\"Red\"", "2", "false", "{\"a\":[1,  2]}", "{ \"a\":[1,2]}", "1.0"}},
     {"{\"type\":\"string\",\"enum\":[\"x\",1]}", false, false, {"\"x\""}, {"1"}},
     {"{\"const\":\"fixed\"}", false, false, {"\"fixed\""}, {"\"other\""}},
     // type lists, anyOf / oneOf
@@ -80,8 +80,8 @@ static const schema_case CASES[] = {
     // strings
     {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", false, false, {"\"ab\"", "\"a\\nb\"", "\"\xc3\xa9\xc3\xa9\""},
      {"\"a\"", "\"abcd\"", "\"\\n\""}},
-    {"{\"type\":\"string\",\"format\":\"date\"}", false, false, {"\"2024-02-29\"", "\"1999-12-31\""},
-     {"\"2024-13-01\"", "\"2024-1-01\"", "\"x\""}},
+    {"{\"type\":\"string\",\"format\":\"date\"}", false, false, {"\"2024-02-28\"", "\"1999-12-31\"", "\"2001-04-30\""},
+     {"\"2024-13-01\"", "\"2023-02-30\"", "\"2023-04-31\"", "\"0999-01-01\"", "\"2024-1-01\"", "\"x\""}},
     {"{\"type\":\"string\",\"format\":\"uuid\"}", false, false, {"\"123e4567-e89b-12d3-a456-426614174000\""},
      {"\"123e4567e89b12d3a456426614174000\""}},
     {"{\"type\":\"string\",\"format\":\"ipv4\"}", false, false, {"\"192.168.0.1\"", "\"0.0.0.0\"", "\"255.255.255.255\""},
