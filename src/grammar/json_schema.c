@@ -291,6 +291,7 @@ static int ref_rule(conv *c, const cJSON *target, const char *ref, char *name) {
         c->refs = r;
         c->cap_refs = cap;
     }
+    if (c->depth + 1 > JS_MAX_DEPTH) return fail(c, "$ref chain deeper than %d", JS_MAX_DEPTH);
     int idx = c->n_refs++;
     c->refs[idx] = (js_ref){.node = target, .struct_depth = c->struct_depth};
     if (new_name(c, c->refs[idx].name)) return -1;
@@ -299,7 +300,9 @@ static int ref_rule(conv *c, const cJSON *target, const char *ref, char *name) {
     memcpy(saved, c->ptr, sizeof saved);
     snprintf(c->ptr, sizeof c->ptr, "%s", ref + 1);
     gbnf_text body = {0};
+    c->depth++;
     int rc = schema_body(c, target, &body);
+    c->depth--;
     if (!rc) rc = emit_rule(c, name, &body);
     gbnf_text_free(&body);
     memcpy(c->ptr, saved, sizeof saved);

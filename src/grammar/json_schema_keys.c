@@ -38,6 +38,11 @@ int js_key_excluding(gbnf_text *out, const char *name, const char *const *keys, 
     if (!t) return -1;
     t[0] = (trie_node){.child = -1, .sibling = -1};
     for (int i = 0; i < n_keys; i++) {
+        // a key needing an escape cannot be spelled by an escape-free key: leave it out
+        bool plain = true;
+        for (const unsigned char *p = (const unsigned char *)keys[i]; *p; p++)
+            if (*p == '"' || *p == '\\' || *p < 0x20) plain = false;
+        if (!plain) continue;
         int at = 0;
         for (const unsigned char *p = (const unsigned char *)keys[i]; *p;) {
             uint32_t cp = next_cp(&p);

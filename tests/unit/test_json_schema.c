@@ -44,6 +44,9 @@ static const schema_case CASES[] = {
     {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"number\"}}", false, false,
      {"{}", "{\"x\":1.5}", "{\"x\":1,\"y\":-2e10}"},
      {"{\"x\":\"s\"}", "{\"x\":1.1234567}", "{\"x\":01}"}},
+    {"{\"type\":\"object\",\"properties\":{\"q\\\"\":{\"type\":\"integer\"},\"ab\":{\"type\":\"integer\"}}}", false, false,
+     {"{\"q\\\"\":1}", "{\"ab\":1,\"a\":\"s\"}", "{\"abc\":\"s\"}", "{\"q\":\"s\"}"},
+     {"{\"ab\":\"s\"}", "{\"q\"\":1}", "{\"ab\":1,\"ab\":\"s\"}", "{\"a\\u0062\":\"s\"}"}},
     // enums and const: canonical compact JSON text
     {"{\"enum\":[\"red\",\"green\",1,null,{\"a\":[1,2]},true]}", false, false,
      {"\"red\"", "\"green\"", "1", "null", "{\"a\":[1,2]}", "{\"a\": [1, 2]}", "true"},
