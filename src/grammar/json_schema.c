@@ -833,12 +833,41 @@ static int schema_rule(conv *c, const cJSON *s, char *name) {
     return rc;
 }
 
+static bool valid_utf8(const char *s) {
+    for (const unsigned char *u = (const unsigned char *)s; *u;) {
+        int n = *u < 0x80 ? 1 : (*u & 0xE0) == 0xC0 ? 2 : (*u & 0xF0) == 0xE0 ? 3 : (*u >= 0xF0 && *u <= 0xF4) ? 4 : 0;
+        if (!n || (n == 2 && *u < 0xC2)) return false;
+        uint32_t v = n == 1 ? *u : n == 2 ? (*u & 0x1Fu) : n == 3 ? (*u & 0x0Fu) : (*u & 0x07u);
+        for (int i = 1; i < n; i++) {
+            if ((u[i] & 0xC0) != 0x80) return false;
+            v = v << 6 | (u[i] & 0x3Fu);
+        }
+        if ((n == 3 && (v < 0x800 || (v >= 0xD800 && v <= 0xDFFF))) || (n == 4 && (v < 0x10000 || v > 0x10FFFF))) return false;
+        u += n;
+    }
+    return true;
+}
+
+// cJSON passes invalid UTF-8 through; the grammar parser refuses it, so refuse it here.
+static bool all_utf8(const cJSON *v) {
+    for (; v; v = v->next) {
+        if (v->string && !valid_utf8(v->string)) return false;
+        if (cJSON_IsString(v) && !valid_utf8(v->valuestring)) return false;
+        if (v->child && !all_utf8(v->child)) return false;
+    }
+    return true;
+}
+
 int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *root,
                              const kaon_json_schema_opts *opts, gbnf_text *out) {
     if (!root || !valid_root_name(root)) return kaon_set_error("json schema: bad root rule name");
     if (len > JS_MAX_SCHEMA_BYTES) return kaon_set_error("json schema: schema larger than %d bytes", JS_MAX_SCHEMA_BYTES);
     cJSON *doc = cJSON_ParseWithLength(schema_json, len);
     if (!doc) return kaon_set_error("json schema: not valid JSON");
+    if (!all_utf8(doc)) {
+        cJSON_Delete(doc);
+        return kaon_set_error("json schema: invalid UTF-8 in a string");
+    }
     conv c;
     init_conv(&c, root, opts, out);
     c.doc = doc;

@@ -129,6 +129,8 @@ static const struct {
     {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "#/pattern"},
     {"{\"type\":", "not valid JSON"},
     {"false", "nothing"},
+    {"{\"type\":\"object\",\"properties\":{\"\xff\":{}}}", "UTF-8"},
+    {"{\"enum\":[\"\xed\xa0\x80\"]}", "UTF-8"},
     {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
     {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":3}", "format"},
 };
