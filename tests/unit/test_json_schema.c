@@ -1,0 +1,225 @@
+// JSON Schema -> GBNF: each schema's grammar must parse, accept the listed texts and reject the
+// others; malformed or unsupported schemas must fail with an error naming their JSON pointer.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+#include "util/err.h"
+#include "test.h"
+
+#define MAXN 16
+typedef struct {
+    const char *schema;
+    bool strict, any_ws;
+    const char *good[MAXN];
+    const char *bad[MAXN];
+} schema_case;
+
+static const schema_case CASES[] = {
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}},"
+     "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
+     false, false,
+     {"{\"name\":\"Bo\",\"age\":3}", "{\"name\": \"Bo\", \"age\": -3}", "{\"name\":\"a\\\"b\\\\c\\u00e9\\n\",\"age\":0}",
+      "{\"name\":\"\xc3\xa9\",\"age\":10}"},
+     {"{\"name\":\"Bo\"}", "{\"age\":3,\"name\":\"Bo\"}", "{\"name\":\"Bo\",\"age\":3,\"x\":1}",
+      "{\"name\":\"Bo\",\"age\":03}", "{\"name\":\"Bo\",\"age\":-0}", "{\"name\":\"a\\x\",\"age\":1}",
+      "{\"name\":\"a\\u12\",\"age\":1}", "{\"name\":\"a\nb\",\"age\":1}", "{ \"name\":\"Bo\",\"age\":3}",
+      "{\"name\":\"Bo\",\"age\":3}\n", "{\"name\":\"Bo\",  \"age\":3}", "{\"name\":\"Bo\",\"age\":1.5}",
+      "{\"name\":\"Bo\",\"age\":1234567890123456}"}},
+    // optional properties: every subset, commas right
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"},"
+     "\"c\":{\"type\":\"integer\"}},\"required\":[\"b\"]}",
+     true, false,
+     {"{\"b\":1}", "{\"a\":1,\"b\":2}", "{\"b\":2,\"c\":3}", "{\"a\":1,\"b\":2,\"c\":3}"},
+     {"{}", "{\"a\":1}", "{\"a\":1,\"c\":3}", "{,\"b\":1}", "{\"b\":1,}", "{\"a\":1,,\"b\":2}", "{\"b\":1,\"d\":1}"}},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}}}", true, false,
+     {"{}", "{\"a\":1}", "{\"b\":2}", "{\"a\":1,\"b\":2}"},
+     {"{\"b\":2,\"a\":1}", "{\"a\":1,}", "{,}", "{\"c\":1}"}},
+    // not strict, additionalProperties absent: extra keys after the listed ones
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}", false, false,
+     {"{}", "{\"a\":1}", "{\"a\":1,\"x\":[1,{\"y\":null}]}", "{\"x\":true}"},
+     {"{\"a\":\"s\"}", "{\"a\":1,}"}},
+    {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"number\"}}", false, false,
+     {"{}", "{\"x\":1.5}", "{\"x\":1,\"y\":-2e10}"},
+     {"{\"x\":\"s\"}", "{\"x\":1.1234567}", "{\"x\":01}"}},
+    {"{\"type\":\"object\",\"properties\":{\"q\\\"\":{\"type\":\"integer\"},\"ab\":{\"type\":\"integer\"}}}", false, false,
+     {"{\"q\\\"\":1}", "{\"ab\":1,\"a\":\"s\"}", "{\"abc\":\"s\"}", "{\"q\":\"s\"}"},
+     {"{\"ab\":\"s\"}", "{\"q\"\":1}", "{\"ab\":1,\"ab\":\"s\"}", "{\"a\\u0062\":\"s\"}"}},
+    // enums and const: canonical compact JSON text
+    {"{\"enum\":[\"red\",\"green\",1,null,{\"a\":[1,2]},true]}", false, false,
+     {"\"red\"", "\"green\"", "1", "null", "{\"a\":[1,2]}", "{\"a\": [1, 2]}", "true"},
+     {"\"blue\"", "\"Red\"", "2", "false", "{\"a\":[1,  2]}", "{ \"a\":[1,2]}", "1.0"}},
+    {"{\"type\":\"string\",\"enum\":[\"x\",1]}", false, false, {"\"x\""}, {"1"}},
+    {"{\"const\":\"fixed\"}", false, false, {"\"fixed\""}, {"\"other\""}},
+    // type lists, anyOf / oneOf
+    {"{\"type\":[\"string\",\"null\"]}", false, false, {"\"s\"", "null"}, {"1", "nul"}},
+    {"{\"anyOf\":[{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},{\"type\":\"boolean\"}]}", false, false,
+     {"0", "9", "true"}, {"10", "-1", "null"}},
+    {"{\"oneOf\":[{\"type\":\"string\",\"maxLength\":2},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}]}", false,
+     false, {"\"ab\"", "[]", "[1,2]", "[1, 2]"}, {"\"abc\"", "[1,]", "[\"a\"]", "[ 1]"}},
+    {"{\"allOf\":[{\"type\":\"boolean\"}],\"description\":\"d\"}", false, false, {"true"}, {"1"}},
+    // integer ranges
+    {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":150}", false, false, {"0", "7", "99", "100", "149", "150"},
+     {"151", "-1", "00", "07", "1000", "200", "-0"}},
+    {"{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5}", false, false, {"-5", "-1", "0", "5"},
+     {"-6", "6", "-0", "--1", "+1"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", false, false, {"1", "999999999999999"},
+     {"0", "-1", "1000000000000000"}},
+    {"{\"type\":\"integer\",\"minimum\":-1234,\"exclusiveMaximum\":-17}", false, false, {"-1234", "-18", "-999", "-100"},
+     {"-17", "-1235", "-16", "0", "-9999"}},
+    {"{\"type\":\"number\",\"minimum\":0,\"maximum\":10}", false, false, {"0", "10", "9.5", "0.25", "3"},
+     {"10.5", "-1", "11", "1e3", "01.5"}},
+    {"{\"type\":\"number\"}", false, false, {"0", "-0.5", "1e10", "3.25E-2"}, {".5", "1.", "01", "1.1234567", "+1"}},
+    // arrays
+    {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}", false, false,
+     {"[1,2]", "[1, 2, 3]"}, {"[]", "[1]", "[1,2,3,4]", "[1,2,]"}},
+    {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"items\":false}", false, false,
+     {"[]", "[\"a\"]", "[\"a\",1]"}, {"[1]", "[\"a\",1,2]", "[\"a\",\"b\"]"}},
+    {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"minItems\":2,"
+     "\"items\":{\"type\":\"boolean\"},\"maxItems\":3}",
+     false, false, {"[\"a\",1]", "[\"a\",1,true]"}, {"[\"a\"]", "[\"a\",1,true,false]", "[\"a\",1,2]"}},
+    // strings
+    {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", false, false, {"\"ab\"", "\"a\\nb\"", "\"\xc3\xa9\xc3\xa9\""},
+     {"\"a\"", "\"abcd\"", "\"\\n\""}},
+    {"{\"type\":\"string\",\"format\":\"date\"}", false, false, {"\"2024-02-28\"", "\"1999-12-31\"", "\"2001-04-30\""},
+     {"\"2024-13-01\"", "\"2023-02-30\"", "\"2023-04-31\"", "\"0999-01-01\"", "\"2024-1-01\"", "\"x\""}},
+    {"{\"type\":\"string\",\"format\":\"uuid\"}", false, false, {"\"123e4567-e89b-12d3-a456-426614174000\""},
+     {"\"123e4567e89b12d3a456426614174000\""}},
+    {"{\"type\":\"string\",\"format\":\"ipv4\"}", false, false, {"\"192.168.0.1\"", "\"0.0.0.0\"", "\"255.255.255.255\""},
+     {"\"256.1.1.1\"", "\"01.1.1.1\"", "\"1.1.1\""}},
+    {"{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]?$\"}", false, false, {"\"abc\"", "\"ab1\""}, {"\"1\"", "\"ab12\"", "\"\""}},
+    // $ref and recursion
+    {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":"
+     "\"#/$defs/node\"},{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"],\"additionalProperties\":false}},"
+     "\"$ref\":\"#/$defs/node\"}",
+     false, false, {"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3,\"next\":null}}}"},
+     {"{\"v\":1}", "{\"v\":1,\"next\":{\"v\":2}}"}},
+    {"{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", false, false, {"[]", "[[],[[]]]"}, {"[1]", "[[],]"}},
+    {"{\"definitions\":{\"a~b\":{\"type\":\"boolean\"}},\"properties\":{\"x\":{\"$ref\":\"#/definitions/a~0b\"}},"
+     "\"type\":\"object\",\"required\":[\"x\"]}",
+     true, false, {"{\"x\":true}"}, {"{\"x\":1}"}},
+    // whitespace policy
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\"}},\"required\":[\"a\"]}", true, true,
+     {"{ \"a\" : [ 1 ,\n 2 ] }", "{\"a\":[]}"}, {"{\"a\":[1,2] } x"}},
+    // no type: any value, or the keywords' constraints on each kind
+    {"{}", false, false, {"1", "\"s\"", "[1,{\"a\":null}]", "{\"k\": [true, false]}"}, {"", "[1,", "{\"a\"}", "tru"}},
+    {"{\"minimum\":3,\"maximum\":4}", false, false, {"3", "4", "\"s\"", "null"}, {"5", "2"}},
+};
+
+static const struct {
+    const char *schema;
+    const char *want;  // substring of the error
+} ERRORS[] = {
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/missing\"}}}", "#/properties/a"},
+    {"{\"$ref\":\"#\"}", "refers back to itself"},
+    {"{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}", "refers back"},
+    {"{\"$ref\":\"http://example.com/s.json\"}", "only local $ref"},
+    {"{\"type\":\"integer\",\"multipleOf\":3}", "multipleOf"},
+    {"{\"type\":\"object\",\"properties\":{\"p\":{\"not\":{\"type\":\"string\"}}}}", "#/properties/p"},
+    {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf"},
+    {"{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "next to"},
+    {"{\"type\":\"array\",\"maxItems\":5000}", "1024"},
+    {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems"},
+    {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer"},
+    {"{\"type\":\"strin\"}", "unknown type"},
+    {"{\"enum\":[1,2],\"type\":\"string\"}", "enum"},
+    {"{\"type\":\"object\",\"required\":[\"x\"],\"additionalProperties\":false}", "required property 'x'"},
+    {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "#/pattern"},
+    {"{\"type\":", "not valid JSON"},
+    {"false", "nothing"},
+    {"{\"type\":\"object\",\"properties\":{\"\xff\":{}}}", "UTF-8"},
+    {"{\"enum\":[\"\xed\xa0\x80\"]}", "UTF-8"},
+    {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
+    {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":3}", "format"},
+};
+
+static bool accepts(const kaon_grammar *g, const char *s) {
+    kaon_grammar_matcher *m = kaon_grammar_matcher_new(g);
+    size_t n = strlen(s);
+    bool whole = kaon_grammar_matcher_accept_bytes(m, s, n) && kaon_grammar_matcher_can_end(m);
+    kaon_grammar_matcher_reset(m);
+    bool bytes = true;
+    for (size_t i = 0; i < n && bytes; i++) bytes = kaon_grammar_matcher_accept_bytes(m, s + i, 1);
+    bytes = bytes && kaon_grammar_matcher_can_end(m);
+    CHECK(whole == bytes);
+    kaon_grammar_matcher_free(m);
+    return whole;
+}
+
+static kaon_grammar *convert(const char *schema, bool strict, bool any_ws, gbnf_text *t) {
+    kaon_json_schema_opts o = {.strict = strict, .any_whitespace = any_ws};
+    if (kaon_json_schema_to_gbnf(schema, strlen(schema), "root", &o, t)) {
+        fprintf(stderr, "convert failed: %s\n  schema %s\n", kaon_last_error(), schema);
+        return NULL;
+    }
+    kaon_grammar *g = kaon_grammar_parse(t->s, t->len, "root");
+    if (!g) fprintf(stderr, "parse failed: %s\n%s\n", kaon_last_error(), t->s);
+    return g;
+}
+
+static void test_cases(void) {
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        const schema_case *c = &CASES[i];
+        gbnf_text t = {0};
+        kaon_grammar *g = convert(c->schema, c->strict, c->any_ws, &t);
+        CHECK(g != NULL);
+        if (!g) {
+            gbnf_text_free(&t);
+            continue;
+        }
+        for (int k = 0; k < MAXN && c->good[k]; k++) {
+            bool ok = accepts(g, c->good[k]);
+            if (!ok) fprintf(stderr, "case %zu: should accept %s\n%s", i, c->good[k], t.s);
+            CHECK(ok);
+        }
+        for (int k = 0; k < MAXN && c->bad[k]; k++) {
+            bool ok = accepts(g, c->bad[k]);
+            if (ok) fprintf(stderr, "case %zu: should reject %s\n%s", i, c->bad[k], t.s);
+            CHECK(!ok);
+        }
+        kaon_grammar_free(g);
+        gbnf_text_free(&t);
+    }
+}
+
+static void test_errors(void) {
+    for (size_t i = 0; i < sizeof ERRORS / sizeof ERRORS[0]; i++) {
+        gbnf_text t = {0};
+        kaon_clear_error();
+        int rc = kaon_json_schema_to_gbnf(ERRORS[i].schema, strlen(ERRORS[i].schema), "root", NULL, &t);
+        const char *err = kaon_last_error();
+        bool named = rc != 0 && err && strstr(err, ERRORS[i].want);
+        if (!named) fprintf(stderr, "error case %zu: rc %d, error '%s', want '%s'\n", i, rc, err ? err : "", ERRORS[i].want);
+        CHECK(named);
+        gbnf_text_free(&t);
+    }
+}
+
+static void test_any(void) {
+    for (int obj = 0; obj < 2; obj++) {
+        gbnf_text t = {0};
+        CHECK(kaon_json_any_to_gbnf("root", obj, NULL, &t) == 0);
+        kaon_grammar *g = kaon_grammar_parse(t.s, t.len, "root");
+        CHECK(g != NULL);
+        if (g) {
+            CHECK(accepts(g, "{\"a\": [1, {\"b\":null}], \"c\":\"d\"}"));
+            CHECK(accepts(g, "[1,2]") == !obj);
+            CHECK(accepts(g, "\"s\"") == !obj);
+            CHECK(!accepts(g, "{\"a\":1,}"));
+            CHECK(!accepts(g, "{\n\"a\":1}"));
+            CHECK(!accepts(g, "[[[[[[[[[[[[1]]]]]]]]]]]]"));  // nesting is bounded
+            kaon_grammar_free(g);
+        }
+        gbnf_text_free(&t);
+    }
+}
+
+int main(void) {
+    test_cases();
+    test_errors();
+    test_any();
+    if (kaon_test_failures) fprintf(stderr, "%d failures\n", kaon_test_failures);
+    return kaon_test_failures ? 1 : 0;
+}
