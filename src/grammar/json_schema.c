@@ -109,7 +109,12 @@ static const char *shared(conv *c, unsigned which) {
         c->shared |= which;
         switch (which) {
         case SH_CHAR:  // any character but '"', '\' and controls, or an escape
-            gbnf_printf(c->out, "%s-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n", r);
+            // \u escapes of surrogates are left out: a pair is one character to JSON Schema's
+            // minLength but two here (characters above U+FFFF are written as themselves)
+            gbnf_printf(c->out,
+                        "%s-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CeEfF] "
+                        "[0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))\n",
+                        r);
             break;
         case SH_STRING:
             shared(c, SH_CHAR);

@@ -25,7 +25,7 @@ static const schema_case CASES[] = {
       "{\"name\":\"\xc3\xa9\",\"age\":10}"},
      {"{\"name\":\"Bo\"}", "{\"age\":3,\"name\":\"Bo\"}", "{\"name\":\"Bo\",\"age\":3,\"x\":1}",
       "{\"name\":\"Bo\",\"age\":03}", "{\"name\":\"Bo\",\"age\":-0}", "{\"name\":\"a\\x\",\"age\":1}",
-      "{\"name\":\"a\\u12\",\"age\":1}", "{\"name\":\"a\nb\",\"age\":1}", "{ \"name\":\"Bo\",\"age\":3}",
+      "{\"name\":\"a\\u12\",\"age\":1}", "{\"name\":\"\\ud83d\\ude00\",\"age\":1}", "{\"name\":\"a\nb\",\"age\":1}", "{ \"name\":\"Bo\",\"age\":3}",
       "{\"name\":\"Bo\",\"age\":3}\n", "{\"name\":\"Bo\",  \"age\":3}", "{\"name\":\"Bo\",\"age\":1.5}",
       "{\"name\":\"Bo\",\"age\":1234567890123456}"}},
     // optional properties: every subset, commas right
