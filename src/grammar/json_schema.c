@@ -755,6 +755,59 @@ static int alternatives(conv *c, const cJSON *s, const char *key, gbnf_text *b) 
     return 0;
 }
 
+// allOf of plain object schemas (properties/required, through $refs) merged into one object:
+// their properties in order, required joined. Extra keys then follow the usual policy, which
+// is sound: every listed key still meets its own schema.
+static int allof_objects(conv *c, const cJSON *list, gbnf_text *b) {
+    cJSON *merged = cJSON_CreateObject(), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
+    int rc = -1;
+    if (!merged || !props || !req) {
+        cJSON_Delete(props);
+        cJSON_Delete(req);
+        cJSON_Delete(merged);
+        return fail(c, "out of memory");
+    }
+    cJSON_AddItemToObject(merged, "properties", props);
+    cJSON_AddItemToObject(merged, "required", req);
+    int i = 0;
+    for (const cJSON *member = list->child; member; member = member->next, i++) {
+        size_t old = push_index(c, "allOf", i);
+        const cJSON *ref, *m = member;
+        for (int hops = 0; cJSON_IsObject(m) && (ref = get(m, "$ref")) && hops < 16; hops++) {
+            if (!cJSON_IsString(ref) || other_constraint(m, "$ref")) break;
+            m = resolve_ref(c, ref->valuestring);
+            if (!m) goto done;
+        }
+        const cJSON *type = get(m, "type");
+        if (!cJSON_IsObject(m) || (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "object")))) {
+            fail(c, "allOf with several members is supported for object schemas only");
+            goto done;
+        }
+        for (const cJSON *k = m->child; k; k = k->next) {
+            if (strcmp(k->string, "type") && strcmp(k->string, "properties") && strcmp(k->string, "required") &&
+                !in_list(ANNOTATIONS, k->string)) {
+                fail(c, "'%s' in a member of a merged allOf is not supported", k->string);
+                goto done;
+            }
+        }
+        const cJSON *mp = get(m, "properties"), *mr = get(m, "required");
+        for (const cJSON *p = cJSON_IsObject(mp) ? mp->child : NULL; p; p = p->next) {
+            if (get(props, p->string)) {
+                fail(c, "property '%.60s' appears in two allOf members", p->string);
+                goto done;
+            }
+            cJSON_AddItemReferenceToObject(props, p->string, (cJSON *)p);
+        }
+        for (const cJSON *r = cJSON_IsArray(mr) ? mr->child : NULL; r; r = r->next)
+            if (cJSON_IsString(r)) cJSON_AddItemToArray(req, cJSON_CreateString(r->valuestring));
+        pop_ptr(c, old);
+    }
+    rc = object_body(c, merged, b);
+done:
+    cJSON_Delete(merged);
+    return rc;
+}
+
 static int schema_body(conv *c, const cJSON *s, gbnf_text *b) {
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
         gbnf_puts(b, shared(c, SH_VALUE));
@@ -780,7 +833,8 @@ static int schema_body(conv *c, const cJSON *s, gbnf_text *b) {
             return 0;
         }
         if (i == 3) {  // allOf of one schema is that schema
-            if (cJSON_GetArraySize(v) != 1) return fail(c, "allOf with more than one member is not supported");
+            if (!cJSON_IsArray(v) || !v->child) return fail(c, "allOf must be a non-empty array");
+            if (v->child->next) return allof_objects(c, v, b);
             char name[JS_NAME];
             size_t old = push_index(c, "allOf", 0);
             int e = schema_rule(c, v->child, name);

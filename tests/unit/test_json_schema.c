@@ -60,6 +60,9 @@ static const schema_case CASES[] = {
     {"{\"oneOf\":[{\"type\":\"string\",\"maxLength\":2},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}]}", false,
      false, {"\"ab\"", "[]", "[1,2]", "[1, 2]"}, {"\"abc\"", "[1,]", "[\"a\"]", "[ 1]"}},
     {"{\"allOf\":[{\"type\":\"boolean\"}],\"description\":\"d\"}", false, false, {"true"}, {"1"}},
+    {"{\"$defs\":{\"base\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"required\":[\"id\"]}},"
+     "\"allOf\":[{\"$ref\":\"#/$defs/base\"},{\"properties\":{\"name\":{\"type\":\"string\"}},\"required\":[\"name\"]}]}",
+     true, false, {"{\"id\":1,\"name\":\"x\"}"}, {"{\"id\":1}", "{\"name\":\"x\"}", "{\"id\":1,\"name\":\"x\",\"z\":1}"}},
     // integer ranges
     {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":150}", false, false, {"0", "7", "99", "100", "149", "150"},
      {"151", "-1", "00", "07", "1000", "200", "-0"}},
@@ -119,6 +122,7 @@ static const struct {
     {"{\"type\":\"integer\",\"multipleOf\":3}", "multipleOf"},
     {"{\"type\":\"object\",\"properties\":{\"p\":{\"not\":{\"type\":\"string\"}}}}", "#/properties/p"},
     {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf"},
+    {"{\"allOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"a\":{}}}]}", "two allOf members"},
     {"{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "next to"},
     {"{\"type\":\"array\",\"maxItems\":5000}", "1024"},
     {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems"},
