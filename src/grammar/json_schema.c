@@ -364,19 +364,27 @@ static int string_body(js_conv *c, const cJSON *s, gbnf_text *b) {
 // ---- numbers ----
 
 // Integer bounds from minimum/maximum/exclusive*, clamped to what the grammar can write.
-static int int_bounds(js_conv *c, const cJSON *s, int64_t *lo, int64_t *hi, double *max_real) {
+// *min_real/*max_real: the real bounds (inclusive or not), infinite when absent.
+static int int_bounds(js_conv *c, const cJSON *s, int64_t *lo, int64_t *hi, double *min_real, double *max_real) {
     double l = -(double)JS_MAX_INT_VALUE, h = (double)JS_MAX_INT_VALUE;
     *max_real = INFINITY;
+    *min_real = -INFINITY;
     const cJSON *mn = js_get(s, "minimum"), *mx = js_get(s, "maximum");
     const cJSON *emn = js_get(s, "exclusiveMinimum"), *emx = js_get(s, "exclusiveMaximum");
     if ((mn && !cJSON_IsNumber(mn)) || (mx && !cJSON_IsNumber(mx))) return js_fail(c, "minimum/maximum must be numbers");
     bool old_emn = cJSON_IsTrue(emn), old_emx = cJSON_IsTrue(emx);  // draft-04 booleans
-    if (mn) l = fmax(l, old_emn ? floor(mn->valuedouble) + 1 : ceil(mn->valuedouble));
+    if (mn) {
+        l = fmax(l, old_emn ? floor(mn->valuedouble) + 1 : ceil(mn->valuedouble));
+        *min_real = mn->valuedouble;
+    }
     if (mx) {
         h = fmin(h, old_emx ? ceil(mx->valuedouble) - 1 : floor(mx->valuedouble));
         *max_real = mx->valuedouble;
     }
-    if (cJSON_IsNumber(emn)) l = fmax(l, floor(emn->valuedouble) + 1);
+    if (cJSON_IsNumber(emn)) {
+        l = fmax(l, floor(emn->valuedouble) + 1);
+        *min_real = fmax(*min_real, emn->valuedouble);
+    }
     if (cJSON_IsNumber(emx)) {
         h = fmin(h, ceil(emx->valuedouble) - 1);
         *max_real = fmin(*max_real, emx->valuedouble);
@@ -399,22 +407,23 @@ static int integer_body(js_conv *c, const cJSON *s, gbnf_text *b) {
         return 0;
     }
     int64_t lo, hi;
-    double mr;
-    if (int_bounds(c, s, &lo, &hi, &mr)) return -1;
+    double min_real, max_real;
+    if (int_bounds(c, s, &lo, &hi, &min_real, &max_real)) return -1;
     js_int_range_expr(b, lo, hi);
     return 0;
 }
 
-// Bounded numbers: the integers in range, and fractions I.ddd for I >= 0 with I + 1 <= the
-// maximum (so I.ddd < I + 1 stays in range). Negative fractions are not generated.
+// Bounded numbers: the integers in range, fractions I.ddd for I >= 0 with I + 1 <= the
+// maximum (I.ddd < I + 1 stays in range), and -K.ddd for minimum <= -(K + 1) and -K <= hi,
+// the largest integer in range (-K.ddd lies in (-(K + 1), -K]). No exponents.
 static int number_body(js_conv *c, const cJSON *s, gbnf_text *b) {
     if (!has_bounds(s)) {
         gbnf_puts(b, js_shared(c, SH_NUMBER));
         return 0;
     }
     int64_t lo, hi;
-    double max_real;
-    if (int_bounds(c, s, &lo, &hi, &max_real)) return -1;
+    double min_real, max_real;
+    if (int_bounds(c, s, &lo, &hi, &min_real, &max_real)) return -1;
     js_int_range_expr(b, lo, hi);
     int64_t flo = lo < 0 ? 0 : lo;
     double fhi_d = isinf(max_real) ? (double)JS_MAX_INT_VALUE : floor(max_real) - 1;
@@ -422,6 +431,14 @@ static int number_body(js_conv *c, const cJSON *s, gbnf_text *b) {
     if (fhi_d >= (double)flo) {
         gbnf_puts(b, " | ");
         js_int_range_expr(b, flo, (int64_t)fhi_d);
+        gbnf_printf(b, " \".\" [0-9]{1,%d}", JS_MAX_FRACTION_DIGITS);
+    }
+    double kmax_d = isinf(min_real) ? (double)JS_MAX_INT_VALUE : floor(-min_real) - 1;
+    if (kmax_d > (double)JS_MAX_INT_VALUE) kmax_d = (double)JS_MAX_INT_VALUE;
+    int64_t kmin = hi >= 0 ? 0 : -hi, kmax = kmax_d < 0 ? -1 : (int64_t)kmax_d;
+    if (kmin <= kmax) {
+        gbnf_puts(b, " | \"-\" ");
+        js_int_range_expr(b, kmin, kmax);
         gbnf_printf(b, " \".\" [0-9]{1,%d}", JS_MAX_FRACTION_DIGITS);
     }
     return 0;

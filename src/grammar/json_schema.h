@@ -27,7 +27,8 @@ typedef struct kaon_json_schema_opts {
 // minLength/maxLength (<= 1024), pattern (kaon_regex_to_gbnf), format date, time, date-time,
 // uuid, email, ipv4 (others ignored), integer bounds exactly (|x| < 1e15). Conservative
 // choices: integers have at most 15 digits, fractions at most 6; bounded numbers are the
-// integers in range plus I.ddd for 0 <= I <= max - 1 (no negative fractions, no exponents).
+// integers in range plus fractions whose integer part and its successor are in range (no
+// exponents).
 // Errors: not, if/then/else, multipleOf, patternProperties, min/maxProperties, contains,
 // uniqueItems: true, other allOfs, combinators beside other constraints.
 // Appends rules to `out` with the root rule `root` (helper rules are prefixed with it).

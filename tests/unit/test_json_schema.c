@@ -74,6 +74,10 @@ static const schema_case CASES[] = {
      {"-17", "-1235", "-16", "0", "-9999"}},
     {"{\"type\":\"number\",\"minimum\":0,\"maximum\":10}", false, false, {"0", "10", "9.5", "0.25", "3"},
      {"10.5", "-1", "11", "1e3", "01.5"}},
+    {"{\"type\":\"number\",\"minimum\":-2,\"maximum\":-1}", false, false, {"-2", "-1", "-1.5", "-1.999"},
+     {"-2.5", "-0.5", "1", "-3", "-2.1"}},
+    {"{\"type\":\"number\",\"minimum\":-1,\"maximum\":1}", false, false, {"-1", "-0.5", "0", "0.75", "1"},
+     {"-1.5", "1.5", "-01.5"}},
     {"{\"type\":\"number\"}", false, false, {"0", "-0.5", "1e10", "3.25E-2"}, {".5", "1.", "01", "1.1234567", "+1"}},
     // arrays
     {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}", false, false,
