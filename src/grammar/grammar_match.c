@@ -27,7 +27,8 @@ struct kaon_grammar_matcher {
 
 static void refresh_view(kaon_grammar_matcher *m) {
     const saved_state *s = &m->hist[m->n_hist - 1];
-    m->cur.tops = m->pool + s->off;
+    // a grammar matching only "" has no stacks: the pool is never allocated (NULL + 0 is UB)
+    m->cur.tops = m->pool ? m->pool + s->off : NULL;
     m->cur.n = m->cur.cap = s->n;
     m->cur.accept = s->accept;
     m->cur.ctx_now = m->cur.ctx_any = false;

@@ -21,14 +21,16 @@ typedef struct kaon_json_schema_opts {
 // keywords), properties in the schema's order with required/optional members,
 // additionalProperties (false, true, a schema; absent = any further keys unless strict; extra
 // keys are escape-free strings other than the listed ones), enum/const (any JSON values),
-// anyOf, oneOf (as anyOf), allOf of one schema, local $ref (#, #/$defs/..., #/definitions/...,
-// recursion through an object or array), items/prefixItems/minItems/maxItems (<= 1024),
+// anyOf, oneOf (as anyOf: overlapping branches are not excluded), allOf of one schema or of
+// plain object schemas (merged), local $ref (#, #/$defs/..., #/definitions/..., recursion
+// through an object or array), items/prefixItems/minItems/maxItems (<= 1024),
 // minLength/maxLength (<= 1024), pattern (kaon_regex_to_gbnf), format date, time, date-time,
 // uuid, email, ipv4 (others ignored), integer bounds exactly (|x| < 1e15). Conservative
 // choices: integers have at most 15 digits, fractions at most 6; bounded numbers are the
-// integers in range plus I.ddd for 0 <= I <= max - 1 (no negative fractions, no exponents).
+// integers in range plus fractions whose integer part and its successor are in range (no
+// exponents).
 // Errors: not, if/then/else, multipleOf, patternProperties, min/maxProperties, contains,
-// uniqueItems: true, allOf of several schemas, combinators beside other constraints.
+// uniqueItems: true, other allOfs, combinators beside other constraints.
 // Appends rules to `out` with the root rule `root` (helper rules are prefixed with it).
 // schema_json[0..len) is the schema text; "{}" or `true` means any JSON value. Returns 0, or
 // -1 with kaon_last_error() naming the unsupported or malformed part by its JSON pointer.

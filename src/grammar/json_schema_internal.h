@@ -5,7 +5,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
 #include "grammar/gbnf_text.h"
+#include "grammar/json_schema.h"
+#include "util/err.h"
 
 // Integers the grammars write have at most this many digits, so a model cannot loop on digits.
 #define JS_MAX_INT_DIGITS 15
@@ -21,5 +27,62 @@ void js_int_range_expr(gbnf_text *out, int64_t lo, int64_t hi);
 // are none of keys[0..n): no escapes, any other character. Returns the trie's node count (the
 // number of helper rules) or -1 when out of memory.
 int js_key_excluding(gbnf_text *out, const char *name, const char *const *keys, int n_keys);
+
+// ---- the converter's state and helpers (json_schema.c), used by json_schema_object.c ----
+
+// Limits on hostile schemas.
+#define JS_MAX_SCHEMA_BYTES (256 * 1024)
+#define JS_MAX_DEPTH 48        // schema nodes nested inside each other
+#define JS_MAX_RULES 4096      // rules this converter writes (repetitions add more at parse)
+#define JS_MAX_ENUM 1024       // enum members
+#define JS_MAX_COUNT 1024      // minItems/maxItems/minLength/maxLength/properties
+#define JS_ANY_DEPTH 8         // nesting of a free-form JSON value
+#define JS_NAME 96
+
+enum { SH_CHAR = 1, SH_STRING = 2, SH_INTEGER = 4, SH_NUMBER = 8, SH_VALUE = 16, SH_WS = 32 };
+
+typedef struct {
+    const cJSON *node;
+    char name[JS_NAME];
+    int struct_depth;  // objects/arrays open when its generation began
+    bool done;
+} js_ref;
+
+typedef struct {
+    gbnf_text *out;
+    char root[JS_NAME / 2];
+    const cJSON *doc;
+    kaon_json_schema_opts opts;
+    int n_rules, depth, struct_depth;
+    js_ref *refs;
+    int n_refs, cap_refs;
+    unsigned shared;
+    char sep[JS_NAME];    // after ':' and ','
+    char inner[JS_NAME + 2];  // after '{' '[', before '}' ']' ',' ':' (empty by default)
+    char ptr[512];        // JSON pointer of the node being converted
+} js_conv;
+
+
+// Sets kaon_last_error to "json schema: at #<pointer>: <message>"; returns -1.
+int js_fail(js_conv *c, const char *fmt, ...) KAON_PRINTF(2, 3);
+// JSON pointer segments pushed while descending; each returns the length to pop back to.
+size_t js_push_ptr(js_conv *c, const char *seg);
+size_t js_push_index(js_conv *c, const char *key, int i);
+void js_pop_ptr(js_conv *c, size_t old);
+int js_new_name(js_conv *c, char *name);  // a fresh helper rule name (JS_NAME bytes)
+int js_emit_rule(js_conv *c, const char *name, const gbnf_text *body);
+const char *js_shared(js_conv *c, unsigned which);  // name of a shared rule (SH_*), emitted once
+const cJSON *js_get(const cJSON *s, const char *key);
+bool js_in_list(const char *const *list, const char *s);
+extern const char *const js_annotations[];  // keywords that constrain nothing
+const char *js_other_constraint(const cJSON *s, const char *except);
+long js_count_keyword(const cJSON *s, const char *key, long dflt);  // -2 when malformed
+int js_key_literal(js_conv *c, const char *key, gbnf_text *body);
+const cJSON *js_resolve_ref(js_conv *c, const char *ref);
+int js_schema_rule(js_conv *c, const cJSON *s, char *name);  // a rule for a schema node
+// Bodies of object and array schemas, and of an allOf of object schemas (json_schema_object.c).
+int js_object_body(js_conv *c, const cJSON *s, gbnf_text *b);
+int js_array_body(js_conv *c, const cJSON *s, gbnf_text *b);
+int js_allof_objects(js_conv *c, const cJSON *list, gbnf_text *b);
 
 #endif

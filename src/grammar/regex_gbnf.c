@@ -637,6 +637,10 @@ static void put_raw_set(rx *p, const cset *s) {
 
 // Hex digits for the nibbles set in `mask`, both cases.
 static void put_nibbles(gbnf_text *o, unsigned mask) {
+    if (mask == 0xFFFF) {
+        gbnf_puts(o, "[0-9a-fA-F]");
+        return;
+    }
     gbnf_puts(o, "[");
     for (int v = 0; v < 16; v++) {
         if (!(mask >> v & 1)) continue;

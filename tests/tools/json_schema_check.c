@@ -108,18 +108,22 @@ int main(int argc, char **argv) {
     char *schema = read_all(f, &slen);
     fclose(f);
     gbnf_text g = {0};
-    if (kaon_json_schema_to_gbnf(schema, slen, "root", &opts, &g)) {
+    int conv_rc = kaon_json_schema_to_gbnf(schema, slen, "root", &opts, &g);
+    free(schema);
+    if (conv_rc) {
         fprintf(stderr, "convert: %s\n", kaon_last_error());
+        gbnf_text_free(&g);
         return 2;
     }
-    free(schema);
     if (!strcmp(argv[1], "gbnf")) {
         fputs(g.s, stdout);
+        gbnf_text_free(&g);
         return 0;
     }
     kaon_grammar *gr = kaon_grammar_parse(g.s, g.len, "root");
     if (!gr) {
         fprintf(stderr, "parse: %s\n%s", kaon_last_error(), g.s);
+        gbnf_text_free(&g);
         return 2;
     }
     kaon_grammar_matcher *m = kaon_grammar_matcher_new(gr);

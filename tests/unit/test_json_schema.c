@@ -25,7 +25,7 @@ static const schema_case CASES[] = {
       "{\"name\":\"\xc3\xa9\",\"age\":10}"},
      {"{\"name\":\"Bo\"}", "{\"age\":3,\"name\":\"Bo\"}", "{\"name\":\"Bo\",\"age\":3,\"x\":1}",
       "{\"name\":\"Bo\",\"age\":03}", "{\"name\":\"Bo\",\"age\":-0}", "{\"name\":\"a\\x\",\"age\":1}",
-      "{\"name\":\"a\\u12\",\"age\":1}", "{\"name\":\"a\nb\",\"age\":1}", "{ \"name\":\"Bo\",\"age\":3}",
+      "{\"name\":\"a\\u12\",\"age\":1}", "{\"name\":\"\\ud83d\\ude00\",\"age\":1}", "{\"name\":\"a\nb\",\"age\":1}", "{ \"name\":\"Bo\",\"age\":3}",
       "{\"name\":\"Bo\",\"age\":3}\n", "{\"name\":\"Bo\",  \"age\":3}", "{\"name\":\"Bo\",\"age\":1.5}",
       "{\"name\":\"Bo\",\"age\":1234567890123456}"}},
     // optional properties: every subset, commas right
@@ -60,6 +60,9 @@ static const schema_case CASES[] = {
     {"{\"oneOf\":[{\"type\":\"string\",\"maxLength\":2},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}]}", false,
      false, {"\"ab\"", "[]", "[1,2]", "[1, 2]"}, {"\"abc\"", "[1,]", "[\"a\"]", "[ 1]"}},
     {"{\"allOf\":[{\"type\":\"boolean\"}],\"description\":\"d\"}", false, false, {"true"}, {"1"}},
+    {"{\"$defs\":{\"base\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"required\":[\"id\"]}},"
+     "\"allOf\":[{\"$ref\":\"#/$defs/base\"},{\"properties\":{\"name\":{\"type\":\"string\"}},\"required\":[\"name\"]}]}",
+     true, false, {"{\"id\":1,\"name\":\"x\"}"}, {"{\"id\":1}", "{\"name\":\"x\"}", "{\"id\":1,\"name\":\"x\",\"z\":1}"}},
     // integer ranges
     {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":150}", false, false, {"0", "7", "99", "100", "149", "150"},
      {"151", "-1", "00", "07", "1000", "200", "-0"}},
@@ -71,6 +74,10 @@ static const schema_case CASES[] = {
      {"-17", "-1235", "-16", "0", "-9999"}},
     {"{\"type\":\"number\",\"minimum\":0,\"maximum\":10}", false, false, {"0", "10", "9.5", "0.25", "3"},
      {"10.5", "-1", "11", "1e3", "01.5"}},
+    {"{\"type\":\"number\",\"minimum\":-2,\"maximum\":-1}", false, false, {"-2", "-1", "-1.5", "-1.999"},
+     {"-2.5", "-0.5", "1", "-3", "-2.1"}},
+    {"{\"type\":\"number\",\"minimum\":-1,\"maximum\":1}", false, false, {"-1", "-0.5", "0", "0.75", "1"},
+     {"-1.5", "1.5", "-01.5"}},
     {"{\"type\":\"number\"}", false, false, {"0", "-0.5", "1e10", "3.25E-2"}, {".5", "1.", "01", "1.1234567", "+1"}},
     // arrays
     {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}", false, false,
@@ -119,6 +126,7 @@ static const struct {
     {"{\"type\":\"integer\",\"multipleOf\":3}", "multipleOf"},
     {"{\"type\":\"object\",\"properties\":{\"p\":{\"not\":{\"type\":\"string\"}}}}", "#/properties/p"},
     {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf"},
+    {"{\"allOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"a\":{}}}]}", "two allOf members"},
     {"{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "next to"},
     {"{\"type\":\"array\",\"maxItems\":5000}", "1024"},
     {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems"},

@@ -60,6 +60,9 @@ static const match_case CASES[] = {
     {"a|b|", false, {"a", "b", ""}, {"ab"}},
     {"[]a]", false, {"]", "a"}, {"[", ""}},
     {"(|a)*", false, {"", "aaa"}, {"b"}},
+    {"", false, {""}, {"a"}},
+    {"^x{0}$", false, {""}, {"x"}},
+    {"[^\\s\\S]?", false, {""}, {"a", " "}},
     // JSON-string mode: the text between the quotes
     {"a\"b", true, {"a\\\"b"}, {"a\"b", "a\\\\\"b"}},
     {"a\\\\b", true, {"a\\\\b"}, {"a\\b"}},
