@@ -178,9 +178,10 @@ static void test_output_limit(void) {
 static void test_deep_nesting(void) {
     char re[1024] = "a?";
     for (int i = 0; i < KAON_REGEX_MAX_DEPTH - 1; i++) {
-        char tmp[1024];
-        snprintf(tmp, sizeof tmp, "(b?|%s|c)+", re);
-        strcpy(re, tmp);
+        size_t n = strlen(re);  // re = "(b?|" re "|c)+"
+        memmove(re + 4, re, n + 1);
+        memcpy(re, "(b?|", 4);
+        strcat(re, "|c)+");
     }
     for (int json = 0; json < 2; json++) {
         gbnf_text t = {0};
