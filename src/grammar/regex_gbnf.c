@@ -43,9 +43,17 @@ typedef struct {
     int n_nodes, cap_nodes;
     int depth;
     bool failed;
-    gbnf_text *out;
+    const char *name;
+    gbnf_text *out;         // where printing goes: `main`, or a helper rule's body
+    gbnf_text *main;        // the caller's text, from out_start on
     size_t out_start;
+    gbnf_text helpers;      // helper rules, appended after the main rule
+    int n_helpers, parens;  // parens: group nesting in the rule being printed
 } rx;
+
+// Deeper groups go to a helper rule: GBNF caps nesting at KAON_GRAMMAR_MAX_NESTING, and a
+// JSON-string set adds two levels of its own.
+#define PAREN_SPLIT (KAON_GRAMMAR_MAX_NESTING - 8)
 
 static int rx_fail(rx *p, size_t at, const char *msg) {
     if (p->failed) return -1;
@@ -572,12 +580,13 @@ static int parse_alt(rx *p, bool at_start, int *flags) {
 
 static bool too_big(rx *p) {
     if (p->failed) return true;
-    if (p->out->oom) {
+    if (p->out->oom || p->main->oom || p->helpers.oom) {
         p->failed = true;
         kaon_set_error("regex: out of memory");
         return true;
     }
-    if (p->out->len - p->out_start > KAON_GRAMMAR_MAX_TEXT) {
+    size_t total = p->main->len - p->out_start + p->helpers.len + (p->out != p->main ? p->out->len : 0);
+    if (total > KAON_GRAMMAR_MAX_TEXT) {
         p->failed = true;
         kaon_set_error("regex: the grammar for this pattern is too large (over %d bytes)", KAON_GRAMMAR_MAX_TEXT);
         return true;
@@ -725,15 +734,40 @@ static void put_node(rx *p, int id);
 static void put_nonempty(rx *p, int id);
 
 // `id` as one GBNF symbol, so a quantifier or a neighbour binds to all of it.
+// `id` as the helper rule name-gK, printed in a buffer of its own, then kept for the end.
+static void put_helper(rx *p, int id, bool nonempty) {
+    int k = p->n_helpers++;
+    gbnf_printf(p->out, "%s-g%d", p->name, k);
+    gbnf_text body = {0}, *saved = p->out;
+    int saved_parens = p->parens;
+    p->out = &body;
+    p->parens = 0;
+    gbnf_printf(&body, "%s-g%d ::= ", p->name, k);
+    if (nonempty) put_nonempty(p, id);
+    else put_node(p, id);
+    gbnf_puts(&body, "\n");
+    (void)too_big(p);
+    p->out = saved;
+    p->parens = saved_parens;
+    if (!p->failed) gbnf_append(&p->helpers, body.s, body.len);
+    gbnf_text_free(&body);
+}
+
 static void put_symbol(rx *p, int id, bool nonempty) {
     if (p->nodes[id].kind == N_SET) {
         put_node(p, id);
         return;
     }
+    if (p->parens >= PAREN_SPLIT) {
+        put_helper(p, id, nonempty);
+        return;
+    }
+    p->parens++;
     gbnf_puts(p->out, "(");
     if (nonempty) put_nonempty(p, id);
     else put_node(p, id);
     gbnf_puts(p->out, ")");
+    p->parens--;
 }
 
 // An item of a sequence: only an alternation needs parentheses there.
@@ -836,7 +870,8 @@ int kaon_regex_to_gbnf(const char *re, size_t len, const char *name, bool json_s
     if (!valid_name(name)) return kaon_set_error("regex: bad rule name");
     if (!re && len) return kaon_set_error("regex: no pattern");
     if (len > KAON_REGEX_MAX_LEN) return kaon_set_error("regex: pattern longer than %d bytes", KAON_REGEX_MAX_LEN);
-    rx p = {.re = re ? re : "", .len = len, .json = json_string, .out = out, .out_start = out->len};
+    rx p = {.re = re ? re : "", .len = len, .json = json_string, .name = name, .out = out, .main = out,
+            .out_start = out->len};
     int flags = 0;
     int root = parse_alt(&p, true, &flags);
     if (root >= 0 && !at_end(&p)) root = rx_fail(&p, p.pos, "unbalanced ')'");
@@ -846,12 +881,17 @@ int kaon_regex_to_gbnf(const char *re, size_t len, const char *name, bool json_s
         gbnf_printf(out, "%s ::= ", name);
         put_node(&p, root);
         gbnf_puts(out, "\n");
+        if (!p.failed && p.helpers.len) {
+            gbnf_append(out, p.helpers.s, p.helpers.len);
+            p.helpers.len = 0;  // now counted in `out`
+        }
         rc = too_big(&p) ? -1 : 0;
         if (rc) {  // leave the caller's text as it was
             out->len = before;
             if (out->s) out->s[before] = 0;
         }
     }
+    gbnf_text_free(&p.helpers);
     for (int i = 0; i < p.n_nodes; i++)
         if (p.nodes[i].kind == N_SET) free(p.nodes[i].set.r);
     free(p.nodes);

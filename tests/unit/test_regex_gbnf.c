@@ -174,6 +174,29 @@ static void test_output_limit(void) {
     gbnf_text_free(&t);
 }
 
+// Deep groups spill into helper rules (root-gN) rather than past GBNF's nesting limit.
+static void test_deep_nesting(void) {
+    char re[1024] = "a?";
+    for (int i = 0; i < KAON_REGEX_MAX_DEPTH - 1; i++) {
+        size_t n = strlen(re);  // re = "(b?|" re "|c)+"
+        memmove(re + 4, re, n + 1);
+        memcpy(re, "(b?|", 4);
+        strcat(re, "|c)+");
+    }
+    for (int json = 0; json < 2; json++) {
+        gbnf_text t = {0};
+        CHECK(kaon_regex_to_gbnf(re, strlen(re), "root", json, &t) == 0);
+        CHECK(t.s && strstr(t.s, "root-g0 ::=") != NULL);
+        kaon_grammar *g = t.s ? kaon_grammar_parse(t.s, t.len, NULL) : NULL;
+        CHECK(g != NULL);
+        // short strings only: this grammar is so ambiguous that longer ones reach the
+        // matcher's stack limits (an error, by design)
+        if (g) CHECK(accepts(g, "") && accepts(g, "a") && accepts(g, "b") && !accepts(g, "d") && !accepts(g, "ad"));
+        kaon_grammar_free(g);
+        gbnf_text_free(&t);
+    }
+}
+
 // Appended after other rules, usable by name from them (how the JSON Schema converter uses it).
 static void test_embedded(void) {
     gbnf_text t = {0};
@@ -194,6 +217,7 @@ int main(void) {
     test_matching();
     test_errors();
     test_output_limit();
+    test_deep_nesting();
     test_embedded();
     TEST_MAIN_END();
 }
