@@ -720,10 +720,7 @@ static int push_counts(kaon_engine *e, int *n, const kaon_token_counts *c, bool 
 // host (top logprobs, prompt logprobs, or a logprob wanted after edits).
 static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *row, int *n_ent) {
     const kaon_sampling *sp = &s->req->sp;
-    const bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-                           sp->frequency_penalty != 0.0f;
-    const bool mask = s->n_out < sp->min_tokens;
-    const bool edits = sp->n_logit_bias > 0 || mask || penalties;
+    const bool edits = kaon_seq_edits_logits(s), mask = s->n_out < sp->min_tokens;
     if (sp->logprobs > 0 || (sp->logprobs == 0 && edits) || s->constraint) return 1;  // host sampling
     if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) return 1;
     *row = (kaon_sample_row){.logit_row = logit_row, .temperature = sp->temperature, .top_k = sp->top_k,

@@ -178,4 +178,17 @@ out_item *kaon_post_make_output(kaon_engine *e, seq *s);
 void kaon_out_item_free(out_item *it);
 void kaon_seq_finish(seq *s, kaon_finish why);
 
+static inline bool kaon_sampling_has_penalties(const kaon_sampling *sp) {
+    return sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+}
+
+// Whether the sequence's next logits are edited before sampling (bias, the EOS mask before
+// min_tokens, penalties, a constraint's mask): one predicate for the device/host split, the
+// greedy shortcut and the host sampler.
+static inline bool kaon_seq_edits_logits(const seq *s) {
+    const kaon_sampling *sp = &s->req->sp;
+    return sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || kaon_sampling_has_penalties(sp) ||
+           s->constraint != NULL;
+}
+
 #endif

@@ -144,10 +144,7 @@ static int pend_push(seq *s, int32_t id, const kaon_token_logprob *lp) {
 // and nothing edits the row.
 static bool plain_greedy(const seq *s) {
     const kaon_sampling *sp = &s->req->sp;
-    const bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-                           sp->frequency_penalty != 0.0f;
-    const bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties || s->constraint;
-    return !edits && (sp->temperature <= 0.0f || sp->top_k == 1);
+    return !kaon_seq_edits_logits(s) && (sp->temperature <= 0.0f || sp->top_k == 1);
 }
 
 // Below this many logits a step's greedy rows are not worth a pool run.
@@ -238,9 +235,8 @@ void kaon_post_sample(kaon_engine *e, seq *s, const float *raw) {
             return;
         }
     }
-    bool penalties = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-                     sp->frequency_penalty != 0.0f;
-    bool edits = sp->n_logit_bias > 0 || s->n_out < sp->min_tokens || penalties || s->constraint;
+    const bool penalties = kaon_sampling_has_penalties(sp);
+    const bool edits = kaon_seq_edits_logits(s);
     // The raw row is kept intact for logprobs; a copy is made only when something edits it.
     float *w = edits ? e->work : (float *)raw;
     if (edits) memcpy(w, raw, sizeof(float) * (size_t)V);
