@@ -165,6 +165,13 @@ def test_required_tool_choice_streamed_and_whole(client):
             entry["args"] += tc.function.arguments or ""
     assert [(v["name"], json.loads(v["args"])) for _, v in sorted(calls.items())] == \
         [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls]
+    # Sampled: every call of every choice names a tool and validates against its parameters.
+    r = create(client, messages=WEATHER, tools=TOOLS, tool_choice="required", n=4,
+               temperature=1.0, seed=9, max_tokens=300)
+    for c in finished(r.choices):
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls, c.message
+        for call in c.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
 
 
 @pytest.mark.parametrize("body, param", [
