@@ -17,7 +17,8 @@ typedef struct {
 
 // A charset is a sorted list of disjoint code point ranges (negations are complemented).
 typedef struct {
-    int32_t first, n;  // into ranges[]
+    int32_t first, n;    // into ranges[]
+    uint32_t ascii[4];   // code points 0..127 as bits: the common case skips the range search
 } gram_charset;
 
 struct kaon_grammar {
@@ -39,9 +40,20 @@ bool gram_charset_meets(const kaon_grammar *g, int cs, uint32_t lo, uint32_t hi)
 // continue with when this rule ends). Equal stacks share one id, so a state is a set of ids.
 #define GNODE_BOTTOM (-1)   // the stack ends here: the grammar is complete
 #define GNODE_CONTEXT (-2)  // an unknown rest of stack (mask precomputation)
+// A memoized step of one top over one code point: the tops its expansion reaches (pool[off ..
+// off + n)) and whether it reached the bottom / the context. Valid while the epoch matches.
+typedef struct {
+    int32_t top;
+    uint32_t cp;
+    int32_t off, n;
+    uint32_t epoch;
+    uint8_t accept, ctx_now;
+} gram_memo;
+
 typedef struct {
     int32_t *pos, *parent, *next;
-    uint32_t *seen;  // generation stamps for dedup within one step
+    uint32_t *seen;  // generation stamps for dedup within one step (one generation per top)
+    uint32_t step_gen;  // the first generation of the current step
     int32_t *bucket;
     int n, cap, n_buckets;
     uint32_t gen;
@@ -50,6 +62,13 @@ typedef struct {
     int budget;        // work items left in this byte's step
     int64_t total;     // work items left in this walk or token (set by the caller)
     bool overflow;
+    bool partial;      // this top's expansion met nodes an earlier top of the step expanded
+    gram_memo *memo;   // open addressing by (top, cp)
+    int memo_cap, memo_n;
+    uint32_t memo_epoch;
+    int32_t *memo_pool;
+    int memo_pool_n, memo_pool_cap;
+    int32_t memo_max_id;  // the highest node id a live memo entry names (-1: none)
 } gram_arena;
 
 // One matcher state: the stack tops (each at a CHARS element), whether the grammar may end
