@@ -97,6 +97,46 @@ static inline bool gram_state_viable(const gram_state *s) {
 }
 int gram_state_copy(gram_state *dst, const gram_state *src);
 
+// Interned walk states and their byte transitions (grammar_walk_cache.c).
+typedef struct {
+    uint32_t hash, cp;
+    int32_t off, n;  // tops: pool[off .. off + n)
+    uint8_t flags, rem, len;
+} gram_wc_state;
+typedef struct {
+    int32_t id;
+    uint32_t epoch;
+} gram_wc_slot;
+typedef struct {
+    gram_wc_state *states;
+    int n_states, cap_states;
+    gram_wc_slot *state_slot;  // open addressing by state hash
+    int32_t *rows;             // [state * 256 + byte]: the successor, -1 unknown
+    int32_t *pool;
+    int pool_n, pool_cap;
+    uint32_t epoch;  // slots of other epochs are empty
+    const gram_arena *arena;  // whose node ids the states hold
+} gram_walk_cache;
+
+int gram_walk_cache_init(gram_walk_cache *c);
+void gram_walk_cache_free(gram_walk_cache *c);
+void gram_walk_cache_reset(gram_walk_cache *c, const gram_arena *a);
+int32_t gram_walk_cache_intern(gram_walk_cache *c, const gram_state *s);
+int gram_walk_cache_load(const gram_walk_cache *c, int32_t id, gram_state *out);
+// The state `from` steps to on `byte`, or -1 when not known yet.
+static inline int32_t gram_walk_cache_next(const gram_walk_cache *c, int32_t from, uint8_t byte) {
+    return c->rows[(size_t)from * 256 + byte];
+}
+static inline void gram_walk_cache_link(gram_walk_cache *c, int32_t from, uint8_t byte, int32_t to) {
+    c->rows[(size_t)from * 256 + byte] = to;
+}
+static inline bool gram_walk_cache_viable(const gram_walk_cache *c, int32_t id) {
+    return c->states[id].n > 0 || (c->states[id].flags & 3);  // tops, accept or ctx_now
+}
+static inline bool gram_walk_cache_ctx_any(const gram_walk_cache *c, int32_t id) {
+    return c->states[id].flags >> 2 & 1;
+}
+
 // The matcher's current state (for the masker).
 const gram_state *gram_matcher_state(const kaon_grammar_matcher *m);
 gram_arena *gram_matcher_arena(kaon_grammar_matcher *m);
