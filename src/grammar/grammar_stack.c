@@ -325,7 +325,8 @@ static int step_top(const kaon_grammar *g, gram_arena *a, int32_t t, uint32_t cp
     int first = out->n;
     a->partial = false;
     if (expand(g, a, gram_node(a, a->pos[t] + 1, a->parent[t]), out)) return -1;
-    if (!a->partial) memo_store(a, t, cp, out->tops + first, out->n - first, out->accept, out->ctx_now);
+    const int32_t *found = out->n > first ? out->tops + first : NULL;  // tops may be NULL
+    if (!a->partial) memo_store(a, t, cp, found, out->n - first, out->accept, out->ctx_now);
     out->accept |= accept;
     out->ctx_now |= ctx_now;
     return 0;
