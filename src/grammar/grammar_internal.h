@@ -147,7 +147,8 @@ void gram_matcher_set_ended(kaon_grammar_matcher *m);
 // Vocabulary internals: tokens in byte order with the common prefix of each with the last.
 struct kaon_grammar_vocab {
     int n;
-    uint8_t **bytes;
+    uint8_t **bytes;    // token id -> its bytes (into `packed` when that is set)
+    uint8_t *packed;
     uint32_t *lens;
     int32_t *order;     // non-special, non-empty token ids sorted by bytes
     uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)
