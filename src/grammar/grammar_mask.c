@@ -369,7 +369,7 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
         }
     }
     gram_arena_truncate(a, mark);  // the stacks the walks built are not part of the state
-    gram_walk_cache_reset(&mk->wc, NULL);
+    gram_walk_cache_reset(&mk->wc, NULL);  // its states may name the removed nodes
     if (rc) return kaon_set_error("grammar: mask failed (too many parse stacks or memory)");
     if (st->accept)
         for (int i = 0; i < v->n_eog; i++) set_bit(mask, v->eog_ids[i]);

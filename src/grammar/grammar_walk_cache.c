@@ -1,8 +1,8 @@
 // States met by a vocabulary walk, interned, with the byte transitions between them. Tokens
 // share suffixes as well as prefixes (every token continuing a string body steps the same
 // states by the same bytes), so a walk meets a few hundred states and, after the first
-// tokens, most steps are one load from a state's row of 256 successors. Valid only while the arena's nodes stay put:
-// the masker resets it whenever it truncates or switches arenas.
+// tokens, most steps are one load from a state's row of 256 successors. Valid only while
+// the arena's nodes stay put: the masker resets it whenever it truncates or switches arenas.
 #include <stdlib.h>
 #include <string.h>
 
