@@ -72,8 +72,15 @@ static int normalize(uint32_t *r, int n, bool neg, uint32_t *out) {
     return k;
 }
 
+// The ASCII part of sorted ranges as a bitmap.
+static void ascii_bits(const uint32_t *r, int n, uint32_t *bits) {
+    for (int i = 0; i < n; i++)
+        for (uint32_t c = r[2 * i]; c <= r[2 * i + 1] && c < 128; c++) bits[c >> 5] |= 1u << (c & 31);
+}
+
 bool gram_charset_has(const kaon_grammar *g, int cs, uint32_t cp) {
     const gram_charset *s = &g->charsets[cs];
+    if (cp < 128) return s->ascii[cp >> 5] >> (cp & 31) & 1;
     const uint32_t *r = g->ranges + 2 * s->first;
     int lo = 0, hi = s->n;
     while (lo < hi) {  // first range with hi >= cp
@@ -248,7 +255,8 @@ kaon_grammar *gram_build_compile(gram_build *b, const char *root_rule) {
     for (int s = 0; s < b->n_sets; s++) {
         int m = normalize(b->ranges + 2 * b->sets[s].first, b->sets[s].n, b->negated[s], g->ranges + 2 * used);
         if (m < 0) goto oom;
-        g->charsets[s] = (gram_charset){used, m};
+        g->charsets[s] = (gram_charset){used, m, {0}};
+        ascii_bits(g->ranges + 2 * used, m, g->charsets[s].ascii);
         used += m;
     }
     // elements: each rule's elements then END; alternatives start after each ALT

@@ -17,7 +17,8 @@ typedef struct {
 
 // A charset is a sorted list of disjoint code point ranges (negations are complemented).
 typedef struct {
-    int32_t first, n;  // into ranges[]
+    int32_t first, n;    // into ranges[]
+    uint32_t ascii[4];   // code points 0..127 as bits: the common case skips the range search
 } gram_charset;
 
 struct kaon_grammar {
@@ -39,9 +40,20 @@ bool gram_charset_meets(const kaon_grammar *g, int cs, uint32_t lo, uint32_t hi)
 // continue with when this rule ends). Equal stacks share one id, so a state is a set of ids.
 #define GNODE_BOTTOM (-1)   // the stack ends here: the grammar is complete
 #define GNODE_CONTEXT (-2)  // an unknown rest of stack (mask precomputation)
+// A memoized step of one top over one code point: the tops its expansion reaches (pool[off ..
+// off + n)) and whether it reached the bottom / the context. Valid while the epoch matches.
+typedef struct {
+    int32_t top;
+    uint32_t cp;
+    int32_t off, n;
+    uint32_t epoch;
+    uint8_t accept, ctx_now;
+} gram_memo;
+
 typedef struct {
     int32_t *pos, *parent, *next;
-    uint32_t *seen;  // generation stamps for dedup within one step
+    uint32_t *seen;  // generation stamps for dedup within one step (one generation per top)
+    uint32_t step_gen;  // the first generation of the current step
     int32_t *bucket;
     int n, cap, n_buckets;
     uint32_t gen;
@@ -50,6 +62,13 @@ typedef struct {
     int budget;        // work items left in this byte's step
     int64_t total;     // work items left in this walk or token (set by the caller)
     bool overflow;
+    bool partial;      // this top's expansion met nodes an earlier top of the step expanded
+    gram_memo *memo;   // open addressing by (top, cp)
+    int memo_cap, memo_n;
+    uint32_t memo_epoch;
+    int32_t *memo_pool;
+    int memo_pool_n, memo_pool_cap;
+    int32_t memo_max_id;  // the highest node id a live memo entry names (-1: none)
 } gram_arena;
 
 // One matcher state: the stack tops (each at a CHARS element), whether the grammar may end
@@ -78,6 +97,46 @@ static inline bool gram_state_viable(const gram_state *s) {
 }
 int gram_state_copy(gram_state *dst, const gram_state *src);
 
+// Interned walk states and their byte transitions (grammar_walk_cache.c).
+typedef struct {
+    uint32_t hash, cp;
+    int32_t off, n;  // tops: pool[off .. off + n)
+    uint8_t flags, rem, len;
+} gram_wc_state;
+typedef struct {
+    int32_t id;
+    uint32_t epoch;
+} gram_wc_slot;
+typedef struct {
+    gram_wc_state *states;
+    int n_states, cap_states;
+    gram_wc_slot *state_slot;  // open addressing by state hash
+    int32_t *rows;             // [state * 256 + byte]: the successor, -1 unknown
+    int32_t *pool;
+    int pool_n, pool_cap;
+    uint32_t epoch;  // slots of other epochs are empty
+    const gram_arena *arena;  // whose node ids the states hold
+} gram_walk_cache;
+
+int gram_walk_cache_init(gram_walk_cache *c);
+void gram_walk_cache_free(gram_walk_cache *c);
+void gram_walk_cache_reset(gram_walk_cache *c, const gram_arena *a);
+int32_t gram_walk_cache_intern(gram_walk_cache *c, const gram_state *s);
+int gram_walk_cache_load(const gram_walk_cache *c, int32_t id, gram_state *out);
+// The state `from` steps to on `byte`, or -1 when not known yet.
+static inline int32_t gram_walk_cache_next(const gram_walk_cache *c, int32_t from, uint8_t byte) {
+    return c->rows[(size_t)from * 256 + byte];
+}
+static inline void gram_walk_cache_link(gram_walk_cache *c, int32_t from, uint8_t byte, int32_t to) {
+    c->rows[(size_t)from * 256 + byte] = to;
+}
+static inline bool gram_walk_cache_viable(const gram_walk_cache *c, int32_t id) {
+    return c->states[id].n > 0 || (c->states[id].flags & 3);  // tops, accept or ctx_now
+}
+static inline bool gram_walk_cache_ctx_any(const gram_walk_cache *c, int32_t id) {
+    return c->states[id].flags >> 2 & 1;
+}
+
 // The matcher's current state (for the masker).
 const gram_state *gram_matcher_state(const kaon_grammar_matcher *m);
 gram_arena *gram_matcher_arena(kaon_grammar_matcher *m);
@@ -88,7 +147,8 @@ void gram_matcher_set_ended(kaon_grammar_matcher *m);
 // Vocabulary internals: tokens in byte order with the common prefix of each with the last.
 struct kaon_grammar_vocab {
     int n;
-    uint8_t **bytes;
+    uint8_t **bytes;    // token id -> its bytes (into `packed` when that is set)
+    uint8_t *packed;
     uint32_t *lens;
     int32_t *order;     // non-special, non-empty token ids sorted by bytes
     uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)

@@ -27,6 +27,9 @@ struct kaon_grammar_masker {
     int depth;  // frames in a key, 1..MASK_DEPTH
     gram_arena work;  // stacks built for cache entries
     gram_state *depth_states;  // [max token length + 1] along the walk
+    int32_t *depth_ids;        // their walk cache ids (-1: not interned)
+    bool *depth_have;          // depth_states[d] holds state depth_ids[d] (else only the id does)
+    gram_walk_cache wc;
     int n_depth;
     mask_entry *entries;
     int n_entries, cap_entries;
@@ -41,12 +44,46 @@ struct kaon_grammar_masker {
 // reported as 1 accepted or 2 uncertain (rejected ones are not reported).
 typedef void (*walk_report)(void *ctx, int32_t id, int cls);
 
+// The walk holds each depth's state as a walk cache id, and materializes it only to step
+// it by a byte the cache has not seen (or when the cache is full: id -1).
+static int walk_step(kaon_grammar_masker *mk, gram_arena *a, int d, uint8_t byte) {
+    gram_state *st = mk->depth_states;
+    int32_t *id = mk->depth_ids;
+    if (id[d] >= 0) {
+        int32_t to = gram_walk_cache_next(&mk->wc, id[d], byte);
+        if (to >= 0) {
+            id[d + 1] = to;
+            mk->depth_have[d + 1] = false;
+            return 0;
+        }
+        if (!mk->depth_have[d] && gram_walk_cache_load(&mk->wc, id[d], &st[d])) return -1;
+        mk->depth_have[d] = true;
+    }
+    if (gram_step(mk->g, a, &st[d], byte, &st[d + 1])) return -1;
+    mk->depth_have[d + 1] = true;
+    id[d + 1] = gram_walk_cache_intern(&mk->wc, &st[d + 1]);
+    if (id[d] >= 0 && id[d + 1] >= 0) gram_walk_cache_link(&mk->wc, id[d], byte, id[d + 1]);
+    return 0;
+}
+
+static bool depth_viable(const kaon_grammar_masker *mk, int d) {
+    int32_t id = mk->depth_ids[d];
+    return id >= 0 ? gram_walk_cache_viable(&mk->wc, id) : gram_state_viable(&mk->depth_states[d]);
+}
+
+static bool depth_ctx_any(const kaon_grammar_masker *mk, int d) {
+    int32_t id = mk->depth_ids[d];
+    return id >= 0 ? gram_walk_cache_ctx_any(&mk->wc, id) : mk->depth_states[d].ctx_any;
+}
+
 static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state *start,
                        const int32_t *order, const uint16_t *lcp, int n, walk_report report, void *ctx) {
     const kaon_grammar_vocab *v = mk->v;
-    gram_state *st = mk->depth_states;
-    if (gram_state_copy(&st[0], start)) return -1;
-    int valid = 0;  // st[0..valid] hold the states along the previous token's bytes
+    if (gram_state_copy(&mk->depth_states[0], start)) return -1;
+    if (mk->wc.arena != a) gram_walk_cache_reset(&mk->wc, a);
+    mk->depth_have[0] = true;
+    mk->depth_ids[0] = gram_walk_cache_intern(&mk->wc, start);
+    int valid = 0;  // depths 0..valid hold the states along the previous token's bytes
     for (int i = 0; i < n;) {
         int32_t id = order[i];
         const uint8_t *b = v->bytes[id];
@@ -54,9 +91,9 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
         int d = i && lcp[i] < valid ? lcp[i] : (i ? valid : 0);
         bool dead = false;
         while (d < len) {
-            if (gram_step(mk->g, a, &st[d], b[d], &st[d + 1])) return -1;
+            if (walk_step(mk, a, d, b[d])) return -1;
             d++;
-            if (!gram_state_viable(&st[d])) {
+            if (!depth_viable(mk, d)) {
                 dead = true;
                 break;
             }
@@ -68,7 +105,7 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
             continue;
         }
         // every following token that shares the dead prefix b[0..d) ends the same way
-        int cls = st[d].ctx_any ? 2 : 0;
+        int cls = depth_ctx_any(mk, d) ? 2 : 0;
         do {
             if (cls) report(ctx, order[i], cls);
             i++;
@@ -138,6 +175,7 @@ static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
 static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
+    gram_walk_cache_reset(&mk->wc, a);  // its states named the removed nodes
     a->total = walk_work_limit(mk->v);
     int frames = 0;
     while (frames < MASK_DEPTH && e->key[frames] >= 0) frames++;
@@ -243,10 +281,13 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
         if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
     mk->n_depth = (int)max_len + 1;
     mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
+    mk->depth_ids = calloc((size_t)mk->n_depth, sizeof *mk->depth_ids);
+    mk->depth_have = calloc((size_t)mk->n_depth, sizeof *mk->depth_have);
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->depth_states || !mk->entries || !mk->table || gram_arena_init(&mk->work)) {
+    if (!mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
+        gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
         kaon_grammar_masker_free(mk);
         return NULL;
@@ -264,6 +305,9 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
     if (mk->depth_states)
         for (int i = 0; i < mk->n_depth; i++) gram_state_free(&mk->depth_states[i]);
     free(mk->depth_states);
+    free(mk->depth_ids);
+    free(mk->depth_have);
+    gram_walk_cache_free(&mk->wc);
     gram_arena_free(&mk->work);
     free(mk->unc_buf);
     free(mk);
@@ -292,6 +336,7 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
     gram_arena *a = gram_matcher_arena(m);
     int mark = a->n;
     int rc = 0;
+    gram_walk_cache_reset(&mk->wc, a);  // the matcher's arena changed since the last mask
     a->total = walk_work_limit(mk->v);
     const kaon_grammar_vocab *v = mk->v;
     if (st->rem) {
@@ -324,6 +369,7 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
         }
     }
     gram_arena_truncate(a, mark);  // the stacks the walks built are not part of the state
+    gram_walk_cache_reset(&mk->wc, NULL);  // its states may name the removed nodes
     if (rc) return kaon_set_error("grammar: mask failed (too many parse stacks or memory)");
     if (st->accept)
         for (int i = 0; i < v->n_eog; i++) set_bit(mask, v->eog_ids[i]);

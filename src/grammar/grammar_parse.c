@@ -121,7 +121,7 @@ static int new_set(parser *ps, bool negated) {
     bool *nq = realloc(b->negated, (size_t)cap * sizeof *nq);
     if (!nq) return kaon_set_error("grammar: out of memory");
     b->negated = nq;
-    b->sets[b->n_sets] = (gram_charset){b->n_ranges / 2, 0};
+    b->sets[b->n_sets] = (gram_charset){b->n_ranges / 2, 0, {0}};
     b->negated[b->n_sets] = negated;
     return b->n_sets++;
 }

@@ -19,6 +19,8 @@ int gram_arena_init(gram_arena *a) {
     memset(a->bucket, 0xff, (size_t)a->n_buckets * sizeof *a->bucket);
     a->gen = 1;
     a->total = INT64_MAX;
+    a->memo_epoch = 1;  // slots start at epoch 0: empty
+    a->memo_max_id = -1;
     return 0;
 }
 
@@ -29,7 +31,104 @@ void gram_arena_free(gram_arena *a) {
     free(a->seen);
     free(a->bucket);
     free(a->work);
+    free(a->memo);
+    free(a->memo_pool);
     memset(a, 0, sizeof *a);
+}
+
+// Transition memo. A step's result for one top depends only on that stack and the code
+// point, and hash-consing keeps a stack's id while the nodes up to it live, so walks over
+// a vocabulary (which step the same stacks by the same bytes for many tokens) skip most
+// expansions.
+#define MEMO_MIN_SLOTS 4096
+#define MEMO_MAX_SLOTS (1 << 18)
+#define MEMO_MAX_POOL (1 << 22)
+
+static void memo_clear(gram_arena *a) {
+    if (++a->memo_epoch == 0) {  // wrapped: old stamps could match again
+        if (a->memo) memset(a->memo, 0, (size_t)a->memo_cap * sizeof *a->memo);
+        a->memo_epoch = 1;
+    }
+    a->memo_n = a->memo_pool_n = 0;
+    a->memo_max_id = -1;
+}
+
+static uint32_t memo_hash(int32_t top, uint32_t cp) {
+    uint32_t h = (uint32_t)top * 0x9E3779B1u ^ cp * 0x85EBCA77u;
+    return h ^ h >> 15;
+}
+
+static gram_memo *memo_slot(const gram_arena *a, int32_t top, uint32_t cp, bool *found) {
+    uint32_t mask = (uint32_t)a->memo_cap - 1;
+    for (uint32_t h = memo_hash(top, cp) & mask;; h = (h + 1) & mask) {
+        gram_memo *m = &a->memo[h];
+        *found = m->epoch == a->memo_epoch;
+        if (!*found || (m->top == top && m->cp == cp)) return m;
+    }
+}
+
+static const gram_memo *memo_find(const gram_arena *a, int32_t top, uint32_t cp) {
+    if (!a->memo_n) return NULL;
+    bool found;
+    const gram_memo *m = memo_slot(a, top, cp, &found);
+    return found ? m : NULL;
+}
+
+// A table twice the size with the live entries; false when it cannot grow.
+static bool memo_grow(gram_arena *a) {
+    int nc = a->memo_cap ? a->memo_cap * 2 : MEMO_MIN_SLOTS;
+    if (nc > MEMO_MAX_SLOTS) return false;
+    gram_memo *old = a->memo, *m = calloc((size_t)nc, sizeof *m);
+    if (!m) return false;
+    int old_cap = a->memo_cap;
+    uint32_t epoch = a->memo_epoch;
+    a->memo = m;
+    a->memo_cap = nc;
+    a->memo_epoch = 1;
+    for (int i = 0; i < old_cap; i++) {
+        if (old[i].epoch != epoch) continue;
+        bool found;
+        gram_memo *s = memo_slot(a, old[i].top, old[i].cp, &found);
+        *s = old[i];
+        s->epoch = 1;
+    }
+    free(old);
+    return true;
+}
+
+static bool memo_reserve_pool(gram_arena *a, int n) {
+    if (a->memo_pool_n + n <= a->memo_pool_cap) return true;
+    if (a->memo_pool_n + n > MEMO_MAX_POOL) return false;
+    int nc = a->memo_pool_cap ? a->memo_pool_cap : 4096;
+    while (nc < a->memo_pool_n + n) nc *= 2;
+    int32_t *p = realloc(a->memo_pool, (size_t)nc * sizeof *p);
+    if (!p) return false;
+    a->memo_pool = p;
+    a->memo_pool_cap = nc;
+    return true;
+}
+
+// Records a top's step. Best effort: when full the memo starts over, and a failed
+// allocation only means the step is not remembered.
+static void memo_store(gram_arena *a, int32_t top, uint32_t cp, const int32_t *tops, int n, bool accept, bool ctx_now) {
+    if ((a->memo_n + 1) * 2 > a->memo_cap && !memo_grow(a)) {
+        if (!a->memo_cap) return;
+        memo_clear(a);
+    }
+    if (!memo_reserve_pool(a, n)) {
+        memo_clear(a);
+        if (!memo_reserve_pool(a, n)) return;
+    }
+    bool found;
+    gram_memo *m = memo_slot(a, top, cp, &found);
+    *m = (gram_memo){top, cp, a->memo_pool_n, n, a->memo_epoch, accept, ctx_now};
+    if (!found) a->memo_n++;
+    int32_t hi = top;
+    for (int i = 0; i < n; i++) {
+        a->memo_pool[a->memo_pool_n++] = tops[i];
+        if (tops[i] > hi) hi = tops[i];
+    }
+    if (hi > a->memo_max_id) a->memo_max_id = hi;
 }
 
 // Nodes are removed newest first, so each is the head of its bucket chain.
@@ -38,6 +137,7 @@ void gram_arena_truncate(gram_arena *a, int n) {
     for (int i = a->n - 1; i >= n; i--) a->bucket[node_hash(a->pos[i], a->parent[i]) & mask] = a->next[i];
     if (n < a->n) a->n = n;
     a->overflow = false;
+    if (a->memo_max_id >= n) memo_clear(a);  // entries may name removed ids
 }
 
 static int rehash(gram_arena *a) {
@@ -132,7 +232,10 @@ static int expand(const kaon_grammar *g, gram_arena *a, int32_t node, gram_state
     if (node < 0 || push_work(a, node)) return -1;
     while (a->n_work) {
         int32_t id = a->work[--a->n_work];
-        if (a->seen[id] == a->gen) continue;
+        if (a->seen[id] >= a->step_gen) {
+            if (a->seen[id] != a->gen) a->partial = true;  // an earlier top's: not memoizable
+            continue;
+        }
         if (--a->budget < 0 || --a->total < 0) {
             a->overflow = true;
             return -1;
@@ -189,9 +292,44 @@ int gram_state_copy(gram_state *dst, const gram_state *src) {
 int gram_state_from_node(const kaon_grammar *g, gram_arena *a, int32_t node, gram_state *out) {
     state_clear(out);
     next_generation(a);
+    a->step_gen = a->gen;
     a->n_work = 0;
     a->budget = KAON_GRAMMAR_MAX_STEP_WORK;
     return expand(g, a, node, out);
+}
+
+// Adds a remembered step's tops not yet in out (stamped with this step's generations).
+static int merge_memo(gram_arena *a, const gram_memo *m, gram_state *out) {
+    for (int k = 0; k < m->n; k++) {
+        int32_t id = a->memo_pool[m->off + k];
+        if (a->seen[id] >= a->step_gen) continue;
+        a->seen[id] = a->gen;
+        if (--a->total < 0) {
+            a->overflow = true;
+            return -1;
+        }
+        if (push_top(out, id)) return -1;
+    }
+    out->accept |= m->accept;
+    out->ctx_now |= m->ctx_now;
+    return 0;
+}
+
+// One top that matches cp: its successor stack expanded into out, from the memo or
+// expanded (and remembered when no earlier top of this step cut the expansion short).
+static int step_top(const kaon_grammar *g, gram_arena *a, int32_t t, uint32_t cp, gram_state *out) {
+    const gram_memo *m = memo_find(a, t, cp);
+    if (m) return merge_memo(a, m, out);
+    bool accept = out->accept, ctx_now = out->ctx_now;
+    out->accept = out->ctx_now = false;
+    int first = out->n;
+    a->partial = false;
+    if (expand(g, a, gram_node(a, a->pos[t] + 1, a->parent[t]), out)) return -1;
+    const int32_t *found = out->n > first ? out->tops + first : NULL;  // tops may be NULL
+    if (!a->partial) memo_store(a, t, cp, found, out->n - first, out->accept, out->ctx_now);
+    out->accept |= accept;
+    out->ctx_now |= ctx_now;
+    return 0;
 }
 
 int gram_step(const kaon_grammar *g, gram_arena *a, const gram_state *in, uint8_t byte, gram_state *out) {
@@ -229,13 +367,18 @@ int gram_step(const kaon_grammar *g, gram_arena *a, const gram_state *in, uint8_
         out->len = len;
         return 0;
     }
-    next_generation(a);
+    if (a->gen > UINT32_MAX - (uint32_t)in->n - 2) {  // room for a generation per top
+        memset(a->seen, 0, (size_t)a->cap * sizeof *a->seen);
+        a->gen = 0;
+    }
+    a->step_gen = a->gen + 1;
     a->n_work = 0;
     a->budget = KAON_GRAMMAR_MAX_STEP_WORK;
     for (int i = 0; i < in->n; i++) {
         int32_t t = in->tops[i];
         if (!gram_charset_has(g, g->elems[a->pos[t]].val, cp)) continue;
-        if (expand(g, a, gram_node(a, a->pos[t] + 1, a->parent[t]), out)) return -1;
+        a->gen++;
+        if (step_top(g, a, t, cp, out)) return -1;
     }
     if (out->ctx_now) out->ctx_any = true;
     return 0;

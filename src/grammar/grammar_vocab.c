@@ -22,8 +22,9 @@ static int cmp_tokens(const void *pa, const void *pb) {
 
 void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
     if (!v) return;
-    if (v->bytes)
+    if (v->bytes && !v->packed)
         for (int i = 0; i < v->n; i++) free(v->bytes[i]);
+    free(v->packed);
     free(v->bytes);
     free(v->lens);
     free(v->order);
@@ -32,6 +33,31 @@ void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
     free(v->special);
     free(v->eog_ids);
     free(v);
+}
+
+// Moves the token bytes into one buffer in walk order (sorted tokens first), so a mask's
+// walk reads them sequentially instead of from scattered allocations. Optional: on failure
+// the tokens keep their own allocations.
+static void pack_bytes(kaon_grammar_vocab *v) {
+    size_t total = 0;
+    for (int i = 0; i < v->n; i++) total += v->lens[i] + 1;
+    uint8_t *buf = malloc(total), *p = buf;
+    if (!buf) return;
+    for (int k = 0; k < v->n_order; k++) {
+        int32_t id = v->order[k];
+        memcpy(p, v->bytes[id], v->lens[id] + 1);
+        free(v->bytes[id]);
+        v->bytes[id] = p;
+        p += v->lens[id] + 1;
+    }
+    for (int i = 0; i < v->n; i++) {
+        if (v->lens[i] && !v->special[i]) continue;  // in order: moved above
+        memcpy(p, v->bytes[i], v->lens[i] + 1);
+        free(v->bytes[i]);
+        v->bytes[i] = p;
+        p += v->lens[i] + 1;
+    }
+    v->packed = buf;
 }
 
 int kaon_grammar_vocab_size(const kaon_grammar_vocab *v) { return v ? v->n : 0; }
@@ -85,6 +111,7 @@ kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *byte
         while (k < n && k < UINT16_MAX && v->bytes[a][k] == v->bytes[b][k]) k++;
         v->lcp[i] = (uint16_t)k;
     }
+    pack_bytes(v);
     return v;
 oom:
     kaon_set_error("grammar vocab: out of memory");
