@@ -53,8 +53,8 @@ static bool state_equal(const gram_walk_cache *c, const gram_wc_state *w, const 
 
 // Room for one more state and its row; false at the limit or out of memory.
 static bool states_reserve(gram_walk_cache *c) {
+    if (c->n_states >= WC_MAX_STATES) return false;  // keeps the slot table half empty
     if (c->n_states < c->cap_states) return true;
-    if (c->n_states >= WC_MAX_STATES) return false;
     int nc = c->cap_states ? c->cap_states * 2 : 256;
     gram_wc_state *s = realloc(c->states, (size_t)nc * sizeof *s);
     if (s) c->states = s;
