@@ -79,6 +79,27 @@ static void start_server(void) {
     // The server lives until the process exits (libFuzzer ends with exit()).
 }
 
+// libFuzzer's -timeout arms a periodic SIGALRM, so blocking calls can end with EINTR: a
+// connect interrupted that way goes on in the background; wait for it and read its result.
+static int connect_retrying(int fd, const struct sockaddr_in *a) {
+    if (connect(fd, (const struct sockaddr *)a, sizeof *a) == 0) return 0;
+    if (errno != EINTR) return -1;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int r = poll(&p, 1, 10000);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            errno = r == 0 ? ETIMEDOUT : errno;
+            return -1;
+        }
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return -1;
+        errno = err;
+        return err ? -1 : 0;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (port < 0) start_server();
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -87,7 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    if (connect_retrying(fd, &a) != 0) {
         fprintf(stderr, "fuzz_http: connect: %s\n", strerror(errno));
         abort();
     }
@@ -95,6 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t off = 0;
     while (off < size) {
         ssize_t n = send(fd, data + off, size - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         off += (size_t)n;
     }
@@ -113,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         if (poll(&p, 1, left_ms) <= 0) continue;
         ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;  // closed (or reset after an early answer)
         for (ssize_t i = 0; i < n && got < sizeof head; i++) head[got++] = buf[i];
     }
