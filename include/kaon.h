@@ -26,6 +26,20 @@ const char *kaon_version(void);
 typedef struct kaon_engine kaon_engine;
 typedef struct kaon_request kaon_request;
 
+// Speculative decoding: a proposer drafts up to num_speculative_tokens tokens per sequence and
+// one forward pass verifies them all (each position's token is sampled from the target's own
+// distribution and a draft is accepted when it is that token, so the output is what the same
+// request samples without speculation).
+#define KAON_SPEC_MAX_TOKENS 16
+typedef struct kaon_speculative_options {
+    const char *method;             // NULL or "": off; "ngram": prompt lookup (no weights)
+    int num_speculative_tokens;     // drafts per step, 1..KAON_SPEC_MAX_TOKENS
+    int prompt_lookup_min;          // ngram: the shortest suffix matched (0: 2)
+    int prompt_lookup_max;          // ngram: the longest suffix matched, tried first (0: 4)
+    int disable_by_batch_size;      // no drafts in a step with at least this many running
+                                    // sequences (0: 32; -1: never off)
+} kaon_speculative_options;
+
 typedef struct kaon_engine_options {
     const char *model;              // GGUF file or HF folder (NULL: error)
     const char *device;             // "cpu" (default), "cuda" (GPU 0), "cuda:N", or "noop" (no
@@ -49,6 +63,7 @@ typedef struct kaon_engine_options {
     bool load_tokenizer;            // true: text deltas and stop strings need the tokenizer
     bool expert_stats;              // MoE models: count the tokens routed to each expert
                                     // (kaon_engine_expert_load; off by default)
+    kaon_speculative_options speculative;  // off unless method is set
 } kaon_engine_options;
 
 void kaon_engine_options_default(kaon_engine_options *o);
@@ -195,6 +210,10 @@ typedef struct kaon_engine_stats {
     // Output constraints (structured outputs): masks computed and the time they took.
     uint64_t constraint_masks;
     double constraint_mask_seconds;
+    // Speculative decoding (vLLM's spec_decode counters): verify steps of a sequence with
+    // drafts, the drafts proposed, those accepted, and accepted drafts by position.
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_per_pos[KAON_SPEC_MAX_TOKENS];
 } kaon_engine_stats;
 
 void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s);

@@ -8,7 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "backend/device.h"
+#include "engine/spec.h"
+#include "util/err.h"
 #include "util/cpus.h"
 #include "util/log.h"
 
@@ -115,6 +119,44 @@ int kaon_cli_check_kv_dtype(const char *v) {
     for (size_t i = 0; v && i < sizeof ok / sizeof ok[0]; i++)
         if (!strcmp(v, ok[i])) return 0;
     return kaon_cli_fail("bad --kv-cache-dtype '%s' (auto, bf16, fp8 or fp8_e4m3)", v ? v : "");
+}
+
+int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
+    static char method[32];  // the options point here for the life of the process
+    cJSON *j = json ? cJSON_Parse(json) : NULL;
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return kaon_cli_fail("bad --speculative-config: not a JSON object (e.g. '{\"method\": \"ngram\", "
+                             "\"num_speculative_tokens\": 4}')");
+    }
+    memset(o, 0, sizeof *o);
+    int rc = 0;
+    for (cJSON *f = j->child; f && !rc; f = f->next) {
+        const char *k = f->string;
+        int *dst = !strcmp(k, "num_speculative_tokens") ? &o->num_speculative_tokens
+                 : !strcmp(k, "prompt_lookup_min")    ? &o->prompt_lookup_min
+                 : !strcmp(k, "prompt_lookup_max")    ? &o->prompt_lookup_max
+                 : !strcmp(k, "disable_by_batch_size") ? &o->disable_by_batch_size
+                                                       : NULL;
+        if (!strcmp(k, "method")) {
+            if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof method)
+                rc = kaon_cli_fail("bad --speculative-config: \"method\" must be a string (ngram)");
+            else o->method = strcpy(method, f->valuestring);
+        } else if (dst) {
+            if (!cJSON_IsNumber(f) || f->valuedouble != (double)(int)f->valuedouble)
+                rc = kaon_cli_fail("bad --speculative-config: \"%s\" must be an integer", k);
+            else *dst = (int)f->valuedouble;
+        } else {
+            rc = kaon_cli_fail("bad --speculative-config: unknown key \"%s\" (method, num_speculative_tokens, "
+                               "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)", k);
+        }
+    }
+    cJSON_Delete(j);
+    if (rc) return rc;
+    if (!o->method) return kaon_cli_fail("bad --speculative-config: \"method\" is missing (ngram)");
+    kaon_spec_config c;
+    if (kaon_spec_config_resolve(o, &c)) return kaon_cli_fail("bad --speculative-config: %s", kaon_last_error());
+    return 0;
 }
 
 void kaon_cli_quiet_logs(void) {

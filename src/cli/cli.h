@@ -25,6 +25,12 @@ int kaon_cli_check_device(const char *v, bool allow_noop);
 // 0 when v is a --kv-cache-dtype value (auto, bf16, fp8, fp8_e4m3); else prints the error, 2.
 int kaon_cli_check_kv_dtype(const char *v);
 #define KAON_CLI_KV_DTYPE_HELP "auto (the backend's: CPU f32, CUDA bf16), bf16 (the same), fp8 or fp8_e4m3 (1 byte per value)"
+// Parses --speculative-config's JSON (vLLM's keys: method, num_speculative_tokens,
+// prompt_lookup_min, prompt_lookup_max, disable_by_batch_size) into o, checked as the engine
+// will. 0, or prints the error and returns 2.
+struct kaon_speculative_options;
+int kaon_cli_parse_spec_config(const char *json, struct kaon_speculative_options *o);
+#define KAON_CLI_SPEC_HELP "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'"
 // The single-user commands (run, chat, logits, info) print only what they produce: the
 // engine's info lines appear with KAON_LOG=info.
 void kaon_cli_quiet_logs(void);

@@ -563,6 +563,7 @@ static void usage_offline(const char *sub) {
            "  --device cpu|cuda|cuda:N|noop  --threads N  --max-num-seqs N  --max-num-batched-tokens N\n"
            "  --max-model-len N  --kv-cache-memory MIB  --gpu-memory-utilization F  --no-prefix-caching\n"
            "  --kv-cache-dtype T (" KAON_CLI_KV_DTYPE_HELP ")\n"
+           "  --speculative-config JSON (" KAON_CLI_SPEC_HELP ")\n"
            "  --seed S  --output-json FILE (results; '-' for stdout)  --quiet (no progress bar)\n");
 }
 
@@ -609,6 +610,7 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         else if (!strcmp(a, "--gpu-memory-utilization") && kaon_cli_parse_float(v, 0.01, 1, &d)) { o.eo.gpu_memory_utilization = d; i++; }
         else if (!strcmp(a, "--no-prefix-caching")) o.eo.disable_prefix_caching = true;
         else if (!strcmp(a, "--kv-cache-dtype") && v) { if (kaon_cli_check_kv_dtype(v)) return 2; o.eo.kv_cache_dtype = v; i++; }
+        else if (!strcmp(a, "--speculative-config")) { if (kaon_cli_parse_spec_config(v, &o.eo.speculative)) return 2; i++; }
         else if (!strcmp(a, "--quiet")) o.quiet = true;
         else if (!strcmp(a, "--seed") && kaon_cli_parse_int(v, 0, 0x7fffffffffffffffL, &l)) { o.seed = (uint64_t)l; i++; }
         else if (!strcmp(a, "--output-json")) { o.output_json = v; i++; }

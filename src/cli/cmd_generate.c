@@ -21,6 +21,7 @@ static void usage(void) {
            "  --threads N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
            "  --kv-cache-dtype T (" KAON_CLI_KV_DTYPE_HELP ")\n"
+           "  --speculative-config JSON (" KAON_CLI_SPEC_HELP ")\n"
            "  --expert-stats (MoE models: tokens routed to each expert, a kaon-expert-load line on stderr)\n"
            "  --device cpu|cuda|cuda:N|noop (noop: no math, to measure the engine's own cost)\n"
            "  --load-format auto|dummy (dummy: random weights from -m CONFIG, a config.json or its folder)\n"
@@ -235,6 +236,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-memory") && kaon_cli_parse_float(v, 0.001, 1 << 20, &d)) { eo.kv_cache_memory = (size_t)(d * 1048576.0); i++; }
         else if (!strcmp(a, "--block-size") && kaon_cli_parse_int(v, 1, 1024, &l)) { eo.block_size = (int)l; i++; }
         else if (!strcmp(a, "--kv-cache-dtype") && v) { if (kaon_cli_check_kv_dtype(v)) return 2; eo.kv_cache_dtype = v; i++; }
+        else if (!strcmp(a, "--speculative-config")) { if (kaon_cli_parse_spec_config(v, &eo.speculative)) return 2; i++; }
         else return kaon_cli_fail("bad option or value: %s %s (see kaon generate --help)", a, v ? v : "");
     }
     if (!in_path || !out_path) return kaon_cli_fail("--input and --output are required");
@@ -344,11 +346,13 @@ int kaon_cmd_generate(int argc, char **argv) {
             "(%.1f generated tok/s)\n", n, (unsigned long long)prompt_sum, (unsigned long long)toks, dt, toks / dt);
     fprintf(stderr, "kaon-stats: {\"steps\": %llu, \"preemptions\": %llu, \"prefix_hit_tokens\": %llu, "
             "\"prefix_query_tokens\": %llu, \"prompt_tokens_computed\": %llu, \"generation_tokens\": %llu, "
-            "\"kv_blocks_used\": %d, \"seconds\": %.3f}\n",
+            "\"kv_blocks_used\": %d, \"seconds\": %.3f, \"spec_drafts\": %llu, \"spec_draft_tokens\": %llu, "
+            "\"spec_accepted_tokens\": %llu}\n",
             (unsigned long long)st.steps, (unsigned long long)st.preemptions,
             (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.prefix_queries_tokens,
             (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens,
-            st.kv_blocks_used, dt);
+            st.kv_blocks_used, dt, (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_draft_tokens,
+            (unsigned long long)st.spec_accepted_tokens);
     if (eo.expert_stats) print_expert_load(e);
     rc = 0;
 out:

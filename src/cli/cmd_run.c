@@ -37,12 +37,14 @@ static void usage(void) {
            "  --load-format F        auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N           context length (default 4096)\n"
            "  --kv-cache-dtype T     " KAON_CLI_KV_DTYPE_HELP "\n"
+           "  --speculative-config JSON  " KAON_CLI_SPEC_HELP "\n"
            "output:\n"
            "  --print-ids            print the generated ids as one JSON list instead of text\n");
 }
 
 typedef struct run_opts {
     const char *model, *prompt, *prompt_ids, *device, *kv_dtype;
+    kaon_speculative_options spec;
     bool dummy;
     long n_predict, threads, ctx;
     kaon_sampling sp;
@@ -125,6 +127,9 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 16, 1 << 24, &l)) return kaon_cli_fail("bad --ctx-size '%s'", v);
             o->ctx = l;
+        } else if (!strcmp(a, "--speculative-config")) {
+            NEED_VALUE();
+            if (kaon_cli_parse_spec_config(v, &o->spec)) return 2;
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             NEED_VALUE();
             if (kaon_cli_check_kv_dtype(v)) return 2;
@@ -179,6 +184,7 @@ int kaon_cmd_run(int argc, char **argv) {
     eo.max_num_seqs = 1;
     eo.max_model_len = o.ctx ? (int)o.ctx : 4096;
     eo.kv_cache_dtype = o.kv_dtype;
+    eo.speculative = o.spec;
     // Ids in and ids out need no tokenizer (test checkpoints may have none); stop strings do.
     eo.load_tokenizer = o.prompt || !o.print_ids || o.sp.n_stop > 0;
     kaon_engine *e = kaon_cli_engine(&eo, o.model, o.dummy);

@@ -48,6 +48,7 @@ static void usage(FILE *f) {
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
+            "  --speculative-config JSON      " KAON_CLI_SPEC_HELP "\n"
             "  --chat-template FILE           a Jinja chat template overriding the model's\n"
             "  --tool-call-parser NAME        how tool calls are read from the output, for requests with\n"
             "                                 tools: auto (default: from the chat template's markers),\n"
@@ -219,6 +220,9 @@ int kaon_cmd_serve(int argc, char **argv) {
             o.engine.disable_prefix_caching = true;
         } else if (!strcmp(a, "--enable-prefix-caching")) {
             o.engine.disable_prefix_caching = false;
+        } else if (!strcmp(a, "--speculative-config")) {
+            NEED();
+            if (kaon_cli_parse_spec_config(next, &o.engine.speculative)) return 2;
         } else if (!strcmp(a, "--expert-stats")) {
             o.engine.expert_stats = true;
         } else if (!strcmp(a, "--chat-template")) {

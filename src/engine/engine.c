@@ -111,8 +111,19 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     // Rows with logits per step: one per running sequence, more when asked so prompt logprobs
     // and prompt logits come in big chunks (never more than the step's tokens).
     e->max_logits = o->max_num_seqs;
-    if (o->max_logit_rows > e->max_logits)
-        e->max_logits = o->max_logit_rows < o->max_num_batched_tokens ? o->max_logit_rows : o->max_num_batched_tokens;
+    if (kaon_spec_config_resolve(&o->speculative, &e->spec)) {
+        kaon_set_error("engine: %s", kaon_last_error());
+        free(e);
+        return NULL;
+    }
+    // A verify step needs a row per draft besides each sequence's own (drafts are proposed
+    // only while few sequences run, so the extra rows are sized for that many).
+    if (e->spec.method != KAON_SPEC_OFF) {
+        const int spec_seqs = e->spec.disable_at > 0 && e->spec.disable_at < o->max_num_seqs ? e->spec.disable_at : o->max_num_seqs;
+        e->max_logits += (spec_seqs < 64 ? spec_seqs : 64) * e->spec.k;
+    }
+    if (o->max_logit_rows > e->max_logits) e->max_logits = o->max_logit_rows;
+    if (e->max_logits > o->max_num_batched_tokens) e->max_logits = o->max_num_batched_tokens;
     e->prefix_caching = !o->disable_prefix_caching;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work_cv, NULL);
@@ -673,7 +684,8 @@ static void build_batch(kaon_engine *e, kaon_batch *b) {
             e->b_pos[t] = p;
             e->b_slot[t] = s->blocks[p / e->block_size] * e->block_size + p % e->block_size;
             e->b_seq[t] = i;
-            if (prompt_rows || (k == n - 1 && p + 1 == s->n_tokens)) {
+            // Rows: every prompt position when asked, else the last token's and each draft's.
+            if (prompt_rows || p + 1 >= s->n_tokens) {
                 if (e->row_of_sched[i] < 0) e->row_of_sched[i] = rows;
                 e->nrows_of_sched[i]++;
                 e->b_rows[rows++] = t;
@@ -716,6 +728,15 @@ static int push_counts(kaon_engine *e, int *n, const kaon_token_counts *c, bool 
     return 0;
 }
 
+// Whether a device-sampled row takes a key from the sequence's random stream.
+static bool draws_key(const kaon_sampling *sp) { return sp->temperature > 0.0f && sp->top_k != 1; }
+
+// The sequence's own stream keys its device rows, so a seeded request samples the same
+// whatever else runs in its steps.
+static uint64_t next_key(seq *s) {
+    return (uint64_t)(kaon_rng_uniform(&s->rng) * 9007199254740992.0) * 0x9e3779b97f4a7c15ull;
+}
+
 // Describes a sampling row for the device, or returns 1 when this row must be sampled on the
 // host (top logprobs, prompt logprobs, or a logprob wanted after edits).
 static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *row, int *n_ent) {
@@ -723,12 +744,13 @@ static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *ro
     const bool edits = kaon_seq_edits_logits(s), mask = s->n_out < sp->min_tokens;
     if (sp->logprobs > 0 || (sp->logprobs == 0 && edits) || s->constraint) return 1;  // host sampling
     if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) return 1;
+    // A draft's row would need the edits as they stand after the drafts before it.
+    if (s->n_draft > 0 && edits) return 1;
     *row = (kaon_sample_row){.logit_row = logit_row, .temperature = sp->temperature, .top_k = sp->top_k,
                              .top_p = sp->top_p, .min_p = sp->min_p, .repetition = sp->repetition_penalty,
                              .presence = sp->presence_penalty, .frequency = sp->frequency_penalty,
                              .want_logprob = sp->logprobs == 0};
-    if (sp->temperature > 0.0f && sp->top_k != 1)  // the sequence's own stream: batch-invariant
-        row->rng_key = (uint64_t)(kaon_rng_uniform(&s->rng) * 9007199254740992.0) * 0x9e3779b97f4a7c15ull;
+    if (draws_key(sp)) row->rng_key = next_key(s);
     const int start = *n_ent;
     row->bias_off = *n_ent;
     for (int i = 0; i < sp->n_logit_bias; i++)
@@ -763,12 +785,22 @@ static int plan_sampling(kaon_engine *e, kaon_sample_batch *sb, int *n_host) {
         e->smp_of_sched[i] = -1;
         if (row < 0) continue;
         int rc = 1;
-        if (s->n_computed + s->scheduled_tokens == s->n_tokens)
-            rc = device_row(e, s, row + nrows - 1, &e->smp_rows[n_rows], &n_ent);
+        const int nd = s->n_draft, first = row + nrows - 1 - nd;  // the sampling positions' rows
+        if (kaon_seq_samples(s)) {
+            s->rng_before = s->rng;
+            rc = device_row(e, s, first, &e->smp_rows[n_rows], &n_ent);
+        }
         if (rc < 0) return kaon_set_error("engine: out of memory for sampling");
         if (rc == 0) {
-            e->smp_of_sched[i] = n_rows++;
-            nrows--;  // the last row stays on the device
+            // A draft's row is sampled as the first (device_row sent rows with edits to the host).
+            for (int j = 1; j <= nd; j++) {
+                e->smp_rows[n_rows + j] = e->smp_rows[n_rows];
+                e->smp_rows[n_rows + j].logit_row = first + j;
+                if (draws_key(&s->req->sp)) e->smp_rows[n_rows + j].rng_key = next_key(s);
+            }
+            e->smp_of_sched[i] = n_rows;
+            n_rows += 1 + nd;
+            nrows -= 1 + nd;  // those rows stay on the device
         }
         for (int k = 0; k < nrows; k++) e->host_rows[nh++] = row + k;
     }
@@ -861,6 +893,41 @@ static void step_execute(kaon_engine *e, const step_plan *p, step_result *res) {
     if (res->rc) snprintf(res->err, sizeof res->err, "forward pass failed: %s", kaon_last_error());
 }
 
+// Samples scheduled sequence i's next token from rows[0], or verifies its drafts: position j's
+// token is sampled from rows[j] as it would be without drafts (same edits, same random
+// stream), draft j stands when it is that token, and the first draft that is not ends the
+// step with the token sampled in its place; when every draft stands, rows[n_draft] adds one
+// more. So a draft x is kept with probability p(x) and otherwise replaced by a draw from p
+// without x: the rejection sampling of a one-hot proposal, and the output is token for token
+// what the request produces without speculation. Returns the tokens appended.
+static int sample_seq(kaon_engine *e, seq *s, int i, const float *rows) {
+    const int nd = s->n_draft, dev = e->smp_of_sched[i], out0 = s->n_out;
+    int accepted = 0;
+    for (int j = 0; j <= nd; j++) {
+        if (dev >= 0) {
+            kaon_token_logprob lp = {.token = e->smp_ids[dev + j], .logprob = e->smp_lps[dev + j]};
+            kaon_post_accept(e, s, e->smp_ids[dev + j], s->req->sp.logprobs == 0 ? &lp : NULL);
+        } else {
+            kaon_post_sample(e, s, rows + (size_t)j * e->vocab);
+        }
+        if (j == nd || s->n_out == out0 + j || s->tokens[s->n_tokens - 1] != s->draft[j]) break;
+        accepted++;
+        e->spec_accepted_pos[j]++;
+        if (s->finish != KAON_FINISH_NONE) break;
+    }
+    if (nd > 0) {
+        e->spec_drafts++;
+        e->spec_draft_tokens += (uint64_t)nd;
+        e->spec_accepted += (uint64_t)accepted;
+        // Device rows drew a key each; the stream keeps only the keys of the rows used.
+        if (dev >= 0 && draws_key(&s->req->sp)) {
+            s->rng = s->rng_before;
+            for (int j = s->n_out - out0; j > 0; j--) kaon_rng_uniform(&s->rng);
+        }
+    }
+    return s->n_out - out0;
+}
+
 // Without the lock: advances each sequence, samples, detokenizes, checks stops.
 static void step_process(kaon_engine *e, const step_plan *p, const step_result *res, step_outputs *o) {
     o->prompt_tokens = o->generation_tokens = 0;
@@ -868,32 +935,31 @@ static void step_process(kaon_engine *e, const step_plan *p, const step_result *
     kaon_post_greedy_rows(e);
     for (int i = 0; i < p->n_seqs; i++) {
         seq *s = e->sched[i];
-        int first = s->n_computed;
+        const int first = s->n_computed;
+        const bool samples = kaon_seq_samples(s);
         if (first < s->req->n_prompt) {
             int end = first + s->scheduled_tokens;
             o->prompt_tokens += (uint64_t)((end < s->req->n_prompt ? end : s->req->n_prompt) - first);
         }
-        s->n_computed += s->scheduled_tokens;
-        commit_blocks(e, s);
         o->items[i] = NULL;
-        int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
-        if (row < 0) continue;
-        const float *rows = e->logits + (size_t)row * e->vocab;
-        if (s->want_prompt_lp && first < s->req->n_prompt) {
-            kaon_post_prompt_logprobs(e, s, first, rows, nrows);
-            kaon_post_prompt_logits(e, s, first, rows, nrows);
+        const int row = e->row_of_sched[i], nrows = e->nrows_of_sched[i];
+        if (row >= 0) {
+            const float *rows = e->logits + (size_t)row * e->vocab;
+            if (s->want_prompt_lp && first < s->req->n_prompt) {
+                kaon_post_prompt_logprobs(e, s, first, rows, nrows);
+                kaon_post_prompt_logits(e, s, first, rows, nrows);
+            }
+            if (samples) {
+                o->generation_tokens += (uint64_t)sample_seq(e, s, i, rows + (size_t)(nrows - 1 - s->n_draft) * e->vocab);
+                o->items[i] = kaon_post_make_output(e, s);
+            }
         }
-        if (s->n_computed == s->n_tokens && e->smp_of_sched[i] >= 0) {
-            const int j = e->smp_of_sched[i];
-            kaon_token_logprob lp = {.token = e->smp_ids[j], .logprob = e->smp_lps[j]};
-            kaon_post_accept(e, s, e->smp_ids[j], e->sched[i]->req->sp.logprobs == 0 ? &lp : NULL);
-            o->generation_tokens++;
-            o->items[i] = kaon_post_make_output(e, s);
-        } else if (s->n_computed == s->n_tokens) {
-            kaon_post_sample(e, s, rows + (size_t)(nrows - 1) * e->vocab);
-            o->generation_tokens++;
-            o->items[i] = kaon_post_make_output(e, s);
-        }
+        // The cache holds every scheduled position, but positions past the last accepted draft
+        // hold rejected tokens: they are not computed (the next step overwrites them).
+        s->n_computed = first + s->scheduled_tokens;
+        if (samples && s->n_computed > s->n_tokens - 1) s->n_computed = s->n_tokens - 1;
+        s->n_draft = 0;
+        commit_blocks(e, s);
     }
     kaon_engine_expert_stats_step(e);
 }
@@ -903,6 +969,10 @@ static void step_publish(kaon_engine *e, const step_plan *p, const step_result *
     e->stats.steps++;
     e->stats.constraint_masks = e->constraint_masks;
     e->stats.constraint_mask_seconds = e->constraint_mask_seconds;
+    e->stats.spec_drafts = e->spec_drafts;
+    e->stats.spec_draft_tokens = e->spec_draft_tokens;
+    e->stats.spec_accepted_tokens = e->spec_accepted;
+    memcpy(e->stats.spec_accepted_per_pos, e->spec_accepted_pos, sizeof e->spec_accepted_pos);
     if (res->rc) {
         KAON_WARN("engine: %s", res->err);
         fail_all(e, res->err);

@@ -12,6 +12,7 @@
 #include "engine/kv_cache.h"
 #include "engine/penalties.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "kaon.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -62,6 +63,12 @@ typedef struct seq {
     kaon_token_logprob *prompt_lps;  // [n_prompt] until handed to the first output
     float *prompt_logits;        // [n_prompt, vocab] until handed to the first output
     int scheduled_tokens;        // this step
+    // Speculation: drafts verified this step, at positions n_tokens.. (also in tokens[] past
+    // n_tokens, so the batch reads them like any token), and the random stream before the
+    // step drew a key per device-sampled row (the keys of rows not used are given back).
+    int n_draft;
+    int32_t draft[KAON_SPEC_MAX_TOKENS];
+    kaon_rng rng_before;
     void *constraint;            // the sequence's own constraint state (req->sp.constraint), or NULL
     const char *fail_msg;        // why it ended with KAON_FINISH_ERROR (a static string), or NULL
 } seq;
@@ -113,6 +120,9 @@ struct kaon_engine {
     kaon_engine_stats stats;
     uint64_t constraint_masks;       // engine thread only; published into stats each step
     double constraint_mask_seconds;
+    kaon_spec_config spec;           // speculative decoding (method KAON_SPEC_OFF: none)
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted;  // engine thread; published as the above
+    uint64_t spec_accepted_pos[KAON_SPEC_MAX_TOKENS];
 
     // engine thread
     seq **waiting;               // sorted by (priority, order)
@@ -177,6 +187,12 @@ void kaon_post_prompt_logits(kaon_engine *e, seq *s, int first_pos, const float 
 out_item *kaon_post_make_output(kaon_engine *e, seq *s);
 void kaon_out_item_free(out_item *it);
 void kaon_seq_finish(seq *s, kaon_finish why);
+
+// Whether this step ends with s sampling (its last prompt chunk, a decode, or a verify of
+// drafts), judged before the step advances n_computed.
+static inline bool kaon_seq_samples(const seq *s) {
+    return s->n_computed + s->scheduled_tokens == s->n_tokens + s->n_draft;
+}
 
 static inline bool kaon_sampling_has_penalties(const kaon_sampling *sp) {
     return sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;

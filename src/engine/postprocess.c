@@ -161,32 +161,33 @@ static kaon_pool *host_threads(kaon_engine *e) {
     return e->host_threads;
 }
 
-// The argmax of scheduled sequence i's last logit row, when kaon_post_greedy_rows marked it.
+// The argmaxes of scheduled sequence i's sampling rows that kaon_post_greedy_rows marked.
 static void greedy_task(void *ctx, int i, int thread) {
     kaon_engine *e = ctx;
     (void)thread;
     const int row = e->row_of_sched[i], V = e->vocab;
     if (row < 0) return;
     const int last = row + e->nrows_of_sched[i] - 1;
-    if (e->greedy_tok[last] == -2) e->greedy_tok[last] = kaon_argmax(e->logits + (size_t)last * V, V);
+    for (int r = last - e->sched[i]->n_draft; r <= last; r++)
+        if (e->greedy_tok[r] == -2) e->greedy_tok[r] = kaon_argmax(e->logits + (size_t)r * V, V);
 }
 
 void kaon_post_greedy_rows(kaon_engine *e) {
     const int V = e->vocab;
     int n = 0;
     // The rows kaon_post_sample will take a plain argmax of (as engine_main picks them): the
-    // last logit row of each sequence that samples this step on the host.
+    // sampling rows (the last, and one per draft before it) of each sequence that samples
+    // this step on the host. A row found ahead is used only while the sequence is still plain
+    // greedy when its turn comes (min_tokens can end between a sequence's rows).
     for (int i = 0; i < e->n_sched; i++) {
         const seq *s = e->sched[i];
         const int row = e->row_of_sched[i];
         if (row < 0) continue;
-        const int last = row + e->nrows_of_sched[i] - 1;
-        e->greedy_tok[last] = -1;
-        if (s->n_computed + s->scheduled_tokens != s->n_tokens || e->smp_of_sched[i] >= 0 ||
-            !plain_greedy(s))
-            continue;
-        e->greedy_tok[last] = -2;  // to find
-        n++;
+        const int last = row + e->nrows_of_sched[i] - 1, first = last - s->n_draft;
+        for (int r = first; r <= last; r++) e->greedy_tok[r] = -1;
+        if (!kaon_seq_samples(s) || e->smp_of_sched[i] >= 0 || !plain_greedy(s)) continue;
+        for (int r = first; r <= last; r++) e->greedy_tok[r] = -2;  // to find
+        n += 1 + s->n_draft;
     }
     if (n == 0) return;
     const int nt = (double)n * V >= KAON_GREEDY_PAR_MIN && e->opts.n_threads > 1 ? e->opts.n_threads : 1;

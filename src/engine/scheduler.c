@@ -88,6 +88,31 @@ static void match_prefix(kaon_engine *e, seq *s) {
         s->cached_tokens = s->n_computed < s->req->n_prompt ? s->n_computed : s->req->n_prompt;
 }
 
+// Drafts for a decoding sequence (speculative decoding), at most room of them, written past
+// its last token. They stay within its max_tokens and the context (a verify step appends up
+// to one token more than it drafts), and take KV blocks only from the free pool: a draft
+// never preempts anyone.
+static int draft(kaon_engine *e, seq *s, int room) {
+    const kaon_spec_config *c = &e->spec;
+    if (c->method == KAON_SPEC_OFF || (c->disable_at > 0 && e->n_running >= c->disable_at)) return 0;
+    if (s->n_tokens - s->n_computed != 1 || s->n_tokens <= s->req->n_prompt) return 0;
+    int k = c->k < room ? c->k : room;
+    const int max_tokens = s->req->sp.max_tokens;
+    if (max_tokens > 0 && k > max_tokens - s->n_out - 1) k = max_tokens - s->n_out - 1;
+    if (k > e->max_model_len - s->n_tokens - 1) k = e->max_model_len - s->n_tokens - 1;
+    if (k <= 0) return 0;
+    k = kaon_spec_ngram_propose(s->tokens, s->n_tokens, c->ngram_min, c->ngram_max, k, s->draft);
+    // New blocks for drafts only while a block per running sequence stays free, so the
+    // sequences after this one can still grow without a preemption.
+    const int more = (s->n_tokens + k + e->block_size - 1) / e->block_size - s->n_blocks;
+    if (k > 0 && (more <= 0 || more <= kaon_kv_pool_n_free(e->pool) - e->n_running)) grow_blocks(e, s, s->n_tokens + k);
+    const int fit = s->n_blocks * e->block_size - s->n_tokens;
+    if (k > fit) k = fit;
+    if (k <= 0) return 0;
+    memcpy(s->tokens + s->n_tokens, s->draft, sizeof(int32_t) * (size_t)k);
+    return k;
+}
+
 // A request's later samples wait for the first one's prefill so they share its blocks.
 static bool gated(const seq *s) {
     const seq *first = &s->req->seqs[0];
@@ -103,6 +128,7 @@ int kaon_sched_step(kaon_engine *e) {
     e->n_sched = 0;
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         seq *s = e->running[i];
+        s->n_draft = 0;
         int n = s->n_tokens - s->n_computed;
         if (n > budget) n = budget;
         if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) {
@@ -118,11 +144,13 @@ int kaon_sched_step(kaon_engine *e) {
             if (victim == s) { n = 0; break; }
         }
         if (n == 0) break;  // s itself was the newest and got preempted
+        s->n_draft = draft(e, s, (budget - n < logit_room(e, rows) - 1 ? budget - n : logit_room(e, rows) - 1));
+        n += s->n_draft;
         s->scheduled_tokens = n;
         e->sched[e->n_sched++] = s;
         budget -= n;
         total += n;
-        rows += s->want_prompt_lp && s->n_computed < s->req->n_prompt ? n : 1;
+        rows += s->want_prompt_lp && s->n_computed < s->req->n_prompt ? n : 1 + s->n_draft;
     }
     double now = kaon_now();
     for (int i = 0; !preempted && i < e->n_waiting && budget > 0 &&
@@ -141,6 +169,7 @@ int kaon_sched_step(kaon_engine *e) {
             break;
         }
         remove_at(e->waiting, &e->n_waiting, i);
+        s->n_draft = 0;
         e->running[e->n_running++] = s;
         s->status = SEQ_RUNNING;
         if (s->req->t_first_sched == 0) s->req->t_first_sched = now;

@@ -191,6 +191,21 @@ char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s, const cha
         metric(&b, "kaon:structured_output_mask_seconds_total", "counter",
                "Time spent computing structured-output token masks.", model,
                s->constraint_mask_seconds);
+        metric(&b, "kaon:spec_decode_num_drafts_total", "counter",
+               "Verify steps of a sequence with draft tokens (speculative decoding).", model,
+               (double)s->spec_drafts);
+        metric(&b, "kaon:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", model,
+               (double)s->spec_draft_tokens);
+        metric(&b, "kaon:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", model,
+               (double)s->spec_accepted_tokens);
+        head(&b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+             "Draft tokens accepted, by their position among a step's drafts.");
+        for (int p = 0; p < KAON_SPEC_MAX_TOKENS; p++) {
+            char lab[32];
+            snprintf(lab, sizeof lab, "position=\"%d\"", p);
+            sample(&b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", model, lab,
+                   (double)s->spec_accepted_per_pos[p]);
+        }
     }
     pthread_mutex_lock(&m->mu);
     kaon_histogram ttft = m->ttft, itl = m->itl, e2e = m->e2e, queue = m->queue;

@@ -1,0 +1,28 @@
+// Speculative decoding's proposers: draft tokens for a sequence from what it has so far.
+// The engine verifies the drafts in its next forward pass (engine.c, scheduler.c).
+#ifndef KAON_ENGINE_SPEC_H
+#define KAON_ENGINE_SPEC_H
+
+#include <stdint.h>
+
+#include "kaon.h"
+
+enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM };
+
+// The engine's resolved speculation settings.
+typedef struct kaon_spec_config {
+    enum kaon_spec_method method;
+    int k;                     // drafts per step at most
+    int ngram_min, ngram_max;  // prompt lookup: suffix lengths, longest tried first
+    int disable_at;            // no drafts with this many sequences running (0: never off)
+} kaon_spec_config;
+
+// Checks o and fills c with its defaults. 0, or -1 with kaon_last_error().
+int kaon_spec_config_resolve(const kaon_speculative_options *o, kaon_spec_config *c);
+
+// Prompt lookup: finds the latest earlier occurrence of the longest suffix of toks[0..n)
+// (lengths max_n down to min_n) and drafts the k tokens that followed it (continuing through
+// the drafts themselves past the end) into out. Returns k, or 0 when nothing matches.
+int kaon_spec_ngram_propose(const int32_t *toks, int n, int min_n, int max_n, int k, int32_t *out);
+
+#endif

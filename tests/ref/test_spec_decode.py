@@ -1,0 +1,120 @@
+"""Speculative decoding (n-gram drafts verified in one forward pass) through `kaon generate` on
+the tiny checkpoints of test_engine.py: every request's output -- greedy, seeded sampling, with
+penalties, logit bias, min_tokens, stop tokens -- is token for token the same
+as without speculation, under batching, chunked prefill and preemption; and each run shows
+that drafts were proposed, accepted and rejected (so the rollback ran)."""
+import json
+import random
+import subprocess
+
+import pytest
+
+from test_engine import generate, ids, kv_bytes_per_token, tiny, tiny_llama  # noqa: F401 (fixtures)
+
+SPEC = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4,
+                                            "prompt_lookup_min": 1, "disable_by_batch_size": -1})]
+
+
+def loop_prompts(n=48, seed=0):
+    """Prompts that repeat a short motif (so a suffix recurs and drafts get proposed), some
+    with a random tail (so the model's continuation often departs from the drafts)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        motif = [rng.randrange(3, 300) for _ in range(rng.randrange(2, 7))]
+        p = motif * rng.randrange(2, 6)
+        if i % 3 == 0:
+            p += [rng.randrange(3, 300) for _ in range(rng.randrange(1, 9))]
+        out.append(p)
+    return out
+
+
+def check_spec_ran(st):
+    assert st["spec_drafts"] > 0 and st["spec_accepted_tokens"] > 0, st
+    assert st["spec_draft_tokens"] > st["spec_accepted_tokens"], st  # some were rejected
+
+
+GREEDY = ["--temp", "0", "--max-tokens", "24", "--ignore-eos"]
+
+
+@pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted"])
+def test_greedy_same_with_drafts(kaon_bin, tiny, tmp_path, layout):
+    prompts = loop_prompts()
+    plain, _ = generate(kaon_bin, tiny, tmp_path, prompts, GREEDY + ["--max-num-seqs", "1"], name="plain")
+    extra = {"alone": ["--max-num-seqs", "1"],
+             "batched": ["--max-num-seqs", "64", "--no-prefix-caching"],
+             "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"],
+             "preempted": ["--max-num-seqs", "64", "--kv-cache-memory",
+                           str(40 * 16 * kv_bytes_per_token(kaon_bin, tiny) / 1048576)]}[layout]
+    spec, st = generate(kaon_bin, tiny, tmp_path, prompts, GREEDY + extra + SPEC, name="spec")
+    assert ids(spec) == ids(plain)
+    check_spec_ran(st)
+    if layout == "preempted":
+        assert st["preemptions"] > 0, st
+        assert st["kv_blocks_used"] == 0, st
+    if layout == "alone":  # verifying drafts saves steps
+        _, st_plain = generate(kaon_bin, tiny, tmp_path, prompts, GREEDY + extra, name="plain-steps")
+        assert st["steps"] < st_plain["steps"], (st, st_plain)
+
+
+SAMPLED = [
+    ("temperature", ["--temp", "1.0"], {}),
+    ("top_p_top_k", ["--temp", "0.8", "--top-p", "0.9", "--top-k", "20"], {}),
+    ("min_p", ["--temp", "0.6", "--min-p", "0.1"], {}),
+    ("penalties", ["--temp", "0.7"], {"presence_penalty": 0.4, "frequency_penalty": 0.3, "repetition_penalty": 1.2}),
+    ("greedy_penalties", ["--temp", "0"], {"frequency_penalty": 0.5}),
+    ("logit_bias_min_tokens", ["--temp", "0.9"], {"logit_bias": {"7": 3.0, "11": -2.0}, "min_tokens": 6}),
+    ("stop_ids", ["--temp", "1.0"], {"stop_token_ids": [5, 9, 13]}),
+]
+
+
+@pytest.mark.parametrize("name,flags,body", SAMPLED, ids=[c[0] for c in SAMPLED])
+def test_sampling_same_with_drafts(kaon_bin, tiny_llama, tmp_path, name, flags, body):
+    """Each position's token is drawn from the same distribution with the same random numbers
+    as without drafts, so seeded outputs are identical (logprobs and n > 1: tests/e2e)."""
+    prompts = loop_prompts(n=24, seed=3)
+    per = lambda i: {**body, "seed": 100 + i}
+    args = flags + ["--max-tokens", "20", "--max-num-seqs", "24"]
+    plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, per, name="plain")
+    spec, st = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, per, name="spec")
+    assert spec == plain
+    assert st["spec_drafts"] > 0 and st["spec_accepted_tokens"] > 0, st
+
+
+def test_max_tokens_and_context_bounds(kaon_bin, tiny_llama, tmp_path):
+    """Drafts never run a sequence past max_tokens or the context: lengths are exact."""
+    prompts = loop_prompts(n=16, seed=9)
+    for mt in (1, 2, 3, 5):
+        args = ["--temp", "0", "--max-tokens", str(mt), "--ignore-eos"]
+        plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, name=f"p{mt}")
+        spec, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, name=f"s{mt}")
+        assert ids(spec) == ids(plain)
+        assert all(len(r["token_ids"]) == mt for r in spec)
+    # Up to the context limit: every sequence ends on "length" at exactly max_model_len.
+    args = ["--temp", "0", "--ignore-eos", "--max-model-len", "64"]
+    plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, name="ctx-p")
+    spec, st = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, name="ctx-s")
+    assert ids(spec) == ids(plain)
+    assert all(r["finish_reason"] == "length" and len(r["token_ids"]) + len(p) == 64
+               for r, p in zip(spec, prompts))
+    check_spec_ran(st)
+
+
+@pytest.mark.parametrize("cfg,words", [
+    ("{", "not a JSON object"),
+    ('{"method": "eagle9", "num_speculative_tokens": 2}', "unknown method"),
+    ('{"method": "ngram"}', "num_speculative_tokens"),
+    ('{"method": "ngram", "num_speculative_tokens": 99}', "num_speculative_tokens"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}', "prompt_lookup"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}', "unknown key"),
+    ('{"method": "ngram", "num_speculative_tokens": "2"}', "integer"),
+])
+def test_bad_speculative_config(kaon_bin, tiny_llama, tmp_path, cfg, words):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    for cmd in (["generate", "-m", str(tiny_llama), "--input", str(inp), "--output", str(tmp_path / "o.jsonl")],
+                ["run", "-m", str(tiny_llama), "--prompt-ids", "5,6,7", "-n", "2"]):
+        r = subprocess.run([str(kaon_bin), *cmd, "--speculative-config", cfg], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2, (cmd, cfg, r.stderr)
+        assert words in r.stderr and r.stderr.count("\n") == 1, (cmd, r.stderr)
