@@ -32,12 +32,17 @@ typedef struct kaon_request kaon_request;
 // request samples without speculation).
 #define KAON_SPEC_MAX_TOKENS 16
 typedef struct kaon_speculative_options {
-    const char *method;             // NULL or "": off; "ngram": prompt lookup (no weights)
+    const char *method;             // NULL or "": off; "ngram": prompt lookup (no weights);
+                                    // "oracle" (benchmarks): replays oracle_file's outputs
     int num_speculative_tokens;     // drafts per step, 1..KAON_SPEC_MAX_TOKENS
     int prompt_lookup_min;          // ngram: the shortest suffix matched (0: 2)
     int prompt_lookup_max;          // ngram: the longest suffix matched, tried first (0: 4)
     int disable_by_batch_size;      // no drafts in a step with at least this many running
                                     // sequences (0: 32; -1: never off)
+    const char *oracle_file;        // oracle: JSON lines {"prompt_ids": [...], "token_ids": [...]};
+                                    // a sequence whose prompt is listed drafts the recorded
+                                    // continuation while its output follows it (no cost: it
+                                    // bounds the verify machinery's overhead)
 } kaon_speculative_options;
 
 typedef struct kaon_engine_options {

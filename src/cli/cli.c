@@ -122,7 +122,7 @@ int kaon_cli_check_kv_dtype(const char *v) {
 }
 
 int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
-    static char method[32];  // the options point here for the life of the process
+    static char method[32], oracle[4096];  // the options point here for the life of the process
     cJSON *j = json ? cJSON_Parse(json) : NULL;
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
@@ -138,7 +138,11 @@ int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
                  : !strcmp(k, "prompt_lookup_max")    ? &o->prompt_lookup_max
                  : !strcmp(k, "disable_by_batch_size") ? &o->disable_by_batch_size
                                                        : NULL;
-        if (!strcmp(k, "method")) {
+        if (!strcmp(k, "oracle_file")) {
+            if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof oracle)
+                rc = kaon_cli_fail("bad --speculative-config: \"oracle_file\" must be a path");
+            else o->oracle_file = strcpy(oracle, f->valuestring);
+        } else if (!strcmp(k, "method")) {
             if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof method)
                 rc = kaon_cli_fail("bad --speculative-config: \"method\" must be a string (ngram)");
             else o->method = strcpy(method, f->valuestring);
@@ -148,15 +152,16 @@ int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
             else *dst = (int)f->valuedouble;
         } else {
             rc = kaon_cli_fail("bad --speculative-config: unknown key \"%s\" (method, num_speculative_tokens, "
-                               "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)", k);
+                               "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, oracle_file)", k);
         }
     }
     cJSON_Delete(j);
     if (rc) return rc;
     if (!o->method) return kaon_cli_fail("bad --speculative-config: \"method\" is missing (ngram)");
     kaon_spec_config c;
-    if (kaon_spec_config_resolve(o, &c)) return kaon_cli_fail("bad --speculative-config: %s", kaon_last_error());
-    return 0;
+    rc = kaon_spec_config_resolve(o, &c) ? kaon_cli_fail("bad --speculative-config: %s", kaon_last_error()) : 0;
+    kaon_spec_config_free(&c);
+    return rc;
 }
 
 void kaon_cli_quiet_logs(void) {

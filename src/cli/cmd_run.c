@@ -267,6 +267,14 @@ int kaon_cmd_run(int argc, char **argv) {
     fprintf(stderr, "\nkaon: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens, %.1f tok/s\n",
             n_prompt, t_first - t0, n_prompt / (t_first - t0), n_gen,
             n_steps > 0 ? n_steps / (t2 - t_first) : 0.0);
+    if (o.spec.method) {
+        kaon_engine_stats st;
+        kaon_engine_get_stats(e, &st);
+        fprintf(stderr, "kaon: speculative: %llu verify steps, %llu of %llu drafts accepted, %.2f tokens per verify step\n",
+                (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_accepted_tokens,
+                (unsigned long long)st.spec_draft_tokens,
+                st.spec_drafts ? (double)(st.spec_accepted_tokens + st.spec_drafts) / (double)st.spec_drafts : 0.0);
+    }
     rc = 0;
 out:
     kaon_request_free(r);

@@ -1041,6 +1041,7 @@ void kaon_engine_destroy(kaon_engine *e) {
     free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
     free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);
     kaon_kv_pool_free(e->pool);
+    kaon_spec_config_free(&e->spec);
     kaon_pool_destroy(e->host_threads);
     kaon_engine_expert_stats_free(e);
     kaon_runner_free(e->runner);

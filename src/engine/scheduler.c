@@ -101,7 +101,9 @@ static int draft(kaon_engine *e, seq *s, int room) {
     if (max_tokens > 0 && k > max_tokens - s->n_out - 1) k = max_tokens - s->n_out - 1;
     if (k > e->max_model_len - s->n_tokens - 1) k = e->max_model_len - s->n_tokens - 1;
     if (k <= 0) return 0;
-    k = kaon_spec_ngram_propose(s->tokens, s->n_tokens, c->ngram_min, c->ngram_max, k, s->draft);
+    k = c->method == KAON_SPEC_ORACLE
+            ? kaon_spec_oracle_propose(c->oracle, s->tokens, s->req->n_prompt, s->n_tokens, k, s->draft)
+            : kaon_spec_ngram_propose(s->tokens, s->n_tokens, c->ngram_min, c->ngram_max, k, s->draft);
     // New blocks for drafts only while a block per running sequence stays free, so the
     // sequences after this one can still grow without a preemption.
     const int more = (s->n_tokens + k + e->block_size - 1) / e->block_size - s->n_blocks;

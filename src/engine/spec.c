@@ -8,9 +8,9 @@
 int kaon_spec_config_resolve(const kaon_speculative_options *o, kaon_spec_config *c) {
     memset(c, 0, sizeof *c);
     if (!o->method || !o->method[0]) return 0;
-    if (strcmp(o->method, "ngram"))
-        return kaon_set_error("speculative decoding: unknown method '%s' (kaon has: ngram)", o->method);
-    c->method = KAON_SPEC_NGRAM;
+    if (!strcmp(o->method, "ngram")) c->method = KAON_SPEC_NGRAM;
+    else if (!strcmp(o->method, "oracle")) c->method = KAON_SPEC_ORACLE;
+    else return kaon_set_error("speculative decoding: unknown method '%s' (kaon has: ngram, oracle)", o->method);
     if (o->num_speculative_tokens < 1 || o->num_speculative_tokens > KAON_SPEC_MAX_TOKENS)
         return kaon_set_error("speculative decoding: num_speculative_tokens must be in [1, %d], got %d",
                               KAON_SPEC_MAX_TOKENS, o->num_speculative_tokens);
@@ -25,6 +25,8 @@ int kaon_spec_config_resolve(const kaon_speculative_options *o, kaon_spec_config
         return kaon_set_error("speculative decoding: disable_by_batch_size must be >= 1 (or -1: never), got %d",
                               o->disable_by_batch_size);
     c->disable_at = o->disable_by_batch_size == 0 ? 32 : o->disable_by_batch_size < 0 ? 0 : o->disable_by_batch_size;
+    if (c->method == KAON_SPEC_ORACLE) return kaon_spec_oracle_attach(c, o->oracle_file);
+    if (o->oracle_file) return kaon_set_error("speculative decoding: oracle_file is for method oracle");
     return 0;
 }
 

@@ -7,7 +7,9 @@
 
 #include "kaon.h"
 
-enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM };
+enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM, KAON_SPEC_ORACLE };
+
+typedef struct kaon_spec_oracle kaon_spec_oracle;
 
 // The engine's resolved speculation settings.
 typedef struct kaon_spec_config {
@@ -15,10 +17,19 @@ typedef struct kaon_spec_config {
     int k;                     // drafts per step at most
     int ngram_min, ngram_max;  // prompt lookup: suffix lengths, longest tried first
     int disable_at;            // no drafts with this many sequences running (0: never off)
+    kaon_spec_oracle *oracle;  // KAON_SPEC_ORACLE: the recorded outputs
 } kaon_spec_config;
 
-// Checks o and fills c with its defaults. 0, or -1 with kaon_last_error().
+// Checks o and fills c with its defaults (the oracle's file is read: kaon_spec_config_free).
+// 0, or -1 with kaon_last_error().
 int kaon_spec_config_resolve(const kaon_speculative_options *o, kaon_spec_config *c);
+void kaon_spec_config_free(kaon_spec_config *c);
+int kaon_spec_oracle_attach(kaon_spec_config *c, const char *path);  // spec_oracle.c
+
+// Oracle: drafts the recorded continuation of the prompt toks[0..n_prompt) when the output so
+// far (toks[n_prompt..n)) follows it; at most k. Returns how many (0: none).
+int kaon_spec_oracle_propose(const kaon_spec_oracle *o, const int32_t *toks, int n_prompt, int n, int k,
+                             int32_t *out);
 
 // Prompt lookup: finds the latest earlier occurrence of the longest suffix of toks[0..n)
 // (lengths max_n down to min_n) and drafts the k tokens that followed it (continuing through

@@ -2,8 +2,10 @@
 the tiny checkpoints of test_engine.py: every request's output -- greedy, seeded sampling, with
 penalties, logit bias, min_tokens, stop tokens -- is token for token the same
 as without speculation, under batching, chunked prefill and preemption; and each run shows
-that drafts were proposed, accepted and rejected (so the rollback ran)."""
+that drafts were proposed, accepted and rejected (so the rollback ran).
+KAON_TEST_DEVICE=cuda runs the same on the GPU (device sampling of the verify rows)."""
 import json
+import os
 import random
 import subprocess
 
@@ -11,7 +13,8 @@ import pytest
 
 from test_engine import generate, ids, kv_bytes_per_token, tiny, tiny_llama  # noqa: F401 (fixtures)
 
-SPEC = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4,
+DEV = ["--device", os.environ["KAON_TEST_DEVICE"]] if os.environ.get("KAON_TEST_DEVICE") else []
+SPEC = DEV + ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4,
                                             "prompt_lookup_min": 1, "disable_by_batch_size": -1})]
 
 
@@ -34,7 +37,7 @@ def check_spec_ran(st):
     assert st["spec_draft_tokens"] > st["spec_accepted_tokens"], st  # some were rejected
 
 
-GREEDY = ["--temp", "0", "--max-tokens", "24", "--ignore-eos"]
+GREEDY = DEV + ["--temp", "0", "--max-tokens", "24", "--ignore-eos"]
 
 
 @pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted"])
@@ -74,7 +77,7 @@ def test_sampling_same_with_drafts(kaon_bin, tiny_llama, tmp_path, name, flags, 
     as without drafts, so seeded outputs are identical (logprobs and n > 1: tests/e2e)."""
     prompts = loop_prompts(n=24, seed=3)
     per = lambda i: {**body, "seed": 100 + i}
-    args = flags + ["--max-tokens", "20", "--max-num-seqs", "24"]
+    args = DEV + flags + ["--max-tokens", "20", "--max-num-seqs", "24"]
     plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, per, name="plain")
     spec, st = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, per, name="spec")
     assert spec == plain
@@ -85,13 +88,13 @@ def test_max_tokens_and_context_bounds(kaon_bin, tiny_llama, tmp_path):
     """Drafts never run a sequence past max_tokens or the context: lengths are exact."""
     prompts = loop_prompts(n=16, seed=9)
     for mt in (1, 2, 3, 5):
-        args = ["--temp", "0", "--max-tokens", str(mt), "--ignore-eos"]
+        args = DEV + ["--temp", "0", "--max-tokens", str(mt), "--ignore-eos"]
         plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, name=f"p{mt}")
         spec, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, name=f"s{mt}")
         assert ids(spec) == ids(plain)
         assert all(len(r["token_ids"]) == mt for r in spec)
     # Up to the context limit: every sequence ends on "length" at exactly max_model_len.
-    args = ["--temp", "0", "--ignore-eos", "--max-model-len", "64"]
+    args = DEV + ["--temp", "0", "--ignore-eos", "--max-model-len", "64"]
     plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, name="ctx-p")
     spec, st = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, name="ctx-s")
     assert ids(spec) == ids(plain)
