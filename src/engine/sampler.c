@@ -131,7 +131,7 @@ static void sift_down(cand *h, int k, int i) {
     }
 }
 
-static int finish_sorted(cand *c, int m, const kaon_sampling *p, kaon_rng *rng);
+static int trim_sorted(cand *c, int m, const kaon_sampling *p, double *sum);
 
 // The first index i >= from with x[i] > thr (n when none). A NaN is never above.
 static int next_above_scalar(const float *x, int from, int n, float thr) {
@@ -163,8 +163,7 @@ static int next_above(const float *x, int from, int n, float thr) {
 // logit enters the heap only when it is strictly above the worst one kept (on a tie the
 // earlier id ranks first, and every id in the heap is earlier), so the scan only looks for
 // values above that threshold, 8 at a time.
-static int sample_top_k(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng,
-                        cand *h) {
+static int top_k_candidates(const float *logits, int n, const kaon_sampling *p, cand *h) {
     int k = p->top_k;
     for (int i = 0; i < k; i++) h[i] = (cand){logits[i], i};
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
@@ -176,7 +175,7 @@ static int sample_top_k(const float *logits, int n, const kaon_sampling *p, kaon
     for (int i = 1; i < k; i++) mx = h[i].p > mx ? h[i].p : mx;
     for (int i = 0; i < k; i++) h[i].p = expf((h[i].p - mx) / p->temperature);
     qsort(h, (size_t)k, sizeof *h, by_prob_desc);
-    return finish_sorted(h, k, p, rng);
+    return k;
 }
 
 // Sorts c[0..m) (collected in id order) into by_prob_desc order; tmp holds m more entries.
@@ -226,11 +225,15 @@ static cand *sort_by_prob(cand *c, int m, cand *tmp) {
 
 size_t kaon_sample_scratch_bytes(int n) { return 2 * sizeof(cand) * (size_t)n; }
 
-int kaon_sample(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng,
-                void *scratch) {
-    if (p->temperature <= 0.0f || p->top_k == 1) return kaon_argmax(logits, n);
+// The candidates a (non-greedy) draw chooses from, by descending probability (unnormalized:
+// the best is 1), top_k / min_p / top_p applied: *m of them, weights summing to *sum.
+static cand *candidates(const float *logits, int n, const kaon_sampling *p, void *scratch, int *m_out,
+                        double *sum) {
     cand *c = scratch;
-    if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < n) return sample_top_k(logits, n, p, rng, c);
+    if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < n) {
+        *m_out = trim_sorted(c, top_k_candidates(logits, n, p, c), p, sum);
+        return c;
+    }
     float mx = logits[kaon_argmax(logits, n)];
     // Candidates below 1e-12 of the best carry no probability mass worth sorting.
     const float cutoff = mx + p->temperature * logf(1e-12f);
@@ -246,11 +249,40 @@ int kaon_sample(const float *logits, int n, const kaon_sampling *p, kaon_rng *rn
         c[m].p = pi;
         m++;
     }
-    return finish_sorted(sort_by_prob(c, m, c + n), m, p, rng);
+    cand *sorted = sort_by_prob(c, m, c + n);
+    *m_out = trim_sorted(sorted, m, p, sum);
+    return sorted;
 }
 
-// Applies top_k, min_p and top_p to candidates sorted by probability, then draws one.
-static int finish_sorted(cand *c, int m, const kaon_sampling *p, kaon_rng *rng) {
+int kaon_sample(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng,
+                void *scratch) {
+    if (p->temperature <= 0.0f || p->top_k == 1) return kaon_argmax(logits, n);
+    int m;
+    double sum;
+    const cand *c = candidates(logits, n, p, scratch, &m, &sum);
+    double r = kaon_rng_uniform(rng) * sum, acc = 0;
+    for (int i = 0; i < m; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[m - 1].id;
+}
+
+void kaon_sample_probs(const float *logits, int n, const kaon_sampling *p, void *scratch, float *probs) {
+    memset(probs, 0, sizeof(float) * (size_t)n);
+    if (p->temperature <= 0.0f || p->top_k == 1) {
+        probs[kaon_argmax(logits, n)] = 1.0f;
+        return;
+    }
+    int m;
+    double sum;
+    const cand *c = candidates(logits, n, p, scratch, &m, &sum);
+    for (int i = 0; i < m; i++) probs[c[i].id] = (float)(c[i].p / sum);
+}
+
+// Applies top_k, min_p and top_p to candidates sorted by probability: how many stay, and the
+// sum of their weights in *sum_out.
+static int trim_sorted(cand *c, int m, const kaon_sampling *p, double *sum_out) {
     if (p->top_k > 0 && p->top_k < m) m = p->top_k;
     if (p->min_p > 0.0f) {
         float floor_p = c[0].p * p->min_p;
@@ -271,10 +303,6 @@ static int finish_sorted(cand *c, int m, const kaon_sampling *p, kaon_rng *rng) 
         m = k;
         sum = acc;
     }
-    double r = kaon_rng_uniform(rng) * sum, acc = 0;
-    for (int i = 0; i < m; i++) {
-        acc += c[i].p;
-        if (r < acc) return c[i].id;
-    }
-    return c[m - 1].id;
+    *sum_out = sum;
+    return m;
 }

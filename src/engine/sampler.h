@@ -27,5 +27,8 @@ int kaon_argmax(const float *logits, int n);
 // (float, int32) pairs); logits are not modified.
 int kaon_sample(const float *logits, int n, const kaon_sampling *p, kaon_rng *rng, void *scratch);
 size_t kaon_sample_scratch_bytes(int n);
+// The distribution kaon_sample draws from, whole: probs[i] for every id (0 where a filter
+// removed it; one-hot at the argmax when greedy). For rejection sampling, which needs p and q.
+void kaon_sample_probs(const float *logits, int n, const kaon_sampling *p, void *scratch, float *probs);
 
 #endif

@@ -3,8 +3,10 @@
 #ifndef KAON_ENGINE_SPEC_H
 #define KAON_ENGINE_SPEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/sampler.h"
 #include "kaon.h"
 
 enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM, KAON_SPEC_ORACLE };
@@ -35,5 +37,12 @@ int kaon_spec_oracle_propose(const kaon_spec_oracle *o, const int32_t *toks, int
 // (lengths max_n down to min_n) and drafts the k tokens that followed it (continuing through
 // the drafts themselves past the end) into out. Returns k, or 0 when nothing matches.
 int kaon_spec_ngram_propose(const int32_t *toks, int n, int min_n, int max_n, int k, int32_t *out);
+
+// Speculative sampling of a draft x drawn from q (spec_sample.c): returns x with probability
+// min(1, p(x) / q(x)) (*accepted), else a draw from norm(max(0, p - q)); the result is
+// distributed as p. p and q are whole distributions over n ids (kaon_sample_probs of the
+// target's and the drafter's logits under the same sampling parameters). A one-hot q (a
+// deterministic proposer) keeps x with probability p(x) and otherwise draws from p without x.
+int32_t kaon_spec_accept(const float *p, const float *q, int n, int32_t x, kaon_rng *rng, bool *accepted);
 
 #endif

@@ -1,5 +1,7 @@
 // Speculative decoding's n-gram proposer and settings (src/engine/spec.c), against a brute
-// force written here.
+// force written here; speculative sampling (spec_sample.c) by chi-square tests against the
+// target distribution.
+#include <math.h>
 #include <string.h>
 
 #include "engine/spec.h"
@@ -22,6 +24,56 @@ static int brute(const int32_t *t, int n, int min_n, int max_n, int k, int32_t *
         }
     }
     return 0;
+}
+
+// The chi-square statistic's 1 - 1e-5 quantile for df degrees of freedom (Wilson-Hilferty):
+// a correct sampler fails a check once in 100,000 runs.
+static double chi2_crit(int df) {
+    const double z = 4.2649, a = 2.0 / (9.0 * df);
+    return df * pow(1.0 - a + z * sqrt(a), 3);
+}
+
+// Drafts x ~ q (kaon_sample of q's logits under sp), verified against p's logits under the
+// same sp: the kept-or-replaced token must be distributed as kaon_sample_probs(p). Also
+// checks the keep rate: sum over x of min(p(x), q(x)).
+static void check_spec_sampling(const float *lp, const float *lq, int V, const kaon_sampling *sp, unsigned seed) {
+    enum { N = 200000 };
+    float p[16], q[16];
+    static unsigned char scratch[2 * 16 * 8 * 4];
+    kaon_sample_probs(lp, V, sp, scratch, p);
+    kaon_sample_probs(lq, V, sp, scratch, q);
+    kaon_rng rng;
+    kaon_rng_seed(&rng, seed);
+    long cnt[16] = {0}, kept = 0;
+    for (int t = 0; t < N; t++) {
+        const int32_t x = kaon_sample(lq, V, sp, &rng, scratch);
+        bool acc;
+        const int32_t y = kaon_spec_accept(p, q, V, x, &rng, &acc);
+        CHECK(y >= 0 && y < V);
+        if (y < 0 || y >= V) return;
+        CHECK(!acc || y == x);
+        cnt[y]++;
+        kept += acc;
+    }
+    double chi = 0, keep = 0;
+    int df = -1;
+    for (int i = 0; i < V; i++) {
+        keep += fmin(p[i], q[i]);
+        if (p[i] == 0.0f) {
+            CHECK(cnt[i] == 0);  // a token the target's filters removed never comes out
+            continue;
+        }
+        const double e = (double)N * p[i];
+        chi += (cnt[i] - e) * (cnt[i] - e) / e;
+        df++;
+    }
+    if (df > 0) {
+        CHECK(chi < chi2_crit(df));
+        if (!(chi < chi2_crit(df))) fprintf(stderr, "  chi2 %.1f >= %.1f (df %d, T %g)\n", chi, chi2_crit(df), df, sp->temperature);
+    }
+    // The keep rate is a binomial proportion: within 5 standard deviations.
+    const double sd = sqrt(keep * (1 - keep) / N) + 1e-9;
+    CHECK(fabs((double)kept / N - keep) < 5 * sd + 1e-6);
 }
 
 int main(void) {
@@ -78,5 +130,35 @@ int main(void) {
     CHECK(kaon_spec_config_resolve(&o, &c) != 0);
     o = (kaon_speculative_options){.method = "medusa", .num_speculative_tokens = 2};
     CHECK(kaon_spec_config_resolve(&o, &c) != 0);
+
+    // Speculative sampling: random target and draft logits over 8 tokens, under temperature,
+    // top-k, top-p and min-p applied to both; and the two one-hot cases (a deterministic
+    // proposer: q one-hot; greedy: p one-hot).
+    const float lp[8] = {1.2f, -0.3f, 0.4f, 2.0f, -1.5f, 0.9f, 0.0f, -0.7f};
+    const float lq[8] = {0.1f, 0.8f, 0.4f, 1.1f, -0.5f, 1.9f, -1.0f, 0.3f};
+    const struct { float t; int k; float top_p, min_p; } cases[] = {
+        {1.0f, 0, 1.0f, 0.0f}, {0.6f, 0, 1.0f, 0.0f}, {1.5f, 4, 1.0f, 0.0f},
+        {1.0f, 0, 0.8f, 0.0f}, {0.9f, 5, 0.9f, 0.0f}, {1.2f, 0, 1.0f, 0.15f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kaon_sampling sp;
+        kaon_sampling_default(&sp);
+        sp.temperature = cases[i].t;
+        sp.top_k = cases[i].k;
+        sp.top_p = cases[i].top_p;
+        sp.min_p = cases[i].min_p;
+        check_spec_sampling(lp, lq, 8, &sp, 1000u + (unsigned)i);
+    }
+    {
+        kaon_sampling sp;
+        kaon_sampling_default(&sp);
+        float onehot[8];  // q one-hot on token 6 (the deterministic proposer's draft)
+        for (int i = 0; i < 8; i++) onehot[i] = i == 6 ? 0.0f : -1e30f;
+        sp.temperature = 1.0f;
+        check_spec_sampling(lp, onehot, 8, &sp, 77u);
+        sp.temperature = 0.0f;  // greedy: p and q one-hot, kept iff x is p's argmax
+        check_spec_sampling(lp, lq, 8, &sp, 78u);
+        check_spec_sampling(lp, lp, 8, &sp, 79u);
+    }
     TEST_MAIN_END();
 }
