@@ -737,15 +737,28 @@ static uint64_t next_key(seq *s) {
     return (uint64_t)(kaon_rng_uniform(&s->rng) * 9007199254740992.0) * 0x9e3779b97f4a7c15ull;
 }
 
+// Adds the tokens before[0..n) to the entries from `from` on (distinct tokens, as the
+// device's penalty lists want): a token already listed gets its value raised by `step`.
+static int push_more(kaon_engine *e, int *n_ent, int from, const int32_t *before, int n, float step) {
+    for (int j = 0; j < n; j++) {
+        int at = -1;
+        for (int i = from; i < *n_ent && at < 0; i++)
+            if (e->ent_tok[i] == before[j]) at = i;
+        if (at >= 0) e->ent_val[at] += step;
+        else if (push_entry(e, n_ent, before[j], step)) return -1;
+    }
+    return 0;
+}
+
 // Describes a sampling row for the device, or returns 1 when this row must be sampled on the
-// host (top logprobs, prompt logprobs, or a logprob wanted after edits).
-static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *row, int *n_ent) {
+// host (top logprobs, prompt logprobs, or a logprob wanted after edits). A draft's row
+// (n_before drafts ahead of it, `before`) gets the edits as they stand once those are in.
+static int device_row(kaon_engine *e, seq *s, int logit_row, const int32_t *before, int n_before,
+                      kaon_sample_row *row, int *n_ent) {
     const kaon_sampling *sp = &s->req->sp;
-    const bool edits = kaon_seq_edits_logits(s), mask = s->n_out < sp->min_tokens;
+    const bool edits = kaon_seq_edits_logits(s), mask = s->n_out + n_before < sp->min_tokens;
     if (sp->logprobs > 0 || (sp->logprobs == 0 && edits) || s->constraint) return 1;  // host sampling
     if (s->want_prompt_lp && s->n_computed < s->req->n_prompt) return 1;
-    // A draft's row would need the edits as they stand after the drafts before it.
-    if (s->n_draft > 0 && edits) return 1;
     *row = (kaon_sample_row){.logit_row = logit_row, .temperature = sp->temperature, .top_k = sp->top_k,
                              .top_p = sp->top_p, .min_p = sp->min_p, .repetition = sp->repetition_penalty,
                              .presence = sp->presence_penalty, .frequency = sp->frequency_penalty,
@@ -767,10 +780,13 @@ static int device_row(kaon_engine *e, seq *s, int logit_row, kaon_sample_row *ro
     }
     row->n_bias = *n_ent - start;
     row->seen_off = *n_ent;
-    if (sp->repetition_penalty != 1.0f && push_counts(e, n_ent, &s->seen, false)) return -1;
+    if (sp->repetition_penalty != 1.0f &&
+        (push_counts(e, n_ent, &s->seen, false) || push_more(e, n_ent, row->seen_off, before, n_before, 0.f)))
+        return -1;
     row->n_seen = *n_ent - row->seen_off;
     row->out_off = *n_ent;
-    if ((sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) && push_counts(e, n_ent, &s->output, true))
+    if ((sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) &&
+        (push_counts(e, n_ent, &s->output, true) || push_more(e, n_ent, row->out_off, before, n_before, 1.f)))
         return -1;
     row->n_out = *n_ent - row->out_off;
     return 0;
@@ -788,16 +804,11 @@ static int plan_sampling(kaon_engine *e, kaon_sample_batch *sb, int *n_host) {
         const int nd = s->n_draft, first = row + nrows - 1 - nd;  // the sampling positions' rows
         if (kaon_seq_samples(s)) {
             s->rng_before = s->rng;
-            rc = device_row(e, s, first, &e->smp_rows[n_rows], &n_ent);
+            for (int j = 0; j <= nd; j++)  // one row per position, in order (all or none)
+                if ((rc = device_row(e, s, first + j, s->draft, j, &e->smp_rows[n_rows + j], &n_ent))) break;
         }
         if (rc < 0) return kaon_set_error("engine: out of memory for sampling");
         if (rc == 0) {
-            // A draft's row is sampled as the first (device_row sent rows with edits to the host).
-            for (int j = 1; j <= nd; j++) {
-                e->smp_rows[n_rows + j] = e->smp_rows[n_rows];
-                e->smp_rows[n_rows + j].logit_row = first + j;
-                if (draws_key(&s->req->sp)) e->smp_rows[n_rows + j].rng_key = next_key(s);
-            }
             e->smp_of_sched[i] = n_rows;
             n_rows += 1 + nd;
             nrows -= 1 + nd;  // those rows stay on the device

@@ -81,7 +81,9 @@ def test_sampling_same_with_drafts(kaon_bin, tiny_llama, tmp_path, name, flags, 
     plain, _ = generate(kaon_bin, tiny_llama, tmp_path, prompts, args, per, name="plain")
     spec, st = generate(kaon_bin, tiny_llama, tmp_path, prompts, args + SPEC, per, name="spec")
     assert spec == plain
-    assert st["spec_drafts"] > 0 and st["spec_accepted_tokens"] > 0, st
+    assert st["spec_drafts"] > 0, st
+    if "penalties" not in name:  # a penalty pushes the output off the repeats drafts guess
+        assert st["spec_accepted_tokens"] > 0, st
 
 
 def test_max_tokens_and_context_bounds(kaon_bin, tiny_llama, tmp_path):
