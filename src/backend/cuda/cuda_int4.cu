@@ -286,9 +286,8 @@ __global__ void k_i4_dummy(uint8_t *__restrict__ w, size_t wbytes, float *__rest
 
 // ---- the tiled layout and its tensor-core GEMV (default; KAON_I4_GEMV=old: the above) -------------
 
-#define T4_WARPS 8                 // warps of a block, splitting K between them
+#define T4_WARPS 8                 // warps of a block, splitting K between them (or 4: see t4_gemv)
 #define T4_U 8                     // 16-byte weight vectors in flight per lane (gate + up: 4 each)
-#define T4_MINB 2                  // blocks per SM the register budget must allow (128 registers)
 #define T4_SMEM_MAX (100 << 10)    // dynamic shared memory of one block (two always fit an SM)
 #define T4_PASS 8                  // activation rows per pass: the mma's n
 
@@ -319,10 +318,11 @@ struct T4Args {
     int K, Kc, G, g, nv, f32out, xstride;  // Kc: 64-column chunks; xstride: bf16 per row in shared memory
 };
 
-// One block: one 16-row tile of one weight (both weights for SILU), its 8 warps splitting the
-// chunks of K; warp results meet in shared memory. y as k_i4_gemv.
-template <bool SILU>
-__global__ void __launch_bounds__(T4_WARPS * 32, T4_MINB) k_t4_gemv(const T4Args a) {
+// One block: one 16-row tile of one weight (both weights for SILU), its NW warps splitting the
+// chunks of K; warp results meet in shared memory. y as k_i4_gemv. 128 registers at most: 2
+// blocks of 8 warps or 4 of 4 per SM.
+template <int NW, bool SILU>
+__global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
     constexpr int NM = SILU ? 2 : 1, U = T4_U / NM;
     extern __shared__ __align__(16) uint8_t t4_smem[];
     kc_pdl_trigger();
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(T4_WARPS * 32, T4_MINB) k_t4_gemv(const T4Args
             if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
     }
     const int rt = (int)blockIdx.x - a.begin[seg], M = a.M[seg], G = a.G;
-    const int per = (a.Kc + T4_WARPS - 1) / T4_WARPS;
+    const int per = (a.Kc + NW - 1) / NW;
     const int c_lo = min(warp * per, a.Kc), c_hi = min(c_lo + per, a.Kc);
     const uint4 *wp[NM];
 #pragma unroll
@@ -347,18 +347,35 @@ __global__ void __launch_bounds__(T4_WARPS * 32, T4_MINB) k_t4_gemv(const T4Args
         for (int m = 0; m < NM; m++)
             q[u][m] = c_lo + u < c_hi ? ld_stream(wp[m] + u * 32) : make_uint4(0, 0, 0, 0);
     float2 *szs = (float2 *)t4_smem;  // [NM][G][16]
+    // Staging loops issue 4 loads per thread before storing any (one latency per 4, not per 1).
 #pragma unroll
     for (int m = 0; m < NM; m++) {
         const float4 *src = (const float4 *)(a.sz[SILU ? m : seg] + (size_t)rt * G * 16);
-        for (int i = threadIdx.x; i < G * 8; i += T4_WARPS * 32) ((float4 *)(szs + m * G * 16))[i] = __ldg(src + i);
+        float4 *dst = (float4 *)(szs + m * G * 16);
+        for (int i0 = threadIdx.x; i0 < G * 8; i0 += 4 * NW * 32) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = i0 + j * NW * 32 < G * 8 ? __ldg(src + i0 + j * NW * 32) : make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
+        }
     }
     kc_pdl_wait();  // x is the previous kernel's output; y may still be read by an earlier kernel
     bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
-    const int v8 = a.Kc * 8;  // 8-column vectors per row
-    for (int i = threadIdx.x; i < a.nv * v8; i += T4_WARPS * 32) {
-        const int r = i / v8, c8 = (i - r * v8) * 8;
-        const uint4 v = c8 < a.K ? *(const uint4 *)(a.x + (size_t)r * a.K + c8) : make_uint4(0, 0, 0, 0);
-        *(uint4 *)(xs + r * a.xstride + c8) = v;
+    const int v8 = a.Kc * 8, nx = a.nv * v8;  // 8-column vectors per row, in all
+    for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = i0 + j * NW * 32, r = i / v8, c8 = (i - r * v8) * 8;
+            v[j] = i < nx && c8 < a.K ? *(const uint4 *)(a.x + (size_t)r * a.K + c8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = i0 + j * NW * 32, r = i / v8, c8 = (i - r * v8) * 8;
+            if (i < nx) *(uint4 *)(xs + r * a.xstride + c8) = v[j];
+        }
     }
     __syncthreads();
     const bool xon = gid < a.nv;  // lane's column of B: activation row gid
@@ -421,7 +438,7 @@ __global__ void __launch_bounds__(T4_WARPS * 32, T4_MINB) k_t4_gemv(const T4Args
         for (int i = 0; i < 4; i++) {
             float v = 0.f;
 #pragma unroll
-            for (int w = 0; w < T4_WARPS; w++) v += red[((w * NM + m) * 4 + i) * 32 + lane];
+            for (int w = 0; w < NW; w++) v += red[((w * NM + m) * 4 + i) * 32 + lane];
             acc[m][i] = v;
         }
     // C fragment: element i of the lane is row gid (+ 8 for i >= 2), activation row 2 tid + (i & 1).
@@ -534,7 +551,8 @@ static void t4_layout(int64_t M, int64_t K, int64_t g, bool perm, T4Layout *L) {
     L->total = end;
 }
 
-// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x, the warps' partial sums.
+// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x, the warps' partial sums
+// (counted for 8 warps).
 static size_t t4_smem_bytes(int nm, int G, int nv, int Kc) {
     return (size_t)nm * G * 128 + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
            (size_t)T4_WARPS * nm * 4 * 32 * sizeof(float);
@@ -657,8 +675,9 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
     if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
     if (tmp) cudaFree(tmp);
     free(hsz);
-    for (int i = 0; i < 2 && !rc; i++)  // (per device: each upload sets it)
-        rc = kc_check(b, cudaFuncSetAttribute(i ? k_t4_gemv<true> : k_t4_gemv<false>,
+    for (int i = 0; i < 4 && !rc; i++)  // (per device: each upload sets it)
+        rc = kc_check(b, cudaFuncSetAttribute(i == 0 ? k_t4_gemv<8, false> : i == 1 ? k_t4_gemv<8, true>
+                                              : i == 2 ? k_t4_gemv<4, false> : k_t4_gemv<4, true>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, T4_SMEM_MAX),
                       "INT4 GEMV shared memory");
     if (rc) {
@@ -844,8 +863,14 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
         a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
         const size_t smem = t4_smem_bytes(nm, G, nv, Kc);
-        const cudaError_t e = silu ? kc_launch(b, k_t4_gemv<true>, dim3(blocks), dim3(T4_WARPS * 32), smem, a)
-                                   : kc_launch(b, k_t4_gemv<false>, dim3(blocks), dim3(T4_WARPS * 32), smem, a);
+        // 8 warps while the blocks fit one wave at 2 per SM (more loads in flight per row); else
+        // 4 warps, 4 blocks per SM: finer blocks leave a shorter tail.
+        const bool wide = blocks <= 2u * (unsigned)b->n_sm;
+        cudaError_t e;
+        if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(blocks), dim3(256), smem, a)
+                           : kc_launch(b, k_t4_gemv<8, false>, dim3(blocks), dim3(256), smem, a);
+        else e = silu ? kc_launch(b, k_t4_gemv<4, true>, dim3(blocks), dim3(128), smem, a)
+                      : kc_launch(b, k_t4_gemv<4, false>, dim3(blocks), dim3(128), smem, a);
         if (kc_check(b, e, "INT4 GEMV")) return -1;
     }
     return 0;
