@@ -1,17 +1,41 @@
 // INT4 weight-only layers (W4A16: AWQ, GPTQ, compressed-tensors pack-quantized) on the GPU.
 //
-// Device copy of a layer: one allocation, regions 256-byte aligned, in this order:
-//   w      u8  [out, in/2]  kaon's host layout as it is (backend/linear.h): column k of row m is
-//                           nibble k&1 (low first) of byte m*in/2 + k/2. A u32 word holds 8
-//                           consecutive columns and a 16-byte vector 32, so a warp streaming a
-//                           row reads 512 contiguous bytes per step: for a GEMV the row-major
-//                           layout is already coalesced and needs no repack.
-//   scale  f32 [out, G]     G = ceil(in / g); f32 so the product matches the CPU's
-//   zero   f32 [out, G]     only when the checkpoint has zero points (else 8); integers (checked)
+// Default device copy of a layer ("tiled"): one allocation, regions 256-byte aligned:
+//   w      u32 [Mt, Kc, 32 lanes, 4]  Mt = ceil(out / 16) tiles of 16 rows, Kc = ceil(in / 64)
+//                           chunks of 64 columns; padding rows and columns hold nibble 0.
+//                           Lane l = 4 gid + tid of a warp reading chunk c of tile t loads one
+//                           16-byte vector, ((t Kc + c) 32 + l) 16 bytes in: 512 contiguous bytes
+//                           per warp and chunk. Word j = 2h + t' of it is one mma.m16n8k16 A
+//                           fragment of the lane (half h: columns 64c + 32h .. + 31; the lane's
+//                           columns of it are 8 tid + 4 t' + 0..3, rows gid and gid + 8):
+//                           nibble 0/4 = row gid, columns +0/+1; 1/5 = row gid + 8, +0/+1;
+//                           2/6 = row gid, +2/+3; 3/7 = row gid + 8, +2/+3 (t4_word, k_t4_repack).
+//                           The lane's B fragment (x) for the same columns is then 8 contiguous
+//                           bf16: one 16-byte shared-memory load per half.
+//   sz     float2 [Mt, G, 16]  {scale, bf16x2 -(128 + z)} per row and group (z 8 when the
+//                           format has none): a group's pairs of a tile are 128 contiguous bytes.
 //   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
+// KAON_I4_GEMV=old (read once) keeps kaon's host layout instead (backend/linear.h: nibbles
+// [out, in/2] low first, f32 scale [out, G], f32 zero [out, G] when present) for k_i4_gemv below.
 //
-// Small batches (n <= I4_GEMV_MAX_N, passes of 8 rows) run a GEMV that dequantizes in
-// registers, reading x (bf16) as it is (act-order: gathered by perm into a scratch first). A
+// Why the tiled GEMV (k_t4_gemv, n <= 32 in passes of up to 8 rows): decode reads each weight
+// byte once, and at 4 bits a byte is 2 weights, so the old one-warp-per-R-rows kernel spent ~3
+// instructions per weight (LOP3, FADD, FFMA) and issued its loads two at a time with no overlap:
+// it was bound by instruction issue and latency at ~1.2-1.9 TB/s. The tensor cores take the
+// multiply-adds: per 8 weights one LOP3 (the nibbles into bf16 128 + q), one HFMA2 subtracting
+// 128 + z (exact: integers below 2^8), and a quarter of an mma; products (q - z) * x are exact in
+// f32 as before, and each group's 32-column sum is multiplied by its f32 scale once (4 FFMA per
+// lane and half). One block serves one 16-row tile; its 4 or 8 warps split K, each keeping 8
+// 16-byte loads per lane in flight (a rotating register file: a register's next chunk is
+// requested as soon as it is consumed), the first 8 issued before kc_pdl_wait so they overlap
+// the previous kernel; scales and x are staged in shared memory once per block (x rows padded
+// by 64 bytes so the lanes' 16-byte loads are free of bank conflicts), and the warps' partial
+// sums meet in shared memory. 8-warp blocks while the grid fits one wave at 2 blocks per SM,
+// else 4-warp blocks (4 per SM) for a shorter tail. Activation rows per pass: as many (<= 8) as
+// fit T4_SMEM_MAX of shared memory; a layer where even one does not fit takes the GEMM path.
+//
+// The old GEMV (KAON_I4_GEMV=old), kept for A/B: it dequantizes in registers, reading x (bf16)
+// as it is (act-order: gathered by perm into a scratch first). A
 // nibble needs no shift and no int->float conversion: with p = {0,1,2,3,4,2,3,4}[k mod 8] (the
 // last three come from word >> 12), 0x4B000000 | (word & (0xF << 4p)) is the float
 // 2^23 + q*16^p, and subtracting 2^23 + z*16^p leaves (q - z)*16^p exactly (integers < 2^24).
@@ -21,7 +45,8 @@
 // handles R rows and reads each x vector once for them; its lanes stride over the rows' 16-byte vectors (ld_stream, issued before
 // kc_pdl_wait so they overlap the previous kernel's tail).
 // Larger batches, and shapes the GEMV does not take (in or g not multiples of 32), dequantize
-// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once) and call kc_gemm_bf16.
+// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once; k_t4_dequant or k_i4_dequant by
+// layout) and call kc_gemm_bf16.
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
