@@ -410,6 +410,9 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
     for (int m = 0; m < NM; m++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+    // Group of the current half (32 columns) and halves left in it: no division in the loop.
+    const int g32 = a.g >> 5;
+    int gi = 2 * c_lo / g32, left = g32 - 2 * c_lo % g32;
     for (int cb = c_lo; cb < c_hi; cb += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -423,12 +426,12 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                 for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
 #pragma unroll
             for (int h = 0; h < 2; h++) {  // 32 columns: one group
-                const int col = 64 * c + 32 * h;
-                const int gi = min(col / a.g, G - 1);  // (padding columns past K: x is 0)
-                const uint4 xv = xon ? xrow[col >> 3] : make_uint4(0, 0, 0, 0);
+                const uint4 xv = xon ? xrow[8 * c + 4 * h] : make_uint4(0, 0, 0, 0);  // columns 64c + 32h + 8tid ..
+                const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
+                if (--left == 0) gi++, left = g32;
 #pragma unroll
                 for (int m = 0; m < NM; m++) {
-                    const float2 s0 = szs[(m * G + gi) * 16 + gid], s1 = szs[(m * G + gi) * 16 + gid + 8];
+                    const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
                     const uint32_t z0 = __float_as_uint(s0.y), z1 = __float_as_uint(s1.y);
                     float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
