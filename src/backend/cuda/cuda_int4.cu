@@ -380,7 +380,8 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
         for (int i0 = threadIdx.x; i0 < G * 8; i0 += 4 * NW * 32) {
             float4 v[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) v[j] = i0 + j * NW * 32 < G * 8 ? __ldg(src + i0 + j * NW * 32) : make_float4(0, 0, 0, 0);
+            for (int j = 0; j < 4; j++)
+                v[j] = i0 + j * NW * 32 < G * 8 ? __ldg(src + i0 + j * NW * 32) : make_float4(0, 0, 0, 0);
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
@@ -697,8 +698,8 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
         }
         if (!rc) rc = kc_check(b, cudaMemcpy(dst + L.sz_off, hsz, L.sz_bytes, cudaMemcpyHostToDevice), "INT4 upload");
         if (!rc && perm)
-            rc = kc_check(b, cudaMemcpy(dst + L.p_off, host->perm.data, sizeof(int32_t) * (size_t)K, cudaMemcpyHostToDevice),
-                          "INT4 upload");
+            rc = kc_check(b, cudaMemcpy(dst + L.p_off, host->perm.data, sizeof(int32_t) * (size_t)K,
+                                        cudaMemcpyHostToDevice), "INT4 upload");
     }
     if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
     if (tmp) cudaFree(tmp);
