@@ -9,7 +9,7 @@
 //                           fragment of the lane (half h: columns 64c + 32h .. + 31; the lane's
 //                           columns of it are 8 tid + 4 t' + 0..3, rows gid and gid + 8):
 //                           nibble 0/4 = row gid, columns +0/+1; 1/5 = row gid + 8, +0/+1;
-//                           2/6 = row gid, +2/+3; 3/7 = row gid + 8, +2/+3 (t4_word, k_t4_repack).
+//                           2/6 = row gid, +2/+3; 3/7 = row gid + 8, +2/+3 (cuda_int4_layout.cuh).
 //                           The lane's B fragment (x) for the same columns is then 8 contiguous
 //                           bf16: one 16-byte shared-memory load per half.
 //   sz     float2 [Mt, G, 16]  {scale, bf16x2 -(128 + z)} per row and group (z 8 when the
@@ -48,6 +48,7 @@
 // row chunks to a bf16 scratch ((q - z)*s in f32, rounded once; k_t4_dequant or k_i4_dequant by
 // layout) and call kc_gemm_bf16.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_int4_layout.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -488,31 +489,11 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
     }
 }
 
-// Where column k of row m lives in the tiled layout: the u32 word (index) and its nibble.
-static __host__ __device__ __forceinline__ size_t t4_word(int64_t m, int k, int Kc, int *slot) {
-    const int r = (int)(m & 15), o = k & 63, gid = r & 7, e = o & 3;
-    const int lane = 4 * gid + ((o >> 3) & 3), j = 2 * (o >> 5) + ((o >> 2) & 1);
-    *slot = (r >> 3) + 2 * (e >> 1) + 4 * (e & 1);
-    return (((size_t)(m >> 4) * Kc + (k >> 6)) * 32 + lane) * 4 + j;
-}
-
 // dst [Mt * Kc * 128] u32 from kaon's layout src [M, K/2] (rows and columns past the ends: 0).
 __global__ void k_t4_repack(const uint8_t *__restrict__ src, int64_t M, int K, int Kc, uint32_t *__restrict__ dst,
                             int64_t nwords) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nwords; i += (int64_t)gridDim.x * blockDim.x) {
-        const int j = (int)(i & 3), lane = (int)((i >> 2) & 31);
-        const int64_t rc = i >> 7, rt = rc / Kc;
-        const int c = (int)(rc - rt * Kc);
-        const int col = 64 * c + 32 * (j >> 1) + 8 * (lane & 3) + 4 * (j & 1);
-        uint32_t w = 0;
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int64_t m = rt * 16 + (lane >> 2) + 8 * (s & 1);
-            const int k = col + 2 * ((s >> 1) & 1) + (s >> 2);
-            if (m < M && k < K) w |= (uint32_t)((src[m * (K / 2) + k / 2] >> (4 * (k & 1))) & 15u) << (4 * s);
-        }
-        dst[i] = w;
-    }
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nwords; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = t4_repack_word(src, M, K, Kc, i);
 }
 
 // out [cnt, K] bf16 = (q - z) * s of rows row0 .. row0 + cnt - 1 of the tiled layout.
@@ -536,9 +517,8 @@ __global__ void k_t4_dequant(const uint32_t *__restrict__ w, const float2 *__res
 __global__ void k_t4_dummy_sz(float2 *__restrict__ sz, size_t n, uint64_t seed, float base, int zero) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const uint64_t r = i4_mix((seed ^ 0x5CA1Eull) * 0x632BE59BD9B4E019ull + i);
-        const float z = zero ? (float)(r & 15u) : 8.f;
-        const uint32_t nz = __float_as_uint(-(128.f + z)) >> 16;
-        sz[i] = make_float2(base * (0.5f + (float)(r >> 40) * (1.0f / 16777216.0f)), __uint_as_float(nz | nz << 16));
+        const float s = base * (0.5f + (float)(r >> 40) * (1.0f / 16777216.0f));
+        sz[i] = make_float2(s, t4_nz(zero ? (float)(r & 15u) : 8.f));
     }
 }
 
@@ -664,14 +644,7 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
                 for (int r = 0; r < 16; r++) {
                     const int64_t m = rt * 16 + r;
                     const float s = m < M ? sc[m * L.G + gi] : 0.f, zz = m < M && z ? z[m * L.G + gi] : 8.f;
-                    const float nzf = -(128.f + zz);
-                    uint32_t nz;
-                    memcpy(&nz, &nzf, 4);
-                    nz >>= 16;  // exact: an integer of at most 8 bits
-                    nz |= nz << 16;
-                    float nzw;
-                    memcpy(&nzw, &nz, 4);
-                    hsz[(rt * L.G + gi) * 16 + r] = make_float2(s, nzw);
+                    hsz[(rt * L.G + gi) * 16 + r] = make_float2(s, t4_nz(zz));
                 }
     }
     uint8_t *dst = NULL, *tmp = NULL;
