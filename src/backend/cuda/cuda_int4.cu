@@ -314,7 +314,7 @@ __global__ void k_i4_dummy(uint8_t *__restrict__ w, size_t wbytes, float *__rest
 
 #define T4_WARPS 8                 // warps of a block, splitting K between them (or 4: see t4_gemv)
 #define T4_U 8                     // 16-byte weight vectors in flight per lane (gate + up: 4 each)
-#define T4_SMEM_MAX (100 << 10)    // dynamic shared memory of one block (two always fit an SM)
+#define T4_SMEM_MAX (112 << 10)    // dynamic shared memory of one block (two always fit an SM)
 #define T4_PASS 8                  // activation rows per pass: the mma's n
 
 // D += A (16 x 16 bf16, row) * B (16 x 8 bf16, col), f32 accumulators.
