@@ -1,17 +1,41 @@
 // INT4 weight-only layers (W4A16: AWQ, GPTQ, compressed-tensors pack-quantized) on the GPU.
 //
-// Device copy of a layer: one allocation, regions 256-byte aligned, in this order:
-//   w      u8  [out, in/2]  kaon's host layout as it is (backend/linear.h): column k of row m is
-//                           nibble k&1 (low first) of byte m*in/2 + k/2. A u32 word holds 8
-//                           consecutive columns and a 16-byte vector 32, so a warp streaming a
-//                           row reads 512 contiguous bytes per step: for a GEMV the row-major
-//                           layout is already coalesced and needs no repack.
-//   scale  f32 [out, G]     G = ceil(in / g); f32 so the product matches the CPU's
-//   zero   f32 [out, G]     only when the checkpoint has zero points (else 8); integers (checked)
+// Default device copy of a layer ("tiled"): one allocation, regions 256-byte aligned:
+//   w      u32 [Mt, Kc, 32 lanes, 4]  Mt = ceil(out / 16) tiles of 16 rows, Kc = ceil(in / 64)
+//                           chunks of 64 columns; padding rows and columns hold nibble 0.
+//                           Lane l = 4 gid + tid of a warp reading chunk c of tile t loads one
+//                           16-byte vector, ((t Kc + c) 32 + l) 16 bytes in: 512 contiguous bytes
+//                           per warp and chunk. Word j = 2h + t' of it is one mma.m16n8k16 A
+//                           fragment of the lane (half h: columns 64c + 32h .. + 31; the lane's
+//                           columns of it are 8 tid + 4 t' + 0..3, rows gid and gid + 8):
+//                           nibble 0/4 = row gid, columns +0/+1; 1/5 = row gid + 8, +0/+1;
+//                           2/6 = row gid, +2/+3; 3/7 = row gid + 8, +2/+3 (cuda_int4_layout.cuh).
+//                           The lane's B fragment (x) for the same columns is then 8 contiguous
+//                           bf16: one 16-byte shared-memory load per half.
+//   sz     float2 [Mt, G, 16]  {scale, bf16x2 -(128 + z)} per row and group (z 8 when the
+//                           format has none): a group's pairs of a tile are 128 contiguous bytes.
 //   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
+// KAON_I4_GEMV=old (read once) keeps kaon's host layout instead (backend/linear.h: nibbles
+// [out, in/2] low first, f32 scale [out, G], f32 zero [out, G] when present) for k_i4_gemv below.
 //
-// Small batches (n <= I4_GEMV_MAX_N, passes of 8 rows) run a GEMV that dequantizes in
-// registers, reading x (bf16) as it is (act-order: gathered by perm into a scratch first). A
+// Why the tiled GEMV (k_t4_gemv, n <= 32 in passes of up to 8 rows): decode reads each weight
+// byte once, and at 4 bits a byte is 2 weights, so the old one-warp-per-R-rows kernel spent ~3
+// instructions per weight (LOP3, FADD, FFMA) and issued its loads two at a time with no overlap:
+// it was bound by instruction issue and latency at ~1.2-1.9 TB/s. The tensor cores take the
+// multiply-adds: per 8 weights one LOP3 (the nibbles into bf16 128 + q), one HFMA2 subtracting
+// 128 + z (exact: integers below 2^8), and a quarter of an mma; products (q - z) * x are exact in
+// f32 as before, and each group's 32-column sum is multiplied by its f32 scale once (4 FFMA per
+// lane and half). One block serves one 16-row tile; its 4 or 8 warps split K, each keeping 8
+// 16-byte loads per lane in flight (a rotating register file: a register's next chunk is
+// requested as soon as it is consumed), the first 8 issued before kc_pdl_wait so they overlap
+// the previous kernel; scales and x are staged in shared memory once per block (x rows padded
+// by 64 bytes so the lanes' 16-byte loads are free of bank conflicts), and the warps' partial
+// sums meet in shared memory. 8-warp blocks while the grid fits one wave at 2 blocks per SM,
+// else 4-warp blocks (4 per SM) for a shorter tail. Activation rows per pass: as many (<= 8) as
+// fit T4_SMEM_MAX of shared memory; a layer where even one does not fit takes the GEMM path.
+//
+// The old GEMV (KAON_I4_GEMV=old), kept for A/B: it dequantizes in registers, reading x (bf16)
+// as it is (act-order: gathered by perm into a scratch first). A
 // nibble needs no shift and no int->float conversion: with p = {0,1,2,3,4,2,3,4}[k mod 8] (the
 // last three come from word >> 12), 0x4B000000 | (word & (0xF << 4p)) is the float
 // 2^23 + q*16^p, and subtracting 2^23 + z*16^p leaves (q - z)*16^p exactly (integers < 2^24).
@@ -21,8 +45,10 @@
 // handles R rows and reads each x vector once for them; its lanes stride over the rows' 16-byte vectors (ld_stream, issued before
 // kc_pdl_wait so they overlap the previous kernel's tail).
 // Larger batches, and shapes the GEMV does not take (in or g not multiples of 32), dequantize
-// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once) and call kc_gemm_bf16.
+// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once; k_t4_dequant or k_i4_dequant by
+// layout) and call kc_gemm_bf16.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_int4_layout.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -284,9 +310,271 @@ __global__ void k_i4_dummy(uint8_t *__restrict__ w, size_t wbytes, float *__rest
     }
 }
 
+// ---- the tiled layout and its tensor-core GEMV (default; KAON_I4_GEMV=old: the above) -------------
+
+#define T4_WARPS 8                 // warps of a block, splitting K between them (or 4: see t4_gemv)
+#define T4_U 8                     // 16-byte weight vectors in flight per lane (gate + up: 4 each)
+#define T4_SMEM_MAX (112 << 10)    // dynamic shared memory of one block (two always fit an SM)
+#define T4_PASS 8                  // activation rows per pass: the mma's n
+
+// D += A (16 x 16 bf16, row) * B (16 x 8 bf16, col), f32 accumulators.
+static __device__ __forceinline__ void t4_mma(float (&d)[4], const uint32_t (&A)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(b0), "r"(b1));
+}
+
+// a * 1 + c on two bf16 (exact here: integers below 2^8).
+static __device__ __forceinline__ uint32_t t4_add(uint32_t a, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+    return d;
+}
+
+// Up to 4 weights of one width sharing x (q, k, v), or SILU: gate (0) and up (1).
+struct T4Args {
+    const uint4 *w[4];        // tiled nibbles (see the top comment)
+    const float2 *sz[4];      // [Mt][G][16] {scale, bf16x2 -(128 + z)}
+    const float *bias[4];     // [M] or NULL
+    void *y[4];               // this pass's rows of y [nv, M], bf16 or f32
+    int M[4], begin[4];       // rows of each weight; its first block (one block per 16-row tile)
+    int count;
+    const bf16 *x;            // this pass's activation rows [nv, K] (gathered by perm), 16-byte aligned
+    int K, Kc, G, g, nv, f32out, xstride;  // Kc: 64-column chunks; xstride: bf16 per row in shared memory
+};
+
+// One block: one 16-row tile of one weight (both weights for SILU), its NW warps splitting the
+// chunks of K; warp results meet in shared memory. y as k_i4_gemv. 128 registers at most: 2
+// blocks of 8 warps or 4 of 4 per SM.
+template <int NW, bool SILU>
+__global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
+    constexpr int NM = SILU ? 2 : 1, U = T4_U / NM;
+    extern __shared__ __align__(16) uint8_t t4_smem[];
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+    int seg = 0;
+    if (!SILU) {
+#pragma unroll
+        for (int i = 1; i < 4; i++)
+            if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
+    }
+    const int rt = (int)blockIdx.x - a.begin[seg], M = a.M[seg], G = a.G;
+    const int per = (a.Kc + NW - 1) / NW;
+    const int c_lo = min(warp * per, a.Kc), c_hi = min(c_lo + per, a.Kc);
+    const uint4 *wp[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) wp[m] = a.w[SILU ? m : seg] + ((size_t)rt * a.Kc + c_lo) * 32 + lane;  // chunk cb
+    // The weights are constant: the first U chunks are requested before waiting for x.
+    uint4 q[U][NM];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+            q[u][m] = c_lo + u < c_hi ? ld_stream(wp[m] + u * 32) : make_uint4(0, 0, 0, 0);
+    float2 *szs = (float2 *)t4_smem;  // [NM][G][16]
+    // Staging loops issue 4 loads per thread before storing any (one latency per 4, not per 1).
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const float4 *src = (const float4 *)(a.sz[SILU ? m : seg] + (size_t)rt * G * 16);
+        float4 *dst = (float4 *)(szs + m * G * 16);
+        for (int i0 = threadIdx.x; i0 < G * 8; i0 += 4 * NW * 32) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = i0 + j * NW * 32 < G * 8 ? __ldg(src + i0 + j * NW * 32) : make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
+        }
+    }
+    kc_pdl_wait();  // x is the previous kernel's output; y may still be read by an earlier kernel
+    bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
+    const int v8 = a.Kc * 8, nx = a.nv * v8;  // 8-column vectors per row, in all
+    for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = i0 + j * NW * 32, r = i / v8, c8 = (i - r * v8) * 8;
+            v[j] = i < nx && c8 < a.K ? *(const uint4 *)(a.x + (size_t)r * a.K + c8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = i0 + j * NW * 32, r = i / v8, c8 = (i - r * v8) * 8;
+            if (i < nx) *(uint4 *)(xs + r * a.xstride + c8) = v[j];
+        }
+    }
+    __syncthreads();
+    const bool xon = gid < a.nv;  // lane's column of B: activation row gid
+    const uint4 *xrow = (const uint4 *)(xs + (xon ? gid : 0) * a.xstride + 8 * tid);
+    float acc[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+    // Group of the current half (32 columns) and halves left in it: no division in the loop.
+    const int g32 = a.g >> 5;
+    int gi = 2 * c_lo / g32, left = g32 - 2 * c_lo % g32;
+    for (int cb = c_lo; cb < c_hi; cb += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = cb + u;
+            if (c >= c_hi) break;
+            uint4 cur[NM];
+#pragma unroll
+            for (int m = 0; m < NM; m++) cur[m] = q[u][m];
+            if (c + U < c_hi)  // this register's next chunk, in flight while the rest are consumed
+#pragma unroll
+                for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {  // 32 columns: one group
+                const uint4 xv = xon ? xrow[8 * c + 4 * h] : make_uint4(0, 0, 0, 0);  // columns 64c + 32h + 8tid ..
+                const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
+                if (--left == 0) gi++, left = g32;
+#pragma unroll
+                for (int m = 0; m < NM; m++) {
+                    const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
+                    const uint32_t z0 = __float_as_uint(s0.y), z1 = __float_as_uint(s1.y);
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        const uint32_t w = (&cur[m].x)[2 * h + t];
+                        uint32_t A[4];
+#pragma unroll
+                        for (int r = 0; r < 4; r++)  // bf16 128 + q (two nibbles), minus 128 + z: q - z exactly
+                            A[r] = t4_add(((w >> (4 * r)) & 0x000F000Fu) | 0x43004300u, r & 1 ? z1 : z0);
+                        t4_mma(d, A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
+                    }
+                    acc[m][0] = fmaf(s0.x, d[0], acc[m][0]);
+                    acc[m][1] = fmaf(s0.x, d[1], acc[m][1]);
+                    acc[m][2] = fmaf(s1.x, d[2], acc[m][2]);
+                    acc[m][3] = fmaf(s1.x, d[3], acc[m][3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < NM; m++) wp[m] += U * 32;
+    }
+    float *red = (float *)(t4_smem + (size_t)NM * G * 128 + (((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[((warp * NM + m) * 4 + i) * 32 + lane] = acc[m][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; w++) v += red[((w * NM + m) * 4 + i) * 32 + lane];
+            acc[m][i] = v;
+        }
+    // C fragment: element i of the lane is row gid (+ 8 for i >= 2), activation row 2 tid + (i & 1).
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int row = rt * 16 + gid + (i >> 1) * 8, b = 2 * tid + (i & 1);
+        if (row >= M || b >= a.nv) continue;
+        if (SILU) {
+            const float g = __bfloat162float(__float2bfloat16(acc[0][i]));
+            const float u = __bfloat162float(__float2bfloat16(acc[NM - 1][i]));
+            const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+            ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
+        } else {
+            const float v = acc[0][i] + (a.bias[seg] ? a.bias[seg][row] : 0.f);
+            if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = v;
+            else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(v);
+        }
+    }
+}
+
+// dst [Mt * Kc * 128] u32 from kaon's layout src [M, K/2] (rows and columns past the ends: 0).
+__global__ void k_t4_repack(const uint8_t *__restrict__ src, int64_t M, int K, int Kc, uint32_t *__restrict__ dst,
+                            int64_t nwords) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nwords; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = t4_repack_word(src, M, K, Kc, i);
+}
+
+// out [cnt, K] bf16 = (q - z) * s of rows row0 .. row0 + cnt - 1 of the tiled layout.
+__global__ void k_t4_dequant(const uint32_t *__restrict__ w, const float2 *__restrict__ sz, int K, int Kc, int G, int g,
+                             int64_t row0, int64_t cnt, bf16 *__restrict__ out) {
+    kc_pdl_trigger();
+    kc_pdl_wait();  // out may still be read by the GEMM before
+    const int64_t total = cnt * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t m = row0 + i / K;
+        const int k = (int)(i % K);
+        int slot;
+        const uint32_t q = (w[t4_word(m, k, Kc, &slot)] >> (4 * slot)) & 15u;
+        const float2 e = sz[((m >> 4) * G + k / g) * 16 + (m & 15)];
+        const float z = -__uint_as_float(__float_as_uint(e.y) << 16) - 128.f;
+        out[i] = __float2bfloat16(((float)q - z) * e.x);
+    }
+}
+
+// Dummy scales and zeros of the tiled layout: as k_i4_dummy's (z 8 when the format has none).
+__global__ void k_t4_dummy_sz(float2 *__restrict__ sz, size_t n, uint64_t seed, float base, int zero) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t r = i4_mix((seed ^ 0x5CA1Eull) * 0x632BE59BD9B4E019ull + i);
+        const float s = base * (0.5f + (float)(r >> 40) * (1.0f / 16777216.0f));
+        sz[i] = make_float2(s, t4_nz(zero ? (float)(r & 15u) : 8.f));
+    }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static unsigned grid_for(int64_t work, int threads, int64_t cap) {
+    int64_t blocks = (work + threads - 1) / threads;
+    if (blocks < 1) blocks = 1;
+    if (blocks > cap) blocks = cap;
+    return (unsigned)blocks;
+}
+
+// KAON_I4_GEMV=old (read once, before the first upload): layers keep kaon's layout and small
+// batches run k_i4_gemv, for A/B timing. Default: the tiled layout and k_t4_gemv.
+static bool i4_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_I4_GEMV");
+        v = e && !strcmp(e, "old") ? 1 : 0;
+    }
+    return v == 1;
+}
+
+typedef struct T4Layout {
+    int64_t M, K, g, G, Mt, Kc;
+    size_t w_bytes, sz_off, sz_bytes, p_off, total;  // p_off 0: absent
+} T4Layout;
+
+static void t4_layout(int64_t M, int64_t K, int64_t g, bool perm, T4Layout *L) {
+    L->M = M, L->K = K, L->g = g, L->G = (K + g - 1) / g, L->Mt = (M + 15) / 16, L->Kc = (K + 63) / 64;
+    L->w_bytes = (size_t)L->Mt * (size_t)L->Kc * 512;
+    L->sz_off = al256(L->w_bytes);
+    L->sz_bytes = (size_t)L->Mt * 16 * (size_t)L->G * sizeof(float2);
+    size_t end = L->sz_off + al256(L->sz_bytes);
+    L->p_off = perm ? end : 0;
+    if (perm) end += al256(sizeof(int32_t) * (size_t)K);
+    L->total = end;
+}
+
+// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x, the warps' partial sums
+// (counted for 8 warps).
+static size_t t4_smem_bytes(int nm, int G, int nv, int Kc) {
+    return (size_t)nm * G * 128 + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
+           (size_t)T4_WARPS * nm * 4 * 32 * sizeof(float);
+}
+
+// Activation rows per k_t4_gemv pass (0: even one does not fit; those layers take the GEMM path).
+static int t4_pass(int nm, int64_t G, int64_t K) {
+    if (G > 65536 || K > (1 << 24)) return 0;
+    const int Kc = (int)((K + 63) / 64);
+    for (int nv = T4_PASS; nv >= 1; nv--)
+        if (t4_smem_bytes(nm, (int)G, nv, Kc) <= T4_SMEM_MAX) return nv;
+    return 0;
+}
 
 typedef struct I4Layout {
     int64_t M, K, g, G;
@@ -325,12 +613,103 @@ static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool 
 size_t kc_int4_bytes(const kaon_tensor *host) {
     // The weight's region and the alignment of the others; weights.c counts scale, zero and perm.
     if (host->ndim != 2) return host->nbytes;
-    return al256((size_t)host->shape[0] * (size_t)host->shape[1] / 2) + 3 * 256;
+    if (i4_old()) return al256((size_t)host->shape[0] * (size_t)host->shape[1] / 2) + 3 * 256;
+    // Tiled: rows padded to 16 and columns to 64; scale + zero pairs of every group (zeros also
+    // for symmetric formats) and of the padding rows: counted here at the smallest group (32).
+    const size_t Mt = (size_t)(host->shape[0] + 15) / 16, Kc = (size_t)(host->shape[1] + 63) / 64;
+    const size_t G32 = (size_t)(host->shape[1] + 31) / 32;
+    return al256(Mt * Kc * 512) + 3 * 256 + Mt * 16 * G32 * 4 + 16 * G32 * 8;
+}
+
+// The tiled layout's upload: nibbles reordered on the device, scale + zero pairs on the host.
+static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
+    const int64_t M = host->w.shape[0], K = host->w.shape[1];
+    const bool zero = host->zero.data != NULL, perm = !dummy && host->perm.data != NULL;
+    T4Layout L;
+    t4_layout(M, K, host->scale_block[1], perm, &L);
+    const size_t MG = (size_t)M * (size_t)L.G, raw = (size_t)M * (size_t)K / 2;
+    if (!dummy && (host->w.nbytes < raw || host->scale.nbytes < MG * 4 || (zero && host->zero.nbytes < MG * 4)))
+        return kc_fail(b, "cuda upload: INT4 layer data is short");
+    float2 *hsz = NULL;
+    if (!dummy) {  // {scale, bf16x2 -(128 + z)}; padding rows: scale 0
+        const float *sc = (const float *)host->scale.data, *z = zero ? (const float *)host->zero.data : NULL;
+        if (z)  // the GEMV's exact bf16 subtraction needs integer zeros (every format packs them)
+            for (size_t i = 0; i < MG; i++)
+                if (!(z[i] >= -127.f && z[i] <= 127.f) || z[i] != (float)(int)z[i])
+                    return kc_fail(b, "cuda upload: INT4 zero point %g is not an integer in [-127, 127]", (double)z[i]);
+        hsz = (float2 *)malloc(L.sz_bytes);
+        if (!hsz) return kc_fail(b, "cuda upload: out of host memory");
+        for (int64_t rt = 0; rt < L.Mt; rt++)
+            for (int64_t gi = 0; gi < L.G; gi++)
+                for (int r = 0; r < 16; r++) {
+                    const int64_t m = rt * 16 + r;
+                    const float s = m < M ? sc[m * L.G + gi] : 0.f, zz = m < M && z ? z[m * L.G + gi] : 8.f;
+                    hsz[(rt * L.G + gi) * 16 + r] = make_float2(s, t4_nz(zz));
+                }
+    }
+    uint8_t *dst = NULL, *tmp = NULL;
+    if (kc_check(b, cudaMalloc((void **)&dst, L.total), "INT4 weight")) {
+        free(hsz);
+        return -1;
+    }
+    int rc = 0;
+    if (dummy) {
+        const float base = 1.0f / sqrtf((float)K) / 8.0f;
+        k_i4_dummy<<<grid_for((int64_t)(L.w_bytes / 8), 256, 4096), 256, 0, b->stream>>>(dst, L.w_bytes, NULL, NULL, 0,
+                                                                                       seed, base);
+        k_t4_dummy_sz<<<grid_for(L.Mt * 16 * L.G, 256, 4096), 256, 0, b->stream>>>(
+            (float2 *)(dst + L.sz_off), (size_t)L.Mt * 16 * (size_t)L.G, seed, base, zero);
+        rc = kc_launched(b, "INT4 dummy weights");
+    } else {
+        rc = kc_check(b, cudaMalloc((void **)&tmp, raw), "INT4 upload");
+        if (!rc) rc = kc_check(b, cudaMemcpy(tmp, host->w.data, raw, cudaMemcpyHostToDevice), "INT4 upload");
+        if (!rc) {
+            const int64_t nwords = (int64_t)(L.w_bytes / 4);
+            k_t4_repack<<<grid_for(nwords, 256, 65535), 256, 0, b->stream>>>(tmp, M, (int)K, (int)L.Kc, (uint32_t *)dst,
+                                                                            nwords);
+            rc = kc_launched(b, "INT4 repack");
+        }
+        if (!rc) rc = kc_check(b, cudaMemcpy(dst + L.sz_off, hsz, L.sz_bytes, cudaMemcpyHostToDevice), "INT4 upload");
+        if (!rc && perm)
+            rc = kc_check(b, cudaMemcpy(dst + L.p_off, host->perm.data, sizeof(int32_t) * (size_t)K,
+                                        cudaMemcpyHostToDevice), "INT4 upload");
+    }
+    if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
+    if (tmp) cudaFree(tmp);
+    free(hsz);
+    for (int i = 0; i < 4 && !rc; i++)  // (per device: each upload sets it)
+        rc = kc_check(b, cudaFuncSetAttribute(i == 0 ? k_t4_gemv<8, false> : i == 1 ? k_t4_gemv<8, true>
+                                              : i == 2 ? k_t4_gemv<4, false> : k_t4_gemv<4, true>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T4_SMEM_MAX),
+                      "INT4 GEMV shared memory");
+    if (rc) {
+        cudaFree(dst);
+        return -1;
+    }
+    // w, scale, perm: host's dtypes and shapes, data inside dst (scale: the pairs; zero: in them).
+    dev->w = host->w;
+    dev->w.data = dst;
+    dev->w.nbytes = L.total;
+    dev->scale = host->scale;
+    dev->scale.data = dst + L.sz_off;
+    dev->scale.nbytes = L.sz_bytes;
+    memset(&dev->zero, 0, sizeof dev->zero);
+    if (perm) {
+        dev->perm = host->perm;
+        dev->perm.data = dst + L.p_off;
+        dev->perm.nbytes = sizeof(int32_t) * (size_t)K;
+    } else {
+        memset(&dev->perm, 0, sizeof dev->perm);
+    }
+    memcpy(dev->scale_block, host->scale_block, sizeof dev->scale_block);
+    b->bytes_weights += L.total;
+    return 0;
 }
 
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
     if (i4_check(b, host, "upload", false)) return -1;
     if (b->capturing) return kc_fail(b, "cuda upload: while recording a graph");
+    if (!i4_old()) return t4_upload(b, host, dummy, seed, dev);
     const int64_t M = host->w.shape[0], K = host->w.shape[1];
     const bool zero = host->zero.data != NULL, perm = !dummy && host->perm.data != NULL;
     I4Layout L;
@@ -395,13 +774,6 @@ int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t 
     return 0;
 }
 
-static unsigned grid_for(int64_t work, int threads, int64_t cap) {
-    int64_t blocks = (work + threads - 1) / threads;
-    if (blocks < 1) blocks = 1;
-    if (blocks > cap) blocks = cap;
-    return (unsigned)blocks;
-}
-
 template <int NB, bool SILU>
 static cudaError_t i4_launch_nb(kc_backend *b, unsigned blocks, const I4Args &a) {
     return kc_launch(b, k_i4_gemv<NB, SILU>, dim3(blocks), dim3(I4_WARPS * 32), 0, a);
@@ -463,6 +835,49 @@ static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
     return 0;
 }
 
+// k_t4_gemv over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
+static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
+                   void *const *y, int f32out, bool silu) {
+    const int K = (int)l[0]->w.shape[1], G = (int)l[0]->scale.shape[1], Kc = (K + 63) / 64, nm = silu ? 2 : 1;
+    const int pass = t4_pass(nm, G, K);
+    if (pass < 1) return kc_fail(b, "cuda INT4 GEMV: in %d, %d groups do not fit shared memory", K, G);
+    const bf16 *xg = i4_x(b, s, x, n, K, (const int32_t *)l[0]->perm.data, ((uintptr_t)x & 15) == 0);
+    if (!xg) return -1;
+    const size_t es = f32out ? 4 : 2;
+    for (int p0 = 0; p0 < n; p0 += pass) {
+        const int nv = n - p0 < pass ? n - p0 : pass;
+        T4Args a;
+        memset(&a, 0, sizeof a);
+        unsigned blocks = 0;
+        for (int i = 0; i < count; i++) {
+            const kaon_tensor *bias = kaon_linear_bias(l[i]);
+            a.w[i] = (const uint4 *)l[i]->w.data;
+            a.sz[i] = (const float2 *)l[i]->scale.data;
+            a.bias[i] = bias ? (const float *)bias->data : NULL;
+            a.M[i] = (int)l[i]->w.shape[0];
+            a.y[i] = silu ? (i == 0 ? (void *)((uint8_t *)y[0] + (size_t)p0 * a.M[0] * 2) : NULL)
+                          : (void *)((uint8_t *)y[i] + (size_t)p0 * a.M[i] * es);
+            a.begin[i] = (int)blocks;
+            if (!silu || i == 0) blocks += (unsigned)((a.M[i] + 15) / 16);
+        }
+        a.count = count;
+        a.x = xg + (size_t)p0 * K;
+        a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
+        a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
+        const size_t smem = t4_smem_bytes(nm, G, nv, Kc);
+        // 8 warps while the blocks fit one wave at 2 per SM (more loads in flight per row); else
+        // 4 warps, 4 blocks per SM: finer blocks leave a shorter tail.
+        const bool wide = blocks <= 2u * (unsigned)b->n_sm;
+        cudaError_t e;
+        if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(blocks), dim3(256), smem, a)
+                           : kc_launch(b, k_t4_gemv<8, false>, dim3(blocks), dim3(256), smem, a);
+        else e = silu ? kc_launch(b, k_t4_gemv<4, true>, dim3(blocks), dim3(128), smem, a)
+                      : kc_launch(b, k_t4_gemv<4, false>, dim3(blocks), dim3(128), smem, a);
+        if (kc_check(b, e, "INT4 GEMV")) return -1;
+    }
+    return 0;
+}
+
 // Dequantized row chunks through cuBLASLt (bias added here: kc_gemm_bf16 has none for f32 output).
 static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], G = (int)l->scale.shape[1], g = (int)l->scale_block[1];
@@ -482,9 +897,13 @@ static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_l
     if (chunk < M && kc_grow(b, &s->tmp, &s->tmp_cap, (size_t)n * (size_t)chunk * es, 1, "INT4 GEMM output")) return -1;
     for (int r0 = 0; r0 < M; r0 += chunk) {
         const int cnt = M - r0 < chunk ? M - r0 : chunk;
-        cudaError_t e = kc_launch(b, k_i4_dequant, dim3(grid_for((int64_t)cnt * (K / 2), 256, 65535)), dim3(256), 0,
-                                  (const uint8_t *)l->w.data, (const float *)l->scale.data, (const float *)l->zero.data,
-                                  K, G, g, (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq);
+        cudaError_t e = i4_old()
+            ? kc_launch(b, k_i4_dequant, dim3(grid_for((int64_t)cnt * (K / 2), 256, 65535)), dim3(256), 0,
+                        (const uint8_t *)l->w.data, (const float *)l->scale.data, (const float *)l->zero.data, K, G, g,
+                        (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq)
+            : kc_launch(b, k_t4_dequant, dim3(grid_for((int64_t)cnt * K, 256, 65535)), dim3(256), 0,
+                        (const uint32_t *)l->w.data, (const float2 *)l->scale.data, K, (K + 63) / 64, G, g,
+                        (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq);
         if (kc_check(b, e, "INT4 dequantize")) return -1;
         const float *bc = bias && !f32out ? bias + r0 : NULL;
         void *out = chunk == M ? y : s->tmp;
@@ -510,6 +929,11 @@ int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, vo
     if (!s) return -1;
     const int64_t K = l->w.shape[1], g = l->scale_block[1];
     const bool gemv_ok = K % 32 == 0 && g % 32 == 0 && ((uintptr_t)l->w.data & 15) == 0;
+    if (!i4_old()) {
+        if (gemv_ok && n <= I4_GEMV_MAX_N && t4_pass(1, l->scale.shape[1], K) > 0)
+            return t4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
+        return i4_gemm(b, s, x, n, l, y, f32out);
+    }
     if (gemv_ok && n <= I4_GEMV_MAX_N) return i4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
     return i4_gemm(b, s, x, n, l, y, f32out);
 }
@@ -529,22 +953,24 @@ int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const k
     if (count < 1 || count > 4 || n <= 0 || n > I4_GEMV_MAX_N) return 1;
     for (int i = 0; i < count; i++)
         if (!i4_gemv_pair(l[0], l[i])) return 1;
+    if (!i4_old() && t4_pass(1, l[0]->scale.shape[1], l[0]->w.shape[1]) < 1) return 1;
     for (int i = 0; i < count; i++)
         if (i4_check(b, l[i], "linear_multi", true)) return -1;
     kc_int4 *s = istate(b);
     if (!s) return -1;
-    return i4_gemv(b, s, x, n, count, l, y, 0, false);
+    return i4_old() ? i4_gemv(b, s, x, n, count, l, y, 0, false) : t4_gemv(b, s, x, n, count, l, y, 0, false);
 }
 
 int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
                             void *out) {
     if (n <= 0 || n > I4_GEMV_MAX_N || !i4_gemv_pair(gate, up) || gate->w.shape[0] != up->w.shape[0] ||
-        kaon_linear_bias(gate) || kaon_linear_bias(up))
+        kaon_linear_bias(gate) || kaon_linear_bias(up) ||
+        (!i4_old() && t4_pass(2, gate->scale.shape[1], gate->w.shape[1]) < 1))
         return 1;
     if (i4_check(b, gate, "linear_silu_mul", true) || i4_check(b, up, "linear_silu_mul", true)) return -1;
     kc_int4 *s = istate(b);
     if (!s) return -1;
     const kaon_linear *l[2] = {gate, up};
     void *y[2] = {out, NULL};
-    return i4_gemv(b, s, x, n, 2, l, y, 0, true);
+    return i4_old() ? i4_gemv(b, s, x, n, 2, l, y, 0, true) : t4_gemv(b, s, x, n, 2, l, y, 0, true);
 }
