@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "util/err.h"
+#include "util/log.h"
 
 struct kaon_runner {
     const kaon_model *m;
@@ -345,21 +346,32 @@ static int forward_layers(kaon_runner *r, const kaon_batch *b) {
         return -1;
     // A step's shapes and buffers are fixed by these sizes (and by this runner).
     const bool graph = op->graph_begin && b->n_tokens <= KAON_GRAPH_MAX_TOKENS;
-    int replayed = 0;
+    int replayed = 0, recording = 0;
+    uint64_t key = (uint64_t)(uintptr_t)r;
     if (graph) {
-        uint64_t key = (uint64_t)(uintptr_t)r;
         const int64_t parts[5] = {b->n_tokens, b->attn.n_seqs, b->n_logits, b->attn.max_blocks,
                                   b->attn.block_size};
         for (int i = 0; i < 5; i++) key = (key ^ (uint64_t)parts[i]) * 0x100000001b3ull;
         const int g = op->graph_begin(be, key);
         if (g < 0) return -1;
-        replayed = g == 1;  // 2: recording
+        replayed = g == 1;
+        recording = g == 2;
     }
     // Host-side choices that depend on the step's positions are off in every step of a graph's
     // shape, recorded or not: the eager first run of a shape must allocate what its recording
     // (the next run) will use.
     if (!replayed) run_layers(r, b, graph);
-    if (graph && op->graph_end(be)) return -1;
+    if (graph && op->graph_end(be)) {
+        // A recording that failed (a step needing something its eager run did not leave, e.g. a
+        // matrix plan evicted meanwhile) ran nothing; its shape stays eager from now on, and
+        // this step runs eagerly now instead of failing its sequences.
+        if (!recording || !op->status) return -1;
+        KAON_WARN("runner: %s; the step runs without a graph", kaon_last_error());
+        op->status(be);
+        if (op->graph_begin(be, key) < 0) return -1;
+        run_layers(r, b, graph);
+        return op->graph_end(be);
+    }
     return 0;
 }
 

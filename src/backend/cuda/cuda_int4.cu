@@ -376,13 +376,14 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
     // Staging loops issue 4 loads per thread before storing any (one latency per 4, not per 1).
 #pragma unroll
     for (int m = 0; m < NM; m++) {
-        const float4 *src = (const float4 *)(a.sz[SILU ? m : seg] + (size_t)rt * G * 16);
-        float4 *dst = (float4 *)(szs + m * G * 16);
+        // Scales are weights: loaded before the wait, as ld_stream (the loads pdl_check allows there).
+        const uint4 *src = (const uint4 *)(a.sz[SILU ? m : seg] + (size_t)rt * G * 16);
+        uint4 *dst = (uint4 *)(szs + m * G * 16);
         for (int i0 = threadIdx.x; i0 < G * 8; i0 += 4 * NW * 32) {
-            float4 v[4];
+            uint4 v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                v[j] = i0 + j * NW * 32 < G * 8 ? __ldg(src + i0 + j * NW * 32) : make_float4(0, 0, 0, 0);
+                v[j] = i0 + j * NW * 32 < G * 8 ? ld_stream(src + i0 + j * NW * 32) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];

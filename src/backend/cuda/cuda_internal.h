@@ -17,7 +17,7 @@ extern "C" {
 typedef __nv_bfloat16 bf16;
 
 #define KC_MAX_GRAPHS 64
-#define KC_MAX_GEMMS 64
+#define KC_MAX_GEMMS 256
 #define KC_ROPE_TABLES 8  // distinct RoPE frequency tables one backend keeps on the device
 
 // One cached cuBLASLt problem: descriptors and the algorithm the heuristic chose.
