@@ -34,6 +34,7 @@ KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench
 
 echo "== [$(date -u +%T)] engine and model tests again on the ASan + UBSan build"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_spec_decode.py -k "llama or sampling or bounds"
 
 echo "== [$(date -u +%T)] end-to-end tests against the ASan + UBSan server"
 # Any sanitizer report in a server's output fails the test (tests/e2e/conftest.py), leaks included.
