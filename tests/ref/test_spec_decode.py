@@ -123,3 +123,46 @@ def test_bad_speculative_config(kaon_bin, tiny_llama, tmp_path, cfg, words):
                            timeout=60)
         assert r.returncode == 2, (cmd, cfg, r.stderr)
         assert words in r.stderr and r.stderr.count("\n") == 1, (cmd, r.stderr)
+
+
+def chi2_crit(df, z=4.2649):
+    """The chi-square statistic's 1 - 1e-5 quantile for df degrees of freedom (Wilson-Hilferty)."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * a ** 0.5) ** 3
+
+
+def test_sampled_distribution_real_model(kaon_bin, default_model, tmp_path):
+    """The default model at temperature 1 on a prompt whose repeats draw drafts: the tokens at
+    drafted positions are distributed as without speculation (independent seeds on each side:
+    a chi-square test of homogeneity per position, bins of fewer than 10 expected pooled,
+    passing at p >= 1e-5). Blindly kept drafts would pile mass on the repeat's next token."""
+    text = "red green blue red green blue red green blue red green blue red green"
+    r = subprocess.run([str(kaon_bin), "tokenize", "-m", str(default_model), "--text", text], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    prompt = json.loads(r.stdout)
+    n = 1200
+    args = DEV + ["--temp", "0.7", "--max-tokens", "4", "--ignore-eos", "--max-num-seqs", "256"]
+    plain, _ = generate(kaon_bin, default_model, tmp_path, [prompt] * n, args, lambda i: {"seed": i},
+                        name="dist-plain")
+    spec, st = generate(kaon_bin, default_model, tmp_path, [prompt] * n, args + SPEC,
+                        lambda i: {"seed": 100000 + i}, name="dist-spec")
+    assert st["spec_drafts"] > n // 2 and st["spec_accepted_tokens"] > n // 4, st  # drafted positions
+    for pos in (1, 2, 3):  # position 0 is sampled from the prompt's own step
+        a = [r["token_ids"][pos] for r in plain]
+        b = [r["token_ids"][pos] for r in spec]
+        keys = sorted(set(a) | set(b))
+        ca = {k: a.count(k) for k in keys}
+        cb = {k: b.count(k) for k in keys}
+        bins, rest = [], [0, 0]
+        for k in keys:  # equal sizes: a bin's expected count per side is (ca + cb) / 2
+            if (ca[k] + cb[k]) / 2 >= 10:
+                bins.append((ca[k], cb[k]))
+            else:
+                rest[0] += ca[k]
+                rest[1] += cb[k]
+        if sum(rest):
+            bins.append(tuple(rest))
+        assert len(bins) >= 2, (pos, bins)
+        chi = sum((x - (x + y) / 2) ** 2 / ((x + y) / 2) + (y - (x + y) / 2) ** 2 / ((x + y) / 2) for x, y in bins)
+        assert chi < chi2_crit(len(bins) - 1), (pos, chi, bins)
