@@ -423,22 +423,53 @@ static int convert_tool_choice(const cJSON *root, cJSON *chat, kaon_api_error *e
 }
 
 // thinking: {"type": "enabled", "budget_tokens"} or {"type": "disabled"}: the templates' own
-// switch (enable_thinking); a template without one ignores it.
+// switch (enable_thinking; a template without one ignores it). "adaptive" and "between_tools"
+// leave the template's default.
 static int convert_thinking(const cJSON *root, cJSON *chat, kaon_api_error *err) {
     cJSON *th = field(root, "thinking");
     if (!th) return 0;
     cJSON *type = cJSON_IsObject(th) ? field(th, "type") : NULL;
     if (!cJSON_IsString(type) ||
-        (strcmp(type->valuestring, "enabled") && strcmp(type->valuestring, "disabled")))
-        return bad(err, "thinking", "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": "
-                                    "N} or {\"type\": \"disabled\"}");
+        (strcmp(type->valuestring, "enabled") && strcmp(type->valuestring, "disabled") &&
+         strcmp(type->valuestring, "adaptive") && strcmp(type->valuestring, "between_tools")))
+        return bad(err, "thinking", "'thinking' type must be 'enabled', 'disabled', 'adaptive' or "
+                                    "'between_tools'");
     cJSON *budget = field(th, "budget_tokens");
     if (budget && (!cJSON_IsNumber(budget) || budget->valuedouble < 1 ||
                    budget->valuedouble != floor(budget->valuedouble)))
         return bad(err, "thinking.budget_tokens", "'budget_tokens' must be a positive integer");
+    if (type->valuestring[0] == 'a' || type->valuestring[0] == 'b') return 0;
     cJSON *kw = cJSON_AddObjectToObject(chat, "chat_template_kwargs");
     if (!kw || !cJSON_AddBoolToObject(kw, "enable_thinking", type->valuestring[0] == 'e'))
         return oom(err);
+    return 0;
+}
+
+// output_config.format (or the older top-level output_format): {"type": "json_schema",
+// "schema"} as OpenAI's response_format, so the output is constrained by the schema's grammar.
+// output_config.effort is ignored.
+static int convert_output_format(const cJSON *root, cJSON *chat, kaon_api_error *err) {
+    cJSON *oc = field(root, "output_config"), *f = field(root, "output_format");
+    const char *param = "output_format";
+    if (oc) {
+        if (!cJSON_IsObject(oc)) return bad(err, "output_config", "'output_config' must be an object");
+        if (field(oc, "format")) {
+            f = field(oc, "format");
+            param = "output_config.format";
+        }
+    }
+    if (!f) return 0;
+    cJSON *type = cJSON_IsObject(f) ? field(f, "type") : NULL, *schema = field(f, "schema");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "json_schema") || !cJSON_IsObject(schema))
+        return bad(err, param, "the output format must be {\"type\": \"json_schema\", \"schema\": {...}}");
+    cJSON *rf = cJSON_AddObjectToObject(chat, "response_format"), *js = NULL;
+    cJSON *sc = cJSON_Duplicate(schema, 1);
+    if (!sc || !rf || !cJSON_AddStringToObject(rf, "type", "json_schema") ||
+        !(js = cJSON_AddObjectToObject(rf, "json_schema")) ||
+        !cJSON_AddStringToObject(js, "name", "output") || !cJSON_AddItemToObject(js, "schema", sc)) {
+        if (!js || !cJSON_GetObjectItemCaseSensitive(js, "schema")) cJSON_Delete(sc);
+        return oom(err);
+    }
     return 0;
 }
 
@@ -467,6 +498,7 @@ cJSON *kaon_anthropic_to_chat(const cJSON *root, bool count_only, kaon_api_error
         goto fail;
     }
     if (count_only) return chat;
+    if (convert_output_format(root, chat, err) < 0) goto fail;
     cJSON *mt = field(root, "max_tokens");
     if (!mt) {
         bad(err, "max_tokens", "'max_tokens' is required");
