@@ -309,3 +309,44 @@ def test_server_survives_disconnect_mid_stream(server, ac):
         assert first.startswith(b"event: message_start")
     m = ac.messages.create(model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert m.usage.output_tokens >= 1
+
+
+# ---- thinking ----------------------------------------------------------------------------------
+
+# ChatML whose generation prompt opens a <think> block (as DeepSeek-R1's does): with the R1
+# reasoning parser the output starts inside it, so (the model never closing it) all of it is
+# reasoning, which must come back as a thinking block.
+THINK_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                  "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+                  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def think_server(tmp_path_factory):
+    from conftest import Server
+    path = tmp_path_factory.mktemp("tmpl") / "think.jinja"
+    path.write_text(THINK_TEMPLATE)
+    s = Server(["--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "128M",
+                "--served-model-name", MODEL_NAME, "--chat-template", str(path),
+                "--reasoning-parser", "deepseek_r1"])
+    yield s
+    s.stop()
+
+
+def test_thinking_blocks(think_server):
+    import anthropic
+    c = anthropic.Anthropic(base_url=think_server.base, api_key=API_KEY, max_retries=0, timeout=300)
+    kw = dict(model=MODEL_NAME, max_tokens=12, extra_body=T0,
+              messages=[{"role": "user", "content": "Why is the sky blue?"}])
+    m = c.messages.create(**kw)
+    assert m.content[0].type == "thinking" and m.content[0].thinking.strip()
+    assert m.content[0].signature == ""
+    events = list(c.messages.create(stream=True, **kw))
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts[0] == "thinking"
+    thinking = "".join(e.delta.thinking for e in events
+                       if e.type == "content_block_delta" and e.delta.type == "thinking_delta")
+    assert thinking == m.content[0].thinking
+    with c.messages.stream(**kw) as s:
+        final = s.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == m.content[0].thinking
