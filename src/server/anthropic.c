@@ -497,6 +497,17 @@ cJSON *kaon_anthropic_to_chat(const cJSON *root, bool count_only, kaon_api_error
         bad(err, "metadata", "'metadata' must be an object");
         goto fail;
     }
+    // A final assistant turn (without tool calls) is a prefill: the reply continues it.
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(chat, "messages");
+    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    const char *last_role = last ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(last, "role")) : NULL;
+    if (last_role && !strcmp(last_role, "assistant") &&
+        !cJSON_GetObjectItemCaseSensitive(last, "tool_calls") &&
+        (!cJSON_AddBoolToObject(chat, "add_generation_prompt", false) ||
+         !cJSON_AddBoolToObject(chat, "continue_final_message", true))) {
+        oom(err);
+        goto fail;
+    }
     if (count_only) return chat;
     if (convert_output_format(root, chat, err) < 0) goto fail;
     cJSON *mt = field(root, "max_tokens");

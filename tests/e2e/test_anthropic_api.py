@@ -91,6 +91,19 @@ def test_same_output_as_openai_chat(ac, client):
     assert m.usage.output_tokens == o.usage.completion_tokens
 
 
+def test_assistant_prefill_is_continued(ac, client):
+    conv = [{"role": "user", "content": "Name three colours."},
+            {"role": "assistant", "content": "The three colours are"}]
+    m = ac.messages.create(model=MODEL_NAME, max_tokens=16, extra_body=T0, messages=conv)
+    o = client.chat.completions.create(model=MODEL_NAME, messages=conv, temperature=0, max_tokens=16,
+                                       extra_body={"continue_final_message": True,
+                                                   "add_generation_prompt": False})
+    assert text_of(m) == o.choices[0].message.content
+    # Not a new assistant turn: differs from the reply to the user turn alone.
+    n_prefill = ac.messages.count_tokens(model=MODEL_NAME, messages=conv).input_tokens
+    assert m.usage.input_tokens == n_prefill == o.usage.prompt_tokens
+
+
 # ---- streaming -------------------------------------------------------------------------------
 
 def test_stream_helper_matches_non_stream(ac):

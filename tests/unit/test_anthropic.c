@@ -197,6 +197,18 @@ static void test_tool_choice_and_counts(void) {
     CHECK(cJSON_GetArraySize(r.messages) == 1);
     kaon_api_request_free(&r);
     CHECK(kaon_anthropic_parse(count, strlen(count), false, &lim, NULL, &r, &e) == -1);
+    // A final assistant turn is continued (prefill); one ending in tool calls is not.
+    const char *pre = "{" MT ",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                      "{\"role\":\"assistant\",\"content\":\"The\"}]}";
+    CHECK(kaon_anthropic_parse(pre, strlen(pre), false, &lim, NULL, &r, &e) == 0);
+    CHECK(r.continue_final_message && !r.add_generation_prompt);
+    kaon_api_request_free(&r);
+    const char *call = "{" MT "," TOOL ",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                       "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\","
+                       "\"name\":\"f\",\"input\":{}}]}]}";
+    CHECK(kaon_anthropic_parse(call, strlen(call), false, &lim, NULL, &r, &e) == 0);
+    CHECK(!r.continue_final_message && r.add_generation_prompt);
+    kaon_api_request_free(&r);
     // output_config.format: a JSON schema constraint.
     const char *fmt = "{" MT ",\"output_config\":{\"effort\":\"low\",\"format\":{\"type\":\"json_schema\","
                       "\"schema\":{\"type\":\"object\"}}}," MSG "}";
