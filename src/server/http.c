@@ -415,7 +415,8 @@ static void classify_route(conn *k, struct MHD_Connection *c, const char *url, c
 
 static void classify(conn *k, struct MHD_Connection *c, const char *url, const char *method) {
     classify_route(k, c, url, method);
-    k->err.anthropic = k->route && k->route->anthropic;
+    // Unknown paths under /v1/messages too: Anthropic's clients read those errors.
+    k->err.anthropic = k->route ? k->route->anthropic : !strncmp(url, "/v1/messages", 12);
 }
 
 static void classify_route(conn *k, struct MHD_Connection *c, const char *url, const char *method) {

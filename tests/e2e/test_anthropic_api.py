@@ -309,6 +309,8 @@ def test_malformed_json_and_unknown_model(server, ac):
     assert ei.value.body["error"]["type"] == "not_found_error"
     status, _, data = server.request("GET", "/v1/messages", headers={"x-api-key": API_KEY})
     assert status == 405 and json.loads(data)["type"] == "error"
+    status, _, data = raw_post(server, "/v1/messages/batches", {})
+    assert status == 404 and json.loads(data)["error"]["type"] == "not_found_error"
 
 
 def test_server_survives_disconnect_mid_stream(server, ac):
