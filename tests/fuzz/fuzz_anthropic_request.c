@@ -10,11 +10,10 @@
 #include "server/anthropic.h"
 #include "server/sse.h"
 
-// Compiled into this target (not taken from kaon_lib) so that it carries the fuzzer's coverage
-// instrumentation; the linker then skips kaon_lib's copies.
+// Compiled into this target (not taken from kaon_lib), as fuzz_openai_request does with
+// openai.c; the linker then skips kaon_lib's copy. openai.c (whose validation every parsed
+// request goes through) comes from kaon_lib: its file-local helpers share names with these.
 #include "../../src/server/anthropic.c"
-#include "../../src/server/openai.c"
-#include "../../src/server/sse.c"
 
 static const char *const names[] = {"smol"};
 
