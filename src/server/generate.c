@@ -1,5 +1,6 @@
-// One generation request (/v1/chat/completions, /v1/completions) in libmicrohttpd's event loop:
-// parse and validate (openai.c), render the chat template and tokenize, check the limits,
+// One generation request (/v1/chat/completions, /v1/completions, and Anthropic's /v1/messages as
+// a chat request answered in its own shapes) in libmicrohttpd's event loop: parse and validate
+// (openai.c, anthropic.c), render the chat template and tokenize, check the limits,
 // submit every prompt under the admission lock, then take the requests' outputs as they come
 // and answer with one JSON object or an SSE stream. Whenever nothing is ready the connection is
 // parked (park.c) rather than waited on, so the loop's threads stay free for other clients; a
@@ -714,7 +715,7 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
         }
         kaon_sampling sp = r->sampling;
         int room = mml - p->n_ids, cap = s->o.max_tokens;
-        const char *mt_param = chat ? "max_completion_tokens" : "max_tokens";
+        const char *mt_param = chat && !g->anthropic ? "max_completion_tokens" : "max_tokens";
         if (r->max_tokens_set) {
             if (cap > 0 && sp.max_tokens > cap) {
                 kaon_api_error_set(err, 400, "invalid_value", mt_param,
