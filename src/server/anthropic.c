@@ -52,9 +52,8 @@ char *kaon_anthropic_error_json(const kaon_api_error *e, size_t *len) {
         int k = e->param[0] ? snprintf(msg, sizeof msg, "%.*s: %.*s", (int)sizeof e->param,
                                        e->param, (int)n, e->message)
                             : snprintf(msg, sizeof msg, "%.*s", (int)n, e->message);
-        cJSON_AddItemToObject(err, "message",
-                              kaon_api_string(msg, k < 0 ? 0 : (size_t)k < sizeof msg ? (size_t)k
-                                                                                  : sizeof msg - 1));
+        if (k < 0) msg[0] = 0;
+        cJSON_AddItemToObject(err, "message", kaon_api_string(msg, strlen(msg)));
     }
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -500,7 +499,8 @@ cJSON *kaon_anthropic_to_chat(const cJSON *root, bool count_only, kaon_api_error
     // A final assistant turn (without tool calls) is a prefill: the reply continues it.
     cJSON *msgs = cJSON_GetObjectItemCaseSensitive(chat, "messages");
     cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
-    const char *last_role = last ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(last, "role")) : NULL;
+    const char *last_role =
+        last ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(last, "role")) : NULL;
     if (last_role && !strcmp(last_role, "assistant") &&
         !cJSON_GetObjectItemCaseSensitive(last, "tool_calls") &&
         (!cJSON_AddBoolToObject(chat, "add_generation_prompt", false) ||
@@ -552,7 +552,8 @@ int kaon_anthropic_parse(const char *body, size_t len, bool count_only, const ka
     cJSON_Delete(root);
     int rc = chat ? kaon_api_parse_json(KAON_API_CHAT, chat, lim, defaults, out, err) : -1;
     cJSON_Delete(chat);
-    if (rc < 0 && !strcmp(err->param, "stop")) snprintf(err->param, sizeof err->param, "stop_sequences");
+    if (rc < 0 && !strcmp(err->param, "stop"))
+        snprintf(err->param, sizeof err->param, "stop_sequences");
     if (rc < 0) err->anthropic = true;
     return rc;
 }
@@ -582,9 +583,15 @@ static cJSON *call_input(const cJSON *call) {
 
 static const char *call_str(const cJSON *call, const char *key) {
     cJSON *it = cJSON_GetObjectItemCaseSensitive(call, key);
-    if (!it) it = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), key);
+    if (!it) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        it = cJSON_GetObjectItemCaseSensitive(fn, key);
+    }
     return cJSON_IsString(it) ? it->valuestring : NULL;
 }
+
+// A JSON string from a C string (NULL: "").
+static cJSON *jstr(const char *s) { return kaon_api_string(s ? s : "", s ? strlen(s) : 0); }
 
 static cJSON *usage(long long in, long long out) {
     cJSON *u = cJSON_CreateObject();
@@ -603,7 +610,7 @@ cJSON *kaon_anthropic_message(const char *id, const char *model, const char *thi
     cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "type", "message");
     cJSON_AddStringToObject(m, "role", "assistant");
-    cJSON_AddItemToObject(m, "model", kaon_api_string(model, strlen(model)));
+    cJSON_AddItemToObject(m, "model", jstr(model));
     cJSON *content = cJSON_AddArrayToObject(m, "content");
     if (thinking) {
         cJSON *b = cJSON_CreateObject();
@@ -624,13 +631,13 @@ cJSON *kaon_anthropic_message(const char *id, const char *model, const char *thi
         const char *cid = call_str(c, "id"), *name = call_str(c, "name");
         cJSON_AddItemToArray(content, b);
         cJSON_AddStringToObject(b, "type", "tool_use");
-        cJSON_AddItemToObject(b, "id", kaon_api_string(cid ? cid : "", cid ? strlen(cid) : 0));
-        cJSON_AddItemToObject(b, "name", kaon_api_string(name ? name : "", name ? strlen(name) : 0));
+        cJSON_AddItemToObject(b, "id", jstr(cid));
+        cJSON_AddItemToObject(b, "name", jstr(name));
         cJSON_AddItemToObject(b, "input", call_input(c));
     }
     cJSON_AddStringToObject(m, "stop_reason", stop_reason ? stop_reason : "end_turn");
     if (stop_sequence)
-        cJSON_AddItemToObject(m, "stop_sequence", kaon_api_string(stop_sequence, strlen(stop_sequence)));
+        cJSON_AddItemToObject(m, "stop_sequence", jstr(stop_sequence));
     else
         cJSON_AddNullToObject(m, "stop_sequence");
     cJSON_AddItemToObject(m, "usage", usage(input_tokens, output_tokens));
@@ -722,13 +729,14 @@ int kaon_anthropic_stream_delta(kaon_anthropic_stream *st, kaon_sbuf *out, const
         const char *id = call_str(c, "id"), *name = call_str(c, "name");
         if (id || st->open != 3) {  // a new call
             cJSON *b = typed("tool_use");
-            cJSON_AddItemToObject(b, "id", kaon_api_string(id ? id : "", id ? strlen(id) : 0));
-            cJSON_AddItemToObject(b, "name", kaon_api_string(name ? name : "", name ? strlen(name) : 0));
+            cJSON_AddItemToObject(b, "id", jstr(id));
+            cJSON_AddItemToObject(b, "name", jstr(name));
             cJSON_AddItemToObject(b, "input", cJSON_CreateObject());
             rc |= open_block(st, out, 3, b);
         }
         const char *args = call_str(c, "arguments");
-        if (args && args[0]) rc |= delta(st, out, "input_json_delta", "partial_json", args, strlen(args));
+        if (args && args[0])
+            rc |= delta(st, out, "input_json_delta", "partial_json", args, strlen(args));
     }
     return rc < 0 ? -1 : 0;
 }
@@ -740,7 +748,7 @@ int kaon_anthropic_stream_stop(kaon_anthropic_stream *st, kaon_sbuf *out, const 
     cJSON *d = cJSON_AddObjectToObject(j, "delta");
     cJSON_AddStringToObject(d, "stop_reason", stop_reason ? stop_reason : "end_turn");
     if (stop_sequence)
-        cJSON_AddItemToObject(d, "stop_sequence", kaon_api_string(stop_sequence, strlen(stop_sequence)));
+        cJSON_AddItemToObject(d, "stop_sequence", jstr(stop_sequence));
     else
         cJSON_AddNullToObject(d, "stop_sequence");
     cJSON *u = cJSON_AddObjectToObject(j, "usage");
