@@ -314,6 +314,15 @@ def test_malformed_json_and_unknown_model(server, ac):
     assert status == 404 and json.loads(data)["error"]["type"] == "not_found_error"
 
 
+def test_body_too_large(server):
+    from conftest import MAX_BODY
+    body = {"model": MODEL_NAME, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x" * (MAX_BODY + 10)}]}
+    status, _, data = raw_post(server, "/v1/messages", body)
+    j = json.loads(data)
+    assert status == 413 and j["type"] == "error" and j["error"]["type"] == "request_too_large"
+
+
 def test_client_disconnect_mid_stream_aborts(server, ac):
     """A client that hangs up mid-stream has its request aborted (blocks freed), as on the
     OpenAI routes, and the server keeps serving."""
