@@ -54,6 +54,7 @@ export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/s
 ctest --test-dir build-tsan --output-on-failure -j "$jobs"
 KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/e2e/test_concurrency.py tests/e2e/test_shutdown.py \
   tests/e2e/test_limits.py tests/e2e/test_bad_requests.py tests/e2e/test_openai_api.py \
+  tests/e2e/test_anthropic_api.py \
   -k "(concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics) and not drain_timeout_aborts"
 unset TSAN_OPTIONS UBSAN_OPTIONS
 

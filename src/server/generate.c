@@ -1,5 +1,6 @@
-// One generation request (/v1/chat/completions, /v1/completions) in libmicrohttpd's event loop:
-// parse and validate (openai.c), render the chat template and tokenize, check the limits,
+// One generation request (/v1/chat/completions, /v1/completions, and Anthropic's /v1/messages as
+// a chat request answered in its own shapes) in libmicrohttpd's event loop: parse and validate
+// (openai.c, anthropic.c), render the chat template and tokenize, check the limits,
 // submit every prompt under the admission lock, then take the requests' outputs as they come
 // and answer with one JSON object or an SSE stream. Whenever nothing is ready the connection is
 // parked (park.c) rather than waited on, so the loop's threads stay free for other clients; a
@@ -16,6 +17,7 @@
 #include <time.h>
 
 #include "grammar/grammar_constraint.h"
+#include "server/anthropic.h"
 #include "server/sse.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -139,6 +141,8 @@ typedef struct gen {
     kaon_tool_family tool_family;            // chat: the parsers this request's output goes through
     kaon_reasoning_family reasoning_family;
     kaon_reasoning_start reasoning_start;    // from the rendered prompt's tail
+    bool anthropic;                          // /v1/messages: Anthropic's response and events
+    kaon_anthropic_stream as;                // its stream's open content block
 } gen;
 
 static void gen_free(gen *g) {
@@ -179,6 +183,8 @@ static cJSON *gen_usage(const gen *g) {
     }
     return kaon_api_usage(pt, ct, cached);
 }
+
+static void stream_error(gen *g, kaon_api_error *e);
 
 static void emit(gen *g, cJSON *j) {
     char *text = j ? cJSON_PrintUnformatted(j) : NULL;
@@ -241,7 +247,9 @@ static void start_choice(gen *g, gen_prompt *p, gen_choice *c, int ci) {
         }
     }
     if (!g->rq.stream) return;
-    if (chat)
+    if (g->anthropic) {
+        if (kaon_anthropic_stream_start(&g->out, g->id, g->model, p->n_ids) < 0) g->failed = true;
+    } else if (chat)
         emit_chunk(g, ci, "assistant", "", 0, NULL, NULL, NULL, NULL, 0, NULL, NULL);
     else if (echo)
         emit_chunk(g, ci, NULL, p->text, p->text_len,
@@ -372,10 +380,7 @@ static void absorb(gen *g, int pi, const kaon_output *out) {
             cJSON_Delete(stop_reason);
             kaon_api_error e;
             kaon_api_error_set(&e, 500, NULL, NULL, "%s", g->error ? g->error : "engine error");
-            size_t len = 0;
-            char *text = kaon_api_error_json(&e, &len);
-            if (text) kaon_sse_data(&g->out, text, len);
-            free(text);
+            stream_error(g, &e);
             return;
         }
         // With return_token_ids a chunk goes out for tokens whose text is still held back.
@@ -392,7 +397,21 @@ static void absorb(gen *g, int pi, const kaon_output *out) {
             text_len = content.len;
             finish = finish_with_calls(g, c, finish);
         }
-        if (text_len > 0 || reasoning.len || calls || lp || finish || ids)
+        if (g->anthropic) {
+            // Anthropic: the deltas now, the stop reason in stream_finish's message_delta.
+            if (kaon_anthropic_stream_delta(&g->as, &g->out, reasoning.data, reasoning.len, text,
+                                            text_len, calls) < 0)
+                g->failed = true;
+            cJSON_Delete(calls);
+            cJSON_Delete(lp);
+            if (finish) {
+                c->finish = finish;
+                cJSON_Delete(c->stop_reason);
+                c->stop_reason = stop_reason;
+            } else {
+                cJSON_Delete(stop_reason);
+            }
+        } else if (text_len > 0 || reasoning.len || calls || lp || finish || ids)
             emit_chunk(g, ci, NULL, text_len || !chat ? text : NULL, text_len, lp, finish,
                        stop_reason, out->token_ids, out->n_tokens, reasoning.len ? &reasoning : NULL,
                        calls);
@@ -498,17 +517,45 @@ static void timeout_error(const gen *g, kaon_api_error *e) {
                        g->s->o.request_timeout_s);
 }
 
+// An error event in the request's API's shape.
+static void stream_error(gen *g, kaon_api_error *e) {
+    if (g->anthropic) {
+        kaon_anthropic_stream_error(&g->out, e);
+        return;
+    }
+    size_t len = 0;
+    char *text = kaon_api_error_json(e, &len);
+    if (text) kaon_sse_data(&g->out, text, len);
+    free(text);
+}
+
+// Anthropic's stop_reason and stop_sequence for the (only) choice.
+static const char *anthropic_stop(const gen *g, const char **stop_sequence) {
+    const gen_choice *c = &g->ch[0];
+    *stop_sequence = cJSON_IsString(c->stop_reason) ? c->stop_reason->valuestring : NULL;
+    return kaon_anthropic_stop_reason(c->finish, *stop_sequence != NULL,
+                                      kaon_tool_parser_n_calls(c->tp));
+}
+
 // The timeout's error event (when it fired), the usage chunk (when asked) and [DONE], once.
+// Anthropic: message_delta and message_stop (after an error event: nothing more).
 static void stream_finish(gen *g) {
     if (g->done_sent) return;
     g->done_sent = true;
     if (g->timed_out) {
         kaon_api_error e;
         timeout_error(g, &e);
-        size_t len = 0;
-        char *text = kaon_api_error_json(&e, &len);
-        if (text) kaon_sse_data(&g->out, text, len);
-        free(text);
+        stream_error(g, &e);
+    }
+    if (g->anthropic) {
+        if (g->timed_out || g->error || g->nc < 1) return;
+        const char *seq = NULL, *reason = anthropic_stop(g, &seq);
+        if (!g->ch[0].started &&
+            kaon_anthropic_stream_start(&g->out, g->id, g->model, g->p[0].n_ids) < 0)
+            g->failed = true;
+        if (kaon_anthropic_stream_stop(&g->as, &g->out, reason, seq, g->p[0].completion_tokens) < 0)
+            g->failed = true;
+        return;
     }
     if (g->rq.include_usage) {
         cJSON *j = kaon_api_response_new(g->rq.kind, true, g->id, g->created, g->model);
@@ -583,8 +630,9 @@ static int start_parsers(gen *g) {
             return -1;
         if (g->tool_family == KAON_TOOL_NONE) continue;
         char prefix[64];  // call ids unique across requests and choices
-        const char *dash = strchr(g->id, '-');
-        snprintf(prefix, sizeof prefix, "call_%.16s_%d_", dash ? dash + 1 : g->id, ci);
+        const char *dash = strchr(g->id, g->anthropic ? '_' : '-');
+        snprintf(prefix, sizeof prefix, "%s%.16s_%d_", g->anthropic ? "toolu_" : "call_",
+                 dash ? dash + 1 : g->id, ci);
         c->tp = g->tool_family == KAON_TOOL_FORCED
                     ? kaon_tool_parser_new_forced(g->rq.tool_choice_name, prefix)
                     : kaon_tool_parser_new(g->tool_family, prefix);
@@ -667,7 +715,7 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
         }
         kaon_sampling sp = r->sampling;
         int room = mml - p->n_ids, cap = s->o.max_tokens;
-        const char *mt_param = chat ? "max_completion_tokens" : "max_tokens";
+        const char *mt_param = chat && !g->anthropic ? "max_completion_tokens" : "max_tokens";
         if (r->max_tokens_set) {
             if (cap > 0 && sp.max_tokens > cap) {
                 kaon_api_error_set(err, 400, "invalid_value", mt_param,
@@ -746,6 +794,19 @@ static int submit_all(gen *g, kaon_api_error *err) {
 // The whole response of a non-streaming request.
 static cJSON *gen_response(gen *g) {
     if (g->failed) return NULL;  // out of memory while collecting token ids
+    if (g->anthropic) {
+        gen_choice *c = &g->ch[0];
+        const char *seq = NULL, *reason = anthropic_stop(g, &seq);
+        bool saw = kaon_reasoning_parser_saw_reasoning(c->rp);
+        cJSON *calls = kaon_tool_parser_n_calls(c->tp) > 0 ? kaon_tool_parser_calls_json(c->tp) : NULL;
+        const gen_prompt *p = &g->p[0];
+        cJSON *j = kaon_anthropic_message(
+            g->id, g->model, saw ? (c->reasoning.data ? c->reasoning.data : "") : NULL,
+            c->reasoning.len, c->text.data, c->text.len, calls, reason, seq,
+            p->prompt_tokens > 0 ? p->prompt_tokens : p->n_ids, p->completion_tokens);
+        cJSON_Delete(calls);
+        return j;
+    }
     cJSON *j = kaon_api_response_new(g->rq.kind, false, g->id, g->created, g->model);
     if (!j) return NULL;
     bool ok = true;
@@ -794,12 +855,19 @@ static enum MHD_Result send_whole(struct MHD_Connection *c, gen *g) {
             kaon_api_error_set(&e, 500, NULL, NULL, "generation failed: %s", g->error);
         else
             timeout_error(g, &e);
+        e.anthropic = g->anthropic;
         gen_free(g);
         return kaon_http_send_error(c, s, &e);
     }
+    bool anthropic = g->anthropic;
     cJSON *resp = gen_response(g);
     gen_free(g);
-    if (!resp) return kaon_http_send_errorf(c, s, 500, NULL, NULL, "out of memory");
+    if (!resp) {
+        kaon_api_error e;
+        kaon_api_error_set(&e, 500, NULL, NULL, "out of memory");
+        e.anthropic = anthropic;
+        return kaon_http_send_error(c, s, &e);
+    }
     return kaon_http_send_json(c, s, 200, resp);
 }
 
@@ -839,8 +907,8 @@ static void gen_watch(gen *g, struct MHD_Connection *c) {
 }
 
 enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, kaon_api_kind kind,
-                                     const char *body, size_t body_len, bool *busy,
-                                     void **pending) {
+                                     bool anthropic, const char *body, size_t body_len,
+                                     bool *busy, void **pending) {
     kaon_api_error err;
     kaon_api_limits lim = kaon_server_limits(s);
     gen *g = calloc(1, sizeof *g);
@@ -852,15 +920,20 @@ enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, k
         atomic_fetch_add(&s->busy, 1);
     }
     if (s->o.request_timeout_s > 0) g->deadline = kaon_now() + s->o.request_timeout_s;
-    if (kaon_api_parse(kind, body, body_len, &lim, &s->defaults, &g->rq, &err) < 0) {
+    g->anthropic = anthropic;
+    int rc = anthropic ? kaon_anthropic_parse(body, body_len, false, &lim, &s->defaults, &g->rq, &err)
+                       : kaon_api_parse(kind, body, body_len, &lim, &s->defaults, &g->rq, &err);
+    if (rc < 0) {
         gen_free(g);
         return kaon_http_send_error(c, s, &err);
     }
     g->model = g->rq.model ? g->rq.model : s->model_name;
     g->created = (long long)time(NULL);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    make_id(s, kind == KAON_API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    make_id(s, anthropic ? "msg_" : kind == KAON_API_CHAT ? "chatcmpl-" : "cmpl-", g->id,
+            sizeof g->id);
     if (gen_prepare(g, &err) < 0) {
+        err.anthropic = anthropic;
         gen_free(g);
         return kaon_http_send_error(c, s, &err);
     }

@@ -59,6 +59,7 @@ void kaon_server_stop(kaon_server *s) { (void)s; }
 
 #include <microhttpd.h>
 
+#include "server/anthropic.h"
 #include "server/server_internal.h"
 #include "server/sse.h"
 #include "util/timer.h"
@@ -81,7 +82,7 @@ void kaon_server_stop(kaon_server *s) { (void)s; }
 
 enum route {
     R_NONE, R_PAGE, R_HEALTH, R_VERSION, R_METRICS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETION,
-    R_TOKENIZE, R_DETOKENIZE
+    R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS
 };
 
 static const struct route_info {
@@ -90,19 +91,22 @@ static const struct route_info {
     bool post;          // POST (else GET/HEAD)
     bool auth;          // needs the API key when one is set
     bool engine;        // needs the loaded model
+    bool anthropic;     // errors in Anthropic's shape
 } routes[] = {
-    {"/", R_PAGE, false, false, false},
-    {"/health", R_HEALTH, false, false, false},
-    {"/version", R_VERSION, false, false, false},
-    {"/metrics", R_METRICS, false, false, false},
-    {"/v1/models", R_MODELS, false, true, true},
-    {"/v1/chat/completions", R_CHAT, true, true, true},
-    {"/v1/completions", R_COMPLETION, true, true, true},
-    {"/tokenize", R_TOKENIZE, true, true, true},
-    {"/detokenize", R_DETOKENIZE, true, true, true},
+    {"/", R_PAGE, false, false, false, false},
+    {"/health", R_HEALTH, false, false, false, false},
+    {"/version", R_VERSION, false, false, false, false},
+    {"/metrics", R_METRICS, false, false, false, false},
+    {"/v1/models", R_MODELS, false, true, true, false},
+    {"/v1/chat/completions", R_CHAT, true, true, true, false},
+    {"/v1/completions", R_COMPLETION, true, true, true, false},
+    {"/tokenize", R_TOKENIZE, true, true, true, false},
+    {"/detokenize", R_DETOKENIZE, true, true, true, false},
+    {"/v1/messages", R_MESSAGES, true, true, true, true},
+    {"/v1/messages/count_tokens", R_COUNT_TOKENS, true, true, true, true},
 };
 
-static const struct route_info model_route = {"/v1/models/", R_MODEL, false, true, true};
+static const struct route_info model_route = {"/v1/models/", R_MODEL, false, true, true, false};
 
 static const struct route_info *find_route(const char *url) {
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
@@ -168,7 +172,7 @@ enum MHD_Result kaon_http_send_json(struct MHD_Connection *c, kaon_server *s, in
 enum MHD_Result kaon_http_send_error(struct MHD_Connection *c, kaon_server *s,
                                      const kaon_api_error *e) {
     size_t len = 0;
-    char *text = kaon_api_error_json(e, &len);
+    char *text = e->anthropic ? kaon_anthropic_error_json(e, &len) : kaon_api_error_json(e, &len);
     if (!text) return MHD_NO;
     struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -201,7 +205,10 @@ static bool key_ok(const char *got, const char *want) {
     return diff == 0;
 }
 
+// `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY` (on every route).
 static bool authorized(struct MHD_Connection *c, const char *key) {
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (x && key_ok(x, key)) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7)) return false;
     return key_ok(h + 7, key);
@@ -328,6 +335,27 @@ static enum MHD_Result handle_detokenize(struct MHD_Connection *c, kaon_server *
     return kaon_http_send_json(c, s, 200, j);
 }
 
+// POST /v1/messages/count_tokens: {"input_tokens": N}, the rendered prompt's length.
+static enum MHD_Result handle_count_tokens(struct MHD_Connection *c, kaon_server *s, conn *k) {
+    kaon_api_error err;
+    kaon_api_limits lim = kaon_server_limits(s);
+    kaon_api_request r;
+    if (kaon_anthropic_parse(k->body.data, k->body.len, true, &lim, &s->defaults, &r, &err) < 0)
+        return kaon_http_send_error(c, s, &err);
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = kaon_generate_render_chat(s, &r, &ids, &n, NULL, &err);
+    free(ids);
+    kaon_api_request_free(&r);
+    if (rc < 0) {
+        err.anthropic = true;
+        return kaon_http_send_error(c, s, &err);
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "input_tokens", n);
+    return kaon_http_send_json(c, s, 200, j);
+}
+
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, kaon_server *s) {
     kaon_engine_stats st;
     int state = atomic_load(&s->state);
@@ -366,11 +394,15 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, kaon_server *s, conn *
     case R_MODELS: return handle_models(c, s);
     case R_MODEL: return handle_model(c, s, k->url);
     case R_CHAT:
-        return kaon_generate_handle(c, s, KAON_API_CHAT, k->body.data, k->body.len, &k->busy,
-                                    &k->gen);
-    case R_COMPLETION:
-        return kaon_generate_handle(c, s, KAON_API_COMPLETION, k->body.data, k->body.len,
+        return kaon_generate_handle(c, s, KAON_API_CHAT, false, k->body.data, k->body.len,
                                     &k->busy, &k->gen);
+    case R_COMPLETION:
+        return kaon_generate_handle(c, s, KAON_API_COMPLETION, false, k->body.data, k->body.len,
+                                    &k->busy, &k->gen);
+    case R_MESSAGES:
+        return kaon_generate_handle(c, s, KAON_API_CHAT, true, k->body.data, k->body.len,
+                                    &k->busy, &k->gen);
+    case R_COUNT_TOKENS: return handle_count_tokens(c, s, k);
     case R_TOKENIZE: return handle_tokenize(c, s, k);
     case R_DETOKENIZE: return handle_detokenize(c, s, k);
     default: return kaon_http_send_errorf(c, s, 404, "not_found", NULL, "Not Found");
@@ -379,7 +411,15 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, kaon_server *s, conn *
 
 // Decides, from the request line and headers, whether the request is refused; the answer is
 // sent only after the body has been read, so the client is never cut off mid-upload.
+static void classify_route(conn *k, struct MHD_Connection *c, const char *url, const char *method);
+
 static void classify(conn *k, struct MHD_Connection *c, const char *url, const char *method) {
+    classify_route(k, c, url, method);
+    // Unknown paths under /v1/messages too: Anthropic's clients read those errors.
+    k->err.anthropic = k->route ? k->route->anthropic : !strncmp(url, "/v1/messages", 12);
+}
+
+static void classify_route(conn *k, struct MHD_Connection *c, const char *url, const char *method) {
     kaon_server *s = k->s;
     k->route = find_route(url);
     k->url = strdup(url);
@@ -404,7 +444,7 @@ static void classify(conn *k, struct MHD_Connection *c, const char *url, const c
     if (s->o.api_key && k->route->auth && !authorized(c, s->o.api_key)) {
         k->has_error = true;
         kaon_api_error_set(&k->err, 401, "invalid_api_key", NULL,
-                           "Unauthorized: a valid API key is required (Authorization: Bearer ...)");
+                           "Unauthorized: a valid API key is required (Authorization: Bearer ... or x-api-key)");
         return;
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -461,14 +501,17 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         if (r) {
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                    "Authorization, Content-Type, x-api-key, anthropic-version, "
+                                    "anthropic-beta");
             MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         }
         return kaon_http_queue(c, s, 204, r);
     }
     if (k->has_error && k->err.status == 405) {
         size_t len = 0;
-        char *text = kaon_api_error_json(&k->err, &len);
+        char *text = k->err.anthropic ? kaon_anthropic_error_json(&k->err, &len)
+                                      : kaon_api_error_json(&k->err, &len);
         struct MHD_Response *r = text ? MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE) : NULL;
         if (!r) {
             free(text);
@@ -484,14 +527,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         kaon_api_error_set(&e, 413, "body_too_large", NULL,
                            "the request body is larger than the limit of %zu bytes",
                            s->o.max_body_bytes);
+        e.anthropic = k->route->anthropic;
         return kaon_http_send_error(c, s, &e);
     }
     if (k->has_error) return kaon_http_send_error(c, s, &k->err);
-    if (k->body.failed) return kaon_http_send_errorf(c, s, 500, NULL, NULL, "out of memory");
+    kaon_api_error e;
+    if (k->body.failed) kaon_api_error_set(&e, 500, NULL, NULL, "out of memory");
     // The state may have moved on while the body arrived.
-    if (k->route->engine && atomic_load(&s->state) != ST_READY)
-        return kaon_http_send_errorf(c, s, 503, "unavailable", NULL, "the server is not ready");
-    return dispatch(c, s, k);
+    else if (k->route->engine && atomic_load(&s->state) != ST_READY)
+        kaon_api_error_set(&e, 503, "unavailable", NULL, "the server is not ready");
+    else
+        return dispatch(c, s, k);
+    e.anthropic = k->route->anthropic;
+    return kaon_http_send_error(c, s, &e);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,

@@ -44,6 +44,7 @@ static cJSON *json_parse(const char *body, size_t len, size_t *err_at) {
 void kaon_api_error_set(kaon_api_error *e, int status, const char *code, const char *param,
                         const char *fmt, ...) {
     e->status = status;
+    e->anthropic = false;
     switch (status) {
     case 400: case 404: case 405: case 413: case 422: e->type = "invalid_request_error"; break;
     case 401: e->type = "authentication_error"; break;
@@ -623,8 +624,33 @@ static int parse_prompts(const cJSON *root, const kaon_api_limits *lim, kaon_api
     return 0;
 }
 
+cJSON *kaon_api_json_parse(const char *body, size_t len, kaon_api_error *err) {
+    if (!body || len == 0) {
+        kaon_api_error_set(err, 400, "invalid_json", NULL, "the request body is empty");
+        return NULL;
+    }
+    size_t err_at = 0;
+    cJSON *root = json_parse(body, len, &err_at);
+    if (!root)
+        kaon_api_error_set(err, 400, "invalid_json", NULL,
+                           "the request body is not valid JSON (error at byte %zu)", err_at);
+    return root;
+}
+
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err) {
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    cJSON *root = kaon_api_json_parse(body, len, err);
+    if (!root) return -1;
+    int rc = kaon_api_parse_json(kind, root, lim, defaults, out, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int kaon_api_parse_json(kaon_api_kind kind, const cJSON *root, const kaon_api_limits *lim,
+                        const kaon_sampling *defaults, kaon_api_request *out,
+                        kaon_api_error *err) {
     static const kaon_api_limits no_limits = {0};
     if (!lim) lim = &no_limits;
     memset(out, 0, sizeof *out);
@@ -643,17 +669,6 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
     out->add_generation_prompt = true;
     out->add_special_tokens = kind != KAON_API_CHAT;
 
-    if (!body || len == 0) {
-        kaon_api_error_set(err, 400, "invalid_json", NULL, "the request body is empty");
-        return -1;
-    }
-    size_t err_at = 0;
-    cJSON *root = json_parse(body, len, &err_at);
-    if (!root) {
-        kaon_api_error_set(err, 400, "invalid_json", NULL,
-                           "the request body is not valid JSON (error at byte %zu)", err_at);
-        return -1;
-    }
     int rc = -1;
     if (!cJSON_IsObject(root)) {
         bad(err, NULL, "the request body must be a JSON object");
@@ -740,7 +755,6 @@ int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_
     }
     rc = 0;
 done:
-    cJSON_Delete(root);
     if (rc < 0) {
         kaon_api_request_free(out);
         memset(out, 0, sizeof *out);

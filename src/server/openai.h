@@ -29,6 +29,7 @@ typedef struct kaon_api_error {
     const char *code;      // short machine code or NULL (null)
     char param[96];        // the offending field ("" = null), e.g. "messages[1].role"
     char message[512];
+    bool anthropic;        // sent in Anthropic's shape (anthropic.h); kaon_api_error_set clears it
 } kaon_api_error;
 
 // Sets *e; type and code follow from the status (400/404/405/413: invalid_request_error,
@@ -116,6 +117,13 @@ typedef struct kaon_api_request {
 int kaon_api_parse(kaon_api_kind kind, const char *body, size_t len, const kaon_api_limits *lim,
                    const kaon_sampling *defaults, kaon_api_request *out, kaon_api_error *err);
 void kaon_api_request_free(kaon_api_request *r);
+// The two halves of kaon_api_parse, for callers that build or inspect the JSON themselves
+// (anthropic.c): the body as JSON (NULL with err filled: 400 invalid_json), and a parsed body
+// validated into *out (root is not modified or kept).
+cJSON *kaon_api_json_parse(const char *body, size_t len, kaon_api_error *err);
+int kaon_api_parse_json(kaon_api_kind kind, const cJSON *root, const kaon_api_limits *lim,
+                        const kaon_sampling *defaults, kaon_api_request *out,
+                        kaon_api_error *err);
 // Parts of kaon_api_parse (openai_format.c): response_format / structured_outputs / guided_*,
 // and tool_choice (after tools). 0, or -1 with err filled.
 int kaon_api_parse_format(const cJSON *root, kaon_api_request *r, kaon_api_error *err);

@@ -81,7 +81,8 @@ enum MHD_Result kaon_http_queue(struct MHD_Connection *c, kaon_server *s, int st
 // Sends j (ownership taken) as JSON.
 enum MHD_Result kaon_http_send_json(struct MHD_Connection *c, kaon_server *s, int status,
                                     cJSON *j);
-// Sends an OpenAI error object, with the headers its status calls for.
+// Sends an error object (OpenAI's shape, or Anthropic's when e->anthropic), with the headers
+// its status calls for.
 enum MHD_Result kaon_http_send_error(struct MHD_Connection *c, kaon_server *s,
                                      const kaon_api_error *e);
 enum MHD_Result kaon_http_send_errorf(struct MHD_Connection *c, kaon_server *s, int status,
@@ -97,9 +98,10 @@ kaon_api_limits kaon_server_limits(kaon_server *s);
 // on_completed) so that a drain waits for the response to be sent. A whole response not yet
 // ready leaves its state in *pending and the connection parked: the access handler then
 // calls kaon_generate_continue when it is resumed, and on_completed kaon_generate_free.
+// anthropic: a /v1/messages body (kind KAON_API_CHAT), answered in Anthropic's shapes.
 enum MHD_Result kaon_generate_handle(struct MHD_Connection *c, kaon_server *s, kaon_api_kind kind,
-                                     const char *body, size_t body_len, bool *busy,
-                                     void **pending);
+                                     bool anthropic, const char *body, size_t body_len,
+                                     bool *busy, void **pending);
 enum MHD_Result kaon_generate_continue(struct MHD_Connection *c, void **pending);
 void kaon_generate_free(void *pending);
 // Renders the chat template for r and tokenizes the result (also for /tokenize). *start (when

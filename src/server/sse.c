@@ -105,6 +105,11 @@ int kaon_sse_data(kaon_sbuf *b, const char *payload, size_t n) {
     return b->failed ? -1 : 0;
 }
 
+int kaon_sse_event(kaon_sbuf *b, const char *name, const char *payload, size_t n) {
+    kaon_sbuf_printf(b, "event: %s\n", name);
+    return kaon_sse_data(b, payload, n);
+}
+
 int kaon_sse_done(kaon_sbuf *b) { return kaon_sbuf_append(b, "data: [DONE]\n\n", 14); }
 
 // Length of the valid UTF-8 sequence at s[0..n), or 0 when it is invalid or truncated.

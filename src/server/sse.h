@@ -26,6 +26,8 @@ void kaon_sbuf_free(kaon_sbuf *b);
 
 // One SSE event: every line of payload becomes a `data: ` line, then a blank line.
 int kaon_sse_data(kaon_sbuf *b, const char *payload, size_t n);
+// A named event (Anthropic's streams): `event: name`, then the payload as kaon_sse_data.
+int kaon_sse_event(kaon_sbuf *b, const char *name, const char *payload, size_t n);
 // The OpenAI end-of-stream marker `data: [DONE]`.
 int kaon_sse_done(kaon_sbuf *b);
 
