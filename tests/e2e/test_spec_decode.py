@@ -92,3 +92,22 @@ def test_bad_config_refused_at_start():
     r = subprocess.run([str(kaon_binary()), "serve", str(MODEL), "--speculative-config", '{"method": "mtp"}'],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "speculative" in r.stderr, r.stderr
+
+
+def test_structured_output_same_with_drafts(servers):
+    """A grammar-constrained request verifies drafts too: each position is masked by the
+    matcher as it stands after the drafts kept before it (no rollback needed)."""
+    plain, spec = servers
+    before = counter(spec, "kaon:spec_decode_num_draft_tokens_total")
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"},
+                                                         "minItems": 6, "maxItems": 6}},
+              "required": ["items"], "additionalProperties": False}
+    kw = dict(model="smol", messages=[{"role": "user", "content": REPEAT + "\nAnswer as JSON: the first six words."}],
+              temperature=0, max_tokens=120,
+              response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}})
+    a = client_for(plain).chat.completions.create(**kw)
+    b = client_for(spec).chat.completions.create(**kw)
+    assert b.choices[0].message.content == a.choices[0].message.content
+    items = json.loads(b.choices[0].message.content)["items"]
+    assert len(items) == 6
+    assert counter(spec, "kaon:spec_decode_num_draft_tokens_total") > before
