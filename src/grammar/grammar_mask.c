@@ -215,7 +215,21 @@ static int long_tokens(kaon_grammar_masker *mk, int thr) {
 // copy / thr: e's key is copy's with one bounded-repetition position moved to a copy that
 // leaves at least as many units; tokens of fewer than thr bytes cannot tell the two apart
 // (grammar_internal.h), so they keep copy's classes and only the longer ones are walked.
+#include <stdio.h>
+#include <time.h>
+static int build_entry2(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *parent, const mask_entry *copy, int thr);
 static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *parent,
+                       const mask_entry *copy, int thr) {
+    struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = build_entry2(mk, e, parent, copy, thr);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (getenv("MC_DEBUG")) {
+        int f=0; while (f < MASK_DEPTH && e->key[f] >= 0) f++;
+        fprintf(stderr, "build f=%d more=%d top=%d kind=%s walk=%d unc=%d us=%.0f\n", f, e->key[MASK_DEPTH], e->key[0], parent ? "parent" : copy ? "copy" : "full", parent ? parent->n_uncertain : copy ? thr : -1, e->n_uncertain, (t1.tv_sec-t0.tv_sec)*1e6+(t1.tv_nsec-t0.tv_nsec)/1e3);
+    }
+    return rc;
+}
+static int build_entry2(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *parent,
                        const mask_entry *copy, int thr) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);

@@ -245,13 +245,32 @@ const cJSON *js_resolve_ref(js_conv *c, const char *ref) {
 
 static int schema_body(js_conv *c, const cJSON *s, gbnf_text *body);
 
-// The rule of a $ref target, generated the first time it is referenced.
+bool js_take_pruned(js_conv *c) {
+    if (!c->pruned) return false;
+    c->pruned = false;
+    return true;
+}
+
+// The rule of a $ref target, generated the first time it is referenced. With a nesting limit,
+// a reference inside the target's own generation gets a new rule one level deeper (the same
+// schema, generated again), and at the limit fails as "pruned".
 static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name) {
+    int open = 0, inner = -1;
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->refs[i].node == target && !c->refs[i].done) open++, inner = i;
+    // recursion that has not entered an object or array would be left recursion
+    if (inner >= 0 && c->refs[inner].struct_depth == c->struct_depth)
+        return js_fail(c, "$ref '%.80s' refers back to itself without an object or array in between", ref);
+    if (c->ref_cap > 0 && open >= c->ref_cap) {
+        c->pruned = true;
+        return js_fail(c, "$ref '%.80s' nested deeper than %d", ref, c->ref_cap);
+    }
     for (int i = 0; i < c->n_refs; i++) {
-        if (c->refs[i].node != target) continue;
-        // recursion that has not entered an object or array would be left recursion
-        if (!c->refs[i].done && c->refs[i].struct_depth == c->struct_depth)
-            return js_fail(c, "$ref '%.80s' refers back to itself without an object or array in between", ref);
+        if (c->refs[i].node != target || (c->ref_cap > 0 && (!c->refs[i].done || c->refs[i].level != open))) continue;
+        if (c->refs[i].pruned) {
+            c->pruned = true;
+            return js_fail(c, "$ref '%.80s' nested deeper than %d", ref, c->ref_cap);
+        }
         snprintf(name, JS_NAME, "%s", c->refs[i].name);
         return 0;
     }
@@ -264,7 +283,7 @@ static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name
     }
     if (c->depth + 1 > JS_MAX_DEPTH) return js_fail(c, "$ref chain deeper than %d", JS_MAX_DEPTH);
     int idx = c->n_refs++;
-    c->refs[idx] = (js_ref){.node = target, .struct_depth = c->struct_depth};
+    c->refs[idx] = (js_ref){.node = target, .struct_depth = c->struct_depth, .level = open};
     if (js_new_name(c, c->refs[idx].name)) return -1;
     snprintf(name, JS_NAME, "%s", c->refs[idx].name);
     char saved[sizeof c->ptr];
@@ -278,6 +297,7 @@ static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name
     gbnf_text_free(&body);
     memcpy(c->ptr, saved, sizeof saved);
     c->refs[idx].done = true;
+    c->refs[idx].pruned = rc && c->pruned;
     return rc;
 }
 
@@ -518,15 +538,20 @@ static int typed_body(js_conv *c, const cJSON *s, const char *type, gbnf_text *b
 static int alternatives(js_conv *c, const cJSON *s, const char *key, gbnf_text *b) {
     const cJSON *list = js_get(s, key);
     if (!cJSON_IsArray(list) || !list->child) return js_fail(c, "%s must be a non-empty array", key);
-    int i = 0;
+    int i = 0, n_kept = 0;
     for (const cJSON *m = list->child; m; m = m->next, i++) {
         if (i > JS_MAX_ENUM) return js_fail(c, "%s has too many members", key);
         char name[JS_NAME];
         size_t old = js_push_index(c, key, i);
         int e = js_schema_rule(c, m, name);
         js_pop_ptr(c, old);
+        if (e && js_take_pruned(c)) continue;  // a member past the recursion limit: left out
         if (e) return -1;
-        gbnf_printf(b, "%s%s", i ? " | " : "", name);
+        gbnf_printf(b, "%s%s", n_kept++ ? " | " : "", name);
+    }
+    if (!n_kept) {  // every member past the recursion limit: the caller may leave this out
+        c->pruned = true;
+        return js_fail(c, "every %s member nests deeper than %d", key, c->ref_cap);
     }
     return 0;
 }
@@ -661,12 +686,30 @@ int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *ro
     } else {
         c.cap_refs = 16;
         c.n_refs = 1;
-        c.refs[0] = (js_ref){.node = doc, .struct_depth = 0};
-        snprintf(c.refs[0].name, JS_NAME, "%s", root);
-        gbnf_text body = {0};
-        rc = schema_body(&c, doc, &body);
-        if (!rc) rc = js_emit_rule(&c, root, &body);
-        gbnf_text_free(&body);
+        int cap = c.opts.max_ref_depth ? c.opts.max_ref_depth : KAON_JSON_SCHEMA_REF_DEPTH;
+        size_t out_len = out->len;
+        // with the nesting limit first; a schema that requires deeper nesting gets its exact
+        // recursive grammar instead
+        for (int pass = cap > 0 ? 0 : 1; pass < 2; pass++) {
+            if (pass) {
+                js_ref *refs = c.refs;
+                int cap_refs = c.cap_refs;
+                if (out->s) out->s[out->len = out_len] = 0;  // before init_conv writes shared rules
+                init_conv(&c, root, opts, out);
+                c.doc = doc;
+                c.refs = refs;
+                c.cap_refs = cap_refs;
+            }
+            c.ref_cap = pass ? 0 : cap;
+            c.n_refs = 1;
+            c.refs[0] = (js_ref){.node = doc, .struct_depth = 0};
+            snprintf(c.refs[0].name, JS_NAME, "%s", root);
+            gbnf_text body = {0};
+            rc = schema_body(&c, doc, &body);
+            if (!rc) rc = js_emit_rule(&c, root, &body);
+            gbnf_text_free(&body);
+            if (!rc || !c.pruned) break;
+        }
     }
     free(c.refs);
     cJSON_Delete(doc);

@@ -15,7 +15,15 @@ typedef struct kaon_json_schema_opts {
     bool any_whitespace;
     // Objects without "additionalProperties": false accept no other keys (OpenAI strict).
     bool strict;
+    // Recursive $refs: how deep a target may nest inside itself (0: the default,
+    // KAON_JSON_SCHEMA_REF_DEPTH; < 0: no limit). At the limit the recursive member is left
+    // out where the schema allows it (an optional property, the rest of an array with no
+    // minimum beyond its prefix, an anyOf member), so a model at temperature 0 cannot nest
+    // forever; a schema that requires deeper nesting keeps its exact recursive grammar.
+    int max_ref_depth;
 } kaon_json_schema_opts;
+
+#define KAON_JSON_SCHEMA_REF_DEPTH 6
 
 // Supported: type (and type lists; no type = any value, each kind constrained by its own
 // keywords), properties in the schema's order with required/optional members,

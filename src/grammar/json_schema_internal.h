@@ -45,7 +45,9 @@ typedef struct {
     const cJSON *node;
     char name[JS_NAME];
     int struct_depth;  // objects/arrays open when its generation began
+    int level;         // generations of the same target open around this one (ref_cap)
     bool done;
+    bool pruned;       // its generation met the depth limit where nothing could be left out
 } js_ref;
 
 typedef struct {
@@ -60,7 +62,13 @@ typedef struct {
     char sep[JS_NAME];    // after ':' and ','
     char inner[JS_NAME + 2];  // after '{' '[', before '}' ']' ',' ':' (empty by default)
     char ptr[512];        // JSON pointer of the node being converted
+    int ref_cap;          // recursive $ref nesting limit (0: none)
+    bool pruned;          // the last failure is the limit: the caller may leave the member out
 } js_conv;
+
+// After a failed js_schema_rule: true (and the failure forgotten) when it failed only on the
+// recursion limit, so the caller may leave that member out.
+bool js_take_pruned(js_conv *c);
 
 
 // Sets kaon_last_error to "json schema: at #<pointer>: <message>"; returns -1.
