@@ -58,8 +58,46 @@ int js_new_name(js_conv *c, char *name) {
     return 0;
 }
 
+static uint32_t text_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+const char *js_same_body(const js_conv *c, const char *text) {
+    uint32_t h = text_hash(text);
+    for (int i = 0; i < c->n_bodies; i++)
+        if (c->bodies[i].hash == h && !strcmp(c->bodies[i].text, text)) return c->bodies[i].name;
+    return NULL;
+}
+
+void js_bodies_free(js_conv *c) {
+    for (int i = 0; i < c->n_bodies; i++) free(c->bodies[i].text);
+    free(c->bodies);
+    c->bodies = NULL;
+    c->n_bodies = c->cap_bodies = 0;
+}
+
 int js_emit_rule(js_conv *c, const char *name, const gbnf_text *body) {
-    gbnf_printf(c->out, "%s ::= %s\n", name, body->s ? body->s : "\"\"");
+    const char *text = body->s ? body->s : "\"\"";
+    const char *same = js_same_body(c, text);
+    if (same) {
+        gbnf_printf(c->out, "%s ::= %s\n", name, same);
+    } else {
+        gbnf_printf(c->out, "%s ::= %s\n", name, text);
+        if (c->n_bodies == c->cap_bodies) {
+            int cap = c->cap_bodies ? 2 * c->cap_bodies : 64;
+            js_body *b = realloc(c->bodies, (size_t)cap * sizeof *b);
+            if (!b) return js_fail(c, "out of memory");
+            c->bodies = b;
+            c->cap_bodies = cap;
+        }
+        js_body *b = &c->bodies[c->n_bodies];
+        if (!(b->text = strdup(text))) return js_fail(c, "out of memory");
+        b->hash = text_hash(text);
+        snprintf(b->name, JS_NAME, "%s", name);
+        c->n_bodies++;
+    }
     if (c->out->oom || body->oom) return js_fail(c, "out of memory");
     if (c->out->len > KAON_GRAMMAR_MAX_TEXT) return js_fail(c, "grammar would exceed %d bytes", KAON_GRAMMAR_MAX_TEXT);
     return 0;
@@ -629,8 +667,11 @@ int js_schema_rule(js_conv *c, const cJSON *s, char *name) {
     }
     gbnf_text body = {0};
     int rc = schema_body(c, s, &body);
+    const char *same = !rc && body.s ? js_same_body(c, body.s) : NULL;
     if (!rc && body.s && !strchr(body.s, ' ') && !strchr(body.s, '"')) {
         snprintf(name, JS_NAME, "%s", body.s);  // a single rule name: use it directly
+    } else if (same) {
+        snprintf(name, JS_NAME, "%s", same);  // the same rule written before
     } else if (!rc) {
         rc = js_new_name(c, name);
         if (!rc) rc = js_emit_rule(c, name, &body);
@@ -695,6 +736,7 @@ int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *ro
                 js_ref *refs = c.refs;
                 int cap_refs = c.cap_refs;
                 if (out->s) out->s[out->len = out_len] = 0;  // before init_conv writes shared rules
+                js_bodies_free(&c);
                 init_conv(&c, root, opts, out);
                 c.doc = doc;
                 c.refs = refs;
@@ -712,6 +754,7 @@ int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *ro
         }
     }
     free(c.refs);
+    js_bodies_free(&c);
     cJSON_Delete(doc);
     return rc;
 }
@@ -723,5 +766,6 @@ int kaon_json_any_to_gbnf(const char *root, bool object_only, const kaon_json_sc
     const char *value = js_shared(&c, SH_VALUE);
     gbnf_printf(out, "%s ::= %s-%s-0\n", root, root, object_only ? "object" : "value");
     (void)value;
+    js_bodies_free(&c);
     return out->oom ? kaon_set_error("json schema: out of memory") : 0;
 }
