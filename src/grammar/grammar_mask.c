@@ -3,6 +3,8 @@
 // the tokens accepted whatever lies below those frames and the ones that reached below them
 // ("uncertain"); a mask ORs the cached sets of the current tops and walks only the uncertain
 // tokens against the real stacks (xgrammar's split into context-independent and dependent).
+// A key inside a bounded repetition (x{m,n}: n - m nested copies) is built from the key of
+// the outermost copy: only tokens long enough to reach the bound are walked again.
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,7 +42,6 @@ struct kaon_grammar_masker {
     int n_unc, cap_unc;
     // for entries built from another copy of a bounded repetition (copy_key)
     int32_t *rank;       // token id -> index in vocabulary order (-1: not walked)
-    int32_t *by_len;     // vocabulary order indices, longest token first
     int32_t *len_count;  // [L]: tokens of at least L bytes (L <= max length + 1)
     int max_long;        // at most this many tokens walked again
     int32_t *long_ids, *merge_buf;
@@ -180,57 +181,30 @@ static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
 
 static int finish_entry(kaon_grammar_masker *mk, mask_entry *e);
 
-// The tokens of at least thr bytes (thr <= max length) in vocabulary order, with their lcp,
-// in mk->long_ids / long_lcp; their count (at most mk->max_long).
-static int cmp_int32(const void *x, const void *y) {
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    return (a > b) - (a < b);
-}
-
+// The tokens of at least thr bytes in vocabulary order, with their lcp, in mk->long_ids /
+// long_lcp; returns their count. One pass over the sorted vocabulary: the common prefix of two
+// tokens is the least lcp between them.
 static int long_tokens(kaon_grammar_masker *mk, int thr) {
     const kaon_grammar_vocab *v = mk->v;
-    int n = thr < mk->n_depth ? mk->len_count[thr] : 0;
-    memcpy(mk->long_ids, mk->by_len, (size_t)n * sizeof *mk->long_ids);  // order indices
-    qsort(mk->long_ids, (size_t)n, sizeof *mk->long_ids, cmp_int32);
-    for (int i = 0; i < n; i++) {
-        int32_t id = v->order[mk->long_ids[i]];
-        mk->long_ids[i] = id;
-        uint32_t k = 0;
-        if (i) {
-            int32_t p = mk->long_ids[i - 1];
-            uint32_t m = v->lens[p] < v->lens[id] ? v->lens[p] : v->lens[id];
-            while (k < m && k < UINT16_MAX && v->bytes[p][k] == v->bytes[id][k]) k++;
-        }
-        mk->long_lcp[i] = (uint16_t)k;
+    int n = 0;
+    uint32_t run = 0;  // least lcp since the last token kept
+    for (int i = 0; i < v->n_order; i++) {
+        if (v->lcp[i] < run) run = v->lcp[i];
+        int32_t id = v->order[i];
+        if ((int)v->lens[id] < thr) continue;
+        mk->long_ids[n] = id;
+        mk->long_lcp[n] = (uint16_t)(n ? run : 0);
+        n++;
+        run = UINT32_MAX;
     }
     return n;
 }
 
 // Fills e for its key: a walk from the key's frames over an unknown rest of stack. With a
-// parent (the entry of the same key less its bottom frame), only the parent's uncertain
-// tokens are walked: a token the parent accepts is accepted here (its surviving path never
-// left the parent's frames, or left them at its last byte, which any real frame below
-// continues), one the parent rejects without leaving its frames dies the same way here, and
-// the rest are the ones whose walk reached the frame this key adds.
-// copy / thr: e's key is copy's with one bounded-repetition position moved to a copy that
-// leaves at least as many units; tokens of fewer than thr bytes cannot tell the two apart
-// (grammar_internal.h), so they keep copy's classes and only the longer ones are walked.
-#include <stdio.h>
-#include <time.h>
-static int build_entry2(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *parent, const mask_entry *copy, int thr);
-static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *parent,
-                       const mask_entry *copy, int thr) {
-    struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
-    int rc = build_entry2(mk, e, parent, copy, thr);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (getenv("MC_DEBUG")) {
-        int f=0; while (f < MASK_DEPTH && e->key[f] >= 0) f++;
-        fprintf(stderr, "build f=%d more=%d top=%d kind=%s walk=%d unc=%d us=%.0f\n", f, e->key[MASK_DEPTH], e->key[0], parent ? "parent" : copy ? "copy" : "full", parent ? parent->n_uncertain : copy ? thr : -1, e->n_uncertain, (t1.tv_sec-t0.tv_sec)*1e6+(t1.tv_nsec-t0.tv_nsec)/1e3);
-    }
-    return rc;
-}
-static int build_entry2(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *parent,
-                       const mask_entry *copy, int thr) {
+// copy (e's key with one bounded-repetition position moved to the outermost copy, which
+// leaves at least as many units), tokens of fewer than thr bytes cannot tell the two apart
+// (grammar_internal.h): they keep the copy's classes and only the longer ones are walked.
+static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, int thr) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
     gram_walk_cache_reset(&mk->wc, a);  // its states named the removed nodes
@@ -250,13 +224,6 @@ static int build_entry2(kaon_grammar_masker *mk, mask_entry *e, const mask_entry
     mk->n_unc = 0;
     build_ctx c = {mk, e->accepted, false};
     const kaon_grammar_vocab *v = mk->v;
-    if (parent) {
-        memcpy(e->accepted, parent->accepted, mk->words * sizeof *e->accepted);
-        if (walk_tokens(mk, a, &start, parent->uncertain, parent->uncertain_lcp, parent->n_uncertain, report_build, &c) ||
-            c.failed)
-            return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
-        return finish_entry(mk, e);
-    }
     if (copy) {
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
         int n_long = long_tokens(mk, thr);
@@ -333,17 +300,6 @@ static void make_key(const gram_arena *a, int depth, int32_t top, int32_t *key) 
     key[MASK_DEPTH] = node >= 0;
 }
 
-// The key of the same frames less the bottom one (its rest of stack unknown); false for a
-// key of one frame.
-static bool parent_key(const int32_t *key, int32_t *pk) {
-    int frames = 0;
-    while (frames < MASK_DEPTH && key[frames] >= 0) frames++;
-    if (frames < 2) return false;
-    for (int i = 0; i < MASK_DEPTH; i++) pk[i] = i < frames - 1 ? key[i] : -1;
-    pk[MASK_DEPTH] = 1;
-    return true;
-}
-
 static int32_t *table_slot(kaon_grammar_masker *mk, const int32_t *key) {
     uint32_t h = key_hash(key) & (uint32_t)(mk->table_size - 1);
     for (;; h = (h + 1) & (uint32_t)(mk->table_size - 1)) {
@@ -374,11 +330,11 @@ static int copy_key(const kaon_grammar_masker *mk, const int32_t *key, int32_t *
 }
 
 // The entry of key, built on first use: from the outermost copy of a bounded repetition it
-// sits in, else from its parent's (built first, recursively), else by a whole walk.
+// sits in (built first, recursively), else by a whole walk.
 static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
     int32_t *slot = table_slot(mk, key);
     if (*slot >= 0) return &mk->entries[*slot];
-    const mask_entry *parent = NULL, *copy = NULL;
+    const mask_entry *copy = NULL;
     int32_t pk[MASK_DEPTH + 1];
     int thr = 0;
     if (copy_key(mk, key, pk, &thr) >= 0) {
@@ -386,23 +342,18 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
         if (!copy) return NULL;
         if (copy == &mk->spare) copy = NULL;  // cache full: the spare is about to be reused
     }
-    if (!copy && parent_key(key, pk)) {
-        parent = lookup(mk, pk);
-        if (!parent) return NULL;
-        if (parent == &mk->spare) parent = NULL;
-    }
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
-        return build_entry(mk, &mk->spare, parent, copy, thr) ? NULL : &mk->spare;
+        return build_entry(mk, &mk->spare, copy, thr) ? NULL : &mk->spare;
     }
     mask_entry *e = &mk->entries[mk->n_entries];
     memset(e, 0, sizeof *e);
     memcpy(e->key, key, sizeof e->key);
-    if (build_entry(mk, e, parent, copy, thr)) {
+    if (build_entry(mk, e, copy, thr)) {
         entry_free(e);
         return NULL;
     }
-    *table_slot(mk, key) = mk->n_entries++;  // the other builds may have taken the first slot
+    *table_slot(mk, key) = mk->n_entries++;  // the copy's build may have taken the first slot
     return e;
 }
 
@@ -425,32 +376,20 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     for (int i = 0; i < v->n_order; i++)
         if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
     mk->n_depth = (int)max_len + 1;
-    // tokens by length (longest first) and how many have at least L bytes, for copy_key
-    mk->max_long = v->n_order / 8;
+    // token ranks and how many tokens have at least L bytes, for copy_key
+    mk->max_long = v->n_order / 8;  // measured: 1/2 .. 1/16 alike
     mk->rank = malloc((size_t)(v->n ? v->n : 1) * sizeof *mk->rank);
-    mk->by_len = malloc((size_t)(v->n_order + 1) * sizeof *mk->by_len);
     mk->len_count = calloc((size_t)mk->n_depth + 1, sizeof *mk->len_count);
     mk->long_ids = malloc((size_t)(mk->max_long + 1) * sizeof *mk->long_ids);
     mk->long_lcp = malloc((size_t)(mk->max_long + 1) * sizeof *mk->long_lcp);
     mk->merge_buf = malloc((size_t)(mk->max_long + 1) * sizeof *mk->merge_buf);
-    if (mk->rank && mk->by_len && mk->len_count) {
+    if (mk->rank && mk->len_count) {
         for (int i = 0; i < v->n; i++) mk->rank[i] = -1;
         for (int i = 0; i < v->n_order; i++) {
             mk->rank[v->order[i]] = i;
             mk->len_count[v->lens[v->order[i]]]++;
         }
         for (int l = mk->n_depth - 1; l >= 0; l--) mk->len_count[l] += mk->len_count[l + 1];
-        int *fill = calloc((size_t)mk->n_depth + 1, sizeof *fill);  // next slot per length
-        if (fill) {
-            for (int i = 0; i < v->n_order; i++) {
-                uint32_t l = v->lens[v->order[i]];
-                mk->by_len[mk->len_count[l + 1] + fill[l]++] = i;
-            }
-            free(fill);
-        } else {
-            free(mk->by_len);
-            mk->by_len = NULL;
-        }
     }
     mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
     mk->depth_ids = calloc((size_t)mk->n_depth, sizeof *mk->depth_ids);
@@ -458,7 +397,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->rank || !mk->by_len || !mk->len_count || !mk->long_ids || !mk->long_lcp || !mk->merge_buf ||
+    if (!mk->rank || !mk->len_count || !mk->long_ids || !mk->long_lcp || !mk->merge_buf ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
         gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
@@ -484,7 +423,6 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
     gram_arena_free(&mk->work);
     free(mk->unc_buf);
     free(mk->rank);
-    free(mk->by_len);
     free(mk->len_count);
     free(mk->long_ids);
     free(mk->long_lcp);
