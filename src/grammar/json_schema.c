@@ -123,7 +123,10 @@ const char *js_shared(js_conv *c, unsigned which) {
             break;
         case SH_STRING:
             js_shared(c, SH_CHAR);
-            gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char* \"\\\"\"\n", r, r);
+            if (c->str_cap)
+                gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char{0,%d} \"\\\"\"\n", r, r, c->str_cap);
+            else
+                gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char* \"\\\"\"\n", r, r);
             break;
         case SH_INTEGER:
             gbnf_printf(c->out, "%s-integer ::= \"0\" | \"-\"? [1-9] [0-9]{0,%d}\n", r, JS_MAX_INT_DIGITS - 1);
@@ -174,6 +177,9 @@ static void init_conv(js_conv *c, const char *root, const kaon_json_schema_opts 
     c->out = out;
     snprintf(c->root, sizeof c->root, "%s", root);
     if (opts) c->opts = *opts;
+    c->str_cap = c->opts.max_string_length ? c->opts.max_string_length : KAON_JSON_SCHEMA_MAX_STRING;
+    if (c->str_cap < 0) c->str_cap = 0;
+    if (c->str_cap > JS_MAX_COUNT) c->str_cap = JS_MAX_COUNT;
     if (c->opts.any_whitespace) {
         snprintf(c->sep, sizeof c->sep, "%s", js_shared(c, SH_WS));
         snprintf(c->inner, sizeof c->inner, "%s ", c->sep);
@@ -342,7 +348,6 @@ static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name
 // ---- strings ----
 
 static int format_body(js_conv *c, const char *fmt, gbnf_text *b) {
-    (void)c;
     // day ranges per month (February to 28: leap years are not worth a grammar); years 1000-9999
     static const char *DATE = "[1-9] [0-9]{3} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
                               "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
@@ -359,8 +364,13 @@ static int format_body(js_conv *c, const char *fmt, gbnf_text *b) {
         gbnf_puts(b, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
                      "[0-9a-fA-F]{12} \"\\\"\"");
     } else if (!strcmp(fmt, "email")) {  // a simple address: local@label(.label)+
-        gbnf_puts(b, "\"\\\"\" [a-zA-Z0-9._+\\-]{1,64} \"@\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,61} [a-zA-Z0-9])? "
-                     "(\".\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,61} [a-zA-Z0-9])?){1,4} \"\\\"\"");
+        int local = 64, label = 61;
+        if (c->str_cap) {
+            if (local > c->str_cap / 2) local = c->str_cap / 2 > 1 ? c->str_cap / 2 : 1;
+            if (label > c->str_cap / 8) label = c->str_cap / 8;
+        }
+        gbnf_printf(b, "\"\\\"\" [a-zA-Z0-9._+\\-]{1,%d} \"@\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])? "
+                       "(\".\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])?){1,4} \"\\\"\"", local, label, label);
     } else if (!strcmp(fmt, "ipv4")) {
         gbnf_puts(b, "\"\\\"\" ");
         for (int i = 0; i < 4; i++) {
@@ -412,6 +422,7 @@ static int string_body(js_conv *c, const cJSON *s, gbnf_text *b) {
     if (min > JS_MAX_COUNT || max > JS_MAX_COUNT) return js_fail(c, "string lengths above %d are not supported", JS_MAX_COUNT);
     if (max >= 0 && min > max) return js_fail(c, "minLength exceeds maxLength");
     const char *ch = js_shared(c, SH_CHAR);
+    if (max < 0 && c->str_cap) max = min > c->str_cap ? min : c->str_cap;
     if (max < 0)
         gbnf_printf(b, "\"\\\"\" %s{%ld,} \"\\\"\"", ch, min);
     else

@@ -21,9 +21,15 @@ typedef struct kaon_json_schema_opts {
     // minimum beyond its prefix, an anyOf member), so a model at temperature 0 cannot nest
     // forever; a schema that requires deeper nesting keeps its exact recursive grammar.
     int max_ref_depth;
+    // Strings without maxLength (and free-form keys and values) hold at most this many
+    // characters (0: the default, KAON_JSON_SCHEMA_MAX_STRING; < 0: no limit), as integers
+    // hold at most 15 digits: a model at temperature 0 cannot loop inside one forever. Email
+    // parts shrink with it (local part <= min(64, n / 2), domain labels <= min(63, n / 8)).
+    int max_string_length;
 } kaon_json_schema_opts;
 
 #define KAON_JSON_SCHEMA_REF_DEPTH 6
+#define KAON_JSON_SCHEMA_MAX_STRING 128
 
 // Supported: type (and type lists; no type = any value, each kind constrained by its own
 // keywords), properties in the schema's order with required/optional members,

@@ -71,6 +71,7 @@ typedef struct {
     struct js_body *bodies;  // rules written so far by body text: equal bodies share one rule
     int n_bodies, cap_bodies;
     int ref_cap;          // recursive $ref nesting limit (0: none)
+    int str_cap;          // characters of a string without maxLength (0: no limit)
     bool pruned;          // the last failure is the limit: the caller may leave the member out
 } js_conv;
 

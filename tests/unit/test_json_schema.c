@@ -276,9 +276,45 @@ static void test_ref_depth(void) {
     }
 }
 
+// Strings without maxLength hold at most max_string_length characters (default 128).
+static void test_string_cap(void) {
+    struct {
+        const char *schema;
+        int cap, len;
+        bool ok;
+    } cases[] = {
+        {"{\"type\":\"string\"}", 5, 5, true},          {"{\"type\":\"string\"}", 5, 6, false},
+        {"{\"type\":\"string\"}", -1, 300, true},       {"{\"type\":\"string\"}", 0, 128, true},
+        {"{\"type\":\"string\"}", 0, 129, false},       {"{\"type\":\"string\",\"minLength\":8}", 5, 8, true},
+        {"{\"type\":\"string\",\"minLength\":8}", 5, 9, false}, {"{\"type\":\"string\",\"maxLength\":300}", 5, 300, true},
+        {"{\"type\":\"object\",\"additionalProperties\":true}", 5, 5, true},
+    };
+    char text[400];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kaon_json_schema_opts o = {.max_string_length = cases[i].cap};
+        gbnf_text t = {0};
+        CHECK(kaon_json_schema_to_gbnf(cases[i].schema, strlen(cases[i].schema), "root", &o, &t) == 0);
+        kaon_grammar *g = kaon_grammar_parse(t.s, t.len, "root");
+        CHECK(g != NULL);
+        bool obj = strstr(cases[i].schema, "object") != NULL;
+        int n = 0;
+        n += snprintf(text + n, sizeof text - n, obj ? "{\"k\": \"" : "\"");
+        for (int k = 0; k < cases[i].len; k++) text[n++] = 'a' + k % 26;
+        snprintf(text + n, sizeof text - n, obj ? "\"}" : "\"");
+        if (g) {
+            bool ok = accepts(g, text);
+            if (ok != cases[i].ok) fprintf(stderr, "string cap case %zu: %s\n", i, ok ? "accepted" : "rejected");
+            CHECK(ok == cases[i].ok);
+        }
+        kaon_grammar_free(g);
+        gbnf_text_free(&t);
+    }
+}
+
 int main(void) {
     test_cases();
     test_ref_depth();
+    test_string_cap();
     test_errors();
     test_any();
     if (kaon_test_failures) fprintf(stderr, "%d failures\n", kaon_test_failures);
