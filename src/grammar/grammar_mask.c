@@ -4,7 +4,9 @@
 // ("uncertain"); a mask ORs the cached sets of the current tops and walks only the uncertain
 // tokens against the real stacks (xgrammar's split into context-independent and dependent).
 // A key inside a bounded repetition (x{m,n}: n - m nested copies) is built from the key of
-// the outermost copy: only tokens long enough to reach the bound are walked again.
+// the outermost copy: only tokens long enough to reach the bound are walked again. A key of
+// more than 3 frames is built from the entry of its top 3 frames, walking only the tokens that
+// reached below them (a string's body is walked once, not once per property it sits in).
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +15,7 @@
 
 #define MASK_DEPTH 6  // stack frames in a cache key (measured: 4 -> 6 halves the warm mask time)
 #define MASK_MAX_ENTRIES 4096
+#define PARENT_FRAMES 3  // a deeper key is built from the entry of its top 3 frames (measured: 2 and 4 slower)
 
 typedef struct {
     int32_t key[MASK_DEPTH + 1];  // frame positions (-1 past the bottom), then "more below"
@@ -204,7 +207,14 @@ static int long_tokens(kaon_grammar_masker *mk, int thr) {
 // copy (e's key with one bounded-repetition position moved to the outermost copy, which
 // leaves at least as many units), tokens of fewer than thr bytes cannot tell the two apart
 // (grammar_internal.h): they keep the copy's classes and only the longer ones are walked.
-static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, int thr) {
+//
+// With a parent (the entry of e's top PARENT_FRAMES frames over an unknown rest), only the
+// parent's uncertain tokens are walked: a token the parent accepts is accepted here (a path
+// that never left the parent's frames, or left them at its last byte, which any real frame
+// below continues), one it rejects without leaving its frames dies alike here, and the rest
+// are the ones whose walk reached a frame the parent does not hold.
+static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, int thr,
+                       const mask_entry *parent) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
     gram_walk_cache_reset(&mk->wc, a);  // its states named the removed nodes
@@ -224,6 +234,13 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
     mk->n_unc = 0;
     build_ctx c = {mk, e->accepted, false};
     const kaon_grammar_vocab *v = mk->v;
+    if (parent) {
+        memcpy(e->accepted, parent->accepted, mk->words * sizeof *e->accepted);
+        if (walk_tokens(mk, a, &start, parent->uncertain, parent->uncertain_lcp, parent->n_uncertain, report_build, &c) ||
+            c.failed)
+            return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+        return finish_entry(mk, e);
+    }
     if (copy) {
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
         int n_long = long_tokens(mk, thr);
@@ -329,8 +346,9 @@ static int copy_key(const kaon_grammar_masker *mk, const int32_t *key, int32_t *
     return -1;
 }
 
-// The entry of key, built on first use: from the outermost copy of a bounded repetition it
-// sits in (built first, recursively), else by a whole walk.
+// The entry of key, built on first use (what it is built from first, recursively): from the
+// outermost copy of a bounded repetition it sits in, else from its top 3 frames' entry, else
+// by a whole walk.
 static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
     int32_t *slot = table_slot(mk, key);
     if (*slot >= 0) return &mk->entries[*slot];
@@ -342,14 +360,24 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
         if (!copy) return NULL;
         if (copy == &mk->spare) copy = NULL;  // cache full: the spare is about to be reused
     }
+    const mask_entry *parent = NULL;
+    int frames = 0;
+    while (frames < MASK_DEPTH && key[frames] >= 0) frames++;
+    if (!copy && frames > PARENT_FRAMES) {
+        for (int i = 0; i < MASK_DEPTH; i++) pk[i] = i < PARENT_FRAMES ? key[i] : -1;
+        pk[MASK_DEPTH] = 1;
+        parent = lookup(mk, pk);
+        if (!parent) return NULL;
+        if (parent == &mk->spare) parent = NULL;  // cache full: the spare is about to be reused
+    }
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
-        return build_entry(mk, &mk->spare, copy, thr) ? NULL : &mk->spare;
+        return build_entry(mk, &mk->spare, copy, thr, parent) ? NULL : &mk->spare;
     }
     mask_entry *e = &mk->entries[mk->n_entries];
     memset(e, 0, sizeof *e);
     memcpy(e->key, key, sizeof e->key);
-    if (build_entry(mk, e, copy, thr)) {
+    if (build_entry(mk, e, copy, thr, parent)) {
         entry_free(e);
         return NULL;
     }
