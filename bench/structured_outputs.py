@@ -84,7 +84,8 @@ def one(client, item, mode_kw, seed):
         response_format=fmt, max_tokens=512, seed=seed, **mode_kw)
     out = []
     for c in r.choices:
-        res = {"finish": c.finish_reason, "chars": len(c.message.content or "")}
+        res = {"finish": c.finish_reason, "chars": len(c.message.content or ""), "index": c.index,
+               "content": c.message.content or ""}
         if c.finish_reason == "stop":
             try:
                 jsonschema.validate(json.loads(c.message.content), item["schema"])
@@ -107,6 +108,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="kaon serve --threads (0: its default)")
     ap.add_argument("--modes", default="t0,t1,t1_n3")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--outputs", default=None,
+                    help="also write every output (mode, schema, index, finish, text) to this JSONL file, "
+                         "sorted, to compare runs (temperature 0 must not change)")
     args = ap.parse_args()
     import openai
     proc = None
@@ -117,6 +121,7 @@ def main():
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900)
     items = schemas200.make_schemas(args.schemas)
     report = {"date": datetime.date.today().isoformat(), "schemas": len(items), "modes": {}}
+    all_outputs = []
     bad = 0
     total_outputs = total_length = 0
     try:
@@ -134,6 +139,9 @@ def main():
                     results += [{"schema": futs[f]["name"], **o} for o in outs]
             wall = time.time() - t0
             m1, s1 = mask_counters(url)
+            all_outputs += [(name, r["schema"], r["index"], r["finish"], r["content"]) for r in results]
+            for r in results:
+                del r["content"]
             n = len(results)
             stop = [r for r in results if r["finish"] == "stop"]
             invalid = [r for r in stop if not r["valid"]]
@@ -165,6 +173,11 @@ def main():
     report["length_share"] = share
     print(f"all modes: {total_outputs} outputs, {bad} invalid or failed, {total_length} on length "
           f"({100 * share:.2f}%; bar 2%)")
+    if args.outputs:
+        with open(args.outputs, "w") as f:
+            for mode, schema, index, finish, text in sorted(all_outputs):
+                f.write(json.dumps({"mode": mode, "schema": schema, "index": index, "finish": finish,
+                                    "text": text}) + "\n")
     path = pathlib.Path(args.json or REPO / "bench" / "results" /
                         f"structured-{datetime.datetime.now():%Y%m%d-%H%M%S}.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ typedef struct {
     int n, cap;
     bool defined;
     int line, col;  // first reference, for "undefined rule" errors
+    int32_t rep_k, rep_head;  // opt_k of a bounded repetition (k >= 1) and its opt_K rule
 } gram_build_rule;
 
 typedef struct {

@@ -26,6 +26,8 @@ void kaon_grammar_free(kaon_grammar *g) {
     free(g->alt_count);
     free(g->ranges);
     free(g->charsets);
+    free(g->rep_canon);
+    free(g->rep_rem);
     free(g);
 }
 
@@ -283,6 +285,19 @@ kaon_grammar *gram_build_compile(gram_build *b, const char *root_rule) {
         }
         g->elems[p++] = (gram_elem){GEL_END, 0};
         g->alt_count[r] = a - g->alt_first[r];
+    }
+    g->rep_canon = malloc((size_t)n_el * sizeof *g->rep_canon);
+    g->rep_rem = calloc((size_t)n_el, sizeof *g->rep_rem);
+    if (!g->rep_canon || !g->rep_rem) goto oom;
+    memset(g->rep_canon, 0xff, (size_t)n_el * sizeof *g->rep_canon);
+    for (int r = 0; r < b->n_rules; r++) {
+        const gram_build_rule *br = &b->rules[r];
+        if (br->rep_k < 2 || br->rep_head == r) continue;
+        int start = g->rule_alts[g->alt_first[r]], head = g->rule_alts[g->alt_first[br->rep_head]];
+        for (int o = 0; o < 2; o++) {  // x, then the reference to opt_(k-1)
+            g->rep_canon[start + o] = head + o;
+            g->rep_rem[start + o] = br->rep_k - 1;
+        }
     }
     if (check_left_recursion(g, b)) {
         kaon_grammar_free(g);

@@ -3,6 +3,10 @@
 // the tokens accepted whatever lies below those frames and the ones that reached below them
 // ("uncertain"); a mask ORs the cached sets of the current tops and walks only the uncertain
 // tokens against the real stacks (xgrammar's split into context-independent and dependent).
+// A key inside a bounded repetition (x{m,n}: n - m nested copies) is built from the key of
+// the outermost copy: only tokens long enough to reach the bound are walked again. A key of
+// more than 3 frames is built from the entry of its top 3 frames, walking only the tokens that
+// reached below them (a string's body is walked once, not once per property it sits in).
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +15,7 @@
 
 #define MASK_DEPTH 6  // stack frames in a cache key (measured: 4 -> 6 halves the warm mask time)
 #define MASK_MAX_ENTRIES 4096
+#define PARENT_FRAMES 3  // a deeper key is built from the entry of its top 3 frames (measured: 2 and 4 slower)
 
 typedef struct {
     int32_t key[MASK_DEPTH + 1];  // frame positions (-1 past the bottom), then "more below"
@@ -38,6 +43,12 @@ struct kaon_grammar_masker {
     mask_entry spare;  // used when the cache is full
     int32_t *unc_buf;  // uncertain tokens of the entry being built
     int n_unc, cap_unc;
+    // for entries built from another copy of a bounded repetition (copy_key)
+    int32_t *rank;       // token id -> index in vocabulary order (-1: not walked)
+    int32_t *len_count;  // [L]: tokens of at least L bytes (L <= max length + 1)
+    int max_long;        // at most this many tokens walked again
+    int32_t *long_ids, *merge_buf;
+    uint16_t *long_lcp;
 };
 
 // Walk `n` tokens (vocabulary order, lcp with the previous one) from `start`; each token
@@ -171,8 +182,39 @@ static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
     }
 }
 
-// Fills e for its key: a walk from the key's frames over an unknown rest of stack.
-static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
+static int finish_entry(kaon_grammar_masker *mk, mask_entry *e);
+
+// The tokens of at least thr bytes in vocabulary order, with their lcp, in mk->long_ids /
+// long_lcp; returns their count. One pass over the sorted vocabulary: the common prefix of two
+// tokens is the least lcp between them.
+static int long_tokens(kaon_grammar_masker *mk, int thr) {
+    const kaon_grammar_vocab *v = mk->v;
+    int n = 0;
+    uint32_t run = 0;  // least lcp since the last token kept
+    for (int i = 0; i < v->n_order; i++) {
+        if (v->lcp[i] < run) run = v->lcp[i];
+        int32_t id = v->order[i];
+        if ((int)v->lens[id] < thr) continue;
+        mk->long_ids[n] = id;
+        mk->long_lcp[n] = (uint16_t)(n ? run : 0);
+        n++;
+        run = UINT32_MAX;
+    }
+    return n;
+}
+
+// Fills e for its key: a walk from the key's frames over an unknown rest of stack. With a
+// copy (e's key with one bounded-repetition position moved to the outermost copy, which
+// leaves at least as many units), tokens of fewer than thr bytes cannot tell the two apart
+// (grammar_internal.h): they keep the copy's classes and only the longer ones are walked.
+//
+// With a parent (the entry of e's top PARENT_FRAMES frames over an unknown rest), only the
+// parent's uncertain tokens are walked: a token the parent accepts is accepted here (a path
+// that never left the parent's frames, or left them at its last byte, which any real frame
+// below continues), one it rejects without leaving its frames dies alike here, and the rest
+// are the ones whose walk reached a frame the parent does not hold.
+static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, int thr,
+                       const mask_entry *parent) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
     gram_walk_cache_reset(&mk->wc, a);  // its states named the removed nodes
@@ -192,6 +234,36 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
     mk->n_unc = 0;
     build_ctx c = {mk, e->accepted, false};
     const kaon_grammar_vocab *v = mk->v;
+    if (parent) {
+        memcpy(e->accepted, parent->accepted, mk->words * sizeof *e->accepted);
+        if (walk_tokens(mk, a, &start, parent->uncertain, parent->uncertain_lcp, parent->n_uncertain, report_build, &c) ||
+            c.failed)
+            return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+        return finish_entry(mk, e);
+    }
+    if (copy) {
+        memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
+        int n_long = long_tokens(mk, thr);
+        for (int i = 0; i < n_long; i++) e->accepted[mk->long_ids[i] >> 5] &= ~(1u << (mk->long_ids[i] & 31));
+        if (walk_tokens(mk, a, &start, mk->long_ids, mk->long_lcp, n_long, report_build, &c) || c.failed)
+            return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+        // the copy's short uncertain tokens and the long ones just walked, in vocabulary order
+        int n_walked = mk->n_unc;
+        memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
+        mk->n_unc = 0;
+        for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
+            int32_t id;
+            if (j == n_walked || (i < copy->n_uncertain && mk->rank[copy->uncertain[i]] < mk->rank[mk->merge_buf[j]])) {
+                id = copy->uncertain[i++];
+                if ((int)v->lens[id] >= thr) continue;  // walked again
+            } else {
+                id = mk->merge_buf[j++];
+            }
+            report_build(&c, id, 2);
+            if (c.failed) return kaon_set_error("grammar: out of memory");
+        }
+        return finish_entry(mk, e);
+    }
     // only runs of tokens whose first byte can begin a code point of the top's class
     bool lead[256];
     lead_bytes(mk->g, mk->g->elems[e->key[0]].val, lead);
@@ -204,6 +276,12 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e) {
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         b = end;
     }
+    return finish_entry(mk, e);
+}
+
+// Moves the uncertain tokens of the walk just done (mk->unc_buf) into e, with their lcp.
+static int finish_entry(kaon_grammar_masker *mk, mask_entry *e) {
+    const kaon_grammar_vocab *v = mk->v;
     free(e->uncertain);
     free(e->uncertain_lcp);
     e->n_uncertain = mk->n_unc;
@@ -239,25 +317,71 @@ static void make_key(const gram_arena *a, int depth, int32_t top, int32_t *key) 
     key[MASK_DEPTH] = node >= 0;
 }
 
-static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
+static int32_t *table_slot(kaon_grammar_masker *mk, const int32_t *key) {
     uint32_t h = key_hash(key) & (uint32_t)(mk->table_size - 1);
     for (;; h = (h + 1) & (uint32_t)(mk->table_size - 1)) {
         int32_t i = mk->table[h];
-        if (i < 0) break;
-        if (!memcmp(mk->entries[i].key, key, sizeof mk->entries[i].key)) return &mk->entries[i];
+        if (i < 0 || !memcmp(mk->entries[i].key, key, sizeof mk->entries[i].key)) return &mk->table[h];
+    }
+}
+
+// A bounded-repetition frame of key that another copy may stand for: its index (the topmost
+// such frame), with the other copy's key in ck and the token length from which the two may
+// differ in *thr; -1 when none (or when too many tokens would need walking again).
+static int copy_key(const kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, int *thr) {
+    const kaon_grammar *g = mk->g;
+    for (int i = 0; i < MASK_DEPTH && key[i] >= 0; i++) {
+        int32_t c = g->rep_canon[key[i]];
+        int rem = g->rep_rem[key[i]];
+        if (c < 0 || rem < 3) continue;
+        // a token of n bytes passes at most n + 1 units of x: a copy leaving rem >= n + 2 units
+        // after this one walks it as the outermost copy does
+        int t = rem - 1;
+        if (t < mk->n_depth && mk->len_count[t] > mk->max_long) continue;
+        memcpy(ck, key, (MASK_DEPTH + 1) * sizeof *ck);
+        ck[i] = c;
+        *thr = t;
+        return i;
+    }
+    return -1;
+}
+
+// The entry of key, built on first use (what it is built from first, recursively): from the
+// outermost copy of a bounded repetition it sits in, else from its top 3 frames' entry, else
+// by a whole walk.
+static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
+    int32_t *slot = table_slot(mk, key);
+    if (*slot >= 0) return &mk->entries[*slot];
+    const mask_entry *copy = NULL;
+    int32_t pk[MASK_DEPTH + 1];
+    int thr = 0;
+    if (copy_key(mk, key, pk, &thr) >= 0) {
+        copy = lookup(mk, pk);
+        if (!copy) return NULL;
+        if (copy == &mk->spare) copy = NULL;  // cache full: the spare is about to be reused
+    }
+    const mask_entry *parent = NULL;
+    int frames = 0;
+    while (frames < MASK_DEPTH && key[frames] >= 0) frames++;
+    if (!copy && frames > PARENT_FRAMES) {
+        for (int i = 0; i < MASK_DEPTH; i++) pk[i] = i < PARENT_FRAMES ? key[i] : -1;
+        pk[MASK_DEPTH] = 1;
+        parent = lookup(mk, pk);
+        if (!parent) return NULL;
+        if (parent == &mk->spare) parent = NULL;  // cache full: the spare is about to be reused
     }
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
-        return build_entry(mk, &mk->spare) ? NULL : &mk->spare;
+        return build_entry(mk, &mk->spare, copy, thr, parent) ? NULL : &mk->spare;
     }
     mask_entry *e = &mk->entries[mk->n_entries];
     memset(e, 0, sizeof *e);
     memcpy(e->key, key, sizeof e->key);
-    if (build_entry(mk, e)) {
+    if (build_entry(mk, e, copy, thr, parent)) {
         entry_free(e);
         return NULL;
     }
-    mk->table[h] = mk->n_entries++;
+    *table_slot(mk, key) = mk->n_entries++;  // the copy's build may have taken the first slot
     return e;
 }
 
@@ -280,13 +404,29 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     for (int i = 0; i < v->n_order; i++)
         if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
     mk->n_depth = (int)max_len + 1;
+    // token ranks and how many tokens have at least L bytes, for copy_key
+    mk->max_long = v->n_order / 8;  // measured: 1/2 .. 1/16 alike
+    mk->rank = malloc((size_t)(v->n ? v->n : 1) * sizeof *mk->rank);
+    mk->len_count = calloc((size_t)mk->n_depth + 1, sizeof *mk->len_count);
+    mk->long_ids = malloc((size_t)(mk->max_long + 1) * sizeof *mk->long_ids);
+    mk->long_lcp = malloc((size_t)(mk->max_long + 1) * sizeof *mk->long_lcp);
+    mk->merge_buf = malloc((size_t)(mk->max_long + 1) * sizeof *mk->merge_buf);
+    if (mk->rank && mk->len_count) {
+        for (int i = 0; i < v->n; i++) mk->rank[i] = -1;
+        for (int i = 0; i < v->n_order; i++) {
+            mk->rank[v->order[i]] = i;
+            mk->len_count[v->lens[v->order[i]]]++;
+        }
+        for (int l = mk->n_depth - 1; l >= 0; l--) mk->len_count[l] += mk->len_count[l + 1];
+    }
     mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
     mk->depth_ids = calloc((size_t)mk->n_depth, sizeof *mk->depth_ids);
     mk->depth_have = calloc((size_t)mk->n_depth, sizeof *mk->depth_have);
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
+    if (!mk->rank || !mk->len_count || !mk->long_ids || !mk->long_lcp || !mk->merge_buf ||
+        !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
         gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
         kaon_grammar_masker_free(mk);
@@ -310,6 +450,11 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
     gram_walk_cache_free(&mk->wc);
     gram_arena_free(&mk->work);
     free(mk->unc_buf);
+    free(mk->rank);
+    free(mk->len_count);
+    free(mk->long_ids);
+    free(mk->long_lcp);
+    free(mk->merge_buf);
     free(mk);
 }
 

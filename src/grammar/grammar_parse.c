@@ -305,8 +305,10 @@ static int repeat(parser *ps, int rule, int first, int min, int max) {
         if (opt < 0 || emit(ps, opt, x.type, x.val)) return -1;
         if (inner >= 0 && emit(ps, opt, GEL_REF, inner)) return -1;
         if (emit(ps, opt, GEL_ALT, 0)) return -1;
+        ps->b->rules[opt].rep_k = k + 1;
         inner = opt;
     }
+    for (int k = 0; k < max - min; k++) ps->b->rules[inner - k].rep_head = inner;  // consecutive ids
     return inner >= 0 ? emit(ps, rule, GEL_REF, inner) : 0;
 }
 

@@ -58,8 +58,46 @@ int js_new_name(js_conv *c, char *name) {
     return 0;
 }
 
+static uint32_t text_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+const char *js_same_body(const js_conv *c, const char *text) {
+    uint32_t h = text_hash(text);
+    for (int i = 0; i < c->n_bodies; i++)
+        if (c->bodies[i].hash == h && !strcmp(c->bodies[i].text, text)) return c->bodies[i].name;
+    return NULL;
+}
+
+void js_bodies_free(js_conv *c) {
+    for (int i = 0; i < c->n_bodies; i++) free(c->bodies[i].text);
+    free(c->bodies);
+    c->bodies = NULL;
+    c->n_bodies = c->cap_bodies = 0;
+}
+
 int js_emit_rule(js_conv *c, const char *name, const gbnf_text *body) {
-    gbnf_printf(c->out, "%s ::= %s\n", name, body->s ? body->s : "\"\"");
+    const char *text = body->s ? body->s : "\"\"";
+    const char *same = js_same_body(c, text);
+    if (same) {
+        gbnf_printf(c->out, "%s ::= %s\n", name, same);
+    } else {
+        gbnf_printf(c->out, "%s ::= %s\n", name, text);
+        if (c->n_bodies == c->cap_bodies) {
+            int cap = c->cap_bodies ? 2 * c->cap_bodies : 64;
+            js_body *b = realloc(c->bodies, (size_t)cap * sizeof *b);
+            if (!b) return js_fail(c, "out of memory");
+            c->bodies = b;
+            c->cap_bodies = cap;
+        }
+        js_body *b = &c->bodies[c->n_bodies];
+        if (!(b->text = strdup(text))) return js_fail(c, "out of memory");
+        b->hash = text_hash(text);
+        snprintf(b->name, JS_NAME, "%s", name);
+        c->n_bodies++;
+    }
     if (c->out->oom || body->oom) return js_fail(c, "out of memory");
     if (c->out->len > KAON_GRAMMAR_MAX_TEXT) return js_fail(c, "grammar would exceed %d bytes", KAON_GRAMMAR_MAX_TEXT);
     return 0;
@@ -85,7 +123,10 @@ const char *js_shared(js_conv *c, unsigned which) {
             break;
         case SH_STRING:
             js_shared(c, SH_CHAR);
-            gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char* \"\\\"\"\n", r, r);
+            if (c->str_cap)
+                gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char{0,%d} \"\\\"\"\n", r, r, c->str_cap);
+            else
+                gbnf_printf(c->out, "%s-string ::= \"\\\"\" %s-char* \"\\\"\"\n", r, r);
             break;
         case SH_INTEGER:
             gbnf_printf(c->out, "%s-integer ::= \"0\" | \"-\"? [1-9] [0-9]{0,%d}\n", r, JS_MAX_INT_DIGITS - 1);
@@ -136,6 +177,9 @@ static void init_conv(js_conv *c, const char *root, const kaon_json_schema_opts 
     c->out = out;
     snprintf(c->root, sizeof c->root, "%s", root);
     if (opts) c->opts = *opts;
+    c->str_cap = c->opts.max_string_length ? c->opts.max_string_length : KAON_JSON_SCHEMA_MAX_STRING;
+    if (c->str_cap < 0) c->str_cap = 0;
+    if (c->str_cap > JS_MAX_COUNT) c->str_cap = JS_MAX_COUNT;
     if (c->opts.any_whitespace) {
         snprintf(c->sep, sizeof c->sep, "%s", js_shared(c, SH_WS));
         snprintf(c->inner, sizeof c->inner, "%s ", c->sep);
@@ -245,13 +289,32 @@ const cJSON *js_resolve_ref(js_conv *c, const char *ref) {
 
 static int schema_body(js_conv *c, const cJSON *s, gbnf_text *body);
 
-// The rule of a $ref target, generated the first time it is referenced.
+bool js_take_pruned(js_conv *c) {
+    if (!c->pruned) return false;
+    c->pruned = false;
+    return true;
+}
+
+// The rule of a $ref target, generated the first time it is referenced. With a nesting limit,
+// a reference inside the target's own generation gets a new rule one level deeper (the same
+// schema, generated again), and at the limit fails as "pruned".
 static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name) {
+    int open = 0, inner = -1;
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->refs[i].node == target && !c->refs[i].done) open++, inner = i;
+    // recursion that has not entered an object or array would be left recursion
+    if (inner >= 0 && c->refs[inner].struct_depth == c->struct_depth)
+        return js_fail(c, "$ref '%.80s' refers back to itself without an object or array in between", ref);
+    if (c->ref_cap > 0 && open >= c->ref_cap) {
+        c->pruned = true;
+        return js_fail(c, "$ref '%.80s' nested deeper than %d", ref, c->ref_cap);
+    }
     for (int i = 0; i < c->n_refs; i++) {
-        if (c->refs[i].node != target) continue;
-        // recursion that has not entered an object or array would be left recursion
-        if (!c->refs[i].done && c->refs[i].struct_depth == c->struct_depth)
-            return js_fail(c, "$ref '%.80s' refers back to itself without an object or array in between", ref);
+        if (c->refs[i].node != target || (c->ref_cap > 0 && (!c->refs[i].done || c->refs[i].level != open))) continue;
+        if (c->refs[i].pruned) {
+            c->pruned = true;
+            return js_fail(c, "$ref '%.80s' nested deeper than %d", ref, c->ref_cap);
+        }
         snprintf(name, JS_NAME, "%s", c->refs[i].name);
         return 0;
     }
@@ -264,7 +327,7 @@ static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name
     }
     if (c->depth + 1 > JS_MAX_DEPTH) return js_fail(c, "$ref chain deeper than %d", JS_MAX_DEPTH);
     int idx = c->n_refs++;
-    c->refs[idx] = (js_ref){.node = target, .struct_depth = c->struct_depth};
+    c->refs[idx] = (js_ref){.node = target, .struct_depth = c->struct_depth, .level = open};
     if (js_new_name(c, c->refs[idx].name)) return -1;
     snprintf(name, JS_NAME, "%s", c->refs[idx].name);
     char saved[sizeof c->ptr];
@@ -278,13 +341,13 @@ static int ref_rule(js_conv *c, const cJSON *target, const char *ref, char *name
     gbnf_text_free(&body);
     memcpy(c->ptr, saved, sizeof saved);
     c->refs[idx].done = true;
+    c->refs[idx].pruned = rc && c->pruned;
     return rc;
 }
 
 // ---- strings ----
 
 static int format_body(js_conv *c, const char *fmt, gbnf_text *b) {
-    (void)c;
     // day ranges per month (February to 28: leap years are not worth a grammar); years 1000-9999
     static const char *DATE = "[1-9] [0-9]{3} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
                               "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
@@ -301,8 +364,13 @@ static int format_body(js_conv *c, const char *fmt, gbnf_text *b) {
         gbnf_puts(b, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
                      "[0-9a-fA-F]{12} \"\\\"\"");
     } else if (!strcmp(fmt, "email")) {  // a simple address: local@label(.label)+
-        gbnf_puts(b, "\"\\\"\" [a-zA-Z0-9._+\\-]{1,64} \"@\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,61} [a-zA-Z0-9])? "
-                     "(\".\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,61} [a-zA-Z0-9])?){1,4} \"\\\"\"");
+        int local = 64, label = 61;
+        if (c->str_cap) {
+            if (local > c->str_cap / 2) local = c->str_cap / 2 > 1 ? c->str_cap / 2 : 1;
+            if (label > c->str_cap / 8) label = c->str_cap / 8;
+        }
+        gbnf_printf(b, "\"\\\"\" [a-zA-Z0-9._+\\-]{1,%d} \"@\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])? "
+                       "(\".\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])?){1,4} \"\\\"\"", local, label, label);
     } else if (!strcmp(fmt, "ipv4")) {
         gbnf_puts(b, "\"\\\"\" ");
         for (int i = 0; i < 4; i++) {
@@ -354,6 +422,7 @@ static int string_body(js_conv *c, const cJSON *s, gbnf_text *b) {
     if (min > JS_MAX_COUNT || max > JS_MAX_COUNT) return js_fail(c, "string lengths above %d are not supported", JS_MAX_COUNT);
     if (max >= 0 && min > max) return js_fail(c, "minLength exceeds maxLength");
     const char *ch = js_shared(c, SH_CHAR);
+    if (max < 0 && c->str_cap) max = min > c->str_cap ? min : c->str_cap;
     if (max < 0)
         gbnf_printf(b, "\"\\\"\" %s{%ld,} \"\\\"\"", ch, min);
     else
@@ -518,15 +587,20 @@ static int typed_body(js_conv *c, const cJSON *s, const char *type, gbnf_text *b
 static int alternatives(js_conv *c, const cJSON *s, const char *key, gbnf_text *b) {
     const cJSON *list = js_get(s, key);
     if (!cJSON_IsArray(list) || !list->child) return js_fail(c, "%s must be a non-empty array", key);
-    int i = 0;
+    int i = 0, n_kept = 0;
     for (const cJSON *m = list->child; m; m = m->next, i++) {
         if (i > JS_MAX_ENUM) return js_fail(c, "%s has too many members", key);
         char name[JS_NAME];
         size_t old = js_push_index(c, key, i);
         int e = js_schema_rule(c, m, name);
         js_pop_ptr(c, old);
+        if (e && js_take_pruned(c)) continue;  // a member past the recursion limit: left out
         if (e) return -1;
-        gbnf_printf(b, "%s%s", i ? " | " : "", name);
+        gbnf_printf(b, "%s%s", n_kept++ ? " | " : "", name);
+    }
+    if (!n_kept) {  // every member past the recursion limit: the caller may leave this out
+        c->pruned = true;
+        return js_fail(c, "every %s member nests deeper than %d", key, c->ref_cap);
     }
     return 0;
 }
@@ -604,8 +678,11 @@ int js_schema_rule(js_conv *c, const cJSON *s, char *name) {
     }
     gbnf_text body = {0};
     int rc = schema_body(c, s, &body);
+    const char *same = !rc && body.s ? js_same_body(c, body.s) : NULL;
     if (!rc && body.s && !strchr(body.s, ' ') && !strchr(body.s, '"')) {
         snprintf(name, JS_NAME, "%s", body.s);  // a single rule name: use it directly
+    } else if (same) {
+        snprintf(name, JS_NAME, "%s", same);  // the same rule written before
     } else if (!rc) {
         rc = js_new_name(c, name);
         if (!rc) rc = js_emit_rule(c, name, &body);
@@ -661,14 +738,34 @@ int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *ro
     } else {
         c.cap_refs = 16;
         c.n_refs = 1;
-        c.refs[0] = (js_ref){.node = doc, .struct_depth = 0};
-        snprintf(c.refs[0].name, JS_NAME, "%s", root);
-        gbnf_text body = {0};
-        rc = schema_body(&c, doc, &body);
-        if (!rc) rc = js_emit_rule(&c, root, &body);
-        gbnf_text_free(&body);
+        int cap = c.opts.max_ref_depth ? c.opts.max_ref_depth : KAON_JSON_SCHEMA_REF_DEPTH;
+        size_t out_len = out->len;
+        // with the nesting limit first; a schema that requires deeper nesting gets its exact
+        // recursive grammar instead
+        for (int pass = cap > 0 ? 0 : 1; pass < 2; pass++) {
+            if (pass) {
+                js_ref *refs = c.refs;
+                int cap_refs = c.cap_refs;
+                if (out->s) out->s[out->len = out_len] = 0;  // before init_conv writes shared rules
+                js_bodies_free(&c);
+                init_conv(&c, root, opts, out);
+                c.doc = doc;
+                c.refs = refs;
+                c.cap_refs = cap_refs;
+            }
+            c.ref_cap = pass ? 0 : cap;
+            c.n_refs = 1;
+            c.refs[0] = (js_ref){.node = doc, .struct_depth = 0};
+            snprintf(c.refs[0].name, JS_NAME, "%s", root);
+            gbnf_text body = {0};
+            rc = schema_body(&c, doc, &body);
+            if (!rc) rc = js_emit_rule(&c, root, &body);
+            gbnf_text_free(&body);
+            if (!rc || !c.pruned) break;
+        }
     }
     free(c.refs);
+    js_bodies_free(&c);
     cJSON_Delete(doc);
     return rc;
 }
@@ -680,5 +777,6 @@ int kaon_json_any_to_gbnf(const char *root, bool object_only, const kaon_json_sc
     const char *value = js_shared(&c, SH_VALUE);
     gbnf_printf(out, "%s ::= %s-%s-0\n", root, root, object_only ? "object" : "value");
     (void)value;
+    js_bodies_free(&c);
     return out->oom ? kaon_set_error("json schema: out of memory") : 0;
 }

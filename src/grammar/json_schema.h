@@ -15,7 +15,23 @@ typedef struct kaon_json_schema_opts {
     bool any_whitespace;
     // Objects without "additionalProperties": false accept no other keys (OpenAI strict).
     bool strict;
+    // Recursive $refs: how deep a target may nest inside itself (0: the default,
+    // KAON_JSON_SCHEMA_REF_DEPTH; < 0: no limit). At the limit the recursive member is left
+    // out where the schema allows it (an optional property, the rest of an array with no
+    // minimum beyond its prefix, an anyOf member), so a model at temperature 0 cannot nest
+    // forever; a schema that requires deeper nesting keeps its exact recursive grammar.
+    int max_ref_depth;
+    // n > 0: strings without maxLength (and free-form keys and values) hold at most n
+    // characters, as integers hold at most 15 digits, so a model at temperature 0 cannot loop
+    // inside one forever; email parts shrink with it (local part <= min(64, n / 2), domain
+    // labels <= min(63, n / 8)). 0 (the default, KAON_JSON_SCHEMA_MAX_STRING) or < 0: no
+    // limit: a cap would refuse valid long fields (a summary, an answer), which users of
+    // vLLM or llama.cpp do not expect; it is an opt-in.
+    int max_string_length;
 } kaon_json_schema_opts;
+
+#define KAON_JSON_SCHEMA_REF_DEPTH 6
+#define KAON_JSON_SCHEMA_MAX_STRING (-1)
 
 // Supported: type (and type lists; no type = any value, each kind constrained by its own
 // keywords), properties in the schema's order with required/optional members,

@@ -45,8 +45,16 @@ typedef struct {
     const cJSON *node;
     char name[JS_NAME];
     int struct_depth;  // objects/arrays open when its generation began
+    int level;         // generations of the same target open around this one (ref_cap)
     bool done;
+    bool pruned;       // its generation met the depth limit where nothing could be left out
 } js_ref;
+
+typedef struct js_body {
+    uint32_t hash;
+    char *text;
+    char name[JS_NAME];
+} js_body;
 
 typedef struct {
     gbnf_text *out;
@@ -60,7 +68,16 @@ typedef struct {
     char sep[JS_NAME];    // after ':' and ','
     char inner[JS_NAME + 2];  // after '{' '[', before '}' ']' ',' ':' (empty by default)
     char ptr[512];        // JSON pointer of the node being converted
+    struct js_body *bodies;  // rules written so far by body text: equal bodies share one rule
+    int n_bodies, cap_bodies;
+    int ref_cap;          // recursive $ref nesting limit (0: none)
+    int str_cap;          // characters of a string without maxLength (0: no limit)
+    bool pruned;          // the last failure is the limit: the caller may leave the member out
 } js_conv;
+
+// After a failed js_schema_rule: true (and the failure forgotten) when it failed only on the
+// recursion limit, so the caller may leave that member out.
+bool js_take_pruned(js_conv *c);
 
 
 // Sets kaon_last_error to "json schema: at #<pointer>: <message>"; returns -1.
@@ -70,7 +87,12 @@ size_t js_push_ptr(js_conv *c, const char *seg);
 size_t js_push_index(js_conv *c, const char *key, int i);
 void js_pop_ptr(js_conv *c, size_t old);
 int js_new_name(js_conv *c, char *name);  // a fresh helper rule name (JS_NAME bytes)
+// Writes `name ::= body`; a body written before under another name becomes `name ::= that`
+// (a tail reference: the matcher's stacks, and so the mask caches, are shared).
 int js_emit_rule(js_conv *c, const char *name, const gbnf_text *body);
+// The rule written before with exactly this body, or NULL.
+const char *js_same_body(const js_conv *c, const char *text);
+void js_bodies_free(js_conv *c);
 const char *js_shared(js_conv *c, unsigned which);  // name of a shared rule (SH_*), emitted once
 const cJSON *js_get(const cJSON *s, const char *key);
 bool js_in_list(const char *const *list, const char *s);

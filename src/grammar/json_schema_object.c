@@ -30,9 +30,9 @@ int js_object_body(js_conv *c, const cJSON *s, gbnf_text *b) {
     c->struct_depth++;
     int rc = -1;
     char(*kv)[JS_NAME] = calloc((size_t)n + 1, JS_NAME);
-    bool *required = calloc((size_t)n + 1, 1);
+    bool *required = calloc((size_t)n + 1, 1), *skip = calloc((size_t)n + 1, 1);
     char extra_kv[JS_NAME] = "", value[JS_NAME];
-    if (!kv || !required) {
+    if (!kv || !required || !skip) {
         js_fail(c, "out of memory");
         goto done;
     }
@@ -44,6 +44,10 @@ int js_object_body(js_conv *c, const cJSON *s, gbnf_text *b) {
         js_push_ptr(c, p->string);
         int e = js_schema_rule(c, p, value);
         js_pop_ptr(c, old);
+        if (e && !required[i] && js_take_pruned(c)) {  // past the recursion limit: left out
+            skip[i] = true;
+            continue;
+        }
         if (e) goto done;
         gbnf_text t = {0};
         if (js_key_literal(c, p->string, &t) || js_new_name(c, kv[i])) {
@@ -97,6 +101,8 @@ int js_object_body(js_conv *c, const cJSON *s, gbnf_text *b) {
         gbnf_text t = {0};
         if (k == n) {
             if (*extra_kv) gbnf_printf(&t, "(%s\",\" %s %s)*", in, sep, extra_kv);
+        } else if (skip[k]) {
+            gbnf_printf(&t, "%s-a%d", base, k + 1);
         } else {
             gbnf_printf(&t, required[k] ? "%s\",\" %s %s %s-a%d" : "(%s\",\" %s %s)? %s-a%d", in, sep, kv[k], base,
                         k + 1);
@@ -111,6 +117,8 @@ int js_object_body(js_conv *c, const cJSON *s, gbnf_text *b) {
         gbnf_text t = {0};
         if (k == n) {
             if (*extra_kv) gbnf_printf(&t, "(%s %s-a%d)?", extra_kv, base, n);
+        } else if (skip[k]) {
+            gbnf_printf(&t, "%s-f%d", base, k + 1);
         } else if (required[k]) {
             gbnf_printf(&t, "%s %s-a%d", kv[k], base, k + 1);
         } else {
@@ -127,6 +135,7 @@ int js_object_body(js_conv *c, const cJSON *s, gbnf_text *b) {
 done:
     free(kv);
     free(required);
+    free(skip);
     c->struct_depth--;
     return rc;
 }
@@ -179,8 +188,18 @@ int js_array_body(js_conv *c, const cJSON *s, gbnf_text *b) {
             size_t old = js_push_ptr(c, rest_key);
             int e = js_schema_rule(c, items, elem[k]);
             js_pop_ptr(c, old);
-            if (e) goto done;
+            if (e && min <= k && js_take_pruned(c)) {  // past the recursion limit: no rest items
+                rest = false;
+                max = k;
+            } else if (e) {
+                goto done;
+            }
         }
+    }
+    if (max == 0) {  // only the rest was allowed, and it is left out
+        gbnf_printf(b, "\"[\" %s\"]\"", in);
+        rc = 0;
+        goto done;
     }
     // tail j (j items written): the prefix positions as a chain of rules, then a repetition
     char base[JS_NAME];

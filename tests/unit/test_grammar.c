@@ -393,6 +393,9 @@ static void test_masks_synthetic(void) {
     const char *grammars[] = {JSON_GBNF, ARITH_GBNF,
                               "root ::= \"a\"{2,4} ([0-9] | \"xy\"){1,3} \"!\"+\n",
                               "root ::= [α-ω]+ \"é\" [^a-z] (\"中\" | [\\U0001F600-\\U0001F64F])*\n",
+                              // bounded repetitions: copies far from the bound share cache entries
+                              "root ::= \"\\\"\" [a-z0-9 .,:{}+\\-]{0,30} \"\\\"\" (\",\" \" \"? [0-9]{1,12}){0,9} | \"[\" (\"a\"? [0-9]?){0,20} \"]\"\n",
+                              "root ::= (\"{\" s (\",\" s){0,6} \"}\"){2,3}\n s ::= \"\\\"\" ([^\"\\\\] | \"\\\\\" [nu\"]){0,16} \"\\\"\"\n",
                               NULL};
     for (int i = 0; grammars[i]; i++) {
         kaon_grammar *g = parse(grammars[i]);
@@ -447,6 +450,24 @@ static void test_masks_smollm2(void) {
     kaon_grammar *ga = parse(ARITH_GBNF);
     random_walks(ga, &vv, 3, 30, 5, 6);
     kaon_grammar_free(ga);
+    // bounded repetitions as the JSON Schema converter writes them (maxLength, maxItems), with
+    // strings longer than the bound's reach of the longest tokens
+    kaon_grammar *gr = parse("root ::= \"{\\\"a\\\": \" str \", \\\"b\\\": [\" str (\",\" \" \"? str){0,3} \"], \\\"n\\\": \" num \"}\"\n"
+                             "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+                             "str ::= \"\\\"\" char{0,90} \"\\\"\"\n"
+                             "num ::= \"-\"? [0-9]{1,15}\n");
+    CHECK(gr != NULL);
+    static const char rtext[] = "{\"a\": \"################################ a long title -------- with dashes\", \"b\": "
+                                "[\"x\", \"================================================================\", \"\\u00e9t\\u00e9\"], "
+                                "\"n\": -123456789012}";
+    CHECK(kaon_tokenize(t, rtext, sizeof rtext - 1, false, &ids, &n_ids) == 0);
+    if (gr) {
+        masks_along(gr, &vv, ids, n_ids, 6);
+        masks_along(gr, &vv, ids, n_ids, 2);
+        random_walks(gr, &vv, 2, 40, 4, 6);
+    }
+    free(ids);
+    kaon_grammar_free(gr);
     kaon_grammar_free(g);
     free(bytes);
     free(lens);

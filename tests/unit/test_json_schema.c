@@ -224,8 +224,97 @@ static void test_any(void) {
     }
 }
 
+// Recursive $refs nest at most max_ref_depth deep where the schema lets the member be left
+// out; a schema that requires deeper nesting keeps its exact grammar.
+static kaon_grammar *convert_depth(const char *schema, int depth, gbnf_text *t) {
+    kaon_json_schema_opts o = {.strict = true, .max_ref_depth = depth};
+    if (kaon_json_schema_to_gbnf(schema, strlen(schema), "root", &o, t)) {
+        fprintf(stderr, "convert failed: %s\n", kaon_last_error());
+        return NULL;
+    }
+    return kaon_grammar_parse(t->s, t->len, "root");
+}
+
+static void test_ref_depth(void) {
+    static const char *list = "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+                              "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/n\"},{\"type\":\"null\"}]}},"
+                              "\"required\":[\"v\",\"next\"]}},\"$ref\":\"#/$defs/n\"}";
+    static const char *three = "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3,\"next\":null}}}";
+    static const char *four = "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3,\"next\":{\"v\":4,\"next\":null}}}}";
+    static const char *tree = "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{\"l\":{\"type\":\"string\"},"
+                              "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/t\"}},"
+                              "\"up\":{\"$ref\":\"#/$defs/t\"}},\"required\":[\"l\"]}},\"$ref\":\"#/$defs/t\"}";
+    // the recursion is required (a type list is no place to leave it out): exact grammar
+    static const char *forced = "{\"$defs\":{\"n\":{\"type\":[\"object\",\"null\"],\"properties\":{\"c\":{\"$ref\":"
+                                "\"#/$defs/n\"}},\"required\":[\"c\"]}},\"$ref\":\"#/$defs/n\"}";
+    static const char *deep = "{\"c\":{\"c\":{\"c\":{\"c\":{\"c\":null}}}}}";
+    struct {
+        const char *schema;
+        int depth;
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {list, 3, three, true},   {list, 3, four, false},  {list, -1, four, true},  {list, 0, four, true},
+        {list, 1, "{\"v\":1,\"next\":null}", true},    {list, 1, "{\"v\":1,\"next\":{\"v\":2,\"next\":null}}", false},
+        {tree, 2, "{\"l\":\"a\",\"kids\":[{\"l\":\"b\",\"kids\":[]}],\"up\":{\"l\":\"c\"}}", true},
+        {tree, 2, "{\"l\":\"a\",\"kids\":[{\"l\":\"b\",\"kids\":[{\"l\":\"c\"}]}]}", false},
+        {tree, 2, "{\"l\":\"a\",\"up\":{\"l\":\"b\",\"up\":{\"l\":\"c\"}}}", false},
+        {tree, 3, "{\"l\":\"a\",\"up\":{\"l\":\"b\",\"up\":{\"l\":\"c\"}}}", true},
+        {forced, 2, deep, true},  {forced, 2, "null", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gbnf_text t = {0};
+        kaon_grammar *g = convert_depth(cases[i].schema, cases[i].depth, &t);
+        CHECK(g != NULL);
+        if (g) {
+            bool ok = accepts(g, cases[i].text);
+            if (ok != cases[i].ok) fprintf(stderr, "ref depth case %zu: %s %s\n%s", i, cases[i].text, ok ? "accepted" : "rejected", t.s);
+            CHECK(ok == cases[i].ok);
+        }
+        kaon_grammar_free(g);
+        gbnf_text_free(&t);
+    }
+}
+
+// Strings without maxLength hold at most max_string_length characters (default: no limit).
+static void test_string_cap(void) {
+    struct {
+        const char *schema;
+        int cap, len;
+        bool ok;
+    } cases[] = {
+        {"{\"type\":\"string\"}", 5, 5, true},          {"{\"type\":\"string\"}", 5, 6, false},
+        {"{\"type\":\"string\"}", -1, 300, true},       {"{\"type\":\"string\"}", 0, 300, true},
+        {"{\"type\":\"string\"}", 128, 129, false},       {"{\"type\":\"string\",\"minLength\":8}", 5, 8, true},
+        {"{\"type\":\"string\",\"minLength\":8}", 5, 9, false}, {"{\"type\":\"string\",\"maxLength\":300}", 5, 300, true},
+        {"{\"type\":\"object\",\"additionalProperties\":true}", 5, 5, true},
+    };
+    char text[400];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kaon_json_schema_opts o = {.max_string_length = cases[i].cap};
+        gbnf_text t = {0};
+        CHECK(kaon_json_schema_to_gbnf(cases[i].schema, strlen(cases[i].schema), "root", &o, &t) == 0);
+        kaon_grammar *g = kaon_grammar_parse(t.s, t.len, "root");
+        CHECK(g != NULL);
+        bool obj = strstr(cases[i].schema, "object") != NULL;
+        int n = 0;
+        n += snprintf(text + n, sizeof text - n, obj ? "{\"k\": \"" : "\"");
+        for (int k = 0; k < cases[i].len; k++) text[n++] = 'a' + k % 26;
+        snprintf(text + n, sizeof text - n, obj ? "\"}" : "\"");
+        if (g) {
+            bool ok = accepts(g, text);
+            if (ok != cases[i].ok) fprintf(stderr, "string cap case %zu: %s\n", i, ok ? "accepted" : "rejected");
+            CHECK(ok == cases[i].ok);
+        }
+        kaon_grammar_free(g);
+        gbnf_text_free(&t);
+    }
+}
+
 int main(void) {
     test_cases();
+    test_ref_depth();
+    test_string_cap();
     test_errors();
     test_any();
     if (kaon_test_failures) fprintf(stderr, "%d failures\n", kaon_test_failures);
