@@ -107,7 +107,7 @@ static const vf_entry table[] = {
     {"--scheduling-policy", VF_ONLY, 1, "fcfs", "kaon schedules first come, first served"},
     // Ignored with a warning.
     {"--trust-remote-code", VF_IGNORE, 0, NULL, "kaon runs no model code"},
-    {"--swap-space", VF_IGNORE, 1, NULL, "kaon keeps preempted sequences' KV nowhere: they are recomputed"},
+    {"--swap-space", VF_IGNORE, 1, NULL, "kaon has no CPU swap: a preempted sequence's blocks are freed and recomputed"},
     {"--cpu-offload-gb", VF_IGNORE, 1, NULL, "kaon does not offload weights"},
     {"--download-dir", VF_IGNORE, 1, NULL, "kaon downloads nothing: MODEL is a local path"},
     {"--revision", VF_IGNORE, 1, NULL, "kaon downloads nothing: MODEL is a local path"},
@@ -240,8 +240,8 @@ bool kaon_vllm_parse_human_int(const char *s, long long lo, long long hi, long l
         if (end[1]) return false;
     }
     if (!decimal_ok && v != floor(v)) return false;  // "1.5" and "1.5K" are not integers
-    double r = v * mul;
-    if (r != floor(r) || r < (double)lo || r > (double)hi) return false;
+    double r = floor(v * mul);  // vLLM truncates "1.0005k" to 1000
+    if (r < (double)lo || r > (double)hi) return false;
     *out = (long long)r;
     return true;
 }
