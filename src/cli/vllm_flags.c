@@ -43,7 +43,7 @@ static const vf_entry table[] = {
     {"--port", VF_KAON, 1, NULL, NULL},
     {"--api-key", VF_KAON, 1, NULL, NULL},
     {"--max-num-seqs", VF_KAON, 1, NULL, NULL},
-    {"--max-num-batched-tokens", VF_KAON, 1, NULL, NULL},
+    {"--max-num-batched-tokens", VF_SPECIAL, 1, NULL, NULL},
     {"--gpu-memory-utilization", VF_KAON, 1, NULL, NULL},
     {"--kv-cache-memory", VF_KAON, 1, NULL, NULL},
     {"--device", VF_KAON, 1, NULL, NULL},
@@ -277,6 +277,11 @@ int kaon_vllm_translate(int argc, char **argv, kaon_vllm_args *o, FILE *err) {
         if (name[1] == '-')
             for (char *p = name + 2; *p; p++)
                 if (*p == '_') *p = '-';
+        if (name[1] == 'O' && name[2] && !eq) {  // "-O3": -O with its value attached
+            name[2] = 0;
+            len = 2;
+            eq = a + 1;  // read as "-O=<value>": the value is eq + 1
+        }
         const vf_entry *t = lookup(name, len);
         bool negated = false;
         if (!t && !strncmp(name, "--no-", 5)) {  // argparse's BooleanOptionalAction: --no-X
@@ -339,7 +344,15 @@ int kaon_vllm_translate(int argc, char **argv, kaon_vllm_args *o, FILE *err) {
             }
             break;
         case VF_SPECIAL:
-            if (!strcmp(t->name, "--max-model-len")) {
+            if (!strcmp(t->name, "--max-num-batched-tokens")) {  // vLLM's units here too
+                long long n;
+                if (!kaon_vllm_parse_human_int(vals[0], 1, 1 << 30, &n)) {
+                    say(err, "error", "bad --max-num-batched-tokens '%s' (e.g. 8192, 8k, 8K)", vals[0]);
+                    return 2;
+                }
+                snprintf(num, sizeof num, "%lld", n);
+                if (push(o, "--max-num-batched-tokens") || push(o, num)) goto oom;
+            } else if (!strcmp(t->name, "--max-model-len")) {
                 long long n;
                 if (!strcmp(vals[0], "-1") || !strcasecmp(vals[0], "auto")) break;  // kaon's default: what fits
                 if (!kaon_vllm_parse_human_int(vals[0], 2, 1 << 30, &n)) {

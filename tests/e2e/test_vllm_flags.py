@@ -96,10 +96,14 @@ def test_vllm_command_line_warnings(vllm_server):
     assert "kaon: error" not in out, out
 
 
-def test_vllm_api_key_env():
+def test_vllm_env_vars(monkeypatch):
+    """$VLLM_API_KEY is the key; $VLLM_LOGGING_LEVEL=WARNING quiets kaon's info lines."""
+    monkeypatch.delenv("KAON_LOG", raising=False)
     s = VllmServer(["--model", str(MODEL), "--port", "0", "--max-model-len", "512",
-                    "--kv-cache-memory-bytes", "64M"], env={"VLLM_API_KEY": "vk"})
+                    "--kv-cache-memory-bytes", "64M"],
+                   env={"VLLM_API_KEY": "vk", "VLLM_LOGGING_LEVEL": "WARNING"})
     try:
+        assert "kaon info:" not in s.full_output()
         st, _ = s.json("GET", "/v1/models", key="wrong")
         assert st == 401
         st, body = s.json("GET", "/v1/models", key="vk")

@@ -68,8 +68,8 @@ int main(void) {
     CHECK(argv_is(&o, ARGS("--max-model-len", "1000", "--kv-cache-dtype", "bf16", "--no-prefix-caching",
                            "--enable-prefix-caching", "--kv-cache-memory", "1073741824")));
     kaon_vllm_args_free(&o);
-    CHECK(run(&o, ARGS("--max_model_len=32K")) == 0);
-    CHECK(argv_is(&o, ARGS("--max-model-len", "32768")));
+    CHECK(run(&o, ARGS("--max_model_len=32K", "--max-num-batched-tokens", "8k")) == 0);
+    CHECK(argv_is(&o, ARGS("--max-model-len", "32768", "--max-num-batched-tokens", "8000")));
     kaon_vllm_args_free(&o);
     CHECK(run(&o, ARGS("--max-model-len", "-1", "m.gguf")) == 0);  // vLLM's "the model's": kaon's default
     CHECK(argv_is(&o, ARGS("m.gguf")));
@@ -95,6 +95,9 @@ int main(void) {
     CHECK(count(err_text, "kaon: warning: --swap-space ignored") == 1);
     CHECK(count(err_text, "--seed ignored") == 1 && count(err_text, "--download-dir ignored") == 1);
     CHECK(lines(err_text) == 4);
+    kaon_vllm_args_free(&o);
+    CHECK(run(&o, ARGS("-O3", "-O", "2", "--compilation-config={\"level\": 3}")) == 0);  // -O with its value attached
+    CHECK(o.argc == 1 && count(err_text, "-O ignored") == 1 && count(err_text, "--compilation-config ignored") == 1);
     kaon_vllm_args_free(&o);
 
     // --enforce-eager, --quantization, --tokenizer, --dtype float32: kept for cmd_serve's checks.
