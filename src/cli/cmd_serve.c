@@ -4,11 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/vllm_flags.h"
 #include "server/reasoning_parser.h"
 #include "server/server.h"
 #include "server/tool_parser.h"
@@ -64,7 +66,9 @@ static void usage(FILE *f) {
             "  --max-n N                      largest n (default 128)\n"
             "  --request-timeout SECONDS      abort a generation running longer: 504 (default 0: none)\n"
             "  --drain-timeout SECONDS        on SIGTERM/SIGINT, time for running requests (default 30)\n"
-            "  --port-file FILE               write \"HOST PORT\" here once listening\n");
+            "  --port-file FILE               write \"HOST PORT\" here once listening\n"
+            "vLLM's spellings are accepted too (--max_model_len 32k, --flag=value, -tp 1, --enforce-eager,\n"
+            "--trust-remote-code, ...; $VLLM_API_KEY): what each does is in docs/API.md, \"vLLM compatibility\".\n");
 }
 
 // "123", "512K", "64M", "2G" (binary units), "1.5G".
@@ -141,6 +145,19 @@ int kaon_cmd_serve(int argc, char **argv) {
     kaon_server_options_default(&o);
     kaon_engine_options_default(&o.engine);
     o.api_key = getenv("KAON_API_KEY");
+    if (!o.api_key) o.api_key = getenv("VLLM_API_KEY");
+    const char *vll = getenv("VLLM_LOGGING_LEVEL");
+    if (vll && !getenv("KAON_LOG")) {  // vLLM's levels, read before anything is logged
+        const char *lv = !strcasecmp(vll, "debug") ? "debug" : !strcasecmp(vll, "warning") ? "warn"
+                       : (!strcasecmp(vll, "error") || !strcasecmp(vll, "critical")) ? "error" : "info";
+        setenv("KAON_LOG", lv, 1);
+    }
+    // vLLM's flags -> kaon's (vllm_flags.c); the strings live as long as the process.
+    static kaon_vllm_args va;
+    int vrc = kaon_vllm_translate(argc, argv, &va, stderr);
+    if (vrc) return vrc;
+    argc = va.argc;
+    argv = va.argv;
     const char *model = NULL, *template_file = NULL;
     bool conns_set = false, dummy = false;
     long v;
@@ -311,6 +328,10 @@ int kaon_cmd_serve(int argc, char **argv) {
                              KAON_DEFAULT_MODEL_FILE);
     o.engine.model = model;
     if (!dummy) o.engine.load_tokenizer = true;
+    if (kaon_vllm_check_quant(va.quantization, model, stderr) ||
+        kaon_vllm_check_tokenizer(va.tokenizer, model, stderr))
+        return 2;
+    if (va.enforce_eager) setenv("KAON_CUDA_GRAPHS", "0", 1);  // the CUDA backend reads it when created
 
     char *tmpl = NULL;
     if (template_file) {
