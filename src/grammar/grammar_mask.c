@@ -249,7 +249,7 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         // the copy's short uncertain tokens and the long ones just walked, in vocabulary order
         int n_walked = mk->n_unc;
-        memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
+        if (n_walked) memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
         mk->n_unc = 0;
         for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
             int32_t id;
