@@ -15,8 +15,6 @@
 //   sz     float2 [Mt, G, 16]  {scale, bf16x2 -(128 + z)} per row and group (z 8 when the
 //                           format has none): a group's pairs of a tile are 128 contiguous bytes.
 //   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
-// KAON_I4_GEMV=old (read once) keeps kaon's host layout instead (backend/linear.h: nibbles
-// [out, in/2] low first, f32 scale [out, G], f32 zero [out, G] when present) for k_i4_gemv below.
 //
 // Why the tiled GEMV (k_t4_gemv, n <= 32 in passes of up to 8 rows): decode reads each weight
 // byte once, and at 4 bits a byte is 2 weights, so the old one-warp-per-R-rows kernel spent ~3
@@ -34,27 +32,15 @@
 // else 4-warp blocks (4 per SM) for a shorter tail. Activation rows per pass: as many (<= 8) as
 // fit T4_SMEM_MAX of shared memory; a layer where even one does not fit takes the GEMM path.
 //
-// The old GEMV (KAON_I4_GEMV=old), kept for A/B: it dequantizes in registers, reading x (bf16)
-// as it is (act-order: gathered by perm into a scratch first). A
-// nibble needs no shift and no int->float conversion: with p = {0,1,2,3,4,2,3,4}[k mod 8] (the
-// last three come from word >> 12), 0x4B000000 | (word & (0xF << 4p)) is the float
-// 2^23 + q*16^p, and subtracting 2^23 + z*16^p leaves (q - z)*16^p exactly (integers < 2^24).
-// Times x * 16^-p (exact: a power of two, applied once per x value for the warp's R rows) it is
-// (q - z) * x with the same rounding; the group's scale multiplies each 32 columns' sum (one
-// group, as g % 32 == 0). Per weight: one LOP3, one FADD, one FMA per row of x. One warp
-// handles R rows and reads each x vector once for them; its lanes stride over the rows' 16-byte vectors (ld_stream, issued before
-// kc_pdl_wait so they overlap the previous kernel's tail).
 // Larger batches, and shapes the GEMV does not take (in or g not multiples of 32), dequantize
-// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once; k_t4_dequant or k_i4_dequant by
-// layout) and call kc_gemm_bf16.
+// row chunks to a bf16 scratch ((q - z)*s in f32, rounded once; k_t4_dequant) and call
+// kc_gemm_bf16.
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_int4_layout.cuh"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define I4_WARPS 4
-#define I4_PASS 8                  // activation rows per GEMV pass
 #define I4_GEMV_MAX_N 32           // above: dequantized weights through cuBLASLt
 #define I4_DEQ_CAP ((int64_t)64 << 20)  // elements of the bf16 weight scratch (128 MB)
 
@@ -86,12 +72,6 @@ void kc_int4_destroy(kc_backend *b) {
 
 // ---- device code --------------------------------------------------------------------------------
 
-static __device__ __forceinline__ float i4_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // xg [n, K] bf16 = x[r, perm[k]] (perm NULL: a copy, for x not 16-byte aligned).
 __global__ void k_i4_gather(const bf16 *__restrict__ x, const int32_t *__restrict__ perm, int n, int K,
                             bf16 *__restrict__ xg) {
@@ -101,185 +81,6 @@ __global__ void k_i4_gather(const bf16 *__restrict__ x, const int32_t *__restric
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int k = (int)(i % K);
         xg[i] = x[(i / K) * K + (perm ? perm[k] : k)];
-    }
-}
-
-// 16^-p of column e of a word (p = {0,1,2,3,4,2,3,4}[e]); e is a compile-time constant.
-static __device__ __forceinline__ float i4_pscale(int e) {
-    return e == 0 ? 1.f : e == 1 ? 0x1p-4f : e == 2 || e == 5 ? 0x1p-8f : e == 3 || e == 6 ? 0x1p-12f : 0x1p-16f;
-}
-
-// Up to 4 weights of one width sharing x (linear_multi: q, k, v), or SILU: gate (0) and up (1).
-struct I4Args {
-    const uint8_t *w[4];
-    const float *s[4], *z[4];  // [M, G]; z NULL: 8
-    const float *bias[4];      // [M] or NULL
-    void *y[4];                // this pass's rows of y [nvalid, M], bf16 or f32
-    int M[4], begin[4];        // rows of each weight; its first block
-    int count;
-    const bf16 *x;             // this pass's activation rows [nvalid, K] (gathered by perm), 16-byte aligned
-    int K, G, g, nvalid, f32out;
-};
-
-template <int NB>
-struct I4Cfg {
-    static constexpr int R = NB <= 2 ? 4 : 2;  // rows per warp: x is read once for R rows
-    static constexpr int U = NB == 1 ? 2 : 1;  // 16-byte vectors per row a lane has in flight
-};
-
-// y[b, m] = sum_k (q[m,k] - z) * s * x[b, k] (+ bias[m]) for R rows of one warp; block b of
-// the grid serves the weight seg with begin[seg] <= b. SILU: out[b, m] = bf16(silu(bf16 g)) *
-// bf16 u rounded as silu_and_mul after two linears, g from weight 0 and u from weight 1.
-template <int NB, bool SILU>
-__global__ void __launch_bounds__(I4_WARPS * 32) k_i4_gemv(const I4Args a) {
-    constexpr int R = SILU ? I4Cfg<NB>::R / 2 : I4Cfg<NB>::R, NR = SILU ? 2 * R : R, U = I4Cfg<NB>::U;
-    kc_pdl_trigger();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int seg = 0;
-    if (!SILU) {
-#pragma unroll
-        for (int i = 1; i < 4; i++)
-            if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
-    }
-    const int M = a.M[seg];
-    const int row0 = (((int)blockIdx.x - a.begin[seg]) * I4_WARPS + warp) * R;
-    if (row0 >= M) {
-        kc_pdl_wait();
-        return;
-    }
-    const int nch = a.K >> 5;  // 16-byte vectors (32 columns) per row
-    const uint4 *wr[NR];
-    const float *sp[NR], *zp[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        const int src = SILU && r >= R ? 1 : seg;
-        const int row = min(row0 + r % R, M - 1);  // rows past M repeat the last (never stored)
-        wr[r] = (const uint4 *)(a.w[src] + (size_t)row * (size_t)(a.K / 2));
-        sp[r] = a.s[src] + (size_t)row * a.G;
-        zp[r] = a.z[src] ? a.z[src] + (size_t)row * a.G : NULL;
-    }
-    const bf16 *xb[NB];
-#pragma unroll
-    for (int b = 0; b < NB; b++) xb[b] = a.x + (size_t)min(b, a.nvalid - 1) * a.K;
-    float acc[NR][NB];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
-    bool waited = false;
-    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
-        uint4 q[U][NR];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < NR; r++) q[u][r] = c0 + 32 * u < nch ? ld_stream(wr[r] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
-        if (!waited) {  // x is the previous kernel's output
-            kc_pdl_wait();
-            waited = true;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + 32 * u;
-            if (c >= nch) break;
-            const int gi = (c << 5) / a.g;
-            float cz[NR][5];  // 2^23 + z * 16^p
-            float sc[NR];
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                sc[r] = sp[r][gi];
-                const float z = zp[r] ? zp[r][gi] : 8.f;
-#pragma unroll
-                for (int p = 0; p < 5; p++) cz[r][p] = fmaf(z, (float)(1 << (4 * p)), 8388608.f);
-            }
-            float part[NR][NB];
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int b = 0; b < NB; b++) part[r][b] = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float v[NR][8];
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    const uint32_t w0 = (&q[u][r].x)[j], w1 = w0 >> 12;
-                    v[r][0] = __uint_as_float(0x4B000000u | (w0 & 0xFu)) - cz[r][0];
-                    v[r][1] = __uint_as_float(0x4B000000u | (w0 & 0xF0u)) - cz[r][1];
-                    v[r][2] = __uint_as_float(0x4B000000u | (w0 & 0xF00u)) - cz[r][2];
-                    v[r][3] = __uint_as_float(0x4B000000u | (w0 & 0xF000u)) - cz[r][3];
-                    v[r][4] = __uint_as_float(0x4B000000u | (w0 & 0xF0000u)) - cz[r][4];
-                    v[r][5] = __uint_as_float(0x4B000000u | (w1 & 0xF00u)) - cz[r][2];
-                    v[r][6] = __uint_as_float(0x4B000000u | (w1 & 0xF000u)) - cz[r][3];
-                    v[r][7] = __uint_as_float(0x4B000000u | (w1 & 0xF0000u)) - cz[r][4];
-                }
-#pragma unroll
-                for (int b = 0; b < NB; b++) {
-                    const uint4 xr = *(const uint4 *)(xb[b] + (size_t)c * 32 + 8 * j);  // 8 bf16 columns
-                    const uint32_t xw[4] = {xr.x, xr.y, xr.z, xr.w};
-                    float xv[8];  // x * 16^-p (exact), once for the R rows
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        xv[2 * e] = __uint_as_float(xw[e] << 16) * i4_pscale(2 * e);
-                        xv[2 * e + 1] = __uint_as_float(xw[e] & 0xFFFF0000u) * i4_pscale(2 * e + 1);
-                    }
-#pragma unroll
-                    for (int r = 0; r < NR; r++)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) part[r][b] = fmaf(v[r][e], xv[e], part[r][b]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int b = 0; b < NB; b++) acc[r][b] = fmaf(sc[r], part[r][b], acc[r][b]);
-        }
-    }
-    if (!waited) kc_pdl_wait();  // (lanes without a vector)
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) acc[r][b] = i4_warp_sum(acc[r][b]);
-    if (lane != 0) return;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = row0 + r;
-        if (row >= M) break;
-        if (SILU) {
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (b >= a.nvalid) break;
-                const float g = __bfloat162float(__float2bfloat16(acc[r][b]));
-                const float u = __bfloat162float(__float2bfloat16(acc[R + r][b]));
-                const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
-                ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
-            }
-        } else {
-            const float bb = a.bias[seg] ? a.bias[seg][row] : 0.f;
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (b >= a.nvalid) break;
-                if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = acc[r][b] + bb;
-                else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(acc[r][b] + bb);
-            }
-        }
-    }
-}
-
-// out [cnt, K] bf16 = (q - z) * s of rows row0 .. row0 + cnt - 1 (columns in stored order).
-// One thread per byte (two columns).
-__global__ void k_i4_dequant(const uint8_t *__restrict__ w, const float *__restrict__ s, const float *__restrict__ z,
-                             int K, int G, int g, int64_t row0, int64_t cnt, bf16 *__restrict__ out) {
-    kc_pdl_trigger();
-    kc_pdl_wait();  // out may still be read by the GEMM before
-    const int kb = K / 2;
-    const int64_t total = cnt * kb;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t m = row0 + i / kb;
-        const int k = 2 * (int)(i % kb);
-        const unsigned byte = w[m * kb + k / 2];
-        const size_t s0 = (size_t)m * G + k / g, s1 = (size_t)m * G + (k + 1) / g;
-        const float v0 = ((float)(byte & 15u) - (z ? z[s0] : 8.f)) * s[s0];
-        const float v1 = ((float)(byte >> 4) - (z ? z[s1] : 8.f)) * s[s1];
-        *(__nv_bfloat162 *)(out + (i / kb) * K + k) = __floats2bfloat162_rn(v0, v1);
     }
 }
 
@@ -295,22 +96,16 @@ static __device__ __forceinline__ uint64_t i4_mix(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// Dummy layer: random bytes, scales base * (0.5 + u), zeros random 0..15 (when z).
-__global__ void k_i4_dummy(uint8_t *__restrict__ w, size_t wbytes, float *__restrict__ s, float *__restrict__ z,
-                           size_t nsc, uint64_t seed, float base) {
+// Dummy weights: random bytes (scales and zeros: k_t4_dummy_sz).
+__global__ void k_i4_dummy(uint8_t *__restrict__ w, size_t wbytes, uint64_t seed) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < wbytes / 8; i += stride)
         ((uint64_t *)w)[i] = i4_mix(seed * 0x632BE59BD9B4E019ull + i);
     for (size_t i = wbytes / 8 * 8 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < wbytes; i += stride)
         w[i] = (uint8_t)i4_mix(seed * 0x632BE59BD9B4E019ull + i);
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nsc; i += stride) {
-        const uint64_t r = i4_mix((seed ^ 0x5CA1Eull) * 0x632BE59BD9B4E019ull + i);
-        s[i] = base * (0.5f + (float)(r >> 40) * (1.0f / 16777216.0f));
-        if (z) z[i] = (float)(r & 15u);
-    }
 }
 
-// ---- the tiled layout and its tensor-core GEMV (default; KAON_I4_GEMV=old: the above) -------------
+// ---- the tiled layout and its tensor-core GEMV ---------------------------------------------------
 
 #define T4_WARPS 8                 // warps of a block, splitting K between them (or 4: see t4_gemv)
 #define T4_U 8                     // 16-byte weight vectors in flight per lane (gate + up: 4 each)
@@ -345,7 +140,8 @@ struct T4Args {
 };
 
 // One block: one 16-row tile of one weight (both weights for SILU), its NW warps splitting the
-// chunks of K; warp results meet in shared memory. y as k_i4_gemv. 128 registers at most: 2
+// chunks of K; warp results meet in shared memory. y [nv, M] bf16 or f32 (+ bias); SILU: y[0] = bf16(silu(bf16 g))
+// * bf16 u, rounded as silu_and_mul after two linears. 128 registers at most: 2
 // blocks of 8 warps or 4 of 4 per SM.
 template <int NW, bool SILU>
 __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
@@ -514,7 +310,8 @@ __global__ void k_t4_dequant(const uint32_t *__restrict__ w, const float2 *__res
     }
 }
 
-// Dummy scales and zeros of the tiled layout: as k_i4_dummy's (z 8 when the format has none).
+// Dummy scales and zeros of the tiled layout: scales base * (0.5 + u), zeros random 0..15 (8 when
+// the format has none).
 __global__ void k_t4_dummy_sz(float2 *__restrict__ sz, size_t n, uint64_t seed, float base, int zero) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const uint64_t r = i4_mix((seed ^ 0x5CA1Eull) * 0x632BE59BD9B4E019ull + i);
@@ -532,17 +329,6 @@ static unsigned grid_for(int64_t work, int threads, int64_t cap) {
     if (blocks < 1) blocks = 1;
     if (blocks > cap) blocks = cap;
     return (unsigned)blocks;
-}
-
-// KAON_I4_GEMV=old (read once, before the first upload): layers keep kaon's layout and small
-// batches run k_i4_gemv, for A/B timing. Default: the tiled layout and k_t4_gemv.
-static bool i4_old(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KAON_I4_GEMV");
-        v = e && !strcmp(e, "old") ? 1 : 0;
-    }
-    return v == 1;
 }
 
 typedef struct T4Layout {
@@ -577,23 +363,6 @@ static int t4_pass(int nm, int64_t G, int64_t K) {
     return 0;
 }
 
-typedef struct I4Layout {
-    int64_t M, K, g, G;
-    size_t w_bytes, s_off, z_off, p_off, total;  // z_off / p_off 0: absent
-} I4Layout;
-
-static void i4_layout(int64_t M, int64_t K, int64_t g, bool zero, bool perm, I4Layout *L) {
-    L->M = M, L->K = K, L->g = g, L->G = (K + g - 1) / g;
-    L->w_bytes = (size_t)M * (size_t)K / 2;
-    L->s_off = al256(L->w_bytes);
-    size_t end = L->s_off + al256(sizeof(float) * (size_t)M * (size_t)L->G);
-    L->z_off = zero ? end : 0;
-    if (zero) end += al256(sizeof(float) * (size_t)M * (size_t)L->G);
-    L->p_off = perm ? end : 0;
-    if (perm) end += al256(sizeof(int32_t) * (size_t)K);
-    L->total = end;
-}
-
 // The layer's own checks (host or device copy): 0, or -1 + recorded error.
 static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool check_bias) {
     const kaon_tensor *w = &l->w, *sc = &l->scale, *zt = &l->zero, *pt = &l->perm;
@@ -614,7 +383,6 @@ static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool 
 size_t kc_int4_bytes(const kaon_tensor *host) {
     // The weight's region and the alignment of the others; weights.c counts scale, zero and perm.
     if (host->ndim != 2) return host->nbytes;
-    if (i4_old()) return al256((size_t)host->shape[0] * (size_t)host->shape[1] / 2) + 3 * 256;
     // Tiled: rows padded to 16 and columns to 64; scale + zero pairs of every group (zeros also
     // for symmetric formats) and of the padding rows: counted here at the smallest group (32).
     const size_t Mt = (size_t)(host->shape[0] + 15) / 16, Kc = (size_t)(host->shape[1] + 63) / 64;
@@ -656,8 +424,7 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
     int rc = 0;
     if (dummy) {
         const float base = 1.0f / sqrtf((float)K) / 8.0f;
-        k_i4_dummy<<<grid_for((int64_t)(L.w_bytes / 8), 256, 4096), 256, 0, b->stream>>>(dst, L.w_bytes, NULL, NULL, 0,
-                                                                                       seed, base);
+        k_i4_dummy<<<grid_for((int64_t)(L.w_bytes / 8), 256, 4096), 256, 0, b->stream>>>(dst, L.w_bytes, seed);
         k_t4_dummy_sz<<<grid_for(L.Mt * 16 * L.G, 256, 4096), 256, 0, b->stream>>>(
             (float2 *)(dst + L.sz_off), (size_t)L.Mt * 16 * (size_t)L.G, seed, base, zero);
         rc = kc_launched(b, "INT4 dummy weights");
@@ -710,85 +477,7 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
     if (i4_check(b, host, "upload", false)) return -1;
     if (b->capturing) return kc_fail(b, "cuda upload: while recording a graph");
-    if (!i4_old()) return t4_upload(b, host, dummy, seed, dev);
-    const int64_t M = host->w.shape[0], K = host->w.shape[1];
-    const bool zero = host->zero.data != NULL, perm = !dummy && host->perm.data != NULL;
-    I4Layout L;
-    i4_layout(M, K, host->scale_block[1], zero, perm, &L);
-    const size_t sbytes = sizeof(float) * (size_t)M * (size_t)L.G;
-    if (!dummy && (host->w.nbytes < L.w_bytes || host->scale.nbytes < sbytes || (zero && host->zero.nbytes < sbytes)))
-        return kc_fail(b, "cuda upload: INT4 layer data is short");
-    if (!dummy && zero) {  // the GEMV's exact float trick needs integer zeros (every format packs them)
-        const float *z = (const float *)host->zero.data;
-        for (size_t i = 0; i < (size_t)M * (size_t)L.G; i++)
-            if (!(z[i] >= -127.f && z[i] <= 127.f) || z[i] != (float)(int)z[i])
-                return kc_fail(b, "cuda upload: INT4 zero point %g is not an integer in [-127, 127]", (double)z[i]);
-    }
-    uint8_t *dst = NULL;
-    if (kc_check(b, cudaMalloc((void **)&dst, L.total), "INT4 weight")) return -1;
-    int rc = 0;
-    if (dummy) {
-        size_t blocks = (L.w_bytes / 8 + 255) / 256;
-        if (blocks < 1) blocks = 1;
-        if (blocks > 4096) blocks = 4096;
-        k_i4_dummy<<<(unsigned)blocks, 256, 0, b->stream>>>(dst, L.w_bytes, (float *)(dst + L.s_off),
-                                                             zero ? (float *)(dst + L.z_off) : NULL,
-                                                             (size_t)M * (size_t)L.G, seed, 1.0f / sqrtf((float)K) / 8.0f);
-        rc = kc_launched(b, "INT4 dummy weights");
-    } else {
-        rc = kc_check(b, cudaMemcpy(dst, host->w.data, L.w_bytes, cudaMemcpyHostToDevice), "INT4 upload");
-        if (!rc) rc = kc_check(b, cudaMemcpy(dst + L.s_off, host->scale.data, sbytes, cudaMemcpyHostToDevice), "INT4 upload");
-        if (!rc && zero)
-            rc = kc_check(b, cudaMemcpy(dst + L.z_off, host->zero.data, sbytes, cudaMemcpyHostToDevice), "INT4 upload");
-        if (!rc && perm)
-            rc = kc_check(b, cudaMemcpy(dst + L.p_off, host->perm.data, sizeof(int32_t) * (size_t)K, cudaMemcpyHostToDevice),
-                          "INT4 upload");
-    }
-    if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
-    if (rc) {
-        cudaFree(dst);
-        return -1;
-    }
-    // w, scale, zero, perm: host's dtypes and shapes, data inside dst; bias, shard, parts stay.
-    dev->w = host->w;
-    dev->w.data = dst;
-    dev->w.nbytes = L.total;
-    dev->scale = host->scale;
-    dev->scale.data = dst + L.s_off;
-    dev->scale.nbytes = sbytes;
-    if (zero) {
-        dev->zero = host->zero;
-        dev->zero.data = dst + L.z_off;
-        dev->zero.nbytes = sbytes;
-    } else {
-        memset(&dev->zero, 0, sizeof dev->zero);
-    }
-    if (perm) {
-        dev->perm = host->perm;
-        dev->perm.data = dst + L.p_off;
-        dev->perm.nbytes = sizeof(int32_t) * (size_t)K;
-    } else {
-        memset(&dev->perm, 0, sizeof dev->perm);
-    }
-    memcpy(dev->scale_block, host->scale_block, sizeof dev->scale_block);
-    b->bytes_weights += L.total;
-    return 0;
-}
-
-template <int NB, bool SILU>
-static cudaError_t i4_launch_nb(kc_backend *b, unsigned blocks, const I4Args &a) {
-    return kc_launch(b, k_i4_gemv<NB, SILU>, dim3(blocks), dim3(I4_WARPS * 32), 0, a);
-}
-
-template <bool SILU>
-static cudaError_t i4_launch(kc_backend *b, int nv, unsigned blocks, const I4Args &a) {
-    return nv == 1 ? i4_launch_nb<1, SILU>(b, blocks, a) : nv == 2 ? i4_launch_nb<2, SILU>(b, blocks, a)
-         : nv <= 4 ? i4_launch_nb<4, SILU>(b, blocks, a) : i4_launch_nb<8, SILU>(b, blocks, a);
-}
-
-static int i4_rows_per_warp(int nv, bool silu) {
-    const int r = nv == 1 ? I4Cfg<1>::R : nv == 2 ? I4Cfg<2>::R : nv <= 4 ? I4Cfg<4>::R : I4Cfg<8>::R;
-    return silu ? r / 2 : r;
+    return t4_upload(b, host, dummy, seed, dev);
 }
 
 // x gathered by perm (or copied when not 16-byte aligned) into the scratch; else x itself.
@@ -799,41 +488,6 @@ static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, 
     cudaError_t e = kc_launch(b, k_i4_gather, dim3(grid_for((int64_t)n * K, 256, 4096)), dim3(256), 0, (const bf16 *)x,
                               perm, n, K, (bf16 *)s->xg);
     return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
-}
-
-// The GEMV over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
-static int i4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
-                   void *const *y, int f32out, bool silu) {
-    const int K = (int)l[0]->w.shape[1];
-    const bf16 *xg = i4_x(b, s, x, n, K, (const int32_t *)l[0]->perm.data, ((uintptr_t)x & 15) == 0);
-    if (!xg) return -1;
-    const size_t es = f32out ? 4 : 2;
-    for (int p0 = 0; p0 < n; p0 += I4_PASS) {
-        const int nv = n - p0 < I4_PASS ? n - p0 : I4_PASS;
-        const int rpb = I4_WARPS * i4_rows_per_warp(nv, silu);
-        I4Args a;
-        memset(&a, 0, sizeof a);
-        unsigned blocks = 0;
-        for (int i = 0; i < count; i++) {
-            const kaon_tensor *bias = kaon_linear_bias(l[i]);
-            a.w[i] = (const uint8_t *)l[i]->w.data;
-            a.s[i] = (const float *)l[i]->scale.data;
-            a.z[i] = (const float *)l[i]->zero.data;
-            a.bias[i] = bias ? (const float *)bias->data : NULL;
-            a.M[i] = (int)l[i]->w.shape[0];
-            a.y[i] = silu ? (i == 0 ? (void *)((uint8_t *)y[0] + (size_t)p0 * a.M[0] * 2) : NULL)
-                          : (void *)((uint8_t *)y[i] + (size_t)p0 * a.M[i] * es);
-            a.begin[i] = (int)blocks;
-            if (!silu || i == 0) blocks += (unsigned)((a.M[i] + rpb - 1) / rpb);
-        }
-        a.count = count;
-        a.x = xg + (size_t)p0 * K;
-        a.K = K, a.G = (int)l[0]->scale.shape[1], a.g = (int)l[0]->scale_block[1];
-        a.nvalid = nv, a.f32out = f32out;
-        const cudaError_t e = silu ? i4_launch<true>(b, nv, blocks, a) : i4_launch<false>(b, nv, blocks, a);
-        if (kc_check(b, e, "INT4 GEMV")) return -1;
-    }
-    return 0;
 }
 
 // k_t4_gemv over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
@@ -898,11 +552,7 @@ static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_l
     if (chunk < M && kc_grow(b, &s->tmp, &s->tmp_cap, (size_t)n * (size_t)chunk * es, 1, "INT4 GEMM output")) return -1;
     for (int r0 = 0; r0 < M; r0 += chunk) {
         const int cnt = M - r0 < chunk ? M - r0 : chunk;
-        cudaError_t e = i4_old()
-            ? kc_launch(b, k_i4_dequant, dim3(grid_for((int64_t)cnt * (K / 2), 256, 65535)), dim3(256), 0,
-                        (const uint8_t *)l->w.data, (const float *)l->scale.data, (const float *)l->zero.data, K, G, g,
-                        (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq)
-            : kc_launch(b, k_t4_dequant, dim3(grid_for((int64_t)cnt * K, 256, 65535)), dim3(256), 0,
+        cudaError_t e = kc_launch(b, k_t4_dequant, dim3(grid_for((int64_t)cnt * K, 256, 65535)), dim3(256), 0,
                         (const uint32_t *)l->w.data, (const float2 *)l->scale.data, K, (K + 63) / 64, G, g,
                         (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq);
         if (kc_check(b, e, "INT4 dequantize")) return -1;
@@ -930,12 +580,8 @@ int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, vo
     if (!s) return -1;
     const int64_t K = l->w.shape[1], g = l->scale_block[1];
     const bool gemv_ok = K % 32 == 0 && g % 32 == 0 && ((uintptr_t)l->w.data & 15) == 0;
-    if (!i4_old()) {
-        if (gemv_ok && n <= I4_GEMV_MAX_N && t4_pass(1, l->scale.shape[1], K) > 0)
-            return t4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
-        return i4_gemm(b, s, x, n, l, y, f32out);
-    }
-    if (gemv_ok && n <= I4_GEMV_MAX_N) return i4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
+    if (gemv_ok && n <= I4_GEMV_MAX_N && t4_pass(1, l->scale.shape[1], K) > 0)
+        return t4_gemv(b, s, x, n, 1, &l, &y, f32out, false);
     return i4_gemm(b, s, x, n, l, y, f32out);
 }
 
@@ -954,24 +600,24 @@ int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const k
     if (count < 1 || count > 4 || n <= 0 || n > I4_GEMV_MAX_N) return 1;
     for (int i = 0; i < count; i++)
         if (!i4_gemv_pair(l[0], l[i])) return 1;
-    if (!i4_old() && t4_pass(1, l[0]->scale.shape[1], l[0]->w.shape[1]) < 1) return 1;
+    if (t4_pass(1, l[0]->scale.shape[1], l[0]->w.shape[1]) < 1) return 1;
     for (int i = 0; i < count; i++)
         if (i4_check(b, l[i], "linear_multi", true)) return -1;
     kc_int4 *s = istate(b);
     if (!s) return -1;
-    return i4_old() ? i4_gemv(b, s, x, n, count, l, y, 0, false) : t4_gemv(b, s, x, n, count, l, y, 0, false);
+    return t4_gemv(b, s, x, n, count, l, y, 0, false);
 }
 
 int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
                             void *out) {
     if (n <= 0 || n > I4_GEMV_MAX_N || !i4_gemv_pair(gate, up) || gate->w.shape[0] != up->w.shape[0] ||
         kaon_linear_bias(gate) || kaon_linear_bias(up) ||
-        (!i4_old() && t4_pass(2, gate->scale.shape[1], gate->w.shape[1]) < 1))
+        t4_pass(2, gate->scale.shape[1], gate->w.shape[1]) < 1)
         return 1;
     if (i4_check(b, gate, "linear_silu_mul", true) || i4_check(b, up, "linear_silu_mul", true)) return -1;
     kc_int4 *s = istate(b);
     if (!s) return -1;
     const kaon_linear *l[2] = {gate, up};
     void *y[2] = {out, NULL};
-    return i4_old() ? i4_gemv(b, s, x, n, 2, l, y, 0, true) : t4_gemv(b, s, x, n, 2, l, y, 0, true);
+    return t4_gemv(b, s, x, n, 2, l, y, 0, true);
 }
