@@ -64,3 +64,8 @@ const char *kaon_json_type_name(const cJSON *j) {
     if (cJSON_IsObject(j)) return "object";
     return "invalid";
 }
+
+cJSON *kaon_json_field(const cJSON *obj, const char *key) {
+    cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return it && !cJSON_IsNull(it) ? it : NULL;
+}

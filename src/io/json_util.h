@@ -1,4 +1,4 @@
-// Small helpers shared by the JSON readers in io/ (safetensors index, config.json).
+// Small helpers shared by the JSON readers (safetensors index, config.json, API requests).
 #ifndef KAON_IO_JSON_UTIL_H
 #define KAON_IO_JSON_UTIL_H
 
@@ -10,5 +10,7 @@
 char *kaon_read_file(const char *path, size_t limit, size_t *len);
 // "string", "number", ... for messages about wrong types.
 const char *kaon_json_type_name(const cJSON *j);
+// obj[key], or NULL when absent or JSON null (OpenAI and Anthropic treat null as left out).
+cJSON *kaon_json_field(const cJSON *obj, const char *key);
 
 #endif

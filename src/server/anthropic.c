@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/json_util.h"
+
 // ---- errors ------------------------------------------------------------------------------------
 
 static int bad(kaon_api_error *err, const char *param, const char *fmt, ...) KAON_PRINTF(3, 4);
@@ -63,15 +65,10 @@ char *kaon_anthropic_error_json(const kaon_api_error *e, size_t *len) {
 
 // ---- the request -------------------------------------------------------------------------------
 
-static cJSON *field(const cJSON *obj, const char *key) {
-    cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsNull(it) ? NULL : it;
-}
-
 // Copies root[from] into chat[to] when present.
 static int pass(const cJSON *root, const char *from, cJSON *chat, const char *to,
                 kaon_api_error *err) {
-    cJSON *it = field(root, from);
+    cJSON *it = kaon_json_field(root, from);
     if (!it) return 0;
     cJSON *d = cJSON_Duplicate(it, 1);
     if (!d || !cJSON_AddItemToObject(chat, to, d)) {
@@ -94,7 +91,7 @@ static int add_text_part(cJSON *parts, const char *text, kaon_api_error *err) {
 
 // A block list's `type`, or NULL with err set.
 static const char *block_type(const cJSON *b, const char *param, kaon_api_error *err) {
-    cJSON *type = cJSON_IsObject(b) ? field(b, "type") : NULL;
+    cJSON *type = cJSON_IsObject(b) ? kaon_json_field(b, "type") : NULL;
     if (!cJSON_IsString(type)) {
         bad(err, param, "each content block must be an object with a string 'type'");
         return NULL;
@@ -120,7 +117,7 @@ static cJSON *text_blocks(const cJSON *c, const char *param, kaon_api_error *err
     }
     for (cJSON *b = c->child; b; b = b->next) {
         const char *type = block_type(b, param, err);
-        cJSON *text = type ? field(b, "text") : NULL;
+        cJSON *text = type ? kaon_json_field(b, "text") : NULL;
         if (!type) goto fail;
         if (strcmp(type, "text")) {
             bad(err, param, "content block type '%.40s' is not supported here (only text)", type);
@@ -168,14 +165,14 @@ static int user_turn(const cJSON *content, int i, cJSON *msgs, kaon_api_error *e
         const char *type = block_type(b, param, err);
         if (!type) goto fail;
         if (!strcmp(type, "text")) {
-            cJSON *text = field(b, "text");
+            cJSON *text = kaon_json_field(b, "text");
             if (!cJSON_IsString(text)) {
                 bad(err, param, "a text block needs a string 'text'");
                 goto fail;
             }
             if (add_text_part(parts, text->valuestring, err) < 0) goto fail;
         } else if (!strcmp(type, "tool_result")) {
-            cJSON *id = field(b, "tool_use_id"), *c = field(b, "content"), *ie = field(b, "is_error");
+            cJSON *id = kaon_json_field(b, "tool_use_id"), *c = kaon_json_field(b, "content"), *ie = kaon_json_field(b, "is_error");
             if (!cJSON_IsString(id)) {
                 bad(err, param, "a tool_result block needs a string 'tool_use_id'");
                 goto fail;
@@ -231,14 +228,14 @@ static int assistant_turn(const cJSON *content, int i, cJSON *msgs, kaon_api_err
         const char *type = block_type(b, param, err);
         if (!type) goto fail;
         if (!strcmp(type, "text")) {
-            cJSON *text = field(b, "text");
+            cJSON *text = kaon_json_field(b, "text");
             if (!cJSON_IsString(text)) {
                 bad(err, param, "a text block needs a string 'text'");
                 goto fail;
             }
             if (add_text_part(parts, text->valuestring, err) < 0) goto fail;
         } else if (!strcmp(type, "tool_use")) {
-            cJSON *id = field(b, "id"), *name = field(b, "name"), *input = field(b, "input");
+            cJSON *id = kaon_json_field(b, "id"), *name = kaon_json_field(b, "name"), *input = kaon_json_field(b, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name) || (input && !cJSON_IsObject(input))) {
                 bad(err, param, "a tool_use block needs a string 'id', a string 'name' and an "
                                 "object 'input'");
@@ -259,7 +256,7 @@ static int assistant_turn(const cJSON *content, int i, cJSON *msgs, kaon_api_err
                 goto fail;
             }
         } else if (!strcmp(type, "thinking")) {
-            cJSON *t = field(b, "thinking");
+            cJSON *t = kaon_json_field(b, "thinking");
             if (!cJSON_IsString(t)) {
                 bad(err, param, "a thinking block needs a string 'thinking'");
                 goto fail;
@@ -306,7 +303,7 @@ fail:
 static int convert_messages(const cJSON *root, cJSON *chat, kaon_api_error *err) {
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
     if (!msgs) return oom(err);
-    cJSON *sys = field(root, "system");
+    cJSON *sys = kaon_json_field(root, "system");
     if (sys) {
         cJSON *c = text_blocks(sys, "system", err);
         if (!c) return -1;
@@ -315,7 +312,7 @@ static int convert_messages(const cJSON *root, cJSON *chat, kaon_api_error *err)
         else if (add_message(msgs, "system", c, err) < 0)
             return -1;
     }
-    cJSON *in = field(root, "messages");
+    cJSON *in = kaon_json_field(root, "messages");
     if (!in) return bad(err, "messages", "'messages' is required");
     if (!cJSON_IsArray(in)) return bad(err, "messages", "'messages' must be a list");
     if (!in->child) return bad(err, "messages", "'messages' must not be empty");
@@ -324,7 +321,7 @@ static int convert_messages(const cJSON *root, cJSON *chat, kaon_api_error *err)
         char param[64];
         snprintf(param, sizeof param, "messages[%d]", i);
         if (!cJSON_IsObject(m)) return bad(err, param, "each message must be an object");
-        cJSON *role = field(m, "role"), *content = field(m, "content");
+        cJSON *role = kaon_json_field(m, "role"), *content = kaon_json_field(m, "content");
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!cJSON_IsString(role) ||
             (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
@@ -344,7 +341,7 @@ static int convert_messages(const cJSON *root, cJSON *chat, kaon_api_error *err)
 
 // tools: [{"name", "description", "input_schema"}] as OpenAI's function tools.
 static int convert_tools(const cJSON *root, cJSON *chat, kaon_api_error *err) {
-    cJSON *tools = field(root, "tools");
+    cJSON *tools = kaon_json_field(root, "tools");
     if (!tools) return 0;
     if (!cJSON_IsArray(tools)) return bad(err, "tools", "'tools' must be a list");
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
@@ -354,8 +351,8 @@ static int convert_tools(const cJSON *root, cJSON *chat, kaon_api_error *err) {
         char param[48];
         snprintf(param, sizeof param, "tools[%d]", i);
         if (!cJSON_IsObject(t)) return bad(err, param, "each tool must be an object");
-        cJSON *type = field(t, "type"), *name = field(t, "name"), *desc = field(t, "description");
-        cJSON *schema = field(t, "input_schema");
+        cJSON *type = kaon_json_field(t, "type"), *name = kaon_json_field(t, "name"), *desc = kaon_json_field(t, "description");
+        cJSON *schema = kaon_json_field(t, "input_schema");
         if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "custom")))
             return bad(err, param, "tool type '%.60s' is not supported (only client tools "
                                    "with an input_schema)",
@@ -384,12 +381,12 @@ static int convert_tools(const cJSON *root, cJSON *chat, kaon_api_error *err) {
 
 // tool_choice: auto, any ("required"), tool (a named function), none.
 static int convert_tool_choice(const cJSON *root, cJSON *chat, kaon_api_error *err) {
-    cJSON *tc = field(root, "tool_choice");
+    cJSON *tc = kaon_json_field(root, "tool_choice");
     if (!tc) return 0;
-    cJSON *type = cJSON_IsObject(tc) ? field(tc, "type") : NULL;
+    cJSON *type = cJSON_IsObject(tc) ? kaon_json_field(tc, "type") : NULL;
     if (!cJSON_IsString(type))
         return bad(err, "tool_choice", "'tool_choice' must be an object with a string 'type'");
-    cJSON *dp = field(tc, "disable_parallel_tool_use");
+    cJSON *dp = kaon_json_field(tc, "disable_parallel_tool_use");
     if (dp && !cJSON_IsBool(dp))
         return bad(err, "tool_choice", "'disable_parallel_tool_use' must be a boolean");
     const char *t = type->valuestring;
@@ -399,7 +396,7 @@ static int convert_tool_choice(const cJSON *root, cJSON *chat, kaon_api_error *e
     } else if (!strcmp(t, "any")) {
         v = cJSON_CreateString("required");
     } else if (!strcmp(t, "tool")) {
-        cJSON *name = field(tc, "name");
+        cJSON *name = kaon_json_field(tc, "name");
         if (!cJSON_IsString(name))
             return bad(err, "tool_choice", "tool_choice {\"type\": \"tool\"} needs a string 'name'");
         cJSON *fn = NULL;
@@ -425,15 +422,15 @@ static int convert_tool_choice(const cJSON *root, cJSON *chat, kaon_api_error *e
 // switch (enable_thinking; a template without one ignores it). "adaptive" and "between_tools"
 // leave the template's default.
 static int convert_thinking(const cJSON *root, cJSON *chat, kaon_api_error *err) {
-    cJSON *th = field(root, "thinking");
+    cJSON *th = kaon_json_field(root, "thinking");
     if (!th) return 0;
-    cJSON *type = cJSON_IsObject(th) ? field(th, "type") : NULL;
+    cJSON *type = cJSON_IsObject(th) ? kaon_json_field(th, "type") : NULL;
     if (!cJSON_IsString(type) ||
         (strcmp(type->valuestring, "enabled") && strcmp(type->valuestring, "disabled") &&
          strcmp(type->valuestring, "adaptive") && strcmp(type->valuestring, "between_tools")))
         return bad(err, "thinking", "'thinking' type must be 'enabled', 'disabled', 'adaptive' or "
                                     "'between_tools'");
-    cJSON *budget = field(th, "budget_tokens");
+    cJSON *budget = kaon_json_field(th, "budget_tokens");
     if (budget && (!cJSON_IsNumber(budget) || budget->valuedouble < 1 ||
                    budget->valuedouble != floor(budget->valuedouble)))
         return bad(err, "thinking.budget_tokens", "'budget_tokens' must be a positive integer");
@@ -448,17 +445,17 @@ static int convert_thinking(const cJSON *root, cJSON *chat, kaon_api_error *err)
 // "schema"} as OpenAI's response_format, so the output is constrained by the schema's grammar.
 // output_config.effort is ignored.
 static int convert_output_format(const cJSON *root, cJSON *chat, kaon_api_error *err) {
-    cJSON *oc = field(root, "output_config"), *f = field(root, "output_format");
+    cJSON *oc = kaon_json_field(root, "output_config"), *f = kaon_json_field(root, "output_format");
     const char *param = "output_format";
     if (oc) {
         if (!cJSON_IsObject(oc)) return bad(err, "output_config", "'output_config' must be an object");
-        if (field(oc, "format")) {
-            f = field(oc, "format");
+        if (kaon_json_field(oc, "format")) {
+            f = kaon_json_field(oc, "format");
             param = "output_config.format";
         }
     }
     if (!f) return 0;
-    cJSON *type = cJSON_IsObject(f) ? field(f, "type") : NULL, *schema = field(f, "schema");
+    cJSON *type = cJSON_IsObject(f) ? kaon_json_field(f, "type") : NULL, *schema = kaon_json_field(f, "schema");
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "json_schema") || !cJSON_IsObject(schema))
         return bad(err, param, "the output format must be {\"type\": \"json_schema\", \"schema\": {...}}");
     cJSON *rf = cJSON_AddObjectToObject(chat, "response_format"), *js = NULL;
@@ -482,7 +479,7 @@ cJSON *kaon_anthropic_to_chat(const cJSON *root, bool count_only, kaon_api_error
         oom(err);
         return NULL;
     }
-    cJSON *model = field(root, "model");
+    cJSON *model = kaon_json_field(root, "model");
     if (model && !cJSON_IsString(model)) {
         bad(err, "model", "'model' must be a string");
         goto fail;
@@ -491,7 +488,7 @@ cJSON *kaon_anthropic_to_chat(const cJSON *root, bool count_only, kaon_api_error
         convert_tools(root, chat, err) < 0 || convert_tool_choice(root, chat, err) < 0 ||
         convert_thinking(root, chat, err) < 0)
         goto fail;
-    cJSON *md = field(root, "metadata");
+    cJSON *md = kaon_json_field(root, "metadata");
     if (md && !cJSON_IsObject(md)) {
         bad(err, "metadata", "'metadata' must be an object");
         goto fail;
@@ -510,17 +507,17 @@ cJSON *kaon_anthropic_to_chat(const cJSON *root, bool count_only, kaon_api_error
     }
     if (count_only) return chat;
     if (convert_output_format(root, chat, err) < 0) goto fail;
-    cJSON *mt = field(root, "max_tokens");
+    cJSON *mt = kaon_json_field(root, "max_tokens");
     if (!mt) {
         bad(err, "max_tokens", "'max_tokens' is required");
         goto fail;
     }
-    cJSON *temp = field(root, "temperature");
+    cJSON *temp = kaon_json_field(root, "temperature");
     if (temp && cJSON_IsNumber(temp) && !(temp->valuedouble >= 0 && temp->valuedouble <= 1)) {
         bad(err, "temperature", "'temperature' must be in [0, 1], got %g", temp->valuedouble);
         goto fail;
     }
-    cJSON *ss = field(root, "stop_sequences");
+    cJSON *ss = kaon_json_field(root, "stop_sequences");
     if (ss && !cJSON_IsArray(ss)) {
         bad(err, "stop_sequences", "'stop_sequences' must be a list of strings");
         goto fail;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/json_util.h"
 #include "server/sse.h"
 #include "util/log.h"
 
@@ -88,11 +89,6 @@ char *kaon_api_error_json(const kaon_api_error *e, size_t *len) {
 // Each returns 0 when the field is absent or null (leaving *out), 1 when set, -1 on a type or
 // range error (err filled, param = the field name).
 
-static cJSON *field(const cJSON *obj, const char *key) {
-    cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return it && !cJSON_IsNull(it) ? it : NULL;
-}
-
 static int bad(kaon_api_error *err, const char *param, const char *fmt, ...) KAON_PRINTF(3, 4);
 static int bad(kaon_api_error *err, const char *param, const char *fmt, ...) {
     char msg[512];
@@ -105,7 +101,7 @@ static int bad(kaon_api_error *err, const char *param, const char *fmt, ...) {
 }
 
 static int read_bool(const cJSON *obj, const char *key, bool *out, kaon_api_error *err) {
-    cJSON *it = field(obj, key);
+    cJSON *it = kaon_json_field(obj, key);
     if (!it) return 0;
     if (!cJSON_IsBool(it)) return bad(err, key, "'%s' must be a boolean", key);
     *out = cJSON_IsTrue(it);
@@ -115,7 +111,7 @@ static int read_bool(const cJSON *obj, const char *key, bool *out, kaon_api_erro
 // Integers arrive as doubles: accept only integral values within [lo, hi].
 static int read_int64(const cJSON *obj, const char *key, long long lo, long long hi,
                       long long *out, kaon_api_error *err) {
-    cJSON *it = field(obj, key);
+    cJSON *it = kaon_json_field(obj, key);
     if (!it) return 0;
     double v = it->valuedouble;
     if (!cJSON_IsNumber(it) || !isfinite(v) || v != floor(v))
@@ -136,7 +132,7 @@ static int read_int(const cJSON *obj, const char *key, int lo, int hi, int *out,
 
 static int read_float(const cJSON *obj, const char *key, double lo, double hi, bool lo_open,
                       float *out, kaon_api_error *err) {
-    cJSON *it = field(obj, key);
+    cJSON *it = kaon_json_field(obj, key);
     if (!it) return 0;
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
         return bad(err, key, "'%s' must be a number", key);
@@ -218,7 +214,7 @@ static void log_unknown_fields(const cJSON *root, kaon_api_kind kind) {
 
 static int parse_model(const cJSON *root, const kaon_api_limits *lim, kaon_api_request *r,
                        kaon_api_error *err) {
-    cJSON *m = field(root, "model");
+    cJSON *m = kaon_json_field(root, "model");
     if (!m) return 0;
     if (!cJSON_IsString(m)) return bad(err, "model", "'model' must be a string");
     if (lim->n_model_names > 0) {
@@ -237,7 +233,7 @@ static int parse_model(const cJSON *root, const kaon_api_limits *lim, kaon_api_r
 
 static int parse_stop(const cJSON *root, const kaon_api_limits *lim, kaon_api_request *r,
                       kaon_api_error *err) {
-    cJSON *s = field(root, "stop");
+    cJSON *s = kaon_json_field(root, "stop");
     if (!s) return 0;
     int max_stop = lim->max_stop > 0 ? lim->max_stop : 16;
     int n = cJSON_IsString(s) ? 1 : cJSON_IsArray(s) ? cJSON_GetArraySize(s) : -1;
@@ -261,7 +257,7 @@ static int parse_stop(const cJSON *root, const kaon_api_limits *lim, kaon_api_re
 
 static int parse_logit_bias(const cJSON *root, const kaon_api_limits *lim, kaon_api_request *r,
                             kaon_api_error *err) {
-    cJSON *b = field(root, "logit_bias");
+    cJSON *b = kaon_json_field(root, "logit_bias");
     if (!b) return 0;
     if (!cJSON_IsObject(b)) return bad(err, "logit_bias", "'logit_bias' must be an object");
     int n = cJSON_GetArraySize(b);
@@ -294,7 +290,7 @@ static int parse_sampling(const cJSON *root, const kaon_api_limits *lim, kaon_ap
     kaon_sampling *s = &r->sampling;
     int max_n = lim->max_n > 0 ? lim->max_n : 128;
     if (read_bool(root, "stream", &r->stream, err) < 0) return -1;
-    cJSON *so = field(root, "stream_options");
+    cJSON *so = kaon_json_field(root, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so))
             return bad(err, "stream_options", "'stream_options' must be an object");
@@ -359,17 +355,17 @@ static int parse_sampling(const cJSON *root, const kaon_api_limits *lim, kaon_ap
         read_bool(root, "include_stop_str_in_output", &s->include_stop_str_in_output, err) < 0 ||
         read_bool(root, "skip_special_tokens", &s->skip_special_tokens, err) < 0)
         return -1;
-    if (field(root, "spaces_between_special_tokens") &&
-        !cJSON_IsBool(field(root, "spaces_between_special_tokens")))
+    if (kaon_json_field(root, "spaces_between_special_tokens") &&
+        !cJSON_IsBool(kaon_json_field(root, "spaces_between_special_tokens")))
         return bad(err, "spaces_between_special_tokens",
                    "'spaces_between_special_tokens' must be a boolean");
     if (read_int(root, "priority", INT_MIN, INT_MAX, &s->priority, err) < 0) return -1;
-    cJSON *user = field(root, "user");
+    cJSON *user = kaon_json_field(root, "user");
     if (user && !cJSON_IsString(user)) return bad(err, "user", "'user' must be a string");
     if (parse_stop(root, lim, r, err) < 0) return -1;
     s->stop = (const char *const *)r->stop;
     s->n_stop = r->n_stop;
-    cJSON *sti = field(root, "stop_token_ids");
+    cJSON *sti = kaon_json_field(root, "stop_token_ids");
     if (sti) {
         if (!cJSON_IsArray(sti))
             return bad(err, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
@@ -395,7 +391,7 @@ static int parse_sampling(const cJSON *root, const kaon_api_limits *lim, kaon_ap
 static cJSON *message_content(const cJSON *msg, int i, const char *role, kaon_api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
-    cJSON *c = field(msg, "content");
+    cJSON *c = kaon_json_field(msg, "content");
     if (!c) {
         if (!strcmp(role, "assistant")) return cJSON_CreateNull();
         bad(err, param, "message %d (%s) has no content", i, role);
@@ -409,14 +405,14 @@ static cJSON *message_content(const cJSON *msg, int i, const char *role, kaon_ap
     kaon_sbuf text = {0};
     int n = 0;
     for (cJSON *p = c->child; p; p = p->next) {
-        cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL;
+        cJSON *type = cJSON_IsObject(p) ? kaon_json_field(p, "type") : NULL;
         if (!cJSON_IsString(type)) {
             kaon_sbuf_free(&text);
             bad(err, param, "each content part must be an object with a string 'type'");
             return NULL;
         }
         if (!strcmp(type->valuestring, "text") || !strcmp(type->valuestring, "refusal")) {
-            cJSON *t = field(p, type->valuestring[0] == 't' ? "text" : "refusal");
+            cJSON *t = kaon_json_field(p, type->valuestring[0] == 't' ? "text" : "refusal");
             if (!cJSON_IsString(t)) {
                 kaon_sbuf_free(&text);
                 bad(err, param, "a '%s' content part needs a string '%s'", type->valuestring,
@@ -469,7 +465,7 @@ static int decode_tool_call_arguments(cJSON *calls) {
 static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error *err) {
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool",
                                         "function", NULL};
-    cJSON *msgs = field(root, "messages");
+    cJSON *msgs = kaon_json_field(root, "messages");
     if (!msgs) return bad(err, "messages", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return bad(err, "messages", "'messages' must be a list");
     if (!msgs->child) return bad(err, "messages", "'messages' must not be empty");
@@ -480,7 +476,7 @@ static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error
         char param[64];
         snprintf(param, sizeof param, "messages[%d]", i);
         if (!cJSON_IsObject(m)) return bad(err, param, "each message must be an object");
-        cJSON *role = field(m, "role");
+        cJSON *role = kaon_json_field(m, "role");
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!role) return bad(err, param, "message %d has no 'role'", i);
         if (!cJSON_IsString(role) || !in_list(roles, role->valuestring))
@@ -488,10 +484,10 @@ static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error
                        "invalid role '%.40s'; expected system, developer, user, assistant or "
                        "tool",
                        cJSON_IsString(role) ? role->valuestring : "(not a string)");
-        cJSON *name = field(m, "name");
+        cJSON *name = kaon_json_field(m, "name");
         snprintf(param, sizeof param, "messages[%d].name", i);
         if (name && !cJSON_IsString(name)) return bad(err, param, "'name' must be a string");
-        cJSON *tc = field(m, "tool_calls");
+        cJSON *tc = kaon_json_field(m, "tool_calls");
         snprintf(param, sizeof param, "messages[%d].tool_calls", i);
         if (tc && !cJSON_IsArray(tc)) return bad(err, param, "'tool_calls' must be a list");
         cJSON *content = message_content(m, i, role->valuestring, err);
@@ -519,16 +515,16 @@ static int parse_messages(const cJSON *root, kaon_api_request *r, kaon_api_error
 }
 
 static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_error *err) {
-    cJSON *tools = field(root, "tools");
+    cJSON *tools = kaon_json_field(root, "tools");
     if (tools) {
         if (!cJSON_IsArray(tools)) return bad(err, "tools", "'tools' must be a list");
         int i = 0;
         for (cJSON *t = tools->child; t; t = t->next, i++) {
             char param[48];
             snprintf(param, sizeof param, "tools[%d]", i);
-            cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
-            cJSON *fn = cJSON_IsObject(t) ? field(t, "function") : NULL;
-            cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+            cJSON *type = cJSON_IsObject(t) ? kaon_json_field(t, "type") : NULL;
+            cJSON *fn = cJSON_IsObject(t) ? kaon_json_field(t, "function") : NULL;
+            cJSON *name = cJSON_IsObject(fn) ? kaon_json_field(fn, "name") : NULL;
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
                 !cJSON_IsString(name))
                 return bad(err, param,
@@ -538,21 +534,21 @@ static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_er
         r->tools = cJSON_Duplicate(tools, 1);
         if (!r->tools) return oom(err);
     }
-    cJSON *tc = field(root, "tool_choice");
+    cJSON *tc = kaon_json_field(root, "tool_choice");
     if (tc) {
         if (!cJSON_IsString(tc) && !cJSON_IsObject(tc))
             return bad(err, "tool_choice", "'tool_choice' must be a string or an object");
         if (kaon_api_parse_tool_choice(tc, r, err) < 0) return -1;
     }
-    if (field(root, "parallel_tool_calls") && !cJSON_IsBool(field(root, "parallel_tool_calls")))
+    if (kaon_json_field(root, "parallel_tool_calls") && !cJSON_IsBool(kaon_json_field(root, "parallel_tool_calls")))
         return bad(err, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-    cJSON *ct = field(root, "chat_template");
+    cJSON *ct = kaon_json_field(root, "chat_template");
     if (ct) {
         if (!cJSON_IsString(ct)) return bad(err, "chat_template", "'chat_template' must be a string");
         r->chat_template = strdup(ct->valuestring);
         if (!r->chat_template) return oom(err);
     }
-    cJSON *kw = field(root, "chat_template_kwargs");
+    cJSON *kw = kaon_json_field(root, "chat_template_kwargs");
     if (kw) {
         if (!cJSON_IsObject(kw))
             return bad(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -563,7 +559,7 @@ static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_er
         read_bool(root, "continue_final_message", &r->continue_final_message, err) < 0)
         return -1;
     if (r->add_generation_prompt && r->continue_final_message) {
-        if (field(root, "add_generation_prompt"))
+        if (kaon_json_field(root, "add_generation_prompt"))
             return bad(err, "continue_final_message",
                        "Cannot set both `continue_final_message` and `add_generation_prompt` to "
                        "True.");
@@ -571,7 +567,7 @@ static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_er
     }
     if (r->continue_final_message) {
         cJSON *last = cJSON_GetArrayItem(r->messages, cJSON_GetArraySize(r->messages) - 1);
-        cJSON *role = last ? field(last, "role") : NULL;
+        cJSON *role = last ? kaon_json_field(last, "role") : NULL;
         if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
             return bad(err, "continue_final_message",
                        "continue_final_message needs an assistant message last");
@@ -582,7 +578,7 @@ static int parse_chat_extras(const cJSON *root, kaon_api_request *r, kaon_api_er
 // prompt: a string, a list of strings, a list of ids, or a list of lists of ids.
 static int parse_prompts(const cJSON *root, const kaon_api_limits *lim, kaon_api_request *r,
                          bool strings_only_single, kaon_api_error *err) {
-    cJSON *p = field(root, "prompt");
+    cJSON *p = kaon_json_field(root, "prompt");
     if (!p) return bad(err, "prompt", "'prompt' is required");
     int max_prompts = lim->max_prompts > 0 ? lim->max_prompts : 256;
     if (cJSON_IsString(p)) {
@@ -678,7 +674,7 @@ int kaon_api_parse_json(kaon_api_kind kind, const cJSON *root, const kaon_api_li
     if (parse_model(root, lim, out, err) < 0) goto done;
 
     if (kind == KAON_API_DETOKENIZE) {
-        cJSON *t = field(root, "tokens");
+        cJSON *t = kaon_json_field(root, "tokens");
         if (!t) {
             bad(err, "tokens", "'tokens' is required");
             goto done;
@@ -700,8 +696,8 @@ int kaon_api_parse_json(kaon_api_kind kind, const cJSON *root, const kaon_api_li
         goto done;
     }
     if (kind == KAON_API_TOKENIZE) {
-        bool has_msgs = field(root, "messages") != NULL;
-        if (!has_msgs && !field(root, "prompt")) {
+        bool has_msgs = kaon_json_field(root, "messages") != NULL;
+        if (!has_msgs && !kaon_json_field(root, "prompt")) {
             bad(err, "prompt", "either 'prompt' or 'messages' is required");
             goto done;
         }
@@ -740,7 +736,7 @@ int kaon_api_parse_json(kaon_api_kind kind, const cJSON *root, const kaon_api_li
     } else {
         if (parse_prompts(root, lim, out, false, err) < 0) goto done;
         if (read_bool(root, "echo", &out->echo, err) < 0) goto done;
-        cJSON *suffix = field(root, "suffix");
+        cJSON *suffix = kaon_json_field(root, "suffix");
         if (suffix && !(cJSON_IsString(suffix) && !suffix->valuestring[0])) {
             bad(err, "suffix", "'suffix' is not supported");
             goto done;

@@ -5,12 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/json_util.h"
 #include "server/openai.h"
-
-static cJSON *field(const cJSON *obj, const char *key) {
-    cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return it && !cJSON_IsNull(it) ? it : NULL;
-}
 
 static int bad(kaon_api_error *err, const char *param, const char *msg) {
     kaon_api_error_set(err, 400, "invalid_value", param, "%s", msg);
@@ -75,23 +71,23 @@ static int set_choice(kaon_api_request *r, const cJSON *v, const char *param,
 
 static int parse_response_format(const cJSON *rf, kaon_api_request *r, kaon_api_error *err) {
     const char *P = "response_format";
-    cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+    cJSON *t = cJSON_IsObject(rf) ? kaon_json_field(rf, "type") : NULL;
     if (!cJSON_IsString(t)) return bad(err, P, "'response_format' must be an object with a type");
     const char *type = t->valuestring;
     if (!strcmp(type, "text")) return 0;
     if (!strcmp(type, "json_object"))
         return set_format(r, KAON_API_FORMAT_JSON_OBJECT, P, NULL, err);
     if (!strcmp(type, "json_schema")) {
-        cJSON *js = field(rf, "json_schema");
+        cJSON *js = kaon_json_field(rf, "json_schema");
         if (!cJSON_IsObject(js))
             return bad(err, P, "response_format json_schema needs a 'json_schema' object");
-        cJSON *name = field(js, "name");
+        cJSON *name = kaon_json_field(js, "name");
         if (name && !cJSON_IsString(name))
             return bad(err, P, "response_format json_schema's 'name' must be a string");
-        cJSON *strict = field(js, "strict");
+        cJSON *strict = kaon_json_field(js, "strict");
         if (strict && !cJSON_IsBool(strict))
             return bad(err, P, "response_format json_schema's 'strict' must be a boolean");
-        cJSON *schema = field(js, "schema");
+        cJSON *schema = kaon_json_field(js, "schema");
         if (!schema) return bad(err, P, "response_format json_schema needs a 'schema'");
         return set_schema(r, schema, P, err);
     }
@@ -107,20 +103,20 @@ static int parse_structured_outputs(const cJSON *so, kaon_api_request *r, kaon_a
     if (!cJSON_IsObject(so)) return bad(err, P, "'structured_outputs' must be an object");
     int n = 0;
     cJSON *v;
-    if ((v = field(so, "json")) && ++n && set_schema(r, v, P, err) < 0) return -1;
-    if ((v = field(so, "regex")) && ++n &&
+    if ((v = kaon_json_field(so, "json")) && ++n && set_schema(r, v, P, err) < 0) return -1;
+    if ((v = kaon_json_field(so, "regex")) && ++n &&
         set_string(r, KAON_API_FORMAT_REGEX, v, P, "a regular expression", err) < 0)
         return -1;
-    if ((v = field(so, "choice")) && ++n && set_choice(r, v, P, err) < 0) return -1;
-    if ((v = field(so, "grammar")) && ++n &&
+    if ((v = kaon_json_field(so, "choice")) && ++n && set_choice(r, v, P, err) < 0) return -1;
+    if ((v = kaon_json_field(so, "grammar")) && ++n &&
         set_string(r, KAON_API_FORMAT_GRAMMAR, v, P, "a GBNF grammar", err) < 0)
         return -1;
-    if ((v = field(so, "json_object"))) {
+    if ((v = kaon_json_field(so, "json_object"))) {
         if (!cJSON_IsBool(v)) return bad(err, P, "structured_outputs.json_object must be a boolean");
         if (cJSON_IsTrue(v) && ++n && set_format(r, KAON_API_FORMAT_JSON_OBJECT, P, NULL, err) < 0)
             return -1;
     }
-    if ((v = field(so, "structural_tag")))
+    if ((v = kaon_json_field(so, "structural_tag")))
         return bad(err, P, "structured_outputs.structural_tag is not supported");
     if (n == 0)
         return bad(err, P, "'structured_outputs' needs one of json, regex, choice, grammar, "
@@ -130,16 +126,16 @@ static int parse_structured_outputs(const cJSON *so, kaon_api_request *r, kaon_a
 
 int kaon_api_parse_format(const cJSON *root, kaon_api_request *r, kaon_api_error *err) {
     cJSON *v;
-    if ((v = field(root, "response_format")) && parse_response_format(v, r, err) < 0) return -1;
-    if ((v = field(root, "structured_outputs")) && parse_structured_outputs(v, r, err) < 0)
+    if ((v = kaon_json_field(root, "response_format")) && parse_response_format(v, r, err) < 0) return -1;
+    if ((v = kaon_json_field(root, "structured_outputs")) && parse_structured_outputs(v, r, err) < 0)
         return -1;
-    if ((v = field(root, "guided_json")) && set_schema(r, v, "guided_json", err) < 0) return -1;
-    if ((v = field(root, "guided_regex")) &&
+    if ((v = kaon_json_field(root, "guided_json")) && set_schema(r, v, "guided_json", err) < 0) return -1;
+    if ((v = kaon_json_field(root, "guided_regex")) &&
         set_string(r, KAON_API_FORMAT_REGEX, v, "guided_regex", "a regular expression", err) < 0)
         return -1;
-    if ((v = field(root, "guided_choice")) && set_choice(r, v, "guided_choice", err) < 0)
+    if ((v = kaon_json_field(root, "guided_choice")) && set_choice(r, v, "guided_choice", err) < 0)
         return -1;
-    if ((v = field(root, "guided_grammar")) &&
+    if ((v = kaon_json_field(root, "guided_grammar")) &&
         set_string(r, KAON_API_FORMAT_GRAMMAR, v, "guided_grammar", "a GBNF grammar", err) < 0)
         return -1;
     return 0;
@@ -147,7 +143,7 @@ int kaon_api_parse_format(const cJSON *root, kaon_api_request *r, kaon_api_error
 
 static bool has_tool(const cJSON *tools, const char *name) {
     for (const cJSON *t = tools ? tools->child : NULL; t; t = t->next) {
-        cJSON *n = field(field(t, "function"), "name");
+        cJSON *n = kaon_json_field(kaon_json_field(t, "function"), "name");
         if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return true;
     }
     return false;
@@ -168,8 +164,8 @@ int kaon_api_parse_tool_choice(const cJSON *tc, kaon_api_request *r, kaon_api_er
         if (!any_tools) return bad(err, P, "tool_choice 'required' needs 'tools'");
         r->tool_choice_required = true;
     } else {
-        cJSON *type = field(tc, "type"), *fn = field(tc, "function");
-        cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+        cJSON *type = kaon_json_field(tc, "type"), *fn = kaon_json_field(tc, "function");
+        cJSON *name = cJSON_IsObject(fn) ? kaon_json_field(fn, "name") : NULL;
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
             !cJSON_IsString(name))
             return bad(err, P, "a named tool_choice is {\"type\": \"function\", \"function\": "

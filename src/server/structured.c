@@ -8,6 +8,7 @@
 #include "grammar/grammar_constraint.h"
 #include "grammar/json_schema.h"
 #include "grammar/regex_gbnf.h"
+#include "io/json_util.h"
 #include "util/err.h"
 #include "util/log.h"
 
@@ -28,17 +29,12 @@ void kaon_structured_destroy(kaon_structured *st) {
     memset(st, 0, sizeof *st);
 }
 
-static cJSON *field(const cJSON *obj, const char *key) {
-    cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return it && !cJSON_IsNull(it) ? it : NULL;
-}
-
 // A function's parameters schema ({"type": "object"} when it declares none).
 static cJSON *tool_parameters(const cJSON *tools, const char *name) {
     for (const cJSON *t = tools ? tools->child : NULL; t; t = t->next) {
-        cJSON *fn = field(t, "function"), *n = field(fn, "name");
+        cJSON *fn = kaon_json_field(t, "function"), *n = kaon_json_field(fn, "name");
         if (!cJSON_IsString(n) || (name && strcmp(n->valuestring, name))) continue;
-        cJSON *p = field(fn, "parameters");
+        cJSON *p = kaon_json_field(fn, "parameters");
         if (p) return cJSON_Duplicate(p, 1);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "type", "object");
@@ -56,7 +52,7 @@ static cJSON *required_calls_schema(const cJSON *tools) {
     cJSON_AddItemToObject(root, "items", items);
     cJSON *any = cJSON_AddArrayToObject(items, "anyOf");
     for (const cJSON *t = tools ? tools->child : NULL; t && any; t = t->next) {
-        cJSON *n = field(field(t, "function"), "name");
+        cJSON *n = kaon_json_field(kaon_json_field(t, "function"), "name");
         if (!cJSON_IsString(n)) continue;
         cJSON *call = cJSON_CreateObject();
         cJSON_AddItemToArray(any, call);
