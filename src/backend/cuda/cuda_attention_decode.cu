@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(W * 32)
 k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
               const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
               const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs, int64_t n_slots,
-              int nh, int nkv, int g, float qscale, float vs, int window, int min_keys,
+              int nh, int nkv, int g, float qscale, float vs, int window, int min_keys, int prefetch,
               bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
     constexpr int LPK = HD / 8;       // lanes per K row
     constexpr int KPI = 32 / LPK;     // keys per load instruction
@@ -125,23 +125,38 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
     __shared__ float w_s[G][DEC_MAX_SPLITS];
     __shared__ int last_flag;
     kc_pdl_trigger();
-    kc_pdl_wait();
 
+    // The range's bounds come from the step's metadata, readable before the wait.
     const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int p = pos[t], sq = seq[t];
+    const int p = ld_meta(pos + t), sq = ld_meta(seq + t);
     const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
     const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;  // the first key
     const int len = ok ? p + 1 - lo : 0;
     int n_act = (len + min_keys - 1) / min_keys;
     n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
-    if (z >= n_act) return;
     const int chunk = (len + n_act - 1) / n_act;
     const int r0 = min(len, z * chunk);
     const int k0 = lo + r0, k1 = lo + min(len, r0 + chunk);
     const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
     const size_t row = (size_t)nkv * HD;
     const KT *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
+    // A few tokens (batch-1 decode): the range's K and V rows are pulled into L2 while the
+    // kernels before finish, so the loads after the wait are L2 hits. (A row this step writes
+    // may be fetched stale; the loads below read it again after the wait, and L2 is coherent.)
+    if (prefetch && z < n_act)
+        for (int kk = k0 + tid; kk < k1; kk += W * 32) {
+            const int blk = ld_meta(bt + kk / bs);
+            const int64_t s64 = (int64_t)blk * bs + kk % bs;
+            if (blk < 0 || s64 >= n_slots) continue;
+#pragma unroll
+            for (int o = 0; o < HD * (int)sizeof(KT); o += 128) {
+                prefetch_l2((const char *)(kbase + (size_t)s64 * row) + o);
+                prefetch_l2((const char *)(vbase + (size_t)s64 * row) + o);
+            }
+        }
+    kc_pdl_wait();  // every block waits, also an idle range (kc_pdl_wait's rule)
+    if (z >= n_act) return;
     const int sub = lane % LPK, kin = lane / LPK;
 
     float qr[G][8];
@@ -345,14 +360,17 @@ static void launch(kc_backend *b, dim3 grid, const bf16 *q, const KT *kc_, const
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
     const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : few ? 2 * DEC_MIN_KEYS : DEC_MIN_KEYS;
     static const int w_env = getenv("KAON_DEC_WARPS") ? atoi(getenv("KAON_DEC_WARPS")) : 0;
+    // L2 prefetch before the wait for a few tokens only (KAON_DEC_PREFETCH=0: off, for A/B).
+    static const int pf_env = getenv("KAON_DEC_PREFETCH") ? atoi(getenv("KAON_DEC_PREFETCH")) : 1;
+    const int prefetch = few && pf_env != 0;
     if (w_env == 8 || (w_env != 4 && few))
         kc_launch(b, k_decode_attn<HD, G, KT, 8>, grid, dim3(8 * 32), 0, q, kc_, vc, pos, seq, tab, m->n_seqs,
-                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, out, b->attn_part,
-                  b->attn_count);
+                  m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, prefetch, out,
+                  b->attn_part, b->attn_count);
     else
         kc_launch(b, k_decode_attn<HD, G, KT, DEC_WARPS>, grid, dim3(DEC_WARPS * 32), 0, q, kc_, vc, pos, seq, tab,
-                  m->n_seqs, m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, out,
-                  b->attn_part, b->attn_count);
+                  m->n_seqs, m->max_blocks, m->block_size, n_slots, nh, nkv, g, qscale, vs, window, min_keys, prefetch,
+                  out, b->attn_part, b->attn_count);
 }
 
 template <int HD, typename KT>

@@ -132,6 +132,18 @@ static inline kc_backend *kc(kaon_backend *be) { return (kc_backend *)be; }
 static __device__ __forceinline__ void kc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 static __device__ __forceinline__ void kc_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
+// Step metadata (positions, sequences, block tables): only the host's copy before the step's
+// first kernel writes it, so a kernel may read it before kc_pdl_wait. (Loaded like weights, so
+// tests/gpu/pdl_check.py counts it among the loads allowed before the wait.)
+static __device__ __forceinline__ int ld_meta(const int32_t *p) {
+    int r;
+    asm volatile("ld.global.nc.L1::no_allocate.s32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// Warms L2 with the 128-byte line at p (no register result; L2 stays coherent with later writes).
+static __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // A weight load that streams past L1 (each weight is read once per step).
 static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;
