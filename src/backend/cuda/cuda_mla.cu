@@ -463,7 +463,7 @@ void kc_op_head_linear(kaon_backend *be, const void *x_, int n, int nh, size_t x
 static __device__ __forceinline__ int mla_range(const int32_t *pos, const int32_t *seq, int t, int n_seqs,
                                                 int max_blocks, int bs, int S, int min_keys, int z, int *k0, int *k1,
                                                 int *sq_out) {
-    const int p = pos[t], sq = seq[t];
+    const int p = ld_meta(pos + t), sq = ld_meta(seq + t);  // (readable before the PDL wait)
     const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
     const int len = ok ? p + 1 : 0;
     int n_act = (len + min_keys - 1) / min_keys;
@@ -612,7 +612,8 @@ template <int MT>
 __global__ void __launch_bounds__(MLA_THREADS, 1)
 k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32_t *__restrict__ pos,
          const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs,
-         int64_t n_slots, int nh, float qscale, int min_keys, bf16 *__restrict__ out, float *__restrict__ part) {
+         int64_t n_slots, int nh, float qscale, int min_keys, int prefetch, bf16 *__restrict__ out,
+         float *__restrict__ part) {
     typedef MlaTC<MT> C;
     constexpr int HB = C::HB, DS = C::DS, KT = C::KT, KW = C::KW, NQ = C::NQ, DW = C::DW, NV = C::NV,
                   PLD = C::PLD;
@@ -624,15 +625,27 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
     float *red = (float *)(p_s + HB * PLD);  // [8 warps][16 rows]
     int *slot_s = (int *)(red + 8 * 16);     // [2][KT]
     kc_pdl_trigger();
-    kc_pdl_wait();
 
     const int t = blockIdx.x, h0 = blockIdx.y * HB, z = blockIdx.z, S = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mt = warp / DS, ds = warp % DS, g = lane >> 2, tg = lane & 3;
     int k0, k1, sq;
     const int n_act = mla_range(pos, seq, t, n_seqs, max_blocks, bs, S, min_keys, z, &k0, &k1, &sq);
-    if (z >= n_act) return;
     const int32_t *bt = tables + (size_t)sq * max_blocks;
+    // A few tokens (batch-1 decode): the range's latent rows are pulled into L2 while the kernels
+    // before finish (the row this step writes may arrive stale; the tiles below read it again
+    // after the wait, and L2 is coherent).
+    if (prefetch && z < n_act)
+        for (int kk = k0 + tid; kk < k1; kk += MLA_THREADS) {
+            const int blk = ld_meta(bt + kk / bs);
+            const int64_t s64 = (int64_t)blk * bs + kk % bs;
+            if (blk < 0 || s64 >= n_slots) continue;
+#pragma unroll
+            for (int o = 0; o < MLA_D * (int)sizeof(bf16); o += 128)
+                prefetch_l2((const char *)(cache + (size_t)s64 * MLA_D) + o);
+        }
+    kc_pdl_wait();  // every block waits, also an idle range (kc_pdl_wait's rule)
+    if (z >= n_act) return;
     const int ntiles = (k1 - k0 + KT - 1) / KT;
 
     auto load_tile = [&](int buf) {
@@ -943,8 +956,11 @@ static int launch_tc(kc_backend *b, int T, int S, const bf16 *q, const bf16 *cac
     typedef MlaTC<MT> C;
     if (smem_optin(b, (const void *)k_mla_tc<MT>, MT, C::SMEM)) return -1;
     const dim3 grid((unsigned)T, (unsigned)(nh / C::HB), (unsigned)S);
+    // L2 prefetch before the PDL wait for launches of a few tokens (KAON_MLA_PREFETCH=0: off, for A/B).
+    static const int pf_env = getenv("KAON_MLA_PREFETCH") ? atoi(getenv("KAON_MLA_PREFETCH")) : 1;
+    const int prefetch = T <= 4 && pf_env != 0;
     kc_launch(b, k_mla_tc<MT>, grid, dim3(MLA_THREADS), C::SMEM, q, cache, pos, seq, tab, m->n_seqs, m->max_blocks,
-              m->block_size, n_slots, nh, qscale, min_keys, out, b->attn_part);
+              m->block_size, n_slots, nh, qscale, min_keys, prefetch, out, b->attn_part);
     return kc_launched(b, "mla attention");
 }
 
