@@ -728,6 +728,7 @@ int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *ro
         return kaon_set_error("json schema: invalid UTF-8 in a string");
     }
     js_conv c;
+    size_t out_len = out->len;  // before init_conv: it may write shared rules (whitespace)
     init_conv(&c, root, opts, out);
     c.doc = doc;
     // the root is a $ref target too ("#"): register it under the root rule's name
@@ -739,7 +740,6 @@ int kaon_json_schema_to_gbnf(const char *schema_json, size_t len, const char *ro
         c.cap_refs = 16;
         c.n_refs = 1;
         int cap = c.opts.max_ref_depth ? c.opts.max_ref_depth : KAON_JSON_SCHEMA_REF_DEPTH;
-        size_t out_len = out->len;
         // with the nesting limit first; a schema that requires deeper nesting gets its exact
         // recursive grammar instead
         for (int pass = cap > 0 ? 0 : 1; pass < 2; pass++) {

@@ -104,6 +104,11 @@ static const schema_case CASES[] = {
      false, false, {"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3,\"next\":null}}}"},
      {"{\"v\":1}", "{\"v\":1,\"next\":{\"v\":2}}"}},
     {"{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", false, false, {"[]", "[[],[[]]]"}, {"[1]", "[[],]"}},
+    // recursion that needs more than the nesting limit falls back to the exact grammar; with any
+    // whitespace its shared rules must be written once (a fuzzer found them written twice); no
+    // finite text matches (every array needs an array inside)
+    {"{\"type\":\"array\",\"items\":{\"$ref\":\"#\"},\"minItems\":1,\"maxItems\":4}", false, true,
+     {NULL}, {"[]", "[[]]", "[ [ [ ] ] ]", "[[1]]"}},
     {"{\"definitions\":{\"a~b\":{\"type\":\"boolean\"}},\"properties\":{\"x\":{\"$ref\":\"#/definitions/a~0b\"}},"
      "\"type\":\"object\",\"required\":[\"x\"]}",
      true, false, {"{\"x\":true}"}, {"{\"x\":1}"}},
