@@ -12,6 +12,14 @@ bench/results/spec-<device>-<date>.json.
   python3 bench/spec_decode.py --kaon build/kaon                       # CPU, the default model
   python3 bench/spec_decode.py --kaon build-gpu/kaon --device cuda \\
       --config bench/configs/meta-llama__Llama-3.1-8B.json --tokens 256  # dummy weights on a GPU
+
+--method mtp (a DeepSeek-V3 config or checkpoint with num_nextn_predict_layers): besides the
+oracle runs, the MTP layer drafts for each k, once as it is (real acceptance; greedy identity
+checked) and once with force_accept (benchmarks only: every draft kept unverified, so the
+output is not the model's): the speed at acceptance length k + 1 with the draft model's passes
+paid, against the oracle's (the verify alone) at the same k.
+  python3 bench/spec_decode.py --kaon build-gpu/kaon --device cuda --method mtp \\
+      --config <a DeepSeek-V3 config.json, e.g. fewer layers> --tokens 256 --k 1,2,3
 """
 import argparse
 import json
@@ -83,6 +91,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--k", default="1,2,3", help="oracle draft counts (acceptance length k + 1)")
     ap.add_argument("--ngram-k", type=int, default=4)
+    ap.add_argument("--method", default="oracle", choices=["oracle", "mtp"],
+                    help="mtp: also the MTP draft model, as it is and at forced acceptance")
     ap.add_argument("--reps", type=int, default=1, help="runs of each variant (the best is kept)")
     ap.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn below this")
     ap.add_argument("--output-json", help="default: bench/results/spec-<device>-<date>.json")
@@ -107,6 +117,15 @@ def main():
             r = best(prompt, {"method": "oracle", "num_speculative_tokens": k, "oracle_file": str(oracle)})
             results.append(dict(variant=f"oracle k={k}", same_ids=r["ids"] == plain["ids"],
                                 **parting(a, prompt, plain["ids"], r["ids"]),
+                                speedup=r["decode_tok_s"] / plain["decode_tok_s"],
+                                **{k2: v for k2, v in r.items() if k2 != "ids"}))
+    for k in [int(x) for x in a.k.split(",") if x] if a.method == "mtp" else []:
+        for forced in (False, True):
+            spec = {"method": "mtp", "num_speculative_tokens": k, "force_accept": forced}
+            r = best(prompt, spec)
+            results.append(dict(variant=f"mtp k={k}" + (" forced" if forced else ""),
+                                same_ids=None if forced else r["ids"] == plain["ids"],
+                                **({} if forced else parting(a, prompt, plain["ids"], r["ids"])),
                                 speedup=r["decode_tok_s"] / plain["decode_tok_s"],
                                 **{k2: v for k2, v in r.items() if k2 != "ids"}))
     loop_plain = best(loop_prompt)

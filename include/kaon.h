@@ -33,6 +33,8 @@ typedef struct kaon_request kaon_request;
 #define KAON_SPEC_MAX_TOKENS 16
 typedef struct kaon_speculative_options {
     const char *method;             // NULL or "": off; "ngram": prompt lookup (no weights);
+                                    // "mtp" / "deepseek_mtp": DeepSeek-V3/R1's own MTP layer
+                                    // (num_nextn_predict_layers) drafts greedily;
                                     // "oracle" (benchmarks): replays oracle_file's outputs
     int num_speculative_tokens;     // drafts per step, 1..KAON_SPEC_MAX_TOKENS
     int prompt_lookup_min;          // ngram: the shortest suffix matched (0: 2)
@@ -43,6 +45,11 @@ typedef struct kaon_speculative_options {
                                     // a sequence whose prompt is listed drafts the recorded
                                     // continuation while its output follows it (no cost: it
                                     // bounds the verify machinery's overhead)
+    const char *model;              // a draft model's path (vLLM's key); mtp: not used (the
+                                    // draft is the target's own layer num_hidden_layers)
+    bool force_accept;              // BENCHMARKS ONLY: every draft is kept as if verified, so
+                                    // the output is NOT the model's; measures a proposer's whole
+                                    // cost (its forward passes included) at full acceptance
 } kaon_speculative_options;
 
 typedef struct kaon_engine_options {
@@ -50,6 +57,8 @@ typedef struct kaon_engine_options {
     const char *device;             // "cpu" (default), "cuda" (GPU 0), "cuda:N", or "noop" (no
                                     // math: measures the engine itself)
     int n_threads;                  // CPU threads (0: all cores)
+    int tensor_parallel_size;       // ranks of tensor parallelism (0 or 1: off); the CPU now:
+                                    // one worker thread per rank, n_threads / N threads each
     int max_num_seqs;               // sequences running at once (0: 256)
     int max_num_batched_tokens;     // token budget of one step (0: 512 on the CPU, 8192 on a GPU)
     int max_logit_rows;             // logit rows one step returns (0: max_num_seqs); prompt

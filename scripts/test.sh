@@ -34,7 +34,8 @@ KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench
 
 echo "== [$(date -u +%T)] engine and model tests again on the ASan + UBSan build"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
-KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_spec_decode.py -k "llama or sampling or bounds"
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_spec_decode.py tests/ref/test_mtp_ref.py -k "llama or sampling or bounds or mtp"
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_tensor_parallel.py -k "not smollm2"
 
 echo "== [$(date -u +%T)] end-to-end tests against the ASan + UBSan server"
 # Any sanitizer report in a server's output fails the test (tests/e2e/conftest.py), leaks included.
@@ -56,6 +57,9 @@ KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/e2e/test_concurre
   tests/e2e/test_limits.py tests/e2e/test_bad_requests.py tests/e2e/test_openai_api.py \
   tests/e2e/test_anthropic_api.py \
   -k "(concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics) and not drain_timeout_aborts"
+# Tensor parallelism: rank worker threads, the CPU communicator, the engine thread's hand-off.
+KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/ref/test_tensor_parallel.py \
+  -k "(llama or qwen3) and (prefill or batched) and not gguf and not smollm2"
 unset TSAN_OPTIONS UBSAN_OPTIONS
 
 echo "== [$(date -u +%T)] fuzzers (${fuzz_seconds}s each, ASan + UBSan)"

@@ -122,7 +122,7 @@ int kaon_cli_check_kv_dtype(const char *v) {
 }
 
 int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
-    static char method[32], oracle[4096];  // the options point here for the life of the process
+    static char method[32], oracle[4096], model[4096];  // the options point here for the life of the process
     cJSON *j = json ? cJSON_Parse(json) : NULL;
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
@@ -142,9 +142,16 @@ int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
             if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof oracle)
                 rc = kaon_cli_fail("bad --speculative-config: \"oracle_file\" must be a path");
             else o->oracle_file = strcpy(oracle, f->valuestring);
+        } else if (!strcmp(k, "model")) {
+            if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof model)
+                rc = kaon_cli_fail("bad --speculative-config: \"model\" must be a path");
+            else o->model = strcpy(model, f->valuestring);
+        } else if (!strcmp(k, "force_accept")) {
+            if (!cJSON_IsBool(f)) rc = kaon_cli_fail("bad --speculative-config: \"force_accept\" must be true or false");
+            else o->force_accept = cJSON_IsTrue(f);
         } else if (!strcmp(k, "method")) {
             if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof method)
-                rc = kaon_cli_fail("bad --speculative-config: \"method\" must be a string (ngram)");
+                rc = kaon_cli_fail("bad --speculative-config: \"method\" must be a string (ngram, mtp)");
             else o->method = strcpy(method, f->valuestring);
         } else if (dst) {
             if (!cJSON_IsNumber(f) || f->valuedouble != (double)(int)f->valuedouble)
@@ -152,12 +159,12 @@ int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
             else *dst = (int)f->valuedouble;
         } else {
             rc = kaon_cli_fail("bad --speculative-config: unknown key \"%s\" (method, num_speculative_tokens, "
-                               "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, oracle_file)", k);
+                               "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, oracle_file, model, force_accept)", k);
         }
     }
     cJSON_Delete(j);
     if (rc) return rc;
-    if (!o->method) return kaon_cli_fail("bad --speculative-config: \"method\" is missing (ngram)");
+    if (!o->method) return kaon_cli_fail("bad --speculative-config: \"method\" is missing (ngram, mtp)");
     kaon_spec_config c;
     rc = kaon_spec_config_resolve(o, &c) ? kaon_cli_fail("bad --speculative-config: %s", kaon_last_error()) : 0;
     kaon_spec_config_free(&c);

@@ -560,7 +560,7 @@ static void usage_offline(const char *sub) {
                "  --random-range-ratio R (0: lengths uniform in [len*(1-R), len*(1+R)])\n");
     printf("  -m, --model PATH        GGUF file, HF folder, or with --load-format dummy a config.json or its folder\n"
            "  --load-format auto|dummy  dummy: random weights of the config's shapes (no weight files)\n"
-           "  --device cpu|cuda|cuda:N|noop  --threads N  --max-num-seqs N  --max-num-batched-tokens N\n"
+           "  --device cpu|cuda|cuda:N|noop  --threads N  -tp N  --max-num-seqs N  --max-num-batched-tokens N\n"
            "  --max-model-len N  --kv-cache-memory MIB  --gpu-memory-utilization F  --no-prefix-caching\n"
            "  --kv-cache-dtype T (" KAON_CLI_KV_DTYPE_HELP ")\n"
            "  --speculative-config JSON (" KAON_CLI_SPEC_HELP ")\n"
@@ -603,6 +603,7 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         else if (!strcmp(a, "--load-format") && (!strcmp(v, "auto") || !strcmp(v, "dummy"))) { o.dummy = !strcmp(v, "dummy"); i++; }
         else if (!strcmp(a, "--device")) { if (kaon_cli_check_device(v, true)) return 2; o.eo.device = v; i++; }
         else if (!strcmp(a, "--threads") && kaon_cli_parse_int(v, 1, 4096, &l)) { o.eo.n_threads = (int)l; i++; }
+        else if ((!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) && kaon_cli_parse_int(v, 1, 64, &l)) { o.eo.tensor_parallel_size = (int)l; i++; }
         else if (!strcmp(a, "--max-num-seqs") && kaon_cli_parse_int(v, 1, 65536, &l)) { o.eo.max_num_seqs = (int)l; i++; }
         else if (!strcmp(a, "--max-num-batched-tokens") && kaon_cli_parse_int(v, 1, 1 << 20, &l)) { o.eo.max_num_batched_tokens = (int)l; i++; }
         else if (!strcmp(a, "--max-model-len") && kaon_cli_parse_int(v, 2, 1 << 24, &l)) { o.eo.max_model_len = (int)l; i++; }

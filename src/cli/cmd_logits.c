@@ -12,12 +12,13 @@
 
 int kaon_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *out_path = NULL, *device = NULL, *kv_dtype = NULL;
-    long threads = kaon_cli_default_threads(), chunk = 512;
+    long threads = kaon_cli_default_threads(), chunk = 512, tp = 1;
     bool decode = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kaon logits [-m MODEL] --prompt-ids IDS -o OUT.f32 [--decode] [--chunk N] [--threads N]\n"
+                   "                   [--tensor-parallel-size N]\n"
                    "                   [--device cpu|cuda|cuda:N] [--kv-cache-dtype auto|bf16|fp8]\n");
             return 0;
         }
@@ -30,6 +31,8 @@ int kaon_cmd_logits(int argc, char **argv) {
             if (!kaon_cli_parse_int(argv[++i], 1, 1 << 16, &chunk)) return kaon_cli_fail("bad --chunk");
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (!kaon_cli_parse_int(argv[++i], 1, 1024, &threads)) return kaon_cli_fail("bad --threads");
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            if (!kaon_cli_parse_int(argv[++i], 1, 64, &tp)) return kaon_cli_fail("bad --tensor-parallel-size");
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             kv_dtype = argv[++i];
             if (kaon_cli_check_kv_dtype(kv_dtype)) return 2;
@@ -47,6 +50,7 @@ int kaon_cmd_logits(int argc, char **argv) {
     kaon_engine_options_default(&eo);
     eo.device = device;
     eo.n_threads = (int)threads;
+    eo.tensor_parallel_size = (int)tp;
     eo.kv_cache_dtype = kv_dtype;
     eo.load_tokenizer = false;
     eo.max_num_seqs = 1;

@@ -33,6 +33,7 @@ static void usage(void) {
            "  --ignore-eos           keep generating past end-of-sequence tokens\n"
            "engine:\n"
            "  --threads N            CPU threads (default: physical cores)\n"
+           "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
            "  --device DEV           where the model runs: cpu (default), cuda, cuda:N\n"
            "  --load-format F        auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N           context length (default 4096)\n"
@@ -46,7 +47,7 @@ typedef struct run_opts {
     const char *model, *prompt, *prompt_ids, *device, *kv_dtype;
     kaon_speculative_options spec;
     bool dummy;
-    long n_predict, threads, ctx;
+    long n_predict, threads, ctx, tp;
     kaon_sampling sp;
     const char *stop[MAX_STOP];
     kaon_logit_bias bias[MAX_BIAS];
@@ -124,6 +125,9 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 1, 1024, &l)) return kaon_cli_fail("bad --threads '%s'", v);
             o->threads = l;
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            NEED_VALUE(); if (!kaon_cli_parse_int(v, 1, 64, &l)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", v);
+            o->tp = l;
         } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 16, 1 << 24, &l)) return kaon_cli_fail("bad --ctx-size '%s'", v);
             o->ctx = l;
@@ -181,6 +185,7 @@ int kaon_cmd_run(int argc, char **argv) {
     kaon_engine_options_default(&eo);
     eo.device = o.device;
     eo.n_threads = (int)o.threads;
+    eo.tensor_parallel_size = (int)o.tp;
     eo.max_num_seqs = 1;
     eo.max_model_len = o.ctx ? (int)o.ctx : 4096;
     eo.kv_cache_dtype = o.kv_dtype;

@@ -47,6 +47,7 @@ static void usage(FILE *f) {
             "  --load-format auto|dummy       dummy: random weights from MODEL = a config.json or its folder\n"
             "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
             "  --threads N                    CPU threads (default: physical cores)\n"
+            "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
@@ -229,6 +230,10 @@ int kaon_cmd_serve(int argc, char **argv) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --threads '%s'", next);
             o.engine.n_threads = (int)v;
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 64, &v)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", next);
+            o.engine.tensor_parallel_size = (int)v;
         } else if (!strcmp(a, "--block-size")) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --block-size '%s'", next);

@@ -89,8 +89,8 @@ static const vf_entry table[] = {
     {"--enable-chunked-prefill", VF_ACCEPT, 0, NULL, NULL},
     {"--use-tqdm-on-load", VF_ACCEPT, 0, NULL, NULL},
     // Only the value kaon has.
-    {"-tp", VF_ONLY, 1, "1", NOT_YET_18},
-    {"--tensor-parallel-size", VF_ONLY, 1, "1", NOT_YET_18},
+    {"-tp", VF_KAON, 1, "--tensor-parallel-size", NULL},
+    {"--tensor-parallel-size", VF_KAON, 1, NULL, NULL},
     {"-pp", VF_ONLY, 1, "1", NOT_YET_18},
     {"--pipeline-parallel-size", VF_ONLY, 1, "1", NOT_YET_18},
     {"-dp", VF_ONLY, 1, "1", "kaon serves with one engine: run several servers behind a balancer"},

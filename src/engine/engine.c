@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "model/tp.h"
 #include "util/cpus.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -129,7 +130,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     pthread_cond_init(&e->work_cv, NULL);
     e->next_id = 1;
 
-    e->model = kaon_model_load(o->model);
+    // A draft model inside the checkpoint (MTP) is loaded with it.
+    e->model = e->spec.method == KAON_SPEC_MTP ? kaon_model_load_mtp(o->model) : kaon_model_load(o->model);
     if (!e->model) goto fail;
     const kaon_model_config *c = &e->model->cfg;
     e->vocab = c->vocab_size;
@@ -139,6 +141,13 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->be = kaon_backend_create(&dev, o->n_threads);
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, kaon_kv_elem_bytes(e->be, e->kv_dtype));
+    if (o->tensor_parallel_size > 1) {
+        // Every rank caches its KV heads (replicated ones on each rank that reads them): the
+        // plan counts the bytes of all ranks together.
+        kaon_tp_layout tpl;
+        if (kaon_tp_plan(e->model, o->tensor_parallel_size, 0, &tpl)) goto fail;
+        per_token = per_token / (size_t)c->n_kv_heads * (size_t)tpl.nkv * (size_t)o->tensor_parallel_size;
+    }
     e->kv_per_token = per_token;
     // GPU memory plan: weights (as the backend stores them), then the activation buffers (plus a
     // reserve for cuBLAS, attention partials and graphs), then KV blocks up to
@@ -151,6 +160,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         plan_act = kaon_runner_act_bytes(e->model, e->be->ops->act_elem_bytes,
                                          o->max_num_batched_tokens, e->max_logits) +
                    ((size_t)512 << 20);
+        if (kaon_spec_has_draft_model(&e->spec))  // the kept hidden states and the draft's inputs
+            plan_act += 2 * (size_t)o->max_num_batched_tokens * (size_t)c->hidden_size * e->be->ops->act_elem_bytes;
         if (!kv_given) {
             double budget = util * (double)gpu_total - (double)(gpu_total - gpu_free) -
                             (double)plan_weights - (double)plan_act;
@@ -199,8 +210,17 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                 : kaon_tokenizer_from_hf_dir(e->model->path);
         if (!e->tok) goto fail;
     }
-    e->runner = kaon_runner_create_kv(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
-                                      e->n_blocks, e->block_size, e->kv_dtype);
+    if (o->tensor_parallel_size > 1 && dev.kind != KAON_DEVICE_CPU) {
+        kaon_set_error("engine: --tensor-parallel-size %d: tensor parallelism runs on the CPU only in this "
+                       "build (the GPU one needs the NCCL runner: issue 18)", o->tensor_parallel_size);
+        goto fail;
+    }
+    e->runner = o->tensor_parallel_size > 1
+                    ? kaon_runner_create_tp(e->model, o->tensor_parallel_size, o->n_threads,
+                                            o->max_num_batched_tokens, e->max_logits, e->n_blocks, e->block_size,
+                                            e->kv_dtype)
+                    : kaon_runner_create_kv(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
+                                            e->n_blocks, e->block_size, e->kv_dtype);
     if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
     if (dev.kind == KAON_DEVICE_CPU) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
     e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
@@ -209,6 +229,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         goto fail;
     }
     if (alloc_step_buffers(e)) goto fail;
+    if (kaon_spec_has_draft_model(&e->spec) && kaon_spec_model_init(e)) goto fail;
     if (on_gpu && e->be->ops->mem_info) {
         size_t fr = 0, tot = 0;
         e->be->ops->mem_info(e->be, &fr, &tot);
@@ -913,8 +934,15 @@ static void step_execute(kaon_engine *e, const step_plan *p, step_result *res) {
 // what the request produces without speculation. Returns the tokens appended.
 static int sample_seq(kaon_engine *e, seq *s, int i, const float *rows) {
     const int nd = s->n_draft, dev = e->smp_of_sched[i], out0 = s->n_out;
-    int accepted = 0;
-    for (int j = 0; j <= nd; j++) {
+    int accepted = 0, j0 = 0;
+    // Benchmarks only (force_accept): the drafts are kept unverified, then the last row samples.
+    for (; e->spec.force_accept && j0 < nd && s->finish == KAON_FINISH_NONE; j0++) {
+        kaon_post_accept(e, s, s->draft[j0], NULL);
+        accepted++;
+        e->spec_accepted_pos[j0]++;
+    }
+    for (int j = j0; j <= nd; j++) {
+        if (j == j0 && j0 > 0 && s->finish != KAON_FINISH_NONE) break;  // a forced draft ended it
         if (dev >= 0) {
             kaon_token_logprob lp = {.token = e->smp_ids[dev + j], .logprob = e->smp_lps[dev + j]};
             kaon_post_accept(e, s, e->smp_ids[dev + j], s->req->sp.logprobs == 0 ? &lp : NULL);
@@ -1019,6 +1047,9 @@ static void *engine_main(void *arg) {
         if (res.rc) snprintf(res.err, sizeof res.err, "step planning failed: %s", kaon_last_error());
         else step_execute(e, &plan, &res);
         step_process(e, &plan, &res, &out);
+        // A draft model proposes for the next step (its failure only leaves no drafts).
+        if (!res.rc && kaon_spec_has_draft_model(&e->spec) && kaon_spec_model_propose(e, &plan.batch))
+            KAON_WARN("engine: the draft model failed: %s", kaon_last_error());
         pthread_mutex_lock(&e->mu);
         step_publish(e, &plan, &res, &out);
     }
@@ -1051,6 +1082,7 @@ void kaon_engine_destroy(kaon_engine *e) {
     free(e->row_of_sched); free(e->nrows_of_sched);
     free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
     free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);
+    kaon_spec_model_free(e);
     kaon_kv_pool_free(e->pool);
     kaon_spec_config_free(&e->spec);
     kaon_pool_destroy(e->host_threads);

@@ -69,6 +69,10 @@ typedef struct seq {
     int n_draft;
     int32_t draft[KAON_SPEC_MAX_TOKENS];
     kaon_rng rng_before;
+    // A draft model's proposal (spec_model.c), made after the last step: it continues
+    // tokens[0 .. proposal_at); draft() takes it while n_tokens is still proposal_at.
+    int32_t proposal[KAON_SPEC_MAX_TOKENS];
+    int n_proposal, proposal_at;
     void *constraint;            // the sequence's own constraint state (req->sp.constraint), or NULL
     const char *fail_msg;        // why it ended with KAON_FINISH_ERROR (a static string), or NULL
 } seq;
@@ -123,6 +127,9 @@ struct kaon_engine {
     kaon_spec_config spec;           // speculative decoding (method KAON_SPEC_OFF: none)
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;  // engine thread; published as the above
     uint64_t spec_accepted_pos[KAON_SPEC_MAX_TOKENS];
+    // The draft model's batches (spec_model.c; allocated when the method has one)
+    int32_t *d_tokens, *d_pos, *d_slot, *d_seq, *d_rows, *d_src, *d_tables, *d_ids;
+    int *d_prop;                     // [max_num_seqs] scheduled index of each logit row's sequence
 
     // engine thread
     seq **waiting;               // sorted by (priority, order)
@@ -170,6 +177,17 @@ int kaon_sched_step(kaon_engine *e);      // fills e->sched; returns scheduled t
 void kaon_sched_release(kaon_engine *e, seq *s);
 void kaon_sched_waiting_insert(kaon_engine *e, seq *s);
 void kaon_sched_remove(kaon_engine *e, seq *s);
+// Grows s's blocks to hold positions [0, upto) for drafts: only from the free pool while a block
+// per running sequence stays free (a draft never causes a preemption). Whether they fit.
+bool kaon_sched_grow_for_drafts(kaon_engine *e, seq *s, int upto);
+
+// spec_model.c: speculative decoding with a draft model (MTP)
+int kaon_spec_model_init(kaon_engine *e);
+void kaon_spec_model_free(kaon_engine *e);
+// After a step whose batch was b: the draft model runs over every position the step computed
+// and kept (its KV layer stays complete), then chains k - 1 more steps for each sequence that
+// will verify drafts next, leaving them in seq.proposal. 0, or -1 + error.
+int kaon_spec_model_propose(kaon_engine *e, const kaon_batch *b);
 
 // postprocess.c
 // Finds the greedy token of every sampled row of this step that needs no edits, rows in

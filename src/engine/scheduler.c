@@ -63,6 +63,14 @@ static bool grow_blocks(kaon_engine *e, seq *s, int upto) {
     return true;
 }
 
+bool kaon_sched_grow_for_drafts(kaon_engine *e, seq *s, int upto) {
+    // New blocks only while a block per running sequence stays free, so the sequences after
+    // this one can still grow without a preemption.
+    const int more = (upto + e->block_size - 1) / e->block_size - s->n_blocks;
+    if (more <= 0) return true;
+    return more <= kaon_kv_pool_n_free(e->pool) - e->n_running && grow_blocks(e, s, upto);
+}
+
 // Reuses cached blocks for the longest matching prefix of full blocks (at least one token is
 // left to compute, so the step still yields logits).
 static void match_prefix(kaon_engine *e, seq *s) {
@@ -101,13 +109,16 @@ static int draft(kaon_engine *e, seq *s, int room) {
     if (max_tokens > 0 && k > max_tokens - s->n_out - 1) k = max_tokens - s->n_out - 1;
     if (k > e->max_model_len - s->n_tokens - 1) k = e->max_model_len - s->n_tokens - 1;
     if (k <= 0) return 0;
-    k = c->method == KAON_SPEC_ORACLE
-            ? kaon_spec_oracle_propose(c->oracle, s->tokens, s->req->n_prompt, s->n_tokens, k, s->draft)
-            : kaon_spec_ngram_propose(s->tokens, s->n_tokens, c->ngram_min, c->ngram_max, k, s->draft);
-    // New blocks for drafts only while a block per running sequence stays free, so the
-    // sequences after this one can still grow without a preemption.
-    const int more = (s->n_tokens + k + e->block_size - 1) / e->block_size - s->n_blocks;
-    if (k > 0 && (more <= 0 || more <= kaon_kv_pool_n_free(e->pool) - e->n_running)) grow_blocks(e, s, s->n_tokens + k);
+    if (c->method == KAON_SPEC_ORACLE) {
+        k = kaon_spec_oracle_propose(c->oracle, s->tokens, s->req->n_prompt, s->n_tokens, k, s->draft);
+    } else if (kaon_spec_has_draft_model(c)) {  // made after the last step (spec_model.c)
+        if (s->proposal_at != s->n_tokens) return 0;
+        if (k > s->n_proposal) k = s->n_proposal;
+        memcpy(s->draft, s->proposal, sizeof(int32_t) * (size_t)k);
+    } else {
+        k = kaon_spec_ngram_propose(s->tokens, s->n_tokens, c->ngram_min, c->ngram_max, k, s->draft);
+    }
+    if (k > 0) kaon_sched_grow_for_drafts(e, s, s->n_tokens + k);
     const int fit = s->n_blocks * e->block_size - s->n_tokens;
     if (k > fit) k = fit;
     if (k <= 0) return 0;

@@ -10,7 +10,11 @@ int kaon_spec_config_resolve(const kaon_speculative_options *o, kaon_spec_config
     if (!o->method || !o->method[0]) return 0;
     if (!strcmp(o->method, "ngram")) c->method = KAON_SPEC_NGRAM;
     else if (!strcmp(o->method, "oracle")) c->method = KAON_SPEC_ORACLE;
-    else return kaon_set_error("speculative decoding: unknown method '%s' (kaon has: ngram, oracle)", o->method);
+    else if (!strcmp(o->method, "mtp") || !strcmp(o->method, "deepseek_mtp")) c->method = KAON_SPEC_MTP;
+    else if (!strcmp(o->method, "eagle3") || !strcmp(o->method, "eagle"))
+        return kaon_set_error("speculative decoding: method '%s' is not built yet (kaon has: ngram, mtp, oracle)", o->method);
+    else return kaon_set_error("speculative decoding: unknown method '%s' (kaon has: ngram, mtp, oracle)", o->method);
+    c->force_accept = o->force_accept;
     if (o->num_speculative_tokens < 1 || o->num_speculative_tokens > KAON_SPEC_MAX_TOKENS)
         return kaon_set_error("speculative decoding: num_speculative_tokens must be in [1, %d], got %d",
                               KAON_SPEC_MAX_TOKENS, o->num_speculative_tokens);

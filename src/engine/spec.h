@@ -9,7 +9,7 @@
 #include "engine/sampler.h"
 #include "kaon.h"
 
-enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM, KAON_SPEC_ORACLE };
+enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM, KAON_SPEC_ORACLE, KAON_SPEC_MTP };
 
 typedef struct kaon_spec_oracle kaon_spec_oracle;
 
@@ -20,7 +20,11 @@ typedef struct kaon_spec_config {
     int ngram_min, ngram_max;  // prompt lookup: suffix lengths, longest tried first
     int disable_at;            // no drafts with this many sequences running (0: never off)
     kaon_spec_oracle *oracle;  // KAON_SPEC_ORACLE: the recorded outputs
+    bool force_accept;         // benchmarks: drafts kept unverified (kaon.h)
 } kaon_spec_config;
+
+// Whether the method drafts with a model run by the engine after each step (spec_model.c).
+static inline bool kaon_spec_has_draft_model(const kaon_spec_config *c) { return c->method == KAON_SPEC_MTP; }
 
 // Checks o and fills c with its defaults (the oracle's file is read: kaon_spec_config_free).
 // 0, or -1 with kaon_last_error().

@@ -47,6 +47,10 @@ typedef struct kaon_arch_ops {
     int (*supports)(const struct kaon_backend *be);
     // One step: embedding to the final hidden states, then kaon_blk_logits (model/blocks.h).
     void (*forward)(struct kaon_fwd *f, const struct kaon_batch *b);
+    // The draft model's step (speculative decoding, MTP): token t_{p+1} at position p with the
+    // hidden state f->hin row (the target's final normed hidden at p, or the draft's own from
+    // its previous step) through the MTP layer, then logits for b's logit rows. NULL: none.
+    void (*draft_forward)(struct kaon_fwd *f, const struct kaon_batch *b);
 } kaon_arch_ops;
 
 // The architecture that answers to name (HF class, model_type or GGUF arch); NULL + an error

@@ -2,6 +2,7 @@
 // else; a fused op returns 1 when it declines a shape, and its errors surface through the
 // backend's status().
 #include "model/blocks.h"
+#include "model/tp.h"
 
 void kaon_blk_embed(kaon_fwd *f, const kaon_batch *b, const kaon_linear *embd) {
     f->op->embed(f->be, &embd->w, b->tokens, b->n_tokens, f->a.x);
@@ -67,6 +68,8 @@ void kaon_blk_attention_sinks(kaon_fwd *f, const kaon_batch *b, int l, const kao
 
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
     f->op->linear(f->be, in, b->n_tokens, w, f->a.proj);
+    // A row-parallel layer left this rank's partial sums: every rank gets their total.
+    if (f->tp && w->shard == KAON_SHARD_ROW) kaon_tp_all_reduce(f, f->a.proj, (size_t)b->n_tokens * f->c->hidden_size);
     f->pending = true;
 }
 
@@ -92,11 +95,14 @@ void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer 
 }
 
 void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *head) {
-    if (b->n_logits == 0) return;
+    if (b->n_logits == 0 && !f->hidden_out) return;
     const int dim = f->c->hidden_size;
     kaon_blk_norm(f, b, norm);
+    if (f->hidden_out) f->op->copy_strided(f->be, f->a.xn, (size_t)dim, f->hidden_out, (size_t)dim, b->n_tokens, dim, 1.0f);
+    if (b->n_logits == 0) return;
     f->op->get_rows(f->be, f->a.xn, b->logit_rows, b->n_logits, dim, f->a.rows);
-    if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, head, f->a.logits);
+    if (f->tp) kaon_tp_logits(f, b, head);  // this rank's vocabulary rows, gathered
+    else if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     else f->op->linear(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     const float cap = f->c->final_logit_softcap;
     if (cap > 0) f->op->logit_softcap(f->be, f->a.logits, (size_t)b->n_logits * (size_t)f->c->vocab_size, cap);

@@ -46,6 +46,11 @@ typedef struct kaon_fwd {
                                // no host-side choices that depend on the step's positions
     void **xbuf;               // a grow-only backend buffer of the runner (MLA's expanded
     size_t *xbuf_cap;          // prefill), bytes; freed with the runner
+    // Speculative decoding's draft model (runner.h kaon_runner_keep_hidden):
+    void *hidden_out;          // [T, dim] or NULL: kaon_blk_logits leaves every token's final
+                               // normed hidden state here (what MTP drafts from)
+    const void *hin;           // [T, dim] the draft step's hidden input rows (draft_forward)
+    struct kaon_tp_rank *tp;   // tensor parallelism (model/tp.h): this rank; NULL: one rank
 } kaon_fwd;
 
 typedef enum kaon_act_fn { KAON_ACT_SILU, KAON_ACT_GELU_TANH } kaon_act_fn;
@@ -102,7 +107,8 @@ size_t kaon_blk_mla_scratch(const kaon_model_config *c);
 // form's work per query and key, once a chunk is long enough to pay for the expansion).
 void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weights *w,
                   const kaon_rope *rope, float scale, float pe_scale);
-// The final norm and the LM head, on the rows that need logits only (into a.logits).
+// The final norm and the LM head, on the rows that need logits only (into a.logits); with
+// f->hidden_out, every token's normed hidden state is copied there too.
 void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *head);
 
 #endif

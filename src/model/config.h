@@ -106,7 +106,9 @@ typedef struct kaon_model_config {
     // from a shared latent of kv_lora_rank plus one rotated key of rope_dim (qk_rope_head_dim);
     // head_dim = qk_nope_head_dim + rope_dim (the query/key width per head).
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
-    int n_nextn_layers;          // MTP layers after the main ones (num_nextn_predict_layers): not loaded
+    int n_nextn_layers;          // MTP layers after the main ones (num_nextn_predict_layers)
+    int n_mtp_layers;            // of those, loaded as the draft model of speculative decoding
+                                 // (kaon_model_load_mtp): counted in n_layers, after the main ones
     char hf_prefix[32];          // prefix of the text model's tensor names (Kimi-K2.5: "language_model.")
 } kaon_model_config;
 

@@ -18,7 +18,11 @@
 //   V2: softmax scores, greedy or group-limited greedy (a group's best score); V3/Kimi: sigmoid
 //   scores, e_score_correction_bias for selection, noaux_tc groups (sum of the best two);
 //   norm_topk_prob (V3 only, as HF), routed_scaling_factor. The router runs in f32.
-// - MTP layers (num_nextn_predict_layers, after the main ones) are not loaded here.
+// - MTP (num_nextn_predict_layers): the main forward never runs it. Loaded for speculative
+//   decoding (kaon_model_load_mtp) as the last layer, with its enorm / hnorm / eh_proj /
+//   shared_head; draft_forward is its step: x = eh_proj([enorm(embed(t_{p+1})) | hnorm(h_p)])
+//   (the embedding zeroed at position 0, as vLLM), one decoder layer, then shared_head.norm and
+//   shared_head.head. Its embed_tokens copy holds the main embedding's values: the main one is used.
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -57,6 +61,10 @@ typedef struct ds_layer {
     kaon_linear wo;                    // [dim, nh*v]
     kaon_tensor ffn_norm;              // [dim]
     kaon_linear w_gate, w_up, w_down;  // dense layers: [ffn, dim] [ffn, dim] [dim, ffn]
+    kaon_tensor enorm, hnorm;          // MTP layer: [dim] each
+    kaon_linear eh_proj;               // MTP layer: [dim, 2 dim] over [enorm(e) | hnorm(h)]
+    kaon_tensor head_norm;             // MTP layer: shared_head.norm [dim]
+    kaon_linear head;                  // MTP layer: shared_head.head [vocab, dim]
 } ds_layer;
 
 #define G(f) false, offsetof(ds_globals, f)
@@ -89,6 +97,12 @@ static const kaon_weight_spec weights[] = {
     {"blk.%d.ffn_down.weight", HF "mlp.down_proj.weight", L(w_down.w), 2, {HID, FFN}, KAON_WHEN_DENSE_MLP, 0, KAON_SHARD_ROW},
     // Router (+ selection bias), routed and shared experts (model/moe.c).
     {"blk.%d.ffn_*_exps", HF "mlp.experts", true, 0, 0, {0}, KAON_WHEN_MOE_MLP, KAON_W_EXPERTS, KAON_SHARD_EXPERT},
+    // The MTP layer's own tensors (loaded only as speculative decoding's draft model).
+    {NULL, HF "enorm.weight", L(enorm), 1, {HID}, KAON_WHEN_MTP, KAON_W_NORM, 0},
+    {NULL, HF "hnorm.weight", L(hnorm), 1, {HID}, KAON_WHEN_MTP, KAON_W_NORM, 0},
+    {NULL, HF "eh_proj.weight", L(eh_proj.w), 2, {HID, KAON_DIM_HIDDEN2}, KAON_WHEN_MTP, 0, 0},
+    {NULL, HF "shared_head.norm.weight", L(head_norm), 1, {HID}, KAON_WHEN_MTP, KAON_W_NORM, 0},
+    {NULL, HF "shared_head.head.weight", L(head.w), 2, {KAON_DIM_VOCAB, HID}, KAON_WHEN_MTP, 0, KAON_SHARD_VOCAB},
 };
 
 // ---- config ------------------------------------------------------------------------------
@@ -347,7 +361,10 @@ static void kv_spec(const kaon_model_config *c, int l, size_t *k, size_t *v) {
     *v = 0;
 }
 
-static size_t scratch_elems(const kaon_model_config *c) { return kaon_blk_mla_scratch(c); }
+// MLA's scratch, and MTP's [enorm(e) | hnorm(h)] rows after it.
+static size_t scratch_elems(const kaon_model_config *c) {
+    return kaon_blk_mla_scratch(c) + (c->n_mtp_layers > 0 ? 2 * (size_t)c->hidden_size : 0);
+}
 
 static int supports(const kaon_backend *be) {
     const kaon_backend_ops *o = be->ops;
@@ -358,9 +375,9 @@ static int supports(const kaon_backend *be) {
 
 // ---- forward -----------------------------------------------------------------------------
 
-static void forward(kaon_fwd *f, const kaon_batch *b) {
+// One decoder layer on the residual stream x: MLA attention, then the dense MLP or the experts.
+static void decoder_layer(kaon_fwd *f, const kaon_batch *b, int l) {
     const kaon_model_config *c = f->c;
-    const ds_globals *g = f->w->globals;
     // DeepSeek's softmax scale: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN.
     double scale = 1.0 / sqrt((double)c->head_dim);
     if (c->rope_scaling == KAON_ROPE_SCALING_YARN && c->rope_mscale_all_dim != 0.0f) {
@@ -368,20 +385,47 @@ static void forward(kaon_fwd *f, const kaon_batch *b) {
         scale *= ms * ms;
     }
     const float pe_scale = c->rope_attn_factor * c->rope_attn_factor;  // HF's cos/sin factor, on q and k
+    const ds_layer *w = (const ds_layer *)f->w->layers + l;
+    const kaon_mla_weights mla = {
+        .wq = c->q_lora_rank > 0 ? NULL : &w->wq, .wq_a = &w->wq_a, .q_a_norm = &w->q_a_norm,
+        .wq_b = &w->wq_b, .wkv_a = &w->wkv_a, .kv_a_norm = &w->kv_a_norm, .wk_b = &w->wk_b,
+        .wv_b = &w->wv_b, .wo = &w->wo, .wk_n = w->wk_n.w.data ? &w->wk_n : NULL};
+    kaon_blk_norm(f, b, &w->attn_norm);
+    kaon_blk_mla(f, b, l, &mla, &f->m->rope[KAON_ROPE_GLOBAL], (float)scale, pe_scale);
+    kaon_blk_norm(f, b, &w->ffn_norm);
+    if (kaon_model_layer_is_moe(f->m, l)) kaon_blk_moe(f, b, l, &f->w->moe[l]);
+    else kaon_blk_mlp(f, b, KAON_ACT_SILU, &w->w_gate, &w->w_up, &w->w_down);
+}
+
+static void forward(kaon_fwd *f, const kaon_batch *b) {
+    const kaon_model_config *c = f->c;
+    const ds_globals *g = f->w->globals;
     kaon_blk_embed(f, b, &g->tok_embd);
-    for (int l = 0; l < c->n_layers; l++) {
-        const ds_layer *w = (const ds_layer *)f->w->layers + l;
-        const kaon_mla_weights mla = {
-            .wq = c->q_lora_rank > 0 ? NULL : &w->wq, .wq_a = &w->wq_a, .q_a_norm = &w->q_a_norm,
-            .wq_b = &w->wq_b, .wkv_a = &w->wkv_a, .kv_a_norm = &w->kv_a_norm, .wk_b = &w->wk_b,
-            .wv_b = &w->wv_b, .wo = &w->wo, .wk_n = w->wk_n.w.data ? &w->wk_n : NULL};
-        kaon_blk_norm(f, b, &w->attn_norm);
-        kaon_blk_mla(f, b, l, &mla, &f->m->rope[KAON_ROPE_GLOBAL], (float)scale, pe_scale);
-        kaon_blk_norm(f, b, &w->ffn_norm);
-        if (kaon_model_layer_is_moe(f->m, l)) kaon_blk_moe(f, b, l, &f->w->moe[l]);
-        else kaon_blk_mlp(f, b, KAON_ACT_SILU, &w->w_gate, &w->w_up, &w->w_down);
-    }
+    for (int l = 0; l < c->n_layers - c->n_mtp_layers; l++) decoder_layer(f, b, l);
     kaon_blk_logits(f, b, &g->out_norm, g->lm_head.w.data ? &g->lm_head : &g->tok_embd);
+}
+
+// The MTP layer's step (arch.h draft_forward): row t is token t_{p+1} at position p with the
+// hidden input f->hin[t] (h_p).
+static void draft_forward(kaon_fwd *f, const kaon_batch *b) {
+    const kaon_model_config *c = f->c;
+    const kaon_backend_ops *op = f->op;
+    const ds_globals *g = f->w->globals;
+    const int l = c->n_layers - c->n_mtp_layers, T = b->n_tokens, dim = c->hidden_size;
+    const ds_layer *w = (const ds_layer *)f->w->layers + l;
+    const size_t eb = op->act_elem_bytes;
+    char *cat = (char *)f->a.scratch + eb * (size_t)T * kaon_blk_mla_scratch(c);  // [T, 2 dim]
+    kaon_blk_embed(f, b, &g->tok_embd);                                            // x = e [T, dim]
+    for (int t = 0; t < T; t++)  // position 0 has no previous token: its embedding is zeroed (vLLM)
+        if (b->attn.positions[t] == 0) op->scale(f->be, (char *)f->a.x + eb * (size_t)t * dim, (size_t)dim, 0.0f);
+    op->rmsnorm(f->be, f->a.x, NULL, &w->enorm, c->rms_norm_eps, T, dim, f->a.xn);
+    op->copy_strided(f->be, f->a.xn, (size_t)dim, cat, 2 * (size_t)dim, T, dim, 1.0f);
+    op->rmsnorm(f->be, (void *)f->hin, NULL, &w->hnorm, c->rms_norm_eps, T, dim, f->a.xn);
+    op->copy_strided(f->be, f->a.xn, (size_t)dim, cat + eb * (size_t)dim, 2 * (size_t)dim, T, dim, 1.0f);
+    op->linear(f->be, cat, T, &w->eh_proj, f->a.x);                                // x [T, dim]
+    f->pending = false;
+    decoder_layer(f, b, l);
+    kaon_blk_logits(f, b, &w->head_norm, &w->head);
 }
 
 static const kaon_arch_name names[] = {
@@ -408,4 +452,5 @@ const kaon_arch_ops kaon_arch_deepseek2 = {
     .scratch_elems = scratch_elems,
     .supports = supports,
     .forward = forward,
+    .draft_forward = draft_forward,
 };

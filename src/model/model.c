@@ -121,14 +121,25 @@ static kaon_model *new_model(const char *path, kaon_model_format format) {
 }
 
 // The weights through the architecture's table, then what the architecture derives from them.
-static int finish(kaon_model *m) {
+// mtp: the checkpoint's first MTP layer is loaded too, as layer n_layers (speculative decoding's
+// draft model: model/arch.h draft_forward).
+static int finish(kaon_model *m, bool mtp) {
     m->arch = m->cfg.impl;
+    if (mtp) {
+        kaon_model_config *c = &m->cfg;
+        if (!m->arch->draft_forward || c->n_nextn_layers < 1 || m->gguf)
+            return kaon_set_error("%s: speculative method mtp needs a DeepSeek-V3/R1 Hugging Face checkpoint with "
+                                  "num_nextn_predict_layers >= 1 (this one: %s, %d MTP layers%s)", m->path,
+                                  m->arch->label, c->n_nextn_layers, m->gguf ? ", GGUF" : "");
+        c->n_mtp_layers = 1;  // V3/R1 have one; chained drafts reuse it
+        c->n_layers += c->n_mtp_layers;
+    }
     int rc = m->format == KAON_FORMAT_DUMMY ? kaon_weights_load_dummy(m) : kaon_weights_load(m);
     if (!rc && m->arch->prepare) rc = m->arch->prepare(m);
     return rc;
 }
 
-kaon_model *kaon_model_load_dummy(const char *path) {
+static kaon_model *load_dummy(const char *path, bool mtp) {
     struct stat sb;
     if (!path || stat(path, &sb) != 0) {
         kaon_set_error("%s: %s", path ? path : "(null)", path ? strerror(errno) : "no path");
@@ -154,15 +165,17 @@ kaon_model *kaon_model_load_dummy(const char *path) {
     }
     // A quantization dummy weights cannot take (INT4, MXFP4, ...) leaves them bf16, as before.
     if (kaon_quant_config_check(&m->quant, qfile)) kaon_quant_config_free(&m->quant);
-    if (kaon_model_config_validate(c) || finish(m)) goto fail;
+    if (kaon_model_config_validate(c) || finish(m, mtp)) goto fail;
     return m;
 fail:
     kaon_model_free(m);
     return NULL;
 }
 
-kaon_model *kaon_model_load(const char *path) {
-    if (path && !strncmp(path, "dummy:", 6)) return kaon_model_load_dummy(path + 6);
+kaon_model *kaon_model_load_dummy(const char *path) { return load_dummy(path, false); }
+
+static kaon_model *load(const char *path, bool mtp) {
+    if (path && !strncmp(path, "dummy:", 6)) return load_dummy(path + 6, mtp);
     struct stat sb;
     if (stat(path, &sb) != 0) {
         kaon_set_error("%s: %s", path, strerror(errno));
@@ -191,12 +204,15 @@ kaon_model *kaon_model_load(const char *path) {
             goto fail;
         }
     }
-    if (finish(m)) goto fail;
+    if (finish(m, mtp)) goto fail;
     return m;
 fail:
     kaon_model_free(m);
     return NULL;
 }
+
+kaon_model *kaon_model_load(const char *path) { return load(path, false); }
+kaon_model *kaon_model_load_mtp(const char *path) { return load(path, true); }
 
 void kaon_model_free(kaon_model *m) {
     if (!m) return;

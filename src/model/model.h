@@ -48,6 +48,11 @@ kaon_model *kaon_model_load(const char *path);
 // --load-format dummy: a model described by a config.json (the file, or a folder holding
 // one) whose weights (bf16) are created by the backend when a runner is made.
 kaon_model *kaon_model_load_dummy(const char *path);
+// As kaon_model_load, with the checkpoint's first MTP layer (DeepSeek num_nextn_predict_layers)
+// loaded as layer cfg.n_layers - 1 (cfg.n_mtp_layers = 1): its weights, its KV cache layer (in
+// the same block pool, so the prefix cache covers it) and its experts; the main forward runs
+// the layers before it. Speculative decoding's "mtp" draft model.
+kaon_model *kaon_model_load_mtp(const char *path);
 void kaon_model_free(kaon_model *m);
 // A tensor by name in the model's file (GGUF or safetensors); out->data stays NULL when absent.
 // -1 + error on a tensor of a type kaon cannot use.

@@ -10,6 +10,7 @@
 #include "model/blocks.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "model/tp.h"
 #include "util/err.h"
 #include "util/log.h"
 
@@ -34,6 +35,13 @@ struct kaon_runner {
     size_t pad_tables_cap;
     void *xbuf;           // kaon_fwd's grow-only buffer (backend memory)
     size_t xbuf_cap;
+    // Speculative decoding's draft model (kaon_runner_keep_hidden): every forward's final
+    // normed hidden states, the draft step's gathered inputs, and its greedy sampling rows.
+    void *hidden;         // [max_tokens, dim] or NULL
+    void *hin;            // [max_tokens, dim]
+    kaon_sample_row *greedy;  // [max_logits]
+    kaon_tp *tp;              // a tensor-parallel group's runner: the ranks do the work
+    struct kaon_tp_rank *tp_rank;  // one rank of such a group: its collectives
 };
 
 static void *act(kaon_runner *r, size_t elems, int *fail) {
@@ -197,15 +205,39 @@ kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int ma
     return r;
 }
 
+kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, int n_threads, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype) {
+    kaon_runner *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->m = m;
+    r->n_blocks = n_blocks;
+    r->block_size = block_size;
+    r->tp = kaon_tp_create(m, size, n_threads, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype);
+    if (!r->tp) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t) { r->tp_rank = t; }
+
 void kaon_runner_free(kaon_runner *r) {
     if (!r) return;
+    if (r->tp) {
+        kaon_tp_free(r->tp);
+        free(r);
+        return;
+    }
     kaon_backend *be = r->be;
     kaon_moe_stats_free(be, r->moe_stats);
     free(r->pad_i32);
     free(r->pad_tables);
     if (r->xbuf) be->ops->free(be, r->xbuf);
     const kaon_acts *a = &r->a;
-    void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits, a->scratch};
+    free(r->greedy);
+    void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits, a->scratch,
+                    r->hidden, r->hin};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     if (r->kv) {
@@ -220,6 +252,10 @@ void kaon_runner_free(kaon_runner *r) {
 }
 
 void kaon_runner_reserve_host_kv(kaon_runner *r) {
+    if (r->tp) {
+        kaon_tp_reserve_host_kv(r->tp);
+        return;
+    }
     for (int l = 0; l < r->m->cfg.n_layers; l++) {
         size_t ke, ve;
         kv_elems(r->m, l, &ke, &ve);
@@ -252,8 +288,9 @@ static int check_batch(const kaon_runner *r, const kaon_batch *b) {
     return 0;
 }
 
-// The layers of one step, from the embedding to the logits (left in a.logits).
-static void run_layers(kaon_runner *r, const kaon_batch *b, bool graphed) {
+// The layers of one step, from the embedding to the logits (left in a.logits); the draft
+// model's step when draft.
+static void run_layers_of(kaon_runner *r, const kaon_batch *b, bool graphed, bool draft) {
     kaon_fwd f = {
         .be = r->be,
         .op = r->be->ops,
@@ -267,9 +304,15 @@ static void run_layers(kaon_runner *r, const kaon_batch *b, bool graphed) {
         .graphed = graphed,
         .xbuf = &r->xbuf,
         .xbuf_cap = &r->xbuf_cap,
+        .hidden_out = r->hidden,
+        .hin = r->hin,
+        .tp = r->tp_rank,
     };
-    r->m->arch->forward(&f, b);
+    if (draft) r->m->arch->draft_forward(&f, b);
+    else r->m->arch->forward(&f, b);
 }
+
+static void run_layers(kaon_runner *r, const kaon_batch *b, bool graphed) { run_layers_of(r, b, graphed, false); }
 
 // Steps of at most this many tokens are recorded as graphs by backends that have them.
 #define KAON_GRAPH_MAX_TOKENS 256
@@ -376,18 +419,19 @@ static int forward_layers(kaon_runner *r, const kaon_batch *b) {
 }
 
 int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits) {
+    if (r->tp) return kaon_tp_forward(r->tp, b, logits);
     if (forward_layers(r, b)) return -1;
     const kaon_backend_ops *op = r->be->ops;
     kaon_backend *be = r->be;
     const size_t n_out = (size_t)b->n_logits * r->m->cfg.vocab_size;
-    if (b->n_logits && r->logits_f32) op->copy_f32_to_host(be, r->a.logits, n_out, logits);
-    else if (b->n_logits) op->to_host_f32(be, r->a.logits, n_out, logits);
+    if (logits && b->n_logits && r->logits_f32) op->copy_f32_to_host(be, r->a.logits, n_out, logits);
+    else if (logits && b->n_logits) op->to_host_f32(be, r->a.logits, n_out, logits);
     if (op->status && op->status(be)) return -1;
     return 0;
 }
 
 bool kaon_runner_can_sample(const kaon_runner *r) {
-    return r->logits_f32 && r->be->ops->sample && r->be->ops->copy_rows_f32_to_host;
+    return !r->tp && r->logits_f32 && r->be->ops->sample && r->be->ops->copy_rows_f32_to_host;
 }
 
 int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
@@ -407,6 +451,7 @@ int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_s
 }
 
 int kaon_runner_enable_expert_stats(kaon_runner *r) {
+    if (r->tp) return kaon_set_error("expert statistics: not with tensor parallelism yet");
     if (r->moe_stats) return 0;
     r->moe_stats = kaon_moe_stats_create(r->be, r->m);
     return r->moe_stats ? 0 : -1;
@@ -418,4 +463,54 @@ int kaon_runner_expert_load(kaon_runner *r, uint64_t *out) {
     const kaon_moe_stats *s = r->moe_stats;
     memcpy(out, s->total, sizeof *out * (size_t)s->n_layers * (size_t)s->n_experts);
     return s->n_experts;
+}
+
+// ---- speculative decoding's draft model ----------------------------------------------------
+
+int kaon_runner_keep_hidden(kaon_runner *r) {
+    if (r->hidden) return 0;
+    if (r->tp) return kaon_set_error("speculative decoding with a draft model: not with tensor parallelism yet");
+    if (!r->m->arch->draft_forward || r->m->cfg.n_mtp_layers < 1)
+        return kaon_set_error("runner: %s has no draft model loaded", r->m->path);
+    const size_t n = (size_t)r->max_tokens * (size_t)r->m->cfg.hidden_size;
+    int fail = 0;
+    r->hidden = act(r, n, &fail);
+    r->hin = act(r, n, &fail);
+    r->greedy = calloc((size_t)r->max_logits, sizeof *r->greedy);
+    if (fail || !r->greedy) return kaon_set_error("runner: out of memory for the draft model's hidden states");
+    return 0;
+}
+
+int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, int32_t *ids, float *logits) {
+    if (!r->hidden) return kaon_set_error("runner: kaon_runner_keep_hidden was not called");
+    if (check_batch(r, b)) return -1;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (src[t] < 0 || src[t] >= r->max_tokens) return kaon_set_error("runner: hidden row %d out of range", src[t]);
+    const kaon_backend_ops *op = r->be->ops;
+    kaon_backend *be = r->be;
+    const int V = r->m->cfg.vocab_size, dim = r->m->cfg.hidden_size;
+    // Eager (no graph): the gather's indices are a host array begin_step does not know.
+    if (op->begin_step && op->begin_step(be, b->tokens, &b->attn, b->logit_rows, b->n_logits)) return -1;
+    op->get_rows(be, r->hidden, src, b->n_tokens, dim, r->hin);  // before the step overwrites hidden
+    run_layers_of(r, b, false, true);
+    if (b->n_logits == 0) return op->status ? op->status(be) : 0;
+    if (ids && kaon_runner_can_sample(r)) {  // greedy on the device: only the ids come back
+        for (int i = 0; i < b->n_logits; i++)
+            r->greedy[i] = (kaon_sample_row){.logit_row = i, .temperature = 0.0f, .top_p = 1.0f, .repetition = 1.0f};
+        const kaon_sample_batch sb = {.n_rows = b->n_logits, .rows = r->greedy};
+        float *lps = logits;  // unused (no logprob wanted), but the op writes n_rows floats
+        if (op->sample(be, r->a.logits, V, &sb, ids, lps)) return op->status(be), -1;
+    } else {
+        const size_t n_out = (size_t)b->n_logits * V;
+        if (r->logits_f32) op->copy_f32_to_host(be, r->a.logits, n_out, logits);
+        else op->to_host_f32(be, r->a.logits, n_out, logits);
+        for (int i = 0; ids && i < b->n_logits; i++) {  // the first maximum, as greedy sampling takes it
+            const float *row = logits + (size_t)i * V;
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            ids[i] = best;
+        }
+    }
+    return op->status ? op->status(be) : 0;
 }

@@ -35,13 +35,22 @@ kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int ma
                                    int max_logits, int n_blocks, int block_size, int kv_dtype);
 // Bytes one cache element takes: 1 for FP8, else the backend's activation element.
 size_t kaon_kv_elem_bytes(const kaon_backend *be, int kv_dtype);
+// Tensor parallelism (model/tp.h): size ranks, each a worker thread with its own CPU backend
+// of n_threads / size threads (at least 1), its shard of m's weights and its KV heads' cache;
+// the forward calls below run every rank and return rank 0's logits. The CPU and the Llama
+// family's dense models only, for now; refused with an error naming the cause otherwise.
+kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, int n_threads, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype);
+// Makes r one rank of a tensor-parallel group: its forward calls the rank's collectives.
+struct kaon_tp_rank;
+void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t);
 void kaon_runner_free(kaon_runner *r);
 int kaon_runner_block_size(const kaon_runner *r);
 // Writes the whole KV pool once so its memory is resident from the start (host backends only):
 // a server's footprint then stays flat under load instead of growing as blocks are first used.
 void kaon_runner_reserve_host_kv(kaon_runner *r);
 int kaon_runner_n_blocks(const kaon_runner *r);
-// Runs the forward pass; logits [n_logits, vocab] in host floats.
+// Runs the forward pass; logits [n_logits, vocab] in host floats (NULL: not copied out).
 int kaon_runner_forward(kaon_runner *r, const kaon_batch *b, float *logits);
 // Backends that sample on the device: the rows of sb are sampled there (ids, logprobs: host
 // arrays of sb->n_rows) and only the logit rows host_rows are copied, each to
@@ -50,6 +59,17 @@ bool kaon_runner_can_sample(const kaon_runner *r);
 int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
                                int32_t *ids, float *logprobs, const int32_t *host_rows,
                                int n_host_rows, float *logits);
+// Speculative decoding's draft model (a model loaded with kaon_model_load_mtp): from now on
+// every forward pass leaves each token's final normed hidden state in the runner, which
+// kaon_runner_draft reads. 0, or -1 + error (no draft model, no memory).
+int kaon_runner_keep_hidden(kaon_runner *r);
+// One step of the draft model over batch b (its own tokens, positions and KV slots; the MTP
+// layer's cache lives in the same pool): row t's hidden input is row src[t] of the previous
+// forward's hidden states (the target's step, or the draft's own previous step). The greedy id
+// of each logit row goes to ids (sampled on the device where the backend can); logits is host
+// scratch of [n_logits, vocab] floats. ids NULL: the logits themselves are copied there (tests).
+int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, int32_t *ids, float *logits);
+
 // Bytes of the activation buffers a runner of these sizes allocates (for memory plans).
 size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,
                              int max_logits);

@@ -42,6 +42,7 @@ int64_t kaon_weight_dim(const kaon_model_config *c, int dim) {
     case KAON_DIM_K_N: return (int64_t)c->n_heads * c->qk_nope_head_dim;
     case KAON_DIM_QK_NOPE: return c->qk_nope_head_dim;
     case KAON_DIM_V_B: return (int64_t)c->n_heads * c->v_head_dim;
+    case KAON_DIM_HIDDEN2: return 2 * (int64_t)c->hidden_size;
     case KAON_DIM_HEADS: return c->n_heads;
     case KAON_DIM_EXPERTS: return c->n_experts;
     case KAON_DIM_EXP_FFN2: return 2 * (int64_t)c->moe_intermediate_size;
@@ -68,6 +69,7 @@ static int need(const kaon_model *m, const kaon_weight_spec *s, int l) {
     case KAON_WHEN_NO_Q_LORA: return c->q_lora_rank > 0 ? ABSENT : REQUIRED;
     case KAON_WHEN_SOURCE: return m->format == KAON_FORMAT_DUMMY ? ABSENT : OPTIONAL;
     case KAON_WHEN_DERIVED: return m->format == KAON_FORMAT_DUMMY ? REQUIRED : OPTIONAL;
+    case KAON_WHEN_MTP: return s->per_layer && l >= c->n_layers - c->n_mtp_layers ? REQUIRED : ABSENT;
     default: return OPTIONAL;
     }
 }

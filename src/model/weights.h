@@ -25,6 +25,7 @@ struct kaon_moe_layer;
 enum {
     KAON_DIM_NONE = 0,
     KAON_DIM_HIDDEN,     // hidden_size
+    KAON_DIM_HIDDEN2,    // 2 * hidden_size (MTP's eh_proj input)
     KAON_DIM_VOCAB,      // vocab_size
     KAON_DIM_Q,          // n_heads * head_dim
     KAON_DIM_KV,         // n_kv_heads * head_dim
@@ -63,6 +64,7 @@ typedef enum kaon_when {
     KAON_WHEN_NO_Q_LORA,   // q_lora_rank == 0 (absent otherwise)
     KAON_WHEN_SOURCE,      // optional in a file, read by the architecture's prepare; absent in dummy models
     KAON_WHEN_DERIVED,     // optional in a file (prepare makes it when absent); created in dummy models
+    KAON_WHEN_MTP,         // the MTP layers (l >= n_layers - n_mtp_layers) only
 } kaon_when;
 
 enum {

@@ -117,6 +117,9 @@ def test_max_tokens_and_context_bounds(kaon_bin, tiny_llama, tmp_path):
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}', "prompt_lookup"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}', "unknown key"),
     ('{"method": "ngram", "num_speculative_tokens": "2"}', "integer"),
+    ('{"method": "mtp", "num_speculative_tokens": 2, "force_accept": 1}', "force_accept"),
+    ('{"method": "mtp", "num_speculative_tokens": 2, "model": 3}', "model"),
+    ('{"method": "eagle3", "num_speculative_tokens": 2, "model": "/x"}', "not built yet"),
 ])
 def test_bad_speculative_config(kaon_bin, tiny_llama, tmp_path, cfg, words):
     inp = tmp_path / "in.jsonl"
@@ -170,3 +173,131 @@ def test_sampled_distribution_real_model(kaon_bin, default_model, tmp_path):
         assert len(bins) >= 2, (pos, bins)
         chi = sum((x - (x + y) / 2) ** 2 / ((x + y) / 2) + (y - (x + y) / 2) ** 2 / ((x + y) / 2) for x, y in bins)
         assert chi < chi2_crit(len(bins) - 1), (pos, chi, bins)
+
+
+# ---- a draft model: DeepSeek's MTP layer (spec_model.c) --------------------------------------
+# The tiny random DeepSeek-V3 of deepseek_models.py has an MTP layer (layer 4). With random
+# weights its drafts rarely match the target's tokens; tiny_v3_echo's MTP layer is made to agree
+# with the target where its output repeats, so drafts from the model pass the real verify.
+
+def mtp_spec(k=3, **kw):
+    return DEV + ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k,
+                                                      "disable_by_batch_size": -1, **kw})]
+
+
+@pytest.fixture(scope="module")
+def tiny_v3_mtp(tmp_path_factory):
+    from deepseek_models import model_of
+    path, _, cfg = model_of("v3", "F32", tmp_path_factory.mktemp("v3mtp"))
+    assert cfg["num_nextn_predict_layers"] == 1
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_v3_echo(tmp_path_factory):
+    """The tiny V3 whose MTP layer passes the target's hidden state through: eh_proj = [0 | I],
+    hnorm and shared_head.norm = 1, o_proj and every expert's down_proj = 0 (the decoder layer
+    adds nothing), shared_head.head = lm_head. So draft row p predicts the target's greedy token
+    at p, i.e. t_{p+1} again: it drafts repeats of the last token, kept where the output loops."""
+    import numpy as np
+    from deepseek_models import make_config, make_weights, save_hf
+    cfg = make_config("v3")
+    w = make_weights(cfg, seed=11)
+    d, p = cfg["hidden_size"], f"model.layers.{cfg['num_hidden_layers']}."
+    w[p + "eh_proj.weight"] = np.concatenate([np.zeros((d, d)), np.eye(d)], 1).astype(np.float32)
+    w[p + "hnorm.weight"] = w[p + "shared_head.norm.weight"] = np.ones(d, np.float32)
+    for k in list(w):
+        if k.startswith(p) and (k.endswith("o_proj.weight") or k.endswith("down_proj.weight")):
+            w[k] = np.zeros_like(w[k])
+    return save_hf(tmp_path_factory.mktemp("v3echo") / "v3-echo", cfg, w, "F32", "hub", False)
+
+
+# f32 MLA cache: (kv_lora 40 + rope 32) x (4 layers + the MTP layer) x 4 bytes
+V3_MTP_KV_BYTES = 72 * 5 * 4
+
+
+@pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted", "prefix"])
+def test_mtp_greedy_same(kaon_bin, tiny_v3_mtp, tmp_path, layout):
+    prompts = loop_prompts(n=24, seed=5)
+    if layout == "prefix":  # shared prefixes of whole blocks: later prompts reuse the MTP layer's cache too
+        prompts = [prompts[0] * 4 + p for p in prompts]
+    extra = {"alone": ["--max-num-seqs", "1"],
+             "batched": ["--max-num-seqs", "64", "--no-prefix-caching"],
+             "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"],
+             "preempted": ["--max-num-seqs", "64", "--kv-cache-memory", str(24 * 16 * V3_MTP_KV_BYTES / 1048576)],
+             "prefix": ["--max-num-seqs", "4"]}[layout]
+    plain, _ = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, GREEDY + extra, name="plain")
+    spec, st = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, GREEDY + extra + mtp_spec(), name="spec")
+    assert ids(spec) == ids(plain)
+    assert st["spec_drafts"] > 0 and st["spec_draft_tokens"] > st["spec_drafts"], st  # chained drafts
+    if layout == "preempted":
+        assert st["preemptions"] > 0 and st["kv_blocks_used"] == 0, st
+    if layout == "prefix":
+        assert st["prefix_hit_tokens"] > 0, st
+    if not DEV:
+        alone, _ = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, GREEDY + ["--max-num-seqs", "1"], name="alone")
+        assert ids(spec) == ids(alone)
+
+
+@pytest.mark.parametrize("name,flags,body", [SAMPLED[0], SAMPLED[3]], ids=["temperature", "penalties"])
+def test_mtp_sampling_same(kaon_bin, tiny_v3_mtp, tmp_path, name, flags, body):
+    """Seeded sampling is identical with MTP drafts; at temperature 1 some drafts are kept."""
+    prompts = loop_prompts(n=24, seed=3)
+    per = lambda i: {**body, "seed": 100 + i}
+    args = DEV + flags + ["--max-tokens", "20", "--max-num-seqs", "24"]
+    plain, _ = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, args, per, name="plain")
+    spec, st = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, args + mtp_spec(k=2), per, name="spec")
+    assert spec == plain
+    assert st["spec_drafts"] > 0, st
+
+
+def echo_accepted(out, k, max_tokens=24):
+    """Drafts the echo MTP layer gets kept in one greedy output: every verify step drafts the last
+    token k times (bounded by max_tokens) and keeps the leading ones the output repeats."""
+    i, kept = 1, 0  # out[0] comes from the prompt's step
+    while i < len(out):
+        kk = min(k, max_tokens - i - 1)
+        a = 0
+        while a < kk and out[i + a] == out[i - 1]:
+            a += 1
+        kept += a
+        i += a + 1
+    return kept
+
+
+@pytest.mark.parametrize("layout", ["alone", "batched", "chunked"])
+def test_mtp_drafts_accepted(kaon_bin, tiny_v3_echo, tmp_path, layout):
+    """Drafts of the (echo) MTP layer pass the real verify where the output repeats, and are
+    rejected elsewhere; the output is the plain run's. Where nothing bounds the drafts (not
+    chunked), exactly as many are kept as the output's repeats allow: a draft made from the
+    wrong hidden row or chained wrongly would not repeat the last token."""
+    prompts = loop_prompts(n=24, seed=5)
+    extra = {"alone": ["--max-num-seqs", "1"], "batched": ["--max-num-seqs", "64"],
+             "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"]}[layout]
+    plain, _ = generate(kaon_bin, tiny_v3_echo, tmp_path, prompts, GREEDY + extra, name="plain")
+    spec, st = generate(kaon_bin, tiny_v3_echo, tmp_path, prompts, GREEDY + extra + mtp_spec(k=3), name="spec")
+    assert ids(spec) == ids(plain)
+    check_spec_ran(st)
+    if layout != "chunked":
+        assert st["spec_accepted_tokens"] == sum(echo_accepted(o, 3) for o in ids(plain)), st
+
+
+def test_mtp_force_accept(kaon_bin, tiny_v3_mtp, tmp_path):
+    """Benchmarks only: force_accept keeps every draft unverified (the draft model still runs), so
+    a step appends k + 1 tokens; the output is then NOT the model's."""
+    prompts = loop_prompts(n=8, seed=7)
+    args = GREEDY + ["--max-num-seqs", "8"]
+    plain, st0 = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, args, name="plain")
+    forced, st = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, args + mtp_spec(k=3, force_accept=True), name="forced")
+    assert st["spec_accepted_tokens"] == st["spec_draft_tokens"] > 0, st
+    assert st["steps"] < st0["steps"] * 0.6, (st, st0)
+    assert all(len(r["token_ids"]) == 24 for r in forced)
+    assert ids(forced) != ids(plain)
+
+
+def test_mtp_needs_mtp_layers(kaon_bin, tiny_llama, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    r = subprocess.run([str(kaon_bin), "generate", "-m", str(tiny_llama), "--input", str(inp), "--output",
+                        str(tmp_path / "o.jsonl"), *mtp_spec()], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "num_nextn_predict_layers" in r.stderr, r.stderr

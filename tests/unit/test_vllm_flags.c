@@ -79,9 +79,9 @@ int main(void) {
     CHECK(count(err_text, "--served-model-name") == 1 && lines(err_text) == 1);
     kaon_vllm_args_free(&o);
 
-    // Accepted: dropped without a word; values kaon has (-tp 1, --dtype auto) too.
-    CHECK(run(&o, ARGS("--enable-auto-tool-choice", "--disable-log-requests", "--disable_log_stats", "-tp", "1",
-                       "--tensor-parallel-size=1", "--pipeline-parallel-size", "1", "--dtype", "bfloat16",
+    // Accepted: dropped without a word; values kaon has (-pp 1, --dtype auto) too.
+    CHECK(run(&o, ARGS("--enable-auto-tool-choice", "--disable-log-requests", "--disable_log_stats",
+                       "--pipeline-parallel-size", "1", "--dtype", "bfloat16",
                        "--no-trust-remote-code", "--task", "generate")) == 0);
     CHECK(o.argc == 1);
     CHECK(err_text[0] == 0);
@@ -109,8 +109,6 @@ int main(void) {
 
     // Refused: exit status 2 and one error line naming the flag.
     const char *const *refused[] = {
-        ARGS("-tp", "2"),
-        ARGS("--tensor_parallel_size=4"),
         ARGS("--pipeline-parallel-size", "2"),
         ARGS("--data-parallel-size", "2"),
         ARGS("--enable-expert-parallel"),
@@ -122,7 +120,7 @@ int main(void) {
         ARGS("--max-model-len", "lots"),
         ARGS("--task", "embed"),
     };
-    const char *refused_name[] = {"-tp", "--tensor-parallel-size", "--pipeline-parallel-size",
+    const char *refused_name[] = {"--pipeline-parallel-size",
                                   "--data-parallel-size", "--enable-expert-parallel", "--dtype", "--dtype",
                                   "--enable-lora", "--ssl-keyfile", "--max-model-len", "--max-model-len", "--task"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
@@ -135,7 +133,13 @@ int main(void) {
         CHECK(strstr(err_text, refused_name[i]) != NULL);
         kaon_vllm_args_free(&o);
     }
-    CHECK(run(&o, ARGS("-tp", "2")) == 2 && strstr(err_text, "issue 18"));
+    CHECK(run(&o, ARGS("-pp", "2")) == 2 && strstr(err_text, "issue 18"));
+    kaon_vllm_args_free(&o);
+    // Tensor parallelism is kaon's own flag now (-tp: its vLLM spelling).
+    CHECK(run(&o, ARGS("-tp", "2")) == 0 && o.argc == 3 && !strcmp(o.argv[1], "--tensor-parallel-size") &&
+          !strcmp(o.argv[2], "2"));
+    kaon_vllm_args_free(&o);
+    CHECK(run(&o, ARGS("--tensor_parallel_size=4")) == 0 && o.argc == 3 && !strcmp(o.argv[2], "4"));
     kaon_vllm_args_free(&o);
 
     // Unknown flags, a missing value, a value given to a switch.

@@ -1,0 +1,246 @@
+// The CPU communicator (comm.h): the ranks are threads of one process and every buffer is host
+// memory, so a collective is: each rank publishes its buffers' addresses, a barrier, each rank
+// reads the others' buffers directly, a barrier (no one reuses a buffer another still reads).
+// All-reduce is a reduce-scatter into the group's scratch (rank r sums chunk r over the ranks,
+// in rank order) and an all-gather from it, so its work is spread over the ranks and it is
+// safe in place; the sums are the same bits on every rank and in every run.
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/comm.h"
+#include "util/err.h"
+#include "util/half.h"
+
+size_t kaon_comm_dtype_bytes(kaon_comm_dtype t) {
+    return t == KAON_COMM_BF16 || t == KAON_COMM_F16 ? 2 : 4;
+}
+
+struct kaon_comm_cpu_group {
+    int size;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    unsigned long gen;         // barrier generation (a waiter leaves when it changes)
+    const void **send;         // [size] published by each rank for the current collective
+    void **recv;               // [size]
+    const size_t **counts;     // [size] all_to_allv: each rank's send_counts
+    const size_t **offs;       // [size] all_to_allv: each rank's send_offs
+    unsigned char *scratch;    // all_reduce's reduced values, grown under mu
+    size_t scratch_cap;
+};
+
+typedef struct cpu_comm {
+    kaon_comm base;
+    kaon_comm_cpu_group *g;
+} cpu_comm;
+
+static void barrier_wait(kaon_comm_cpu_group *g) {
+    pthread_mutex_lock(&g->mu);
+    const unsigned long gen = g->gen;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (gen == g->gen) pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static kaon_comm_cpu_group *grp(kaon_comm *c) { return ((cpu_comm *)c)->g; }
+
+static float load(const void *p, size_t i, kaon_comm_dtype t) {
+    switch (t) {
+    case KAON_COMM_BF16: return kaon_bf16_to_f32(((const uint16_t *)p)[i]);
+    case KAON_COMM_F16: return kaon_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static void store(void *p, size_t i, float v, kaon_comm_dtype t) {
+    switch (t) {
+    case KAON_COMM_BF16: ((uint16_t *)p)[i] = kaon_f32_to_bf16(v); break;
+    case KAON_COMM_F16: ((uint16_t *)p)[i] = kaon_f32_to_f16(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+// out[i] = sum over ranks q (in order) of in[q][off_q + i] for i in [lo, hi).
+static void reduce_range(const kaon_comm_cpu_group *g, const void *const *in, size_t off, void *out,
+                         size_t out_off, size_t lo, size_t hi, kaon_comm_dtype t) {
+    if (t == KAON_COMM_I32) {
+        for (size_t i = lo; i < hi; i++) {
+            int64_t s = 0;
+            for (int q = 0; q < g->size; q++) s += ((const int32_t *)in[q])[off + i];
+            ((int32_t *)out)[out_off + i] = (int32_t)s;
+        }
+        return;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        float s = load(in[0], off + i, t);
+        for (int q = 1; q < g->size; q++) s += load(in[q], off + i, t);
+        store(out, out_off + i, s, t);
+    }
+}
+
+static void chunk(size_t count, int size, int r, size_t *lo, size_t *hi) {
+    const size_t per = (count + (size_t)size - 1) / (size_t)size;
+    *lo = per * (size_t)r < count ? per * (size_t)r : count;
+    *hi = *lo + per < count ? *lo + per : count;
+}
+
+static int cpu_all_reduce(kaon_comm *c, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
+    kaon_comm_cpu_group *g = grp(c);
+    const size_t eb = kaon_comm_dtype_bytes(t);
+    int fail = 0;
+    g->send[c->rank] = send;
+    pthread_mutex_lock(&g->mu);
+    if (g->scratch_cap < count * eb) {
+        unsigned char *s = realloc(g->scratch, count * eb);
+        if (s) {
+            g->scratch = s;
+            g->scratch_cap = count * eb;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    barrier_wait(g);
+    if (g->scratch_cap < count * eb) {
+        fail = 1;  // every rank sees the same capacity, so all of them fail alike
+    } else {
+        size_t lo, hi;
+        chunk(count, g->size, c->rank, &lo, &hi);
+        reduce_range(g, g->send, 0, g->scratch, 0, lo, hi, t);
+    }
+    barrier_wait(g);
+    if (!fail && count) memcpy(recv, g->scratch, count * eb);
+    barrier_wait(g);
+    return fail ? kaon_set_error("comm: out of memory for an all-reduce of %zu elements", count) : 0;
+}
+
+static int cpu_all_gather(kaon_comm *c, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
+    kaon_comm_cpu_group *g = grp(c);
+    const size_t bytes = count * kaon_comm_dtype_bytes(t);
+    g->send[c->rank] = send;
+    barrier_wait(g);
+    for (int q = 0; q < g->size; q++) {
+        unsigned char *dst = (unsigned char *)recv + (size_t)q * bytes;
+        if (bytes && dst != g->send[q]) memcpy(dst, g->send[q], bytes);
+    }
+    barrier_wait(g);
+    return 0;
+}
+
+static int cpu_reduce_scatter(kaon_comm *c, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
+    kaon_comm_cpu_group *g = grp(c);
+    g->send[c->rank] = send;
+    barrier_wait(g);
+    // Element i is read from every rank before recv[i] is written, and only this rank reads
+    // its own chunk of the inputs, so recv may be that chunk.
+    reduce_range(g, g->send, (size_t)c->rank * count, recv, 0, 0, count, t);
+    barrier_wait(g);
+    return 0;
+}
+
+static int cpu_all_to_allv(kaon_comm *c, const void *send, const size_t *send_counts, const size_t *send_offs,
+                           void *recv, const size_t *recv_counts, const size_t *recv_offs, kaon_comm_dtype t) {
+    kaon_comm_cpu_group *g = grp(c);
+    const size_t eb = kaon_comm_dtype_bytes(t);
+    const int r = c->rank;
+    g->send[r] = send;
+    g->counts[r] = send_counts;
+    g->offs[r] = send_offs;
+    barrier_wait(g);
+    int bad = -1;
+    for (int q = 0; q < g->size; q++) {
+        const size_t n = g->counts[q][r];
+        if (n != recv_counts[q]) {
+            bad = q;
+            continue;
+        }
+        if (n) memcpy((unsigned char *)recv + recv_offs[q] * eb, (const unsigned char *)g->send[q] + g->offs[q][r] * eb,
+               n * eb);
+    }
+    barrier_wait(g);
+    if (bad >= 0)
+        return kaon_set_error("comm: all_to_allv: rank %d sends %zu elements to rank %d, which expects %zu", bad,
+                              g->counts[bad][r], r, recv_counts[bad]);
+    return 0;
+}
+
+static int cpu_broadcast(kaon_comm *c, void *buf, size_t count, kaon_comm_dtype t, int root) {
+    kaon_comm_cpu_group *g = grp(c);
+    if (root < 0 || root >= g->size) return kaon_set_error("comm: broadcast from rank %d of %d", root, g->size);
+    if (c->rank == root) g->send[root] = buf;
+    barrier_wait(g);
+    if (c->rank != root && count) memcpy(buf, g->send[root], count * kaon_comm_dtype_bytes(t));
+    barrier_wait(g);
+    return 0;
+}
+
+static int cpu_barrier(kaon_comm *c) {
+    barrier_wait(grp(c));
+    return 0;
+}
+
+static void cpu_destroy(kaon_comm *c) { free(c); }
+
+static const kaon_comm_ops cpu_ops = {
+    .name = "cpu",
+    .all_reduce = cpu_all_reduce,
+    .all_gather = cpu_all_gather,
+    .reduce_scatter = cpu_reduce_scatter,
+    .all_to_allv = cpu_all_to_allv,
+    .broadcast = cpu_broadcast,
+    .barrier = cpu_barrier,
+    .destroy = cpu_destroy,
+};
+
+kaon_comm_cpu_group *kaon_comm_cpu_group_create(int size) {
+    if (size < 1) {
+        kaon_set_error("comm: a group of %d ranks", size);
+        return NULL;
+    }
+    kaon_comm_cpu_group *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->size = size;
+    g->send = calloc((size_t)size, sizeof *g->send);
+    g->recv = calloc((size_t)size, sizeof *g->recv);
+    g->counts = calloc((size_t)size, sizeof *g->counts);
+    g->offs = calloc((size_t)size, sizeof *g->offs);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    if (!g->send || !g->recv || !g->counts || !g->offs) {
+        kaon_comm_cpu_group_free(g);
+        kaon_set_error("comm: out of memory");
+        return NULL;
+    }
+    return g;
+}
+
+void kaon_comm_cpu_group_free(kaon_comm_cpu_group *g) {
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->send);
+    free(g->recv);
+    free(g->counts);
+    free(g->offs);
+    free(g->scratch);
+    free(g);
+}
+
+kaon_comm *kaon_comm_cpu_create(kaon_comm_cpu_group *g, int rank) {
+    if (!g || rank < 0 || rank >= g->size) {
+        kaon_set_error("comm: rank %d outside a group of %d", rank, g ? g->size : 0);
+        return NULL;
+    }
+    cpu_comm *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->base.ops = &cpu_ops;
+    c->base.rank = rank;
+    c->base.size = g->size;
+    c->g = g;
+    return &c->base;
+}
