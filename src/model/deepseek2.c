@@ -363,7 +363,8 @@ static void kv_spec(const kaon_model_config *c, int l, size_t *k, size_t *v) {
 
 // MLA's scratch, and MTP's [enorm(e) | hnorm(h)] rows after it.
 static size_t scratch_elems(const kaon_model_config *c) {
-    return kaon_blk_mla_scratch(c) + (c->n_mtp_layers > 0 ? 2 * (size_t)c->hidden_size : 0);
+    // + 128 elements: room to start the MTP rows on a 256-byte boundary (draft_forward)
+    return kaon_blk_mla_scratch(c) + (c->n_mtp_layers > 0 ? 2 * (size_t)c->hidden_size + 128 : 0);
 }
 
 static int supports(const kaon_backend *be) {
@@ -414,7 +415,10 @@ static void draft_forward(kaon_fwd *f, const kaon_batch *b) {
     const int l = c->n_layers - c->n_mtp_layers, T = b->n_tokens, dim = c->hidden_size;
     const ds_layer *w = (const ds_layer *)f->w->layers + l;
     const size_t eb = op->act_elem_bytes;
-    char *cat = (char *)f->a.scratch + eb * (size_t)T * kaon_blk_mla_scratch(c);  // [T, 2 dim]
+    // [T, 2 dim] after MLA's scratch, 256-byte aligned: cuBLASLt refuses a misaligned operand
+    // (CUBLAS_STATUS_NOT_SUPPORTED on the tiny test model, whose MLA scratch is not a multiple of 8)
+    const size_t cat_off = (eb * (size_t)T * kaon_blk_mla_scratch(c) + 255) & ~(size_t)255;
+    char *cat = (char *)f->a.scratch + cat_off;
     kaon_blk_embed(f, b, &g->tok_embd);                                            // x = e [T, dim]
     for (int t = 0; t < T; t++)  // position 0 has no previous token: its embedding is zeroed (vLLM)
         if (b->attn.positions[t] == 0) op->scale(f->be, (char *)f->a.x + eb * (size_t)t * dim, (size_t)dim, 0.0f);

@@ -28,12 +28,13 @@ def default_model():
     return DEFAULT_MODEL
 
 
-def kaon_logits(exe, model, ids, tmp_path, decode=False, threads=2):
+def kaon_logits(exe, model, ids, tmp_path, decode=False, threads=2, extra=()):
     out = tmp_path / f"logits-{os.getpid()}-{len(ids)}-{int(decode)}.f32"
     cmd = [str(exe), "logits", "-m", str(model), "--prompt-ids", ",".join(map(str, ids)),
            "-o", str(out), "--threads", str(threads)]
     if decode:
         cmd.append("--decode")
+    cmd += list(extra)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"kaon logits failed: {r.stderr}"
     a = np.fromfile(out, dtype=np.float32)

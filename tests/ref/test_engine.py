@@ -65,6 +65,7 @@ def generate(exe, model, tmp_path, prompts, extra=(), per_request=None, name="ru
            "--threads", "2", "--quiet", *map(str, extra)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
+    assert "the draft model failed" not in r.stderr, r.stderr[-3000:]  # it would only cost drafts
     stats = json.loads(r.stderr.split("kaon-stats: ", 1)[1].splitlines()[0])
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [row["index"] for row in rows] == list(range(len(prompts)))

@@ -216,6 +216,24 @@ def tiny_v3_echo(tmp_path_factory):
 V3_MTP_KV_BYTES = 72 * 5 * 4
 
 
+def same_or_near_ties(exe, model, tmp_path, prompts, a, b, gap=0.02, min_same=0.75):
+    """On the GPU everything runs in bf16 and a verify step (k + 1 rows a sequence, other GEMM
+    tiles, other attention splits, other MoE routing ties) rounds differently from a decode step,
+    so greedy outputs may part where the target's two candidates are nearly tied. Asserts that
+    most outputs are equal and that every parting is such a tie: the CUDA logits of the prompt
+    and the common prefix give both tokens within gap x the row's largest |logit|."""
+    import numpy as np
+    from conftest import kaon_logits
+    parted = [(p, x, y) for p, x, y in zip(prompts, a, b) if x != y]
+    assert len(parted) <= (1 - min_same) * len(a), f"{len(parted)} of {len(a)} outputs differ"
+    for p, x, y in parted:
+        i = next(j for j in range(min(len(x), len(y))) if x[j] != y[j])
+        row = kaon_logits(exe, model, p + x[:i], tmp_path, extra=DEV)[-1]
+        diff = abs(float(row[x[i]]) - float(row[y[i]]))
+        print(f"parted at {i}: {x[i]} vs {y[i]}, logit gap {diff:.4g} of max {float(np.abs(row).max()):.4g}")
+        assert diff <= gap * float(np.abs(row).max()), (i, x[i], y[i], diff, float(np.abs(row).max()))
+
+
 @pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted", "prefix"])
 def test_mtp_greedy_same(kaon_bin, tiny_v3_mtp, tmp_path, layout):
     prompts = loop_prompts(n=24, seed=5)
@@ -228,7 +246,10 @@ def test_mtp_greedy_same(kaon_bin, tiny_v3_mtp, tmp_path, layout):
              "prefix": ["--max-num-seqs", "4"]}[layout]
     plain, _ = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, GREEDY + extra, name="plain")
     spec, st = generate(kaon_bin, tiny_v3_mtp, tmp_path, prompts, GREEDY + extra + mtp_spec(), name="spec")
-    assert ids(spec) == ids(plain)
+    if DEV:  # bf16 on the GPU: a verify step's shape is not a decode step's (see same_or_near_ties)
+        same_or_near_ties(kaon_bin, tiny_v3_mtp, tmp_path, prompts, ids(plain), ids(spec))
+    else:
+        assert ids(spec) == ids(plain)
     assert st["spec_drafts"] > 0 and st["spec_draft_tokens"] > st["spec_drafts"], st  # chained drafts
     if layout == "preempted":
         assert st["preemptions"] > 0 and st["kv_blocks_used"] == 0, st

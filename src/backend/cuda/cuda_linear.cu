@@ -22,22 +22,7 @@ typedef struct GemvArgs {
     int begin[4];  // first block of each weight
     int count;
     int f32out;
-    int pf_res, pf_blocks;  // L2 prefetch before the wait (gemv_l2_prefetch); 0: none
 } GemvArgs;
-
-// Before its PDL wait a block may warm L2 with weight rows, its own and those of later-wave
-// blocks: the kernel before (attention, a norm, rope) is latency-bound and leaves the memory
-// idle, so the rows arrive while it runs and the GEMV then streams them from L2. Blocks
-// bid < res (the first wave, resident while the previous kernel runs) take blocks bid,
-// bid + res, ... below n_pf; each block's weight rows are contiguous (rows x in bf16).
-static __device__ __forceinline__ void gemv_l2_prefetch(const bf16 *w, int rows, int begin, int in, int blk) {
-    const int r0 = (blk - begin) * GEMV_WARPS;
-    const int nr = rows - r0 < GEMV_WARPS ? rows - r0 : GEMV_WARPS;
-    if (nr <= 0) return;
-    const char *p = (const char *)(w + (size_t)r0 * in);
-    const size_t len = (size_t)nr * in * sizeof(bf16);
-    for (size_t o = (size_t)threadIdx.x * 128; o < len; o += (size_t)blockDim.x * 128) prefetch_l2(p + o);
-}
 
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -81,13 +66,6 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     if (active && c + 32 * (U - 1) < nc)
 #pragma unroll
         for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
-    if (bid < a.pf_res)
-        for (int blk = bid; blk < a.pf_blocks; blk += a.pf_res) {
-            int sg = 0;
-            for (int i = 1; i < a.count; i++)
-                if (blk >= a.begin[i]) sg = i;
-            gemv_l2_prefetch(a.w[sg], a.rows[sg], a.begin[sg], in, blk);
-        }
     kc_pdl_wait();
     if (!active) return;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
@@ -129,7 +107,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
 template <int NB, int MINB = 1>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
-            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out, int pf_res, int pf_blocks) {
+            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
     kc_pdl_trigger();
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const bool active = row < rows;
@@ -149,11 +127,6 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
         for (int u = 0; u < U; u++) {
             gv[u] = ld_stream(gr + c + 32 * u);
             uv[u] = ld_stream(ur + c + 32 * u);
-        }
-    if ((int)blockIdx.x < pf_res)
-        for (int blk = blockIdx.x; blk < pf_blocks; blk += pf_res) {
-            gemv_l2_prefetch(wg, rows, 0, in, blk);
-            gemv_l2_prefetch(wu, rows, 0, in, blk);
         }
     kc_pdl_wait();
     if (!active) return;
@@ -211,24 +184,6 @@ bool kc_gemv_occ_hi(int which) {
     return (v & which) != 0;
 }
 
-// L2 prefetch plan of a launch: the first wave's size (blocks resident per SM x SMs) and how
-// many blocks' rows it warms: all of them when the whole weight fits KAON_GEMV_L2PF MB (default
-// 40), else none. (Warming the first 24 or 40 MB of every GEMV, the large ones included, cost
-// 6-10% on Llama-3.1-8B batch 1: run14 call 2.)
-template <auto kern>
-static void gemv_pf_plan(kc_backend *b, int64_t blocks, size_t block_bytes, int *res, int *n_pf) {
-    static const int mb = getenv("KAON_GEMV_L2PF") ? atoi(getenv("KAON_GEMV_L2PF")) : 40;
-    static const int per_sm = [] {  // blocks per SM of this kernel, asked once (thread-safe init)
-        int v = 0;
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, GEMV_WARPS * 32, 0) == cudaSuccess ? v : 0;
-    }();
-    *res = *n_pf = 0;
-    if (mb <= 0 || !block_bytes || per_sm <= 0) return;
-    if (blocks > ((int64_t)mb << 20) / (int64_t)block_bytes) return;
-    *res = per_sm * b->n_sm;
-    *n_pf = (int)blocks;
-}
-
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out) {
     if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x))
@@ -249,15 +204,11 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
     }
     if (blocks > INT32_MAX / 2) return 1;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
-    const size_t bb = (size_t)GEMV_WARPS * (size_t)in * sizeof(bf16);
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_GEMV)) {
-        if (n == 1) gemv_pf_plan<k_gemv<1, 4>>(b, blocks, bb, &a.pf_res, &a.pf_blocks);
-        else gemv_pf_plan<k_gemv<2, 4>>(b, blocks, bb, &a.pf_res, &a.pf_blocks);
         if (n == 1) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
         else kc_launch(b, k_gemv<2, 4>, grid, block, 0, x, in, a);
         return kc_launched(b, "gemv");
     }
-    if (n == 1) gemv_pf_plan<k_gemv<1>>(b, blocks, bb, &a.pf_res, &a.pf_blocks);  // decode: batch 1 only
     switch (n) {
     case 1: kc_launch(b, k_gemv<1>, grid, block, 0, x, in, a); break;
     case 2: kc_launch(b, k_gemv<2>, grid, block, 0, x, in, a); break;
@@ -277,27 +228,21 @@ int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, co
         !aligned16(wg) || !aligned16(wu))
         return 1;
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-    const size_t bb = 2 * (size_t)GEMV_WARPS * (size_t)in * sizeof(bf16);
-    int pr = 0, pn = 0;
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_SILU)) {
-        if (n == 1) gemv_pf_plan<k_gemv_silu<1, 4>>(b, grid.x, bb, &pr, &pn);
-        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out, pr, pn);
-        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out, pr, pn);
+        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out);
         return kc_launched(b, "gemv_silu");
     }
-    if (n == 1) gemv_pf_plan<k_gemv_silu<1>>(b, grid.x, bb, &pr, &pn);
-#define SILU_ARGS x, in, wg, wu, rows, out, pr, pn
     switch (n) {
-    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, SILU_ARGS); break;
-    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, SILU_ARGS); break;
-    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, SILU_ARGS); break;
-    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, SILU_ARGS); break;
-    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, SILU_ARGS); break;
-    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, SILU_ARGS); break;
-    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, SILU_ARGS); break;
-    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, SILU_ARGS); break;
+    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out); break;
     }
-#undef SILU_ARGS
     return kc_launched(b, "gemv_silu");
 }
 
