@@ -79,3 +79,15 @@ def test_info_names_the_plugin_architecture(kaon_bin, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "KaonExampleForCausalLM (kaon-example, a plugin)" in r.stdout
+
+
+def test_example_plugin_links_against_nothing_of_kaon(kaon_bin):
+    """The plugin reaches kaon only through the host table: no undefined kaon_ symbols."""
+    r = subprocess.run(["nm", "-D", "--undefined-only", str(plugin_path(kaon_bin.parent))],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not [line for line in r.stdout.splitlines() if "kaon" in line], r.stdout
+    r = subprocess.run(["nm", "-D", "--defined-only", str(plugin_path(kaon_bin.parent))],
+                       capture_output=True, text=True, timeout=60)
+    exported = [line.split()[-1] for line in r.stdout.splitlines() if " T " in line]
+    assert exported == ["kaon_plugin_entry"], r.stdout
