@@ -3,11 +3,12 @@
 checkpoint; and without the plugin, kaon does not know the architecture."""
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import kaon_logits
 from plugin_model import make_config, make_weights, plugin_path, reference_logits, save
 
 IDS = [2, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13]
@@ -91,3 +92,26 @@ def test_example_plugin_links_against_nothing_of_kaon(kaon_bin):
                        capture_output=True, text=True, timeout=60)
     exported = [line.split()[-1] for line in r.stdout.splitlines() if " T " in line]
     assert exported == ["kaon_plugin_entry"], r.stdout
+
+
+def test_python_entry_point_names_the_plugin(kaon_bin, tmp_path):
+    """A Python package registers the plugin under the entry point group kaon.plugins;
+    scripts/kaon_plugins.py turns the installed ones into $KAON_PLUGINS, which kaon loads."""
+    site = tmp_path / "site"
+    (site / "example_kaon_plugin-0.1.dist-info").mkdir(parents=True)
+    (site / "example_kaon_plugin-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: example-kaon-plugin\nVersion: 0.1\n")
+    (site / "example_kaon_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        "[kaon.plugins]\nkaon_example = example_kaon_plugin:so_path\n")
+    (site / "example_kaon_plugin.py").write_text(
+        f"def so_path():\n    return {str(plugin_path(kaon_bin.parent))!r}\n")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "kaon_plugins.py"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(plugin_path(kaon_bin.parent))
+    cfg = make_config()
+    model = save(tmp_path / "example", cfg, make_weights(cfg))
+    env["KAON_PLUGINS"] = r.stdout.strip()
+    r = subprocess.run([str(kaon_bin), "info", str(model)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "KaonExampleForCausalLM (kaon-example, a plugin)" in r.stdout, r.stderr
