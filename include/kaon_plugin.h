@@ -35,11 +35,12 @@ extern "C" {
 #define KAON_PLUGIN_ENTRY_SYMBOL "kaon_plugin_entry"
 
 // The structs whose layout a plugin compiles in. X(name) once each; the fingerprint is their
-// sizes in this order, so a mismatch can be named.
+// sizes in this order, so a mismatch can be named (the list is expanded only after all of them,
+// kaon_plugin_host included, are defined).
 #define KAON_PLUGIN_LAYOUT(X)                                                                    \
     X(kaon_arch_ops) X(kaon_arch_name) X(kaon_model_config) X(kaon_weight_spec) X(kaon_weights)  \
     X(kaon_tensor) X(kaon_linear) X(kaon_model) X(kaon_fwd) X(kaon_acts) X(kaon_batch)           \
-    X(kaon_backend_ops) X(kaon_llama_block) X(kaon_rope)
+    X(kaon_backend_ops) X(kaon_llama_block) X(kaon_rope) X(kaon_plugin_host)
 #define KAON_PLUGIN_COUNT_(t) +1
 enum { KAON_PLUGIN_N_LAYOUT = 0 KAON_PLUGIN_LAYOUT(KAON_PLUGIN_COUNT_) };
 #define KAON_PLUGIN_SIZE_(t) (uint32_t) sizeof(t),

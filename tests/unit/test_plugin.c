@@ -41,7 +41,7 @@ static void test_refusals_before_any_load(void) {
              KAON_PLUGIN_API_VERSION + 1, KAON_PLUGIN_API_VERSION);
     refused("broken_version", want);
     refused("broken_magic", "bad magic 0xdeadbeef");
-    refused("broken_layout", "built against other kaon headers (sizeof(kaon_rope)");
+    refused("broken_layout", "built against other kaon headers (sizeof(kaon_plugin_host)");
     refused("broken_no_entry", "no kaon_plugin_entry symbol");
     // A file that is not a shared library at all.
     CHECK(kaon_plugin_load("tests/plugins/broken.c") == -1);
