@@ -83,8 +83,8 @@ static int check_ops(const kaon_arch_ops *a) {
     return 0;
 }
 
-// A name of a that an architecture in list[0..n) (or, when n < 0, the registry) answers to
-// already; NULL when none. Call with added_mu held.
+// The first name of a that is taken (by a registered architecture, one of list[0..n), or an
+// earlier name of a itself), its owner in *owner; NULL when all are new. Call with added_mu held.
 static const char *clash(const kaon_arch_ops *a, const kaon_arch_ops *const *list, int n, const kaon_arch_ops **owner) {
     for (const kaon_arch_name *nm = a->names; nm->name; nm++) {
         const kaon_arch_ops *o = find_locked(nm->name, NULL);
