@@ -261,6 +261,12 @@ void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info);
 // The engine's tokenizer (NULL when created without one); a `kaon_tokenizer *`.
 const void *kaon_engine_tokenizer(kaon_engine *e);
 
+// Plugins (include/kaon_plugin.h, docs/API.md "Plugins"): loads the shared library at path and
+// registers its architectures, before any engine that needs them is created. Loading the same
+// library again does nothing. 0, or -1 + kaon_last_error() ("plugin PATH: ..."): no such file,
+// not a kaon plugin, built for another plugin API or other kaon headers, or a name taken.
+int kaon_plugin_load(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,10 @@ int kaon_cli_parse_spec_config(const char *json, struct kaon_speculative_options
 // engine's info lines appear with KAON_LOG=info.
 void kaon_cli_quiet_logs(void);
 
+// Loads $KAON_PLUGINS (colon-separated) and every --plugin PATH / --plugin=PATH of argv[1..),
+// removing the flags from argv (argc updated). 0, or prints the one error line and returns 2.
+int kaon_cli_take_plugins(int *argc, char **argv);
+
 int kaon_cmd_run(int argc, char **argv);
 int kaon_cmd_info(int argc, char **argv);
 int kaon_cmd_logits(int argc, char **argv);

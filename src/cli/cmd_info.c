@@ -264,8 +264,10 @@ int kaon_cmd_info(int argc, char **argv) {
                                                        : "safetensors (Hugging Face folder)";
     printf("model:          %s\n", m->path);
     printf("format:         %s\n", fmt);
-    printf("architecture:   %s (%s%s)\n", c->arch_name, kaon_arch_label(c->arch),
-           c->n_experts > 0 ? " attention, mixture of experts" : "");
+    if (c->arch == KAON_ARCH_PLUGIN) printf("architecture:   %s (%s, a plugin)\n", c->arch_name, c->impl->label);
+    else
+        printf("architecture:   %s (%s%s)\n", c->arch_name, kaon_arch_label(c->arch),
+               c->n_experts > 0 ? " attention, mixture of experts" : "");
     printf("parameters:     %.1f M (%llu)\n", m->n_params / 1e6, (unsigned long long)m->n_params);
     if (n_moe)
         printf("active/token:   %.1f M (the routed experts' share: top %d of %d)\n",

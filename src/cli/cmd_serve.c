@@ -68,6 +68,7 @@ static void usage(FILE *f) {
             "  --request-timeout SECONDS      abort a generation running longer: 504 (default 0: none)\n"
             "  --drain-timeout SECONDS        on SIGTERM/SIGINT, time for running requests (default 30)\n"
             "  --port-file FILE               write \"HOST PORT\" here once listening\n"
+            "  --plugin PATH                  load a plugin adding architectures (repeatable; $KAON_PLUGINS too)\n"
             "vLLM's spellings are accepted too (--max_model_len 32k, --flag=value, -tp 1, --enforce-eager,\n"
             "--trust-remote-code, ...; $VLLM_API_KEY): what each does is in docs/API.md, \"vLLM compatibility\".\n");
 }

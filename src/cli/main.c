@@ -16,7 +16,9 @@ static void usage(FILE *f) {
             "  generate offline batch generation: JSONL prompts in, JSONL outputs out\n"
             "  logits   write the logits of every position of a prompt (for tests)\n"
             "  bench    benchmarks: serve (any OpenAI-compatible server), latency, throughput\n"
-            "Run 'kaon <command> --help' for its options.\n");
+            "Run 'kaon <command> --help' for its options.\n"
+            "serve, run, chat, generate, logits, info and bench also take --plugin PATH (repeatable): a\n"
+            "shared library adding architectures (docs/API.md, \"Plugins\"); $KAON_PLUGINS lists more (a.so:b.so).\n");
 }
 
 int main(int argc, char **argv) {
@@ -28,6 +30,15 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
+    }
+    // The commands that load a model take plugins first, so its architecture is known.
+    static const char *const with_plugins[] = {"serve", "run", "chat", "generate", "logits", "info", "bench"};
+    for (size_t i = 0; i < sizeof with_plugins / sizeof with_plugins[0]; i++) {
+        if (strcmp(cmd, with_plugins[i])) continue;
+        int sub_argc = argc - 1;
+        int rc = kaon_cli_take_plugins(&sub_argc, argv + 1);
+        if (rc) return rc;
+        argc = sub_argc + 1;
     }
     if (!strcmp(cmd, "serve")) return kaon_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return kaon_cmd_run(argc - 1, argv + 1);

@@ -68,6 +68,7 @@ static const vf_entry table[] = {
     {"--request-timeout", VF_KAON, 1, NULL, NULL},
     {"--drain-timeout", VF_KAON, 1, NULL, NULL},
     {"--port-file", VF_KAON, 1, NULL, NULL},
+    {"--plugin", VF_KAON, 1, NULL, NULL},  // kaon's: main.c loads it before serve parses (cli/plugins.c)
     // vLLM's flags with a value rewritten here.
     {"--max-model-len", VF_SPECIAL, 1, NULL, NULL},
     {"--kv-cache-memory-bytes", VF_SPECIAL, 1, "--kv-cache-memory", NULL},

@@ -58,5 +58,10 @@ typedef struct kaon_arch_ops {
 const kaon_arch_ops *kaon_arch_find(const char *name, kaon_arch *variant);
 // Every name kaon answers to, comma-separated (for messages and `kaon info`).
 const char *kaon_arch_supported(void);
+// Plugins (model/plugin.c). Whether a may join the registry: complete, and none of its names
+// taken by a registered architecture or one of pending[0..n_pending). 0, or -1 + error.
+int kaon_arch_check_new(const kaon_arch_ops *a, const kaon_arch_ops *const *pending, int n_pending);
+// Adds ops[0..n) after the same checks: all of them, or none (-1 + error).
+int kaon_arch_register(const kaon_arch_ops *const *ops, int n);
 
 #endif

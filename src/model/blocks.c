@@ -1,6 +1,8 @@
 // The shared pieces of every forward pass (blocks.h). Fused ops are tried here and nowhere
 // else; a fused op returns 1 when it declines a shape, and its errors surface through the
 // backend's status().
+#include <math.h>
+
 #include "model/blocks.h"
 #include "model/tp.h"
 
@@ -106,4 +108,24 @@ void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, 
     else f->op->linear(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     const float cap = f->c->final_logit_softcap;
     if (cap > 0) f->op->logit_softcap(f->be, f->a.logits, (size_t)b->n_logits * (size_t)f->c->vocab_size, cap);
+}
+
+// proj *= s: a sublayer's output scaled before the next norm adds it to x.
+static void scale_proj(kaon_fwd *f, const kaon_batch *b, float s) {
+    if (s != 0.0f && s != 1.0f) f->op->scale(f->be, f->a.proj, (size_t)b->n_tokens * (size_t)f->c->hidden_size, s);
+}
+
+void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
+    const kaon_model_config *c = f->c;
+    const float scale = w->attn_scale > 0 ? w->attn_scale : 1.0f / sqrtf((float)c->head_dim);
+    kaon_blk_norm(f, b, w->attn_norm);                                    // xn = norm(x)
+    kaon_blk_qkv(f, b, w->wq, w->wk, w->wv);                              // q, k, v
+    if (w->q_norm) kaon_blk_qk_norm(f, b, w->q_norm, w->k_norm);          // before RoPE
+    kaon_blk_attention(f, b, l, &f->m->rope[KAON_ROPE_GLOBAL], 0, scale);  // att
+    kaon_blk_out(f, b, w->wo, f->a.att);                                  // proj = att @ wo^T
+    scale_proj(f, b, w->residual_scale);
+    kaon_blk_norm(f, b, w->ffn_norm);                                     // x += proj; xn
+    if (kaon_model_layer_is_moe(f->m, l)) kaon_blk_moe(f, b, l, &f->w->moe[l]);
+    else kaon_blk_mlp(f, b, KAON_ACT_SILU, w->w_gate, w->w_up, w->w_down);
+    scale_proj(f, b, w->residual_scale);
 }

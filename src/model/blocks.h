@@ -107,6 +107,18 @@ size_t kaon_blk_mla_scratch(const kaon_model_config *c);
 // form's work per query and key, once a chunk is long enough to pay for the expansion).
 void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weights *w,
                   const kaon_rope *rope, float scale, float pe_scale);
+// One Llama-style decoder layer: x += attn(norm(x)), then x += mlp(norm(x)) (the layer's
+// experts instead when it has them), each sublayer's output times residual_scale before it joins
+// x. The Llama family's forward and plugins' variants of it are built from this.
+typedef struct kaon_llama_block {
+    const kaon_tensor *attn_norm, *ffn_norm;    // [dim]
+    const kaon_tensor *q_norm, *k_norm;         // [hd] per-head q/k RMSNorm; NULL: none
+    const kaon_linear *wq, *wk, *wv, *wo;       // [nh*hd, dim] [nkv*hd, dim] x2 [dim, nh*hd]
+    const kaon_linear *w_gate, *w_up, *w_down;  // [ffn, dim] x2 [dim, ffn]; dense layers
+    float attn_scale;      // softmax scale; 0: 1/sqrt(head_dim)
+    float residual_scale;  // 0 or 1: none (Granite's residual_multiplier otherwise)
+} kaon_llama_block;
+void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w);
 // The final norm and the LM head, on the rows that need logits only (into a.logits); with
 // f->hidden_out, every token's normed hidden state is copied there too.
 void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *head);

@@ -17,6 +17,7 @@ typedef enum kaon_arch {
     KAON_ARCH_DEEPSEEK2,  // DeepseekV2ForCausalLM (and GGUF deepseek2): MLA + DeepSeekMoE
     KAON_ARCH_DEEPSEEK3,  // DeepseekV3ForCausalLM, Kimi-K2 (kimi_k2), Kimi-K2.5's text model
     KAON_ARCH_GPTOSS,     // GptOssForCausalLM: attention sinks, clamped-SwiGLU experts with biases
+    KAON_ARCH_PLUGIN,     // an architecture a plugin registered (model/plugin.c): impl says which
 } kaon_arch;
 // The enum names the variant an architecture file tells apart (model/arch.h: which file serves
 // a name is the registry's business). The MoE variants map onto the attention family
@@ -110,6 +111,9 @@ typedef struct kaon_model_config {
     int n_mtp_layers;            // of those, loaded as the draft model of speculative decoding
                                  // (kaon_model_load_mtp): counted in n_layers, after the main ones
     char hf_prefix[32];          // prefix of the text model's tensor names (Kimi-K2.5: "language_model.")
+    // An architecture's own numbers that no field above holds, read by its hf_config (a
+    // plugin's extra config.json keys: examples/plugin/ keeps its multipliers here).
+    float arch_params[8];
 } kaon_model_config;
 
 void kaon_model_config_init(kaon_model_config *c);  // zeros + "unset" markers

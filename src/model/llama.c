@@ -1,7 +1,6 @@
 // The Llama family: Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm) and
 // their mixture-of-experts variants (Mixtral, Qwen2-MoE, Qwen3-MoE): config keys, the weight
 // table and the forward pass.
-#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -138,18 +137,16 @@ static int prepare(kaon_model *m) {
 static void forward(kaon_fwd *f, const kaon_batch *b) {
     const kaon_model_config *c = f->c;
     const llama_globals *g = f->w->globals;
-    const float scale = 1.0f / sqrtf((float)c->head_dim);
-    kaon_blk_embed(f, b, &g->tok_embd);                                  // x [T, dim]
+    kaon_blk_embed(f, b, &g->tok_embd);  // x [T, dim]
     for (int l = 0; l < c->n_layers; l++) {
         const llama_layer *w = (const llama_layer *)f->w->layers + l;
-        kaon_blk_norm(f, b, &w->attn_norm);                              // xn = norm(x)
-        kaon_blk_qkv(f, b, &w->wq, &w->wk, &w->wv);                      // q, k, v
-        if (c->qk_norm) kaon_blk_qk_norm(f, b, &w->q_norm, &w->k_norm);  // Qwen3: before RoPE
-        kaon_blk_attention(f, b, l, &f->m->rope[KAON_ROPE_GLOBAL], 0, scale);  // att
-        kaon_blk_out(f, b, &w->wo, f->a.att);                            // x += att @ wo^T
-        kaon_blk_norm(f, b, &w->ffn_norm);
-        if (kaon_model_layer_is_moe(f->m, l)) kaon_blk_moe(f, b, l, &f->w->moe[l]);
-        else kaon_blk_mlp(f, b, KAON_ACT_SILU, &w->w_gate, &w->w_up, &w->w_down);
+        const kaon_llama_block blk = {
+            .attn_norm = &w->attn_norm, .ffn_norm = &w->ffn_norm,
+            .q_norm = c->qk_norm ? &w->q_norm : NULL, .k_norm = c->qk_norm ? &w->k_norm : NULL,  // Qwen3
+            .wq = &w->wq, .wk = &w->wk, .wv = &w->wv, .wo = &w->wo,
+            .w_gate = &w->w_gate, .w_up = &w->w_up, .w_down = &w->w_down,
+        };
+        kaon_blk_llama_layer(f, b, l, &blk);
     }
     kaon_blk_logits(f, b, &g->out_norm, g->lm_head.w.data ? &g->lm_head : &g->tok_embd);
 }

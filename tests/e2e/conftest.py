@@ -42,15 +42,15 @@ def kaon_binary():
 
 
 class Server:
-    """A running `kaon serve`; base is http://host:port."""
+    """A running `kaon serve` (of model: the default one unless given); base is http://host:port."""
 
-    def __init__(self, args, env=None, preexec_fn=None):
+    def __init__(self, args, env=None, preexec_fn=None, model=MODEL):
         exe = kaon_binary()
         self.tmp = tempfile.TemporaryDirectory(prefix="kaon-e2e-")
         port_file = pathlib.Path(self.tmp.name) / "port"
         self.log_path = pathlib.Path(self.tmp.name) / "server.log"
         self.log = open(self.log_path, "wb")
-        cmd = [str(exe), "serve", str(MODEL), "--port", "0", "--port-file", str(port_file)] + args
+        cmd = [str(exe), "serve", str(model), "--port", "0", "--port-file", str(port_file)] + args
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
         deadline = time.time() + 120
