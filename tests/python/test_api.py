@@ -116,3 +116,14 @@ def test_bad_inputs(llm):
     with pytest.raises(ValueError, match="dtype"):
         LLM(MODEL, dtype="float16", **ENGINE_ARGS)
     assert llm.generate("Hi", GREEDY)[0].finished
+
+
+def test_package_versions():
+    import re
+
+    import kaon
+    from conftest import ROOT
+    h = open(f"{ROOT}/include/kaon.h").read()
+    want = ".".join(re.search(rf"#define KAON_VERSION_{p} (\d+)", h).group(1) for p in ("MAJOR", "MINOR", "PATCH"))
+    assert kaon.library_version == want == kaon.__version__
+    assert re.search(r'^version = "(.*?)"', open(f"{ROOT}/pyproject.toml").read(), re.M).group(1) == want
