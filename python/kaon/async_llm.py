@@ -45,7 +45,10 @@ class AsyncLLM:
                     out = self.engine.result(t)
                     if t.finished:
                         self._finish(tags[j], st)
-                st.loop.call_soon_threadsafe(st.queue.put_nowait, out)
+                try:
+                    st.loop.call_soon_threadsafe(st.queue.put_nowait, out)
+                except RuntimeError:  # its event loop is closed: nobody is listening
+                    pass
 
     def _finish(self, tag, st):
         """Stops watching and frees a request (lock held)."""
