@@ -62,6 +62,8 @@ int kaon_engine_apply_chat_template(kaon_engine *e, const char *messages_json,
     const kaon_tokenizer *t = need_tokenizer(e);
     if (!t) return -1;
     if (!messages_json || !text || !len) return kaon_set_error("kaon_engine_apply_chat_template: NULL argument");
+    *text = NULL;
+    *len = 0;
     cJSON *msgs = cJSON_Parse(messages_json);
     if (!cJSON_IsArray(msgs)) {
         cJSON_Delete(msgs);
@@ -95,9 +97,12 @@ int kaon_engine_apply_chat_template(kaon_engine *e, const char *messages_json,
     kaon_chat_template *tmpl = kaon_chat_template_parse(src, strlen(src));
     int rc = -1;
     if (!tmpl) kaon_set_error("chat template does not parse: %s", kaon_last_error());
-    else if (kaon_chat_template_render(tmpl, ctx, text, len) < 0)
+    else if (kaon_chat_template_render(tmpl, ctx, text, len) < 0) {
         kaon_set_error("chat template: %s", kaon_last_error());
-    else rc = 0;
+        free(*text);  // a failed render may leave partial output
+        *text = NULL;
+        *len = 0;
+    } else rc = 0;
     kaon_chat_template_free(tmpl);
     cJSON_Delete(ctx);
     return rc;

@@ -68,6 +68,9 @@ static void test_chat(kaon_engine *e) {
     CHECK(kaon_engine_apply_chat_template(e, msgs, "[1]", NULL, true, &text, &len) == -1);
     CHECK(kaon_engine_apply_chat_template(e, msgs, NULL, "{% for %}", true, &text, &len) == -1);
     CHECK(strstr(kaon_last_error(), "does not parse") != NULL);
+    text = (char *)"stale";
+    CHECK(kaon_engine_apply_chat_template(e, msgs, NULL, "x{{ raise_exception('refused') }}", true, &text, &len) == -1);
+    CHECK(text == NULL && strstr(kaon_last_error(), "refused") != NULL);  // nothing to free, nothing leaked
 }
 
 static void test_waitset(kaon_engine *e) {
