@@ -95,7 +95,7 @@ static void test_waitset(kaon_engine *e) {
     }
     int tokens[2] = {0, 0}, done = 0, wakes = 0;
     while (done < 2 && wakes < 1000) {
-        int k = kaon_waitset_wait(w, tags, 8, 10000);
+        int k = kaon_waitset_wait(w, tags, 8, 120000);  // generous: valgrind and sanitizers are slow
         CHECK(k > 0);
         if (k <= 0) break;
         wakes++;
