@@ -16,6 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The library's version; libkaon.so.MAJOR is its soname, which changes only when the ABI breaks
+// (abi/libkaon.abi is the baseline scripts/abi_check.sh holds it to).
+#define KAON_VERSION_MAJOR 0
+#define KAON_VERSION_MINOR 1
+#define KAON_VERSION_PATCH 0
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -260,6 +266,58 @@ typedef struct kaon_engine_info {
 void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info);
 // The engine's tokenizer (NULL when created without one); a `kaon_tokenizer *`.
 const void *kaon_engine_tokenizer(kaon_engine *e);
+
+// ---- For bindings (the Python package) and other front ends ----
+
+// sizeof a public struct as this library was built ("kaon_engine_options", "kaon_sampling",
+// "kaon_output", ...; 0 for a name it does not know): a binding that mirrors the structs
+// (Python's ctypes) checks its layout against it before the first call.
+size_t kaon_struct_size(const char *name);
+// Frees what the functions below return.
+void kaon_free(void *p);
+
+// Text <-> ids with the engine's tokenizer; -1 + kaon_last_error() when the engine has none.
+// add_special: BOS/EOS as the tokenizer's own settings say (as a text prompt gets them).
+// *ids / *text are malloc'd (kaon_free); *text is NUL-terminated.
+int kaon_engine_tokenize(kaon_engine *e, const char *text, size_t len, bool add_special,
+                         int32_t **ids, size_t *n_ids);
+int kaon_engine_detokenize(kaon_engine *e, const int32_t *ids, size_t n, bool skip_special,
+                           char **text, size_t *len);
+
+typedef struct kaon_special_tokens {
+    int32_t bos;                    // -1 when none
+    int32_t eos;                    // -1 when none
+    int n_stop;                     // end-of-generation tokens (eos, <|im_end|>, <|eot_id|>, ...):
+                                    // a sequence stops at any of them unless ignore_eos
+} kaon_special_tokens;
+// Fills *st and the first min(st->n_stop, cap) stop ids into stop (may be NULL when cap is 0).
+int kaon_engine_special_tokens(kaon_engine *e, kaon_special_tokens *st, int32_t *stop, int cap);
+
+// Renders a conversation into prompt text with a chat template, exactly as kaon serve and kaon
+// chat do. messages_json: a JSON array of {"role": ..., "content": ...}; kwargs_json: NULL or a
+// JSON object of extra template variables (tools, enable_thinking, ...); chat_template: NULL
+// for the model's own (kaon's fallback when it has none). The text carries its special tokens:
+// tokenize it with add_special false. *text is malloc'd (kaon_free).
+int kaon_engine_apply_chat_template(kaon_engine *e, const char *messages_json,
+                                    const char *kwargs_json, const char *chat_template,
+                                    bool add_generation_prompt, char **text, size_t *len);
+
+// A waitset: one thread waits for outputs of many requests without polling each. A request
+// added with a tag becomes ready when an output is queued on it; kaon_waitset_wait hands each
+// ready tag out once (the caller then drains it with kaon_request_next(r, &out, 0)).
+typedef struct kaon_waitset kaon_waitset;
+kaon_waitset *kaon_waitset_create(void);
+// Watches r under tag (a request belongs to one waitset at a time). 0, or -1 + error.
+int kaon_waitset_add(kaon_waitset *w, kaon_request *r, uint64_t tag);
+// Stops watching r; call it before kaon_request_free(r).
+void kaon_waitset_remove(kaon_waitset *w, kaon_request *r);
+// Waits up to timeout_ms (-1: forever) for ready tags; writes up to cap of them to tags and
+// returns how many (0: timeout, or kaon_waitset_wake).
+int kaon_waitset_wait(kaon_waitset *w, uint64_t *tags, int cap, int timeout_ms);
+// Ends a wait at once (another thread's shutdown or new work).
+void kaon_waitset_wake(kaon_waitset *w);
+// Removes every request still watched (they must still be live) and frees the waitset.
+void kaon_waitset_destroy(kaon_waitset *w);
 
 // Plugins (include/kaon_plugin.h, docs/API.md "Plugins"): loads the shared library at path and
 // registers its architectures, before any engine that needs them is created. Loading the same

@@ -15,7 +15,7 @@ SUDO=""
 
 pkgs=(build-essential cmake ninja-build pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev
       python3 python3-venv python3-pip unzip ca-certificates)
-[ $want_test -eq 1 ] && pkgs+=(clang libclang-rt-dev chromium chromium-driver)
+[ $want_test -eq 1 ] && pkgs+=(clang libclang-rt-dev chromium chromium-driver abigail-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

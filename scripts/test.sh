@@ -15,6 +15,9 @@ echo "== [$(date -u +%T)] build (Release) and unit tests"
 ninja -C build
 ctest --test-dir build --output-on-failure -j "$jobs"
 
+echo "== [$(date -u +%T)] libkaon.so.0's ABI against abi/libkaon.abi (abidiff)"
+scripts/abi_check.sh
+
 echo "== [$(date -u +%T)] unit tests under ASan + UBSan"
 # -O1: the end-to-end tests below generate real tokens with this build; at -O0 they would crawl.
 [ -f build-asan/build.ninja ] || cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
@@ -28,6 +31,9 @@ KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/ref
 
 echo "== [$(date -u +%T)] end-to-end tests (pytest + the openai client against a real kaon serve)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/e2e
+
+echo "== [$(date -u +%T)] Python package (pip install . in a fresh venv, then tests/python)"
+KAON_BUILD=$PWD/build scripts/test_python.sh
 
 echo "== [$(date -u +%T)] benchmark tools (bench/serve.py metrics against a fake server, the dashboard in Chromium)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench

@@ -18,7 +18,11 @@
 #include "util/pool.h"
 #include "util/timer.h"
 
-const char *kaon_version(void) { return "0.1.0"; }
+#define KAON_STR2(x) #x
+#define KAON_STR(x) KAON_STR2(x)
+const char *kaon_version(void) {
+    return KAON_STR(KAON_VERSION_MAJOR) "." KAON_STR(KAON_VERSION_MINOR) "." KAON_STR(KAON_VERSION_PATCH);
+}
 
 void kaon_engine_options_default(kaon_engine_options *o) {
     memset(o, 0, sizeof *o);

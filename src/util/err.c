@@ -2,14 +2,19 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[1024];
 
+// Formatted aside first: callers wrap the previous message ("context: %s", kaon_last_error()),
+// and printing a buffer into itself is undefined (valgrind: overlapping mempcpy).
 int kaon_set_error(const char *fmt, ...) {
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return -1;
 }
 
