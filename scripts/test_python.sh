@@ -13,7 +13,8 @@ python3 -m venv "$tmp/venv"
 echo "test_python: pip install . (builds libkaon.so.0)"
 t0=$(date +%s)
 # scikit-build-core builds in a folder of its own: this tree's build folders play no part.
-"$tmp/venv/bin/pip" install -q --disable-pip-version-check pytest .
+# numpy: tests/python/test_plugins.py writes its model with the tests/ref helpers.
+"$tmp/venv/bin/pip" install -q --disable-pip-version-check pytest numpy .
 echo "test_python: installed in $(( $(date +%s) - t0 )) s"
 # From the venv: `import kaon` is the installed package, not python/ of this tree.
 KAON_BUILD=$build "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider tests/python "$@"
