@@ -14,11 +14,12 @@ from conftest import BUILD, KAON, ROOT
 sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 PLUGIN = os.path.join(BUILD, "plugins", "kaon_example.so")
 PROMPT = [5, 17, 42, 9, 100, 3]
+DEVICE = os.environ.get("KAON_TEST_DEVICE", "cpu")  # cuda on the GPU machine (tests/gpu/NOTES.md)
 
 SCRIPT = """
 import json, sys
 from kaon import LLM, SamplingParams
-llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory_bytes=16 << 20)
+llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory_bytes=16 << 20, device=sys.argv[2])
 out = llm.generate([{"prompt_token_ids": %r}], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
 print(json.dumps(out[0].outputs[0].token_ids))
 """ % PROMPT
@@ -50,7 +51,7 @@ def run_python(model, site=None):
     paths = [os.path.dirname(os.path.dirname(kaon.__file__))] + ([site] if site else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     env.pop("KAON_PLUGINS", None)
-    return subprocess.run([sys.executable, "-c", SCRIPT, model], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", SCRIPT, model, DEVICE], capture_output=True, text=True,
                           timeout=300, env=env)
 
 
@@ -62,7 +63,7 @@ def test_entry_point_plugin_serves_like_the_cli(plugin_model, tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text(json.dumps({"prompt_ids": PROMPT}) + "\n")
     subprocess.run([KAON, "generate", "-m", plugin_model, "--plugin", PLUGIN, "--input", str(inp),
-                    "--output", str(out), "--temp", "0", "--max-tokens", "12", "--ignore-eos",
+                    "--output", str(out), "--device", DEVICE, "--temp", "0", "--max-tokens", "12", "--ignore-eos",
                     "--quiet"], check=True, capture_output=True, timeout=300)
     want = json.loads(out.read_text().splitlines()[0])["token_ids"]
     assert len(got) == 12 and got == want
