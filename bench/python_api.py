@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """The Python API's overhead: 64 prompts x 64 greedy tokens through LLM.generate against the
 same batch through `kaon generate` (same engine defaults, prefix caching off so repeated runs
-compute the same work). Both times exclude loading the model: kaon generate reports its own
+compute the same work). A model named dummy:CONFIG (random weights of a real config, no tokenizer:
+the GPU machine, where weights cannot travel) gets prompts of random token ids instead of text. Both times exclude loading the model: kaon generate reports its own
 generation time, LLM.generate is timed around the call. Medians of --runs runs, interleaved.
 
     KAON_BUILD=build python bench/python_api.py [--runs 5]   (kaon importable, or KAON_LIBRARY set)
+    python bench/python_api.py --device cuda --model dummy:bench/configs/llama-3.1-8b.json
 """
 import argparse
 import datetime
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -33,6 +36,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     build = os.environ.get("KAON_BUILD", os.path.join(ROOT, "build"))
@@ -44,14 +48,23 @@ def main():
         import kaon
     from kaon import LLM, SamplingParams
 
-    ps = prompts(a.prompts)
     tmp = tempfile.mkdtemp()
     inp, outp = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
+    if a.model.startswith("dummy:"):
+        rng = random.Random(7)
+        ids = [[rng.randrange(1000, 30000) for _ in range(24 + i % 16)] for i in range(a.prompts)]
+        ps = [{"prompt_token_ids": p} for p in ids]
+        lines = [{"prompt_ids": p} for p in ids]
+        model_args = ["-m", a.model[len("dummy:"):], "--load-format", "dummy"]
+    else:
+        ps = prompts(a.prompts)
+        lines = [{"prompt": p} for p in ps]
+        model_args = ["-m", a.model]
     with open(inp, "w") as f:
-        f.writelines(json.dumps({"prompt": p}) + "\n" for p in ps)
-    cli = [os.path.join(build, "kaon"), "generate", "-m", a.model, "--input", inp, "--output", outp, "--temp", "0",
-           "--max-tokens", str(a.tokens), "--ignore-eos", "--no-prefix-caching", "--quiet"]
-    llm = LLM(a.model, enable_prefix_caching=False)
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+    cli = [os.path.join(build, "kaon"), "generate", *model_args, "--device", a.device, "--input", inp, "--output",
+           outp, "--temp", "0", "--max-tokens", str(a.tokens), "--ignore-eos", "--no-prefix-caching", "--quiet"]
+    llm = LLM(a.model, enable_prefix_caching=False, device=a.device)
     sp = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     llm.generate(ps[:2], SamplingParams(temperature=0, max_tokens=4))  # warm up
     t_cli, t_py, same = [], [], True
@@ -71,7 +84,7 @@ def main():
     # work on the machine comes and goes.
     ratio = statistics.median(p / c for p, c in zip(t_py, t_cli))
     res = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-           "machine": f"{os.cpu_count()} cores", "model": os.path.basename(a.model), "prompts": a.prompts,
+           "machine": f"{os.cpu_count()} cores", "device": a.device, "model": os.path.basename(a.model), "prompts": a.prompts,
            "tokens": a.tokens, "runs": a.runs, "kaon_generate_s": t_cli, "llm_generate_s": t_py,
            "median_kaon_generate_s": m_cli, "median_llm_generate_s": m_py,
            "kaon_generate_tok_s": tok / m_cli, "llm_generate_tok_s": tok / m_py,

@@ -14,7 +14,8 @@ from .sampling_params import CSampling, SamplingParams
 
 # vLLM engine argument -> how it maps (None: accepted only at its neutral value, checked below).
 _NEUTRAL = {"dtype": ("auto",), "trust_remote_code": (False, True), "enforce_eager": (False, True),
-            "tokenizer": (None,), "quantization": (None,), "disable_log_stats": (False, True)}
+            "tokenizer": (None,), "quantization": (None,), "disable_log_stats": (False, True),
+           "skip_tokenizer_init": (False, True)}
 
 
 def _engine_options(model: str, args: dict):
@@ -28,6 +29,8 @@ def _engine_options(model: str, args: dict):
         return b
 
     o.model = s(model)
+    # vLLM's skip_tokenizer_init: token ids in and out only. A dummy:CONFIG model has no tokenizer.
+    o.load_tokenizer = not args.get("skip_tokenizer_init", model.startswith("dummy:"))
     ints = {"max_model_len": 2, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
             "tensor_parallel_size": 1, "n_threads": 1}
     for name, value in args.items():

@@ -47,3 +47,29 @@ def test_chat_equals_kaon_chat(llm):
                           "<|im_start|>assistant\n")
     tok = llm.get_tokenizer()
     assert got.prompt_token_ids == tok.apply_chat_template(msgs, tokenize=True)
+
+
+def test_dummy_model_ids_equal_kaon_generate(tmp_path):
+    """dummy:CONFIG (random weights of a config, no tokenizer: what the GPU machine benchmarks)
+    takes token-id prompts and gives `kaon generate --load-format dummy`'s greedy ids."""
+    from kaon import LLM
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+                               "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}))
+    prompts = [[5, 17, 42, 9], [300, 301, 302, 303, 304, 7]]
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
+    subprocess.run([KAON, "generate", "-m", str(cfg), "--load-format", "dummy", "--input", str(inp), "--output",
+                    str(outp), "--temp", "0", "--max-tokens", "10", "--ignore-eos", "--quiet"],
+                   capture_output=True, check=True)
+    want = [json.loads(line)["token_ids"] for line in outp.read_text().splitlines()]
+    llm = LLM(f"dummy:{cfg}", max_model_len=256, kv_cache_memory_bytes=16 << 20)
+    try:
+        got = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    finally:
+        llm.close()
+    assert [o.outputs[0].token_ids for o in got] == want and all(len(w) == 10 for w in want)
+    assert len(set(map(tuple, want))) == 2  # the two prompts continue differently: real math ran
