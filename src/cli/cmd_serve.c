@@ -36,7 +36,8 @@ static void usage(FILE *f) {
             "  --host ADDR                    bind address (default 127.0.0.1)\n"
             "  --port N                       port (default 8000; 0 picks a free one)\n"
             "  --api-key KEY                  require 'Authorization: Bearer KEY' (also $KAON_API_KEY)\n"
-            "  --served-model-name NAME       the model's name in the API (default: file name)\n"
+            "  --served-model-name NAME       the model's name in the API (default: file name);\n"
+            "                                 repeated: every name is answered, the first listed first\n"
             "  --max-num-seqs N               sequences running at once (default 256)\n"
             "  --max-model-len N              context limit (default: the model's, capped by the KV pool)\n"
             "  --max-num-batched-tokens N     token budget of one engine step (default 512 on the CPU)\n"
@@ -191,7 +192,9 @@ int kaon_cmd_serve(int argc, char **argv) {
             o.api_key = next;
         } else if (!strcmp(a, "--served-model-name")) {
             NEED();
-            o.served_model_name = next;
+            if (o.n_served_model_names == KAON_SERVE_MAX_NAMES)
+                return kaon_cli_fail("at most %d --served-model-name values", KAON_SERVE_MAX_NAMES);
+            o.served_model_names[o.n_served_model_names++] = next;
         } else if (!strcmp(a, "--max-num-seqs")) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 1 << 20, &v)) return kaon_cli_fail("bad --max-num-seqs '%s'", next);

@@ -374,12 +374,8 @@ int kaon_vllm_translate(int argc, char **argv, kaon_vllm_args *o, FILE *err) {
                 const char *v = !strcmp(vals[0], "bfloat16") ? "bf16" : vals[0];
                 if (push(o, "--kv-cache-dtype") || push(o, v)) goto oom;
             } else if (!strcmp(t->name, "--served-model-name")) {
-                if (push(o, "--served-model-name") || push(o, vals[0])) goto oom;
-                if (nv > 1 && !warned[ti]) {
-                    say(err, "warning", "--served-model-name: kaon serves under one name, '%s' (and the model path); "
-                                        "the other %d name%s ignored", vals[0], nv - 1, nv > 2 ? "s are" : " is");
-                    warned[ti] = true;
-                }
+                for (int k = 0; k < nv; k++)  // kaon's flag takes one name: repeated, it adds one
+                    if (push(o, "--served-model-name") || push(o, vals[k])) goto oom;
             } else if (!strcmp(t->name, "--dtype")) {
                 if (!in_list("auto,bfloat16,bf16,float32,float", vals[0])) {
                     say(err, "error", "--dtype %s is not supported: kaon computes in bf16 on CUDA and f32 on "

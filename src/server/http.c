@@ -229,9 +229,9 @@ kaon_api_limits kaon_server_limits(kaon_server *s) {
 
 // ---- the other endpoints (generate.c serves the generation ones) -----------------------------
 
-static cJSON *model_card(kaon_server *s) {
+static cJSON *model_card(kaon_server *s, const char *name) {
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToObject(m, "id", kaon_api_string(s->model_name, strlen(s->model_name)));
+    cJSON_AddItemToObject(m, "id", kaon_api_string(name, strlen(name)));
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->created);
     cJSON_AddStringToObject(m, "owned_by", "kaon");
@@ -247,14 +247,15 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, kaon_server *s) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(j, "data");
-    if (data) cJSON_AddItemToArray(data, model_card(s));
+    for (int i = 0; data && i < s->n_served; i++) cJSON_AddItemToArray(data, model_card(s, s->served[i]));
     return kaon_http_send_json(c, s, 200, j);
 }
 
 static enum MHD_Result handle_model(struct MHD_Connection *c, kaon_server *s, const char *url) {
     const char *name = url + strlen(model_route.path);
     for (int i = 0; i < s->n_names; i++)
-        if (!strcmp(name, s->names[i])) return kaon_http_send_json(c, s, 200, model_card(s));
+        if (!strcmp(name, s->names[i]))  // the path answers with the first served name's card
+            return kaon_http_send_json(c, s, 200, model_card(s, i < s->n_served ? s->served[i] : s->model_name));
     kaon_api_error e;
     kaon_api_error_set(&e, 404, "model_not_found", "model", "The model `%.200s` does not exist.", name);
     return kaon_http_send_error(c, s, &e);
@@ -721,6 +722,8 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+static void server_free(kaon_server *s);
+
 static kaon_server *server_new(const kaon_server_options *o) {
     if (!o || !o->engine.model) {
         kaon_set_error("serve: no model given");
@@ -749,10 +752,22 @@ static kaon_server *server_new(const kaon_server_options *o) {
                               (uint64_t)(uintptr_t)s);
     kaon_sampling_default(&s->defaults);  // the model's own come once it is loaded
     kaon_metrics_init(&s->metrics);
-    s->model_name = o->served_model_name && o->served_model_name[0] ? strdup(o->served_model_name)
-                                                                    : default_model_name(o->engine.model);
-    s->names[s->n_names++] = s->model_name;
-    if (strcmp(o->engine.model, s->model_name)) s->names[s->n_names++] = o->engine.model;
+    for (int i = 0; i < o->n_served_model_names; i++)
+        if (o->served_model_names[i] && o->served_model_names[i][0])
+            s->served[s->n_served++] = strdup(o->served_model_names[i]);
+    if (s->n_served == 0) s->served[s->n_served++] = default_model_name(o->engine.model);
+    s->model_name = s->served[0];
+    bool path_named = false;
+    for (int i = 0; i < s->n_served; i++) {
+        if (!s->served[i]) {
+            server_free(s);
+            kaon_set_error("serve: out of memory");
+            return NULL;
+        }
+        s->names[s->n_names++] = s->served[i];
+        path_named |= !strcmp(s->served[i], o->engine.model);
+    }
+    if (!path_named) s->names[s->n_names++] = o->engine.model;
     return s;
 }
 
@@ -762,7 +777,7 @@ static void server_free(kaon_server *s) {
     kaon_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->admit_mu);
     if (s->engine) kaon_structured_destroy(&s->structured);
-    free(s->model_name);
+    for (int i = 0; i < s->n_served; i++) free(s->served[i]);
     free(s);
 }
 

@@ -17,12 +17,17 @@
 
 #include "kaon.h"
 
+#define KAON_SERVE_MAX_NAMES 8
+
 typedef struct kaon_server_options {
     kaon_engine_options engine;     // engine.model must be set
     const char *host;               // bind address (default 127.0.0.1)
     int port;                       // default 8000; 0 picks a free port (logged)
     const char *api_key;            // Bearer key for /v1/*, /tokenize, /detokenize (NULL: none)
-    const char *served_model_name;  // NULL: the model file name without .gguf
+    // Names the API answers to (vLLM's --served-model-name A B ...): the first is the model's
+    // id in /v1/models order and in metrics; none: the model file name without .gguf.
+    const char *served_model_names[KAON_SERVE_MAX_NAMES];
+    int n_served_model_names;
     // Limits (docs/SECURITY.md). Requests beyond them get an OpenAI error, never a crash.
     size_t max_body_bytes;          // larger bodies get 413 (default 8 MiB)
     int max_connections;            // concurrent connections (default 16384); beyond: 503, and

@@ -40,7 +40,9 @@ struct kaon_server {
     kaon_sampling defaults;
     int default_max_tokens;     // generation_config.json's max_new_tokens (0: none)
     char *model_name;
-    const char *names[2];       // accepted `model` values: the served name and the path
+    char *served[KAON_SERVE_MAX_NAMES];  // the served names (model_name is served[0])
+    int n_served;
+    const char *names[KAON_SERVE_MAX_NAMES + 1];  // accepted `model` values: served + the path
     int n_names;
     kaon_metrics metrics;
     atomic_int active;          // generation requests in flight (their state is allocated)

@@ -61,7 +61,7 @@ static void start_server(void) {
     o.host = "127.0.0.1";
     o.port = 0;
     o.api_key = API_KEY;
-    o.served_model_name = "smol";
+    o.served_model_names[o.n_served_model_names++] = "smol";
     o.max_body_bytes = (size_t)64 << 10;
     o.max_connections = 64;
     o.max_queue = 16;
