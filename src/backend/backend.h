@@ -115,6 +115,10 @@ typedef struct kaon_moe_weights {
     // expert views may carry biases (kaon_linear.bias) with either.
     int act;
     float act_alpha, act_limit;
+    // Expert parallelism (model/tp.h): this rank computes experts [e0, e1) only; every token is
+    // still routed over all E (the same choice on every rank) and the other experts' weights are
+    // not read. e1 == 0: all of them. The CPU backend's op honours it; the others refuse it.
+    int e0, e1;
 } kaon_moe_weights;
 
 enum { KAON_MOE_ACT_SILU = 0, KAON_MOE_ACT_SWIGLU_OAI = 1 };

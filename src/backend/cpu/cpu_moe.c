@@ -18,6 +18,10 @@
 // pool runs per expert. The experts with more tokens run one at a time, each already a large
 // product. The weighted outputs are added per token in ascending expert order either way, and
 // each row comes from the same kernel, so the result does not depend on the split.
+//
+// Expert parallelism across ranks (w->e1 > 0, model/tp.h): every token is routed over all
+// experts as above, then only the experts [e0, e1) run here; out holds this rank's part (plus
+// its part of the shared expert), which the ranks' all-reduce sums.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,9 +169,11 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         return kaon_cpu_fail(be, "cpu moe: %d experts, top %d, router of %lld rows, %d groups (top %d), "
                              "selection bias %s", E, K, (long long)R->shape[0], w->n_group, w->topk_group,
                              w->score_bias ? "given" : "none");
-    const int64_t dim = R->shape[1], F = w->gate[0].w.shape[0];
+    const int lo = w->e1 > 0 ? w->e0 : 0, hi = w->e1 > 0 ? w->e1 : E;  // this rank's experts
+    if (lo < 0 || lo >= hi || hi > E) return kaon_cpu_fail(be, "cpu moe: experts [%d, %d) of %d", lo, hi, E);
+    const int64_t dim = R->shape[1], F = w->gate[lo].w.shape[0];
     const int64_t SF = w->shared_gate ? w->shared_gate->w.shape[0] : 0;
-    for (int e = 0; e < E; e++)
+    for (int e = lo; e < hi; e++)
         if (!is_matrix(&w->gate[e], F, dim) || !is_matrix(&w->up[e], F, dim) || !is_matrix(&w->down[e], dim, F))
             return kaon_cpu_fail(be, "cpu moe: expert %d's weights are not [%lld, %lld] / [%lld, %lld]", e,
                                  (long long)F, (long long)dim, (long long)dim, (long long)F);
@@ -243,6 +249,8 @@ int kaon_cpu_moe(kaon_backend *be_, const void *x_, int n, const int32_t *positi
         }
     if (counts)
         for (int e = 0; e < E; e++) counts[e] += (uint32_t)cnt[e];
+    for (int e = 0; e < E; e++)  // other ranks' experts: their tokens are theirs to run
+        if (e < lo || e >= hi) cnt[e] = 0;
 
     // 3. The shared expert (every token), scaled by its sigmoid gate; else zeros.
     if (SF) {

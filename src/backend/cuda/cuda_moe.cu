@@ -1032,6 +1032,7 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     bf16 *out = (bf16 *)out_;
     if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
         return kc_fail(b, "cuda moe: bad arguments");
+    if (w->e1 > 0) return kc_fail(b, "cuda moe: expert parallelism runs on the CPU only for now");
     const bool ds_route = kc_moe_route_is_ds(w);  // DeepSeekMoE routing: cuda_moe_route.cu
     if (ds_route && kc_moe_route_ds_check(b, w)) return -1;
     const int E = w->n_experts, K = w->top_k;
