@@ -83,6 +83,9 @@ typedef struct kaon_engine_options {
     bool load_tokenizer;            // true: text deltas and stop strings need the tokenizer
     bool expert_stats;              // MoE models: count the tokens routed to each expert
                                     // (kaon_engine_expert_load; off by default)
+    bool enable_expert_parallel;    // MoE models with tensor_parallel_size N > 1: the experts are
+                                    // partitioned over the N ranks instead of each expert split
+                                    // (vLLM's --enable-expert-parallel); attention stays split
     kaon_speculative_options speculative;  // off unless method is set
 } kaon_engine_options;
 

@@ -28,6 +28,7 @@ class EngineOptions(C.Structure):
                 ("gpu_memory_utilization", c_double), ("block_size", c_int),
                 ("kv_cache_dtype", c_char_p), ("disable_prefix_caching", c_bool),
                 ("load_tokenizer", c_bool), ("expert_stats", c_bool),
+                ("enable_expert_parallel", c_bool),
                 ("speculative", SpeculativeOptions)]
 
 

@@ -146,11 +146,13 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, kaon_kv_elem_bytes(e->be, e->kv_dtype));
     if (o->tensor_parallel_size > 1) {
-        // Every rank caches its KV heads (replicated ones on each rank that reads them): the
-        // plan counts the bytes of all ranks together.
+        // Every rank caches its KV heads (replicated ones on each rank that reads them; MLA's
+        // latent, which every head reads, whole on every rank): the plan counts the bytes of all
+        // ranks together.
         kaon_tp_layout tpl;
-        if (kaon_tp_plan(e->model, o->tensor_parallel_size, 0, &tpl)) goto fail;
-        per_token = per_token / (size_t)c->n_kv_heads * (size_t)tpl.nkv * (size_t)o->tensor_parallel_size;
+        if (kaon_tp_plan(e->model, o->tensor_parallel_size, 0, o->enable_expert_parallel, &tpl)) goto fail;
+        if (c->kv_lora_rank > 0) per_token *= (size_t)o->tensor_parallel_size;
+        else per_token = per_token / (size_t)c->n_kv_heads * (size_t)tpl.nkv * (size_t)o->tensor_parallel_size;
     }
     e->kv_per_token = per_token;
     // GPU memory plan: weights (as the backend stores them), then the activation buffers (plus a
@@ -220,7 +222,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         goto fail;
     }
     e->runner = o->tensor_parallel_size > 1
-                    ? kaon_runner_create_tp(e->model, o->tensor_parallel_size, o->n_threads,
+                    ? kaon_runner_create_tp(e->model, o->tensor_parallel_size, o->enable_expert_parallel, o->n_threads,
                                             o->max_num_batched_tokens, e->max_logits, e->n_blocks, e->block_size,
                                             e->kv_dtype)
                     : kaon_runner_create_kv(e->model, e->be, o->max_num_batched_tokens, e->max_logits,

@@ -93,6 +93,9 @@ void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_
 void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer *moe) {
     uint32_t *cnt = f->expert_counts ? f->expert_counts + (size_t)l * f->c->n_experts : NULL;
     f->op->moe(f->be, f->a.xn, b->n_tokens, b->attn.positions, &moe->w, cnt, f->a.proj);  // [T, dim]
+    // Under tensor parallelism every rank left its part (its experts or expert columns, its
+    // shared-expert columns): one sum gives every rank the block's output (model/tp.h).
+    if (f->tp) kaon_tp_all_reduce(f, f->a.proj, (size_t)b->n_tokens * f->c->hidden_size);
     f->pending = true;
 }
 

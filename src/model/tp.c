@@ -10,25 +10,54 @@
 #include "util/err.h"
 #include "util/log.h"
 
-extern const kaon_arch_ops kaon_arch_llama;
+extern const kaon_arch_ops kaon_arch_llama, kaon_arch_deepseek2;
 
-int kaon_tp_plan(const kaon_model *m, int size, int rank, kaon_tp_layout *out) {
+// The experts' part of rank r's layout (kaon_tp_plan).
+static int plan_experts(const kaon_model_config *c, int size, int rank, kaon_tp_layout *out) {
+    const int E = c->n_experts, F = c->moe_intermediate_size, SF = c->shared_expert_intermediate_size;
+    if (SF > 0 && SF % size)
+        return kaon_set_error("tensor parallel: shared_expert_intermediate_size %d does not split over %d ranks",
+                              SF, size);
+    out->sf0 = SF > 0 ? rank * (SF / size) : 0;
+    out->nsf = SF > 0 ? SF / size : 0;
+    if (out->ep) {
+        if (E < size)
+            return kaon_set_error("tensor parallel: expert parallel with %d experts over %d ranks (a rank "
+                                  "without experts; use fewer ranks or leave --enable-expert-parallel off)",
+                                  E, size);
+        out->e0 = (int)((int64_t)rank * E / size);  // contiguous, uneven by at most one expert
+        out->ne = (int)((int64_t)(rank + 1) * E / size) - out->e0;
+        out->mf0 = 0, out->nmf = F;
+        return 0;
+    }
+    if (F % size)
+        return kaon_set_error("tensor parallel: moe_intermediate_size %d does not split over %d ranks (try "
+                              "--enable-expert-parallel)", F, size);
+    out->e0 = 0, out->ne = E;
+    out->nmf = F / size;
+    out->mf0 = rank * out->nmf;
+    return 0;
+}
+
+int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layout *out) {
     const kaon_model_config *c = &m->cfg;
     const int nh = c->n_heads, nkv = c->n_kv_heads, ffn = c->intermediate_size;
+    memset(out, 0, sizeof *out);
+    out->ep = ep && c->n_experts > 0;  // a dense model has no experts to place: plain TP
     if (size < 1 || rank < 0 || rank >= size) return kaon_set_error("tensor parallel: rank %d of %d", rank, size);
-    if (m->arch != &kaon_arch_llama)
-        return kaon_set_error("tensor parallel: the %s architecture cannot be split yet (the Llama family's "
-                              "dense models can)", m->arch->label);
-    if (c->n_experts > 0)
-        return kaon_set_error("tensor parallel: mixture-of-experts models (%d experts) cannot be split yet",
-                              c->n_experts);
+    if (m->arch != &kaon_arch_llama && m->arch != &kaon_arch_deepseek2)
+        return kaon_set_error("tensor parallel: the %s architecture cannot be split yet (the Llama and "
+                              "DeepSeek families can)", m->arch->label);
+    bool dense = c->n_experts <= 0;  // any dense-MLP layer (its width must split too)
+    for (int l = 0; l < c->n_layers && !dense; l++) dense = !kaon_model_layer_is_moe(m, l);
     if (nh % size)
         return kaon_set_error("tensor parallel: %d attention heads do not split over %d ranks", nh, size);
     if (nkv >= size ? nkv % size : size % nkv)
         return kaon_set_error("tensor parallel: %d KV heads do not split over %d ranks (the ranks must be a "
                               "multiple of the KV heads, or divide them)", nkv, size);
-    if (ffn % size)
+    if (dense && ffn % size)
         return kaon_set_error("tensor parallel: intermediate_size %d does not split over %d ranks", ffn, size);
+    if (c->n_experts > 0 && plan_experts(c, size, rank, out)) return -1;
     if (c->vocab_size < size)
         return kaon_set_error("tensor parallel: a vocabulary of %d over %d ranks", c->vocab_size, size);
     out->nq = nh / size;
@@ -40,8 +69,8 @@ int kaon_tp_plan(const kaon_model *m, int size, int rank, kaon_tp_layout *out) {
         out->nkv = 1;  // the KV head this rank's Q heads read (replicated on size / nkv ranks)
         out->kv0 = out->q0 / (nh / nkv);
     }
-    out->nf = ffn / size;
-    out->f0 = rank * out->nf;
+    out->nf = dense ? ffn / size : ffn;  // unused when every layer has experts
+    out->f0 = dense ? rank * out->nf : 0;
     return 0;
 }
 
@@ -52,9 +81,7 @@ typedef struct tp_worker {
     int rank;
     kaon_tp_layout lay;
     kaon_model *m;           // this rank's description and weights (views + owned copies)
-    void **owned;            // column slices copied at load
-    int n_owned;
-    size_t copied_bytes;
+    kaon_tp_owned own;       // column slices copied at load
     kaon_backend *be;
     kaon_runner *r;
     kaon_tp_rank ctx;
@@ -79,8 +106,7 @@ struct kaon_tp {
 
 static bool splittable(kaon_dtype t) { return t == KAON_F32 || t == KAON_F16 || t == KAON_BF16 || (t >= KAON_Q4_0 && t <= KAON_IQ4_XS); }
 
-// Rows [r0, r0 + n) of a [rows, in] weight or elements of a vector: a view.
-static int cut_rows(kaon_tensor *t, int64_t r0, int64_t n, const char *name) {
+int kaon_tp_cut_rows(kaon_tensor *t, int64_t r0, int64_t n, const char *name) {
     const int64_t in = t->ndim == 2 ? t->shape[1] : 1;
     const size_t rb = kaon_dtype_row_bytes(t->dtype, in);
     if (!rb) return kaon_set_error("tensor parallel: %s (%s) rows cannot be cut", name, kaon_dtype_name(t->dtype));
@@ -95,8 +121,7 @@ static int cut_rows(kaon_tensor *t, int64_t r0, int64_t n, const char *name) {
     return 0;
 }
 
-// Columns [c0, c0 + n) of a [rows, in] weight: a copy (block formats cut on block boundaries).
-static int cut_cols(tp_worker *w, kaon_tensor *t, int64_t c0, int64_t n, const char *name) {
+int kaon_tp_cut_cols(kaon_tp_owned *own, kaon_tensor *t, int64_t c0, int64_t n, const char *name) {
     const int be = kaon_dtype_block_elems(t->dtype);
     if (be < 1 || c0 % be || n % be)
         return kaon_set_error("tensor parallel: columns [%lld, %lld) of %s do not fall on the %d-element blocks "
@@ -106,19 +131,19 @@ static int cut_cols(tp_worker *w, kaon_tensor *t, int64_t c0, int64_t n, const c
     const size_t rb = kaon_dtype_row_bytes(t->dtype, in), off = kaon_dtype_row_bytes(t->dtype, c0),
                  nb = kaon_dtype_row_bytes(t->dtype, n);
     char *p = malloc(nb * (size_t)rows);
-    void **o = realloc(w->owned, sizeof *o * (size_t)(w->n_owned + 1));
+    void **o = realloc(own->p, sizeof *o * (size_t)(own->n + 1));
     if (!p || !o) {
         free(p);
-        if (o) w->owned = o;
+        if (o) own->p = o;
         return kaon_set_error("tensor parallel: out of memory for a shard of %s", name);
     }
-    w->owned = o;
-    w->owned[w->n_owned++] = p;
+    own->p = o;
+    own->p[own->n++] = p;
     for (int64_t r = 0; r < rows; r++) memcpy(p + nb * (size_t)r, (const char *)t->data + rb * (size_t)r + off, nb);
     t->data = p;
     t->shape[1] = n;
     t->nbytes = nb * (size_t)rows;
-    w->copied_bytes += t->nbytes;
+    own->bytes += t->nbytes;
     return 0;
 }
 
@@ -129,6 +154,17 @@ static int range(const tp_worker *w, const kaon_model_config *c, int dim, int64_
     case KAON_DIM_Q: *lo = (int64_t)w->lay.q0 * hd, *n = (int64_t)w->lay.nq * hd; return 0;
     case KAON_DIM_KV: *lo = (int64_t)w->lay.kv0 * hd, *n = (int64_t)w->lay.nkv * hd; return 0;
     case KAON_DIM_FFN: *lo = w->lay.f0, *n = w->lay.nf; return 0;
+    // MLA (DeepSeek): each head's rows of kv_b_proj and of the absorbed W_UK^T, W_UV, W_UK;
+    // o_proj's columns of each head's v.
+    case KAON_DIM_KV_B:
+        *lo = (int64_t)w->lay.q0 * (c->qk_nope_head_dim + c->v_head_dim);
+        *n = (int64_t)w->lay.nq * (c->qk_nope_head_dim + c->v_head_dim);
+        return 0;
+    case KAON_DIM_K_B: *lo = (int64_t)w->lay.q0 * c->kv_lora_rank, *n = (int64_t)w->lay.nq * c->kv_lora_rank; return 0;
+    case KAON_DIM_K_N:
+        *lo = (int64_t)w->lay.q0 * c->qk_nope_head_dim, *n = (int64_t)w->lay.nq * c->qk_nope_head_dim;
+        return 0;
+    case KAON_DIM_V_B: *lo = (int64_t)w->lay.q0 * c->v_head_dim, *n = (int64_t)w->lay.nq * c->v_head_dim; return 0;
     default: return kaon_set_error("tensor parallel: a weight split along dimension kind %d", dim);
     }
 }
@@ -142,6 +178,7 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
     memcpy(m, base, sizeof *m);
     m->owned = NULL;
     m->n_owned = 0;
+    m->w.moe = NULL;  // its own, from kaon_tp_moe_shard (the base's are never freed here)
     m->w.globals = malloc(a->globals_size);
     m->w.layers = malloc(a->layer_size * (size_t)c->n_layers);
     if (!m->w.globals || !m->w.layers) return kaon_set_error("tensor parallel: out of memory");
@@ -175,23 +212,24 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
                     return kaon_set_error("tensor parallel: %s is row-parallel with a bias", nm);
                 lin->shard = (kaon_shard)s->shard;
             }
-            if (s->shard == KAON_SHARD_COL ? cut_rows(t, lo, n, nm) : cut_cols(w, t, lo, n, nm)) return -1;
+            if (s->shard == KAON_SHARD_COL ? kaon_tp_cut_rows(t, lo, n, nm) : kaon_tp_cut_cols(&w->own, t, lo, n, nm))
+                return -1;
         }
     }
-    return 0;
+    return kaon_tp_moe_shard(m, base, &w->lay, &w->own);
 }
 
 static void free_shard(tp_worker *w) {
     if (w->m) {
+        kaon_tp_moe_free(w->m);
         free(w->m->w.globals);
         free(w->m->w.layers);
         free(w->m);
         w->m = NULL;
     }
-    for (int i = 0; i < w->n_owned; i++) free(w->owned[i]);
-    free(w->owned);
-    w->owned = NULL;
-    w->n_owned = 0;
+    for (int i = 0; i < w->own.n; i++) free(w->own.p[i]);
+    free(w->own.p);
+    memset(&w->own, 0, sizeof w->own);
 }
 
 // ---- workers ------------------------------------------------------------------------------
@@ -222,11 +260,11 @@ static void *worker_main(void *p) {
     }
 }
 
-kaon_tp *kaon_tp_create(const kaon_model *m, int size, int n_threads, int max_batch_tokens, int max_logits,
-                        int n_blocks, int block_size, int kv_dtype) {
+kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
+                        int max_logits, int n_blocks, int block_size, int kv_dtype) {
     kaon_tp_layout lay;
     for (int r = 0; r < size; r++)
-        if (kaon_tp_plan(m, size, r, &lay)) return NULL;
+        if (kaon_tp_plan(m, size, r, ep, &lay)) return NULL;
     if (m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;
     kaon_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
@@ -242,7 +280,7 @@ kaon_tp *kaon_tp_create(const kaon_model *m, int size, int n_threads, int max_ba
         tp_worker *w = &tp->w[r];
         w->tp = tp;
         w->rank = r;
-        kaon_tp_plan(m, size, r, &w->lay);
+        kaon_tp_plan(m, size, r, ep, &w->lay);
         if (make_shard(w, m)) goto fail;
         w->be = kaon_backend_cpu_create(per);
         if (!w->be) goto fail;
@@ -260,15 +298,19 @@ kaon_tp *kaon_tp_create(const kaon_model *m, int size, int n_threads, int max_ba
             goto fail;
         }
         kaon_runner_set_tp_rank(w->r, &w->ctx);
-        const size_t kv = (size_t)n_blocks * block_size * kaon_kv_elem_bytes(w->be, kv_dtype) * 2 *
-                          (size_t)w->lay.nkv * m->cfg.head_dim * (size_t)m->cfg.n_layers;
+        const size_t kv = (size_t)n_blocks * block_size *
+                          kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
         KAON_INFO("tensor parallel: rank %d of %d: Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d), vocab "
                   "[%d, %d), %d thread%s, KV cache %.1f MiB, weight slices copied %.1f MiB",
                   r, size, w->lay.q0, w->lay.q0 + w->lay.nq, w->lay.kv0, w->lay.kv0 + w->lay.nkv,
                   m->cfg.n_kv_heads < size ? " (replicated)" : "", w->lay.f0, w->lay.f0 + w->lay.nf,
                   r * vpad < m->cfg.vocab_size ? r * vpad : m->cfg.vocab_size,
                   (r + 1) * vpad < m->cfg.vocab_size ? (r + 1) * vpad : m->cfg.vocab_size, per, per == 1 ? "" : "s",
-                  kv / 1048576.0, w->copied_bytes / 1048576.0);
+                  kv / 1048576.0, w->own.bytes / 1048576.0);
+        if (m->cfg.n_experts > 0)
+            KAON_INFO("tensor parallel: rank %d: %s: experts [%d, %d), expert FFN [%d, %d), shared expert FFN "
+                      "[%d, %d)", r, w->lay.ep ? "expert parallel" : "experts split", w->lay.e0,
+                      w->lay.e0 + w->lay.ne, w->lay.mf0, w->lay.mf0 + w->lay.nmf, w->lay.sf0, w->lay.sf0 + w->lay.nsf);
     }
     for (int r = 0; r < size; r++) {
         if (pthread_create(&tp->w[r].th, NULL, worker_main, &tp->w[r])) {

@@ -13,12 +13,36 @@
 // rows; NONE: shared. Q heads split evenly (refused otherwise); KV heads split evenly when
 // there are at least as many as ranks, else each rank holds the one KV head its Q heads read
 // (ranks a multiple of the KV heads; refused otherwise). The FFN width must split evenly (no
-// padding). Supported now: the CPU backend, the Llama family's dense models (Llama, Mistral,
-// Qwen2, Qwen3), weights in f32/f16/bf16 or GGUF block formats.
+// padding). Supported now: the CPU backend, the Llama family (Llama, Mistral, Qwen2, Qwen3 and
+// their MoE variants Mixtral, Qwen2-MoE, Qwen3-MoE) and the DeepSeek family (MLA + DeepSeekMoE),
+// weights in f32/f16/bf16 or GGUF block formats.
+//
+// MLA (DeepSeek) splits by heads like the others: q_proj / q_b_proj rows, each head's rows of
+// the absorbed W_UK^T, W_UV and W_UK (KV_B, K_B, V_B, K_N), o_proj's columns of its heads' v;
+// q_a / kv_a and their norms are replicated, and so is the latent cache (every head reads the
+// whole latent: each rank writes and keeps all of it, N times one rank's KV bytes in all).
+//
+// Mixture-of-experts layers (tp_moe.c): the router is replicated (every rank routes every token
+// the same way) and each rank's moe op leaves its part of the block's output, which one
+// all-reduce after the block sums (kaon_blk_moe). The shared expert, if any, is split like a
+// dense MLP (gate/up rows, down columns) and its part rides in the same sum. The routed experts:
+//   tensor parallel (the default): each expert split the same way, over moe_intermediate_size
+//     (which must split evenly); gate/up are views, down's columns copies;
+//   expert parallel (enable_expert_parallel): expert e lives whole on one rank, the contiguous
+//     ranges [r E / N, (r + 1) E / N) (uneven when N does not divide E: some ranks hold one
+//     more; at least one each, so E >= N), views of the mapping, nothing copied; each rank runs
+//     only its experts over the tokens routed to them (kaon_moe_weights.e0/e1).
+// This is the small-batch form of expert parallelism: every rank sees every token (attention
+// is tensor parallel, so the activations are replicated anyway) and the combine is the
+// all-reduce the row-parallel path already does. The GPU form for large batches (DeepEP's, vLLM's
+// all2all backends) dispatches each token only to the ranks of its experts and combines with a
+// second all-to-all; that needs an all_to_all in dist/comm.h and belongs with the NCCL runner.
 #ifndef KAON_MODEL_TP_H
 #define KAON_MODEL_TP_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dist/comm.h"
 #include "model/blocks.h"
@@ -35,16 +59,20 @@ typedef struct kaon_tp_rank {
 } kaon_tp_rank;
 
 // The layout of rank r: its Q heads [q0, q0 + nq), KV heads [kv0, kv0 + nkv), FFN columns
-// [f0, f0 + nf). Fails (-1 + an error naming the cause) when the model cannot be split.
+// [f0, f0 + nf); MoE models: its routed experts [e0, e0 + ne), each expert's FFN columns
+// [mf0, mf0 + nmf) and the shared expert's [sf0, sf0 + nsf). ep: expert parallel (ignored by
+// dense models). Fails (-1 + an error naming the cause) when the model cannot be split.
 typedef struct kaon_tp_layout {
     int q0, nq, kv0, nkv, f0, nf;
+    int e0, ne, mf0, nmf, sf0, nsf;
+    bool ep;
 } kaon_tp_layout;
-int kaon_tp_plan(const kaon_model *m, int size, int rank, kaon_tp_layout *out);
+int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layout *out);
 
 // The runner of kaon_runner_create_tp (runner.h): N ranks on their own CPU backends.
 typedef struct kaon_tp kaon_tp;
-kaon_tp *kaon_tp_create(const kaon_model *m, int size, int n_threads, int max_batch_tokens, int max_logits,
-                        int n_blocks, int block_size, int kv_dtype);
+kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
+                        int max_logits, int n_blocks, int block_size, int kv_dtype);
 void kaon_tp_free(kaon_tp *tp);
 int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits);
 void kaon_tp_reserve_host_kv(kaon_tp *tp);
@@ -54,5 +82,21 @@ void kaon_tp_all_reduce(kaon_fwd *f, void *x, size_t n);
 // The LM head over this rank's vocabulary rows, then every rank's slices gathered into
 // a.logits [n_logits, vocab] (f32).
 void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head);
+
+// ---- shards (tp.c, tp_moe.c) ----
+// Buffers a rank's shard owns (column slices copied at load).
+typedef struct kaon_tp_owned {
+    void **p;
+    int n;
+    size_t bytes;
+} kaon_tp_owned;
+// Rows [r0, r0 + n) of a [rows, in] weight or elements of a vector: a view.
+int kaon_tp_cut_rows(kaon_tensor *t, int64_t r0, int64_t n, const char *name);
+// Columns [c0, c0 + n) of a [rows, in] weight: a copy into own (block formats on block boundaries).
+int kaon_tp_cut_cols(kaon_tp_owned *own, kaon_tensor *t, int64_t c0, int64_t n, const char *name);
+// m (a struct copy of base) gets its own MoE layers: rank lay's experts and expert columns,
+// views of base's tensors or copies into own. kaon_tp_moe_free releases what this allocated.
+int kaon_tp_moe_shard(kaon_model *m, const kaon_model *base, const kaon_tp_layout *lay, kaon_tp_owned *own);
+void kaon_tp_moe_free(kaon_model *m);
 
 #endif
