@@ -56,6 +56,8 @@ def _engine_options(model: str, args: dict):
             o.kv_cache_dtype = s(value)
         elif name == "enable_prefix_caching":
             o.disable_prefix_caching = not value
+        elif name == "enable_expert_parallel":
+            o.enable_expert_parallel = bool(value)
         elif name == "speculative_config":
             if value is None:
                 continue

@@ -40,8 +40,9 @@ def _params_for(params, n):
 class LLM:
     """LLM(model, **engine_args): model is a GGUF file or a Hugging Face folder; engine_args take
     vLLM's names (max_model_len, max_num_seqs, max_num_batched_tokens, seed, device, dtype="auto",
-    tensor_parallel_size, gpu_memory_utilization, kv_cache_dtype, kv_cache_memory_bytes,
-    enable_prefix_caching, block_size, speculative_config) plus n_threads (CPU)."""
+    tensor_parallel_size, enable_expert_parallel, gpu_memory_utilization, kv_cache_dtype,
+    kv_cache_memory_bytes, enable_prefix_caching, block_size, speculative_config) plus n_threads
+    (CPU)."""
 
     def __init__(self, model: str, **engine_args):
         self.engine = Engine(model, **engine_args)

@@ -596,7 +596,8 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
         double d;
-        bool flag = !strcmp(a, "--quiet") || !strcmp(a, "--no-prefix-caching") || !strcmp(a, "-h") || !strcmp(a, "--help");
+        bool flag = !strcmp(a, "--quiet") || !strcmp(a, "--no-prefix-caching") || !strcmp(a, "--enable-expert-parallel") ||
+                    !strcmp(a, "-h") || !strcmp(a, "--help");
         if (!flag && !v) return kaon_cli_fail("option %s needs a value (see kaon bench %s --help)", a, sub);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage_offline(sub); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { o.model_arg = v; i++; }
@@ -604,6 +605,7 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         else if (!strcmp(a, "--device")) { if (kaon_cli_check_device(v, true)) return 2; o.eo.device = v; i++; }
         else if (!strcmp(a, "--threads") && kaon_cli_parse_int(v, 1, 4096, &l)) { o.eo.n_threads = (int)l; i++; }
         else if ((!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) && kaon_cli_parse_int(v, 1, 64, &l)) { o.eo.tensor_parallel_size = (int)l; i++; }
+        else if (!strcmp(a, "--enable-expert-parallel")) o.eo.enable_expert_parallel = true;
         else if (!strcmp(a, "--max-num-seqs") && kaon_cli_parse_int(v, 1, 65536, &l)) { o.eo.max_num_seqs = (int)l; i++; }
         else if (!strcmp(a, "--max-num-batched-tokens") && kaon_cli_parse_int(v, 1, 1 << 20, &l)) { o.eo.max_num_batched_tokens = (int)l; i++; }
         else if (!strcmp(a, "--max-model-len") && kaon_cli_parse_int(v, 2, 1 << 24, &l)) { o.eo.max_model_len = (int)l; i++; }

@@ -18,7 +18,7 @@ static void usage(void) {
            "  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, min_tokens,\n"
            "  presence_penalty, frequency_penalty, repetition_penalty, logit_bias (flags set defaults)\n"
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
-           "  --threads N  -tp|--tensor-parallel-size N  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
+           "  --threads N  -tp|--tensor-parallel-size N  --enable-expert-parallel  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
            "  --kv-cache-dtype T (" KAON_CLI_KV_DTYPE_HELP ")\n"
            "  --speculative-config JSON (" KAON_CLI_SPEC_HELP ")\n"
@@ -210,7 +210,8 @@ int kaon_cmd_generate(int argc, char **argv) {
         long l;
         double d;
         bool flag = !strcmp(a, "--ignore-eos") || !strcmp(a, "--no-prefix-caching") || !strcmp(a, "--quiet") ||
-                    !strcmp(a, "--expert-stats") || !strcmp(a, "-h") || !strcmp(a, "--help");
+                    !strcmp(a, "--expert-stats") || !strcmp(a, "--enable-expert-parallel") || !strcmp(a, "-h") ||
+                    !strcmp(a, "--help");
         if (!flag && !v) return kaon_cli_fail("option %s needs a value", a);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) eo.model = argv[++i];
@@ -223,6 +224,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--no-prefix-caching")) eo.disable_prefix_caching = true;
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--expert-stats")) eo.expert_stats = true;
+        else if (!strcmp(a, "--enable-expert-parallel")) eo.enable_expert_parallel = true;
         else if (!strcmp(a, "--max-tokens") && kaon_cli_parse_int(v, 1, 1 << 24, &l)) { dflt.max_tokens = (int)l; i++; }
         else if (!strcmp(a, "--temp") && kaon_cli_parse_float(v, 0, 100, &d)) { dflt.temperature = (float)d; i++; }
         else if (!strcmp(a, "--top-p") && kaon_cli_parse_float(v, 0, 1, &d)) { dflt.top_p = (float)d; i++; }

@@ -13,20 +13,21 @@
 int kaon_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *out_path = NULL, *device = NULL, *kv_dtype = NULL;
     long threads = kaon_cli_default_threads(), chunk = 512, tp = 1;
-    bool decode = false;
+    bool decode = false, ep = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kaon logits [-m MODEL] --prompt-ids IDS -o OUT.f32 [--decode] [--chunk N] [--threads N]\n"
-                   "                   [--tensor-parallel-size N]\n"
+                   "                   [--tensor-parallel-size N [--enable-expert-parallel]]\n"
                    "                   [--device cpu|cuda|cuda:N] [--kv-cache-dtype auto|bf16|fp8]\n");
             return 0;
         }
-        if (!v && a[0] == '-' && strcmp(a, "--decode")) return kaon_cli_fail("option %s needs a value", a);
+        if (!v && a[0] == '-' && strcmp(a, "--decode") && strcmp(a, "--enable-expert-parallel")) return kaon_cli_fail("option %s needs a value", a);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = argv[++i];
         else if (!strcmp(a, "--prompt-ids")) ids_arg = argv[++i];
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out_path = argv[++i];
         else if (!strcmp(a, "--decode")) decode = true;
+        else if (!strcmp(a, "--enable-expert-parallel")) ep = true;
         else if (!strcmp(a, "--chunk")) {
             if (!kaon_cli_parse_int(argv[++i], 1, 1 << 16, &chunk)) return kaon_cli_fail("bad --chunk");
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
@@ -51,6 +52,7 @@ int kaon_cmd_logits(int argc, char **argv) {
     eo.device = device;
     eo.n_threads = (int)threads;
     eo.tensor_parallel_size = (int)tp;
+    eo.enable_expert_parallel = ep;
     eo.kv_cache_dtype = kv_dtype;
     eo.load_tokenizer = false;
     eo.max_num_seqs = 1;

@@ -34,6 +34,7 @@ static void usage(void) {
            "engine:\n"
            "  --threads N            CPU threads (default: physical cores)\n"
            "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
+           "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
            "  --device DEV           where the model runs: cpu (default), cuda, cuda:N\n"
            "  --load-format F        auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N           context length (default 4096)\n"
@@ -51,7 +52,7 @@ typedef struct run_opts {
     kaon_sampling sp;
     const char *stop[MAX_STOP];
     kaon_logit_bias bias[MAX_BIAS];
-    bool print_ids, n_set;
+    bool print_ids, n_set, ep;
     // Which sampling fields the user gave (the rest come from the engine's defaults).
     bool temp_set, top_k_set, top_p_set, min_p_set, rep_set;
 } run_opts;
@@ -125,6 +126,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 1, 1024, &l)) return kaon_cli_fail("bad --threads '%s'", v);
             o->threads = l;
+        } else if (!strcmp(a, "--enable-expert-parallel")) {
+            o->ep = true;
         } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 1, 64, &l)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", v);
             o->tp = l;
@@ -186,6 +189,7 @@ int kaon_cmd_run(int argc, char **argv) {
     eo.device = o.device;
     eo.n_threads = (int)o.threads;
     eo.tensor_parallel_size = (int)o.tp;
+    eo.enable_expert_parallel = o.ep;
     eo.max_num_seqs = 1;
     eo.max_model_len = o.ctx ? (int)o.ctx : 4096;
     eo.kv_cache_dtype = o.kv_dtype;

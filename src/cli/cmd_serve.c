@@ -49,6 +49,7 @@ static void usage(FILE *f) {
             "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
             "  --threads N                    CPU threads (default: physical cores)\n"
             "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
+            "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
@@ -251,6 +252,8 @@ int kaon_cmd_serve(int argc, char **argv) {
             if (kaon_cli_parse_spec_config(next, &o.engine.speculative)) return 2;
         } else if (!strcmp(a, "--expert-stats")) {
             o.engine.expert_stats = true;
+        } else if (!strcmp(a, "--enable-expert-parallel")) {
+            o.engine.enable_expert_parallel = true;
         } else if (!strcmp(a, "--chat-template")) {
             NEED();
             template_file = next;

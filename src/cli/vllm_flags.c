@@ -55,6 +55,7 @@ static const vf_entry table[] = {
     {"--enable-prefix-caching", VF_KAON, 0, NULL, NULL},
     {"--no-enable-prefix-caching", VF_KAON, 0, "--no-prefix-caching", NULL},
     {"--expert-stats", VF_KAON, 0, NULL, NULL},
+    {"--enable-expert-parallel", VF_KAON, 0, NULL, NULL},
     {"--speculative-config", VF_KAON, 1, NULL, NULL},
     {"--chat-template", VF_KAON, 1, NULL, NULL},
     {"--tool-call-parser", VF_KAON, 1, NULL, NULL},
@@ -151,7 +152,6 @@ static const vf_entry table[] = {
     {"--show-hidden-metrics-for-version", VF_IGNORE, 1, NULL, "kaon's metrics are in /metrics"},
     {"--log-config-file", VF_IGNORE, 1, NULL, "kaon's log level is KAON_LOG"},
     // Refused.
-    {"--enable-expert-parallel", VF_REFUSE, 0, NULL, NOT_YET_18},
     {"--quantization-param-path", VF_REFUSE, 1, NULL, "kaon reads KV scales from the checkpoint only"},
     {"--enable-lora", VF_REFUSE, 0, NULL, "kaon serves no LoRA adapters"},
     {"--lora-modules", VF_REFUSE, 2, NULL, "kaon serves no LoRA adapters"},

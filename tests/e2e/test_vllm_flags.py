@@ -118,7 +118,7 @@ def test_vllm_env_vars(monkeypatch):
 
 REFUSED = [
     (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size", "issue 18"),
-    (["--enable-expert-parallel"], "--enable-expert-parallel", "issue 18"),
+    (["-dcp", "2"], "-dcp", "issue 18"),
     (["--dtype", "float16"], "--dtype", "--dtype auto"),
     (["--quantization", "awq"], "--quantization", "gguf"),
     (["--tokenizer", "/"], "--tokenizer", "own tokenizer"),

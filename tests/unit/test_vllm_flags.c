@@ -112,7 +112,6 @@ int main(void) {
     const char *const *refused[] = {
         ARGS("--pipeline-parallel-size", "2"),
         ARGS("--data-parallel-size", "2"),
-        ARGS("--enable-expert-parallel"),
         ARGS("--dtype", "float16"),
         ARGS("--dtype", "float32", "--device", "cuda"),
         ARGS("--enable-lora"),
@@ -122,7 +121,7 @@ int main(void) {
         ARGS("--task", "embed"),
     };
     const char *refused_name[] = {"--pipeline-parallel-size",
-                                  "--data-parallel-size", "--enable-expert-parallel", "--dtype", "--dtype",
+                                  "--data-parallel-size", "--dtype", "--dtype",
                                   "--enable-lora", "--ssl-keyfile", "--max-model-len", "--max-model-len", "--task"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         int rc = run(&o, refused[i]);
@@ -141,6 +140,10 @@ int main(void) {
           !strcmp(o.argv[2], "2"));
     kaon_vllm_args_free(&o);
     CHECK(run(&o, ARGS("--tensor_parallel_size=4")) == 0 && o.argc == 3 && !strcmp(o.argv[2], "4"));
+    kaon_vllm_args_free(&o);
+    // So is expert parallelism (MoE experts placed on the -tp ranks).
+    CHECK(run(&o, ARGS("-tp", "2", "--enable-expert-parallel")) == 0 && o.argc == 4 &&
+          !strcmp(o.argv[3], "--enable-expert-parallel") && err_text[0] == 0);
     kaon_vllm_args_free(&o);
 
     // Unknown flags, a missing value, a value given to a switch.
