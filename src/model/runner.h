@@ -38,8 +38,8 @@ size_t kaon_kv_elem_bytes(const kaon_backend *be, int kv_dtype);
 // Tensor parallelism (model/tp.h): size ranks, each a worker thread with its own CPU backend
 // of n_threads / size threads (at least 1), its shard of m's weights and its KV heads' cache;
 // the forward calls below run every rank and return rank 0's logits; ep: MoE experts placed
-// whole on ranks instead of split. The CPU and the Llama family only, for now; refused with an
-// error naming the cause otherwise.
+// whole on ranks instead of split. The CPU and the Llama and DeepSeek families only, for now;
+// refused with an error naming the cause otherwise.
 kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
                                    int max_logits, int n_blocks, int block_size, int kv_dtype);
 // Makes r one rank of a tensor-parallel group: its forward calls the rank's collectives.
