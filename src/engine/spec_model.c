@@ -125,7 +125,7 @@ int kaon_spec_model_propose(kaon_engine *e, const kaon_batch *b) {
     int n = pass_kept(e, b, &db);
     if (db.n_tokens == 0) return 0;
     // d_src is read by the runner before the pass; the chain's sources are the logit rows.
-    if (kaon_runner_draft(e->runner, &db, e->d_src, e->d_ids, e->logits)) return -1;
+    if (kaon_runner_draft(e->runner, &db, e->d_src, false, e->d_ids, e->logits)) return -1;
     for (int c = 0; c < n; c++) {
         seq *s = e->sched[e->d_prop[c]];
         s->proposal[0] = e->d_ids[c];
@@ -135,7 +135,7 @@ int kaon_spec_model_propose(kaon_engine *e, const kaon_batch *b) {
     for (int j = 1; j < e->spec.k && n > 0; j++) {
         n = pass_chain(e, j, n, &db);
         if (n == 0) break;
-        if (kaon_runner_draft(e->runner, &db, e->d_src, e->d_ids, e->logits)) return -1;
+        if (kaon_runner_draft(e->runner, &db, e->d_src, true, e->d_ids, e->logits)) return -1;
         for (int c = 0; c < n; c++) {
             seq *s = e->sched[e->d_prop[c]];
             s->proposal[j] = e->d_ids[c];
