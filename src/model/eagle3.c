@@ -55,6 +55,9 @@ enum { HID = KAON_DIM_HIDDEN, HID2 = KAON_DIM_HIDDEN2, Q = KAON_DIM_Q, KV = KAON
 static const kaon_weight_spec weights_midlayer[] = {EAGLE_TABLE("midlayer.")};
 static const kaon_weight_spec weights_layers0[] = {EAGLE_TABLE("layers.0.")};
 
+// cfg.arch_params[NORM_BEFORE_RESIDUAL]: 1 when the config's norm_before_residual is true.
+enum { NORM_BEFORE_RESIDUAL = 0 };
+
 static int prepare(kaon_model *m) {
     return kaon_model_build_rope(m, KAON_ROPE_GLOBAL, m->cfg.rope_theta, true, NULL);
 }
@@ -75,6 +78,8 @@ static void draft_forward(kaon_fwd *f, const kaon_batch *b) {
     else op->copy_strided(f->be, f->hin, D, f->a.x, D, T, dim, 1.0f);       // g = h'
     op->rmsnorm(f->be, f->a.x, NULL, &w->hidden_norm, c->rms_norm_eps, T, dim, f->a.xn);
     op->copy_strided(f->be, f->a.xn, D, cat + eb * D, 2 * D, T, dim, 1.0f);
+    if (c->arch_params[NORM_BEFORE_RESIDUAL] != 0.0f)  // the residual is hidden_norm(g), not g
+        op->copy_strided(f->be, f->a.xn, D, f->a.x, D, T, dim, 1.0f);
     const kaon_linear *embd = g->tok_embd.w.data ? &g->tok_embd : f->draft_embed;
     op->embed(f->be, &embd->w, b->tokens, T, f->a.proj);
     op->rmsnorm(f->be, f->a.proj, NULL, &w->attn_norm, c->rms_norm_eps, T, dim, f->a.xn);
@@ -157,6 +162,9 @@ static int head_config(const char *file, const kaon_model *t, kaon_model *h, kao
     if (kaon_hf_get_int(file, root, "", "draft_vocab_size", &c->draft_vocab_size, NULL) ||
         kaon_hf_get_int(file, root, "", "target_hidden_size", &target_hidden, NULL))
         goto done;
+    bool nbr = false;
+    if (kaon_hf_get_bool(file, root, "norm_before_residual", &nbr)) goto done;
+    c->arch_params[NORM_BEFORE_RESIDUAL] = nbr ? 1.0f : 0.0f;
     if (c->n_layers != 1) {
         kaon_set_error("%s: kaon runs one-layer EAGLE-3 heads (num_hidden_layers %d)", file, c->n_layers);
         goto done;

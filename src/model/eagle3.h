@@ -8,6 +8,7 @@
 //       or the head's own output h' at p - 1 (chained passes)
 //   x   = [input_layernorm(embed(t_{p+1})) | hidden_norm(g)]      (2 hidden)
 //   h   = g + o_proj(attention(q/k/v_proj(x)))                     (RoPE at p, the head's cache)
+//         (hidden_norm(g) + ... when the config sets norm_before_residual, as vLLM reads it)
 //   h'  = h + mlp(post_attention_layernorm(h))                      (fed back, before the norm)
 //   logits = lm_head(norm(h')) over the draft vocabulary; draft id d is target id d + d2t[d].
 #ifndef KAON_MODEL_EAGLE3_H

@@ -119,7 +119,6 @@ class HeadRef:
     def __init__(self, cfg, hw, embed, prefix="midlayer."):
         self.cfg, self.p = cfg, prefix
         self.w = {k: np.asarray(v, np.float64) for k, v in hw.items()}
-        self.w[prefix + "self_attn.q_proj.weight"] = self.w[prefix + "self_attn.q_proj.weight"]
         self.embed = np.asarray(hw.get("embed_tokens.weight", embed), np.float64)
         self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         self.hd = cfg["hidden_size"] // self.nh
@@ -132,7 +131,8 @@ class HeadRef:
         w, p, eps = self.w, self.p, self.eps
         x = np.concatenate([rmsnorm(self.embed[np.asarray(toks)], w[p + "input_layernorm.weight"], eps),
                             rmsnorm(g, w[p + "hidden_norm.weight"], eps)], -1)
-        h = g + attention(self, w, p, x, np.asarray(pos), 0)
+        res = rmsnorm(g, w[p + "hidden_norm.weight"], eps) if self.cfg.get("norm_before_residual") else g
+        h = res + attention(self, w, p, x, np.asarray(pos), 0)
         h = h + mlp(w, p, rmsnorm(h, w[p + "post_attention_layernorm.weight"], eps))
         return h, rmsnorm(h, w["norm.weight"], eps) @ w["lm_head.weight"].T
 

@@ -51,14 +51,17 @@ def reference(tcfg, tw, hcfg, hw, ids, nxt, prefix="midlayer."):
     return target, np.concatenate([d1, d2])
 
 
-@pytest.mark.parametrize("fmt,aux,own_embed,prefix", [
-    ("F32", None, False, "midlayer."),      # default layers 2, N/2, N-3; the target's embedding
-    ("F32", [0, 2, 4], True, "layers.0."),  # the config's layer ids; the head's own embedding
-    ("BF16", None, False, "midlayer."),
+@pytest.mark.parametrize("fmt,aux,own_embed,prefix,nbr", [
+    ("F32", None, False, "midlayer.", False),      # default layers 2, N/2, N-3; the target's embedding
+    ("F32", [0, 2, 4], True, "layers.0.", False),  # the config's layer ids; the head's own embedding
+    ("F32", None, False, "midlayer.", True),       # norm_before_residual
+    ("BF16", None, False, "midlayer.", False),
 ])
-def test_eagle3_draft_logits(tmp_path, fmt, aux, own_embed, prefix):
+def test_eagle3_draft_logits(tmp_path, fmt, aux, own_embed, prefix, nbr):
     model, tcfg, tw = tiny_target(tmp_path, dtype=fmt)
     hcfg = head_config(tcfg, aux_ids=aux, arch="LlamaForCausalLMEagle3" if own_embed else "LlamaForCausalLM")
+    if nbr:
+        hcfg["norm_before_residual"] = True
     hw, d2t, t2d = head_weights(hcfg, own_embed=own_embed, prefix=prefix)
     head = save_head(str(tmp_path / "head"), hcfg, hw, d2t, t2d, fmt)
     if fmt == "BF16":  # the reference computes with the values the files hold
