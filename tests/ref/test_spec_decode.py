@@ -342,6 +342,60 @@ def tiny_eagle3(tmp_path_factory):
     return target, save_head(str(d / "head"), hcfg, hw, d2t, t2d)
 
 
+@pytest.fixture(scope="module")
+def tiny_eagle3_echo(tmp_path_factory):
+    """(target, head) where the head drafts t_{N-2} again and again: aux_ids -1 makes fc's first
+    input the target's embedding of the row's position, fc = [I | 0 | 0], o_proj and down_proj = 0
+    (the layer adds nothing), norm and hidden_norm = 1, lm_head = the embedding's rows in a random
+    order that d2t undoes. So it is kept where the output loops with period 1 (or 2, the first
+    draft), through the real verify, and only if the aux rows, the chain and d2t are right."""
+    import numpy as np
+    from eagle3_files import head_config, head_weights, save_head
+    from tiny_models import make_config, make_weights, save_hf
+    d = tmp_path_factory.mktemp("eagle3echo")
+    cfg = dict(make_config("llama"), num_hidden_layers=4)
+    tw = make_weights(cfg, seed=7)
+    target = save_hf(d / "llama4", cfg, tw, "F32")
+    V, dim = cfg["vocab_size"], cfg["hidden_size"]
+    hcfg = head_config(cfg, draft_vocab=V, aux_ids=[-1, 0, 1])
+    hw, _, t2d = head_weights(hcfg, seed=5)
+    perm = np.random.default_rng(9).permutation(V)
+    hw["fc.weight"] = np.concatenate([np.eye(dim), np.zeros((dim, 2 * dim))], 1).astype(np.float32)
+    for n in ("norm.weight", "midlayer.hidden_norm.weight"):
+        hw[n] = np.ones(dim, np.float32)
+    for n in ("midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"):
+        hw[n] = np.zeros_like(hw[n])
+    hw["lm_head.weight"] = tw["model.embed_tokens.weight"][perm]
+    return target, save_head(str(d / "head"), hcfg, hw, (perm - np.arange(V)).astype(np.int64), t2d)
+
+
+def echo2_accepted(prompt, out, k, max_tokens=24):
+    """Drafts the echo head gets kept: each verify step of a sequence of N tokens drafts
+    t_{N-2} k times (bounded by max_tokens) and keeps the leading ones the output repeats."""
+    full, i, kept = prompt + out, 1, 0
+    while i < len(out):
+        n, kk, a = len(prompt) + i, min(k, max_tokens - i - 1), 0
+        while a < kk and full[n + a] == full[n - 2]:
+            a += 1
+        kept += a
+        i += a + 1
+    return kept
+
+
+@pytest.mark.parametrize("layout", ["alone", "batched", "chunked"])
+def test_eagle3_drafts_accepted(kaon_bin, tiny_eagle3_echo, tmp_path, layout):
+    target, head = tiny_eagle3_echo
+    prompts = loop_prompts(n=24, seed=5)
+    extra = {"alone": ["--max-num-seqs", "1"], "batched": ["--max-num-seqs", "64"],
+             "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"]}[layout]
+    plain, _ = generate(kaon_bin, target, tmp_path, prompts, GREEDY + extra, name="plain")
+    spec, st = generate(kaon_bin, target, tmp_path, prompts, GREEDY + extra + eagle3_spec(head), name="spec")
+    assert ids(spec) == ids(plain)
+    check_spec_ran(st)
+    if layout != "chunked":
+        assert st["spec_accepted_tokens"] == sum(echo2_accepted(p, o, 3) for p, o in zip(prompts, ids(plain))), st
+
+
 def eagle3_spec(head, k=3, **kw):
     return DEV + ["--speculative-config", json.dumps({"method": "eagle3", "model": str(head),
                                                       "num_speculative_tokens": k, "disable_by_batch_size": -1, **kw})]
