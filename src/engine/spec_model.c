@@ -1,5 +1,6 @@
-// Speculative decoding with a draft model (DeepSeek's MTP layer): after each step, the draft
-// model runs on the engine thread, on the target's backend, through the target's runner.
+// Speculative decoding with a draft model (DeepSeek's MTP layer, or an EAGLE-3 head:
+// model/eagle3.h): after each step, the draft model runs on the engine thread, on the target's
+// backend, through the target's runner.
 //
 // Draft row p is token t_{p+1} at position p with the target's final normed hidden state h_p
 // and predicts t_{p+2}; its K/V goes to the MTP layer's cache at p's slot (the same block pool
@@ -14,6 +15,8 @@
 //     N - 2 + j with the draft's own normed output as h (kaon's choice, the same kind of vector
 //     as the target's h). These rows' K/V sit at positions >= N - 1, which the next step's pass 1
 //     overwrites with the real ones.
+// An EAGLE-3 head runs the same passes: h_p is then fc of the three target states it reads
+// (pass 1) or its own output before the final norm (the chain), and its K/V has its own layer.
 // Drafts are greedy (argmax of the draft logits): a deterministic proposer, which the verify
 // keeps exactly (engine.c sample_seq). Preemption recomputes the target and so pass 1 again.
 // Pass 1 runs in every step (the cache must stay complete); the chain only while fewer than
