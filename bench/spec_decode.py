@@ -28,6 +28,7 @@ under --config): the same two runs per k with the head drafting.
       --head bench/configs/sgl-project__SpecForge__llama3-8B-eagle3.json --tokens 256 --k 1,2,3,4
 """
 import argparse
+import atexit
 import json
 import random
 import re
@@ -134,6 +135,7 @@ def main():
         head_dir = a.head
         if Path(a.head).is_file():  # a config alone: a folder holding it (dummy weights only)
             head_dir = tempfile.mkdtemp(prefix="eagle3-head-")
+            atexit.register(shutil.rmtree, head_dir, True)
             shutil.copy(a.head, Path(head_dir) / "config.json")
     for k in [int(x) for x in a.k.split(",") if x] if a.method in ("mtp", "eagle3") else []:
         for forced in (False, True):
