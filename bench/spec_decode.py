@@ -20,11 +20,19 @@ output is not the model's): the speed at acceptance length k + 1 with the draft 
 paid, against the oracle's (the verify alone) at the same k.
   python3 bench/spec_decode.py --kaon build-gpu/kaon --device cuda --method mtp \\
       --config <a DeepSeek-V3 config.json, e.g. fewer layers> --tokens 256 --k 1,2,3
+
+--method eagle3 --head H (an EAGLE-3 head's folder, or its config.json alone for a dummy head
+under --config): the same two runs per k with the head drafting.
+  python3 bench/spec_decode.py --kaon build/kaon --device cuda --method eagle3 \\
+      --config bench/configs/meta-llama__Llama-3.1-8B-Instruct.json \\
+      --head bench/configs/sgl-project__SpecForge__llama3-8B-eagle3.json --tokens 256 --k 1,2,3,4
 """
 import argparse
+import atexit
 import json
 import random
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -91,8 +99,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--k", default="1,2,3", help="oracle draft counts (acceptance length k + 1)")
     ap.add_argument("--ngram-k", type=int, default=4)
-    ap.add_argument("--method", default="oracle", choices=["oracle", "mtp"],
-                    help="mtp: also the MTP draft model, as it is and at forced acceptance")
+    ap.add_argument("--method", default="oracle", choices=["oracle", "mtp", "eagle3"],
+                    help="mtp / eagle3: also the draft model, as it is and at forced acceptance")
+    ap.add_argument("--head", help="eagle3: the head's folder, or its config.json (a dummy head under --config)")
     ap.add_argument("--reps", type=int, default=1, help="runs of each variant (the best is kept)")
     ap.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn below this")
     ap.add_argument("--output-json", help="default: bench/results/spec-<device>-<date>.json")
@@ -119,11 +128,22 @@ def main():
                                 **parting(a, prompt, plain["ids"], r["ids"]),
                                 speedup=r["decode_tok_s"] / plain["decode_tok_s"],
                                 **{k2: v for k2, v in r.items() if k2 != "ids"}))
-    for k in [int(x) for x in a.k.split(",") if x] if a.method == "mtp" else []:
+    head_dir = None
+    if a.method == "eagle3":
+        if not a.head:
+            ap.error("--method eagle3 needs --head")
+        head_dir = a.head
+        if Path(a.head).is_file():  # a config alone: a folder holding it (dummy weights only)
+            head_dir = tempfile.mkdtemp(prefix="eagle3-head-")
+            atexit.register(shutil.rmtree, head_dir, True)
+            shutil.copy(a.head, Path(head_dir) / "config.json")
+    for k in [int(x) for x in a.k.split(",") if x] if a.method in ("mtp", "eagle3") else []:
         for forced in (False, True):
-            spec = {"method": "mtp", "num_speculative_tokens": k, "force_accept": forced}
+            spec = {"method": a.method, "num_speculative_tokens": k, "force_accept": forced}
+            if head_dir:
+                spec["model"] = str(head_dir)
             r = best(prompt, spec)
-            results.append(dict(variant=f"mtp k={k}" + (" forced" if forced else ""),
+            results.append(dict(variant=f"{a.method} k={k}" + (" forced" if forced else ""),
                                 same_ids=None if forced else r["ids"] == plain["ids"],
                                 **({} if forced else parting(a, prompt, plain["ids"], r["ids"])),
                                 speedup=r["decode_tok_s"] / plain["decode_tok_s"],

@@ -41,6 +41,7 @@ typedef struct kaon_speculative_options {
     const char *method;             // NULL or "": off; "ngram": prompt lookup (no weights);
                                     // "mtp" / "deepseek_mtp": DeepSeek-V3/R1's own MTP layer
                                     // (num_nextn_predict_layers) drafts greedily;
+                                    // "eagle3": the EAGLE-3 head in `model` drafts greedily;
                                     // "oracle" (benchmarks): replays oracle_file's outputs
     int num_speculative_tokens;     // drafts per step, 1..KAON_SPEC_MAX_TOKENS
     int prompt_lookup_min;          // ngram: the shortest suffix matched (0: 2)

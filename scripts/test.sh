@@ -40,7 +40,7 @@ KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/bench
 
 echo "== [$(date -u +%T)] engine and model tests again on the ASan + UBSan build"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_engine.py tests/ref/test_model_ref.py -k "not smollm2"
-KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_spec_decode.py tests/ref/test_mtp_ref.py -k "llama or sampling or bounds or mtp"
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_spec_decode.py tests/ref/test_mtp_ref.py tests/ref/test_eagle3_ref.py -k "llama or sampling or bounds or mtp or eagle3"
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_tensor_parallel.py -k "not smollm2"
 # Plugins: dlopen, the registry, a plugin's forward (its e2e test runs in the ASan e2e pass below).
 KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/ref/test_plugin.py

@@ -151,7 +151,7 @@ int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
             else o->force_accept = cJSON_IsTrue(f);
         } else if (!strcmp(k, "method")) {
             if (!cJSON_IsString(f) || strlen(f->valuestring) >= sizeof method)
-                rc = kaon_cli_fail("bad --speculative-config: \"method\" must be a string (ngram, mtp)");
+                rc = kaon_cli_fail("bad --speculative-config: \"method\" must be a string (ngram, mtp, eagle3)");
             else o->method = strcpy(method, f->valuestring);
         } else if (dst) {
             if (!cJSON_IsNumber(f) || f->valuedouble != (double)(int)f->valuedouble)
@@ -164,7 +164,7 @@ int kaon_cli_parse_spec_config(const char *json, kaon_speculative_options *o) {
     }
     cJSON_Delete(j);
     if (rc) return rc;
-    if (!o->method) return kaon_cli_fail("bad --speculative-config: \"method\" is missing (ngram, mtp)");
+    if (!o->method) return kaon_cli_fail("bad --speculative-config: \"method\" is missing (ngram, mtp, eagle3)");
     kaon_spec_config c;
     rc = kaon_spec_config_resolve(o, &c) ? kaon_cli_fail("bad --speculative-config: %s", kaon_last_error()) : 0;
     kaon_spec_config_free(&c);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "model/eagle3.h"
 #include "model/tp.h"
 #include "util/cpus.h"
 #include "util/err.h"
@@ -137,6 +138,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     // A draft model inside the checkpoint (MTP) is loaded with it.
     e->model = e->spec.method == KAON_SPEC_MTP ? kaon_model_load_mtp(o->model) : kaon_model_load(o->model);
     if (!e->model) goto fail;
+    // An EAGLE-3 head from its own folder, random like the target's weights under dummy.
+    if (e->spec.method == KAON_SPEC_EAGLE3 && kaon_eagle3_attach(e->model, o->speculative.model)) goto fail;
     const kaon_model_config *c = &e->model->cfg;
     e->vocab = c->vocab_size;
     e->block_size = o->block_size > 0 ? o->block_size : 16;
@@ -163,11 +166,13 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     if (on_gpu && e->be->ops->mem_info) {
         if (e->be->ops->mem_info(e->be, &gpu_free, &gpu_total)) goto fail;
         plan_weights = kaon_weights_device_bytes(e->be, e->model);
+        if (e->model->eagle3) plan_weights += kaon_weights_device_bytes(e->be, e->model->eagle3->head);
         plan_act = kaon_runner_act_bytes(e->model, e->be->ops->act_elem_bytes,
                                          o->max_num_batched_tokens, e->max_logits) +
                    ((size_t)512 << 20);
         if (kaon_spec_has_draft_model(&e->spec))  // the kept hidden states and the draft's inputs
-            plan_act += 2 * (size_t)o->max_num_batched_tokens * (size_t)c->hidden_size * e->be->ops->act_elem_bytes;
+            plan_act += (e->model->eagle3 ? 9 : 2) * (size_t)o->max_num_batched_tokens * (size_t)c->hidden_size *
+                        e->be->ops->act_elem_bytes;
         if (!kv_given) {
             double budget = util * (double)gpu_total - (double)(gpu_total - gpu_free) -
                             (double)plan_weights - (double)plan_act;

@@ -11,9 +11,13 @@ int kaon_spec_config_resolve(const kaon_speculative_options *o, kaon_spec_config
     if (!strcmp(o->method, "ngram")) c->method = KAON_SPEC_NGRAM;
     else if (!strcmp(o->method, "oracle")) c->method = KAON_SPEC_ORACLE;
     else if (!strcmp(o->method, "mtp") || !strcmp(o->method, "deepseek_mtp")) c->method = KAON_SPEC_MTP;
-    else if (!strcmp(o->method, "eagle3") || !strcmp(o->method, "eagle"))
-        return kaon_set_error("speculative decoding: method '%s' is not built yet (kaon has: ngram, mtp, oracle)", o->method);
-    else return kaon_set_error("speculative decoding: unknown method '%s' (kaon has: ngram, mtp, oracle)", o->method);
+    else if (!strcmp(o->method, "eagle3")) c->method = KAON_SPEC_EAGLE3;
+    else if (!strcmp(o->method, "eagle"))  // EAGLE-1/2 heads regress features, not the same step
+        return kaon_set_error("speculative decoding: method 'eagle' (EAGLE-1/2 heads) is not supported; kaon runs "
+                              "EAGLE-3 heads (method eagle3)");
+    else return kaon_set_error("speculative decoding: unknown method '%s' (kaon has: ngram, mtp, eagle3, oracle)", o->method);
+    if (c->method == KAON_SPEC_EAGLE3 && (!o->model || !o->model[0]))
+        return kaon_set_error("speculative decoding: method eagle3 needs \"model\", the EAGLE-3 head's folder");
     c->force_accept = o->force_accept;
     if (o->num_speculative_tokens < 1 || o->num_speculative_tokens > KAON_SPEC_MAX_TOKENS)
         return kaon_set_error("speculative decoding: num_speculative_tokens must be in [1, %d], got %d",

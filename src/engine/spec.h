@@ -9,7 +9,7 @@
 #include "engine/sampler.h"
 #include "kaon.h"
 
-enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM, KAON_SPEC_ORACLE, KAON_SPEC_MTP };
+enum kaon_spec_method { KAON_SPEC_OFF = 0, KAON_SPEC_NGRAM, KAON_SPEC_ORACLE, KAON_SPEC_MTP, KAON_SPEC_EAGLE3 };
 
 typedef struct kaon_spec_oracle kaon_spec_oracle;
 
@@ -23,8 +23,11 @@ typedef struct kaon_spec_config {
     bool force_accept;         // benchmarks: drafts kept unverified (kaon.h)
 } kaon_spec_config;
 
-// Whether the method drafts with a model run by the engine after each step (spec_model.c).
-static inline bool kaon_spec_has_draft_model(const kaon_spec_config *c) { return c->method == KAON_SPEC_MTP; }
+// Whether the method drafts with a model run by the engine after each step (spec_model.c):
+// DeepSeek's MTP layer or an EAGLE-3 head.
+static inline bool kaon_spec_has_draft_model(const kaon_spec_config *c) {
+    return c->method == KAON_SPEC_MTP || c->method == KAON_SPEC_EAGLE3;
+}
 
 // Checks o and fills c with its defaults (the oracle's file is read: kaon_spec_config_free).
 // 0, or -1 with kaon_last_error().

@@ -1,5 +1,6 @@
-// Speculative decoding with a draft model (DeepSeek's MTP layer): after each step, the draft
-// model runs on the engine thread, on the target's backend, through the target's runner.
+// Speculative decoding with a draft model (DeepSeek's MTP layer, or an EAGLE-3 head:
+// model/eagle3.h): after each step, the draft model runs on the engine thread, on the target's
+// backend, through the target's runner.
 //
 // Draft row p is token t_{p+1} at position p with the target's final normed hidden state h_p
 // and predicts t_{p+2}; its K/V goes to the MTP layer's cache at p's slot (the same block pool
@@ -14,6 +15,8 @@
 //     N - 2 + j with the draft's own normed output as h (kaon's choice, the same kind of vector
 //     as the target's h). These rows' K/V sit at positions >= N - 1, which the next step's pass 1
 //     overwrites with the real ones.
+// An EAGLE-3 head runs the same passes: h_p is then fc of the three target states it reads
+// (pass 1) or its own output before the final norm (the chain), and its K/V has its own layer.
 // Drafts are greedy (argmax of the draft logits): a deterministic proposer, which the verify
 // keeps exactly (engine.c sample_seq). Preemption recomputes the target and so pass 1 again.
 // Pass 1 runs in every step (the cache must stay complete); the chain only while fewer than
@@ -125,7 +128,7 @@ int kaon_spec_model_propose(kaon_engine *e, const kaon_batch *b) {
     int n = pass_kept(e, b, &db);
     if (db.n_tokens == 0) return 0;
     // d_src is read by the runner before the pass; the chain's sources are the logit rows.
-    if (kaon_runner_draft(e->runner, &db, e->d_src, e->d_ids, e->logits)) return -1;
+    if (kaon_runner_draft(e->runner, &db, e->d_src, false, e->d_ids, e->logits)) return -1;
     for (int c = 0; c < n; c++) {
         seq *s = e->sched[e->d_prop[c]];
         s->proposal[0] = e->d_ids[c];
@@ -135,7 +138,7 @@ int kaon_spec_model_propose(kaon_engine *e, const kaon_batch *b) {
     for (int j = 1; j < e->spec.k && n > 0; j++) {
         n = pass_chain(e, j, n, &db);
         if (n == 0) break;
-        if (kaon_runner_draft(e->runner, &db, e->d_src, e->d_ids, e->logits)) return -1;
+        if (kaon_runner_draft(e->runner, &db, e->d_src, true, e->d_ids, e->logits)) return -1;
         for (int c = 0; c < n; c++) {
             seq *s = e->sched[e->d_prop[c]];
             s->proposal[j] = e->d_ids[c];

@@ -150,6 +150,8 @@ static int dtype_from_name(const char *s, kaon_dtype *dt, int *elem_bytes) {
     if (!strcmp(s, "I8")) { *dt = KAON_I8; *elem_bytes = 1; return 0; }
     // MXFP4 blocks and E8M0 scales (model/mxfp4_weights.c repacks them at load).
     if (!strcmp(s, "U8")) { *dt = KAON_U8; *elem_bytes = 1; return 0; }
+    // Masks (an EAGLE-3 head's t2d): bytes, never computed with.
+    if (!strcmp(s, "BOOL")) { *dt = KAON_U8; *elem_bytes = 1; return 0; }
     return -1;
 }
 

@@ -113,6 +113,18 @@ void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, 
     if (cap > 0) f->op->logit_softcap(f->be, f->a.logits, (size_t)b->n_logits * (size_t)f->c->vocab_size, cap);
 }
 
+void kaon_blk_aux(kaon_fwd *f, const kaon_batch *b, int l, const kaon_tensor *norm) {
+    for (int i = 0; f->aux_out && i < 3; i++) {
+        if (f->aux_layers[i] != l) continue;
+        // x + proj is the state entering layer l: the layer's own first norm adds them now (it
+        // then norms x again, a pending-free repeat).
+        if (f->pending) kaon_blk_norm(f, b, norm);
+        const size_t dim = (size_t)f->c->hidden_size;
+        f->op->copy_strided(f->be, f->a.x, dim, (char *)f->aux_out + f->op->act_elem_bytes * dim * (size_t)i, 3 * dim,
+                            b->n_tokens, (int)dim, 1.0f);
+    }
+}
+
 // proj *= s: a sublayer's output scaled before the next norm adds it to x.
 static void scale_proj(kaon_fwd *f, const kaon_batch *b, float s) {
     if (s != 0.0f && s != 1.0f) f->op->scale(f->be, f->a.proj, (size_t)b->n_tokens * (size_t)f->c->hidden_size, s);

@@ -50,6 +50,14 @@ typedef struct kaon_fwd {
     void *hidden_out;          // [T, dim] or NULL: kaon_blk_logits leaves every token's final
                                // normed hidden state here (what MTP drafts from)
     const void *hin;           // [T, dim] the draft step's hidden input rows (draft_forward)
+    // EAGLE-3 (model/eagle3.h): the target's forward copies the hidden states entering layers
+    // aux_layers[i] to aux_out[:, i dim] ([T, 3 dim]); the head's step reads f->hin as [T, 3 dim]
+    // through fc when draft_fc, and builds its [T, 2 dim] input in dcat.
+    void *aux_out;
+    int aux_layers[3];
+    bool draft_fc;
+    void *dcat;
+    const kaon_linear *draft_embed;  // the target's embedding (a head without its own)
     struct kaon_tp_rank *tp;   // tensor parallelism (model/tp.h): this rank; NULL: one rank
 } kaon_fwd;
 
@@ -57,6 +65,9 @@ typedef enum kaon_act_fn { KAON_ACT_SILU, KAON_ACT_GELU_TANH } kaon_act_fn;
 
 // x = embd[tokens]                                   x [T, dim]
 void kaon_blk_embed(kaon_fwd *f, const kaon_batch *b, const kaon_linear *embd);
+// EAGLE-3: the hidden state entering layer l into f->aux_out's columns when l is one of
+// f->aux_layers (norm: the layer's first norm, which folds a pending sublayer output into x).
+void kaon_blk_aux(kaon_fwd *f, const kaon_batch *b, int l, const kaon_tensor *norm);
 // x *= s (Gemma's sqrt(hidden) embedding scale)
 void kaon_blk_scale_x(kaon_fwd *f, const kaon_batch *b, float s);
 // xn = rmsnorm(x) * w, after adding the pending sublayer output to x.

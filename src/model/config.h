@@ -110,6 +110,7 @@ typedef struct kaon_model_config {
     int n_nextn_layers;          // MTP layers after the main ones (num_nextn_predict_layers)
     int n_mtp_layers;            // of those, loaded as the draft model of speculative decoding
                                  // (kaon_model_load_mtp): counted in n_layers, after the main ones
+    int draft_vocab_size;        // an EAGLE-3 head (model/eagle3.h): its LM head's rows
     char hf_prefix[32];          // prefix of the text model's tensor names (Kimi-K2.5: "language_model.")
     // An architecture's own numbers that no field above holds, read by its hf_config (a
     // plugin's extra config.json keys: examples/plugin/ keeps its multipliers here).

@@ -146,6 +146,7 @@ static void forward(kaon_fwd *f, const kaon_batch *b) {
             .wq = &w->wq, .wk = &w->wk, .wv = &w->wv, .wo = &w->wo,
             .w_gate = &w->w_gate, .w_up = &w->w_up, .w_down = &w->w_down,
         };
+        kaon_blk_aux(f, b, l, &w->attn_norm);  // an EAGLE-3 head's inputs
         kaon_blk_llama_layer(f, b, l, &blk);
     }
     kaon_blk_logits(f, b, &g->out_norm, g->lm_head.w.data ? &g->lm_head : &g->tok_embd);

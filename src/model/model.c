@@ -11,6 +11,7 @@
 
 #include "io/json_util.h"
 #include "model/arch.h"
+#include "model/eagle3.h"
 #include "model/gguf_config.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -217,6 +218,7 @@ kaon_model *kaon_model_load_mtp(const char *path) { return load(path, true); }
 void kaon_model_free(kaon_model *m) {
     if (!m) return;
     if (m->arch) kaon_weights_free_host(m);
+    kaon_eagle3_free(m->eagle3);
     if (m->gguf) kaon_gguf_close(m->gguf);
     if (m->st) kaon_safetensors_close(m->st);
     kaon_quant_config_free(&m->quant);
@@ -236,5 +238,6 @@ size_t kaon_model_kv_bytes_per_token(const kaon_model *m, size_t elem_bytes) {
         if (m->arch && m->arch->kv_spec) m->arch->kv_spec(c, l, &k, &v);
         elems += k + v;
     }
+    if (m->eagle3) elems += 2 * (size_t)m->eagle3->head->cfg.n_kv_heads * m->eagle3->head->cfg.head_dim;
     return elems * elem_bytes;
 }

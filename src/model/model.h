@@ -40,6 +40,7 @@ typedef struct kaon_model {
     float *rope_inv_freq[2];       // [rope_dim/2] each, scaling applied
     uint64_t n_params, weight_bytes;  // as stored (kaon_weights_count at load)
     bool dummy_filled;             // dummy placeholders given host values (kaon_weights_fill_host)
+    struct kaon_eagle3 *eagle3;    // speculative decoding's EAGLE-3 head (model/eagle3.h), or NULL
 } kaon_model;
 
 // path: a .gguf file or a Hugging Face folder. NULL + kaon_last_error() on failure.

@@ -8,6 +8,7 @@
 
 #include "model/arch.h"
 #include "model/blocks.h"
+#include "model/eagle3.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/tp.h"
@@ -40,6 +41,15 @@ struct kaon_runner {
     void *hidden;         // [max_tokens, dim] or NULL
     void *hin;            // [max_tokens, dim]
     kaon_sample_row *greedy;  // [max_logits]
+    // An EAGLE-3 head (model/eagle3.h): its weights, its KV layer kv[n_layers], the target's
+    // embedding it may share, and (kaon_runner_keep_hidden) hidden = the target's aux states
+    // [max_tokens, 3 dim], hin [max_tokens, 3 dim], its own outputs dhid and its input dcat.
+    const kaon_model *head;
+    const kaon_weights *hw;
+    kaon_weights hdev;
+    bool hdev_weights;
+    kaon_linear temb;
+    void *dhid, *dcat;
     kaon_tp *tp;              // a tensor-parallel group's runner: the ranks do the work
     struct kaon_tp_rank *tp_rank;  // one rank of such a group: its collectives
 };
@@ -59,6 +69,10 @@ static size_t dense_ffn(const kaon_model *m) {
 
 // KV elements per token of layer l, for K and for V.
 static void kv_elems(const kaon_model *m, int l, size_t *k, size_t *v) {
+    if (l == m->cfg.n_layers) {  // an EAGLE-3 head's layer
+        *k = *v = (size_t)m->eagle3->head->cfg.n_kv_heads * m->eagle3->head->cfg.head_dim;
+        return;
+    }
     *k = *v = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     if (m->arch->kv_spec) m->arch->kv_spec(&m->cfg, l, k, v);
 }
@@ -100,6 +114,30 @@ static int kv_scale(const kaon_model *m, int l, char kv, float *out) {
         *out = s;
         return 0;
     }
+    return 0;
+}
+
+// The number of KV layers: the model's, and an EAGLE-3 head's one.
+static int kv_layers(const kaon_runner *r) { return r->m->cfg.n_layers + (r->head ? 1 : 0); }
+
+// An EAGLE-3 head's weights where the target's are (device copies or, dummy on the host, random
+// values in place), and the target's embedding for a head without one.
+static int attach_head(kaon_runner *r, const kaon_model *m) {
+    kaon_backend *be = r->be;
+    r->head = m->eagle3->head;
+    r->hw = &r->head->w;
+    if (be->ops->upload) {
+        r->hdev_weights = true;
+        if (kaon_weights_upload(be, r->head, &r->hdev)) return -1;
+        r->hw = &r->hdev;
+    } else if (r->head->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)r->head)) {
+        return -1;
+    }
+    for (int i = 0; i < m->arch->n_weights; i++) {
+        const kaon_weight_spec *s = &m->arch->weights[i];
+        if (s->hf && !strcmp(s->hf, "model.embed_tokens.weight")) r->temb.w = *kaon_weight_slot(m, r->w, s, 0);
+    }
+    if (!r->temb.w.data) return kaon_set_error("runner: %s has no embedding for the EAGLE-3 head to share", m->path);
     return 0;
 }
 
@@ -150,6 +188,10 @@ kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int ma
         kaon_runner_free(r);
         return NULL;
     }
+    if (m->eagle3 && attach_head(r, m)) {
+        kaon_runner_free(r);
+        return NULL;
+    }
     r->max_tokens = max_batch_tokens;
     r->max_logits = max_logits;
     r->n_blocks = n_blocks;
@@ -177,15 +219,17 @@ kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int ma
     } else {
         a->logits = act(r, (size_t)max_logits * c->vocab_size, &fail);
     }
-    r->kv = calloc((size_t)c->n_layers, sizeof *r->kv);
+    r->kv = calloc((size_t)kv_layers(r), sizeof *r->kv);
     if (!r->kv) fail = 1;
     r->kv_elem = kaon_kv_elem_bytes(be, kv_dtype);
-    for (int l = 0; !fail && l < c->n_layers; l++) {
+    for (int l = 0; !fail && l < kv_layers(r); l++) {
         size_t ke, ve;
         kv_elems(m, l, &ke, &ve);
         kaon_kv_layer *kv = &r->kv[l];
         kv->dtype = kv_dtype;
-        if (kv_dtype == KAON_KV_FP8 && (kv_scale(m, l, 'k', &kv->k_scale) || kv_scale(m, l, 'v', &kv->v_scale))) {
+        if (l == c->n_layers) {  // the EAGLE-3 head's
+            kv->k_scale = kv->v_scale = 1.0f;
+        } else if (kv_dtype == KAON_KV_FP8 && (kv_scale(m, l, 'k', &kv->k_scale) || kv_scale(m, l, 'v', &kv->v_scale))) {
             kaon_runner_free(r);
             return NULL;
         }
@@ -237,17 +281,18 @@ void kaon_runner_free(kaon_runner *r) {
     const kaon_acts *a = &r->a;
     free(r->greedy);
     void *bufs[] = {a->x, a->xn, a->q, a->k, a->v, a->att, a->proj, a->gate, a->up, a->rows, a->logits, a->scratch,
-                    r->hidden, r->hin};
+                    r->hidden, r->hin, r->dhid, r->dcat};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     if (r->kv) {
-        for (int l = 0; l < r->m->cfg.n_layers; l++) {
+        for (int l = 0; l < kv_layers(r); l++) {
             if (r->kv[l].k) be->ops->free(be, r->kv[l].k);
             if (r->kv[l].v) be->ops->free(be, r->kv[l].v);
         }
         free(r->kv);
     }
     if (r->dev_weights) kaon_weights_release(be, r->m, &r->dev);
+    if (r->hdev_weights) kaon_weights_release(be, r->head, &r->hdev);
     free(r);
 }
 
@@ -256,7 +301,7 @@ void kaon_runner_reserve_host_kv(kaon_runner *r) {
         kaon_tp_reserve_host_kv(r->tp);
         return;
     }
-    for (int l = 0; l < r->m->cfg.n_layers; l++) {
+    for (int l = 0; l < kv_layers(r); l++) {
         size_t ke, ve;
         kv_elems(r->m, l, &ke, &ve);
         const size_t per = (size_t)r->n_blocks * r->block_size * r->kv_elem;
@@ -290,7 +335,7 @@ static int check_batch(const kaon_runner *r, const kaon_batch *b) {
 
 // The layers of one step, from the embedding to the logits (left in a.logits); the draft
 // model's step when draft.
-static void run_layers_of(kaon_runner *r, const kaon_batch *b, bool graphed, bool draft) {
+static void run_layers_of(kaon_runner *r, const kaon_batch *b, bool graphed, bool draft, bool draft_fc) {
     kaon_fwd f = {
         .be = r->be,
         .op = r->be->ops,
@@ -304,15 +349,34 @@ static void run_layers_of(kaon_runner *r, const kaon_batch *b, bool graphed, boo
         .graphed = graphed,
         .xbuf = &r->xbuf,
         .xbuf_cap = &r->xbuf_cap,
-        .hidden_out = r->hidden,
+        .hidden_out = r->head ? NULL : r->hidden,
         .hin = r->hin,
         .tp = r->tp_rank,
     };
-    if (draft) r->m->arch->draft_forward(&f, b);
-    else r->m->arch->forward(&f, b);
+    if (r->head && r->hidden) {
+        f.aux_out = r->hidden;
+        memcpy(f.aux_layers, r->m->eagle3->aux_layers, sizeof f.aux_layers);
+    }
+    if (draft && r->head) {  // the head in the target's buffers, on its own KV layer
+        f.m = r->head;
+        f.c = &r->head->cfg;
+        f.w = r->hw;
+        f.kv = r->kv + r->m->cfg.n_layers;
+        f.expert_counts = NULL;
+        f.aux_out = NULL;
+        f.hidden_out = r->dhid;
+        f.dcat = r->dcat;
+        f.draft_embed = &r->temb;
+        f.draft_fc = draft_fc;
+        r->head->arch->draft_forward(&f, b);
+    } else if (draft) {
+        r->m->arch->draft_forward(&f, b);
+    } else {
+        r->m->arch->forward(&f, b);
+    }
 }
 
-static void run_layers(kaon_runner *r, const kaon_batch *b, bool graphed) { run_layers_of(r, b, graphed, false); }
+static void run_layers(kaon_runner *r, const kaon_batch *b, bool graphed) { run_layers_of(r, b, graphed, false, false); }
 
 // Steps of at most this many tokens are recorded as graphs by backends that have them.
 #define KAON_GRAPH_MAX_TOKENS 256
@@ -470,29 +534,41 @@ int kaon_runner_expert_load(kaon_runner *r, uint64_t *out) {
 int kaon_runner_keep_hidden(kaon_runner *r) {
     if (r->hidden) return 0;
     if (r->tp) return kaon_set_error("speculative decoding with a draft model: not with tensor parallelism yet");
-    if (!r->m->arch->draft_forward || r->m->cfg.n_mtp_layers < 1)
-        return kaon_set_error("runner: %s has no draft model loaded", r->m->path);
     const size_t n = (size_t)r->max_tokens * (size_t)r->m->cfg.hidden_size;
     int fail = 0;
-    r->hidden = act(r, n, &fail);
-    r->hin = act(r, n, &fail);
+    if (r->head) {  // three target states per token; the head's outputs and input rows
+        r->hidden = act(r, 3 * n, &fail);
+        r->hin = act(r, 3 * n, &fail);
+        r->dhid = act(r, n, &fail);
+        r->dcat = act(r, 2 * n, &fail);
+    } else {
+        if (!r->m->arch->draft_forward || r->m->cfg.n_mtp_layers < 1)
+            return kaon_set_error("runner: %s has no draft model loaded", r->m->path);
+        r->hidden = act(r, n, &fail);
+        r->hin = act(r, n, &fail);
+    }
     r->greedy = calloc((size_t)r->max_logits, sizeof *r->greedy);
     if (fail || !r->greedy) return kaon_set_error("runner: out of memory for the draft model's hidden states");
     return 0;
 }
 
-int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, int32_t *ids, float *logits) {
+int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, bool chained, int32_t *ids,
+                      float *logits) {
     if (!r->hidden) return kaon_set_error("runner: kaon_runner_keep_hidden was not called");
     if (check_batch(r, b)) return -1;
     for (int t = 0; t < b->n_tokens; t++)
         if (src[t] < 0 || src[t] >= r->max_tokens) return kaon_set_error("runner: hidden row %d out of range", src[t]);
     const kaon_backend_ops *op = r->be->ops;
     kaon_backend *be = r->be;
-    const int V = r->m->cfg.vocab_size, dim = r->m->cfg.hidden_size;
+    const int V = r->head ? r->head->cfg.draft_vocab_size : r->m->cfg.vocab_size, dim = r->m->cfg.hidden_size;
     // Eager (no graph): the gather's indices are a host array begin_step does not know.
     if (op->begin_step && op->begin_step(be, b->tokens, &b->attn, b->logit_rows, b->n_logits)) return -1;
-    op->get_rows(be, r->hidden, src, b->n_tokens, dim, r->hin);  // before the step overwrites hidden
-    run_layers_of(r, b, false, true);
+    // Before the step overwrites them: MTP's h rows; EAGLE-3's target states (pass 1) or its
+    // own previous outputs (chained).
+    if (!r->head) op->get_rows(be, r->hidden, src, b->n_tokens, dim, r->hin);
+    else if (!chained) op->get_rows(be, r->hidden, src, b->n_tokens, 3 * dim, r->hin);
+    else op->get_rows(be, r->dhid, src, b->n_tokens, dim, r->hin);
+    run_layers_of(r, b, false, true, r->head && !chained);
     if (b->n_logits == 0) return op->status ? op->status(be) : 0;
     if (ids && kaon_runner_can_sample(r)) {  // greedy on the device: only the ids come back
         for (int i = 0; i < b->n_logits; i++)
@@ -512,5 +588,7 @@ int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, i
             ids[i] = best;
         }
     }
-    return op->status ? op->status(be) : 0;
+    if (op->status && op->status(be)) return -1;
+    for (int i = 0; ids && r->head && i < b->n_logits; i++) ids[i] = kaon_eagle3_target_id(r->m->eagle3, ids[i]);
+    return 0;
 }

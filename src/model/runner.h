@@ -60,16 +60,21 @@ bool kaon_runner_can_sample(const kaon_runner *r);
 int kaon_runner_forward_sample(kaon_runner *r, const kaon_batch *b, const kaon_sample_batch *sb,
                                int32_t *ids, float *logprobs, const int32_t *host_rows,
                                int n_host_rows, float *logits);
-// Speculative decoding's draft model (a model loaded with kaon_model_load_mtp): from now on
-// every forward pass leaves each token's final normed hidden state in the runner, which
-// kaon_runner_draft reads. 0, or -1 + error (no draft model, no memory).
+// Speculative decoding's draft model (a model loaded with kaon_model_load_mtp, or one with an
+// EAGLE-3 head attached): from now on every forward pass leaves each token's final normed
+// hidden state (MTP) or the three hidden states the head reads (EAGLE-3, [T, 3 dim]) in the
+// runner, which kaon_runner_draft reads. 0, or -1 + error (no draft model, no memory).
 int kaon_runner_keep_hidden(kaon_runner *r);
 // One step of the draft model over batch b (its own tokens, positions and KV slots; the MTP
 // layer's cache lives in the same pool): row t's hidden input is row src[t] of the previous
-// forward's hidden states (the target's step, or the draft's own previous step). The greedy id
-// of each logit row goes to ids (sampled on the device where the backend can); logits is host
-// scratch of [n_logits, vocab] floats. ids NULL: the logits themselves are copied there (tests).
-int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, int32_t *ids, float *logits);
+// forward's hidden states: the target's step, or (chained) the draft's own previous step (MTP
+// reads both from one buffer; an EAGLE-3 head reads the target's three states through fc, or its
+// own outputs before their norm). The greedy id of each logit row goes to ids (sampled on the
+// device where the backend can; an EAGLE-3 head's draft ids mapped to target ids); logits is
+// host scratch of [n_logits, vocab] floats. ids NULL: the logits themselves are copied there
+// (tests; an EAGLE-3 head's rows have draft_vocab_size entries).
+int kaon_runner_draft(kaon_runner *r, const kaon_batch *b, const int32_t *src, bool chained, int32_t *ids,
+                      float *logits);
 
 // Bytes of the activation buffers a runner of these sizes allocates (for memory plans).
 size_t kaon_runner_act_bytes(const kaon_model *m, size_t elem_bytes, int max_batch_tokens,

@@ -43,6 +43,8 @@ int64_t kaon_weight_dim(const kaon_model_config *c, int dim) {
     case KAON_DIM_QK_NOPE: return c->qk_nope_head_dim;
     case KAON_DIM_V_B: return (int64_t)c->n_heads * c->v_head_dim;
     case KAON_DIM_HIDDEN2: return 2 * (int64_t)c->hidden_size;
+    case KAON_DIM_HIDDEN3: return 3 * (int64_t)c->hidden_size;
+    case KAON_DIM_DRAFT_VOCAB: return c->draft_vocab_size;
     case KAON_DIM_HEADS: return c->n_heads;
     case KAON_DIM_EXPERTS: return c->n_experts;
     case KAON_DIM_EXP_FFN2: return 2 * (int64_t)c->moe_intermediate_size;

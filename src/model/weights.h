@@ -47,6 +47,9 @@ enum {
     KAON_DIM_EXP_FFN2,   // 2 * moe_intermediate_size (fused gate_up columns)
     KAON_DIM_EXP_HID,    // n_experts * hidden_size
     KAON_DIM_EXP_FFN,    // n_experts * moe_intermediate_size
+    // EAGLE-3 heads
+    KAON_DIM_HIDDEN3,    // 3 * hidden_size (fc's input: three of the target's hidden states)
+    KAON_DIM_DRAFT_VOCAB,  // draft_vocab_size
 };
 
 // When a weight is in the file. REQUIRED-type conditions make it required when they hold and

@@ -119,7 +119,8 @@ def test_max_tokens_and_context_bounds(kaon_bin, tiny_llama, tmp_path):
     ('{"method": "ngram", "num_speculative_tokens": "2"}', "integer"),
     ('{"method": "mtp", "num_speculative_tokens": 2, "force_accept": 1}', "force_accept"),
     ('{"method": "mtp", "num_speculative_tokens": 2, "model": 3}', "model"),
-    ('{"method": "eagle3", "num_speculative_tokens": 2, "model": "/x"}', "not built yet"),
+    ('{"method": "eagle", "num_speculative_tokens": 2, "model": "/x"}', "EAGLE-1/2"),
+    ('{"method": "eagle3", "num_speculative_tokens": 2}', "needs \"model\""),
 ])
 def test_bad_speculative_config(kaon_bin, tiny_llama, tmp_path, cfg, words):
     inp = tmp_path / "in.jsonl"
@@ -322,3 +323,164 @@ def test_mtp_needs_mtp_layers(kaon_bin, tiny_llama, tmp_path):
     r = subprocess.run([str(kaon_bin), "generate", "-m", str(tiny_llama), "--input", str(inp), "--output",
                         str(tmp_path / "o.jsonl"), *mtp_spec()], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "num_nextn_predict_layers" in r.stderr, r.stderr
+
+
+# ---- a draft model: an EAGLE-3 head (model/eagle3.c, spec_model.c) ---------------------------
+# A tiny random 4-layer Llama and a tiny random head (eagle3_files.py): the head's drafts are
+# mostly rejected, so these runs test that drafting and the verify leave the outputs alone.
+
+@pytest.fixture(scope="module")
+def tiny_eagle3(tmp_path_factory):
+    """(target folder, head folder)."""
+    from eagle3_files import head_config, head_weights, save_head
+    from tiny_models import make_config, make_weights, save_hf
+    d = tmp_path_factory.mktemp("eagle3")
+    cfg = dict(make_config("llama"), num_hidden_layers=4)
+    target = save_hf(d / "llama4", cfg, make_weights(cfg, seed=7), "F32")
+    hcfg = head_config(cfg, aux_ids=[0, 1, 2])
+    hw, d2t, t2d = head_weights(hcfg, seed=5)
+    return target, save_head(str(d / "head"), hcfg, hw, d2t, t2d)
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle3_echo(tmp_path_factory):
+    """(target, head) where the head drafts t_{N-2} again and again: aux_ids -1 makes fc's first
+    input the target's embedding of the row's position, fc = [I | 0 | 0], o_proj and down_proj = 0
+    (the layer adds nothing), norm and hidden_norm = 1, lm_head = the embedding's rows in a random
+    order that d2t undoes. So it is kept where the output loops with period 1 (or 2, the first
+    draft), through the real verify, and only if the aux rows, the chain and d2t are right."""
+    import numpy as np
+    from eagle3_files import head_config, head_weights, save_head
+    from tiny_models import make_config, make_weights, save_hf
+    d = tmp_path_factory.mktemp("eagle3echo")
+    cfg = dict(make_config("llama"), num_hidden_layers=4)
+    tw = make_weights(cfg, seed=7)
+    target = save_hf(d / "llama4", cfg, tw, "F32")
+    V, dim = cfg["vocab_size"], cfg["hidden_size"]
+    hcfg = head_config(cfg, draft_vocab=V, aux_ids=[-1, 0, 1])
+    hw, _, t2d = head_weights(hcfg, seed=5)
+    perm = np.random.default_rng(9).permutation(V)
+    hw["fc.weight"] = np.concatenate([np.eye(dim), np.zeros((dim, 2 * dim))], 1).astype(np.float32)
+    for n in ("norm.weight", "midlayer.hidden_norm.weight"):
+        hw[n] = np.ones(dim, np.float32)
+    for n in ("midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"):
+        hw[n] = np.zeros_like(hw[n])
+    hw["lm_head.weight"] = tw["model.embed_tokens.weight"][perm]
+    return target, save_head(str(d / "head"), hcfg, hw, (perm - np.arange(V)).astype(np.int64), t2d)
+
+
+def echo2_accepted(prompt, out, k, max_tokens=24):
+    """Drafts the echo head gets kept: each verify step of a sequence of N tokens drafts
+    t_{N-2} k times (bounded by max_tokens) and keeps the leading ones the output repeats."""
+    full, i, kept = prompt + out, 1, 0
+    while i < len(out):
+        n, kk, a = len(prompt) + i, min(k, max_tokens - i - 1), 0
+        while a < kk and full[n + a] == full[n - 2]:
+            a += 1
+        kept += a
+        i += a + 1
+    return kept
+
+
+@pytest.mark.parametrize("layout", ["alone", "batched", "chunked"])
+def test_eagle3_drafts_accepted(kaon_bin, tiny_eagle3_echo, tmp_path, layout):
+    target, head = tiny_eagle3_echo
+    prompts = loop_prompts(n=24, seed=5)
+    extra = {"alone": ["--max-num-seqs", "1"], "batched": ["--max-num-seqs", "64"],
+             "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"]}[layout]
+    plain, _ = generate(kaon_bin, target, tmp_path, prompts, GREEDY + extra, name="plain")
+    spec, st = generate(kaon_bin, target, tmp_path, prompts, GREEDY + extra + eagle3_spec(head), name="spec")
+    assert ids(spec) == ids(plain)
+    check_spec_ran(st)
+    if layout != "chunked":
+        assert st["spec_accepted_tokens"] == sum(echo2_accepted(p, o, 3) for p, o in zip(prompts, ids(plain))), st
+
+
+def eagle3_spec(head, k=3, **kw):
+    return DEV + ["--speculative-config", json.dumps({"method": "eagle3", "model": str(head),
+                                                      "num_speculative_tokens": k, "disable_by_batch_size": -1, **kw})]
+
+
+# f32 KV: 2 x (2 KV heads x 16) x (4 layers + the head's) x 4 bytes
+EAGLE3_KV_BYTES = 2 * 32 * 5 * 4
+
+
+@pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted", "prefix"])
+def test_eagle3_greedy_same(kaon_bin, tiny_eagle3, tmp_path, layout):
+    target, head = tiny_eagle3
+    prompts = loop_prompts(n=24, seed=5)
+    if layout == "prefix":
+        prompts = [prompts[0] * 4 + p for p in prompts]
+    extra = {"alone": ["--max-num-seqs", "1"],
+             "batched": ["--max-num-seqs", "64", "--no-prefix-caching"],
+             "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"],
+             "preempted": ["--max-num-seqs", "64", "--kv-cache-memory", str(24 * 16 * EAGLE3_KV_BYTES / 1048576)],
+             "prefix": ["--max-num-seqs", "4"]}[layout]
+    plain, _ = generate(kaon_bin, target, tmp_path, prompts, GREEDY + extra, name="plain")
+    spec, st = generate(kaon_bin, target, tmp_path, prompts, GREEDY + extra + eagle3_spec(head), name="spec")
+    if DEV:
+        same_or_near_ties(kaon_bin, target, tmp_path, prompts, ids(plain), ids(spec))
+    else:
+        assert ids(spec) == ids(plain)
+    assert st["spec_drafts"] > 0 and st["spec_draft_tokens"] > st["spec_drafts"], st  # chained drafts
+    if layout == "preempted":
+        assert st["preemptions"] > 0 and st["kv_blocks_used"] == 0, st
+    if layout == "prefix":
+        assert st["prefix_hit_tokens"] > 0, st
+
+
+@pytest.mark.parametrize("name,flags,body", [SAMPLED[0], SAMPLED[3]], ids=["temperature", "penalties"])
+def test_eagle3_sampling_same(kaon_bin, tiny_eagle3, tmp_path, name, flags, body):
+    target, head = tiny_eagle3
+    prompts = loop_prompts(n=24, seed=3)
+    per = lambda i: {**body, "seed": 100 + i}
+    args = DEV + flags + ["--max-tokens", "20", "--max-num-seqs", "24"]
+    plain, _ = generate(kaon_bin, target, tmp_path, prompts, args, per, name="plain")
+    spec, st = generate(kaon_bin, target, tmp_path, prompts, args + eagle3_spec(head, k=2), per, name="spec")
+    assert spec == plain
+    assert st["spec_drafts"] > 0, st
+
+
+def test_eagle3_force_accept(kaon_bin, tiny_eagle3, tmp_path):
+    """force_accept (benchmarks): every draft of the head is kept, k + 1 tokens a step."""
+    target, head = tiny_eagle3
+    prompts = loop_prompts(n=8, seed=7)
+    args = GREEDY + ["--max-num-seqs", "8"]
+    plain, st0 = generate(kaon_bin, target, tmp_path, prompts, args, name="plain")
+    forced, st = generate(kaon_bin, target, tmp_path, prompts, args + eagle3_spec(head, force_accept=True), name="forced")
+    assert st["spec_accepted_tokens"] == st["spec_draft_tokens"] > 0, st
+    assert st["steps"] < st0["steps"] * 0.6, (st, st0)
+    assert all(len(r["token_ids"]) == 24 for r in forced)
+
+
+def test_eagle3_dummy(kaon_bin, tiny_eagle3, tmp_path):
+    """--load-format dummy: random target and head weights from the configs alone (benchmarks)."""
+    target, head = tiny_eagle3
+    forced, st = generate(kaon_bin, target, tmp_path, loop_prompts(n=4, seed=2),
+                          GREEDY + ["--load-format", "dummy"] + eagle3_spec(head, force_accept=True), name="dummy")
+    assert st["spec_accepted_tokens"] == st["spec_draft_tokens"] > 0, st
+
+
+@pytest.mark.parametrize("cfg,words", [
+    ('{"method": "eagle3", "num_speculative_tokens": 2, "model": "/nonexistent/head"}', "No such file"),
+])
+def test_eagle3_bad_config(kaon_bin, tiny_eagle3, tmp_path, cfg, words):
+    target, _ = tiny_eagle3
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    for sub in (["generate", "-m", str(target), "--input", str(inp), "--output", str(tmp_path / "o.jsonl")],
+                ["run", "-m", str(target), "--prompt-ids", "5,6,7", "-n", "2"]):
+        r = subprocess.run([str(kaon_bin), *sub, "--speculative-config", cfg], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (sub, cfg, r.stderr)
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+def test_eagle3_needs_llama_target(kaon_bin, tiny_eagle3, tiny_v3_mtp, tmp_path):
+    _, head = tiny_eagle3
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    r = subprocess.run([str(kaon_bin), "generate", "-m", str(tiny_v3_mtp), "--input", str(inp), "--output",
+                        str(tmp_path / "o.jsonl"), *eagle3_spec(head)], capture_output=True, text=True, timeout=60)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Llama-family" in lines[0], r.stderr
