@@ -30,6 +30,7 @@ def main():
     voc.add_argument("--gguf")
     voc.add_argument("--tokenizer-json")
     ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--bench", help="bench_grammar_mask to run (default: the one in --build)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--worst", type=int, default=8)
     ap.add_argument("--json", help="write the per-output figures here")
@@ -52,7 +53,7 @@ def main():
             pairs.append(f"{tmp / name}.gbnf {tmp / name}.txt")
         (tmp / "pairs").write_text("\n".join(pairs) + "\n")
         vocab = ["--gguf", args.gguf] if args.gguf else ["--tokenizer-json", args.tokenizer_json]
-        r = subprocess.run([str(build / "bench" / "bench_grammar_mask"), *vocab, "--pairs", str(tmp / "pairs"),
+        r = subprocess.run([args.bench or str(build / "bench" / "bench_grammar_mask"), *vocab, "--pairs", str(tmp / "pairs"),
                             "--reps", str(args.reps)], capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"bench_grammar_mask failed:\n{r.stderr[-4000:]}")
