@@ -60,7 +60,14 @@ if want build || [ ! -x "$BUILD/kaon" ]; then
             "$BUILD/libkaon.a" -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib \
             -Wl,-rpath,/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ \
             $(pkg-config --libs libpcre2-8 libcjson) $(pkg-config --libs libmicrohttpd 2> /dev/null) \
-            -fopenmp -lm -lpthread -ldl -lrt -o "$KAON_GPU_DRIVER"
+            -fopenmp -lm -lpthread -ldl -lrt -o "$KAON_GPU_DRIVER" &&
+        # The reference tests' tools (tests/tools: mtp_logits for the MTP / EAGLE-3 head tests).
+        mkdir -p "$BUILD/tests" && for t in tests/tools/*.c; do
+            gcc -std=c11 -O2 -D_GNU_SOURCE -I include -I src "$t" "$BUILD/libkaon.a" \
+                -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -Wl,-rpath,/usr/local/cuda/lib64 \
+                -lcublasLt -lcudart -lstdc++ $(pkg-config --libs libpcre2-8 libcjson) \
+                -fopenmp -lm -lpthread -ldl -lrt -o "$BUILD/tests/$(basename "$t" .c)" || return 1
+        done
     }
     build >> "$OUT/build.log" 2>&1
     rc=$?
