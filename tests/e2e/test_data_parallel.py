@@ -235,3 +235,11 @@ def test_replica_failing_fails_start(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert "replica 0 of 2" in r.stderr.strip().splitlines()[-1]
+
+
+def test_info_plan_per_replica():
+    r = subprocess.run([str(kaon_binary()), "info", "--data-parallel-size", "2", "--threads", "4"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "data parallel:  2 replicas" in r.stdout
+    assert "replica 0:    device cpu, 2 threads" in r.stdout and "replica 1:    device cpu, 2 threads" in r.stdout
