@@ -2,6 +2,7 @@
 goes to one replica, the one caching the longest prefix of its prompt, else the least loaded.
 The routing is read back from the per-replica metrics (label engine="i")."""
 import json
+import signal
 import socket
 import subprocess
 import threading
@@ -243,3 +244,23 @@ def test_info_plan_per_replica():
     assert r.returncode == 0, r.stderr
     assert "data parallel:  2 replicas" in r.stdout
     assert "replica 0:    device cpu, 2 threads" in r.stdout and "replica 1:    device cpu, 2 threads" in r.stdout
+
+
+def test_shutdown_drains_every_replica():
+    """SIGTERM with streams running on both replicas: each finishes whole, the process exits 0."""
+    from test_shutdown import Streams, wait_health
+    s = Server(COMMON + ["--data-parallel-size", "2", "--threads", "2", "--drain-timeout", "60"])
+    try:
+        streams = Streams(s, 4, max_tokens=80)
+        deadline = time.time() + 30
+        while min(per_replica(s, "kaon:num_requests_running")) < 1:
+            assert time.time() < deadline, "streams did not start on both replicas:\n" + s.metrics()
+            time.sleep(0.02)
+        s.proc.send_signal(signal.SIGTERM)
+        wait_health(s, 503)
+        for res in streams.join(60):
+            assert res["error"] is None and res["finish"] == ["length"], res
+        assert s.proc.wait(timeout=60) == 0
+        assert "drain timeout" not in s.output()
+    finally:
+        s.stop()
