@@ -264,3 +264,14 @@ def test_shutdown_drains_every_replica():
         assert "drain timeout" not in s.output()
     finally:
         s.stop()
+
+
+def test_anthropic_messages_routed(dp_server):
+    """/v1/messages submits through the same routing: it runs on one replica."""
+    wait_idle(dp_server)
+    before = finished(dp_server)
+    status, body = dp_server.json("POST", "/v1/messages", {
+        "model": MODEL_NAME, "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": "Name a colour."}]}, key=None)
+    assert status == 200 and body["type"] == "message" and body["content"][0]["text"], body
+    assert sorted(delta(finished(dp_server), before)) == [0, 1]
