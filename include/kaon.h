@@ -242,6 +242,12 @@ typedef struct kaon_engine_stats {
 
 void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s);
 
+// How many leading tokens of the prompt ids[0..n) the engine's prefix cache holds now (whole
+// KV blocks; 0 when prefix caching is off), as a request submitted now would find them. Reads
+// the cache without changing it (no references, no LRU order): a front end with several
+// engines asks each to route a prompt to the one that computes the least of it.
+size_t kaon_engine_cached_prefix(kaon_engine *e, const int32_t *ids, size_t n);
+
 // Expert load of a MoE model created with expert_stats: tokens routed to each expert of each
 // layer since the start, counts[l * n_experts + e] for l < n_layers (dense layers: zeros),
 // as of the last finished step. counts may be NULL to ask the sizes; cap is its length.

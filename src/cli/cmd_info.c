@@ -9,6 +9,7 @@
 #include "cli/load.h"
 #include "model/arch.h"
 #include "model/moe.h"
+#include "server/replicas.h"
 #include "util/err.h"
 
 static void usage(void) {
@@ -22,6 +23,7 @@ static void usage(void) {
            "  -n N                   greedy tokens generated after the prompt (default 0)\n"
            "  --device DEV           where the prompt runs: cpu (default), cuda, cuda:N\n"
            "  --threads N            CPU threads\n"
+           "  -dp, --data-parallel-size N   the memory plan of kaon serve -dp N: per replica\n"
            "  --json                 the expert load as one JSON object on stdout\n");
 }
 
@@ -74,7 +76,7 @@ static const char *default_prompt =
 typedef struct info_opts {
     const char *path, *prompt, *prompt_ids, *device;
     bool expert_load, json, dummy;
-    long n_gen, threads;
+    long n_gen, threads, dp;
 } info_opts;
 
 // Runs the prompt (and n_gen greedy tokens) through an engine counting expert load; prints it.
@@ -181,6 +183,23 @@ out:
     return rc;
 }
 
+// kaon serve -dp N's plan: N whole engines, each its device, threads, weights and KV cache.
+static void print_replicas(const kaon_model *m, const info_opts *o) {
+    const int n = (int)o->dp;
+    const bool cpu = !o->device || !strcmp(o->device, "cpu");
+    printf("data parallel:  %d replicas (kaon serve -dp %d), each a whole engine with its own KV cache "
+           "(--kv-cache-memory / --gpu-memory-utilization apply to each); weights %s\n", n, n,
+           cpu ? "mapped once, their pages shared" : "a copy on each replica's device");
+    for (int i = 0; i < n; i++) {
+        char dev[32];
+        if (kaon_replica_device(o->device, 1, i, n, dev, sizeof dev) < 0) return;
+        if (cpu)
+            printf("  replica %d:    device %s, %d threads\n", i, dev, kaon_replica_threads((int)o->threads, n));
+        else
+            printf("  replica %d:    device %s, weights %.1f MiB\n", i, dev, m->weight_bytes / 1048576.0);
+    }
+}
+
 int kaon_cmd_info(int argc, char **argv) {
     info_opts o;
     memset(&o, 0, sizeof o);
@@ -203,6 +222,10 @@ int kaon_cmd_info(int argc, char **argv) {
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             NEED_VALUE();
             if (!kaon_cli_parse_int(v, 1, 1024, &o.threads)) return kaon_cli_fail("bad --threads '%s'", v);
+        } else if (!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) {
+            NEED_VALUE();
+            if (!kaon_cli_parse_int(v, 1, KAON_SERVE_MAX_REPLICAS, &o.dp))
+                return kaon_cli_fail("bad --data-parallel-size '%s' (an integer, 1..%d)", v, KAON_SERVE_MAX_REPLICAS);
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
             if (kaon_cli_check_device(v, false)) return 2;
@@ -342,6 +365,7 @@ int kaon_cmd_info(int argc, char **argv) {
            "(--kv-cache-dtype fp8): 1 GiB holds %zu tokens\n",
            kv_gpu, kv_tok, c->max_position_embeddings, (double)kv_gpu * c->max_position_embeddings / 1048576.0,
            ((size_t)1 << 30) / kv_gpu, kv_f8, ((size_t)1 << 30) / kv_f8);
+    if (o.dp > 1) print_replicas(m, &o);
     int rc = 0;
     if (o.expert_load) {
         fflush(stdout);

@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/vllm_flags.h"
 #include "server/reasoning_parser.h"
+#include "server/replicas.h"
 #include "server/server.h"
 #include "server/tool_parser.h"
 #include "util/err.h"
@@ -50,6 +51,10 @@ static void usage(FILE *f) {
             "  --threads N                    CPU threads (default: physical cores)\n"
             "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
             "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
+            "  -dp, --data-parallel-size N    N engine replicas in this process (1..64), each request routed\n"
+            "                                 to the one caching most of its prompt, else the least loaded;\n"
+            "                                 CPU: --threads split among them; cuda: replica i on cuda:i;\n"
+            "                                 the KV cache size is per replica\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
@@ -239,6 +244,12 @@ int kaon_cmd_serve(int argc, char **argv) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 64, &v)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", next);
             o.engine.tensor_parallel_size = (int)v;
+        } else if (!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, KAON_SERVE_MAX_REPLICAS, &v))
+                return kaon_cli_fail("bad --data-parallel-size '%s' (an integer, 1..%d)", next,
+                                     KAON_SERVE_MAX_REPLICAS);
+            o.data_parallel_size = (int)v;
         } else if (!strcmp(a, "--block-size")) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --block-size '%s'", next);
@@ -318,6 +329,9 @@ int kaon_cmd_serve(int argc, char **argv) {
         }
 #undef NEED
     }
+    if (o.data_parallel_size > 1 && o.engine.enable_expert_parallel)
+        return kaon_cli_fail("--data-parallel-size with --enable-expert-parallel (DP attention) is not "
+                             "available in this build");
     if (dummy && !model) return kaon_cli_fail("--load-format dummy needs MODEL: a config.json or its folder");
     char dummy_spec[4200];
     if (dummy) {  // the model loader reads "dummy:<config>" as random weights of the config's shapes

@@ -586,6 +586,14 @@ void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s) {
     s->prefix_hit_rate = s->prefix_queries_tokens ? (double)s->prefix_hit_tokens / s->prefix_queries_tokens : 0;
 }
 
+size_t kaon_engine_cached_prefix(kaon_engine *e, const int32_t *ids, size_t n) {
+    // As match_prefix sees it: full blocks only, and one token is always left to compute.
+    if (!e || !ids || n < 2 || !e->prefix_caching || !e->pool) return 0;
+    const size_t full = (n - 1) / (size_t)e->block_size;
+    const int n_blocks = full > (size_t)e->max_blocks ? e->max_blocks : (int)full;
+    return (size_t)kaon_kv_count_cached(e->pool, ids, n_blocks) * (size_t)e->block_size;
+}
+
 void kaon_engine_get_info(kaon_engine *e, kaon_engine_info *info) {
     info->kv_cache_dtype = kv_dtype_name(e);
     info->kv_bytes_per_token = e->kv_per_token;

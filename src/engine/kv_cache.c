@@ -1,5 +1,6 @@
 #include "engine/kv_cache.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,9 @@ struct kaon_kv_pool {
     uint32_t table_mask;
     uint32_t n_tombstones;  // deleted slots; the table is rebuilt when they pile up
     int free_head, free_tail, n_free;
+    // The engine thread is the only writer; the lock is for readers on other threads (the
+    // server's replica routing asks what is cached: kaon_kv_count_cached). A leaf lock.
+    pthread_mutex_t mu;
 };
 
 static void list_push_tail(kaon_kv_pool *p, int i) {
@@ -43,6 +47,7 @@ kaon_kv_pool *kaon_kv_pool_create(int n_blocks, int block_size) {
     if (n_blocks < 1 || block_size < 1) return NULL;
     kaon_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
+    pthread_mutex_init(&p->mu, NULL);
     p->n_blocks = n_blocks;
     p->block_size = block_size;
     uint32_t cap = 16;
@@ -66,11 +71,12 @@ void kaon_kv_pool_free(kaon_kv_pool *p) {
     free(p->b);
     free(p->tokens);
     free(p->table);
+    pthread_mutex_destroy(&p->mu);
     free(p);
 }
 
 int kaon_kv_pool_n_blocks(const kaon_kv_pool *p) { return p->n_blocks; }
-int kaon_kv_pool_n_free(const kaon_kv_pool *p) { return p->n_free; }
+int kaon_kv_pool_n_free(const kaon_kv_pool *p) { return p->n_free; }  // engine thread only
 
 uint64_t kaon_kv_block_hash(uint64_t parent, const int32_t *tokens, int n) {
     uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
@@ -139,35 +145,72 @@ static void rebuild_if_needed(kaon_kv_pool *p) {
 }
 
 int kaon_kv_alloc(kaon_kv_pool *p) {
+    pthread_mutex_lock(&p->mu);
     int i = p->free_head;
-    if (i < 0) return -1;
-    list_remove(p, i);
-    unhash(p, i);
-    p->b[i].ref = 1;
+    if (i >= 0) {
+        list_remove(p, i);
+        unhash(p, i);
+        p->b[i].ref = 1;
+    }
+    pthread_mutex_unlock(&p->mu);
     return i;
 }
 
 void kaon_kv_release(kaon_kv_pool *p, int i) {
-    if (i < 0 || i >= p->n_blocks || p->b[i].ref <= 0) return;
-    if (--p->b[i].ref == 0) list_push_tail(p, i);
+    if (i < 0 || i >= p->n_blocks) return;
+    pthread_mutex_lock(&p->mu);
+    if (p->b[i].ref > 0 && --p->b[i].ref == 0) list_push_tail(p, i);
+    pthread_mutex_unlock(&p->mu);
 }
 
 int kaon_kv_lookup(kaon_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    pthread_mutex_lock(&p->mu);
     int32_t *s = slot_of_content(p, hash, parent, tokens);
-    if (!s) return -1;
-    int i = *s;
-    if (p->b[i].ref == 0) list_remove(p, i);
-    p->b[i].ref++;
+    int i = s ? *s : -1;
+    if (i >= 0) {
+        if (p->b[i].ref == 0) list_remove(p, i);
+        p->b[i].ref++;
+    }
+    pthread_mutex_unlock(&p->mu);
     return i;
 }
 
 void kaon_kv_commit(kaon_kv_pool *p, int i, uint64_t hash, uint64_t parent, const int32_t *tokens) {
-    if (i < 0 || i >= p->n_blocks || p->b[i].hashed) return;
-    if (slot_of_content(p, hash, parent, tokens)) return;  // the same content is cached already
-    rebuild_if_needed(p);
-    insert(p, hash, i);
-    p->b[i].hashed = true;
-    p->b[i].hash = hash;
-    p->b[i].parent = parent;
-    memcpy(p->tokens + (size_t)i * p->block_size, tokens, sizeof(int32_t) * p->block_size);
+    if (i < 0 || i >= p->n_blocks) return;
+    pthread_mutex_lock(&p->mu);
+    // Not when named already, nor when the same content is cached in another block.
+    if (!p->b[i].hashed && !slot_of_content(p, hash, parent, tokens)) {
+        rebuild_if_needed(p);
+        insert(p, hash, i);
+        p->b[i].hashed = true;
+        p->b[i].hash = hash;
+        p->b[i].parent = parent;
+        memcpy(p->tokens + (size_t)i * p->block_size, tokens, sizeof(int32_t) * p->block_size);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int kaon_kv_count_cached(kaon_kv_pool *p, const int32_t *tokens, int n_blocks) {
+    // The chain's hashes first, outside the lock (the engine thread waits on it).
+    enum { CHUNK = 64 };
+    uint64_t hash[CHUNK], parent = 0;
+    int hits = 0;
+    for (int at = 0; at < n_blocks; at += CHUNK) {
+        const int n = n_blocks - at < CHUNK ? n_blocks - at : CHUNK;
+        for (int k = 0; k < n; k++) {
+            const int32_t *toks = tokens + (size_t)(at + k) * p->block_size;
+            hash[k] = kaon_kv_block_hash(k ? hash[k - 1] : parent, toks, p->block_size);
+        }
+        pthread_mutex_lock(&p->mu);
+        int k = 0;
+        for (; k < n; k++) {
+            const int32_t *toks = tokens + (size_t)(at + k) * p->block_size;
+            if (!slot_of_content(p, hash[k], k ? hash[k - 1] : parent, toks)) break;
+        }
+        pthread_mutex_unlock(&p->mu);
+        hits += k;
+        if (k < n) break;
+        parent = hash[n - 1];
+    }
+    return hits;
 }

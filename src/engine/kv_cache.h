@@ -26,6 +26,10 @@ uint64_t kaon_kv_block_hash(uint64_t parent, const int32_t *tokens, int n);
 
 // Finds the cached block holding exactly (parent, tokens) and takes a reference. -1 if none.
 int kaon_kv_lookup(kaon_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens);
+// How many of the n_blocks full blocks at tokens ([n_blocks, block_size]) lead a chain that
+// is cached, without taking references or touching the LRU order. Safe from any thread while
+// the engine thread uses the pool (the pool's functions take its lock).
+int kaon_kv_count_cached(kaon_kv_pool *p, const int32_t *tokens, int n_blocks);
 // Names a full, computed block so later sequences can reuse it.
 void kaon_kv_commit(kaon_kv_pool *p, int block, uint64_t hash, uint64_t parent,
                     const int32_t *tokens);

@@ -761,14 +761,16 @@ static int gen_prepare(gen *g, kaon_api_error *err) {
     return rc;
 }
 
-// The queue check and the submits under one lock, so concurrent requests cannot all slip in
-// under the limit (the engine thread only ever shortens the queue meanwhile).
+// The queue check, the routing and the submits under one lock, so concurrent requests cannot
+// all slip in under the limit (the engine threads only ever shorten the queues meanwhile) and
+// each routing choice sees the requests routed before it. Each prompt goes to one replica
+// (its n samples share its prompt blocks there); its handle then addresses that engine alone.
 static int submit_all(gen *g, kaon_api_error *err) {
     kaon_server *s = g->s;
     pthread_mutex_lock(&s->admit_mu);
     if (s->o.max_queue > 0) {
         kaon_engine_stats st;
-        kaon_engine_get_stats(s->engine, &st);
+        kaon_replicas_stats(&s->replicas, &st, NULL);
         if (st.waiting >= s->o.max_queue) {
             pthread_mutex_unlock(&s->admit_mu);
             kaon_api_error_set(err, 429, "queue_full", NULL,
@@ -780,7 +782,8 @@ static int submit_all(gen *g, kaon_api_error *err) {
     for (int i = 0; i < g->np; i++) {
         gen_prompt *p = &g->p[i];
         p->t_submit = kaon_now();
-        p->r = kaon_engine_submit(s->engine, p->ids, p->n_ids, &p->sp);
+        kaon_engine *e = s->replicas.e[kaon_replicas_pick(&s->replicas, p->ids, (size_t)p->n_ids)];
+        p->r = kaon_engine_submit(e, p->ids, p->n_ids, &p->sp);
         if (!p->r) {
             pthread_mutex_unlock(&s->admit_mu);
             kaon_api_error_set(err, 400, "invalid_value", NULL, "%s", kaon_last_error());

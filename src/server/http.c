@@ -358,14 +358,16 @@ static enum MHD_Result handle_count_tokens(struct MHD_Connection *c, kaon_server
 }
 
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, kaon_server *s) {
-    kaon_engine_stats st;
+    kaon_engine_stats st, per[KAON_SERVE_MAX_REPLICAS];
     int state = atomic_load(&s->state);
-    // The state first: its store of READY publishes s->engine (set by the loading thread).
+    // The state first: its store of READY publishes s->replicas (set by the loading thread).
     bool have = state != ST_LOADING && s->engine;
-    if (have) kaon_engine_get_stats(s->engine, &st);
+    if (have) kaon_replicas_stats(&s->replicas, &st, per);
     size_t len = 0;
-    char *text = kaon_metrics_render(&s->metrics, have ? &st : NULL, s->model_name, &len);
-    if (have) text = kaon_metrics_append_expert_load(text, &len, s->engine, s->model_name);
+    char *text = kaon_metrics_render(&s->metrics, have ? &st : NULL, have ? per : NULL,
+                                     have ? s->replicas.n : 0, s->model_name, &len);
+    if (have)
+        text = kaon_metrics_append_expert_load(text, &len, s->replicas.e, s->replicas.n, s->model_name);
     return send_owned(c, s, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
@@ -637,8 +639,9 @@ static void choose_parsers(kaon_server *s, const char *src) {
 
 static int load_model(kaon_server *s) {
     double t0 = kaon_now();
-    s->engine = kaon_engine_create(&s->o.engine);
-    if (!s->engine) return -1;
+    const int n = s->o.data_parallel_size > 1 ? s->o.data_parallel_size : 1;
+    if (kaon_replicas_create(&s->replicas, &s->o.engine, n) < 0) return -1;
+    s->engine = s->replicas.e[0];
     kaon_engine_get_info(s->engine, &s->info);
     s->tok = kaon_engine_tokenizer(s->engine);
     kaon_structured_init(&s->structured, s->tok, s->info.vocab_size);
@@ -660,9 +663,10 @@ static int load_model(kaon_server *s) {
         choose_parsers(s, src);
     }
     load_sampling_defaults(s);
-    KAON_INFO("serve: model %s (%s) loaded in %.2f s: vocab %d, max_model_len %d, %d KV blocks of %d",
+    KAON_INFO("serve: model %s (%s) loaded in %.2f s: vocab %d, max_model_len %d, %d KV blocks of %d%s",
               s->model_name, s->info.arch ? s->info.arch : "?", kaon_now() - t0, s->info.vocab_size,
-              s->info.max_model_len, s->info.kv_blocks, s->info.block_size);
+              s->info.max_model_len, s->info.kv_blocks, s->info.block_size,
+              n > 1 ? " per replica" : "");
     return 0;
 }
 
@@ -847,7 +851,7 @@ void kaon_server_stop(kaon_server *s) {
     kaon_parker_close(&s->parker);
     sleep_ms(50);
     MHD_stop_daemon(s->d);
-    kaon_engine_destroy(s->engine);
+    kaon_replicas_destroy(&s->replicas);
     KAON_INFO("serve: stopped");
     server_free(s);
 }

@@ -113,12 +113,6 @@ static void sample(kaon_sbuf *b, const char *name, const char *model, const char
     kaon_sbuf_printf(b, "} %s\n", num);
 }
 
-static void metric(kaon_sbuf *b, const char *name, const char *type, const char *help,
-                   const char *model, double v) {
-    head(b, name, type, help);
-    sample(b, name, model, NULL, v);
-}
-
 static void histogram(kaon_sbuf *b, const char *name, const char *help, const char *model,
                       const kaon_histogram *h) {
     head(b, name, "histogram", help);
@@ -148,64 +142,124 @@ static void histogram(kaon_sbuf *b, const char *name, const char *help, const ch
     sample(b, n2, model, NULL, (double)h->count);
 }
 
-char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s, const char *model,
+// An engine statistic as a sample value.
+typedef double (*stat_fn)(const kaon_engine_stats *s);
+#define STAT(f) \
+    static double stat_##f(const kaon_engine_stats *s) { return (double)s->f; }
+STAT(running)
+STAT(waiting)
+STAT(kv_usage)
+STAT(prefix_queries_tokens)
+STAT(prefix_hit_tokens)
+STAT(preemptions)
+STAT(prompt_tokens)
+STAT(generation_tokens)
+STAT(finished_stop)
+STAT(finished_length)
+STAT(finished_abort)
+STAT(finished_error)
+STAT(kv_blocks_total)
+STAT(steps)
+STAT(constraint_masks)
+STAT(constraint_mask_seconds)
+STAT(spec_drafts)
+STAT(spec_draft_tokens)
+STAT(spec_accepted_tokens)
+#undef STAT
+
+// The engines' statistics: the totals, and each replica's when there are several.
+typedef struct engine_view {
+    const kaon_engine_stats *total, *per;
+    int n;
+} engine_view;
+
+// One engine series' samples: the total first (the unlabelled sample dashboards and the
+// tests read), then, with data-parallel replicas, each one's under engine="i" (vLLM's label).
+static void engine_samples(kaon_sbuf *b, const char *name, const char *model, const char *extra,
+                           const engine_view *v, stat_fn f) {
+    sample(b, name, model, extra, f(v->total));
+    for (int i = 0; v->n > 1 && i < v->n; i++) {
+        char lab[96];
+        snprintf(lab, sizeof lab, "%s%sengine=\"%d\"", extra ? extra : "", extra ? "," : "", i);
+        sample(b, name, model, lab, f(&v->per[i]));
+    }
+}
+
+static void engine_metric(kaon_sbuf *b, const char *name, const char *type, const char *help,
+                          const char *model, const engine_view *v, stat_fn f) {
+    head(b, name, type, help);
+    engine_samples(b, name, model, NULL, v, f);
+}
+
+static void engine_series(kaon_sbuf *b, const char *model, const engine_view *v) {
+    engine_metric(b, "kaon:num_requests_running", "gauge",
+                  "Number of requests in model execution batches.", model, v, stat_running);
+    engine_metric(b, "kaon:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                  model, v, stat_waiting);
+    engine_metric(b, "kaon:kv_cache_usage_perc", "gauge",
+                  "KV-cache usage. 1 means 100 percent usage.", model, v, stat_kv_usage);
+    engine_metric(b, "kaon:prefix_cache_queries_total", "counter",
+                  "Prefix cache queries, in terms of number of queried tokens.", model, v,
+                  stat_prefix_queries_tokens);
+    engine_metric(b, "kaon:prefix_cache_hits_total", "counter",
+                  "Prefix cache hits, in terms of number of cached tokens.", model, v,
+                  stat_prefix_hit_tokens);
+    engine_metric(b, "kaon:num_preemptions_total", "counter", "Cumulative number of preemptions.",
+                  model, v, stat_preemptions);
+    engine_metric(b, "kaon:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                  model, v, stat_prompt_tokens);
+    engine_metric(b, "kaon:generation_tokens_total", "counter",
+                  "Number of generation tokens processed.", model, v, stat_generation_tokens);
+    head(b, "kaon:request_success_total", "counter", "Count of successfully processed requests.");
+    engine_samples(b, "kaon:request_success_total", model, "finished_reason=\"stop\"", v,
+                   stat_finished_stop);
+    engine_samples(b, "kaon:request_success_total", model, "finished_reason=\"length\"", v,
+                   stat_finished_length);
+    engine_samples(b, "kaon:request_success_total", model, "finished_reason=\"abort\"", v,
+                   stat_finished_abort);
+    engine_samples(b, "kaon:request_success_total", model, "finished_reason=\"error\"", v,
+                   stat_finished_error);
+    engine_metric(b, "kaon:num_kv_blocks_total", "gauge", "Number of KV-cache blocks.", model, v,
+                  stat_kv_blocks_total);
+    engine_metric(b, "kaon:engine_steps_total", "counter", "Number of engine steps run.", model, v,
+                  stat_steps);
+    engine_metric(b, "kaon:structured_output_masks_total", "counter",
+                  "Token masks computed for structured outputs (one per constrained token).", model,
+                  v, stat_constraint_masks);
+    engine_metric(b, "kaon:structured_output_mask_seconds_total", "counter",
+                  "Time spent computing structured-output token masks.", model, v,
+                  stat_constraint_mask_seconds);
+    engine_metric(b, "kaon:spec_decode_num_drafts_total", "counter",
+                  "Verify steps of a sequence with draft tokens (speculative decoding).", model, v,
+                  stat_spec_drafts);
+    engine_metric(b, "kaon:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
+                  model, v, stat_spec_draft_tokens);
+    engine_metric(b, "kaon:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+                  model, v, stat_spec_accepted_tokens);
+    head(b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Draft tokens accepted, by their position among a step's drafts.");
+    for (int p = 0; p < KAON_SPEC_MAX_TOKENS; p++) {
+        char lab[32];
+        snprintf(lab, sizeof lab, "position=\"%d\"", p);
+        sample(b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", model, lab,
+               (double)v->total->spec_accepted_per_pos[p]);
+        for (int i = 0; v->n > 1 && i < v->n; i++) {
+            char lab2[64];
+            snprintf(lab2, sizeof lab2, "position=\"%d\",engine=\"%d\"", p, i);
+            sample(b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", model, lab2,
+                   (double)v->per[i].spec_accepted_per_pos[p]);
+        }
+    }
+}
+
+char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s,
+                          const kaon_engine_stats *per, int n_engines, const char *model,
                           size_t *len) {
     kaon_sbuf b = {0};
     if (!model) model = "";
     if (s) {
-        metric(&b, "kaon:num_requests_running", "gauge",
-               "Number of requests in model execution batches.", model, s->running);
-        metric(&b, "kaon:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               model, s->waiting);
-        metric(&b, "kaon:kv_cache_usage_perc", "gauge",
-               "KV-cache usage. 1 means 100 percent usage.", model, s->kv_usage);
-        metric(&b, "kaon:prefix_cache_queries_total", "counter",
-               "Prefix cache queries, in terms of number of queried tokens.", model,
-               (double)s->prefix_queries_tokens);
-        metric(&b, "kaon:prefix_cache_hits_total", "counter",
-               "Prefix cache hits, in terms of number of cached tokens.", model,
-               (double)s->prefix_hit_tokens);
-        metric(&b, "kaon:num_preemptions_total", "counter", "Cumulative number of preemptions.",
-               model, (double)s->preemptions);
-        metric(&b, "kaon:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-               model, (double)s->prompt_tokens);
-        metric(&b, "kaon:generation_tokens_total", "counter",
-               "Number of generation tokens processed.", model, (double)s->generation_tokens);
-        head(&b, "kaon:request_success_total", "counter",
-             "Count of successfully processed requests.");
-        sample(&b, "kaon:request_success_total", model, "finished_reason=\"stop\"",
-               (double)s->finished_stop);
-        sample(&b, "kaon:request_success_total", model, "finished_reason=\"length\"",
-               (double)s->finished_length);
-        sample(&b, "kaon:request_success_total", model, "finished_reason=\"abort\"",
-               (double)s->finished_abort);
-        sample(&b, "kaon:request_success_total", model, "finished_reason=\"error\"",
-               (double)s->finished_error);
-        metric(&b, "kaon:num_kv_blocks_total", "gauge", "Number of KV-cache blocks.", model,
-               s->kv_blocks_total);
-        metric(&b, "kaon:engine_steps_total", "counter", "Number of engine steps run.", model,
-               (double)s->steps);
-        metric(&b, "kaon:structured_output_masks_total", "counter",
-               "Token masks computed for structured outputs (one per constrained token).", model,
-               (double)s->constraint_masks);
-        metric(&b, "kaon:structured_output_mask_seconds_total", "counter",
-               "Time spent computing structured-output token masks.", model,
-               s->constraint_mask_seconds);
-        metric(&b, "kaon:spec_decode_num_drafts_total", "counter",
-               "Verify steps of a sequence with draft tokens (speculative decoding).", model,
-               (double)s->spec_drafts);
-        metric(&b, "kaon:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", model,
-               (double)s->spec_draft_tokens);
-        metric(&b, "kaon:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", model,
-               (double)s->spec_accepted_tokens);
-        head(&b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", "counter",
-             "Draft tokens accepted, by their position among a step's drafts.");
-        for (int p = 0; p < KAON_SPEC_MAX_TOKENS; p++) {
-            char lab[32];
-            snprintf(lab, sizeof lab, "position=\"%d\"", p);
-            sample(&b, "kaon:spec_decode_num_accepted_tokens_per_pos_total", model, lab,
-                   (double)s->spec_accepted_per_pos[p]);
-        }
+        const engine_view v = {s, per, per ? n_engines : 0};
+        engine_series(&b, model, &v);
     }
     pthread_mutex_lock(&m->mu);
     kaon_histogram ttft = m->ttft, itl = m->itl, e2e = m->e2e, queue = m->queue;
@@ -234,16 +288,24 @@ char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s, const cha
     return kaon_sbuf_take(&b, len);
 }
 
-char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *e,
-                                      const char *model) {
+char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *const *engines,
+                                      int n_engines, const char *model) {
     int L = 0, E = 0;
-    if (!text || !e || kaon_engine_expert_load(e, NULL, 0, &L, &E) || L <= 0 || E <= 0) return text;
+    if (!text || n_engines < 1 || !engines[0] ||
+        kaon_engine_expert_load(engines[0], NULL, 0, &L, &E) || L <= 0 || E <= 0)
+        return text;
     const size_t n = (size_t)L * (size_t)E;
-    uint64_t *c = malloc(sizeof *c * n);
-    if (!c || kaon_engine_expert_load(e, c, n, NULL, NULL)) {
+    // Summed over the replicas: the experts are the model's, whichever replica routed to them.
+    uint64_t *c = calloc(n, sizeof *c), *one = n_engines > 1 ? malloc(sizeof *one * n) : NULL;
+    if (!c || (n_engines > 1 && !one) || kaon_engine_expert_load(engines[0], c, n, NULL, NULL)) {
         free(c);
+        free(one);
         return text;
     }
+    for (int r = 1; r < n_engines; r++)
+        if (!kaon_engine_expert_load(engines[r], one, n, NULL, NULL))
+            for (size_t k = 0; k < n; k++) c[k] += one[k];
+    free(one);
     kaon_sbuf b = {0};
     kaon_sbuf_append(&b, text, *len);
     if (!model) model = "";

@@ -52,13 +52,16 @@ void kaon_metrics_observe_queue(kaon_metrics *m, double v);
 void kaon_metrics_count_status(kaon_metrics *m, int status);
 
 // Prometheus text exposition (format 0.0.4). stats NULL: engine still loading (its series are
-// left out). model_name is escaped as a label value. Returns malloc'd text or NULL.
-char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *stats, const char *model_name,
+// left out). stats are the engines' totals; with n_engines > 1 data-parallel replicas, every
+// engine series also has each replica's sample (per[i]) under the label engine="i". model_name
+// is escaped as a label value. Returns malloc'd text or NULL.
+char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *stats,
+                          const kaon_engine_stats *per, int n_engines, const char *model_name,
                           size_t *len);
-// Appends kaon:moe_expert_tokens_total{layer, expert} (engines created with expert_stats) to
-// text (malloc'd, from kaon_metrics_render); returns the new text (text itself when there is
-// nothing to add or memory runs out).
-char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *e,
-                                      const char *model_name);
+// Appends kaon:moe_expert_tokens_total{layer, expert} (engines created with expert_stats),
+// summed over the n_engines replicas, to text (malloc'd, from kaon_metrics_render); returns the
+// new text (text itself when there is nothing to add or memory runs out).
+char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *const *engines,
+                                      int n_engines, const char *model_name);
 
 #endif

@@ -1,4 +1,5 @@
-// kaon serve: the OpenAI-compatible HTTP server over one engine (docs/API.md).
+// kaon serve: the OpenAI-compatible HTTP server over one engine, or over N data-parallel
+// replicas of it that each request is routed to (replicas.h; docs/API.md).
 //
 // Threading: libmicrohttpd's epoll event loop on a small pool of threads (one per core, 2 to 8)
 // serves every connection. JSON parsing, chat templating and tokenizing run there; a request
@@ -21,6 +22,9 @@
 
 typedef struct kaon_server_options {
     kaon_engine_options engine;     // engine.model must be set
+    int data_parallel_size;         // engine replicas (0 or 1: one; at most 64): each request
+                                    // goes to the one caching most of its prompt, else the
+                                    // least loaded (replicas.h has the device/thread layout)
     const char *host;               // bind address (default 127.0.0.1)
     int port;                       // default 8000; 0 picks a free port (logged)
     const char *api_key;            // Bearer key for /v1/*, /tokenize, /detokenize (NULL: none)

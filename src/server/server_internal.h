@@ -16,6 +16,7 @@
 #include "server/openai.h"
 #include "server/park.h"
 #include "server/reasoning_parser.h"
+#include "server/replicas.h"
 #include "server/tool_parser.h"
 #include "server/server.h"
 #include "server/structured.h"
@@ -29,7 +30,8 @@ struct kaon_server {
     kaon_server_options o;
     struct MHD_Daemon *d;
     atomic_int state;
-    kaon_engine *engine;
+    kaon_replicas replicas;     // the engines requests are routed to (replicas.h)
+    kaon_engine *engine;        // replicas.e[0]: the model's facts, tokenizer and defaults
     const kaon_tokenizer *tok;
     kaon_chat_template *tmpl;
     kaon_tool_family tool_family;            // for the server's template

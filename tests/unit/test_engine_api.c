@@ -152,6 +152,30 @@ static void test_n2_shares_prompt(kaon_engine *e) {
     kaon_request_free(r);
 }
 
+// kaon_engine_cached_prefix: what a request submitted now would find cached, read without
+// changing the cache (asking twice gives the same, and the hit counters do not move).
+static void test_cached_prefix(kaon_engine *e) {
+    // The prompt ran already (test_n2_shares_prompt): its 2 full blocks are cached.
+    kaon_engine_stats before, after;
+    kaon_engine_get_stats(e, &before);
+    CHECK(kaon_engine_cached_prefix(e, prompt, N_PROMPT) == 32);
+    CHECK(kaon_engine_cached_prefix(e, prompt, N_PROMPT) == 32);
+    CHECK(kaon_engine_cached_prefix(e, prompt, 33) == 32);
+    CHECK(kaon_engine_cached_prefix(e, prompt, 32) == 16);  // one token is always computed
+    CHECK(kaon_engine_cached_prefix(e, prompt, 16) == 0);
+    CHECK(kaon_engine_cached_prefix(e, prompt, 0) == 0);
+    CHECK(kaon_engine_cached_prefix(e, NULL, 5) == 0);
+    int32_t other[N_PROMPT];
+    memcpy(other, prompt, sizeof other);
+    other[20] = 42;  // the second block differs: only the first is cached
+    CHECK(kaon_engine_cached_prefix(e, other, N_PROMPT) == 16);
+    other[0] = 2;    // the first differs: the chain breaks there
+    CHECK(kaon_engine_cached_prefix(e, other, N_PROMPT) == 0);
+    kaon_engine_get_stats(e, &after);
+    CHECK(after.prefix_queries_tokens == before.prefix_queries_tokens);
+    CHECK(after.kv_blocks_used == before.kv_blocks_used);
+}
+
 static void test_stop_string_across_tokens(kaon_engine *e) {
     kaon_sampling sp;
     kaon_sampling_default(&sp);
@@ -265,6 +289,7 @@ int main(void) {
     test_bad_requests_and_good_one(e);
     test_abort_frees_blocks(e);
     test_n2_shares_prompt(e);
+    test_cached_prefix(e);
     test_stop_string_across_tokens(e);
     test_prompt_logits(e);
     kaon_engine_destroy(e);

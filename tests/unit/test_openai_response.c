@@ -237,7 +237,7 @@ static void test_metrics(void) {
     st.finished_length = 1;
     st.preemptions = 2;
     size_t len = 0;
-    char *t = kaon_metrics_render(&m, &st, "sm\"ol\\\n", &len);
+    char *t = kaon_metrics_render(&m, &st, NULL, 1, "sm\"ol\\\n", &len);
     CHECK(t && len == strlen(t));
     const char *lbl = "{model_name=\"sm\\\"ol\\\\\\n\"";
     char key[256];
@@ -270,8 +270,28 @@ static void test_metrics(void) {
     CHECK(strstr(t, "# TYPE kaon:time_to_first_token_seconds histogram\n") != NULL);
     CHECK(strstr(t, "# TYPE kaon:prompt_tokens_total counter\n") != NULL);
     free(t);
+    // Data-parallel replicas: the totals first, unlabelled as before, then each replica's
+    // under engine="i"; one engine has no engine label at all.
+    kaon_engine_stats per[2];
+    memset(per, 0, sizeof per);
+    per[0].running = 1;
+    per[1].running = 2;
+    per[0].prefix_hit_tokens = 0;
+    per[1].prefix_hit_tokens = 40;
+    per[1].finished_stop = 7;
+    t = kaon_metrics_render(&m, &st, per, 2, "m", &len);
+    CHECK(t && strstr(t, "kaon:num_requests_running{model_name=\"m\"} 3\n"
+                         "kaon:num_requests_running{model_name=\"m\",engine=\"0\"} 1\n"
+                         "kaon:num_requests_running{model_name=\"m\",engine=\"1\"} 2\n"));
+    CHECK(strstr(t, "kaon:prefix_cache_hits_total{model_name=\"m\",engine=\"1\"} 40\n") != NULL);
+    CHECK(strstr(t, "kaon:request_success_total{model_name=\"m\",finished_reason=\"stop\",engine=\"1\"} 7\n") != NULL);
+    CHECK(strstr(t, "engine=\"2\"") == NULL);
+    free(t);
+    t = kaon_metrics_render(&m, &st, per, 1, "m", &len);
+    CHECK(t && !strstr(t, "engine="));
+    free(t);
     // While loading there are no engine series, but the histograms are there.
-    t = kaon_metrics_render(&m, NULL, "m", &len);
+    t = kaon_metrics_render(&m, NULL, NULL, 0, "m", &len);
     CHECK(t && !strstr(t, "kaon:num_requests_running") && strstr(t, "kaon:e2e_request_latency_seconds_count"));
     free(t);
     kaon_metrics_destroy(&m);

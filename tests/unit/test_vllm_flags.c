@@ -111,7 +111,7 @@ int main(void) {
     // Refused: exit status 2 and one error line naming the flag.
     const char *const *refused[] = {
         ARGS("--pipeline-parallel-size", "2"),
-        ARGS("--data-parallel-size", "2"),
+        ARGS("--decode-context-parallel-size", "2"),
         ARGS("--dtype", "float16"),
         ARGS("--dtype", "float32", "--device", "cuda"),
         ARGS("--enable-lora"),
@@ -121,7 +121,7 @@ int main(void) {
         ARGS("--task", "embed"),
     };
     const char *refused_name[] = {"--pipeline-parallel-size",
-                                  "--data-parallel-size", "--dtype", "--dtype",
+                                  "--decode-context-parallel-size", "--dtype", "--dtype",
                                   "--enable-lora", "--ssl-keyfile", "--max-model-len", "--max-model-len", "--task"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         int rc = run(&o, refused[i]);
@@ -144,6 +144,14 @@ int main(void) {
     // So is expert parallelism (MoE experts placed on the -tp ranks).
     CHECK(run(&o, ARGS("-tp", "2", "--enable-expert-parallel")) == 0 && o.argc == 4 &&
           !strcmp(o.argv[3], "--enable-expert-parallel") && err_text[0] == 0);
+    kaon_vllm_args_free(&o);
+
+    // Data-parallel replicas are kaon's own flag too (-dp, --data_parallel_size=N).
+    CHECK(run(&o, ARGS("-dp", "2")) == 0 && o.argc == 3 && !strcmp(o.argv[1], "--data-parallel-size") &&
+          !strcmp(o.argv[2], "2") && err_text[0] == 0);
+    kaon_vllm_args_free(&o);
+    CHECK(run(&o, ARGS("--data_parallel_size=3")) == 0 && o.argc == 3 &&
+          !strcmp(o.argv[1], "--data-parallel-size") && !strcmp(o.argv[2], "3"));
     kaon_vllm_args_free(&o);
 
     // Unknown flags, a missing value, a value given to a switch.
