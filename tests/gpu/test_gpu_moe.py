@@ -109,18 +109,6 @@ MOE_CASES = [
 
 @pytest.mark.parametrize("name,n,dim,E,K,F,norm,SF,npad", MOE_CASES)
 def test_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad):
-    check_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad)
-
-
-# The grouped GEMMs' split K forced (KAON_MOE_KSPLIT; by default the host picks it from the
-# waves): off, and an odd split of K tiles that do not divide evenly.
-@pytest.mark.parametrize("ksplit", ["1", "3"])
-@pytest.mark.parametrize("case", [c for c in MOE_CASES if c[0] in ("prefill-e128-top8", "prefill-pad")], ids=lambda c: c[0])
-def test_moe_op_ksplit(tmp_path, ksplit, case):
-    check_moe_op(tmp_path, *case, env={"KAON_MOE_KSPLIT": ksplit})
-
-
-def check_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad, env=None):
     for rng in case_rngs(name):
         x = bf16(rng.standard_normal((n, dim)))
         router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
@@ -146,7 +134,7 @@ def check_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad, env=None):
         if clear[live].mean() > 0.75:
             break
     so = run_op(tmp_path, "moe", dict(n=n, dim=dim, E=E, K=K, F=F, norm=norm, SF=SF, has_pos=int(npad > 0),
-                                      reps=2, time=0 if ON_CPU else 20), arrays, env=env)
+                                      reps=2, time=0 if ON_CPU else 20), arrays)
     got = out(tmp_path, shape=(n, dim))
     live = np.ones(n, bool) if pos is None else pos >= 0
     assert np.all(got[~live] == 0), "padding tokens must get zeros"

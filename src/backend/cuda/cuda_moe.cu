@@ -663,20 +663,12 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
 // per expert: with a few per expert (a decode step of 64 sequences over 64 experts: ~6) a 64-row
 // tile is mostly padding, and its MMAs, not the weights' bytes, set the time (ncu on V2-Lite's
 // 64-token step: 243 TFLOP/s of which ~90% on padding, 2.3 TB/s).
-// Resident blocks per SM the register budget must allow (the small tiles are bandwidth-bound:
-// blocks in flight matter more than registers).
 template <bool GU, int TM>
-struct MoeGemmOcc {
-    static constexpr int v = TM >= 64 ? (GU ? 4 : 7) : TM == 32 ? (GU ? 8 : 10) : (GU ? 9 : 12);
-};
-
-template <bool GU, int TM>
-__global__ void __launch_bounds__(128, MoeGemmOcc<GU, TM>::v)
+__global__ void __launch_bounds__(128)
 k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__restrict__ tiles,
            const int *__restrict__ n_tiles, const int *__restrict__ off, const int *__restrict__ slot_tok,
-           bf16 *__restrict__ C, float *__restrict__ part, unsigned *__restrict__ ticks) {
+           bf16 *__restrict__ C) {
     if ((int)blockIdx.y >= *n_tiles) return;
-    __shared__ int s_last;
     const int2 tile = tiles[blockIdx.y];
     const int e = tile.x, s_begin = off[e] + tile.y, s_end = min(off[e + 1], s_begin + TM);
     const int n0 = blockIdx.x * BN;
@@ -729,12 +721,10 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
 #pragma unroll
             for (int j = 0; j < FJ; j++) wmma::fill_fragment(acc[q][i][j], 0.f);
 
-    // Split K (gridDim.z > 1): this block's share of the K tiles, [kt0, kt1).
-    const int S = (int)gridDim.z, z = (int)blockIdx.z, nk_all = (Kd + BK - 1) / BK;
-    const int kt0 = nk_all * z / S, nk = nk_all * (z + 1) / S;
-    load(0, kt0 * BK);
-    for (int kt = kt0; kt < nk; kt++) {
-        const int cur = (kt - kt0) & 1;
+    const int nk = (Kd + BK - 1) / BK;
+    load(0, 0);
+    for (int kt = 0; kt < nk; kt++) {
+        const int cur = kt & 1;
         if (kt + 1 < nk) {
             load(cur ^ 1, (kt + 1) * BK);
             cp_wait<1>();
@@ -765,165 +755,42 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
     // Epilogue: each warp stages its 16x16 fragments in shared memory (free now: 4 warps x NB x
     // 256 floats fit in the smallest tile's buffers), applies SiLU-and-mul (GU), rounds to bf16 and
     // stores 8 columns per lane.
-    // Split K: every block stores its partial tile (f32, [NB][TM][BN]) in part; the last of the
-    // S blocks of a tile (a ticket per tile, back to 0 for the next launch) adds them in z
-    // order, so the sum does not depend on which block finished last.
     static_assert(sizeof smem >= 4 * NB * 256 * sizeof(float), "epilogue staging");
     float *stage = (float *)smem + warp * (NB * 256);
-    const int rr = lane >> 1, cc = (lane & 1) * 8;
-    constexpr int PT = NB * TM * BN;  // floats of one partial tile
-    float *P = part + (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * S * PT;
-    if (S > 1) {
-#pragma unroll
-        for (int i = 0; i < FI; i++)
-#pragma unroll
-            for (int j = 0; j < FJ; j++) {
-#pragma unroll
-                for (int q = 0; q < NB; q++) wmma::store_matrix_sync(stage + q * 256, acc[q][i][j], 16, wmma::mem_row_major);
-                __syncwarp();
-                const int row = wm + 16 * i + rr, col = wn + 16 * j + cc;
-#pragma unroll
-                for (int q = 0; q < NB; q++)
-#pragma unroll
-                    for (int c = 0; c < 8; c += 4)
-                        __stcg((float4 *)(P + (size_t)z * PT + q * TM * BN + row * BN + col + c),
-                               *(const float4 *)(stage + q * 256 + rr * 16 + cc + c));
-                __syncwarp();
-            }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) s_last = atomicAdd(&ticks[blockIdx.y * gridDim.x + blockIdx.x], 1u) == (unsigned)S - 1;
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        if (tid == 0) ticks[blockIdx.y * gridDim.x + blockIdx.x] = 0;
-    }
 #pragma unroll
     for (int i = 0; i < FI; i++)
 #pragma unroll
         for (int j = 0; j < FJ; j++) {
-            const int row = wm + 16 * i + rr, col = wn + 16 * j + cc;
-            float v[NB][8];
-            if (S == 1) {
 #pragma unroll
-                for (int q = 0; q < NB; q++) wmma::store_matrix_sync(stage + q * 256, acc[q][i][j], 16, wmma::mem_row_major);
-                __syncwarp();
-#pragma unroll
-                for (int q = 0; q < NB; q++)
-#pragma unroll
-                    for (int c = 0; c < 8; c++) v[q][c] = stage[q * 256 + rr * 16 + cc + c];
-                __syncwarp();
-            } else {
-#pragma unroll
-                for (int q = 0; q < NB; q++)
-#pragma unroll
-                    for (int c = 0; c < 8; c++) v[q][c] = 0.f;
-                for (int zz = 0; zz < S; zz++)
-#pragma unroll
-                    for (int q = 0; q < NB; q++)
-#pragma unroll
-                        for (int c = 0; c < 8; c += 4) {
-                            const float4 a = __ldcg((const float4 *)(P + (size_t)zz * PT + q * TM * BN + row * BN + col + c));
-                            v[q][c] += a.x, v[q][c + 1] += a.y, v[q][c + 2] += a.z, v[q][c + 3] += a.w;
-                        }
-            }
-            const int s = s_begin + row, gcol = n0 + col;
-            if (s < s_end && gcol < N) {
+            for (int q = 0; q < NB; q++) wmma::store_matrix_sync(stage + q * 256, acc[q][i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int rr = lane >> 1, cc = (lane & 1) * 8;
+            const int s = s_begin + wm + 16 * i + rr, col = n0 + wn + 16 * j + cc;
+            if (s < s_end && col < N) {
                 __align__(16) bf16 o[8];
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
-                    const float g = bfr(v[0][c]);
+                    const float g = bfr(stage[rr * 16 + cc + c]);
                     if (GU) {
-                        const float u = bfr(v[NB - 1][c]);
+                        const float u = bfr(stage[256 + rr * 16 + cc + c]);
                         o[c] = __float2bfloat16(bfr(g / (1.f + expf(-g))) * u);
                     } else {
                         o[c] = __float2bfloat16(g);
                     }
                 }
-                *(uint4 *)(C + (size_t)s * N + gcol) = *(const uint4 *)o;
+                *(uint4 *)(C + (size_t)s * N + col) = *(const uint4 *)o;
             }
+            __syncwarp();
         }
-}
-
-// Split K of the grouped GEMMs. A decode step of tens of tokens has about one tile per active
-// expert: with V2-Lite's 64 experts at 64 tokens, 1,408 gate/up blocks where 1,188 fit on the
-// GPU at once, so a second wave of 220 blocks streams its weights alone (traced: 66% of the copy
-// bandwidth). Splitting each tile's K over S blocks evens the waves out; the cost is the f32
-// partial tiles (written and read once, mostly in L2) and a ticket per tile.
-#define MOE_KSPLIT_MAX 4
-#define MOE_KSPLIT_TICKS 65536  // tickets at a fixed place in the scratch (tiles x column blocks)
-
-template <bool GU, int TM>
-static int gemm_slots(kc_backend *b) {
-    static int per_sm = 0;  // resident blocks per SM (the same for every device of a run: one arch)
-    if (!per_sm) {
-        int nb = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_moe_gemm<GU, TM>, 128, 0) != cudaSuccess) {
-            cudaGetLastError();
-            nb = 1;
-        }
-        per_sm = nb > 0 ? nb : 1;
-    }
-    return per_sm * b->n_sm;
-}
-
-// S for `items` blocks (tiles x column blocks, estimated) over `k_tiles` K tiles: the fewest waves
-// per unit of work, with a small charge per extra split for the partials' traffic.
-// KAON_MOE_KSPLIT=N forces N (tests and A/B; at most the K tiles).
-static int choose_ksplit(int items, int slots, int k_tiles) {
-    static const char *env = getenv("KAON_MOE_KSPLIT");
-    if (env && atoi(env) > 0) {
-        const int f = atoi(env);
-        return f < k_tiles ? f : k_tiles > 0 ? k_tiles : 1;
-    }
-    if (items <= 0 || slots <= 0) return 1;
-    int best = 1;
-    double best_cost = (double)((items + slots - 1) / slots);
-    for (int s = 2; s <= MOE_KSPLIT_MAX && k_tiles / s >= 8; s++) {
-        const double cost = (double)(((long long)items * s + slots - 1) / slots) / s + 0.05 * (s - 1);
-        if (cost < best_cost - 1e-9) {
-            best = s;
-            best_cost = cost;
-        }
-    }
-    return best;
-}
-
-typedef struct MoeSplit {
-    int gu, dn;  // S of the gate/up and of the down GEMM
-} MoeSplit;
-
-template <int TM>
-static MoeSplit moe_split_tm(kc_backend *b, int dim, int F, int est_tiles, int max_tiles) {
-    MoeSplit sp = {1, 1};
-    const int gx_gu = (F + BN - 1) / BN, gx_dn = (dim + BN - 1) / BN;
-    if ((long long)max_tiles * (gx_gu > gx_dn ? gx_gu : gx_dn) > MOE_KSPLIT_TICKS) return sp;
-    sp.gu = choose_ksplit(est_tiles * gx_gu, gemm_slots<true, TM>(b), (dim + BK - 1) / BK);
-    sp.dn = choose_ksplit(est_tiles * gx_dn, gemm_slots<false, TM>(b), (F + BK - 1) / BK);
-    return sp;
-}
-
-static MoeSplit moe_split(kc_backend *b, int tm, int dim, int F, int est_tiles, int max_tiles) {
-    return tm == 16 ? moe_split_tm<16>(b, dim, F, est_tiles, max_tiles)
-         : tm == 32 ? moe_split_tm<32>(b, dim, F, est_tiles, max_tiles)
-                    : moe_split_tm<BM>(b, dim, F, est_tiles, max_tiles);
-}
-
-// Floats of partial tiles the two GEMMs need (they run one after the other: one region).
-static size_t moe_split_floats(const MoeSplit &sp, int tm, int dim, int F, int max_tiles) {
-    const size_t gu = sp.gu > 1 ? (size_t)max_tiles * ((F + BN - 1) / BN) * sp.gu * 2 * tm * BN : 0;
-    const size_t dn = sp.dn > 1 ? (size_t)max_tiles * ((dim + BN - 1) / BN) * sp.dn * tm * BN : 0;
-    return gu > dn ? gu : dn;
 }
 
 // Both GEMMs of the general path with tiles of TM rows.
 template <int TM>
-static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles, const MoeBufs &m,
-                      const MoeSplit &sp) {
-    k_moe_gemm<true, TM><<<dim3((F + BN - 1) / BN, max_tiles, sp.gu), 128, 0, b->stream>>>(
-        x, dim, F, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.H, m.part, m.ticks);
-    k_moe_gemm<false, TM><<<dim3((dim + BN - 1) / BN, max_tiles, sp.dn), 128, 0, b->stream>>>(
-        m.H, F, dim, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.Y, m.part, m.ticks);
+static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles, const MoeBufs &m) {
+    k_moe_gemm<true, TM><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(x, dim, F, mw, m.tiles, m.n_tiles,
+                                                                                  m.off, m.slot_tok, m.H);
+    k_moe_gemm<false, TM><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(m.H, F, dim, mw, m.tiles,
+                                                                                     m.n_tiles, m.off, m.slot_tok, m.Y);
 }
 
 // ---- 7. combine ----------------------------------------------------------------------------------
@@ -1034,15 +901,13 @@ static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 // Carves the scratch of one call out of b->moe_buf (grown through the backend's alloc, outside
 // graph recording; destroy frees it with every other allocation).
-static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, int max_tiles, size_t part_floats,
-                    MoeBufs *m) {
+static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, int max_tiles, MoeBufs *m) {
     const size_t nk = (size_t)n * K;
     const size_t sizes[] = {
-        4,  // the ticket and the split-K tickets: first, so that they stay at one place whatever
-        (size_t)MOE_KSPLIT_TICKS * 4,  // the call's sizes (zeroed once, each launch leaves 0)
+        4,  // the ticket: first, so that it stays at one place whatever the call's sizes
         (size_t)n * E * 4, nk * 4, nk * 4, (size_t)E * 4, (size_t)(E + 1) * 4, (size_t)E * 4,
         (size_t)(E + 1) * 4, (size_t)max_tiles * 8, 4, nk * 4, nk * 4, nk * F * 2, nk * dim * 2,
-        (size_t)n * SF * 2, SF ? (size_t)n * dim * 2 : 0, (size_t)n * 4, part_floats * 4,
+        (size_t)n * SF * 2, SF ? (size_t)n * dim * 2 : 0, (size_t)n * 4,
     };
     const int count = (int)(sizeof sizes / sizeof sizes[0]);
     size_t total = 0;
@@ -1056,15 +921,13 @@ static int moe_bufs(kc_backend *b, int n, int E, int K, int F, int dim, int SF, 
         b->moe_buf = b->base.ops->alloc(&b->base, cap);
         if (!b->moe_buf) return kc_fail(b, "cuda moe: out of device memory for %zu bytes of scratch", cap);
         b->moe_cap = cap;
-        if (kc_check(b, cudaMemsetAsync(b->moe_buf, 0, al256(4) + al256((size_t)MOE_KSPLIT_TICKS * 4), b->stream),
-                     "moe scratch"))
-            return -1;
+        if (kc_check(b, cudaMemsetAsync(b->moe_buf, 0, sizeof(unsigned), b->stream), "moe scratch")) return -1;
     }
     char *p = (char *)b->moe_buf;
-    void **dst[] = {(void **)&m->ticket, (void **)&m->ticks, (void **)&m->logits, (void **)&m->topk_id, (void **)&m->topk_w, (void **)&m->cnt,
+    void **dst[] = {(void **)&m->ticket, (void **)&m->logits, (void **)&m->topk_id, (void **)&m->topk_w, (void **)&m->cnt,
                     (void **)&m->off, (void **)&m->fill, (void **)&m->active, (void **)&m->tiles,
                     (void **)&m->n_tiles, (void **)&m->slot_tok, (void **)&m->inv, (void **)&m->H,
-                    (void **)&m->Y, (void **)&m->HS, (void **)&m->YS, (void **)&m->SG, (void **)&m->part};
+                    (void **)&m->Y, (void **)&m->HS, (void **)&m->YS, (void **)&m->SG};
     static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "one size per buffer");
     for (int i = 0; i < count; i++) {
         *dst[i] = sizes[i] ? p : NULL;
@@ -1210,15 +1073,8 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     const int avg_rows = (nk + max_active - 1) / max_active;
     const int tm = fp8 ? BM : avg_rows <= 16 ? 16 : avg_rows <= 32 ? 32 : BM;
     const int max_tiles = (nk + tm - 1) / tm + max_active;
-    // Split K for the bf16 grouped GEMMs (decode steps of tens to hundreds of tokens): from an
-    // estimate of the tiles (about one per active expert, or the slots over the tile rows).
-    MoeSplit sp = {1, 1};
-    if (!fp8 && n > MOE_GEMV_MAX_N) {
-        const int est_tiles = max_active > (nk + tm - 1) / tm ? max_active : (nk + tm - 1) / tm;
-        sp = moe_split(b, tm, dim, F, est_tiles, max_tiles);
-    }
     MoeBufs m;
-    if (moe_bufs(b, n, E, K, F, dim, SF, max_tiles, moe_split_floats(sp, tm, dim, F, max_tiles), &m)) return -1;
+    if (moe_bufs(b, n, E, K, F, dim, SF, max_tiles, &m)) return -1;
     // KAON_MOE_SMALL=0: small batches take the general path too (its GEMV kernels).
     static const char *small_env = getenv("KAON_MOE_SMALL");
     // (FP8 experts always: the general path's GEMV kernels read bf16.)
@@ -1249,9 +1105,9 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
         k_moe_gemv_down<<<dim3((dim + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
             m.H, dim, F, mw, m.active, E, m.off, m.Y);
     } else {
-        if (tm == 16) moe_gemms<16>(b, x, dim, F, mw, max_tiles, m, sp);
-        else if (tm == 32) moe_gemms<32>(b, x, dim, F, mw, max_tiles, m, sp);
-        else moe_gemms<BM>(b, x, dim, F, mw, max_tiles, m, sp);
+        if (tm == 16) moe_gemms<16>(b, x, dim, F, mw, max_tiles, m);
+        else if (tm == 32) moe_gemms<32>(b, x, dim, F, mw, max_tiles, m);
+        else moe_gemms<BM>(b, x, dim, F, mw, max_tiles, m);
     }
     if (kc_launched(b, "moe experts")) return -1;
     // 6. shared expert

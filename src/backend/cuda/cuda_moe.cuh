@@ -19,7 +19,6 @@
 // Device scratch of one call, carved from b->moe_buf.
 typedef struct MoeBufs {
     unsigned *ticket;  // [1] k_moe_route_small's count of finished blocks (0 between launches)
-    unsigned *ticks;   // [MOE_KSPLIT_TICKS] split-K GEMMs: finished blocks per tile (0 between launches)
     float *logits;     // [n, E]
     int *topk_id;      // [n*K] (-1: none)
     float *topk_w;     // [n*K]
@@ -36,7 +35,6 @@ typedef struct MoeBufs {
     bf16 *HS;          // [n, SF]
     bf16 *YS;          // [n, dim]
     float *SG;         // [n]
-    float *part;       // split-K GEMMs: partial tiles [tiles x column blocks][S][2 or 1][TM][BN]
 } MoeBufs;
 
 // FP8 experts as cuda_fp8.cu uploads a layer (model/moe.c stacks each kind into one): e4m3
