@@ -50,6 +50,7 @@ static void usage(FILE *f) {
             "  --threads N                    CPU threads (default: physical cores)\n"
             "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
             "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
+            "  --data-parallel-size D         with --enable-expert-parallel: DP attention over D ranks\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
@@ -239,6 +240,10 @@ int kaon_cmd_serve(int argc, char **argv) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 64, &v)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", next);
             o.engine.tensor_parallel_size = (int)v;
+        } else if (!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) {
+            NEED();
+            if (!kaon_cli_parse_int(next, 1, 64, &v)) return kaon_cli_fail("bad --data-parallel-size '%s'", next);
+            o.engine.data_parallel_size = (int)v;
         } else if (!strcmp(a, "--block-size")) {
             NEED();
             if (!kaon_cli_parse_int(next, 1, 4096, &v)) return kaon_cli_fail("bad --block-size '%s'", next);

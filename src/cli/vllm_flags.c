@@ -95,8 +95,9 @@ static const vf_entry table[] = {
     {"--tensor-parallel-size", VF_KAON, 1, NULL, NULL},
     {"-pp", VF_ONLY, 1, "1", NOT_YET_18},
     {"--pipeline-parallel-size", VF_ONLY, 1, "1", NOT_YET_18},
-    {"-dp", VF_ONLY, 1, "1", "kaon serves with one engine: run several servers behind a balancer"},
-    {"--data-parallel-size", VF_ONLY, 1, "1", "kaon serves with one engine: run several servers behind a balancer"},
+    // DP attention with --enable-expert-parallel (kaon's --data-parallel-size); else refused.
+    {"-dp", VF_SPECIAL, 1, "--data-parallel-size", NULL},
+    {"--data-parallel-size", VF_SPECIAL, 1, NULL, NULL},
     {"-dcp", VF_ONLY, 1, "1", NOT_YET_18},
     {"--decode-context-parallel-size", VF_ONLY, 1, "1", NOT_YET_18},
     {"--api-server-count", VF_ONLY, 1, "1", "kaon's HTTP front end is one process with a thread pool"},
@@ -261,7 +262,8 @@ int kaon_vllm_translate(int argc, char **argv, kaon_vllm_args *o, FILE *err) {
     memset(o, 0, sizeof *o);
     bool warned[N_TABLE] = {false};
     char name[256], num[32];
-    const char *device = NULL;
+    const char *device = NULL, *dp = NULL;
+    bool ep = false;
     if (push(o, argc > 0 ? argv[0] : "serve")) goto oom;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -327,6 +329,7 @@ int kaon_vllm_translate(int argc, char **argv, kaon_vllm_args *o, FILE *err) {
         case VF_KAON:
             if (push(o, t->to ? t->to : t->name) || (nv && push(o, vals[0]))) goto oom;
             if (!strcmp(t->name, "--device")) device = vals[0];
+            if (!strcmp(t->name, "--enable-expert-parallel")) ep = true;
             break;
         case VF_ACCEPT:
             break;
@@ -389,9 +392,20 @@ int kaon_vllm_translate(int argc, char **argv, kaon_vllm_args *o, FILE *err) {
                 if (set_str(&o->tokenizer, vals[0])) goto oom;
             } else if (!strcmp(t->name, "--enforce-eager")) {
                 o->enforce_eager = true;
+            } else if (!strcmp(t->name, "-dp") || !strcmp(t->name, "--data-parallel-size")) {
+                dp = vals[0];  // checked once every flag is read (--enable-expert-parallel may follow)
             }
             break;
         }
+    }
+    if (dp && strcmp(dp, "1")) {
+        if (!ep) {
+            say(err, "error", "--data-parallel-size %s is not supported without --enable-expert-parallel: kaon runs "
+                              "DP attention with expert parallelism; for replicas run several servers behind a "
+                              "balancer", dp);
+            return 2;
+        }
+        if (push(o, "--data-parallel-size") || push(o, dp)) goto oom;
     }
     if (o->dtype && kaon_vllm_check_dtype(o->dtype, device, err)) return 2;
     return 0;

@@ -108,6 +108,14 @@ int main(void) {
     CHECK(o.argc == 1 && err_text[0] == 0);
     kaon_vllm_args_free(&o);
 
+    // --data-parallel-size with --enable-expert-parallel (either order): DP attention, passed on.
+    CHECK(run(&o, ARGS("--data-parallel-size", "2", "--enable-expert-parallel")) == 0);
+    CHECK(o.argc == 4 && !strcmp(o.argv[1], "--enable-expert-parallel") && !strcmp(o.argv[2], "--data-parallel-size") &&
+          !strcmp(o.argv[3], "2") && err_text[0] == 0);
+    kaon_vllm_args_free(&o);
+    CHECK(run(&o, ARGS("-dp", "1")) == 0 && o.argc == 1);  // one rank: nothing to pass on
+    kaon_vllm_args_free(&o);
+
     // Refused: exit status 2 and one error line naming the flag.
     const char *const *refused[] = {
         ARGS("--pipeline-parallel-size", "2"),
