@@ -1,4 +1,4 @@
-// Tensor parallelism inside one process (issue 18): N ranks, each a worker thread with its own
+// Tensor parallelism and DP attention inside one process (issue 18): N ranks, each a worker thread with its own
 // backend, its own copy of the model description holding its shard of the weights, its own
 // runner (activations, its KV heads' cache) and a communicator. A step's batch is handed to
 // every worker by pointer (shared memory: no copy, no serialization); each runs the same
@@ -37,6 +37,20 @@
 // all-reduce the row-parallel path already does. The GPU form for large batches (DeepEP's, vLLM's
 // all2all backends) dispatches each token only to the ranks of its experts and combines with a
 // second all-to-all; that needs an all_to_all in dist/comm.h and belongs with the NCCL runner.
+//
+// DP attention (kaon_dp_create; data_parallel_size D with expert parallel): the same worker
+// threads, but each rank holds the whole model (attention, dense layers, LM head: replicated)
+// except the routed experts, placed as under expert parallelism (the shared expert's columns
+// split D ways), and caches only its own sequences' KV, in its part of the engine's block pool
+// (kv_cache.h's parts: blocks [r N / D, (r + 1) N / D), numbered from 0 in its runner). A step's
+// batch names each sequence's rank (kaon_batch.seq_rank); each rank runs its sub-batch through
+// the forward pass with no collective until a MoE layer, where kaon_dp_moe gathers every rank's
+// tokens (all_to_allv: counts differ), runs this rank's experts over all of them and sends each
+// rank's rows back, summed in rank order by their owner. Dense layers stay data parallel (each
+// rank its own tokens): the simplest correct choice, with no exchange at all. A rank with no
+// sequence in a step still joins each MoE exchange. The ranks' logit rows are put back in the
+// batch's row order for the engine. MLA gains the most: its latent cache, which TP replicates,
+// is split D ways here.
 #ifndef KAON_MODEL_TP_H
 #define KAON_MODEL_TP_H
 
