@@ -55,7 +55,9 @@ static void list_remove(kaon_kv_pool *p, int i) {
     p->n_free_in[r]--;
 }
 
-kaon_kv_pool *kaon_kv_pool_create(int n_blocks, int block_size) { return kaon_kv_pool_create_parts(n_blocks, block_size, 1); }
+kaon_kv_pool *kaon_kv_pool_create(int n_blocks, int block_size) {
+    return kaon_kv_pool_create_parts(n_blocks, block_size, 1);
+}
 
 kaon_kv_pool *kaon_kv_pool_create_parts(int n_blocks, int block_size, int n_parts) {
     if (n_blocks < 1 || block_size < 1 || n_parts < 1 || n_parts > n_blocks) return NULL;

@@ -1,6 +1,6 @@
-// Tensor parallelism and DP attention inside one process (issue 18): N ranks, each a worker thread with its own
-// backend, its own copy of the model description holding its shard of the weights, its own
-// runner (activations, its KV heads' cache) and a communicator. A step's batch is handed to
+// Tensor parallelism and DP attention inside one process (issue 18): N ranks, each a worker
+// thread with its own backend, its own copy of the model description holding its shard of the
+// weights, its own runner (activations, its KV heads' cache) and a communicator. A step's batch is handed to
 // every worker by pointer (shared memory: no copy, no serialization); each runs the same
 // forward, which calls the communicator at the row-parallel linears (all-reduce of partial
 // sums, kaon_blk_out) and at the vocab-parallel LM head (all-gather of logit slices,
