@@ -574,6 +574,7 @@ void kaon_tp_free(kaon_tp *tp) {
         free(w->ctx.part);
         free(w->ctx.gather);
         free(w->ctx.dp_counts);
+        free(w->ctx.dp_sz);
         free(w->ctx.dp_x);
         free(w->ctx.dp_pos);
         free(w->ctx.dp_out);
