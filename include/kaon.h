@@ -76,6 +76,10 @@ typedef struct kaon_engine_options {
                                     // sequences of it and, on the CPU, at least one)
     double gpu_memory_utilization;  // fraction of GPU memory (0: 0.9)
     int block_size;                 // KV block size in tokens (0: chosen by the architecture)
+    int data_parallel_size;         // DP attention (0 or 1: off), with enable_expert_parallel and
+                                    // tensor_parallel_size 1, the CPU now: D ranks, each running
+                                    // attention and dense layers for its own sequences (its 1/D
+                                    // of the KV pool), the MoE layers' experts spread over all D
     const char *kv_cache_dtype;     // "auto" (NULL), "bf16": the backend's own (CPU f32, CUDA
                                     // bf16); "fp8" or "fp8_e4m3": 1 byte per element (e4m3 of
                                     // x / the layer's k_scale or v_scale, 1.0 unless the

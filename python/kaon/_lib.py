@@ -26,6 +26,7 @@ class EngineOptions(C.Structure):
                 ("max_num_batched_tokens", c_int), ("max_logit_rows", c_int),
                 ("max_model_len", c_int), ("kv_cache_memory", c_size_t),
                 ("gpu_memory_utilization", c_double), ("block_size", c_int),
+                ("data_parallel_size", c_int),
                 ("kv_cache_dtype", c_char_p), ("disable_prefix_caching", c_bool),
                 ("load_tokenizer", c_bool), ("expert_stats", c_bool),
                 ("enable_expert_parallel", c_bool),

@@ -32,7 +32,7 @@ def _engine_options(model: str, args: dict):
     # vLLM's skip_tokenizer_init: token ids in and out only. A dummy:CONFIG model has no tokenizer.
     o.load_tokenizer = not args.get("skip_tokenizer_init", model.startswith("dummy:"))
     ints = {"max_model_len": 2, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
-            "tensor_parallel_size": 1, "n_threads": 1}
+            "tensor_parallel_size": 1, "data_parallel_size": 1, "n_threads": 1}
     for name, value in args.items():
         if name in ints:
             if not isinstance(value, int) or isinstance(value, bool) or value < ints[name]:

@@ -606,6 +606,7 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         else if (!strcmp(a, "--threads") && kaon_cli_parse_int(v, 1, 4096, &l)) { o.eo.n_threads = (int)l; i++; }
         else if ((!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) && kaon_cli_parse_int(v, 1, 64, &l)) { o.eo.tensor_parallel_size = (int)l; i++; }
         else if (!strcmp(a, "--enable-expert-parallel")) o.eo.enable_expert_parallel = true;
+        else if ((!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) && kaon_cli_parse_int(v, 1, 64, &l)) { o.eo.data_parallel_size = (int)l; i++; }
         else if (!strcmp(a, "--max-num-seqs") && kaon_cli_parse_int(v, 1, 65536, &l)) { o.eo.max_num_seqs = (int)l; i++; }
         else if (!strcmp(a, "--max-num-batched-tokens") && kaon_cli_parse_int(v, 1, 1 << 20, &l)) { o.eo.max_num_batched_tokens = (int)l; i++; }
         else if (!strcmp(a, "--max-model-len") && kaon_cli_parse_int(v, 2, 1 << 24, &l)) { o.eo.max_model_len = (int)l; i++; }

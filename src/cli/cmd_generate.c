@@ -18,7 +18,7 @@ static void usage(void) {
            "  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, min_tokens,\n"
            "  presence_penalty, frequency_penalty, repetition_penalty, logit_bias (flags set defaults)\n"
            "  --max-tokens N  --temp T  --top-p P  --top-k K  --min-p P  --seed S  --ignore-eos\n"
-           "  --threads N  -tp|--tensor-parallel-size N  --enable-expert-parallel  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
+           "  --threads N  -tp|--tensor-parallel-size N  --enable-expert-parallel  -dp|--data-parallel-size D  --max-num-seqs N  --max-num-batched-tokens N  --max-model-len N\n"
            "  --kv-cache-memory MIB  --block-size N  --no-prefix-caching  --quiet\n"
            "  --kv-cache-dtype T (" KAON_CLI_KV_DTYPE_HELP ")\n"
            "  --speculative-config JSON (" KAON_CLI_SPEC_HELP ")\n"
@@ -233,6 +233,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && kaon_cli_parse_int(v, 0, 0x7fffffffffffffffL, &l)) { dflt.has_seed = true; dflt.seed = (uint64_t)l; i++; }
         else if (!strcmp(a, "--threads") && kaon_cli_parse_int(v, 1, 1024, &l)) { eo.n_threads = (int)l; i++; }
         else if ((!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) && kaon_cli_parse_int(v, 1, 64, &l)) { eo.tensor_parallel_size = (int)l; i++; }
+        else if ((!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) && kaon_cli_parse_int(v, 1, 64, &l)) { eo.data_parallel_size = (int)l; i++; }
         else if (!strcmp(a, "--max-num-seqs") && kaon_cli_parse_int(v, 1, 4096, &l)) { eo.max_num_seqs = (int)l; i++; }
         else if (!strcmp(a, "--max-num-batched-tokens") && kaon_cli_parse_int(v, 1, 1 << 20, &l)) { eo.max_num_batched_tokens = (int)l; i++; }
         else if (!strcmp(a, "--max-model-len") && kaon_cli_parse_int(v, 2, 1 << 24, &l)) { eo.max_model_len = (int)l; i++; }

@@ -12,13 +12,14 @@
 
 int kaon_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *out_path = NULL, *device = NULL, *kv_dtype = NULL;
-    long threads = kaon_cli_default_threads(), chunk = 512, tp = 1;
+    long threads = kaon_cli_default_threads(), chunk = 512, tp = 1, dp = 1;
     bool decode = false, ep = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kaon logits [-m MODEL] --prompt-ids IDS -o OUT.f32 [--decode] [--chunk N] [--threads N]\n"
-                   "                   [--tensor-parallel-size N [--enable-expert-parallel]]\n"
+                   "                   [--tensor-parallel-size N] [--enable-expert-parallel]\n"
+                   "                   [--data-parallel-size D (with --enable-expert-parallel)]\n"
                    "                   [--device cpu|cuda|cuda:N] [--kv-cache-dtype auto|bf16|fp8]\n");
             return 0;
         }
@@ -34,6 +35,8 @@ int kaon_cmd_logits(int argc, char **argv) {
             if (!kaon_cli_parse_int(argv[++i], 1, 1024, &threads)) return kaon_cli_fail("bad --threads");
         } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
             if (!kaon_cli_parse_int(argv[++i], 1, 64, &tp)) return kaon_cli_fail("bad --tensor-parallel-size");
+        } else if (!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) {
+            if (!kaon_cli_parse_int(argv[++i], 1, 64, &dp)) return kaon_cli_fail("bad --data-parallel-size");
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             kv_dtype = argv[++i];
             if (kaon_cli_check_kv_dtype(kv_dtype)) return 2;
@@ -53,6 +56,7 @@ int kaon_cmd_logits(int argc, char **argv) {
     eo.n_threads = (int)threads;
     eo.tensor_parallel_size = (int)tp;
     eo.enable_expert_parallel = ep;
+    eo.data_parallel_size = (int)dp;
     eo.kv_cache_dtype = kv_dtype;
     eo.load_tokenizer = false;
     eo.max_num_seqs = 1;

@@ -35,6 +35,7 @@ static void usage(void) {
            "  --threads N            CPU threads (default: physical cores)\n"
            "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
            "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
+           "  --data-parallel-size D         with --enable-expert-parallel: DP attention over D ranks\n"
            "  --device DEV           where the model runs: cpu (default), cuda, cuda:N\n"
            "  --load-format F        auto (the model's files) or dummy (random weights from config.json)\n"
            "  --ctx-size N           context length (default 4096)\n"
@@ -48,7 +49,7 @@ typedef struct run_opts {
     const char *model, *prompt, *prompt_ids, *device, *kv_dtype;
     kaon_speculative_options spec;
     bool dummy;
-    long n_predict, threads, ctx, tp;
+    long n_predict, threads, ctx, tp, dp;
     kaon_sampling sp;
     const char *stop[MAX_STOP];
     kaon_logit_bias bias[MAX_BIAS];
@@ -131,6 +132,9 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 1, 64, &l)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", v);
             o->tp = l;
+        } else if (!strcmp(a, "--data-parallel-size") || !strcmp(a, "-dp")) {
+            NEED_VALUE(); if (!kaon_cli_parse_int(v, 1, 64, &l)) return kaon_cli_fail("bad --data-parallel-size '%s'", v);
+            o->dp = l;
         } else if (!strcmp(a, "--ctx-size") || !strcmp(a, "-c")) {
             NEED_VALUE(); if (!kaon_cli_parse_int(v, 16, 1 << 24, &l)) return kaon_cli_fail("bad --ctx-size '%s'", v);
             o->ctx = l;
@@ -190,6 +194,7 @@ int kaon_cmd_run(int argc, char **argv) {
     eo.n_threads = (int)o.threads;
     eo.tensor_parallel_size = (int)o.tp;
     eo.enable_expert_parallel = o.ep;
+    eo.data_parallel_size = (int)o.dp;
     eo.max_num_seqs = 1;
     eo.max_model_len = o.ctx ? (int)o.ctx : 4096;
     eo.kv_cache_dtype = o.kv_dtype;

@@ -54,7 +54,8 @@ static void usage(FILE *f) {
             "  -dp, --data-parallel-size N    N engine replicas in this process (1..64), each request routed\n"
             "                                 to the one caching most of its prompt, else the least loaded;\n"
             "                                 CPU: --threads split among them; cuda: replica i on cuda:i;\n"
-            "                                 the KV cache size is per replica\n"
+            "                                 the KV cache size is per replica. With --enable-expert-parallel\n"
+            "                                 (MoE models): DP attention over N ranks of one engine instead\n"
             "  --block-size N                 KV block size in tokens\n"
             "  --no-prefix-caching            turn prefix caching off\n"
             "  --expert-stats                 MoE models: tokens routed to each expert in /metrics\n"
@@ -329,9 +330,12 @@ int kaon_cmd_serve(int argc, char **argv) {
         }
 #undef NEED
     }
-    if (o.data_parallel_size > 1 && o.engine.enable_expert_parallel)
-        return kaon_cli_fail("--data-parallel-size with --enable-expert-parallel (DP attention) is not "
-                             "available in this build");
+    // With expert parallelism the ranks are DP attention inside one engine (vLLM's meaning for
+    // MoE models), not replicas.
+    if (o.data_parallel_size > 1 && o.engine.enable_expert_parallel) {
+        o.engine.data_parallel_size = o.data_parallel_size;
+        o.data_parallel_size = 1;
+    }
     if (dummy && !model) return kaon_cli_fail("--load-format dummy needs MODEL: a config.json or its folder");
     char dummy_spec[4200];
     if (dummy) {  // the model loader reads "dummy:<config>" as random weights of the config's shapes

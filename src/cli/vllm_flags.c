@@ -95,6 +95,7 @@ static const vf_entry table[] = {
     {"--tensor-parallel-size", VF_KAON, 1, NULL, NULL},
     {"-pp", VF_ONLY, 1, "1", NOT_YET_18},
     {"--pipeline-parallel-size", VF_ONLY, 1, "1", NOT_YET_18},
+    // kaon's --data-parallel-size: engine replicas, or DP attention with --enable-expert-parallel.
     {"-dp", VF_KAON, 1, "--data-parallel-size", NULL},
     {"--data-parallel-size", VF_KAON, 1, NULL, NULL},
     {"-dcp", VF_ONLY, 1, "1", NOT_YET_18},

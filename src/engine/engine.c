@@ -47,6 +47,7 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->b_seq = malloc(sizeof(int32_t) * T);
     e->b_rows = malloc(sizeof(int32_t) * T);
     e->b_tables = malloc(sizeof(int32_t) * S * (size_t)e->max_blocks);
+    e->b_seq_rank = malloc(sizeof(int32_t) * S);
     e->logits = malloc(sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
     e->work = malloc(sizeof(float) * (size_t)e->vocab);
     e->allowed = malloc(sizeof(uint32_t) * (((size_t)e->vocab + 31) / 32));
@@ -63,7 +64,7 @@ static int alloc_step_buffers(kaon_engine *e) {
     e->waiting = malloc(sizeof(seq *) * (size_t)e->cap_waiting);
     e->running = malloc(sizeof(seq *) * S);
     e->sched = malloc(sizeof(seq *) * S);
-    if (!e->b_tokens || !e->b_pos || !e->b_slot || !e->b_seq || !e->b_rows || !e->b_tables ||
+    if (!e->b_tokens || !e->b_pos || !e->b_slot || !e->b_seq || !e->b_rows || !e->b_tables || !e->b_seq_rank ||
         !e->logits || !e->work || !e->allowed || !e->sample_scratch || !e->greedy_tok || !e->row_of_sched || !e->nrows_of_sched ||
         !e->waiting || !e->running || !e->sched || !e->smp_rows || !e->smp_of_sched || !e->smp_ids ||
         !e->smp_lps || !e->host_rows)
@@ -79,6 +80,29 @@ static int alloc_step_buffers(kaon_engine *e) {
     memset(e->logits, 0, sizeof(float) * (size_t)e->max_logits * (size_t)e->vocab);
     memset(e->greedy_tok, 0xff, sizeof(int32_t) * (size_t)e->max_logits);
     return 0;
+}
+
+// Data-parallel attention (model/tp.h): what this build runs, refused with one line otherwise.
+// D > 1 needs --enable-expert-parallel (the MoE layers' experts spread over the D ranks; a
+// dense model then runs plainly data parallel) and no tensor parallelism inside a rank.
+static int check_data_parallel(kaon_engine *e, const kaon_device *dev) {
+    const kaon_engine_options *o = &e->opts;
+    e->dp_size = o->data_parallel_size > 1 ? o->data_parallel_size : 1;
+    if (e->dp_size == 1) return 0;
+    const int D = e->dp_size;
+    if (!o->enable_expert_parallel)
+        return kaon_set_error("engine: data parallel: --data-parallel-size %d needs --enable-expert-parallel (DP "
+                              "attention with the experts spread over the ranks; DP replicas are separate servers)", D);
+    if (o->tensor_parallel_size > 1)
+        return kaon_set_error("engine: data parallel: --data-parallel-size %d with --tensor-parallel-size %d is not "
+                              "supported yet (DP attention runs one rank per DP group: use -tp 1)",
+                              D, o->tensor_parallel_size);
+    if (dev->kind != KAON_DEVICE_CPU)
+        return kaon_set_error("engine: data parallel: --data-parallel-size %d runs on the CPU only in this build", D);
+    if (e->spec.method != KAON_SPEC_OFF)
+        return kaon_set_error("engine: data parallel: --data-parallel-size %d with speculative decoding is not "
+                              "supported yet", D);
+    return kaon_dp_check(e->model, D);
 }
 
 kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
@@ -148,6 +172,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->be = kaon_backend_create(&dev, o->n_threads);
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, kaon_kv_elem_bytes(e->be, e->kv_dtype));
+    if (check_data_parallel(e, &dev)) goto fail;
     if (o->tensor_parallel_size > 1) {
         // Every rank caches its KV heads (replicated ones on each rank that reads them; MLA's
         // latent, which every head reads, whole on every rank): the plan counts the bytes of all
@@ -194,6 +219,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
         const size_t seq_bytes = block_bytes * (size_t)((o->max_model_len + e->block_size - 1) / e->block_size);
         size_t all = seq_bytes * (size_t)o->max_num_seqs;
         if (all < 2 * block_bytes) all = 2 * block_bytes;  // the pool's minimum
+        // Data-parallel attention: a sequence lives in one rank's part, so each part holds one.
+        if (all < (seq_bytes + block_bytes) * (size_t)e->dp_size) all = (seq_bytes + block_bytes) * (size_t)e->dp_size;
         if (all < o->kv_cache_memory) o->kv_cache_memory = all;
         if (!on_gpu && seq_bytes > o->kv_cache_memory) o->kv_cache_memory = seq_bytes;
     }
@@ -204,7 +231,13 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                        "(%zu bytes per token)", o->kv_cache_memory, e->block_size, per_token);
         goto fail;
     }
-    int pool_tokens = e->n_blocks * e->block_size;
+    if (e->n_blocks < 2 * e->dp_size) {
+        kaon_set_error("engine: data parallel: %d KV blocks do not give each of %d ranks 2; raise --kv-cache-memory",
+                       e->n_blocks, e->dp_size);
+        goto fail;
+    }
+    // A sequence lives on one rank: its part of the pool (the smallest, when uneven) bounds it.
+    int pool_tokens = e->n_blocks / e->dp_size * e->block_size;
     e->max_model_len = o->max_model_len > 0 ? o->max_model_len : c->max_position_embeddings;
     if (e->max_model_len > pool_tokens) {
         if (o->max_model_len > 0) {
@@ -226,7 +259,10 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                        "build (the GPU one needs the NCCL runner: issue 18)", o->tensor_parallel_size);
         goto fail;
     }
-    e->runner = o->tensor_parallel_size > 1
+    e->runner = e->dp_size > 1
+                    ? kaon_runner_create_dp(e->model, e->dp_size, o->n_threads, o->max_num_batched_tokens,
+                                            e->max_logits, e->n_blocks, e->block_size, e->kv_dtype)
+                : o->tensor_parallel_size > 1
                     ? kaon_runner_create_tp(e->model, o->tensor_parallel_size, o->enable_expert_parallel, o->n_threads,
                                             o->max_num_batched_tokens, e->max_logits, e->n_blocks, e->block_size,
                                             e->kv_dtype)
@@ -234,7 +270,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                             e->n_blocks, e->block_size, e->kv_dtype);
     if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
     if (dev.kind == KAON_DEVICE_CPU) kaon_runner_reserve_host_kv(e->runner);  // the pool is reserved now
-    e->pool = kaon_kv_pool_create(e->n_blocks, e->block_size);
+    e->pool = kaon_kv_pool_create_parts(e->n_blocks, e->block_size, e->dp_size);
     if (!e->pool) {
         kaon_set_error("engine: out of memory for the block pool");
         goto fail;
@@ -715,6 +751,7 @@ static void build_batch(kaon_engine *e, kaon_batch *b) {
         seq *s = e->sched[i];
         int n = s->scheduled_tokens;
         memcpy(e->b_tables + (size_t)i * maxb, s->blocks, sizeof(int32_t) * (size_t)s->n_blocks);
+        e->b_seq_rank[i] = s->dp_rank;
         bool prompt_rows = s->want_prompt_lp && s->n_computed < s->req->n_prompt;
         e->row_of_sched[i] = -1;
         e->nrows_of_sched[i] = 0;
@@ -741,6 +778,7 @@ static void build_batch(kaon_engine *e, kaon_batch *b) {
                  .block_size = e->block_size},
         .n_logits = rows,
         .logit_rows = e->b_rows,
+        .seq_rank = e->dp_size > 1 ? e->b_seq_rank : NULL,
     };
 }
 
@@ -866,7 +904,7 @@ static void commit_blocks(kaon_engine *e, seq *s) {
     if (!e->prefix_caching) return;
     int full = s->n_computed / e->block_size;
     for (int i = s->n_hashed; i < full; i++) {
-        uint64_t parent = i ? s->hashes[i - 1] : 0;
+        uint64_t parent = i ? s->hashes[i - 1] : kaon_kv_part_root(s->dp_rank);
         const int32_t *toks = s->tokens + (size_t)i * e->block_size;
         s->hashes[i] = kaon_kv_block_hash(parent, toks, e->block_size);
         kaon_kv_commit(e->pool, s->blocks[i], s->hashes[i], parent, toks);
@@ -1097,7 +1135,7 @@ void kaon_engine_destroy(kaon_engine *e) {
         request_destroy(r);
     }
     free(e->b_tokens); free(e->b_pos); free(e->b_slot); free(e->b_seq); free(e->b_rows);
-    free(e->b_tables); free(e->logits); free(e->work); free(e->allowed); free(e->sample_scratch); free(e->greedy_tok);
+    free(e->b_tables); free(e->b_seq_rank); free(e->logits); free(e->work); free(e->allowed); free(e->sample_scratch); free(e->greedy_tok);
     free(e->row_of_sched); free(e->nrows_of_sched);
     free(e->smp_rows); free(e->smp_of_sched); free(e->smp_ids); free(e->smp_lps); free(e->host_rows);
     free(e->ent_tok); free(e->ent_val); free(e->waiting); free(e->running); free(e->sched);

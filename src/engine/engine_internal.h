@@ -46,6 +46,7 @@ typedef struct seq {
     int n_blocks;
     uint64_t *hashes;            // chain hash of each full block in the table [max_blocks]
     int n_hashed;                // leading full blocks named in the prefix cache
+    int dp_rank;                 // data-parallel attention: the rank that owns its KV (its pool part)
     int n_out;                   // generated tokens
     kaon_finish finish;
     int32_t stop_token;
@@ -113,6 +114,7 @@ struct kaon_engine {
     int kv_dtype;         // KAON_KV_NATIVE or KAON_KV_FP8
     size_t kv_per_token;  // KV cache bytes per token (all layers)
     bool prefix_caching;
+    int dp_size;          // data-parallel attention ranks (1: off); the pool has one part per rank
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
@@ -140,6 +142,7 @@ struct kaon_engine {
     int n_sched;
     // step buffers, sized at creation
     int32_t *b_tokens, *b_pos, *b_slot, *b_seq, *b_rows, *b_tables;
+    int32_t *b_seq_rank;         // [max_num_seqs] each scheduled sequence's DP rank (dp_size > 1)
     float *logits;               // [max_logits, vocab]
     float *work;                 // [vocab] processed logits
     uint32_t *allowed;           // [(vocab + 31) / 32] a constrained sequence's allowed tokens

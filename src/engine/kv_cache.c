@@ -18,38 +18,69 @@ struct kaon_kv_pool {
     int32_t *table;      // open addressing: hash -> block, -1 empty, -2 deleted
     uint32_t table_mask;
     uint32_t n_tombstones;  // deleted slots; the table is rebuilt when they pile up
-    int free_head, free_tail, n_free;
+    int n_free;
     // The engine thread is the only writer; the lock is for readers on other threads (the
     // server's replica routing asks what is cached: kaon_kv_count_cached). A leaf lock.
     pthread_mutex_t mu;
+    // Data-parallel parts (kaon_kv_pool_create_parts): part r owns blocks [first[r], first[r + 1])
+    // and keeps its own LRU free list, so a rank's sequences take blocks of its cache only.
+    int n_parts;
+    int *first;                   // [n_parts + 1]
+    int *free_head, *free_tail;   // [n_parts]
+    int *n_free_in;               // [n_parts]
 };
 
+static int part_of(const kaon_kv_pool *p, int i) {
+    int r = 0;
+    while (r + 1 < p->n_parts && i >= p->first[r + 1]) r++;
+    return r;
+}
+
 static void list_push_tail(kaon_kv_pool *p, int i) {
-    p->b[i].prev = p->free_tail;
+    const int r = part_of(p, i);
+    p->b[i].prev = p->free_tail[r];
     p->b[i].next = -1;
-    if (p->free_tail >= 0) p->b[p->free_tail].next = i;
-    else p->free_head = i;
-    p->free_tail = i;
+    if (p->free_tail[r] >= 0) p->b[p->free_tail[r]].next = i;
+    else p->free_head[r] = i;
+    p->free_tail[r] = i;
     p->n_free++;
+    p->n_free_in[r]++;
 }
 
 static void list_remove(kaon_kv_pool *p, int i) {
+    const int r = part_of(p, i);
     block *x = &p->b[i];
     if (x->prev >= 0) p->b[x->prev].next = x->next;
-    else p->free_head = x->next;
+    else p->free_head[r] = x->next;
     if (x->next >= 0) p->b[x->next].prev = x->prev;
-    else p->free_tail = x->prev;
+    else p->free_tail[r] = x->prev;
     x->prev = x->next = -1;
     p->n_free--;
+    p->n_free_in[r]--;
 }
 
 kaon_kv_pool *kaon_kv_pool_create(int n_blocks, int block_size) {
-    if (n_blocks < 1 || block_size < 1) return NULL;
+    return kaon_kv_pool_create_parts(n_blocks, block_size, 1);
+}
+
+kaon_kv_pool *kaon_kv_pool_create_parts(int n_blocks, int block_size, int n_parts) {
+    if (n_blocks < 1 || block_size < 1 || n_parts < 1 || n_parts > n_blocks) return NULL;
     kaon_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     pthread_mutex_init(&p->mu, NULL);
     p->n_blocks = n_blocks;
     p->block_size = block_size;
+    p->n_parts = n_parts;
+    p->first = malloc(sizeof(int) * (size_t)(n_parts + 1));
+    p->free_head = malloc(sizeof(int) * (size_t)n_parts);
+    p->free_tail = malloc(sizeof(int) * (size_t)n_parts);
+    p->n_free_in = calloc((size_t)n_parts, sizeof(int));
+    if (!p->first || !p->free_head || !p->free_tail || !p->n_free_in) {
+        kaon_kv_pool_free(p);
+        return NULL;
+    }
+    for (int r = 0; r <= n_parts; r++) p->first[r] = (int)((int64_t)r * n_blocks / n_parts);
+    for (int r = 0; r < n_parts; r++) p->free_head[r] = p->free_tail[r] = -1;
     uint32_t cap = 16;
     while (cap < (uint32_t)n_blocks * 2) cap <<= 1;
     p->table_mask = cap - 1;
@@ -61,7 +92,6 @@ kaon_kv_pool *kaon_kv_pool_create(int n_blocks, int block_size) {
         return NULL;
     }
     memset(p->table, 0xff, sizeof(int32_t) * cap);  // -1
-    p->free_head = p->free_tail = -1;
     for (int i = 0; i < n_blocks; i++) list_push_tail(p, i);
     return p;
 }
@@ -72,11 +102,21 @@ void kaon_kv_pool_free(kaon_kv_pool *p) {
     free(p->tokens);
     free(p->table);
     pthread_mutex_destroy(&p->mu);
+    free(p->first);
+    free(p->free_head);
+    free(p->free_tail);
+    free(p->n_free_in);
     free(p);
 }
 
 int kaon_kv_pool_n_blocks(const kaon_kv_pool *p) { return p->n_blocks; }
 int kaon_kv_pool_n_free(const kaon_kv_pool *p) { return p->n_free; }  // engine thread only
+int kaon_kv_pool_n_parts(const kaon_kv_pool *p) { return p->n_parts; }
+int kaon_kv_part_first(const kaon_kv_pool *p, int part) { return p->first[part]; }
+int kaon_kv_part_n_blocks(const kaon_kv_pool *p, int part) { return p->first[part + 1] - p->first[part]; }
+int kaon_kv_part_n_free(const kaon_kv_pool *p, int part) { return p->n_free_in[part]; }
+
+uint64_t kaon_kv_part_root(int part) { return part ? 0x6a09e667f3bcc909ull * (uint64_t)part : 0; }
 
 uint64_t kaon_kv_block_hash(uint64_t parent, const int32_t *tokens, int n) {
     uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
@@ -144,9 +184,11 @@ static void rebuild_if_needed(kaon_kv_pool *p) {
         if (p->b[i].hashed) insert(p, p->b[i].hash, i);
 }
 
-int kaon_kv_alloc(kaon_kv_pool *p) {
+int kaon_kv_alloc(kaon_kv_pool *p) { return kaon_kv_alloc_in(p, 0); }
+
+int kaon_kv_alloc_in(kaon_kv_pool *p, int part) {
     pthread_mutex_lock(&p->mu);
-    int i = p->free_head;
+    int i = p->free_head[part];
     if (i >= 0) {
         list_remove(p, i);
         unhash(p, i);
@@ -161,6 +203,10 @@ void kaon_kv_release(kaon_kv_pool *p, int i) {
     pthread_mutex_lock(&p->mu);
     if (p->b[i].ref > 0 && --p->b[i].ref == 0) list_push_tail(p, i);
     pthread_mutex_unlock(&p->mu);
+}
+
+bool kaon_kv_cached(kaon_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    return slot_of_content(p, hash, parent, tokens) != NULL;
 }
 
 int kaon_kv_lookup(kaon_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {

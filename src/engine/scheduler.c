@@ -45,6 +45,14 @@ void kaon_sched_release(kaon_engine *e, seq *s) {
     s->n_computed = 0;
 }
 
+// The newest running sequence whose blocks come from the same pool part as s's (preempting
+// one of another DP rank would free nothing s can use).
+static seq *newest_victim(kaon_engine *e, const seq *s) {
+    for (int i = e->n_running - 1; i >= 0; i--)
+        if (e->running[i]->dp_rank == s->dp_rank) return e->running[i];
+    return e->running[e->n_running - 1];
+}
+
 static void preempt(kaon_engine *e, seq *s) {
     kaon_sched_release(e, s);
     kaon_sched_remove(e, s);
@@ -56,7 +64,7 @@ static void preempt(kaon_engine *e, seq *s) {
 static bool grow_blocks(kaon_engine *e, seq *s, int upto) {
     int need = (upto + e->block_size - 1) / e->block_size;
     while (s->n_blocks < need) {
-        int b = kaon_kv_alloc(e->pool);
+        int b = kaon_kv_alloc_in(e->pool, s->dp_rank);
         if (b < 0) return false;
         s->blocks[s->n_blocks++] = b;
     }
@@ -68,7 +76,7 @@ bool kaon_sched_grow_for_drafts(kaon_engine *e, seq *s, int upto) {
     // this one can still grow without a preemption.
     const int more = (upto + e->block_size - 1) / e->block_size - s->n_blocks;
     if (more <= 0) return true;
-    return more <= kaon_kv_pool_n_free(e->pool) - e->n_running && grow_blocks(e, s, upto);
+    return more <= kaon_kv_part_n_free(e->pool, s->dp_rank) - e->n_running && grow_blocks(e, s, upto);
 }
 
 // Reuses cached blocks for the longest matching prefix of full blocks (at least one token is
@@ -76,7 +84,7 @@ bool kaon_sched_grow_for_drafts(kaon_engine *e, seq *s, int upto) {
 static void match_prefix(kaon_engine *e, seq *s) {
     if (!e->prefix_caching || s->want_prompt_lp || s->n_computed > 0) return;
     int full = (s->n_tokens - 1) / e->block_size;
-    uint64_t parent = 0;
+    uint64_t parent = kaon_kv_part_root(s->dp_rank);
     int hits = 0;
     for (int i = 0; i < full; i++) {
         const int32_t *toks = s->tokens + (size_t)i * e->block_size;
@@ -135,6 +143,38 @@ static bool gated(const seq *s) {
 // Prompt-logprob rows come out of the step's logits buffer, so such chunks are capped.
 static int logit_room(kaon_engine *e, int rows_used) { return e->max_logits - rows_used; }
 
+// Leading full prompt blocks cached in rank r's part of the pool.
+static int cached_blocks_on(kaon_engine *e, const seq *s, int r) {
+    const int full = (s->n_tokens - 1) / e->block_size;
+    uint64_t parent = kaon_kv_part_root(r);
+    int hits = 0;
+    for (; hits < full; hits++) {
+        const int32_t *toks = s->tokens + (size_t)hits * e->block_size;
+        const uint64_t h = kaon_kv_block_hash(parent, toks, e->block_size);
+        if (!kaon_kv_cached(e->pool, h, parent, toks)) break;
+        parent = h;
+    }
+    return hits;
+}
+
+// Data-parallel attention: the rank a sequence's KV lives on, chosen at admission (again after
+// a preemption): the one caching most of its prompt, then the one with the most free blocks,
+// then the fewest running sequences, then the lowest rank (so the choice is reproducible).
+static int pick_dp_rank(kaon_engine *e, const seq *s) {
+    int best = 0, best_hits = -1, best_free = -1, best_running = 0;
+    for (int r = 0; r < e->dp_size; r++) {
+        const int hits = e->prefix_caching && !s->want_prompt_lp ? cached_blocks_on(e, s, r) : 0;
+        const int free_blocks = kaon_kv_part_n_free(e->pool, r);
+        int running = 0;
+        for (int i = 0; i < e->n_running; i++) running += e->running[i]->dp_rank == r;
+        const bool better = hits != best_hits ? hits > best_hits
+                            : free_blocks != best_free ? free_blocks > best_free
+                                                       : running < best_running;
+        if (better) best = r, best_hits = hits, best_free = free_blocks, best_running = running;
+    }
+    return best;
+}
+
 int kaon_sched_step(kaon_engine *e) {
     int budget = e->opts.max_num_batched_tokens, total = 0, rows = 0;
     bool preempted = false;
@@ -151,7 +191,7 @@ int kaon_sched_step(kaon_engine *e) {
         }
         if (n <= 0) continue;
         while (!grow_blocks(e, s, s->n_computed + n)) {
-            seq *victim = e->running[e->n_running - 1];
+            seq *victim = newest_victim(e, s);
             preempted = true;
             preempt(e, victim);
             if (victim == s) { n = 0; break; }
@@ -170,6 +210,7 @@ int kaon_sched_step(kaon_engine *e) {
                     e->n_running < e->opts.max_num_seqs && rows < e->max_logits;) {
         seq *s = e->waiting[i];
         if (gated(s)) { i++; continue; }
+        if (e->dp_size > 1 && s->n_blocks == 0) s->dp_rank = pick_dp_rank(e, s);
         match_prefix(e, s);
         int n = s->n_tokens - s->n_computed;
         if (n > budget) n = budget;

@@ -92,6 +92,11 @@ void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_
 
 void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer *moe) {
     uint32_t *cnt = f->expert_counts ? f->expert_counts + (size_t)l * f->c->n_experts : NULL;
+    if (f->tp && f->tp->dp) {  // data-parallel attention: the experts see every rank's tokens
+        kaon_dp_moe(f, b->n_tokens, f->a.xn, b->attn.positions, moe, cnt, f->a.proj);
+        f->pending = true;
+        return;
+    }
     f->op->moe(f->be, f->a.xn, b->n_tokens, b->attn.positions, &moe->w, cnt, f->a.proj);  // [T, dim]
     // Under tensor parallelism every rank left its part (its experts or expert columns, its
     // shared-expert columns): one sum gives every rank the block's output (model/tp.h).
@@ -106,7 +111,7 @@ void kaon_blk_logits(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, 
     if (f->hidden_out) f->op->copy_strided(f->be, f->a.xn, (size_t)dim, f->hidden_out, (size_t)dim, b->n_tokens, dim, 1.0f);
     if (b->n_logits == 0) return;
     f->op->get_rows(f->be, f->a.xn, b->logit_rows, b->n_logits, dim, f->a.rows);
-    if (f->tp) kaon_tp_logits(f, b, head);  // this rank's vocabulary rows, gathered
+    if (f->tp && !f->tp->dp) kaon_tp_logits(f, b, head);  // this rank's vocabulary rows, gathered
     else if (f->logits_f32) f->op->linear_f32(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     else f->op->linear(f->be, f->a.rows, b->n_logits, head, f->a.logits);
     const float cap = f->c->final_logit_softcap;

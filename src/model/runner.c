@@ -264,6 +264,21 @@ kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n
     return r;
 }
 
+kaon_runner *kaon_runner_create_dp(const kaon_model *m, int size, int n_threads, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype) {
+    kaon_runner *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->m = m;
+    r->n_blocks = n_blocks;
+    r->block_size = block_size;
+    r->tp = kaon_dp_create(m, size, n_threads, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype);
+    if (!r->tp) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
 void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t) { r->tp_rank = t; }
 
 void kaon_runner_free(kaon_runner *r) {

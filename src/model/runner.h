@@ -20,6 +20,8 @@ typedef struct kaon_batch {
     kaon_attn_meta attn;           // positions, sequences, slots, block tables
     int n_logits;
     const int32_t *logit_rows;     // [n_logits] rows of the batch that need logits
+    const int32_t *seq_rank;       // [attn.n_seqs] data-parallel attention: the rank owning each
+                                   // sequence's KV (NULL: one rank); blocks are the pool's numbers
 } kaon_batch;
 
 // Scratch activations and the KV cache for one model on one backend, sized at creation:
@@ -41,6 +43,11 @@ size_t kaon_kv_elem_bytes(const kaon_backend *be, int kv_dtype);
 // whole on ranks instead of split. The CPU and the Llama and DeepSeek families only, for now;
 // refused with an error naming the cause otherwise.
 kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype);
+// Data-parallel attention (model/tp.h): size ranks with the whole model but the MoE layers'
+// experts spread over them (expert parallel), each caching the KV of its own sequences in its
+// part of the n_blocks pool (kv_cache.h's parts). Batches carry seq_rank.
+kaon_runner *kaon_runner_create_dp(const kaon_model *m, int size, int n_threads, int max_batch_tokens,
                                    int max_logits, int n_blocks, int block_size, int kv_dtype);
 // Makes r one rank of a tensor-parallel group: its forward calls the rank's collectives.
 struct kaon_tp_rank;

@@ -12,19 +12,20 @@
 
 extern const kaon_arch_ops kaon_arch_llama, kaon_arch_deepseek2;
 
-// The experts' part of rank r's layout (kaon_tp_plan).
-static int plan_experts(const kaon_model_config *c, int size, int rank, kaon_tp_layout *out) {
+// The experts' part of rank r's layout (kaon_tp_plan, dp_plan); what: "tensor parallel" or
+// "data parallel", for the errors.
+static int plan_experts(const kaon_model_config *c, int size, int rank, kaon_tp_layout *out, const char *what) {
     const int E = c->n_experts, F = c->moe_intermediate_size, SF = c->shared_expert_intermediate_size;
     if (SF > 0 && SF % size)
-        return kaon_set_error("tensor parallel: shared_expert_intermediate_size %d does not split over %d ranks",
-                              SF, size);
+        return kaon_set_error("%s: shared_expert_intermediate_size %d does not split over %d ranks", what, SF,
+                              size);
     out->sf0 = SF > 0 ? rank * (SF / size) : 0;
     out->nsf = SF > 0 ? SF / size : 0;
     if (out->ep) {
         if (E < size)
-            return kaon_set_error("tensor parallel: expert parallel with %d experts over %d ranks (a rank "
-                                  "without experts; use fewer ranks or leave --enable-expert-parallel off)",
-                                  E, size);
+            return kaon_set_error("%s: expert parallel with %d experts over %d ranks (a rank without experts; "
+                                  "use fewer ranks%s)", what, E, size,
+                                  strcmp(what, "tensor parallel") ? "" : " or leave --enable-expert-parallel off");
         out->e0 = (int)((int64_t)rank * E / size);  // contiguous, uneven by at most one expert
         out->ne = (int)((int64_t)(rank + 1) * E / size) - out->e0;
         out->mf0 = 0, out->nmf = F;
@@ -57,7 +58,7 @@ int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layou
                               "multiple of the KV heads, or divide them)", nkv, size);
     if (dense && ffn % size)
         return kaon_set_error("tensor parallel: intermediate_size %d does not split over %d ranks", ffn, size);
-    if (c->n_experts > 0 && plan_experts(c, size, rank, out)) return -1;
+    if (c->n_experts > 0 && plan_experts(c, size, rank, out, "tensor parallel")) return -1;
     if (c->vocab_size < size)
         return kaon_set_error("tensor parallel: a vocabulary of %d over %d ranks", c->vocab_size, size);
     out->nq = nh / size;
@@ -71,6 +72,29 @@ int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layou
     }
     out->nf = dense ? ffn / size : ffn;  // unused when every layer has experts
     out->f0 = dense ? rank * out->nf : 0;
+    return 0;
+}
+
+// Data-parallel attention's layout of rank r: attention, dense layers and the LM head whole
+// (replicated); the routed experts placed as under expert parallelism, the shared expert's
+// columns split (its part rides in the exchange's sum like the routed experts' outputs).
+static int dp_plan(const kaon_model *m, int size, int rank, kaon_tp_layout *out) {
+    const kaon_model_config *c = &m->cfg;
+    memset(out, 0, sizeof *out);
+    out->ep = c->n_experts > 0;
+    if (size < 1 || rank < 0 || rank >= size) return kaon_set_error("data parallel: rank %d of %d", rank, size);
+    if (m->arch != &kaon_arch_llama && m->arch != &kaon_arch_deepseek2)
+        return kaon_set_error("data parallel: the %s architecture cannot run DP attention yet (the Llama and "
+                              "DeepSeek families can)", m->arch->label);
+    if (c->n_experts > 0 && plan_experts(c, size, rank, out, "data parallel")) return -1;
+    out->nq = c->n_heads, out->nkv = c->n_kv_heads, out->nf = c->intermediate_size;
+    return 0;
+}
+
+int kaon_dp_check(const kaon_model *m, int size) {
+    kaon_tp_layout lay;
+    for (int r = 0; r < size; r++)
+        if (dp_plan(m, size, r, &lay)) return -1;
     return 0;
 }
 
@@ -89,6 +113,15 @@ typedef struct tp_worker {
     bool started;
     int rc;
     char err[1024];
+    // Data-parallel attention: its part of the pool and its sub-batch of each step.
+    int blk0, n_blk;             // blocks [blk0, blk0 + n_blk) of the engine's pool
+    int32_t *sub;                // [6, max_tokens] tokens, positions, seqs, slots, rows, row of each token
+    int32_t *sub_tables;         // [its seqs, max_blocks] block tables in its own numbering
+    size_t sub_tables_cap;
+    int32_t *lseq;               // [n_seqs] its index of each batch sequence, -1: another rank's
+    int lseq_cap;
+    float *logits;               // [max_logits, vocab] its sequences' rows
+    int next_row;                // the scatter's cursor into logits
 } tp_worker;
 
 struct kaon_tp {
@@ -102,6 +135,8 @@ struct kaon_tp {
     bool quit;
     const kaon_batch *b;
     float *logits;
+    bool dp;                 // data-parallel attention (kaon_dp_create)
+    int max_tokens;
 };
 
 static bool splittable(kaon_dtype t) { return t == KAON_F32 || t == KAON_F16 || t == KAON_BF16 || (t >= KAON_Q4_0 && t <= KAON_IQ4_XS); }
@@ -234,6 +269,97 @@ static void free_shard(tp_worker *w) {
 
 // ---- workers ------------------------------------------------------------------------------
 
+// ---- data-parallel attention: a rank's share of a step -------------------------------------
+
+static int rank_of(const kaon_batch *b, int s) { return b->seq_rank ? b->seq_rank[s] : 0; }
+
+// Grows the sub-batch's per-sequence buffers to the step's sequences.
+static int dp_reserve(tp_worker *w, const kaon_batch *b) {
+    const size_t tables = (size_t)b->attn.n_seqs * (size_t)b->attn.max_blocks;
+    if (tables > w->sub_tables_cap) {
+        int32_t *t = realloc(w->sub_tables, sizeof(int32_t) * tables);
+        if (!t) return kaon_set_error("data parallel: out of memory");
+        w->sub_tables = t, w->sub_tables_cap = tables;
+    }
+    if (b->attn.n_seqs > w->lseq_cap) {
+        int32_t *t = realloc(w->lseq, sizeof(int32_t) * (size_t)b->attn.n_seqs);
+        if (!t) return kaon_set_error("data parallel: out of memory");
+        w->lseq = t, w->lseq_cap = b->attn.n_seqs;
+    }
+    return 0;
+}
+
+// The block tables of this rank's sequences, in its own numbering (blocks of other parts, which
+// only stale table entries can name, become -1). Returns its sequences.
+static int dp_tables(tp_worker *w, const kaon_batch *b) {
+    const int mb = b->attn.max_blocks;
+    int ns = 0;
+    for (int s = 0; s < b->attn.n_seqs; s++) {
+        w->lseq[s] = rank_of(b, s) == w->rank ? ns++ : -1;
+        if (w->lseq[s] < 0) continue;
+        const int32_t *src = b->attn.block_tables + (size_t)s * mb;
+        int32_t *dst = w->sub_tables + (size_t)w->lseq[s] * mb;
+        for (int i = 0; i < mb; i++) dst[i] = src[i] >= w->blk0 && src[i] < w->blk0 + w->n_blk ? src[i] - w->blk0 : -1;
+    }
+    return ns;
+}
+
+// This rank's sub-batch of b: the tokens of its sequences (in batch order), slots and tables
+// in its cache's numbering, and its logit rows (in batch order, so the scatter can follow).
+static int dp_sub_batch(tp_worker *w, const kaon_batch *b, kaon_batch *out) {
+    if (dp_reserve(w, b)) return -1;
+    const int T = w->tp->max_tokens, bs = b->attn.block_size;
+    int32_t *tok = w->sub, *pos = tok + T, *sq = pos + T, *slot = sq + T, *rows = slot + T, *at = rows + T;
+    const int ns = dp_tables(w, b);
+    int n = 0, nr = 0;
+    for (int t = 0; t < b->n_tokens; t++) {
+        const int s = b->attn.token_seq[t];
+        at[t] = -1;
+        if (s < 0 || w->lseq[s] < 0) continue;
+        tok[n] = b->tokens[t];
+        pos[n] = b->attn.positions[t];
+        sq[n] = w->lseq[s];
+        slot[n] = b->attn.slot_mapping[t] - w->blk0 * bs;
+        at[t] = n++;
+    }
+    for (int j = 0; j < b->n_logits; j++)
+        if (at[b->logit_rows[j]] >= 0) rows[nr++] = at[b->logit_rows[j]];
+    *out = (kaon_batch){
+        .n_tokens = n,
+        .tokens = tok,
+        .attn = {.n_tokens = n, .n_seqs = ns, .positions = pos, .token_seq = sq, .slot_mapping = slot,
+                 .block_tables = w->sub_tables, .max_blocks = b->attn.max_blocks, .block_size = bs},
+        .n_logits = nr,
+        .logit_rows = rows,
+    };
+    return 0;
+}
+
+// A rank with no sequence in this step still serves its experts: it joins every MoE layer's
+// exchange with no tokens of its own (the others' forwards wait for it there).
+static int dp_idle(tp_worker *w) {
+    kaon_fwd f = {.be = w->be, .op = w->be->ops, .m = w->m, .c = &w->m->cfg, .tp = &w->ctx};
+    for (int l = 0; l < w->m->cfg.n_layers; l++)
+        if (kaon_model_layer_is_moe(w->m, l)) kaon_dp_moe(&f, 0, NULL, NULL, &w->m->w.moe[l], NULL, NULL);
+    return w->be->ops->status ? w->be->ops->status(w->be) : 0;
+}
+
+static int dp_step(tp_worker *w, const kaon_batch *b, float *logits) {
+    kaon_batch sb;
+    if (dp_sub_batch(w, b, &sb)) return -1;
+    return sb.n_tokens ? kaon_runner_forward(w->r, &sb, logits) : dp_idle(w);
+}
+
+// Every rank's logit rows put back at the batch's row order.
+static void dp_scatter_logits(kaon_tp *tp, const kaon_batch *b, float *logits) {
+    const size_t V = (size_t)tp->w[0].m->cfg.vocab_size;
+    for (int r = 0; r < tp->size; r++) tp->w[r].next_row = 0;
+    for (int j = 0; j < b->n_logits; j++) {
+        tp_worker *w = &tp->w[rank_of(b, b->attn.token_seq[b->logit_rows[j]])];
+        memcpy(logits + V * (size_t)j, w->logits + V * (size_t)w->next_row++, sizeof(float) * V);
+    }
+}
+
 static void *worker_main(void *p) {
     tp_worker *w = p;
     kaon_tp *tp = w->tp;
@@ -247,10 +373,10 @@ static void *worker_main(void *p) {
         }
         seen = tp->gen;
         const kaon_batch *b = tp->b;
-        float *logits = w->rank == 0 ? tp->logits : NULL;
+        float *logits = tp->dp ? (tp->logits ? w->logits : NULL) : w->rank == 0 ? tp->logits : NULL;
         pthread_mutex_unlock(&tp->mu);
         w->ctx.failed = 0;
-        w->rc = kaon_runner_forward(w->r, b, logits);
+        w->rc = tp->dp ? dp_step(w, b, logits) : kaon_runner_forward(w->r, b, logits);
         if (!w->rc && w->ctx.failed) w->rc = -1;
         if (w->rc) snprintf(w->err, sizeof w->err, "rank %d: %s", w->rank, kaon_last_error());
         pthread_mutex_lock(&tp->mu);
@@ -325,6 +451,114 @@ fail:
     return NULL;
 }
 
+// A rank's model under DP attention: the base's description and weights (views), with its own
+// MoE layers (its experts, its shared-expert columns).
+static int make_dp_model(tp_worker *w, const kaon_model *base) {
+    const kaon_arch_ops *a = base->arch;
+    kaon_model *m = calloc(1, sizeof *m);
+    if (!m) return kaon_set_error("data parallel: out of memory");
+    w->m = m;
+    memcpy(m, base, sizeof *m);
+    m->owned = NULL;
+    m->n_owned = 0;
+    m->w.moe = NULL;
+    m->w.globals = malloc(a->globals_size);
+    m->w.layers = malloc(a->layer_size * (size_t)base->cfg.n_layers);
+    if (!m->w.globals || !m->w.layers) return kaon_set_error("data parallel: out of memory");
+    memcpy(m->w.globals, base->w.globals, a->globals_size);
+    memcpy(m->w.layers, base->w.layers, a->layer_size * (size_t)base->cfg.n_layers);
+    return kaon_tp_moe_shard(m, base, &w->lay, &w->own);
+}
+
+// The exchange buffers of kaon_dp_moe and the sub-batch's, sized for a whole step.
+static int alloc_dp_buffers(tp_worker *w, int size, int max_tokens, int max_logits) {
+    const size_t T = (size_t)max_tokens, dim = (size_t)w->m->cfg.hidden_size;
+    kaon_tp_rank *t = &w->ctx;
+    t->dp = true;
+    t->max_tokens = max_tokens;
+    t->dp_counts = malloc(sizeof(int32_t) * (size_t)size);
+    t->dp_sz = malloc(sizeof(size_t) * 4 * (size_t)size);
+    t->dp_x = malloc(sizeof(float) * T * dim);
+    t->dp_pos = malloc(sizeof(int32_t) * T);
+    t->dp_out = malloc(sizeof(float) * T * dim);
+    t->dp_back = malloc(sizeof(float) * (size_t)size * T * dim);
+    w->sub = malloc(sizeof(int32_t) * 6 * T);
+    w->logits = malloc(sizeof(float) * (size_t)max_logits * (size_t)w->m->cfg.vocab_size);
+    if (!t->dp_counts || !t->dp_sz || !t->dp_x || !t->dp_pos || !t->dp_out || !t->dp_back || !w->sub || !w->logits)
+        return kaon_set_error("data parallel: out of memory for the exchange buffers");
+    return 0;
+}
+
+static int start_workers(kaon_tp *tp) {
+    for (int r = 0; r < tp->size; r++) {
+        if (pthread_create(&tp->w[r].th, NULL, worker_main, &tp->w[r]))
+            return kaon_set_error("%s: cannot start a worker thread", tp->dp ? "data parallel" : "tensor parallel");
+        tp->w[r].started = true;
+    }
+    return 0;
+}
+
+// One DP rank: its layout, model, backend, runner over its pool part, communicator, buffers.
+static int make_dp_rank(kaon_tp *tp, int r, const kaon_model *m, int per, int max_batch_tokens, int max_logits,
+                        int n_blocks, int block_size, int kv_dtype) {
+    tp_worker *w = &tp->w[r];
+    const int size = tp->size;
+    w->tp = tp;
+    w->rank = r;
+    w->blk0 = (int)((int64_t)r * n_blocks / size);  // kv_cache.c's parts
+    w->n_blk = (int)((int64_t)(r + 1) * n_blocks / size) - w->blk0;
+    if (dp_plan(m, size, r, &w->lay) || make_dp_model(w, m)) return -1;
+    if (!(w->be = kaon_backend_cpu_create(per))) return -1;
+    if (w->be->ops->act_elem_bytes != sizeof(float))
+        return kaon_set_error("data parallel: the exchange needs f32 activations");
+    w->r = kaon_runner_create_kv(w->m, w->be, max_batch_tokens, max_logits, w->n_blk, block_size, kv_dtype);
+    if (!w->r) return -1;
+    w->ctx.comm = kaon_comm_cpu_create(tp->group, r);
+    w->ctx.rank = r;
+    w->ctx.size = size;
+    w->ctx.vocab = w->ctx.vpad = m->cfg.vocab_size;
+    if (!w->ctx.comm) return kaon_set_error("data parallel: out of memory");
+    if (alloc_dp_buffers(w, size, max_batch_tokens, max_logits)) return -1;
+    kaon_runner_set_tp_rank(w->r, &w->ctx);
+    const size_t kv = (size_t)w->n_blk * block_size *
+                      kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
+    KAON_INFO("data parallel: rank %d of %d: attention and dense layers whole, KV blocks [%d, %d) of %d, KV cache "
+              "%.1f MiB (%zu bytes), %d thread%s", r, size, w->blk0, w->blk0 + w->n_blk, n_blocks, kv / 1048576.0,
+              kv, per, per == 1 ? "" : "s");
+    if (m->cfg.n_experts > 0)
+        KAON_INFO("data parallel: rank %d: expert parallel: experts [%d, %d), shared expert FFN [%d, %d)", r,
+                  w->lay.e0, w->lay.e0 + w->lay.ne, w->lay.sf0, w->lay.sf0 + w->lay.nsf);
+    return 0;
+}
+
+kaon_tp *kaon_dp_create(const kaon_model *m, int size, int n_threads, int max_batch_tokens, int max_logits,
+                        int n_blocks, int block_size, int kv_dtype) {
+    if (kaon_dp_check(m, size)) return NULL;
+    if (n_blocks < size) {
+        kaon_set_error("data parallel: %d KV blocks over %d ranks", n_blocks, size);
+        return NULL;
+    }
+    if (m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;
+    kaon_tp *tp = calloc(1, sizeof *tp);
+    if (!tp) return NULL;
+    tp->size = size;
+    tp->dp = true;
+    tp->max_tokens = max_batch_tokens;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_cond_init(&tp->cv, NULL);
+    tp->w = calloc((size_t)size, sizeof *tp->w);
+    tp->group = kaon_comm_cpu_group_create(size);
+    if (!tp->w || !tp->group) goto fail;
+    const int per = n_threads / size > 0 ? n_threads / size : 1;
+    for (int r = 0; r < size; r++)
+        if (make_dp_rank(tp, r, m, per, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype)) goto fail;
+    if (start_workers(tp)) goto fail;
+    return tp;
+fail:
+    kaon_tp_free(tp);
+    return NULL;
+}
+
 void kaon_tp_free(kaon_tp *tp) {
     if (!tp) return;
     pthread_mutex_lock(&tp->mu);
@@ -339,6 +573,16 @@ void kaon_tp_free(kaon_tp *tp) {
         if (w->ctx.comm) w->ctx.comm->ops->destroy(w->ctx.comm);
         free(w->ctx.part);
         free(w->ctx.gather);
+        free(w->ctx.dp_counts);
+        free(w->ctx.dp_sz);
+        free(w->ctx.dp_x);
+        free(w->ctx.dp_pos);
+        free(w->ctx.dp_out);
+        free(w->ctx.dp_back);
+        free(w->sub);
+        free(w->sub_tables);
+        free(w->lseq);
+        free(w->logits);
         free_shard(w);
     }
     free(tp->w);
@@ -358,7 +602,8 @@ int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits) {
     while (tp->done < tp->size) pthread_cond_wait(&tp->cv, &tp->mu);
     pthread_mutex_unlock(&tp->mu);
     for (int r = 0; r < tp->size; r++)
-        if (tp->w[r].rc) return kaon_set_error("tensor parallel: %s", tp->w[r].err);
+        if (tp->w[r].rc) return kaon_set_error("%s: %s", tp->dp ? "data parallel" : "tensor parallel", tp->w[r].err);
+    if (tp->dp && logits) dp_scatter_logits(tp, b, logits);
     return 0;
 }
 
@@ -402,4 +647,49 @@ void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head) {
         for (int i = 0; i < n; i++)
             memcpy(out + (size_t)i * V + q0, src + (size_t)i * (q1 - q0), sizeof(float) * (size_t)(q1 - q0));
     }
+}
+
+// The exchange of a MoE block under data-parallel attention (model/tp.h). Token counts differ
+// per rank, so both directions are all_to_allv: first every rank's rows to every rank (an
+// all-gather of unequal parts, in rank order), then rank q's rows of each rank's output back to
+// q, which sums them in rank order: the same bits whatever the threads' timing.
+void kaon_dp_moe(kaon_fwd *f, int n, const void *x, const int32_t *pos, const kaon_moe_layer *moe, uint32_t *cnt,
+                 void *out) {
+    kaon_tp_rank *t = f->tp;
+    kaon_comm *c = t->comm;
+    const int D = t->size;
+    const size_t dim = (size_t)f->c->hidden_size, mine = (size_t)n * dim;
+    size_t *sc = t->dp_sz, *so = sc + D, *rc = so + D, *ro = rc + D;
+    const int32_t me = n;
+    if (n == 0) x = t->dp_back, pos = t->dp_counts;  // nothing is read from them (counts 0)
+    if (c->ops->all_gather(c, &me, t->dp_counts, 1, KAON_COMM_I32)) goto fail;
+    int total = 0;
+    for (int q = 0; q < D; q++) {
+        sc[q] = (size_t)n, so[q] = 0, rc[q] = (size_t)t->dp_counts[q], ro[q] = (size_t)total;
+        total += t->dp_counts[q];
+    }
+    if (total > t->max_tokens) {
+        kaon_set_error("data parallel: a step of %d tokens (limit %d)", total, t->max_tokens);
+        goto fail;
+    }
+    if (c->ops->all_to_allv(c, pos, sc, so, t->dp_pos, rc, ro, KAON_COMM_I32)) goto fail;
+    for (int q = 0; q < D; q++) sc[q] *= dim, rc[q] *= dim, ro[q] *= dim;
+    if (c->ops->all_to_allv(c, x, sc, so, t->dp_x, rc, ro, KAON_COMM_F32)) goto fail;
+    f->op->moe(f->be, t->dp_x, total, t->dp_pos, &moe->w, cnt, t->dp_out);  // [total, dim]
+    // Back: rank q's rows [ro[q], + rc[q]) of this rank's output go to q, into its slot of rank
+    // order; this rank gets each rank's output for its own n rows.
+    for (int q = 0; q < D; q++) {
+        sc[q] = rc[q], so[q] = ro[q];
+        rc[q] = mine, ro[q] = (size_t)q * mine;
+    }
+    if (c->ops->all_to_allv(c, t->dp_out, sc, so, t->dp_back, rc, ro, KAON_COMM_F32)) goto fail;
+    float *y = out;
+    for (size_t i = 0; i < mine; i++) {
+        float sum = t->dp_back[i];
+        for (int q = 1; q < D; q++) sum += t->dp_back[(size_t)q * mine + i];
+        y[i] = sum;
+    }
+    return;
+fail:
+    t->failed = 1;
 }

@@ -1,6 +1,6 @@
-// Tensor parallelism inside one process (issue 18): N ranks, each a worker thread with its own
-// backend, its own copy of the model description holding its shard of the weights, its own
-// runner (activations, its KV heads' cache) and a communicator. A step's batch is handed to
+// Tensor parallelism and DP attention inside one process (issue 18): N ranks, each a worker
+// thread with its own backend, its own copy of the model description holding its shard of the
+// weights, its own runner (activations, its KV heads' cache) and a communicator. A step's batch is handed to
 // every worker by pointer (shared memory: no copy, no serialization); each runs the same
 // forward, which calls the communicator at the row-parallel linears (all-reduce of partial
 // sums, kaon_blk_out) and at the vocab-parallel LM head (all-gather of logit slices,
@@ -37,6 +37,20 @@
 // all-reduce the row-parallel path already does. The GPU form for large batches (DeepEP's, vLLM's
 // all2all backends) dispatches each token only to the ranks of its experts and combines with a
 // second all-to-all; that needs an all_to_all in dist/comm.h and belongs with the NCCL runner.
+//
+// DP attention (kaon_dp_create; data_parallel_size D with expert parallel): the same worker
+// threads, but each rank holds the whole model (attention, dense layers, LM head: replicated)
+// except the routed experts, placed as under expert parallelism (the shared expert's columns
+// split D ways), and caches only its own sequences' KV, in its part of the engine's block pool
+// (kv_cache.h's parts: blocks [r N / D, (r + 1) N / D), numbered from 0 in its runner). A step's
+// batch names each sequence's rank (kaon_batch.seq_rank); each rank runs its sub-batch through
+// the forward pass with no collective until a MoE layer, where kaon_dp_moe gathers every rank's
+// tokens (all_to_allv: counts differ), runs this rank's experts over all of them and sends each
+// rank's rows back, summed in rank order by their owner. Dense layers stay data parallel (each
+// rank its own tokens): the simplest correct choice, with no exchange at all. A rank with no
+// sequence in a step still joins each MoE exchange. The ranks' logit rows are put back in the
+// batch's row order for the engine. MLA gains the most: its latent cache, which TP replicates,
+// is split D ways here.
 #ifndef KAON_MODEL_TP_H
 #define KAON_MODEL_TP_H
 
@@ -56,6 +70,16 @@ typedef struct kaon_tp_rank {
     float *part;           // [max_logits, vpad] this rank's logit slice
     float *gather;         // [size, max_logits, vpad] every rank's
     int failed;            // a collective failed in this step (its error is this thread's)
+    // Data-parallel attention (kaon_dp_create): this rank's tokens only until a MoE layer, whose
+    // experts then run over every rank's tokens (kaon_dp_moe); logits stay local.
+    bool dp;
+    int max_tokens;        // of the whole step (every rank's tokens together)
+    int32_t *dp_counts;    // [size] tokens of each rank this step
+    size_t *dp_sz;         // [4, size] the exchanges' counts and offsets
+    float *dp_x;           // [max_tokens, dim] every rank's tokens, in rank order
+    int32_t *dp_pos;       // [max_tokens] their positions
+    float *dp_out;         // [max_tokens, dim] this rank's experts' output for all of them
+    float *dp_back;        // [size, max_tokens, dim] each rank's output for this rank's tokens
 } kaon_tp_rank;
 
 // The layout of rank r: its Q heads [q0, q0 + nq), KV heads [kv0, kv0 + nkv), FFN columns
@@ -69,6 +93,10 @@ typedef struct kaon_tp_layout {
 } kaon_tp_layout;
 int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layout *out);
 
+// Data-parallel attention: whether the model runs on D ranks (architecture, experts >= D, the
+// shared expert's width splitting over D); -1 + an error naming the cause otherwise.
+int kaon_dp_check(const kaon_model *m, int size);
+
 // The runner of kaon_runner_create_tp (runner.h): N ranks on their own CPU backends.
 typedef struct kaon_tp kaon_tp;
 kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
@@ -76,12 +104,21 @@ kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, i
 void kaon_tp_free(kaon_tp *tp);
 int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits);
 void kaon_tp_reserve_host_kv(kaon_tp *tp);
+// The runner of kaon_runner_create_dp: D ranks, each a whole model but its MoE experts
+// [r E / D, (r + 1) E / D) and its pool part's KV cache; kaon_tp_forward runs a step on them.
+kaon_tp *kaon_dp_create(const kaon_model *m, int size, int n_threads, int max_batch_tokens, int max_logits,
+                        int n_blocks, int block_size, int kv_dtype);
 
 // The forward pass's collectives (blocks.c): x = the sum of every rank's x  [n] activations.
 void kaon_tp_all_reduce(kaon_fwd *f, void *x, size_t n);
 // The LM head over this rank's vocabulary rows, then every rank's slices gathered into
 // a.logits [n_logits, vocab] (f32).
 void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head);
+// A MoE block under data-parallel attention: this rank's n tokens x [n, dim] (positions pos)
+// join every rank's, this rank's experts run over all of them, and each rank's outputs for
+// this rank's tokens are summed in rank order into out [n, dim].
+void kaon_dp_moe(kaon_fwd *f, int n, const void *x, const int32_t *pos, const kaon_moe_layer *moe, uint32_t *cnt,
+                 void *out);
 
 // ---- shards (tp.c, tp_moe.c) ----
 // Buffers a rank's shard owns (column slices copied at load).

@@ -217,8 +217,7 @@ def test_disconnect_leaves_other_replica(dp_server):
 
 @pytest.mark.parametrize("args", [["--data-parallel-size", "0"], ["--data-parallel-size", "-1"],
                                   ["--data-parallel-size", "1.5"], ["--data-parallel-size", "two"],
-                                  ["--data-parallel-size", "65"], ["-dp", "0"], ["--data_parallel_size=1000"],
-                                  ["-dp", "2", "--enable-expert-parallel"]])
+                                  ["--data-parallel-size", "65"], ["-dp", "0"], ["--data_parallel_size=1000"]])
 def test_bad_size_refused(args):
     r = subprocess.run([str(kaon_binary()), "serve", "--port", "0"] + args, capture_output=True,
                        text=True, timeout=30)
@@ -253,7 +252,9 @@ def test_shutdown_drains_every_replica():
     try:
         streams = Streams(s, 4, max_tokens=80)
         deadline = time.time() + 30
-        while min(per_replica(s, "kaon:num_requests_running")) < 1:
+        # Every stream admitted (a request still on its way in when SIGTERM lands gets a 503,
+        # as it should) and both replicas busy.
+        while min(r := per_replica(s, "kaon:num_requests_running")) < 1 or sum(r) < 4:
             assert time.time() < deadline, "streams did not start on both replicas:\n" + s.metrics()
             time.sleep(0.02)
         s.proc.send_signal(signal.SIGTERM)
@@ -275,3 +276,39 @@ def test_anthropic_messages_routed(dp_server):
         "messages": [{"role": "user", "content": "Name a colour."}]}, key=None)
     assert status == 200 and body["type"] == "message" and body["content"][0]["text"], body
     assert sorted(delta(finished(dp_server), before)) == [0, 1]
+
+
+def test_dp_attention_with_expert_parallel():
+    """-dp 2 with --enable-expert-parallel is DP attention inside one engine, not replicas (a
+    dense model runs plainly data parallel: each rank its own sequences and half the KV pool):
+    greedy outputs of requests in flight together equal one engine's."""
+    one = Server(COMMON + ["--threads", "1"])
+    try:
+        c1 = openai.OpenAI(base_url=one.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        want = [c1.completions.create(model=MODEL_NAME, prompt=p, max_tokens=12, temperature=0).choices[0].text
+                for p in PROMPTS]
+    finally:
+        one.stop()
+    # Each rank holds half the KV pool: twice the memory for the same max_model_len.
+    s = Server(["--served-model-name", MODEL_NAME, "--max-model-len", "1024", "--kv-cache-memory", "160M",
+                "-dp", "2", "--enable-expert-parallel", "--threads", "2"])
+    try:
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        got = [None] * len(PROMPTS)
+
+        def run(i):
+            got[i] = c.completions.create(model=MODEL_NAME, prompt=PROMPTS[i], max_tokens=12,
+                                          temperature=0).choices[0].text
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        log = s.output()
+        assert "data parallel: rank 0 of 2" in log and "data parallel: rank 1 of 2" in log, log
+        assert "replica 1 of 2" not in log
+        assert got == want
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.output()

@@ -108,6 +108,13 @@ int main(void) {
     CHECK(o.argc == 1 && err_text[0] == 0);
     kaon_vllm_args_free(&o);
 
+    // --data-parallel-size with --enable-expert-parallel: both passed on in order (kaon serve
+    // then makes the ranks DP attention instead of replicas).
+    CHECK(run(&o, ARGS("--data-parallel-size", "2", "--enable-expert-parallel")) == 0);
+    CHECK(o.argc == 4 && !strcmp(o.argv[1], "--data-parallel-size") && !strcmp(o.argv[2], "2") &&
+          !strcmp(o.argv[3], "--enable-expert-parallel") && err_text[0] == 0);
+    kaon_vllm_args_free(&o);
+
     // Refused: exit status 2 and one error line naming the flag.
     const char *const *refused[] = {
         ARGS("--pipeline-parallel-size", "2"),
