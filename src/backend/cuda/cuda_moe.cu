@@ -663,7 +663,8 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
 // per expert: with a few per expert (a decode step of 64 sequences over 64 experts: ~6) a 64-row
 // tile is mostly padding, and its MMAs, not the weights' bytes, set the time (ncu on V2-Lite's
 // 64-token step: 243 TFLOP/s of which ~90% on padding, 2.3 TB/s).
-template <bool GU, int TM>
+// KB: the K tile (32, or 64 for 128 contiguous bytes per weight row and stage).
+template <bool GU, int TM, int KB>
 __global__ void __launch_bounds__(128)
 k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__restrict__ tiles,
            const int *__restrict__ n_tiles, const int *__restrict__ off, const int *__restrict__ slot_tok,
@@ -679,14 +680,16 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
     constexpr int MW = TM >= 32 ? 2 : 1, NW = 4 / MW;            // warps along M and N
     constexpr int FI = TM / MW / 16, FJ = BN / NW / 16;            // 16x16 fragments per warp
     constexpr int AH = (TM + 31) / 32;                             // A chunks per thread and stage
-    __shared__ __align__(128) bf16 smem[2 * TM * LDS + 2 * NB * BN * LDS];
-    bf16(*sA)[TM * LDS] = (bf16(*)[TM * LDS])smem;
-    bf16(*sB)[NB][BN * LDS] = (bf16(*)[NB][BN * LDS])(smem + 2 * TM * LDS);
+    constexpr int KL = KB + 8;                                     // shared-memory row stride (bf16)
+    __shared__ __align__(128) bf16 smem[2 * TM * KL + 2 * NB * BN * KL];
+    bf16(*sA)[TM * KL] = (bf16(*)[TM * KL])smem;
+    bf16(*sB)[NB][BN * KL] = (bf16(*)[NB][BN * KL])(smem + 2 * TM * KL);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = (warp / NW) * (TM / MW), wn = (warp % NW) * (BN / NW);  // this warp's part of the tile
 
-    // Per thread and stage: A rows lr + 32 h (< TM), B rows lr and lr + 32; 8 columns each.
+    // Per thread and stage: A rows lr + 32 h (< TM), B rows lr and lr + 32; 8 columns each at
+    // lc + 32 u.
     const int lr = tid >> 2, lc = (tid & 3) * 8;
     const bf16 *arow[AH];
     bool aval[AH];
@@ -698,17 +701,20 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
         arow[h] = A + (size_t)row * Kd;
     }
     auto load = [&](int stage, int k0) {
-        const int k = k0 + lc;
-        const bool kin = k < Kd;
 #pragma unroll
-        for (int h = 0; h < AH; h++)
-            if (lr + 32 * h < TM) cp16(&sA[stage][(lr + 32 * h) * LDS + lc], arow[h] + (kin ? k : 0), aval[h] && kin);
+        for (int u = 0; u < KB / 32; u++) {
+            const int c = lc + 32 * u, k = k0 + c;
+            const bool kin = k < Kd;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = lr + 32 * h, nrow = n0 + r;
-            const bool bin = kin && nrow < N;
-            cp16(&sB[stage][0][r * LDS + lc], B0 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
-            if (GU) cp16(&sB[stage][NB - 1][r * LDS + lc], B1 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
+            for (int h = 0; h < AH; h++)
+                if (lr + 32 * h < TM) cp16(&sA[stage][(lr + 32 * h) * KL + c], arow[h] + (kin ? k : 0), aval[h] && kin);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = lr + 32 * h, nrow = n0 + r;
+                const bool bin = kin && nrow < N;
+                cp16(&sB[stage][0][r * KL + c], B0 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
+                if (GU) cp16(&sB[stage][NB - 1][r * KL + c], B1 + (size_t)(bin ? nrow : 0) * Kd + (kin ? k : 0), bin);
+            }
         }
         cp_commit();
     };
@@ -721,29 +727,29 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
 #pragma unroll
             for (int j = 0; j < FJ; j++) wmma::fill_fragment(acc[q][i][j], 0.f);
 
-    const int nk = (Kd + BK - 1) / BK;
+    const int nk = (Kd + KB - 1) / KB;
     load(0, 0);
     for (int kt = 0; kt < nk; kt++) {
         const int cur = kt & 1;
         if (kt + 1 < nk) {
-            load(cur ^ 1, (kt + 1) * BK);
+            load(cur ^ 1, (kt + 1) * KB);
             cp_wait<1>();
         } else {
             cp_wait<0>();
         }
         __syncthreads();
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
+        for (int kk = 0; kk < KB; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[FI];
 #pragma unroll
-            for (int i = 0; i < FI; i++) wmma::load_matrix_sync(fa[i], &sA[cur][(wm + 16 * i) * LDS + kk], LDS);
+            for (int i = 0; i < FI; i++) wmma::load_matrix_sync(fa[i], &sA[cur][(wm + 16 * i) * KL + kk], KL);
 #pragma unroll
             for (int q = 0; q < NB; q++) {
 #pragma unroll
                 for (int j = 0; j < FJ; j++) {
-                    // B^T: element (k, n) = W[n][k]: column-major with stride LDS.
+                    // B^T: element (k, n) = W[n][k]: column-major with stride KL.
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, &sB[cur][q][(wn + 16 * j) * LDS + kk], LDS);
+                    wmma::load_matrix_sync(fb, &sB[cur][q][(wn + 16 * j) * KL + kk], KL);
 #pragma unroll
                     for (int i = 0; i < FI; i++) wmma::mma_sync(acc[q][i][j], fa[i], fb, acc[q][i][j]);
                 }
@@ -785,12 +791,24 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
 }
 
 // Both GEMMs of the general path with tiles of TM rows.
+// The 16- and 32-row tiles (decode steps of tens to hundreds of tokens: bandwidth-bound) take
+// 64-wide K tiles: 128 contiguous bytes per weight row and stage instead of 64. H200, V2-Lite
+// decode steps: 64 tokens 18.9 -> 16.2-16.7 ms, 256 tokens 19.9-21.4 -> 18.9-19.3 ms; Qwen3-30B-A3B
+// 64 tokens 34.7 -> 31.4 ms (PERF.md, session 36). KAON_MOE_BK=32: the old tiles (A/B).
+template <int TM, int KB>
+static void moe_gemms_kb(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles,
+                         const MoeBufs &m) {
+    k_moe_gemm<true, TM, KB><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
+        x, dim, F, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.H);
+    k_moe_gemm<false, TM, KB><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
+        m.H, F, dim, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.Y);
+}
+
 template <int TM>
 static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles, const MoeBufs &m) {
-    k_moe_gemm<true, TM><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(x, dim, F, mw, m.tiles, m.n_tiles,
-                                                                                  m.off, m.slot_tok, m.H);
-    k_moe_gemm<false, TM><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(m.H, F, dim, mw, m.tiles,
-                                                                                     m.n_tiles, m.off, m.slot_tok, m.Y);
+    static const char *bk = getenv("KAON_MOE_BK");
+    if (TM <= 32 && !(bk && !strcmp(bk, "32"))) moe_gemms_kb<TM <= 32 ? TM : 32, 64>(b, x, dim, F, mw, max_tiles, m);
+    else moe_gemms_kb<TM, BK>(b, x, dim, F, mw, max_tiles, m);
 }
 
 // ---- 7. combine ----------------------------------------------------------------------------------
