@@ -13,7 +13,7 @@
 // rows; NONE: shared. Q heads split evenly (refused otherwise); KV heads split evenly when
 // there are at least as many as ranks, else each rank holds the one KV head its Q heads read
 // (ranks a multiple of the KV heads; refused otherwise). The FFN width must split evenly (no
-// padding). Supported now: the CPU backend, the Llama family (Llama, Mistral, Qwen2, Qwen3 and
+// padding). Supported on the CPU backend: the Llama family (Llama, Mistral, Qwen2, Qwen3 and
 // their MoE variants Mixtral, Qwen2-MoE, Qwen3-MoE) and the DeepSeek family (MLA + DeepSeekMoE),
 // weights in f32/f16/bf16 or GGUF block formats.
 //
