@@ -21,6 +21,8 @@ mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 KAON_GPU_RESULTS=$OUT
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KAON_BUILD=${KAON_BUILD:-$ROOT/build-gpu}
+# NVLink multicast stays off (it can take a shared host's GPUs out of service).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
