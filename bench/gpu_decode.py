@@ -93,11 +93,11 @@ def cut_config(config, layers, td):
     return str(p)
 
 
-def run_kaon(kaon, config, prompt_len, n_new, env_extra=None):
+def run_kaon(kaon, config, prompt_len, n_new, env_extra=None, tp=1):
     ids = ",".join(str(1000 + (i * 7919) % 30000) for i in range(prompt_len))
     cmd = [kaon, "run", "--device", "cuda", "--load-format", "dummy", "-m", config, "--prompt-ids", ids,
            "-n", str(n_new), "--temp", "0", "--ignore-eos", "--print-ids",
-           "--ctx-size", str(prompt_len + n_new + 16)]
+           "--ctx-size", str(prompt_len + n_new + 16)] + (["-tp", str(tp)] if tp > 1 else [])
     env = dict(os.environ, **(env_extra or {}))
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -124,6 +124,7 @@ def main():
     ap.add_argument("--no-graphs", action="store_true", help="also run with KAON_CUDA_GRAPHS=0")
     ap.add_argument("--no-pdl", action="store_true", help="also run with KAON_PDL=0 (no programmatic dependent launch)")
     ap.add_argument("--json", default=None, help="append result lines here")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (-tp N: GPUs 0..N-1)")
     ap.add_argument("--layers", type=int, default=0, help="run the config cut to its first N layers")
     ap.add_argument("--project-layers", type=int, default=0,
                     help="with --layers N: also run N - 1 layers and project M layers' ms/token")
@@ -133,12 +134,12 @@ def main():
     if a.layers:
         a.config = cut_config(full, a.layers, td)
     cfg = json.loads(Path(a.config).read_text())
-    bw = copy_bandwidth()
+    bw = copy_bandwidth() * a.tp  # -tp N reads its weights and KV from N GPUs at once
     rows = []
     variants = [("graphs", None)] + ([("no-graphs", {"KAON_CUDA_GRAPHS": "0"})] if a.no_graphs else []) + \
         ([("no-pdl", {"KAON_PDL": "0"})] if a.no_pdl else [])
     for name, env in variants:
-        r = run_kaon(a.kaon, a.config, a.prompt_len, a.tokens, env)
+        r = run_kaon(a.kaon, a.config, a.prompt_len, a.tokens, env, a.tp)
         ctx = a.prompt_len + a.tokens / 2
         w, kv = bytes_per_token(cfg, ctx)
         roof = bw / (w + kv)
@@ -147,7 +148,7 @@ def main():
             wc, _ = bytes_per_token(cfg, ctx, "checkpoint")
             extra = dict(int4_checkpoint_roofline_tok_s=bw / (wc + kv),
                          int4_checkpoint_fraction=r["decode_tok_s"] / (bw / (wc + kv)))
-        rows.append(dict(extra, kind="decode", variant=name, config=Path(a.config).name, batch=1,
+        rows.append(dict(extra, kind="decode", variant=name, config=Path(a.config).name, batch=1, tp=a.tp,
                          prompt=a.prompt_len, tokens=r["generated"], decode_tok_s=r["decode_tok_s"],
                          ms_per_token=1e3 / r["decode_tok_s"], roofline_tok_s=roof,
                          roofline_fraction=r["decode_tok_s"] / roof, copy_bw_TBs=bw / 1e12,

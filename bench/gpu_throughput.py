@@ -35,9 +35,10 @@ def main():
     ap.add_argument("--output", type=int, default=1024)
     ap.add_argument("--batched-tokens", type=int, default=8192)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (-tp N: GPUs 0..N-1)")
     a = ap.parse_args()
     cfg = json.loads(Path(a.config).read_text())
-    bw = copy_bandwidth()
+    bw = copy_bandwidth() * a.tp  # -tp N reads its weights and KV from N GPUs at once
     import random
     rng = random.Random(0)
     for n in a.requests:
@@ -50,7 +51,7 @@ def main():
             cmd = [a.kaon, "generate", "--device", "cuda", "--load-format", "dummy", "-m", a.config,
                    "--input", str(inp), "--output", str(outp), "--max-tokens", str(a.output), "--ignore-eos",
                    "--temp", "0", "--max-num-seqs", str(n), "--max-num-batched-tokens", str(a.batched_tokens),
-                   "--max-model-len", str(a.prompt + a.output + 16), "--quiet"]
+                   "--max-model-len", str(a.prompt + a.output + 16), "--quiet", "-tp", str(a.tp)]
             t0 = time.time()
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
             wall = time.time() - t0
@@ -63,7 +64,7 @@ def main():
         step = (w + n * kv_tok * (a.prompt + a.output / 2)) / bw
         prefill = 2 * roofline.active_params(cfg) * a.prompt * n / 790e12
         roof = n * a.output / (a.output * step + prefill)
-        row = dict(kind="throughput", config=Path(a.config).name, requests=n, prompt=a.prompt, output=a.output,
+        row = dict(kind="throughput", config=Path(a.config).name, tp=a.tp, requests=n, prompt=a.prompt, output=a.output,
                    generated=gen, seconds=secs, output_tok_s=gen / secs, roofline_tok_s=roof,
                    roofline_fraction=gen / secs / roof, wall_s=wall, copy_bw_TBs=bw / 1e12,
                    stats=[l for l in p.stderr.splitlines() if l.startswith("kaon-stats")][-1:],

@@ -304,6 +304,11 @@ typedef struct kaon_backend_ops {
     // backend memory (from alloc) that get += the tokens routed to each expert. 0, or -1.
     int (*moe)(kaon_backend *be, const void *x, int n, const int32_t *positions,
                const kaon_moe_weights *w, uint32_t *counts, void *out);
+    // dst[r * dst_stride + i] = src[r * src_stride + i] for r < rows, i < width: f32 backend
+    // memory (tensor parallelism puts the ranks' logit slices side by side). NULL: host memory,
+    // the caller copies.
+    void (*copy_f32_strided)(kaon_backend *be, const float *src, size_t src_stride, float *dst,
+                             size_t dst_stride, int rows, int width);
 } kaon_backend_ops;
 
 struct kaon_backend {
@@ -319,5 +324,14 @@ kaon_backend *kaon_backend_noop_create(void);
 // The CUDA backend (bf16 activations, bf16 or GGUF-quantized weights, f32 accumulation) on one
 // GPU. Without CUDA in the build it returns NULL with the error "built without CUDA".
 kaon_backend *kaon_backend_cuda_create(int device);
+// What tensor parallelism (model/tp.c) needs of a CUDA backend whose rank runs on a thread of
+// its own: its device and stream (a communicator enqueues its collectives there), making the
+// calling thread's current device its own (CUDA's current device is per thread), waiting for
+// its stream, and eager steps only (no graphs: a communicator with host barriers cannot be
+// recorded). Without CUDA in the build: -1 + "built without CUDA".
+int kaon_backend_cuda_device(kaon_backend *be, void **stream);
+int kaon_backend_cuda_bind(kaon_backend *be);
+int kaon_backend_cuda_sync(kaon_backend *be);
+void kaon_backend_cuda_no_graphs(kaon_backend *be);
 
 #endif

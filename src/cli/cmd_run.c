@@ -33,7 +33,7 @@ static void usage(void) {
            "  --ignore-eos           keep generating past end-of-sequence tokens\n"
            "engine:\n"
            "  --threads N            CPU threads (default: physical cores)\n"
-           "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
+           "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each; CUDA: a GPU each)\n"
            "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
            "  --data-parallel-size D         with --enable-expert-parallel: DP attention over D ranks\n"
            "  --device DEV           where the model runs: cpu (default), cuda, cuda:N\n"

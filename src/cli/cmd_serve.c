@@ -49,7 +49,7 @@ static void usage(FILE *f) {
             "  --load-format auto|dummy       dummy: random weights from MODEL = a config.json or its folder\n"
             "                                 (a tokenizer.json in that folder is used; else token-id prompts only)\n"
             "  --threads N                    CPU threads (default: physical cores)\n"
-            "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each)\n"
+            "  -tp, --tensor-parallel-size N  ranks of tensor parallelism (CPU: a worker thread each; CUDA: a GPU each)\n"
             "  --enable-expert-parallel       MoE models under -tp: experts placed whole on ranks, not split\n"
             "  -dp, --data-parallel-size N    N engine replicas in this process (1..64), each request routed\n"
             "                                 to the one caching most of its prompt, else the least loaded;\n"

@@ -4,7 +4,8 @@
 // rank's output is complete and every other rank is done reading this rank's input.
 //
 // Implementations: comm_cpu.c (host memory, threads over shared buffers; used by the CPU
-// backend so every sharding is tested in CI) and comm_nccl.c (device memory, NCCL).
+// backend so every sharding is tested in CI), comm_nccl.c (device memory, NCCL) and
+// comm_cuda_local.cu (device memory, every rank a thread on the same GPU: a test aid).
 //
 // Counts are elements of dtype. The CPU one reduces in rank order (rank 0 + rank 1 + ...),
 // with f32 accumulation and one rounding for 16-bit types, so results never depend on timing
@@ -49,6 +50,10 @@ typedef struct kaon_comm_ops {
 struct kaon_comm {
     const kaon_comm_ops *ops;
     int rank, size;
+    // Device communicators (NCCL): when set, a collective is only enqueued on the rank's stream
+    // and not waited for; later work on that stream sees its result. A forward pass on that
+    // stream needs no more, and CUDA graphs can record the collectives. Off: waited for.
+    int stream_ordered;
 };
 
 // ---- CPU: the ranks are threads of this process --------------------------------------------
@@ -68,5 +73,18 @@ kaon_comm *kaon_comm_cpu_create(kaon_comm_cpu_group *g, int rank);
 int kaon_comm_nccl_unique_id(unsigned char id[KAON_COMM_NCCL_ID_BYTES]);
 kaon_comm *kaon_comm_nccl_create(const unsigned char id[KAON_COMM_NCCL_ID_BYTES], int size, int rank,
                                  int device, void *stream);
+
+// ---- CUDA, every rank on the same device (comm_cuda_local.cu) --------------------------------
+// A test aid for tensor parallelism on one GPU (KAON_TP_SAME_DEVICE=1; NCCL refuses two ranks
+// on one device): each rank publishes its device buffer in the group, synchronizes its stream
+// and meets the others at a host barrier; sums are made by each rank in rank order with f32
+// accumulation and one rounding (the CPU one's bits), into a scratch that is copied out after
+// a second barrier (so in-place sums never overwrite what another rank still reads). Every
+// collective waits (host barriers cannot be recorded in a CUDA graph). all_reduce, all_gather,
+// broadcast and barrier only. Without CUDA: NULL + "built without CUDA".
+typedef struct kaon_comm_cuda_local_group kaon_comm_cuda_local_group;
+kaon_comm_cuda_local_group *kaon_comm_cuda_local_group_create(int size);
+void kaon_comm_cuda_local_group_free(kaon_comm_cuda_local_group *g);
+kaon_comm *kaon_comm_cuda_local_create(kaon_comm_cuda_local_group *g, int rank, int device, void *stream);
 
 #endif

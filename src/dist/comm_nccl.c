@@ -37,8 +37,10 @@ static int nccl_check(ncclResult_t r, const char *what) {
     return kaon_set_error("comm: %s: %s", what, ncclGetErrorString(r));
 }
 
-// Waits for this rank's stream (the collective's result is then in recv).
+// Waits for this rank's stream (the collective's result is then in recv), unless the caller
+// orders its work on that stream (kaon_comm.stream_ordered).
 static int nccl_wait(nccl_comm *c, const char *what) {
+    if (c->base.stream_ordered) return 0;
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e == cudaSuccess) return 0;
     return kaon_set_error("comm: %s: %s", what, cudaGetErrorString(e));

@@ -173,6 +173,12 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, kaon_kv_elem_bytes(e->be, e->kv_dtype));
     if (check_data_parallel(e, &dev)) goto fail;
+    const int tp_size = o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1;
+    if (tp_size > 1 && dev.kind == KAON_DEVICE_NOOP) {
+        kaon_set_error("engine: --tensor-parallel-size %d: not on the noop device", tp_size);
+        goto fail;
+    }
+    if (tp_size > 1 && on_gpu && kaon_tp_cuda_check(e->model, tp_size, e->kv_dtype)) goto fail;
     if (o->tensor_parallel_size > 1) {
         // Every rank caches its KV heads (replicated ones on each rank that reads them; MLA's
         // latent, which every head reads, whole on every rank): the plan counts the bytes of all
@@ -190,11 +196,15 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
     if (on_gpu && e->be->ops->mem_info) {
         if (e->be->ops->mem_info(e->be, &gpu_free, &gpu_total)) goto fail;
-        plan_weights = kaon_weights_device_bytes(e->be, e->model);
+        plan_weights = tp_size > 1 ? kaon_tp_rank_weight_bytes(e->be, e->model, tp_size)
+                                   : kaon_weights_device_bytes(e->be, e->model);
         if (e->model->eagle3) plan_weights += kaon_weights_device_bytes(e->be, e->model->eagle3->head);
         plan_act = kaon_runner_act_bytes(e->model, e->be->ops->act_elem_bytes,
                                          o->max_num_batched_tokens, e->max_logits) +
                    ((size_t)512 << 20);
+        // Tensor parallel: one rank's weights and activations per device, or every rank's on
+        // one device under KAON_TP_SAME_DEVICE (the test aid: each rank's KV its share).
+        if (tp_size > 1 && kaon_tp_same_device()) plan_weights *= (size_t)tp_size, plan_act *= (size_t)tp_size;
         if (kaon_spec_has_draft_model(&e->spec))  // the kept hidden states and the draft's inputs
             plan_act += (e->model->eagle3 ? 9 : 2) * (size_t)o->max_num_batched_tokens * (size_t)c->hidden_size *
                         e->be->ops->act_elem_bytes;
@@ -208,6 +218,9 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                plan_weights / 1073741824.0, plan_act / 1073741824.0, util);
                 goto fail;
             }
+            // Between devices every rank has budget bytes on its own: the pool, counted over
+            // all ranks (per_token), gets tp_size times as much.
+            if (tp_size > 1 && !kaon_tp_same_device()) budget *= tp_size;
             o->kv_cache_memory = (size_t)budget;
         }
     }
@@ -254,18 +267,13 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                                 : kaon_tokenizer_from_hf_dir(e->model->path);
         if (!e->tok) goto fail;
     }
-    if (o->tensor_parallel_size > 1 && dev.kind != KAON_DEVICE_CPU) {
-        kaon_set_error("engine: --tensor-parallel-size %d: tensor parallelism runs on the CPU only in this "
-                       "build (the GPU one needs the NCCL runner: issue 18)", o->tensor_parallel_size);
-        goto fail;
-    }
     e->runner = e->dp_size > 1
                     ? kaon_runner_create_dp(e->model, e->dp_size, o->n_threads, o->max_num_batched_tokens,
                                             e->max_logits, e->n_blocks, e->block_size, e->kv_dtype)
                 : o->tensor_parallel_size > 1
                     ? kaon_runner_create_tp(e->model, o->tensor_parallel_size, o->enable_expert_parallel, o->n_threads,
                                             o->max_num_batched_tokens, e->max_logits, e->n_blocks, e->block_size,
-                                            e->kv_dtype)
+                                            e->kv_dtype, on_gpu ? dev.index : -1)
                     : kaon_runner_create_kv(e->model, e->be, o->max_num_batched_tokens, e->max_logits,
                                             e->n_blocks, e->block_size, e->kv_dtype);
     if (!e->runner || kaon_engine_expert_stats_init(e)) goto fail;
@@ -287,6 +295,11 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
                   util * gpu_total / G, gpu_total / G, util * 100, plan_weights / G, plan_act / G,
                   e->n_blocks, e->block_size, (double)e->n_blocks * e->block_size * per_token / G,
                   (tot - fr) / G);
+        if (tp_size > 1)
+            KAON_INFO("engine: tensor parallel: %d ranks on %s; weights and activations above are %s, the KV "
+                      "cache is all ranks' together", tp_size,
+                      kaon_tp_same_device() ? "one device (KAON_TP_SAME_DEVICE=1)" : "one device each",
+                      kaon_tp_same_device() ? "every rank's" : "one rank's");
     }
     e->stats.kv_blocks_total = e->n_blocks;
     KAON_INFO("engine: %s, %d KV blocks x %d tokens = %d tokens fit (%.1f MiB, %zu B/token %s), max_model_len %d, "

@@ -250,13 +250,14 @@ kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int ma
 }
 
 kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
-                                   int max_logits, int n_blocks, int block_size, int kv_dtype) {
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device) {
     kaon_runner *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->m = m;
     r->n_blocks = n_blocks;
     r->block_size = block_size;
-    r->tp = kaon_tp_create(m, size, ep, n_threads, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype);
+    r->tp = kaon_tp_create(m, size, ep, n_threads, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype,
+                           cuda_device);
     if (!r->tp) {
         free(r);
         return NULL;

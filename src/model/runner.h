@@ -40,10 +40,12 @@ size_t kaon_kv_elem_bytes(const kaon_backend *be, int kv_dtype);
 // Tensor parallelism (model/tp.h): size ranks, each a worker thread with its own CPU backend
 // of n_threads / size threads (at least 1), its shard of m's weights and its KV heads' cache;
 // the forward calls below run every rank and return rank 0's logits; ep: MoE experts placed
-// whole on ranks instead of split. The CPU and the Llama and DeepSeek families only, for now;
-// refused with an error naming the cause otherwise.
+// whole on ranks instead of split. cuda_device >= 0: rank r on its own CUDA backend on device
+// cuda_device + r (dense Llama-family models only; KAON_TP_SAME_DEVICE=1 puts every rank on
+// cuda_device, a test aid). The Llama and DeepSeek families only, for now; refused with an
+// error naming the cause otherwise.
 kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
-                                   int max_logits, int n_blocks, int block_size, int kv_dtype);
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device);
 // Data-parallel attention (model/tp.h): size ranks with the whole model but the MoE layers'
 // experts spread over them (expert parallel), each caching the KV of its own sequences in its
 // part of the n_blocks pool (kv_cache.h's parts). Batches carry seq_rank.

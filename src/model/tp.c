@@ -137,6 +137,13 @@ struct kaon_tp {
     float *logits;
     bool dp;                 // data-parallel attention (kaon_dp_create)
     int max_tokens;
+    // CUDA ranks (kaon_tp_create with a device): the first device, every rank on it (the test
+    // aid) with its communicator group, or NCCL's unique id for the ranks' threads to join with.
+    int device;              // -1: CPU ranks
+    bool same_device;
+    kaon_comm_cuda_local_group *local;
+    unsigned char nccl_id[KAON_COMM_NCCL_ID_BYTES];
+    int ready;               // workers through their thread's set-up (rank_thread_init)
 };
 
 static bool splittable(kaon_dtype t) { return t == KAON_F32 || t == KAON_F16 || t == KAON_BF16 || (t >= KAON_Q4_0 && t <= KAON_IQ4_XS); }
@@ -204,9 +211,17 @@ static int range(const tp_worker *w, const kaon_model_config *c, int dim, int64_
     }
 }
 
+// A dummy weight a device backend will create (--load-format dummy, not filled on the host):
+// only its shape is cut (its data is a placeholder, never read).
+static void cut_placeholder(kaon_tensor *t, int dim, int64_t n) {
+    t->shape[dim] = n;
+    t->nbytes = kaon_dtype_row_bytes(t->dtype, kaon_tensor_numel(t));
+}
+
 static int make_shard(tp_worker *w, const kaon_model *base) {
     const kaon_arch_ops *a = base->arch;
     const kaon_model_config *c = &base->cfg;
+    const bool placeholders = base->format == KAON_FORMAT_DUMMY && !base->dummy_filled;
     kaon_model *m = calloc(1, sizeof *m);
     if (!m) return kaon_set_error("tensor parallel: out of memory");
     w->m = m;
@@ -247,7 +262,8 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
                     return kaon_set_error("tensor parallel: %s is row-parallel with a bias", nm);
                 lin->shard = (kaon_shard)s->shard;
             }
-            if (s->shard == KAON_SHARD_COL ? kaon_tp_cut_rows(t, lo, n, nm) : kaon_tp_cut_cols(&w->own, t, lo, n, nm))
+            if (placeholders) cut_placeholder(t, s->shard == KAON_SHARD_COL ? 0 : 1, n);
+            else if (s->shard == KAON_SHARD_COL ? kaon_tp_cut_rows(t, lo, n, nm) : kaon_tp_cut_cols(&w->own, t, lo, n, nm))
                 return -1;
         }
     }
@@ -360,10 +376,39 @@ static void dp_scatter_logits(kaon_tp *tp, const kaon_batch *b, float *logits) {
     }
 }
 
+// What a rank's own thread sets up before its first step: on CUDA its current device (per
+// thread) and, between devices, its NCCL communicator (every rank joins at once).
+static int rank_thread_init(tp_worker *w) {
+    kaon_tp *tp = w->tp;
+    if (tp->device < 0) return 0;
+    if (kaon_backend_cuda_bind(w->be)) return -1;
+    if (w->ctx.comm) return 0;  // the same-device one, made with the rank
+    void *stream = NULL;
+    const int dev = kaon_backend_cuda_device(w->be, &stream);
+    w->ctx.comm = kaon_comm_nccl_create(tp->nccl_id, tp->size, w->rank, dev, stream);
+    if (!w->ctx.comm) return -1;
+    w->ctx.comm->stream_ordered = 1;  // the forward pass runs on the same stream; graphs record it
+    return 0;
+}
+
+// One step of a rank; a CUDA rank waits for its stream, so the step's host arrays are free
+// again when the engine gets control back.
+static int rank_step(tp_worker *w, const kaon_batch *b, float *logits) {
+    int rc = w->tp->dp ? dp_step(w, b, logits) : kaon_runner_forward(w->r, b, logits);
+    if (!rc && w->tp->device >= 0) rc = kaon_backend_cuda_sync(w->be);
+    return rc;
+}
+
 static void *worker_main(void *p) {
     tp_worker *w = p;
     kaon_tp *tp = w->tp;
     unsigned long seen = 0;
+    w->rc = rank_thread_init(w);
+    if (w->rc) snprintf(w->err, sizeof w->err, "rank %d: %s", w->rank, kaon_last_error());
+    pthread_mutex_lock(&tp->mu);
+    tp->ready++;
+    pthread_cond_broadcast(&tp->cv);
+    pthread_mutex_unlock(&tp->mu);
     for (;;) {
         pthread_mutex_lock(&tp->mu);
         while (!tp->quit && tp->gen == seen) pthread_cond_wait(&tp->cv, &tp->mu);
@@ -376,7 +421,7 @@ static void *worker_main(void *p) {
         float *logits = tp->dp ? (tp->logits ? w->logits : NULL) : w->rank == 0 ? tp->logits : NULL;
         pthread_mutex_unlock(&tp->mu);
         w->ctx.failed = 0;
-        w->rc = tp->dp ? dp_step(w, b, logits) : kaon_runner_forward(w->r, b, logits);
+        w->rc = rank_step(w, b, logits);
         if (!w->rc && w->ctx.failed) w->rc = -1;
         if (w->rc) snprintf(w->err, sizeof w->err, "rank %d: %s", w->rank, kaon_last_error());
         pthread_mutex_lock(&tp->mu);
@@ -386,65 +431,183 @@ static void *worker_main(void *p) {
     }
 }
 
-kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
+bool kaon_tp_same_device(void) {
+    const char *e = getenv("KAON_TP_SAME_DEVICE");
+    return e && !strcmp(e, "1");
+}
+
+int kaon_tp_cuda_check(const kaon_model *m, int size, int kv_dtype) {
+    const kaon_model_config *c = &m->cfg;
+    if (m->arch != &kaon_arch_llama || c->n_experts > 0 || c->kv_lora_rank > 0)
+        return kaon_set_error("tensor parallel on CUDA: dense Llama-family models only for now (%s%s)",
+                              m->arch->label, c->n_experts > 0 ? ", mixture of experts" : "");
+    if (m->gguf) return kaon_set_error("tensor parallel on CUDA: GGUF checkpoints are not supported yet");
+    if (kv_dtype != KAON_KV_NATIVE) return kaon_set_error("tensor parallel on CUDA: bf16 KV cache only for now");
+    if (size > 1 && kaon_tp_same_device() && size > 16)
+        return kaon_set_error("tensor parallel: KAON_TP_SAME_DEVICE=1 takes at most 16 ranks");
+    const kaon_arch_ops *a = m->arch;
+    for (int i = 0; i < (int)a->n_weights; i++) {
+        const kaon_weight_spec *s = &a->weights[i];
+        for (int l = 0; l < (s->per_layer ? c->n_layers : 1); l++) {
+            const kaon_tensor *t = kaon_weight_slot(m, (kaon_weights *)&m->w, s, l);
+            if (!t->data) continue;
+            if (t->dtype != KAON_F32 && t->dtype != KAON_F16 && t->dtype != KAON_BF16)
+                return kaon_set_error("tensor parallel on CUDA: %s is stored as %s (f32, f16 and bf16 weights only "
+                                      "for now)", s->hf ? s->hf : s->gguf, kaon_dtype_name(t->dtype));
+            if (s->ndim == 2 && ((const kaon_linear *)t)->scale.data)
+                return kaon_set_error("tensor parallel on CUDA: quantized weights are not supported yet");
+        }
+    }
+    return 0;
+}
+
+size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size) {
+    const kaon_arch_ops *a = m->arch;
+    size_t total = 0;
+    for (int i = 0; i < (int)a->n_weights; i++) {
+        const kaon_weight_spec *s = &a->weights[i];
+        if (s->flags & (KAON_W_HOST | KAON_W_EXPERTS)) continue;
+        for (int l = 0; l < (s->per_layer ? m->cfg.n_layers : 1); l++) {
+            const kaon_tensor *t = kaon_weight_slot(m, (kaon_weights *)&m->w, s, l);
+            if (!t->data) continue;
+            const size_t b = be->ops->weight_bytes ? be->ops->weight_bytes(be, t, false) : t->nbytes;
+            total += s->shard == KAON_SHARD_COL || s->shard == KAON_SHARD_ROW ? b / (size_t)size : b;
+        }
+    }
+    return total;
+}
+
+// Rank r's backend: the CPU with its share of the threads, or its CUDA device.
+static int rank_backend(kaon_tp *tp, tp_worker *w, int per) {
+    if (tp->device < 0) return (w->be = kaon_backend_cpu_create(per)) ? 0 : -1;
+    const int dev = tp->same_device ? tp->device : tp->device + w->rank;
+    if (!(w->be = kaon_backend_cuda_create(dev))) return -1;
+    if (tp->same_device) kaon_backend_cuda_no_graphs(w->be);  // host barriers cannot be recorded
+    return 0;
+}
+
+// The logit slice and gather buffers: host memory on the CPU, the rank's device memory on CUDA.
+static int rank_logit_buffers(kaon_tp *tp, tp_worker *w, int max_logits) {
+    const size_t part = sizeof(float) * (size_t)max_logits * (size_t)w->ctx.vpad;
+    if (tp->device < 0) {
+        w->ctx.part = malloc(part);
+        w->ctx.gather = malloc(part * (size_t)tp->size);
+    } else {
+        w->ctx.be = w->be;
+        w->ctx.part = w->be->ops->alloc(w->be, part);
+        w->ctx.gather = w->be->ops->alloc(w->be, part * (size_t)tp->size);
+    }
+    if (!w->ctx.part || !w->ctx.gather) return kaon_set_error("tensor parallel: out of memory for the logit slices");
+    return 0;
+}
+
+// Rank r's communicator, where it is made by the creating thread: the CPU group's or the
+// same-device one. NCCL's is made by the rank's own thread (rank_thread_init).
+static int rank_comm(kaon_tp *tp, tp_worker *w) {
+    if (tp->device < 0) {
+        w->ctx.comm = kaon_comm_cpu_create(tp->group, w->rank);
+    } else if (tp->same_device) {
+        void *stream = NULL;
+        const int dev = kaon_backend_cuda_device(w->be, &stream);
+        w->ctx.comm = kaon_comm_cuda_local_create(tp->local, w->rank, dev, stream);
+    } else {
+        return 0;
+    }
+    return w->ctx.comm ? 0 : kaon_set_error("tensor parallel: %s", kaon_last_error());
+}
+
+static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m, int n_blocks, int block_size,
+                     int kv_dtype, int per) {
+    const int r = w->rank, size = tp->size, vpad = w->ctx.vpad, V = m->cfg.vocab_size;
+    const size_t kv = (size_t)n_blocks * block_size *
+                      kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
+    char where[64];
+    if (tp->device < 0) snprintf(where, sizeof where, "%d thread%s", per, per == 1 ? "" : "s");
+    else snprintf(where, sizeof where, "cuda:%d%s", tp->same_device ? tp->device : tp->device + r,
+                  tp->same_device ? " (shared: KAON_TP_SAME_DEVICE)" : "");
+    KAON_INFO("tensor parallel: rank %d of %d: Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d), vocab "
+              "[%d, %d), %s, KV cache %.1f MiB, weight slices copied %.1f MiB",
+              r, size, w->lay.q0, w->lay.q0 + w->lay.nq, w->lay.kv0, w->lay.kv0 + w->lay.nkv,
+              m->cfg.n_kv_heads < size ? " (replicated)" : "", w->lay.f0, w->lay.f0 + w->lay.nf,
+              r * vpad < V ? r * vpad : V, (r + 1) * vpad < V ? (r + 1) * vpad : V, where,
+              kv / 1048576.0, w->own.bytes / 1048576.0);
+    if (m->cfg.n_experts > 0)
+        KAON_INFO("tensor parallel: rank %d: %s: experts [%d, %d), expert FFN [%d, %d), shared expert FFN "
+                  "[%d, %d)", r, w->lay.ep ? "expert parallel" : "experts split", w->lay.e0,
+                  w->lay.e0 + w->lay.ne, w->lay.mf0, w->lay.mf0 + w->lay.nmf, w->lay.sf0, w->lay.sf0 + w->lay.nsf);
+    if (tp->device >= 0 && w->be->ops->mem_info) {
+        size_t fr = 0, tot = 0;
+        w->be->ops->mem_info(w->be, &fr, &tot);
+        KAON_INFO("tensor parallel: rank %d: device memory in use after its set-up %.2f GiB of %.2f", r,
+                  (tot - fr) / 1073741824.0, tot / 1073741824.0);
+    }
+}
+
+// Rank r: its layout, shard, backend, runner (weights uploaded, KV cache), collectives' context.
+static int make_tp_rank(kaon_tp *tp, int r, const kaon_model *m, bool ep, int per, int max_batch_tokens,
                         int max_logits, int n_blocks, int block_size, int kv_dtype) {
+    tp_worker *w = &tp->w[r];
+    w->tp = tp;
+    w->rank = r;
+    kaon_tp_plan(m, tp->size, r, ep, &w->lay);
+    if (make_shard(w, m) || rank_backend(tp, w, per)) return -1;
+    w->r = kaon_runner_create_kv(w->m, w->be, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype);
+    if (!w->r) return -1;
+    w->ctx.rank = r;
+    w->ctx.size = tp->size;
+    w->ctx.vocab = m->cfg.vocab_size;
+    w->ctx.vpad = (m->cfg.vocab_size + tp->size - 1) / tp->size;
+    w->ctx.act = w->be->ops->act_elem_bytes == 2 ? KAON_COMM_BF16 : KAON_COMM_F32;
+    if (rank_logit_buffers(tp, w, max_logits) || rank_comm(tp, w)) return -1;
+    kaon_runner_set_tp_rank(w->r, &w->ctx);
+    log_rank(tp, w, m, n_blocks, block_size, kv_dtype, per);
+    return 0;
+}
+
+// The communicators' shared part: the CPU group, the same-device group, or NCCL's unique id.
+static int make_comm_group(kaon_tp *tp) {
+    if (tp->device < 0) tp->group = kaon_comm_cpu_group_create(tp->size);
+    else if (tp->same_device) tp->local = kaon_comm_cuda_local_group_create(tp->size);
+    else return kaon_comm_nccl_unique_id(tp->nccl_id);
+    if (!tp->group && !tp->local) return kaon_set_error("tensor parallel: %s", kaon_last_error());
+    return 0;
+}
+
+static int start_workers(kaon_tp *tp);
+
+// Starts the workers and waits for their threads' set-up (NCCL's communicators join there).
+static int start_and_wait_ready(kaon_tp *tp) {
+    if (start_workers(tp)) return -1;
+    pthread_mutex_lock(&tp->mu);
+    while (tp->ready < tp->size) pthread_cond_wait(&tp->cv, &tp->mu);
+    pthread_mutex_unlock(&tp->mu);
+    for (int r = 0; r < tp->size; r++)
+        if (tp->w[r].rc) return kaon_set_error("tensor parallel: %s", tp->w[r].err);
+    return 0;
+}
+
+kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
+                        int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device) {
     kaon_tp_layout lay;
     for (int r = 0; r < size; r++)
         if (kaon_tp_plan(m, size, r, ep, &lay)) return NULL;
-    if (m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;
+    if (cuda_device >= 0 && kaon_tp_cuda_check(m, size, kv_dtype)) return NULL;
+    // On the CPU dummy weights get host values (the ranks' shards are views of them); a device
+    // backend creates each rank's from its shard's shapes.
+    if (cuda_device < 0 && m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;
     kaon_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
     tp->size = size;
+    tp->device = cuda_device;
+    tp->same_device = cuda_device >= 0 && kaon_tp_same_device();
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv, NULL);
     tp->w = calloc((size_t)size, sizeof *tp->w);
-    tp->group = kaon_comm_cpu_group_create(size);
-    if (!tp->w || !tp->group) goto fail;
+    if (!tp->w || make_comm_group(tp)) goto fail;
     const int per = n_threads / size > 0 ? n_threads / size : 1;
-    const int vpad = (m->cfg.vocab_size + size - 1) / size;
-    for (int r = 0; r < size; r++) {
-        tp_worker *w = &tp->w[r];
-        w->tp = tp;
-        w->rank = r;
-        kaon_tp_plan(m, size, r, ep, &w->lay);
-        if (make_shard(w, m)) goto fail;
-        w->be = kaon_backend_cpu_create(per);
-        if (!w->be) goto fail;
-        w->r = kaon_runner_create_kv(w->m, w->be, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype);
-        if (!w->r) goto fail;
-        w->ctx.comm = kaon_comm_cpu_create(tp->group, r);
-        w->ctx.rank = r;
-        w->ctx.size = size;
-        w->ctx.vocab = m->cfg.vocab_size;
-        w->ctx.vpad = vpad;
-        w->ctx.part = malloc(sizeof(float) * (size_t)max_logits * (size_t)vpad);
-        w->ctx.gather = malloc(sizeof(float) * (size_t)size * (size_t)max_logits * (size_t)vpad);
-        if (!w->ctx.comm || !w->ctx.part || !w->ctx.gather) {
-            kaon_set_error("tensor parallel: out of memory");
-            goto fail;
-        }
-        kaon_runner_set_tp_rank(w->r, &w->ctx);
-        const size_t kv = (size_t)n_blocks * block_size *
-                          kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
-        KAON_INFO("tensor parallel: rank %d of %d: Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d), vocab "
-                  "[%d, %d), %d thread%s, KV cache %.1f MiB, weight slices copied %.1f MiB",
-                  r, size, w->lay.q0, w->lay.q0 + w->lay.nq, w->lay.kv0, w->lay.kv0 + w->lay.nkv,
-                  m->cfg.n_kv_heads < size ? " (replicated)" : "", w->lay.f0, w->lay.f0 + w->lay.nf,
-                  r * vpad < m->cfg.vocab_size ? r * vpad : m->cfg.vocab_size,
-                  (r + 1) * vpad < m->cfg.vocab_size ? (r + 1) * vpad : m->cfg.vocab_size, per, per == 1 ? "" : "s",
-                  kv / 1048576.0, w->own.bytes / 1048576.0);
-        if (m->cfg.n_experts > 0)
-            KAON_INFO("tensor parallel: rank %d: %s: experts [%d, %d), expert FFN [%d, %d), shared expert FFN "
-                      "[%d, %d)", r, w->lay.ep ? "expert parallel" : "experts split", w->lay.e0,
-                      w->lay.e0 + w->lay.ne, w->lay.mf0, w->lay.mf0 + w->lay.nmf, w->lay.sf0, w->lay.sf0 + w->lay.nsf);
-    }
-    for (int r = 0; r < size; r++) {
-        if (pthread_create(&tp->w[r].th, NULL, worker_main, &tp->w[r])) {
-            kaon_set_error("tensor parallel: cannot start a worker thread");
-            goto fail;
-        }
-        tp->w[r].started = true;
-    }
+    for (int r = 0; r < size; r++)
+        if (make_tp_rank(tp, r, m, ep, per, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype)) goto fail;
+    if (start_and_wait_ready(tp)) goto fail;
     return tp;
 fail:
     kaon_tp_free(tp);
@@ -543,6 +706,7 @@ kaon_tp *kaon_dp_create(const kaon_model *m, int size, int n_threads, int max_ba
     if (!tp) return NULL;
     tp->size = size;
     tp->dp = true;
+    tp->device = -1;
     tp->max_tokens = max_batch_tokens;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv, NULL);
@@ -552,7 +716,7 @@ kaon_tp *kaon_dp_create(const kaon_model *m, int size, int n_threads, int max_ba
     const int per = n_threads / size > 0 ? n_threads / size : 1;
     for (int r = 0; r < size; r++)
         if (make_dp_rank(tp, r, m, per, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype)) goto fail;
-    if (start_workers(tp)) goto fail;
+    if (start_and_wait_ready(tp)) goto fail;
     return tp;
 fail:
     kaon_tp_free(tp);
@@ -568,11 +732,17 @@ void kaon_tp_free(kaon_tp *tp) {
     for (int r = 0; tp->w && r < tp->size; r++) {
         tp_worker *w = &tp->w[r];
         if (w->started) pthread_join(w->th, NULL);
+        if (tp->device >= 0 && w->be) kaon_backend_cuda_bind(w->be);  // this thread frees its memory
+        if (w->ctx.comm) w->ctx.comm->ops->destroy(w->ctx.comm);
+        if (w->ctx.be) {
+            if (w->ctx.part) w->ctx.be->ops->free(w->ctx.be, w->ctx.part);
+            if (w->ctx.gather) w->ctx.be->ops->free(w->ctx.be, w->ctx.gather);
+        } else {
+            free(w->ctx.part);
+            free(w->ctx.gather);
+        }
         kaon_runner_free(w->r);
         if (w->be) w->be->ops->destroy(w->be);
-        if (w->ctx.comm) w->ctx.comm->ops->destroy(w->ctx.comm);
-        free(w->ctx.part);
-        free(w->ctx.gather);
         free(w->ctx.dp_counts);
         free(w->ctx.dp_sz);
         free(w->ctx.dp_x);
@@ -587,6 +757,7 @@ void kaon_tp_free(kaon_tp *tp) {
     }
     free(tp->w);
     kaon_comm_cpu_group_free(tp->group);
+    kaon_comm_cuda_local_group_free(tp->local);
     pthread_mutex_destroy(&tp->mu);
     pthread_cond_destroy(&tp->cv);
     free(tp);
@@ -615,7 +786,7 @@ void kaon_tp_reserve_host_kv(kaon_tp *tp) {
 
 void kaon_tp_all_reduce(kaon_fwd *f, void *x, size_t n) {
     kaon_tp_rank *t = (kaon_tp_rank *)f->tp;
-    if (t->comm->ops->all_reduce(t->comm, x, x, n, KAON_COMM_F32)) t->failed = 1;
+    if (t->comm->ops->all_reduce(t->comm, x, x, n, t->act)) t->failed = 1;
 }
 
 void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head) {
@@ -644,6 +815,10 @@ void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head) {
     for (int q = 0; q < t->size; q++) {
         const int q0 = q * t->vpad < V ? q * t->vpad : V, q1 = q0 + t->vpad < V ? q0 + t->vpad : V;
         const float *src = t->gather + chunk * (size_t)q;
+        if (t->be) {  // device memory: the backend puts the slice's rows in place
+            f->op->copy_f32_strided(f->be, src, (size_t)(q1 - q0), out + q0, (size_t)V, n, q1 - q0);
+            continue;
+        }
         for (int i = 0; i < n; i++)
             memcpy(out + (size_t)i * V + q0, src + (size_t)i * (q1 - q0), sizeof(float) * (size_t)(q1 - q0));
     }

@@ -13,9 +13,19 @@
 // rows; NONE: shared. Q heads split evenly (refused otherwise); KV heads split evenly when
 // there are at least as many as ranks, else each rank holds the one KV head its Q heads read
 // (ranks a multiple of the KV heads; refused otherwise). The FFN width must split evenly (no
-// padding). Supported now: the CPU backend, the Llama family (Llama, Mistral, Qwen2, Qwen3 and
+// padding). Supported on the CPU backend: the Llama family (Llama, Mistral, Qwen2, Qwen3 and
 // their MoE variants Mixtral, Qwen2-MoE, Qwen3-MoE) and the DeepSeek family (MLA + DeepSeekMoE),
 // weights in f32/f16/bf16 or GGUF block formats.
+//
+// On CUDA (kaon_tp_create with a device d0 >= 0): rank r runs on its own CUDA backend on device
+// d0 + r, its shard (views, or column slices copied on the host first) uploaded there, its KV
+// heads' cache and activations in that device's memory, CUDA graphs per rank. The collectives
+// work on device memory in the backend's activation dtype (bf16): NCCL between the devices
+// (stream-ordered, so graphs record them), the logit slices gathered on the device and put side
+// by side there (copy_f32_strided) before rank 0 copies the rows to the host once. Dense Llama-
+// family models with f32/f16/bf16 weights only for now (kaon_tp_cuda_check). A test aid,
+// KAON_TP_SAME_DEVICE=1, puts every rank on d0 with the same-device communicator
+// (comm_cuda_local.cu; host barriers: graphs off) so one GPU can check the sharding.
 //
 // MLA (DeepSeek) splits by heads like the others: q_proj / q_b_proj rows, each head's rows of
 // the absorbed W_UK^T, W_UV and W_UK (KV_B, K_B, V_B, K_N), o_proj's columns of its heads' v;
@@ -70,6 +80,8 @@ typedef struct kaon_tp_rank {
     float *part;           // [max_logits, vpad] this rank's logit slice
     float *gather;         // [size, max_logits, vpad] every rank's
     int failed;            // a collective failed in this step (its error is this thread's)
+    kaon_comm_dtype act;   // the backend's activation dtype (what the all-reduce sums)
+    kaon_backend *be;      // part and gather are this backend's memory (NULL: host memory)
     // Data-parallel attention (kaon_dp_create): this rank's tokens only until a MoE layer, whose
     // experts then run over every rank's tokens (kaon_dp_moe); logits stay local.
     bool dp;
@@ -97,10 +109,17 @@ int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layou
 // shared expert's width splitting over D); -1 + an error naming the cause otherwise.
 int kaon_dp_check(const kaon_model *m, int size);
 
-// The runner of kaon_runner_create_tp (runner.h): N ranks on their own CPU backends.
+// The runner of kaon_runner_create_tp (runner.h): N ranks on their own CPU backends, or with
+// cuda_device >= 0 on CUDA devices cuda_device + r (all on cuda_device under KAON_TP_SAME_DEVICE=1).
 typedef struct kaon_tp kaon_tp;
 kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
-                        int max_logits, int n_blocks, int block_size, int kv_dtype);
+                        int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device);
+// Whether tensor parallelism on CUDA runs m: -1 + a one-line error naming what is missing.
+int kaon_tp_cuda_check(const kaon_model *m, int size, int kv_dtype);
+// Device bytes of one rank's weights (the backend's format): split weights 1/size, the others whole.
+size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size);
+// KAON_TP_SAME_DEVICE=1: every CUDA rank on the first device (a test aid).
+bool kaon_tp_same_device(void);
 void kaon_tp_free(kaon_tp *tp);
 int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits);
 void kaon_tp_reserve_host_kv(kaon_tp *tp);

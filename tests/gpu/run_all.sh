@@ -4,10 +4,12 @@
 # figures go to $OUT (default /tmp/kaon_gpu_out). Sections are independent and time-limited;
 # the summary at the end says what passed.
 #
-#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek|fp8|int4|kvfp8] ...
+#   tests/gpu/run_all.sh [all|build|kernels|fa|gemma|quant|models|gguf|big|bench|throughput|gemma3|deepseek|fp8|int4|kvfp8|tp] ...
 # (gemma3, tests/gpu/test_gemma3_hf.py --device cuda, deepseek, tests/gpu/test_deepseek_hf.py
 # --device cuda, fp8, tests/gpu/test_gpu_fp8.py, int4, tests/gpu/test_gpu_int4.py + the dummy
-# Llama-3.1-8B AWQ decode benchmark, and kvfp8, tests/gpu/test_gpu_kv_fp8.py (the FP8 KV cache),
+# Llama-3.1-8B AWQ decode benchmark, kvfp8, tests/gpu/test_gpu_kv_fp8.py (the FP8 KV cache), and tp,
+# tests/gpu/test_tp_cuda.py (tensor parallelism on CUDA: KAON_TP_SAME_DEVICE=1 on one GPU, NCCL where
+# there are more; KAON_TP_K="EXPR" runs -k EXPR),
 # run only when named, not under all; KAON_MOE_K / KAON_DEEPSEEK_K / KAON_FP8_K / KAON_INT4_K="EXPR" run -k EXPR)
 # Carry .debs (Debian build deps, ../shared/device/pack-debs.sh) and .whl (the gguf wheel).
 set -uo pipefail
@@ -173,6 +175,15 @@ if [[ " ${sections[*]} " == *" kvfp8 "* ]]; then  # the FP8 KV cache (--kv-cache
     { echo "######## section kvfp8 (rc $rc)"; cat /tmp/pytest_kvfp8.log; } >> "$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_kvfp8.log | cut -c1-300 | tail -n 30
     note "tests kvfp8 rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_kvfp8.log)"
+fi
+if [[ " ${sections[*]} " == *" tp "* ]]; then  # tensor parallelism on CUDA; only when named, a few minutes
+    t0=$(date +%s)
+    timeout "$(tl 600)" python3 -m pytest -q -rA -p no:cacheprovider --timeout 300 tests/gpu/test_tp_cuda.py -s \
+        ${KAON_TP_K:+-k "$KAON_TP_K"} > /tmp/pytest_tp.log 2>&1
+    rc=$?
+    { echo "######## section tp (rc $rc)"; cat /tmp/pytest_tp.log; } >> "$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)|relative L2|sequences equal" /tmp/pytest_tp.log | cut -c1-300 | tail -n 40
+    note "tests tp rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -n 1 /tmp/pytest_tp.log)"
 fi
 if [[ " ${sections[*]} " == *" int4 "* ]]; then  # W4A16 (cuda_int4.cu) vs the CPU + dummy Llama-3.1-8B AWQ decode; only when named
     t0=$(date +%s)

@@ -63,7 +63,10 @@ def test_nccl_world_size_1(driver):
 
 
 def test_nccl_all_gpus(driver):
-    n = n_gpus()
+    # KAON_NCCL_WORLD=N (bench/multigpu.sh N): world size N, which must not exceed the GPUs visible.
+    n = int(os.environ.get("KAON_NCCL_WORLD", n_gpus()))
+    if n > n_gpus():
+        pytest.fail(f"KAON_NCCL_WORLD={n} but {n_gpus()} GPUs are visible")
     if n < 2:
         pytest.skip("one GPU: world size 1 only")
     run(driver, n)

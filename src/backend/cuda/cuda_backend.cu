@@ -716,7 +716,41 @@ static int cuda_status(kaon_backend *be) {
 }
 
 static int cuda_mem_info(kaon_backend *be, size_t *free_b, size_t *total_b) {
+    // Several backends may live on one thread (tensor parallelism's ranks): ask this one's device.
+    if (kc_check(kc(be), cudaSetDevice(kc(be)->device), "memory info")) return -1;
     return kc_check(kc(be), cudaMemGetInfo(free_b, total_b), "memory info");
+}
+
+static void cuda_copy_f32_strided(kaon_backend *be, const float *src, size_t src_stride, float *dst,
+                                  size_t dst_stride, int rows, int width) {
+    kc_backend *b = kc(be);
+    if (rows <= 0 || width <= 0) return;
+    kc_check(b, cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src, src_stride * sizeof(float),
+                                  (size_t)width * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice, b->stream),
+             "copy_f32_strided");
+}
+
+extern "C" int kaon_backend_cuda_device(kaon_backend *be, void **stream) {
+    if (stream) *stream = (void *)kc(be)->stream;
+    return kc(be)->device;
+}
+
+extern "C" int kaon_backend_cuda_bind(kaon_backend *be) {
+    if (cudaSetDevice(kc(be)->device) != cudaSuccess) {
+        cudaGetLastError();
+        return kaon_set_error("cuda: cudaSetDevice(%d) failed", kc(be)->device);
+    }
+    return 0;
+}
+
+extern "C" int kaon_backend_cuda_sync(kaon_backend *be) {
+    if (kc_check(kc(be), cudaStreamSynchronize(kc(be)->stream), "step")) return -1;
+    return cuda_status(be);
+}
+
+extern "C" void kaon_backend_cuda_no_graphs(kaon_backend *be) {
+    kc(be)->graphs_disabled = true;
+    graphs_reset(kc(be));
 }
 
 // ---- fused ops ----------------------------------------------------------------------------------
@@ -884,6 +918,7 @@ static kaon_backend_ops make_ops(void) {
     o.graph_end = cuda_graph_end;
     o.status = cuda_status;
     o.mem_info = cuda_mem_info;
+    o.copy_f32_strided = cuda_copy_f32_strided;
     o.linear_multi = cuda_linear_multi;
     o.linear_silu_mul = cuda_linear_silu_mul;
     o.rope_kv_write = cuda_rope_kv_write;
