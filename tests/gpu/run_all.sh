@@ -58,17 +58,20 @@ if want build || [ ! -x "$BUILD/kaon" ]; then
             -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_COMPILER_LAUNCHER="$L" \
             -DCMAKE_C_COMPILER_LAUNCHER="$L" &&
         ninja -C "$BUILD" ${KAON_NINJA_JOBS:+-j$KAON_NINJA_JOBS} kaon &&
+        # libkaon.a's tensor parallelism calls NCCL when CMake found it: link it here too.
+        nccl=$(sed -n 's/^KAON_NCCL_LIB:FILEPATH=\(.*nccl.*\)$/\1/p' "$BUILD/CMakeCache.txt") &&
+        nccl=${nccl:+$nccl -Wl,-rpath,$(dirname "$nccl")} &&
         gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -I include -I src tests/gpu/gpu_driver.c \
             "$BUILD/libkaon.a" -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib \
             -Wl,-rpath,/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ \
             $(pkg-config --libs libpcre2-8 libcjson) $(pkg-config --libs libmicrohttpd 2> /dev/null) \
-            -fopenmp -lm -lpthread -ldl -lrt -o "$KAON_GPU_DRIVER" &&
+            $nccl -fopenmp -lm -lpthread -ldl -lrt -o "$KAON_GPU_DRIVER" &&
         # The reference tests' tools (tests/tools: mtp_logits for the MTP / EAGLE-3 head tests).
         mkdir -p "$BUILD/tests" && for t in tests/tools/*.c; do
             gcc -std=c11 -O2 -D_GNU_SOURCE -I include -I src "$t" "$BUILD/libkaon.a" \
                 -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -Wl,-rpath,/usr/local/cuda/lib64 \
                 -lcublasLt -lcudart -lstdc++ $(pkg-config --libs libpcre2-8 libcjson) \
-                -fopenmp -lm -lpthread -ldl -lrt -o "$BUILD/tests/$(basename "$t" .c)" || return 1
+                $nccl -fopenmp -lm -lpthread -ldl -lrt -o "$BUILD/tests/$(basename "$t" .c)" || return 1
         done
     }
     build >> "$OUT/build.log" 2>&1
