@@ -168,6 +168,23 @@ struct kaon_grammar_vocab {
     int n_eog;
 };
 
+// The vocabulary counted in code points of charset cs, for bounded repetitions whose units
+// are single code points of cs (grammar_mask.c): a token made only of whole code points of cs
+// is "pure" and crosses exactly that many units; the walk decides the others.
+#define GRAM_UNITS_MAX 254    // pure tokens of more code points count as other
+#define GRAM_UNITS_OTHER 255
+typedef struct {
+    int cs;
+    uint8_t *cps;         // [n_order] by rank: a pure token's code points, else GRAM_UNITS_OTHER
+    int32_t *by_cps;      // pure token ids, fewest code points first
+    int32_t *cps_start;   // [GRAM_UNITS_MAX + 2]: by_cps[cps_start[c] .. cps_start[c + 1]) have c
+    int32_t *other;       // ranks of the other tokens, ascending, with their common prefixes
+    uint16_t *other_lcp;
+    int n_other;
+} gram_units;
+int gram_units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_vocab *v, int cs);
+void gram_units_free(gram_units *u);
+
 // A masker whose cache keys hold `depth` frames (1..6; the default is 6): shallow keys leave
 // more tokens to the run-time walk, which the tests use to exercise it.
 kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_grammar_vocab *v, int depth);

@@ -7,6 +7,10 @@
 // the outermost copy: only tokens long enough to reach the bound are walked again. A key of
 // more than 3 frames is built from the entry of its top 3 frames, walking only the tokens that
 // reached below them (a string's body is walked once, not once per property it sits in).
+// When the repetition's units are single code points of one class (a JSON string's plain
+// characters) and the element after it cannot begin with one, a token made only of such code
+// points crosses exactly one unit per code point: near the bound it keeps the outer copy's
+// class or is rejected by its count alone (gram_units), and only the other tokens are walked.
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +20,7 @@
 #define MASK_DEPTH 6  // stack frames in a cache key (measured: 4 -> 6 halves the warm mask time)
 #define MASK_MAX_ENTRIES 4096
 #define PARENT_FRAMES 3  // a deeper key is built from the entry of its top 3 frames (measured: 2 and 4 slower)
+#define MASK_UNIT_CLASSES 4  // gram_units kept per masker (JSON grammars share one string character rule)
 
 // The ranks of the tokens of at least some length, with their common prefixes.
 typedef struct {
@@ -54,8 +59,18 @@ struct kaon_grammar_masker {
     int32_t *len_count;  // [L]: tokens of at least L bytes (L <= max length + 1)
     int max_long;        // at most this many tokens walked again
     long_list *longs;    // [L]: the tokens of at least L bytes, built on first use
-    int32_t *merge_buf;
+    int32_t *merge_buf;  // [n_order]
+    gram_units units[MASK_UNIT_CLASSES];  // built on first use
+    int n_units;
+    long_list walk_list;  // [n_order]: the other tokens a units copy walks
 };
+
+// How an entry is built from another copy of a bounded repetition (copy_key).
+typedef struct {
+    int thr;                  // tokens of fewer bytes keep the copy's class
+    const gram_units *units;  // else NULL; with it, pure tokens keep the copy's class when
+    int max_units;            // they have at most max_units code points, else are rejected
+} copy_rule;
 
 // Walk `n` tokens (ascending ranks: ranks[i], or base + i when ranks is NULL; lcp[i] with the
 // previous one) from `start`; each token reported by rank as 1 accepted or 2 uncertain
@@ -224,6 +239,63 @@ static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
     return l;
 }
 
+// Whether a token the copy left uncertain stays so without a walk (cr: copy_rule).
+static bool copy_keeps_uncertain(const kaon_grammar_masker *mk, const copy_rule *cr, int32_t rank) {
+    if (!cr->units || cr->units->cps[rank] == GRAM_UNITS_OTHER) return (int)mk->v->olens[rank] < cr->thr;
+    return cr->units->cps[rank] <= cr->max_units;
+}
+
+// The uncertain tokens of an entry built from copy: the copy's that stay so and the ones the
+// walk just reported (mk->unc_buf), in vocabulary order, back into mk->unc_buf.
+static int merge_uncertain(kaon_grammar_masker *mk, build_ctx *c, const mask_entry *copy, const copy_rule *cr) {
+    int n_walked = mk->n_unc;
+    if (n_walked) memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
+    mk->n_unc = 0;
+    for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
+        int32_t id;
+        if (j == n_walked || (i < copy->n_uncertain && copy->uncertain[i] < mk->merge_buf[j])) {
+            id = copy->uncertain[i++];
+            if (!copy_keeps_uncertain(mk, cr, id)) continue;
+        } else {
+            id = mk->merge_buf[j++];
+        }
+        report_build(c, id, 2);
+        if (c->failed) return -1;
+    }
+    return 0;
+}
+
+static void clear_bit(uint32_t *mask, int32_t id) { mask[id >> 5] &= ~(1u << (id & 31)); }
+
+// e from a copy through gram_units: the copy's classes, less the pure tokens of more code
+// points than units are left; the other tokens of at least thr bytes walked again.
+static int build_units_copy(kaon_grammar_masker *mk, mask_entry *e, const gram_state *start, const mask_entry *copy,
+                            const copy_rule *cr) {
+    const kaon_grammar_vocab *v = mk->v;
+    const gram_units *u = cr->units;
+    memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
+    int over = cr->max_units < GRAM_UNITS_MAX ? cr->max_units + 1 : GRAM_UNITS_MAX + 1;
+    for (int j = u->cps_start[over]; j < u->cps_start[GRAM_UNITS_MAX + 1]; j++) clear_bit(e->accepted, u->by_cps[j]);
+    long_list *w = &mk->walk_list;
+    w->n = 0;
+    uint32_t run = UINT32_MAX;  // least lcp since the last token kept
+    for (int j = 0; j < u->n_other; j++) {
+        int32_t rank = u->other[j];
+        if (u->other_lcp[j] < run) run = u->other_lcp[j];
+        if ((int)v->olens[rank] < cr->thr) continue;
+        clear_bit(e->accepted, v->order[rank]);
+        w->ranks[w->n] = rank;
+        w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
+        w->n++;
+        run = UINT32_MAX;
+    }
+    build_ctx c = {mk, e->accepted, false};
+    if (walk_tokens(mk, &mk->work, start, w->ranks, 0, w->lcp, w->n, report_build, &c) || c.failed)
+        return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+    if (merge_uncertain(mk, &c, copy, cr)) return kaon_set_error("grammar: out of memory");
+    return finish_entry(mk, e);
+}
+
 // Fills e for its key: a walk from the key's frames over an unknown rest of stack. With a
 // copy (e's key with one bounded-repetition position moved to the outermost copy, which
 // leaves at least as many units), tokens of fewer than thr bytes cannot tell the two apart
@@ -234,7 +306,7 @@ static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
 // that never left the parent's frames, or left them at its last byte, which any real frame
 // below continues), one it rejects without leaving its frames dies alike here, and the rest
 // are the ones whose walk reached a frame the parent does not hold.
-static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, int thr,
+static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, const copy_rule *cr,
                        const mask_entry *parent) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
@@ -262,7 +334,9 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         return finish_entry(mk, e);
     }
+    if (copy && cr->units) return build_units_copy(mk, e, &start, copy, cr);
     if (copy) {
+        int thr = cr->thr;
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
         const long_list *l = long_tokens(mk, thr);
         if (!l) return kaon_set_error("grammar: out of memory");
@@ -272,21 +346,7 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
         }
         if (walk_tokens(mk, a, &start, l->ranks, 0, l->lcp, l->n, report_build, &c) || c.failed)
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
-        // the copy's short uncertain tokens and the long ones just walked, in vocabulary order
-        int n_walked = mk->n_unc;
-        if (n_walked) memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
-        mk->n_unc = 0;
-        for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
-            int32_t id;
-            if (j == n_walked || (i < copy->n_uncertain && copy->uncertain[i] < mk->merge_buf[j])) {
-                id = copy->uncertain[i++];
-                if ((int)v->olens[id] >= thr) continue;  // walked again
-            } else {
-                id = mk->merge_buf[j++];
-            }
-            report_build(&c, id, 2);
-            if (c.failed) return kaon_set_error("grammar: out of memory");
-        }
+        if (merge_uncertain(mk, &c, copy, cr)) return kaon_set_error("grammar: out of memory");
         return finish_entry(mk, e);
     }
     // only runs of tokens whose first byte can begin a code point of the top's class
@@ -350,22 +410,74 @@ static int32_t *table_slot(kaon_grammar_masker *mk, const int32_t *key) {
     }
 }
 
+static bool charsets_meet(const kaon_grammar *g, int a, int b) {
+    const gram_charset *s = &g->charsets[a];
+    for (int i = 0; i < s->n; i++)
+        if (gram_charset_meets(g, b, g->ranges[2 * (s->first + i)], g->ranges[2 * (s->first + i) + 1])) return true;
+    return false;
+}
+
+// Whether top is a one-charset alternative of the rule x that precedes rep_pos (opt_k ::= x
+// opt_(k-1): rep_pos is the reference after x) and every other alternative of x begins with
+// a charset disjoint from it: a code point of top's class is then always one whole unit.
+static bool one_unit_alternative(const kaon_grammar *g, int32_t top, int32_t rep_pos) {
+    if (rep_pos < 1 || g->elems[rep_pos - 1].type != GEL_REF || g->elems[rep_pos].type != GEL_REF) return false;
+    int r = g->elems[rep_pos - 1].val;
+    bool found = false;
+    for (int j = 0; j < g->alt_count[r]; j++) {
+        int32_t a = g->rule_alts[g->alt_first[r] + j];
+        if (g->elems[a].type != GEL_CHARS) return false;
+        if (a == top) {
+            int next = g->elems[a + 1].type;
+            if (next != GEL_ALT && next != GEL_END) return false;
+            found = true;
+        } else if (charsets_meet(g, g->elems[top].val, g->elems[a].val)) {
+            return false;
+        }
+    }
+    return found;
+}
+
+// The class of key's repetition frame i when its units are single code points of it: the top
+// is x itself (a charset, i = 0) or a one-unit alternative of x's rule (i = 1), and the
+// element after the repetition is a charset disjoint from it, so a pure token (gram_units)
+// crosses one unit per code point and cannot leave the repetition before its end. Else -1.
+static int unit_charset(const kaon_grammar *g, const int32_t *key, int i) {
+    if (i > 1 || key[i + 1] < 0 || g->elems[key[0]].type != GEL_CHARS) return -1;
+    int cs = g->elems[key[0]].val;
+    if (i == 1 && !one_unit_alternative(g, key[0], key[1])) return -1;
+    const gram_elem *after = &g->elems[key[i + 1]];
+    if (after->type != GEL_CHARS || charsets_meet(g, cs, after->val)) return -1;
+    return cs;
+}
+
+// The masker's gram_units of charset cs, built on first use; NULL when out of room or memory.
+static const gram_units *units_for(kaon_grammar_masker *mk, int cs) {
+    for (int i = 0; i < mk->n_units; i++)
+        if (mk->units[i].cs == cs) return &mk->units[i];
+    if (mk->n_units == MASK_UNIT_CLASSES || gram_units_build(&mk->units[mk->n_units], mk->g, mk->v, cs)) return NULL;
+    return &mk->units[mk->n_units++];
+}
+
 // A bounded-repetition frame of key that another copy may stand for: its index (the topmost
 // such frame), with the other copy's key in ck and the token length from which the two may
 // differ in *thr; -1 when none (or when too many tokens would need walking again).
-static int copy_key(const kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, int *thr) {
+static int copy_key(kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, copy_rule *cr) {
     const kaon_grammar *g = mk->g;
     for (int i = 0; i < MASK_DEPTH && key[i] >= 0; i++) {
         int32_t c = g->rep_canon[key[i]];
         int rem = g->rep_rem[key[i]];
-        if (c < 0 || rem < 3) continue;
+        if (c < 0) continue;
         // a token of n bytes passes at most n + 1 units of x: a copy leaving rem >= n + 2 units
         // after this one walks it as the outermost copy does
-        int t = rem - 1;
-        if (t < mk->n_depth && mk->len_count[t] > mk->max_long) continue;
+        int t = rem > 1 ? rem - 1 : 0;
+        int cs = unit_charset(g, key, i);
+        cr->units = cs >= 0 ? units_for(mk, cs) : NULL;
+        cr->max_units = rem + 1;  // this unit and rem more
+        if (!cr->units && (rem < 3 || (t < mk->n_depth && mk->len_count[t] > mk->max_long))) continue;
         memcpy(ck, key, (MASK_DEPTH + 1) * sizeof *ck);
         ck[i] = c;
-        *thr = t;
+        cr->thr = t;
         return i;
     }
     return -1;
@@ -379,8 +491,8 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
     if (*slot >= 0) return &mk->entries[*slot];
     const mask_entry *copy = NULL;
     int32_t pk[MASK_DEPTH + 1];
-    int thr = 0;
-    if (copy_key(mk, key, pk, &thr) >= 0) {
+    copy_rule cr = {0};
+    if (copy_key(mk, key, pk, &cr) >= 0) {
         copy = lookup(mk, pk);
         if (!copy) return NULL;
         if (copy == &mk->spare) copy = NULL;  // cache full: the spare is about to be reused
@@ -397,12 +509,12 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
     }
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
-        return build_entry(mk, &mk->spare, copy, thr, parent) ? NULL : &mk->spare;
+        return build_entry(mk, &mk->spare, copy, &cr, parent) ? NULL : &mk->spare;
     }
     mask_entry *e = &mk->entries[mk->n_entries];
     memset(e, 0, sizeof *e);
     memcpy(e->key, key, sizeof e->key);
-    if (build_entry(mk, e, copy, thr, parent)) {
+    if (build_entry(mk, e, copy, &cr, parent)) {
         entry_free(e);
         return NULL;
     }
@@ -433,7 +545,9 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->max_long = v->n_order / 8;  // measured: 1/2 .. 1/16 alike
     mk->len_count = calloc((size_t)mk->n_depth + 1, sizeof *mk->len_count);
     mk->longs = calloc((size_t)mk->n_depth + 1, sizeof *mk->longs);
-    mk->merge_buf = malloc((size_t)(mk->max_long + 1) * sizeof *mk->merge_buf);
+    mk->merge_buf = malloc((size_t)(v->n_order + 1) * sizeof *mk->merge_buf);
+    mk->walk_list.ranks = malloc((size_t)(v->n_order + 1) * sizeof *mk->walk_list.ranks);
+    mk->walk_list.lcp = malloc((size_t)(v->n_order + 1) * sizeof *mk->walk_list.lcp);
     if (mk->len_count) {
         for (int i = 0; i < v->n_order; i++) mk->len_count[v->olens[i]]++;
         for (int l = mk->n_depth - 1; l >= 0; l--) mk->len_count[l] += mk->len_count[l + 1];
@@ -446,7 +560,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->len_count || !mk->longs || !mk->merge_buf ||
+    if (!mk->len_count || !mk->longs || !mk->merge_buf || !mk->walk_list.ranks || !mk->walk_list.lcp ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
         gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
@@ -479,6 +593,9 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
         }
     free(mk->longs);
     free(mk->merge_buf);
+    free(mk->walk_list.ranks);
+    free(mk->walk_list.lcp);
+    for (int i = 0; i < mk->n_units; i++) gram_units_free(&mk->units[i]);
     free(mk);
 }
 
