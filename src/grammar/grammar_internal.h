@@ -33,7 +33,8 @@ struct kaon_grammar {
     int root;
     // Bounded repetitions (x{m,n}: opt_k ::= x opt_(k-1) | ""): for the positions of x and of
     // the reference after it in opt_k (k >= 2), the same position in the outermost opt_K
-    // (rep_canon, -1 elsewhere) and the units left after this one (rep_rem = k - 1). Two
+    // (rep_canon, -1 elsewhere and in opt_K itself) and the units left after this one
+    // (rep_rem = k - 1, 0 elsewhere). Two
     // copies walk a token alike when both leave more units than the token has bytes.
     int32_t *rep_canon, *rep_rem;
 };

@@ -267,22 +267,28 @@ static int merge_uncertain(kaon_grammar_masker *mk, build_ctx *c, const mask_ent
 
 static void clear_bit(uint32_t *mask, int32_t id) { mask[id >> 5] &= ~(1u << (id & 31)); }
 
-// e from a copy through gram_units: the copy's classes, less the pure tokens of more code
-// points than units are left; the other tokens of at least thr bytes walked again.
-static int build_units_copy(kaon_grammar_masker *mk, mask_entry *e, const gram_state *start, const mask_entry *copy,
-                            const copy_rule *cr) {
+// e through gram_units: a pure token is accepted when it has at most max_units code points
+// (its one path stays inside the repetition and can leave it at its end), else rejected. From
+// a copy: the copy's classes, less the pure tokens of more code points, and the other tokens
+// of at least thr bytes walked again; without one, all the other tokens are walked.
+static int build_units_entry(kaon_grammar_masker *mk, mask_entry *e, const gram_state *start, const mask_entry *copy,
+                             const copy_rule *cr) {
     const kaon_grammar_vocab *v = mk->v;
     const gram_units *u = cr->units;
-    memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
     int over = cr->max_units < GRAM_UNITS_MAX ? cr->max_units + 1 : GRAM_UNITS_MAX + 1;
-    for (int j = u->cps_start[over]; j < u->cps_start[GRAM_UNITS_MAX + 1]; j++) clear_bit(e->accepted, u->by_cps[j]);
+    if (copy) {
+        memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
+        for (int j = u->cps_start[over]; j < u->cps_start[GRAM_UNITS_MAX + 1]; j++) clear_bit(e->accepted, u->by_cps[j]);
+    } else {
+        for (int j = 0; j < u->cps_start[over]; j++) set_bit(e->accepted, u->by_cps[j]);
+    }
     long_list *w = &mk->walk_list;
     w->n = 0;
     uint32_t run = UINT32_MAX;  // least lcp since the last token kept
     for (int j = 0; j < u->n_other; j++) {
         int32_t rank = u->other[j];
         if (u->other_lcp[j] < run) run = u->other_lcp[j];
-        if ((int)v->olens[rank] < cr->thr) continue;
+        if (copy && (int)v->olens[rank] < cr->thr) continue;
         clear_bit(e->accepted, v->order[rank]);
         w->ranks[w->n] = rank;
         w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
@@ -292,7 +298,7 @@ static int build_units_copy(kaon_grammar_masker *mk, mask_entry *e, const gram_s
     build_ctx c = {mk, e->accepted, false};
     if (walk_tokens(mk, &mk->work, start, w->ranks, 0, w->lcp, w->n, report_build, &c) || c.failed)
         return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
-    if (merge_uncertain(mk, &c, copy, cr)) return kaon_set_error("grammar: out of memory");
+    if (copy && merge_uncertain(mk, &c, copy, cr)) return kaon_set_error("grammar: out of memory");
     return finish_entry(mk, e);
 }
 
@@ -334,7 +340,7 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         return finish_entry(mk, e);
     }
-    if (copy && cr->units) return build_units_copy(mk, e, &start, copy, cr);
+    if (cr && cr->units) return build_units_entry(mk, e, &start, copy, cr);
     if (copy) {
         int thr = cr->thr;
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
@@ -459,6 +465,21 @@ static const gram_units *units_for(kaon_grammar_masker *mk, int cs) {
     return &mk->units[mk->n_units++];
 }
 
+// Sets cr->units when key's topmost repetition frame has units of one code point (copy_rule;
+// used without a copy: the outermost copy, or no copy kept).
+static void units_key(kaon_grammar_masker *mk, const int32_t *key, copy_rule *cr) {
+    const kaon_grammar *g = mk->g;
+    for (int i = 0; i < MASK_DEPTH && key[i] >= 0; i++) {
+        int rem = g->rep_rem[key[i]];
+        if (!rem) continue;
+        int cs = unit_charset(g, key, i);
+        cr->units = cs >= 0 ? units_for(mk, cs) : NULL;
+        cr->max_units = rem + 1;
+        cr->thr = 0;
+        return;
+    }
+}
+
 // A bounded-repetition frame of key that another copy may stand for: its index (the topmost
 // such frame), with the other copy's key in ck and the token length from which the two may
 // differ in *thr; -1 when none (or when too many tokens would need walking again).
@@ -507,6 +528,7 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
         if (!parent) return NULL;
         if (parent == &mk->spare) parent = NULL;  // cache full: the spare is about to be reused
     }
+    if (!copy && !parent) units_key(mk, key, &cr);  // e.g. the outermost copy of a string body
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
         return build_entry(mk, &mk->spare, copy, &cr, parent) ? NULL : &mk->spare;
