@@ -423,12 +423,9 @@ static bool charsets_meet(const kaon_grammar *g, int a, int b) {
     return false;
 }
 
-// Whether top is a one-charset alternative of the rule x that precedes rep_pos (opt_k ::= x
-// opt_(k-1): rep_pos is the reference after x) and every other alternative of x begins with
-// a charset disjoint from it: a code point of top's class is then always one whole unit.
-static bool one_unit_alternative(const kaon_grammar *g, int32_t top, int32_t rep_pos) {
-    if (rep_pos < 1 || g->elems[rep_pos - 1].type != GEL_REF || g->elems[rep_pos].type != GEL_REF) return false;
-    int r = g->elems[rep_pos - 1].val;
+// Whether top is a one-charset alternative of rule r and every other alternative of r begins
+// with a charset disjoint from it: a code point of top's class is then always one whole r.
+static bool one_unit_alternative(const kaon_grammar *g, int32_t top, int r) {
     bool found = false;
     for (int j = 0; j < g->alt_count[r]; j++) {
         int32_t a = g->rule_alts[g->alt_first[r] + j];
@@ -444,16 +441,57 @@ static bool one_unit_alternative(const kaon_grammar *g, int32_t top, int32_t rep
     return found;
 }
 
-// The class of key's repetition frame i when its units are single code points of it: the top
-// is x itself (a charset, i = 0) or a one-unit alternative of x's rule (i = 1), and the
-// element after the repetition is a charset disjoint from it, so a pure token (gram_units)
-// crosses one unit per code point and cannot leave the repetition before its end. Else -1.
-static int unit_charset(const kaon_grammar *g, const int32_t *key, int i) {
-    if (i > 1 || key[i + 1] < 0 || g->elems[key[0]].type != GEL_CHARS) return -1;
-    int cs = g->elems[key[0]].val;
-    if (i == 1 && !one_unit_alternative(g, key[0], key[1])) return -1;
-    const gram_elem *after = &g->elems[key[i + 1]];
-    if (after->type != GEL_CHARS || charsets_meet(g, cs, after->val)) return -1;
+// k when rule r is opt_k of a bounded repetition of x (opt_k ::= x opt_(k-1) | ""), else 0.
+static int chain_units(const kaon_grammar *g, int r, gram_elem x) {
+    int32_t a = g->rule_alts[g->alt_first[r]];
+    if (g->alt_count[r] != 2 || g->elems[a].type != x.type || g->elems[a].val != x.val) return 0;
+    if (g->rep_rem[a] > 0) return g->rep_rem[a] + 1;  // k >= 2, marked by the compiler
+    int32_t empty = g->rule_alts[g->alt_first[r] + 1];  // opt_1 ::= x | ""
+    return g->elems[a + 1].type == GEL_ALT && g->elems[empty].type == GEL_END ? 1 : 0;
+}
+
+// The units of x the elements from p allow (copies of x, then bounded repetitions of x), the
+// position after them in *end; *chain tells whether a bounded repetition was among them.
+static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *end, bool *chain) {
+    int n = 0;
+    for (;; p++) {
+        gram_elem e = g->elems[p];
+        if (e.type == x.type && e.val == x.val) {
+            n++;
+            continue;
+        }
+        int k = e.type == GEL_REF ? chain_units(g, e.val, x) : 0;
+        if (!k) break;
+        n += k;
+        *chain = true;
+    }
+    *end = p;
+    return n;
+}
+
+// The class of the top's units when the top begins a unit x of a bounded repetition whose
+// units are single code points: x is the top's charset itself, or a rule the top is a
+// one-unit alternative of (the reference before key[1]); and the element after the units is
+// a charset disjoint from the class. A pure token (gram_units) then crosses one unit per code
+// point and cannot leave the repetition before its end: it is accepted when it has at most
+// *max_units code points (this unit and the ones after it), else rejected. -1 when not so.
+static int unit_charset(const kaon_grammar *g, const int32_t *key, int *max_units) {
+    int32_t top = key[0], end;
+    int cs = g->elems[top].val, frame;  // frame: the key frame the units' rule returns to
+    bool chain = false;
+    int n;
+    if (key[1] >= 1 && g->elems[key[1] - 1].type == GEL_REF && one_unit_alternative(g, top, g->elems[key[1] - 1].val)) {
+        n = 1 + units_from(g, key[1], g->elems[key[1] - 1], &end, &chain);
+        frame = 2;
+    } else {
+        n = 1 + units_from(g, top + 1, g->elems[top], &end, &chain);
+        frame = 1;
+    }
+    if (!chain) return -1;  // no bounded repetition: a walk dies within a few bytes anyway
+    int32_t after = end;
+    if (g->elems[end].type == GEL_ALT || g->elems[end].type == GEL_END) after = frame < MASK_DEPTH ? key[frame] : -1;
+    if (after < 0 || g->elems[after].type != GEL_CHARS || charsets_meet(g, cs, g->elems[after].val)) return -1;
+    *max_units = n;
     return cs;
 }
 
@@ -465,19 +503,22 @@ static const gram_units *units_for(kaon_grammar_masker *mk, int cs) {
     return &mk->units[mk->n_units++];
 }
 
-// Sets cr->units when key's topmost repetition frame has units of one code point (copy_rule;
-// used without a copy: the outermost copy, or no copy kept).
+// Whether a whole walk from a top of class cs visits much of the vocabulary (then gram_units,
+// a pass over every token's bytes, costs less than the walks it saves).
+static bool broad_class(const kaon_grammar_masker *mk, int cs) {
+    bool lead[256];
+    lead_bytes(mk->g, cs, lead);
+    int n = 0;
+    for (int b = 0; b < 256; b++)
+        if (lead[b]) n += mk->v->first_byte_start[b + 1] - mk->v->first_byte_start[b];
+    return n > mk->v->n_order / 4;
+}
+
+// Sets cr->units and cr->max_units when key's top is a unit of a repetition unit_charset
+// describes and its class is broad (else leaves cr->units NULL).
 static void units_key(kaon_grammar_masker *mk, const int32_t *key, copy_rule *cr) {
-    const kaon_grammar *g = mk->g;
-    for (int i = 0; i < MASK_DEPTH && key[i] >= 0; i++) {
-        int rem = g->rep_rem[key[i]];
-        if (!rem) continue;
-        int cs = unit_charset(g, key, i);
-        cr->units = cs >= 0 ? units_for(mk, cs) : NULL;
-        cr->max_units = rem + 1;
-        cr->thr = 0;
-        return;
-    }
+    int cs = unit_charset(mk->g, key, &cr->max_units);
+    cr->units = cs >= 0 && broad_class(mk, cs) ? units_for(mk, cs) : NULL;
 }
 
 // A bounded-repetition frame of key that another copy may stand for: its index (the topmost
@@ -485,6 +526,7 @@ static void units_key(kaon_grammar_masker *mk, const int32_t *key, copy_rule *cr
 // differ in *thr; -1 when none (or when too many tokens would need walking again).
 static int copy_key(kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, copy_rule *cr) {
     const kaon_grammar *g = mk->g;
+    units_key(mk, key, cr);  // with units, only the other tokens need the copy's classes
     for (int i = 0; i < MASK_DEPTH && key[i] >= 0; i++) {
         int32_t c = g->rep_canon[key[i]];
         int rem = g->rep_rem[key[i]];
@@ -492,9 +534,6 @@ static int copy_key(kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, co
         // a token of n bytes passes at most n + 1 units of x: a copy leaving rem >= n + 2 units
         // after this one walks it as the outermost copy does
         int t = rem > 1 ? rem - 1 : 0;
-        int cs = unit_charset(g, key, i);
-        cr->units = cs >= 0 ? units_for(mk, cs) : NULL;
-        cr->max_units = rem + 1;  // this unit and rem more
         if (!cr->units && (rem < 3 || (t < mk->n_depth && mk->len_count[t] > mk->max_long))) continue;
         memcpy(ck, key, (MASK_DEPTH + 1) * sizeof *ck);
         ck[i] = c;
@@ -528,7 +567,10 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
         if (!parent) return NULL;
         if (parent == &mk->spare) parent = NULL;  // cache full: the spare is about to be reused
     }
-    if (!copy && !parent) units_key(mk, key, &cr);  // e.g. the outermost copy of a string body
+    if (!copy && !parent) {
+        cr.thr = 0;
+        units_key(mk, key, &cr);  // e.g. the outermost copy of a string body
+    }
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
         return build_entry(mk, &mk->spare, copy, &cr, parent) ? NULL : &mk->spare;
