@@ -2,6 +2,7 @@
 #ifndef KAON_GRAMMAR_INTERNAL_H
 #define KAON_GRAMMAR_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -167,15 +168,20 @@ struct kaon_grammar_vocab {
     bool *special;  // never matched as text
     int32_t *eog_ids;
     int n_eog;
+    // gram_units by class, shared by every masker of this vocabulary: built on first use and
+    // kept until the vocabulary is freed (the lock guards the list, not the entries)
+    pthread_mutex_t units_lock;
+    struct gram_units_node *units;
+    int n_units;
 };
 
-// The vocabulary counted in code points of charset cs, for bounded repetitions whose units
-// are single code points of cs (grammar_mask.c): a token made only of whole code points of cs
-// is "pure" and crosses exactly that many units; the walk decides the others.
+// The vocabulary counted in code points of one class, for bounded repetitions whose units are
+// single code points of it (grammar_mask.c): a token made only of whole code points of the
+// class is "pure" and crosses exactly that many units; the walk decides the others.
 #define GRAM_UNITS_MAX 254    // pure tokens of more code points count as other
 #define GRAM_UNITS_OTHER 255
+#define GRAM_UNITS_CLASSES 8  // classes kept per vocabulary (JSON strings share one)
 typedef struct {
-    int cs;
     uint8_t *cps;         // [n_order] by rank: a pure token's code points, else GRAM_UNITS_OTHER
     int32_t *by_cps;      // pure token ids, fewest code points first
     int32_t *cps_start;   // [GRAM_UNITS_MAX + 2]: by_cps[cps_start[c] .. cps_start[c + 1]) have c
@@ -183,8 +189,11 @@ typedef struct {
     uint16_t *other_lcp;
     int n_other;
 } gram_units;
-int gram_units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_vocab *v, int cs);
-void gram_units_free(gram_units *u);
+// The units of charset cs of g (found by its code points: maskers of other grammars share
+// them), built on first use; NULL when GRAM_UNITS_CLASSES are kept already or out of memory.
+// Thread-safe.
+const gram_units *gram_vocab_units(const kaon_grammar_vocab *v, const kaon_grammar *g, int cs);
+void gram_vocab_units_free(kaon_grammar_vocab *v);
 
 // A masker whose cache keys hold `depth` frames (1..6; the default is 6): shallow keys leave
 // more tokens to the run-time walk, which the tests use to exercise it.

@@ -20,7 +20,6 @@
 #define MASK_DEPTH 6  // stack frames in a cache key (measured: 4 -> 6 halves the warm mask time)
 #define MASK_MAX_ENTRIES 4096
 #define PARENT_FRAMES 3  // a deeper key is built from the entry of its top 3 frames (measured: 2 and 4 slower)
-#define MASK_UNIT_CLASSES 4  // gram_units kept per masker (JSON grammars share one string character rule)
 
 // The ranks of the tokens of at least some length, with their common prefixes.
 typedef struct {
@@ -60,8 +59,6 @@ struct kaon_grammar_masker {
     int max_long;        // at most this many tokens walked again
     long_list *longs;    // [L]: the tokens of at least L bytes, built on first use
     int32_t *merge_buf;  // [n_order]
-    gram_units units[MASK_UNIT_CLASSES];  // built on first use
-    int n_units;
     long_list walk_list;  // [n_order]: the other tokens a units copy walks
 };
 
@@ -495,14 +492,6 @@ static int unit_charset(const kaon_grammar *g, const int32_t *key, int *max_unit
     return cs;
 }
 
-// The masker's gram_units of charset cs, built on first use; NULL when out of room or memory.
-static const gram_units *units_for(kaon_grammar_masker *mk, int cs) {
-    for (int i = 0; i < mk->n_units; i++)
-        if (mk->units[i].cs == cs) return &mk->units[i];
-    if (mk->n_units == MASK_UNIT_CLASSES || gram_units_build(&mk->units[mk->n_units], mk->g, mk->v, cs)) return NULL;
-    return &mk->units[mk->n_units++];
-}
-
 // Whether a whole walk from a top of class cs visits much of the vocabulary (then gram_units,
 // a pass over every token's bytes, costs less than the walks it saves).
 static bool broad_class(const kaon_grammar_masker *mk, int cs) {
@@ -518,7 +507,7 @@ static bool broad_class(const kaon_grammar_masker *mk, int cs) {
 // describes and its class is broad (else leaves cr->units NULL).
 static void units_key(kaon_grammar_masker *mk, const int32_t *key, copy_rule *cr) {
     int cs = unit_charset(mk->g, key, &cr->max_units);
-    cr->units = cs >= 0 && broad_class(mk, cs) ? units_for(mk, cs) : NULL;
+    cr->units = cs >= 0 && broad_class(mk, cs) ? gram_vocab_units(mk->v, mk->g, cs) : NULL;
 }
 
 // A bounded-repetition frame of key that another copy may stand for: its index (the topmost
@@ -659,7 +648,6 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
     free(mk->merge_buf);
     free(mk->walk_list.ranks);
     free(mk->walk_list.lcp);
-    for (int i = 0; i < mk->n_units; i++) gram_units_free(&mk->units[i]);
     free(mk);
 }
 

@@ -6,56 +6,79 @@
 
 #include "grammar/grammar_internal.h"
 
-// The code points of b[0..len) when all are whole, valid UTF-8 in charset cs (the matcher's
-// decoding: no overlong forms, surrogates or values past U+10FFFF), else -1.
-static int count_code_points(const kaon_grammar *g, int cs, const uint8_t *b, int len) {
+// The decoding of a token's first d bytes: code points read, whether all are in the class
+// so far, and a code point in progress (the matcher's rules: no overlong forms, surrogates or
+// values past U+10FFFF). Kept per depth so the next token in vocabulary order resumes at the
+// prefix it shares with this one.
+typedef struct {
+    int32_t n;
+    uint32_t cp;
+    uint8_t rem, len;
+    bool ok;
+} decode_state;
+
+static decode_state decode_byte(const kaon_grammar *g, int cs, decode_state s, uint8_t c) {
     static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    int n = 0;
-    for (int i = 0; i < len; n++) {
-        uint8_t c = b[i];
-        uint32_t cp;
-        int extra;
-        if (c < 0x80) cp = c, extra = 0;
-        else if (c >= 0xC2 && c <= 0xDF) cp = c & 0x1Fu, extra = 1;
-        else if ((c & 0xF0) == 0xE0) cp = c & 0x0Fu, extra = 2;
-        else if (c >= 0xF0 && c <= 0xF4) cp = c & 0x07u, extra = 3;
-        else return -1;
-        if (i + extra >= len) return -1;  // cut inside the code point
-        for (int k = 1; k <= extra; k++) {
-            if ((b[i + k] & 0xC0) != 0x80) return -1;
-            cp = cp << 6 | (b[i + k] & 0x3Fu);
+    if (!s.rem) {
+        if (c < 0x80) {
+            s.ok = g->charsets[cs].ascii[c >> 5] >> (c & 31) & 1;
+            s.n++;
+            return s;
         }
-        if (cp < min_cp[extra + 1] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
-        if (!gram_charset_has(g, cs, cp)) return -1;
-        i += extra + 1;
+        if (c >= 0xC2 && c <= 0xDF) s.cp = c & 0x1Fu, s.rem = 1, s.len = 2;
+        else if ((c & 0xF0) == 0xE0) s.cp = c & 0x0Fu, s.rem = 2, s.len = 3;
+        else if (c >= 0xF0 && c <= 0xF4) s.cp = c & 0x07u, s.rem = 3, s.len = 4;
+        else s.ok = false;
+        return s;
     }
-    return n;
+    if ((c & 0xC0) != 0x80) {
+        s.ok = false;
+        return s;
+    }
+    s.cp = s.cp << 6 | (c & 0x3Fu);
+    if (--s.rem) return s;
+    s.ok = s.cp >= min_cp[s.len] && s.cp <= 0x10FFFF && !(s.cp >= 0xD800 && s.cp <= 0xDFFF) && gram_charset_has(g, cs, s.cp);
+    s.n++;
+    return s;
 }
 
-int gram_units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_vocab *v, int cs) {
+static void units_free(gram_units *u) {
+    free(u->cps);
+    free(u->by_cps);
+    free(u->cps_start);
+    free(u->other);
+    free(u->other_lcp);
+}
+
+static int units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_vocab *v, int cs) {
     memset(u, 0, sizeof *u);
-    u->cs = cs;
-    int n = v->n_order;
-    int16_t *count = malloc((size_t)(n ? n : 1) * sizeof *count);
+    int n = v->n_order, max_len = 0;
+    for (int r = 0; r < n; r++)
+        if ((int)v->olens[r] > max_len) max_len = (int)v->olens[r];
+    decode_state *at = malloc((size_t)(max_len + 1) * sizeof *at);
     u->cps_start = calloc(GRAM_UNITS_MAX + 2, sizeof *u->cps_start);
-    u->by_cps = malloc((size_t)(n ? n : 1) * sizeof *u->by_cps);
-    u->cps = malloc((size_t)(n ? n : 1) * sizeof *u->cps);
+    u->by_cps = malloc((size_t)(n + 1) * sizeof *u->by_cps);
+    u->cps = malloc((size_t)(n + 1) * sizeof *u->cps);
     u->other = malloc((size_t)(n + 1) * sizeof *u->other);
     u->other_lcp = malloc((size_t)(n + 1) * sizeof *u->other_lcp);
-    if (!count || !u->cps_start || !u->by_cps || !u->cps || !u->other || !u->other_lcp) {
-        free(count);
-        gram_units_free(u);
+    if (!at || !u->cps_start || !u->by_cps || !u->cps || !u->other || !u->other_lcp) {
+        free(at);
+        units_free(u);
         return -1;
     }
+    at[0] = (decode_state){.ok = true};
     uint32_t run = 0;  // least lcp since the last other token (their common prefix)
+    int valid = 0;     // at[0 .. valid] decode the previous token's bytes (it stopped there)
     for (int r = 0; r < n; r++) {
-        int c = count_code_points(g, cs, v->obytes[r], (int)v->olens[r]);
-        if (c > GRAM_UNITS_MAX) c = -1;
-        count[r] = (int16_t)c;
-        u->cps[r] = (uint8_t)(c < 0 ? GRAM_UNITS_OTHER : c);
+        int len = (int)v->olens[r], d = v->lcp[r] < valid ? v->lcp[r] : valid;
+        decode_state s = at[d];
+        for (; d < len && s.ok; d++) at[d + 1] = s = decode_byte(g, cs, s, v->obytes[r][d]);
+        valid = d;
+        bool pure = s.ok && !s.rem && s.n <= GRAM_UNITS_MAX;
+        u->cps[r] = (uint8_t)(pure ? s.n : GRAM_UNITS_OTHER);
         if (v->lcp[r] < run) run = v->lcp[r];
-        if (c >= 0) {
-            u->cps_start[c + 1]++;
+        if (pure) {
+            u->cps_start[s.n + 1]++;
             continue;
         }
         u->other[u->n_other] = r;
@@ -63,28 +86,62 @@ int gram_units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_vo
         u->n_other++;
         run = UINT32_MAX;
     }
+    free(at);
     for (int c = 0; c <= GRAM_UNITS_MAX; c++) u->cps_start[c + 1] += u->cps_start[c];
-    // ids by count, a counting sort (cps_start[c] is the next free slot of count c meanwhile)
-    int32_t *next = malloc((GRAM_UNITS_MAX + 1) * sizeof *next);
-    if (!next) {
-        free(count);
-        gram_units_free(u);
-        return -1;
-    }
-    memcpy(next, u->cps_start, (GRAM_UNITS_MAX + 1) * sizeof *next);
+    // ids by count, a counting sort: next[c] is the next free slot of count c
+    int32_t next[GRAM_UNITS_MAX + 1];
+    memcpy(next, u->cps_start, sizeof next);
     for (int r = 0; r < n; r++)
-        if (count[r] >= 0) u->by_cps[next[count[r]]++] = v->order[r];
-    free(next);
-    free(count);
+        if (u->cps[r] != GRAM_UNITS_OTHER) u->by_cps[next[u->cps[r]]++] = v->order[r];
     return 0;
 }
 
-void gram_units_free(gram_units *u) {
-    free(u->cps);
-    free(u->by_cps);
-    free(u->cps_start);
-    free(u->other);
-    free(u->other_lcp);
-    memset(u, 0, sizeof *u);
-    u->cs = -1;
+typedef struct gram_units_node {
+    struct gram_units_node *next;
+    uint32_t *ranges;  // the class's code point ranges (lo, hi pairs)
+    int n_ranges;
+    gram_units u;
+} gram_units_node;
+
+static bool same_class(const gram_units_node *nd, const kaon_grammar *g, int cs) {
+    const gram_charset *c = &g->charsets[cs];
+    return nd->n_ranges == c->n && !memcmp(nd->ranges, g->ranges + 2 * c->first, (size_t)c->n * 2 * sizeof *nd->ranges);
+}
+
+const gram_units *gram_vocab_units(const kaon_grammar_vocab *cv, const kaon_grammar *g, int cs) {
+    kaon_grammar_vocab *v = (kaon_grammar_vocab *)cv;  // the cache is internal state, behind its lock
+    const gram_units *found = NULL;
+    pthread_mutex_lock(&v->units_lock);
+    for (gram_units_node *nd = v->units; nd && !found; nd = nd->next)
+        if (same_class(nd, g, cs)) found = &nd->u;
+    if (!found && v->n_units < GRAM_UNITS_CLASSES) {
+        const gram_charset *c = &g->charsets[cs];
+        gram_units_node *nd = calloc(1, sizeof *nd);
+        uint32_t *ranges = malloc((size_t)(c->n ? c->n : 1) * 2 * sizeof *ranges);
+        if (nd && ranges && !units_build(&nd->u, g, v, cs)) {
+            memcpy(ranges, g->ranges + 2 * c->first, (size_t)c->n * 2 * sizeof *ranges);
+            nd->ranges = ranges;
+            nd->n_ranges = c->n;
+            nd->next = v->units;
+            v->units = nd;
+            v->n_units++;
+            found = &nd->u;
+        } else {
+            free(nd);
+            free(ranges);
+        }
+    }
+    pthread_mutex_unlock(&v->units_lock);
+    return found;
+}
+
+void gram_vocab_units_free(kaon_grammar_vocab *v) {
+    for (gram_units_node *nd = v->units, *next; nd; nd = next) {
+        next = nd->next;
+        units_free(&nd->u);
+        free(nd->ranges);
+        free(nd);
+    }
+    v->units = NULL;
+    v->n_units = 0;
 }

@@ -22,6 +22,8 @@ static int cmp_tokens(const void *pa, const void *pb) {
 
 void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
     if (!v) return;
+    gram_vocab_units_free(v);
+    pthread_mutex_destroy(&v->units_lock);
     if (v->bytes && !v->packed)
         for (int i = 0; i < v->n; i++) free(v->bytes[i]);
     free(v->packed);
@@ -72,6 +74,7 @@ kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *byte
     }
     kaon_grammar_vocab *v = calloc(1, sizeof *v);
     if (!v) goto oom;
+    pthread_mutex_init(&v->units_lock, NULL);
     v->n = n_tokens;
     v->bytes = calloc((size_t)n_tokens, sizeof *v->bytes);
     v->lens = calloc((size_t)n_tokens, sizeof *v->lens);
