@@ -188,6 +188,9 @@ typedef struct {
     int32_t *other;       // ranks of the other tokens, ascending, with their common prefixes
     uint16_t *other_lcp;
     int n_other;
+    int32_t *other_by_len;    // the other ranks, longest first
+    int32_t *other_at_least;  // [max_len + 2]: how many other tokens have at least L bytes
+    int max_len;
 } gram_units;
 // The units of charset cs of g (found by its code points: maskers of other grammars share
 // them), built on first use; NULL when GRAM_UNITS_CLASSES are kept already or out of memory.

@@ -264,6 +264,47 @@ static int merge_uncertain(kaon_grammar_masker *mk, build_ctx *c, const mask_ent
 
 static void clear_bit(uint32_t *mask, int32_t id) { mask[id >> 5] &= ~(1u << (id & 31)); }
 
+static int cmp_rank(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+// The other tokens (gram_units) of at least thr bytes in vocabulary order with their common
+// prefixes, in mk->walk_list. Few long ones (a copy far from the bound) are taken from the
+// list by length and sorted; else one pass over all the other tokens.
+static const long_list *other_tokens_to_walk(kaon_grammar_masker *mk, const gram_units *u, int thr) {
+    const kaon_grammar_vocab *v = mk->v;
+    long_list *w = &mk->walk_list;
+    w->n = 0;
+    int n_long = thr > u->max_len ? 0 : u->other_at_least[thr];
+    if (n_long < u->n_other / 8) {
+        memcpy(w->ranks, u->other_by_len, (size_t)n_long * sizeof *w->ranks);
+        qsort(w->ranks, (size_t)n_long, sizeof *w->ranks, cmp_rank);
+        for (int j = 0; j < n_long; j++) {
+            uint32_t k = 0;
+            if (j) {
+                int32_t p = w->ranks[j - 1], r = w->ranks[j];
+                uint32_t n = v->olens[p] < v->olens[r] ? v->olens[p] : v->olens[r];
+                while (k < n && k < UINT16_MAX && v->obytes[p][k] == v->obytes[r][k]) k++;
+            }
+            w->lcp[j] = (uint16_t)k;
+        }
+        w->n = n_long;
+        return w;
+    }
+    uint32_t run = UINT32_MAX;  // least lcp since the last token kept
+    for (int j = 0; j < u->n_other; j++) {
+        int32_t rank = u->other[j];
+        if (u->other_lcp[j] < run) run = u->other_lcp[j];
+        if ((int)v->olens[rank] < thr) continue;
+        w->ranks[w->n] = rank;
+        w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
+        w->n++;
+        run = UINT32_MAX;
+    }
+    return w;
+}
+
 // e through gram_units: a pure token is accepted when it has at most max_units code points
 // (its one path stays inside the repetition and can leave it at its end), else rejected. From
 // a copy: the copy's classes, less the pure tokens of more code points, and the other tokens
@@ -279,19 +320,8 @@ static int build_units_entry(kaon_grammar_masker *mk, mask_entry *e, const gram_
     } else {
         for (int j = 0; j < u->cps_start[over]; j++) set_bit(e->accepted, u->by_cps[j]);
     }
-    long_list *w = &mk->walk_list;
-    w->n = 0;
-    uint32_t run = UINT32_MAX;  // least lcp since the last token kept
-    for (int j = 0; j < u->n_other; j++) {
-        int32_t rank = u->other[j];
-        if (u->other_lcp[j] < run) run = u->other_lcp[j];
-        if (copy && (int)v->olens[rank] < cr->thr) continue;
-        clear_bit(e->accepted, v->order[rank]);
-        w->ranks[w->n] = rank;
-        w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
-        w->n++;
-        run = UINT32_MAX;
-    }
+    const long_list *w = other_tokens_to_walk(mk, u, copy ? cr->thr : 0);
+    for (int j = 0; j < w->n; j++) clear_bit(e->accepted, v->order[w->ranks[j]]);
     build_ctx c = {mk, e->accepted, false};
     if (walk_tokens(mk, &mk->work, start, w->ranks, 0, w->lcp, w->n, report_build, &c) || c.failed)
         return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");

@@ -48,6 +48,28 @@ static void units_free(gram_units *u) {
     free(u->cps_start);
     free(u->other);
     free(u->other_lcp);
+    free(u->other_by_len);
+    free(u->other_at_least);
+}
+
+// The other tokens longest first (a counting sort by length), for copies that walk only the
+// long ones.
+static int other_by_length(gram_units *u, const kaon_grammar_vocab *v, int max_len) {
+    u->max_len = max_len;
+    u->other_by_len = malloc((size_t)(u->n_other + 1) * sizeof *u->other_by_len);
+    u->other_at_least = calloc((size_t)max_len + 2, sizeof *u->other_at_least);
+    int32_t *fill = malloc(((size_t)max_len + 2) * sizeof *fill);
+    if (!u->other_by_len || !u->other_at_least || !fill) {
+        free(fill);
+        return -1;
+    }
+    for (int j = 0; j < u->n_other; j++) u->other_at_least[v->olens[u->other[j]]]++;
+    for (int l = max_len - 1; l >= 0; l--) u->other_at_least[l] += u->other_at_least[l + 1];
+    // tokens of length l fill other_by_len[other_at_least[l + 1] .. other_at_least[l])
+    for (int l = 0; l <= max_len; l++) fill[l] = u->other_at_least[l + 1];
+    for (int j = 0; j < u->n_other; j++) u->other_by_len[fill[v->olens[u->other[j]]]++] = u->other[j];
+    free(fill);
+    return 0;
 }
 
 static int units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_vocab *v, int cs) {
@@ -87,6 +109,10 @@ static int units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_
         run = UINT32_MAX;
     }
     free(at);
+    if (other_by_length(u, v, max_len)) {
+        units_free(u);
+        return -1;
+    }
     for (int c = 0; c <= GRAM_UNITS_MAX; c++) u->cps_start[c + 1] += u->cps_start[c];
     // ids by count, a counting sort: next[c] is the next free slot of count c
     int32_t next[GRAM_UNITS_MAX + 1];

@@ -478,6 +478,12 @@ static void test_vocab_units(void) {
         }
         CHECK(u && n_other == u->n_other && n_pure == u->cps_start[GRAM_UNITS_MAX + 1]);
         CHECK(bad == 0);
+        for (int j = 0; u && j < u->n_other; j++) {  // the other tokens longest first, counted by length
+            int len = (int)v->olens[u->other_by_len[j]];
+            CHECK(u->cps[u->other_by_len[j]] == GRAM_UNITS_OTHER);
+            CHECK(j == 0 || (int)v->olens[u->other_by_len[j - 1]] >= len);
+            CHECK(u->other_at_least[len] > j && u->other_at_least[len + 1] <= j);
+        }
         for (int c = 0; u && c <= GRAM_UNITS_MAX; c++)  // ids grouped by count
             for (int j = u->cps_start[c]; j < u->cps_start[c + 1]; j++) {
                 int len = (int)v->lens[u->by_cps[j]];
