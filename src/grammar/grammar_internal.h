@@ -164,6 +164,9 @@ struct kaon_grammar_vocab {
     uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)
     int32_t first_byte_start[257];  // order[first_byte_start[b] ..] begin with byte b
     int n_order;
+    int max_len;             // the longest token's bytes
+    int32_t *by_len;         // ranks, longest first
+    int32_t *len_at_least;   // [max_len + 2]: by_len[0 .. len_at_least[L]) have at least L bytes
     bool *eog;      // end-of-generation ids
     bool *special;  // never matched as text
     int32_t *eog_ids;

@@ -60,6 +60,7 @@ struct kaon_grammar_masker {
     long_list *longs;    // [L]: the tokens of at least L bytes, built on first use
     int32_t *merge_buf;  // [n_order]
     long_list walk_list;  // [n_order]: the other tokens a units copy walks
+    uint64_t *rank_bits;  // [n_order bits]: long_tokens' sort
 };
 
 // How an entry is built from another copy of a bounded repetition (copy_key).
@@ -203,16 +204,20 @@ static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
 
 static int finish_entry(kaon_grammar_masker *mk, mask_entry *e);
 
-// The tokens of at least thr bytes in vocabulary order, with their lcp, in mk->long_ids /
-// long_lcp; returns their count. One pass over the sorted vocabulary: the common prefix of two
-// tokens is the least lcp between them.
+// The common prefix of the tokens of ranks p and r.
+static uint32_t common_prefix(const kaon_grammar_vocab *v, int32_t p, int32_t r) {
+    uint32_t n = v->olens[p] < v->olens[r] ? v->olens[p] : v->olens[r], k = 0;
+    while (k < n && k < UINT16_MAX && v->obytes[p][k] == v->obytes[r][k]) k++;
+    return k;
+}
+
 // The tokens of at least thr bytes, built once per length.
 static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
     if (thr > mk->n_depth) thr = mk->n_depth;  // [n_depth]: none
     long_list *l = &mk->longs[thr];
     if (l->n >= 0) return l;
     const kaon_grammar_vocab *v = mk->v;
-    int n = mk->len_count[thr];
+    int n = thr > v->max_len ? 0 : v->len_at_least[thr];
     l->ranks = malloc((size_t)(n + 1) * sizeof *l->ranks);
     l->lcp = malloc((size_t)(n + 1) * sizeof *l->lcp);
     if (!l->ranks || !l->lcp) {
@@ -222,17 +227,19 @@ static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
         l->lcp = NULL;
         return NULL;
     }
-    n = 0;
-    uint32_t run = 0;  // least lcp since the last token kept
-    for (int i = 0; i < v->n_order; i++) {
-        if (v->lcp[i] < run) run = v->lcp[i];
-        if ((int)v->olens[i] < thr) continue;
-        l->ranks[n] = i;
-        l->lcp[n] = (uint16_t)(n ? run : 0);
-        n++;
-        run = UINT32_MAX;
-    }
-    l->n = n;
+    // the longest n tokens (vocabulary by length) back in vocabulary order through a bitmap
+    size_t words = ((size_t)v->n_order + 63) / 64;
+    memset(mk->rank_bits, 0, words * sizeof *mk->rank_bits);
+    for (int j = 0; j < n; j++) mk->rank_bits[v->by_len[j] >> 6] |= 1ull << (v->by_len[j] & 63);
+    int k = 0;
+    for (size_t w = 0; w < words; w++)
+        for (uint64_t bits = mk->rank_bits[w]; bits; bits &= bits - 1) {
+            int32_t r = (int32_t)(w * 64 + (size_t)__builtin_ctzll(bits));
+            l->ranks[k] = r;
+            l->lcp[k] = (uint16_t)(k ? common_prefix(v, l->ranks[k - 1], r) : 0);
+            k++;
+        }
+    l->n = k;
     return l;
 }
 
@@ -620,10 +627,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->v = v;
     mk->words = kaon_grammar_mask_words(v->n);
     mk->depth = depth;
-    uint32_t max_len = 0;
-    for (int i = 0; i < v->n_order; i++)
-        if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
-    mk->n_depth = (int)max_len + 1;
+    mk->n_depth = v->max_len + 1;
     // token ranks and how many tokens have at least L bytes, for copy_key
     mk->max_long = v->n_order / 8;  // measured: 1/2 .. 1/16 alike
     mk->len_count = calloc((size_t)mk->n_depth + 1, sizeof *mk->len_count);
@@ -631,10 +635,8 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->merge_buf = malloc((size_t)(v->n_order + 1) * sizeof *mk->merge_buf);
     mk->walk_list.ranks = malloc((size_t)(v->n_order + 1) * sizeof *mk->walk_list.ranks);
     mk->walk_list.lcp = malloc((size_t)(v->n_order + 1) * sizeof *mk->walk_list.lcp);
-    if (mk->len_count) {
-        for (int i = 0; i < v->n_order; i++) mk->len_count[v->olens[i]]++;
-        for (int l = mk->n_depth - 1; l >= 0; l--) mk->len_count[l] += mk->len_count[l + 1];
-    }
+    mk->rank_bits = malloc(((size_t)v->n_order + 64) / 64 * sizeof *mk->rank_bits);
+    if (mk->len_count) memcpy(mk->len_count, v->len_at_least, ((size_t)v->max_len + 2) * sizeof *mk->len_count);
     if (mk->longs)
         for (int l = 0; l <= mk->n_depth; l++) mk->longs[l].n = -1;
     mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
@@ -643,7 +645,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->len_count || !mk->longs || !mk->merge_buf || !mk->walk_list.ranks || !mk->walk_list.lcp ||
+    if (!mk->len_count || !mk->longs || !mk->merge_buf || !mk->walk_list.ranks || !mk->walk_list.lcp || !mk->rank_bits ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
         gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
@@ -678,6 +680,7 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
     free(mk->merge_buf);
     free(mk->walk_list.ranks);
     free(mk->walk_list.lcp);
+    free(mk->rank_bits);
     free(mk);
 }
 
