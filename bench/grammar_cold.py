@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--worst", type=int, default=8)
     ap.add_argument("--json", help="write the per-output figures here")
+    ap.add_argument("--dump", help="write every cold mask's hash here (compare two builds' files)")
     args = ap.parse_args()
     build = pathlib.Path(args.build)
     schemas = {it["name"]: it["schema"] for it in schemas200.make_schemas(200)}
@@ -54,7 +55,8 @@ def main():
         (tmp / "pairs").write_text("\n".join(pairs) + "\n")
         vocab = ["--gguf", args.gguf] if args.gguf else ["--tokenizer-json", args.tokenizer_json]
         r = subprocess.run([args.bench or str(build / "bench" / "bench_grammar_mask"), *vocab, "--pairs", str(tmp / "pairs"),
-                            "--reps", str(args.reps)], capture_output=True, text=True)
+                            "--reps", str(args.reps), *(["--dump", args.dump] if args.dump else [])],
+                           capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"bench_grammar_mask failed:\n{r.stderr[-4000:]}")
     rows = []

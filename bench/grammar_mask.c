@@ -9,6 +9,8 @@
 // --pairs: LIST holds one "GRAMMAR_FILE TEXT_FILE" per line; for each, the cold pass of a
 // fresh masker (the best of --reps, default 3) as "cold US MASKS GRAMMAR_FILE", the
 // vocabulary loaded once (bench/grammar_cold.py drives it over the 200-schema outputs).
+// --dump FILE (with --pairs): a 64-bit hash of every cold mask, one line per output, so two
+// builds' masks can be compared (cmp the files).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,9 +65,17 @@ static char *slurp(const char *path, size_t *len) {
     return buf;
 }
 
+// FNV-1a over the mask's words.
+static uint64_t mask_hash(const uint32_t *mask, size_t words) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t w = 0; w < words; w++) h = (h ^ mask[w]) * 1099511628211ull;
+    return h;
+}
+
 // One cold pass (a fresh masker) over ids: µs per mask, or -1 when the text does not match.
+// With dump, each mask's hash is written there (outside the timing).
 static double cold_pass(const kaon_grammar *gr, const kaon_grammar_vocab *v, const int32_t *ids, size_t n_ids,
-                        uint32_t *mask) {
+                        uint32_t *mask, FILE *dump) {
     kaon_grammar_masker *mk = kaon_grammar_masker_new(gr, v);
     kaon_grammar_matcher *m = kaon_grammar_matcher_new(gr);
     double sum = 0;
@@ -76,6 +86,7 @@ static double cold_pass(const kaon_grammar *gr, const kaon_grammar_vocab *v, con
             break;
         }
         sum += now_us() - a;
+        if (dump) fprintf(dump, " %016llx", (unsigned long long)mask_hash(mask, kaon_grammar_mask_words(kaon_grammar_vocab_size(v))));
         if (i == n_ids) break;
         if (!(mask[ids[i] >> 5] >> (ids[i] & 31) & 1) || !kaon_grammar_matcher_accept_token(m, v, ids[i])) {
             sum = -1;
@@ -87,7 +98,7 @@ static double cold_pass(const kaon_grammar *gr, const kaon_grammar_vocab *v, con
     return sum < 0 || !mk ? -1 : sum / (double)(n_ids + 1);
 }
 
-static int run_pairs(const char *list, int reps, kaon_tokenizer *t) {
+static int run_pairs(const char *list, int reps, kaon_tokenizer *t, FILE *dump) {
     kaon_grammar_vocab *v = kaon_grammar_vocab_from_tokenizer(t);
     size_t llen;
     char *lines = slurp(list, &llen);
@@ -108,7 +119,10 @@ static int run_pairs(const char *list, int reps, kaon_tokenizer *t) {
         double best = -1;
         if (gr && text && !kaon_tokenize(t, text, tlen, false, &ids, &n_ids))
             for (int r = 0; r < reps; r++) {
-                double us = cold_pass(gr, v, ids, n_ids, mask);
+                const char *base = strrchr(gpath, '/');
+                if (dump && !r) fprintf(dump, "%s", base ? base + 1 : gpath);
+                double us = cold_pass(gr, v, ids, n_ids, mask, dump && !r ? dump : NULL);
+                if (dump && !r) fprintf(dump, "\n");
                 if (us < 0) {
                     best = -1;
                     break;
@@ -134,7 +148,7 @@ static int run_pairs(const char *list, int reps, kaon_tokenizer *t) {
 }
 
 int main(int argc, char **argv) {
-    const char *gguf = NULL, *tjson = NULL, *gfile = NULL, *tfile = NULL, *pairs = NULL;
+    const char *gguf = NULL, *tjson = NULL, *gfile = NULL, *tfile = NULL, *pairs = NULL, *dump = NULL;
     int passes = 5, reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
@@ -144,10 +158,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--passes")) passes = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--pairs")) pairs = argv[i + 1];
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dump")) dump = argv[i + 1];
     }
     if (!gguf == !tjson || passes < 2 || reps < 1) {
         fprintf(stderr, "usage: %s (--gguf FILE | --tokenizer-json FILE) [--grammar FILE] [--text FILE] [--passes N>=2]\n"
-                        "       %s (--gguf FILE | --tokenizer-json FILE) --pairs LIST [--reps N]\n", argv[0], argv[0]);
+                        "       %s (--gguf FILE | --tokenizer-json FILE) --pairs LIST [--reps N] [--dump FILE]\n", argv[0], argv[0]);
         return 2;
     }
     kaon_gguf *g = NULL;
@@ -172,7 +187,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (pairs) {
-        int rc = run_pairs(pairs, reps, t);
+        FILE *df = dump ? fopen(dump, "w") : NULL;
+        if (dump && !df) {
+            fprintf(stderr, "cannot write %s\n", dump);
+            return 1;
+        }
+        int rc = run_pairs(pairs, reps, t, df);
+        if (df) fclose(df);
         kaon_tokenizer_free(t);
         kaon_gguf_close(g);
         return rc;

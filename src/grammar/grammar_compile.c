@@ -292,10 +292,10 @@ kaon_grammar *gram_build_compile(gram_build *b, const char *root_rule) {
     memset(g->rep_canon, 0xff, (size_t)n_el * sizeof *g->rep_canon);
     for (int r = 0; r < b->n_rules; r++) {
         const gram_build_rule *br = &b->rules[r];
-        if (br->rep_k < 2 || br->rep_head == r) continue;
+        if (br->rep_k < 2) continue;
         int start = g->rule_alts[g->alt_first[r]], head = g->rule_alts[g->alt_first[br->rep_head]];
         for (int o = 0; o < 2; o++) {  // x, then the reference to opt_(k-1)
-            g->rep_canon[start + o] = head + o;
+            if (br->rep_head != r) g->rep_canon[start + o] = head + o;
             g->rep_rem[start + o] = br->rep_k - 1;
         }
     }

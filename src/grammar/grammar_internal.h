@@ -2,6 +2,7 @@
 #ifndef KAON_GRAMMAR_INTERNAL_H
 #define KAON_GRAMMAR_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -33,7 +34,8 @@ struct kaon_grammar {
     int root;
     // Bounded repetitions (x{m,n}: opt_k ::= x opt_(k-1) | ""): for the positions of x and of
     // the reference after it in opt_k (k >= 2), the same position in the outermost opt_K
-    // (rep_canon, -1 elsewhere) and the units left after this one (rep_rem = k - 1). Two
+    // (rep_canon, -1 elsewhere and in opt_K itself) and the units left after this one
+    // (rep_rem = k - 1, 0 elsewhere). Two
     // copies walk a token alike when both leave more units than the token has bytes.
     int32_t *rep_canon, *rep_rem;
 };
@@ -162,11 +164,42 @@ struct kaon_grammar_vocab {
     uint16_t *lcp;      // lcp[i] = common prefix of order[i] and order[i-1] (0 for i = 0)
     int32_t first_byte_start[257];  // order[first_byte_start[b] ..] begin with byte b
     int n_order;
+    int max_len;             // the longest token's bytes
+    int32_t *by_len;         // ranks, longest first
+    int32_t *len_at_least;   // [max_len + 2]: by_len[0 .. len_at_least[L]) have at least L bytes
     bool *eog;      // end-of-generation ids
     bool *special;  // never matched as text
     int32_t *eog_ids;
     int n_eog;
+    // gram_units by class, shared by every masker of this vocabulary: built on first use and
+    // kept until the vocabulary is freed (the lock guards the list, not the entries)
+    pthread_mutex_t units_lock;
+    struct gram_units_node *units;
+    int n_units;
 };
+
+// The vocabulary counted in code points of one class, for bounded repetitions whose units are
+// single code points of it (grammar_mask.c): a token made only of whole code points of the
+// class is "pure" and crosses exactly that many units; the walk decides the others.
+#define GRAM_UNITS_MAX 254    // pure tokens of more code points count as other
+#define GRAM_UNITS_OTHER 255
+#define GRAM_UNITS_CLASSES 8  // classes kept per vocabulary (JSON strings share one)
+typedef struct {
+    uint8_t *cps;         // [n_order] by rank: a pure token's code points, else GRAM_UNITS_OTHER
+    int32_t *by_cps;      // pure token ids, fewest code points first
+    int32_t *cps_start;   // [GRAM_UNITS_MAX + 2]: by_cps[cps_start[c] .. cps_start[c + 1]) have c
+    int32_t *other;       // ranks of the other tokens, ascending, with their common prefixes
+    uint16_t *other_lcp;
+    int n_other;
+    int32_t *other_by_len;    // the other ranks, longest first
+    int32_t *other_at_least;  // [max_len + 2]: how many other tokens have at least L bytes
+    int max_len;
+} gram_units;
+// The units of charset cs of g (found by its code points: maskers of other grammars share
+// them), built on first use; NULL when GRAM_UNITS_CLASSES are kept already or out of memory.
+// Thread-safe.
+const gram_units *gram_vocab_units(const kaon_grammar_vocab *v, const kaon_grammar *g, int cs);
+void gram_vocab_units_free(kaon_grammar_vocab *v);
 
 // A masker whose cache keys hold `depth` frames (1..6; the default is 6): shallow keys leave
 // more tokens to the run-time walk, which the tests use to exercise it.

@@ -7,6 +7,10 @@
 // the outermost copy: only tokens long enough to reach the bound are walked again. A key of
 // more than 3 frames is built from the entry of its top 3 frames, walking only the tokens that
 // reached below them (a string's body is walked once, not once per property it sits in).
+// When the repetition's units are single code points of one class (a JSON string's plain
+// characters) and the element after it cannot begin with one, a token made only of such code
+// points crosses exactly one unit per code point: near the bound it keeps the outer copy's
+// class or is rejected by its count alone (gram_units), and only the other tokens are walked.
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,8 +58,17 @@ struct kaon_grammar_masker {
     int32_t *len_count;  // [L]: tokens of at least L bytes (L <= max length + 1)
     int max_long;        // at most this many tokens walked again
     long_list *longs;    // [L]: the tokens of at least L bytes, built on first use
-    int32_t *merge_buf;
+    int32_t *merge_buf;  // [n_order]
+    long_list walk_list;  // [n_order]: the other tokens a units copy walks
+    uint64_t *rank_bits;  // [n_order bits]: long_tokens' sort
 };
+
+// How an entry is built from another copy of a bounded repetition (copy_key).
+typedef struct {
+    int thr;                  // tokens of fewer bytes keep the copy's class
+    const gram_units *units;  // else NULL; with it, pure tokens keep the copy's class when
+    int max_units;            // they have at most max_units code points, else are rejected
+} copy_rule;
 
 // Walk `n` tokens (ascending ranks: ranks[i], or base + i when ranks is NULL; lcp[i] with the
 // previous one) from `start`; each token reported by rank as 1 accepted or 2 uncertain
@@ -191,16 +204,20 @@ static void lead_bytes(const kaon_grammar *g, int cs, bool *lead) {
 
 static int finish_entry(kaon_grammar_masker *mk, mask_entry *e);
 
-// The tokens of at least thr bytes in vocabulary order, with their lcp, in mk->long_ids /
-// long_lcp; returns their count. One pass over the sorted vocabulary: the common prefix of two
-// tokens is the least lcp between them.
+// The common prefix of the tokens of ranks p and r.
+static uint32_t common_prefix(const kaon_grammar_vocab *v, int32_t p, int32_t r) {
+    uint32_t n = v->olens[p] < v->olens[r] ? v->olens[p] : v->olens[r], k = 0;
+    while (k < n && k < UINT16_MAX && v->obytes[p][k] == v->obytes[r][k]) k++;
+    return k;
+}
+
 // The tokens of at least thr bytes, built once per length.
 static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
     if (thr > mk->n_depth) thr = mk->n_depth;  // [n_depth]: none
     long_list *l = &mk->longs[thr];
     if (l->n >= 0) return l;
     const kaon_grammar_vocab *v = mk->v;
-    int n = mk->len_count[thr];
+    int n = thr > v->max_len ? 0 : v->len_at_least[thr];
     l->ranks = malloc((size_t)(n + 1) * sizeof *l->ranks);
     l->lcp = malloc((size_t)(n + 1) * sizeof *l->lcp);
     if (!l->ranks || !l->lcp) {
@@ -210,18 +227,113 @@ static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
         l->lcp = NULL;
         return NULL;
     }
-    n = 0;
-    uint32_t run = 0;  // least lcp since the last token kept
-    for (int i = 0; i < v->n_order; i++) {
-        if (v->lcp[i] < run) run = v->lcp[i];
-        if ((int)v->olens[i] < thr) continue;
-        l->ranks[n] = i;
-        l->lcp[n] = (uint16_t)(n ? run : 0);
-        n++;
+    // the longest n tokens (vocabulary by length) back in vocabulary order through a bitmap
+    size_t words = ((size_t)v->n_order + 63) / 64;
+    memset(mk->rank_bits, 0, words * sizeof *mk->rank_bits);
+    for (int j = 0; j < n; j++) mk->rank_bits[v->by_len[j] >> 6] |= 1ull << (v->by_len[j] & 63);
+    int k = 0;
+    for (size_t w = 0; w < words; w++)
+        for (uint64_t bits = mk->rank_bits[w]; bits; bits &= bits - 1) {
+            int32_t r = (int32_t)(w * 64 + (size_t)__builtin_ctzll(bits));
+            l->ranks[k] = r;
+            l->lcp[k] = (uint16_t)(k ? common_prefix(v, l->ranks[k - 1], r) : 0);
+            k++;
+        }
+    l->n = k;
+    return l;
+}
+
+// Whether a token the copy left uncertain stays so without a walk (cr: copy_rule).
+static bool copy_keeps_uncertain(const kaon_grammar_masker *mk, const copy_rule *cr, int32_t rank) {
+    if (!cr->units || cr->units->cps[rank] == GRAM_UNITS_OTHER) return (int)mk->v->olens[rank] < cr->thr;
+    return cr->units->cps[rank] <= cr->max_units;
+}
+
+// The uncertain tokens of an entry built from copy: the copy's that stay so and the ones the
+// walk just reported (mk->unc_buf), in vocabulary order, back into mk->unc_buf.
+static int merge_uncertain(kaon_grammar_masker *mk, build_ctx *c, const mask_entry *copy, const copy_rule *cr) {
+    int n_walked = mk->n_unc;
+    if (n_walked) memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
+    mk->n_unc = 0;
+    for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
+        int32_t id;
+        if (j == n_walked || (i < copy->n_uncertain && copy->uncertain[i] < mk->merge_buf[j])) {
+            id = copy->uncertain[i++];
+            if (!copy_keeps_uncertain(mk, cr, id)) continue;
+        } else {
+            id = mk->merge_buf[j++];
+        }
+        report_build(c, id, 2);
+        if (c->failed) return -1;
+    }
+    return 0;
+}
+
+static void clear_bit(uint32_t *mask, int32_t id) { mask[id >> 5] &= ~(1u << (id & 31)); }
+
+static int cmp_rank(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+// The other tokens (gram_units) of at least thr bytes in vocabulary order with their common
+// prefixes, in mk->walk_list. Few long ones (a copy far from the bound) are taken from the
+// list by length and sorted; else one pass over all the other tokens.
+static const long_list *other_tokens_to_walk(kaon_grammar_masker *mk, const gram_units *u, int thr) {
+    const kaon_grammar_vocab *v = mk->v;
+    long_list *w = &mk->walk_list;
+    w->n = 0;
+    int n_long = thr > u->max_len ? 0 : u->other_at_least[thr];
+    if (n_long < u->n_other / 8) {
+        memcpy(w->ranks, u->other_by_len, (size_t)n_long * sizeof *w->ranks);
+        qsort(w->ranks, (size_t)n_long, sizeof *w->ranks, cmp_rank);
+        for (int j = 0; j < n_long; j++) {
+            uint32_t k = 0;
+            if (j) {
+                int32_t p = w->ranks[j - 1], r = w->ranks[j];
+                uint32_t n = v->olens[p] < v->olens[r] ? v->olens[p] : v->olens[r];
+                while (k < n && k < UINT16_MAX && v->obytes[p][k] == v->obytes[r][k]) k++;
+            }
+            w->lcp[j] = (uint16_t)k;
+        }
+        w->n = n_long;
+        return w;
+    }
+    uint32_t run = UINT32_MAX;  // least lcp since the last token kept
+    for (int j = 0; j < u->n_other; j++) {
+        int32_t rank = u->other[j];
+        if (u->other_lcp[j] < run) run = u->other_lcp[j];
+        if ((int)v->olens[rank] < thr) continue;
+        w->ranks[w->n] = rank;
+        w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
+        w->n++;
         run = UINT32_MAX;
     }
-    l->n = n;
-    return l;
+    return w;
+}
+
+// e through gram_units: a pure token is accepted when it has at most max_units code points
+// (its one path stays inside the repetition and can leave it at its end), else rejected. From
+// a copy: the copy's classes, less the pure tokens of more code points, and the other tokens
+// of at least thr bytes walked again; without one, all the other tokens are walked.
+static int build_units_entry(kaon_grammar_masker *mk, mask_entry *e, const gram_state *start, const mask_entry *copy,
+                             const copy_rule *cr) {
+    const kaon_grammar_vocab *v = mk->v;
+    const gram_units *u = cr->units;
+    int over = cr->max_units < GRAM_UNITS_MAX ? cr->max_units + 1 : GRAM_UNITS_MAX + 1;
+    if (copy) {
+        memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
+        for (int j = u->cps_start[over]; j < u->cps_start[GRAM_UNITS_MAX + 1]; j++) clear_bit(e->accepted, u->by_cps[j]);
+    } else {
+        for (int j = 0; j < u->cps_start[over]; j++) set_bit(e->accepted, u->by_cps[j]);
+    }
+    const long_list *w = other_tokens_to_walk(mk, u, copy ? cr->thr : 0);
+    for (int j = 0; j < w->n; j++) clear_bit(e->accepted, v->order[w->ranks[j]]);
+    build_ctx c = {mk, e->accepted, false};
+    if (walk_tokens(mk, &mk->work, start, w->ranks, 0, w->lcp, w->n, report_build, &c) || c.failed)
+        return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
+    if (copy && merge_uncertain(mk, &c, copy, cr)) return kaon_set_error("grammar: out of memory");
+    return finish_entry(mk, e);
 }
 
 // Fills e for its key: a walk from the key's frames over an unknown rest of stack. With a
@@ -234,7 +346,7 @@ static const long_list *long_tokens(kaon_grammar_masker *mk, int thr) {
 // that never left the parent's frames, or left them at its last byte, which any real frame
 // below continues), one it rejects without leaving its frames dies alike here, and the rest
 // are the ones whose walk reached a frame the parent does not hold.
-static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, int thr,
+static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry *copy, const copy_rule *cr,
                        const mask_entry *parent) {
     gram_arena *a = &mk->work;
     gram_arena_truncate(a, 0);
@@ -262,7 +374,9 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
         return finish_entry(mk, e);
     }
+    if (cr && cr->units) return build_units_entry(mk, e, &start, copy, cr);
     if (copy) {
+        int thr = cr->thr;
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
         const long_list *l = long_tokens(mk, thr);
         if (!l) return kaon_set_error("grammar: out of memory");
@@ -272,21 +386,7 @@ static int build_entry(kaon_grammar_masker *mk, mask_entry *e, const mask_entry 
         }
         if (walk_tokens(mk, a, &start, l->ranks, 0, l->lcp, l->n, report_build, &c) || c.failed)
             return kaon_set_error("grammar: mask precomputation failed (too many parse stacks or memory)");
-        // the copy's short uncertain tokens and the long ones just walked, in vocabulary order
-        int n_walked = mk->n_unc;
-        if (n_walked) memcpy(mk->merge_buf, mk->unc_buf, (size_t)n_walked * sizeof *mk->merge_buf);
-        mk->n_unc = 0;
-        for (int i = 0, j = 0; i < copy->n_uncertain || j < n_walked;) {
-            int32_t id;
-            if (j == n_walked || (i < copy->n_uncertain && copy->uncertain[i] < mk->merge_buf[j])) {
-                id = copy->uncertain[i++];
-                if ((int)v->olens[id] >= thr) continue;  // walked again
-            } else {
-                id = mk->merge_buf[j++];
-            }
-            report_build(&c, id, 2);
-            if (c.failed) return kaon_set_error("grammar: out of memory");
-        }
+        if (merge_uncertain(mk, &c, copy, cr)) return kaon_set_error("grammar: out of memory");
         return finish_entry(mk, e);
     }
     // only runs of tokens whose first byte can begin a code point of the top's class
@@ -350,22 +450,120 @@ static int32_t *table_slot(kaon_grammar_masker *mk, const int32_t *key) {
     }
 }
 
+static bool charsets_meet(const kaon_grammar *g, int a, int b) {
+    const gram_charset *s = &g->charsets[a];
+    for (int i = 0; i < s->n; i++)
+        if (gram_charset_meets(g, b, g->ranges[2 * (s->first + i)], g->ranges[2 * (s->first + i) + 1])) return true;
+    return false;
+}
+
+// Whether top is a one-charset alternative of rule r and every other alternative of r begins
+// with a charset disjoint from it: a code point of top's class is then always one whole r.
+static bool one_unit_alternative(const kaon_grammar *g, int32_t top, int r) {
+    bool found = false;
+    for (int j = 0; j < g->alt_count[r]; j++) {
+        int32_t a = g->rule_alts[g->alt_first[r] + j];
+        if (g->elems[a].type != GEL_CHARS) return false;
+        if (a == top) {
+            int next = g->elems[a + 1].type;
+            if (next != GEL_ALT && next != GEL_END) return false;
+            found = true;
+        } else if (charsets_meet(g, g->elems[top].val, g->elems[a].val)) {
+            return false;
+        }
+    }
+    return found;
+}
+
+// k when rule r is opt_k of a bounded repetition of x (opt_k ::= x opt_(k-1) | ""), else 0.
+static int chain_units(const kaon_grammar *g, int r, gram_elem x) {
+    int32_t a = g->rule_alts[g->alt_first[r]];
+    if (g->alt_count[r] != 2 || g->elems[a].type != x.type || g->elems[a].val != x.val) return 0;
+    if (g->rep_rem[a] > 0) return g->rep_rem[a] + 1;  // k >= 2, marked by the compiler
+    int32_t empty = g->rule_alts[g->alt_first[r] + 1];  // opt_1 ::= x | ""
+    return g->elems[a + 1].type == GEL_ALT && g->elems[empty].type == GEL_END ? 1 : 0;
+}
+
+// The units of x the elements from p allow (copies of x, then bounded repetitions of x), the
+// position after them in *end; *chain tells whether a bounded repetition was among them.
+static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *end, bool *chain) {
+    int n = 0;
+    for (;; p++) {
+        gram_elem e = g->elems[p];
+        if (e.type == x.type && e.val == x.val) {
+            n++;
+            continue;
+        }
+        int k = e.type == GEL_REF ? chain_units(g, e.val, x) : 0;
+        if (!k) break;
+        n += k;
+        *chain = true;
+    }
+    *end = p;
+    return n;
+}
+
+// The class of the top's units when the top begins a unit x of a bounded repetition whose
+// units are single code points: x is the top's charset itself, or a rule the top is a
+// one-unit alternative of (the reference before key[1]); and the element after the units is
+// a charset disjoint from the class. A pure token (gram_units) then crosses one unit per code
+// point and cannot leave the repetition before its end: it is accepted when it has at most
+// *max_units code points (this unit and the ones after it), else rejected. -1 when not so.
+static int unit_charset(const kaon_grammar *g, const int32_t *key, int *max_units) {
+    int32_t top = key[0], end;
+    int cs = g->elems[top].val, frame;  // frame: the key frame the units' rule returns to
+    bool chain = false;
+    int n;
+    if (key[1] >= 1 && g->elems[key[1] - 1].type == GEL_REF && one_unit_alternative(g, top, g->elems[key[1] - 1].val)) {
+        n = 1 + units_from(g, key[1], g->elems[key[1] - 1], &end, &chain);
+        frame = 2;
+    } else {
+        n = 1 + units_from(g, top + 1, g->elems[top], &end, &chain);
+        frame = 1;
+    }
+    if (!chain) return -1;  // no bounded repetition: a walk dies within a few bytes anyway
+    int32_t after = end;
+    if (g->elems[end].type == GEL_ALT || g->elems[end].type == GEL_END) after = frame < MASK_DEPTH ? key[frame] : -1;
+    if (after < 0 || g->elems[after].type != GEL_CHARS || charsets_meet(g, cs, g->elems[after].val)) return -1;
+    *max_units = n;
+    return cs;
+}
+
+// Whether a whole walk from a top of class cs visits much of the vocabulary (then gram_units,
+// a pass over every token's bytes, costs less than the walks it saves).
+static bool broad_class(const kaon_grammar_masker *mk, int cs) {
+    bool lead[256];
+    lead_bytes(mk->g, cs, lead);
+    int n = 0;
+    for (int b = 0; b < 256; b++)
+        if (lead[b]) n += mk->v->first_byte_start[b + 1] - mk->v->first_byte_start[b];
+    return n > mk->v->n_order / 4;
+}
+
+// Sets cr->units and cr->max_units when key's top is a unit of a repetition unit_charset
+// describes and its class is broad (else leaves cr->units NULL).
+static void units_key(kaon_grammar_masker *mk, const int32_t *key, copy_rule *cr) {
+    int cs = unit_charset(mk->g, key, &cr->max_units);
+    cr->units = cs >= 0 && broad_class(mk, cs) ? gram_vocab_units(mk->v, mk->g, cs) : NULL;
+}
+
 // A bounded-repetition frame of key that another copy may stand for: its index (the topmost
 // such frame), with the other copy's key in ck and the token length from which the two may
 // differ in *thr; -1 when none (or when too many tokens would need walking again).
-static int copy_key(const kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, int *thr) {
+static int copy_key(kaon_grammar_masker *mk, const int32_t *key, int32_t *ck, copy_rule *cr) {
     const kaon_grammar *g = mk->g;
+    units_key(mk, key, cr);  // with units, only the other tokens need the copy's classes
     for (int i = 0; i < MASK_DEPTH && key[i] >= 0; i++) {
         int32_t c = g->rep_canon[key[i]];
         int rem = g->rep_rem[key[i]];
-        if (c < 0 || rem < 3) continue;
+        if (c < 0) continue;
         // a token of n bytes passes at most n + 1 units of x: a copy leaving rem >= n + 2 units
         // after this one walks it as the outermost copy does
-        int t = rem - 1;
-        if (t < mk->n_depth && mk->len_count[t] > mk->max_long) continue;
+        int t = rem > 1 ? rem - 1 : 0;
+        if (!cr->units && (rem < 3 || (t < mk->n_depth && mk->len_count[t] > mk->max_long))) continue;
         memcpy(ck, key, (MASK_DEPTH + 1) * sizeof *ck);
         ck[i] = c;
-        *thr = t;
+        cr->thr = t;
         return i;
     }
     return -1;
@@ -379,8 +577,8 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
     if (*slot >= 0) return &mk->entries[*slot];
     const mask_entry *copy = NULL;
     int32_t pk[MASK_DEPTH + 1];
-    int thr = 0;
-    if (copy_key(mk, key, pk, &thr) >= 0) {
+    copy_rule cr = {0};
+    if (copy_key(mk, key, pk, &cr) >= 0) {
         copy = lookup(mk, pk);
         if (!copy) return NULL;
         if (copy == &mk->spare) copy = NULL;  // cache full: the spare is about to be reused
@@ -395,14 +593,18 @@ static mask_entry *lookup(kaon_grammar_masker *mk, const int32_t *key) {
         if (!parent) return NULL;
         if (parent == &mk->spare) parent = NULL;  // cache full: the spare is about to be reused
     }
+    if (!copy && !parent) {
+        cr.thr = 0;
+        units_key(mk, key, &cr);  // e.g. the outermost copy of a string body
+    }
     if (mk->n_entries >= MASK_MAX_ENTRIES) {  // cache full: computed each time
         memcpy(mk->spare.key, key, sizeof mk->spare.key);
-        return build_entry(mk, &mk->spare, copy, thr, parent) ? NULL : &mk->spare;
+        return build_entry(mk, &mk->spare, copy, &cr, parent) ? NULL : &mk->spare;
     }
     mask_entry *e = &mk->entries[mk->n_entries];
     memset(e, 0, sizeof *e);
     memcpy(e->key, key, sizeof e->key);
-    if (build_entry(mk, e, copy, thr, parent)) {
+    if (build_entry(mk, e, copy, &cr, parent)) {
         entry_free(e);
         return NULL;
     }
@@ -425,19 +627,16 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->v = v;
     mk->words = kaon_grammar_mask_words(v->n);
     mk->depth = depth;
-    uint32_t max_len = 0;
-    for (int i = 0; i < v->n_order; i++)
-        if (v->lens[v->order[i]] > max_len) max_len = v->lens[v->order[i]];
-    mk->n_depth = (int)max_len + 1;
+    mk->n_depth = v->max_len + 1;
     // token ranks and how many tokens have at least L bytes, for copy_key
     mk->max_long = v->n_order / 8;  // measured: 1/2 .. 1/16 alike
     mk->len_count = calloc((size_t)mk->n_depth + 1, sizeof *mk->len_count);
     mk->longs = calloc((size_t)mk->n_depth + 1, sizeof *mk->longs);
-    mk->merge_buf = malloc((size_t)(mk->max_long + 1) * sizeof *mk->merge_buf);
-    if (mk->len_count) {
-        for (int i = 0; i < v->n_order; i++) mk->len_count[v->olens[i]]++;
-        for (int l = mk->n_depth - 1; l >= 0; l--) mk->len_count[l] += mk->len_count[l + 1];
-    }
+    mk->merge_buf = malloc((size_t)(v->n_order + 1) * sizeof *mk->merge_buf);
+    mk->walk_list.ranks = malloc((size_t)(v->n_order + 1) * sizeof *mk->walk_list.ranks);
+    mk->walk_list.lcp = malloc((size_t)(v->n_order + 1) * sizeof *mk->walk_list.lcp);
+    mk->rank_bits = malloc(((size_t)v->n_order + 64) / 64 * sizeof *mk->rank_bits);
+    if (mk->len_count) memcpy(mk->len_count, v->len_at_least, ((size_t)v->max_len + 2) * sizeof *mk->len_count);
     if (mk->longs)
         for (int l = 0; l <= mk->n_depth; l++) mk->longs[l].n = -1;
     mk->depth_states = calloc((size_t)mk->n_depth, sizeof *mk->depth_states);
@@ -446,7 +645,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->entries = calloc(MASK_MAX_ENTRIES, sizeof *mk->entries);
     mk->table_size = 2 * MASK_MAX_ENTRIES;
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
-    if (!mk->len_count || !mk->longs || !mk->merge_buf ||
+    if (!mk->len_count || !mk->longs || !mk->merge_buf || !mk->walk_list.ranks || !mk->walk_list.lcp || !mk->rank_bits ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
         gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
         kaon_set_error("grammar masker: out of memory");
@@ -479,6 +678,9 @@ void kaon_grammar_masker_free(kaon_grammar_masker *mk) {
         }
     free(mk->longs);
     free(mk->merge_buf);
+    free(mk->walk_list.ranks);
+    free(mk->walk_list.lcp);
+    free(mk->rank_bits);
     free(mk);
 }
 

@@ -22,6 +22,8 @@ static int cmp_tokens(const void *pa, const void *pb) {
 
 void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
     if (!v) return;
+    gram_vocab_units_free(v);
+    pthread_mutex_destroy(&v->units_lock);
     if (v->bytes && !v->packed)
         for (int i = 0; i < v->n; i++) free(v->bytes[i]);
     free(v->packed);
@@ -30,6 +32,8 @@ void kaon_grammar_vocab_free(kaon_grammar_vocab *v) {
     free(v->order);
     free(v->obytes);
     free(v->olens);
+    free(v->by_len);
+    free(v->len_at_least);
     free(v->lcp);
     free(v->eog);
     free(v->special);
@@ -64,6 +68,26 @@ static void pack_bytes(kaon_grammar_vocab *v) {
 
 int kaon_grammar_vocab_size(const kaon_grammar_vocab *v) { return v ? v->n : 0; }
 
+// by_len and len_at_least: a counting sort of the ranks by length, longest first (the masker
+// takes the tokens long enough to reach a repetition's bound from its head).
+static int sort_by_length(kaon_grammar_vocab *v) {
+    for (int i = 0; i < v->n_order; i++)
+        if ((int)v->olens[i] > v->max_len) v->max_len = (int)v->olens[i];
+    v->by_len = malloc((size_t)(v->n_order + 1) * sizeof *v->by_len);
+    v->len_at_least = calloc((size_t)v->max_len + 2, sizeof *v->len_at_least);
+    int32_t *fill = malloc(((size_t)v->max_len + 2) * sizeof *fill);
+    if (!v->by_len || !v->len_at_least || !fill) {
+        free(fill);
+        return -1;
+    }
+    for (int i = 0; i < v->n_order; i++) v->len_at_least[v->olens[i]]++;
+    for (int l = v->max_len - 1; l >= 0; l--) v->len_at_least[l] += v->len_at_least[l + 1];
+    for (int l = 0; l <= v->max_len; l++) fill[l] = v->len_at_least[l + 1];  // length l's slots
+    for (int i = 0; i < v->n_order; i++) v->by_len[fill[v->olens[i]]++] = i;
+    free(fill);
+    return 0;
+}
+
 kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *bytes, const size_t *lens,
                                            const bool *is_special, const int32_t *eog_ids, int n_eog) {
     if (n_tokens <= 0 || !bytes || !lens) {
@@ -72,6 +96,7 @@ kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *byte
     }
     kaon_grammar_vocab *v = calloc(1, sizeof *v);
     if (!v) goto oom;
+    pthread_mutex_init(&v->units_lock, NULL);
     v->n = n_tokens;
     v->bytes = calloc((size_t)n_tokens, sizeof *v->bytes);
     v->lens = calloc((size_t)n_tokens, sizeof *v->lens);
@@ -121,6 +146,7 @@ kaon_grammar_vocab *kaon_grammar_vocab_new(int n_tokens, const char *const *byte
         v->obytes[i] = v->bytes[v->order[i]];
         v->olens[i] = v->lens[v->order[i]];
     }
+    if (sort_by_length(v)) goto oom;
     return v;
 oom:
     kaon_set_error("grammar vocab: out of memory");

@@ -396,6 +396,11 @@ static void test_masks_synthetic(void) {
                               // bounded repetitions: copies far from the bound share cache entries
                               "root ::= \"\\\"\" [a-z0-9 .,:{}+\\-]{0,30} \"\\\"\" (\",\" \" \"? [0-9]{1,12}){0,9} | \"[\" (\"a\"? [0-9]?){0,20} \"]\"\n",
                               "root ::= (\"{\" s (\",\" s){0,6} \"}\"){2,3}\n s ::= \"\\\"\" ([^\"\\\\] | \"\\\\\" [nu\"]){0,16} \"\\\"\"\n",
+                              // one-code-point units (gram_units): mandatory copies, opt chains, x{0,1},
+                              // a charset as x, and a continuation that overlaps the class (no units)
+                              "root ::= \"\\\"\" c{1,12} \"\\\"\" (\",\" \"\\\"\" c{0,5} \"\\\"\")? (\":\" c c{0,1} \"\\\"\")?\n"
+                              " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
+                              "root ::= [^\"\\\\\\x00-\\x1F]{2,9} \"\\\"\" | \"<\" [^<>]{0,4} \">\" | [a-z0-9 ]{0,6} [a-c]+ \".\"\n",
                               NULL};
     for (int i = 0; grammars[i]; i++) {
         kaon_grammar *g = parse(grammars[i]);
@@ -404,7 +409,89 @@ static void test_masks_synthetic(void) {
         for (int depth = 1; g && depth <= 6; depth = depth == 2 ? 6 : depth + 1) random_walks(g, &vv, 12, 60, 1, depth);
         kaon_grammar_free(g);
     }
+    // single-byte tokens (id 2 + byte) up to and across a repetition's bound, where gram_units
+    // decides pure tokens by their count
+    const char *along[][2] = {
+        {"root ::= [a-z0-9 ]{0,6} [a-c]+ \".\"\n", "ab ab ab."},
+        {"root ::= \"\\\"\" c{1,12} \"\\\"\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n", "\"a\\nbcdefghijk\""},
+        {"root ::= \"<\" [^<>]{0,4} \">\" [a-z]{2,5}\n", "<abcd>abcde"},
+    };
+    for (size_t i = 0; i < sizeof along / sizeof along[0]; i++) {
+        kaon_grammar *g = parse(along[i][0]);
+        int32_t ids[64];
+        size_t n = strlen(along[i][1]);
+        for (size_t j = 0; j < n; j++) ids[j] = 2 + (uint8_t)along[i][1][j];
+        if (g) masks_along(g, &vv, ids, n, 6);
+        kaon_grammar_free(g);
+    }
     free(is_eog);
+    kaon_grammar_vocab_free(v);
+    test_vocab_free(&tv);
+}
+
+// A brute-force count of b's code points when all are whole and in charset cs, else -1.
+static int brute_code_points(const kaon_grammar *g, int cs, const uint8_t *b, int len) {
+    int n = 0;
+    for (int i = 0; i < len; n++) {
+        int extra = b[i] < 0x80 ? 0 : b[i] >= 0xC2 && b[i] <= 0xDF ? 1 : (b[i] & 0xF0) == 0xE0 ? 2 : b[i] >= 0xF0 && b[i] <= 0xF4 ? 3 : -1;
+        if (extra < 0 || i + extra >= len) return -1;
+        uint32_t cp = extra ? b[i] & (0x3Fu >> extra) : b[i];
+        for (int k = 1; k <= extra; k++) {
+            if ((b[i + k] & 0xC0) != 0x80) return -1;
+            cp = cp << 6 | (b[i + k] & 0x3Fu);
+        }
+        static const uint32_t min_cp[4] = {0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) || !gram_charset_has(g, cs, cp)) return -1;
+        i += extra + 1;
+    }
+    return n;
+}
+
+// gram_vocab_units against a brute-force count of every token, and shared between grammars
+// whose classes have the same code points.
+static void test_vocab_units(void) {
+    test_vocab tv;
+    synthetic_vocab(&tv);
+    kaon_grammar_vocab *v = kaon_grammar_vocab_new(tv.n, (const char *const *)tv.bytes, tv.lens, tv.special, tv.eog, tv.n_eog);
+    const char *classes[] = {"root ::= [^\"\\\\\\x00-\\x1F]\n", "root ::= [a-z0-9é中]\n", "root ::= [\\x00-\\U0010FFFF]\n", NULL};
+    for (int k = 0; classes[k]; k++) {
+        kaon_grammar *g = parse(classes[k]), *g2 = parse(classes[k]);
+        int cs = g->elems[g->rule_alts[g->alt_first[g->root]]].val;
+        const gram_units *u = gram_vocab_units(v, g, cs);
+        CHECK(u != NULL);
+        CHECK(gram_vocab_units(v, g2, g2->elems[g2->rule_alts[g2->alt_first[g2->root]]].val) == u);
+        int n_pure = 0, n_other = 0, bad = 0;
+        for (int r = 0; u && r < v->n_order; r++) {
+            int c = brute_code_points(g, cs, v->obytes[r], (int)v->olens[r]);
+            if (c < 0) {
+                bad += u->cps[r] != GRAM_UNITS_OTHER || n_other >= u->n_other || u->other[n_other] != r;
+                if (n_other && n_other < u->n_other) {  // the common prefix with the previous other token
+                    int p = u->other[n_other - 1], l = 0;
+                    while (l < (int)v->olens[p] && l < (int)v->olens[r] && v->obytes[p][l] == v->obytes[r][l]) l++;
+                    bad += u->other_lcp[n_other] != l;
+                }
+                n_other++;
+                continue;
+            }
+            bad += u->cps[r] != c;
+            n_pure++;
+        }
+        CHECK(u && n_other == u->n_other && n_pure == u->cps_start[GRAM_UNITS_MAX + 1]);
+        CHECK(bad == 0);
+        for (int j = 0; u && j < u->n_other; j++) {  // the other tokens longest first, counted by length
+            int len = (int)v->olens[u->other_by_len[j]];
+            CHECK(u->cps[u->other_by_len[j]] == GRAM_UNITS_OTHER);
+            CHECK(j == 0 || (int)v->olens[u->other_by_len[j - 1]] >= len);
+            CHECK(u->other_at_least[len] > j && u->other_at_least[len + 1] <= j);
+        }
+        for (int c = 0; u && c <= GRAM_UNITS_MAX; c++)  // ids grouped by count
+            for (int j = u->cps_start[c]; j < u->cps_start[c + 1]; j++) {
+                int len = (int)v->lens[u->by_cps[j]];
+                CHECK(brute_code_points(g, cs, v->bytes[u->by_cps[j]], len) == c);
+            }
+        kaon_grammar_free(g);
+        kaon_grammar_free(g2);
+    }
     kaon_grammar_vocab_free(v);
     test_vocab_free(&tv);
 }
@@ -531,6 +618,7 @@ int main(void) {
     test_parse_errors();
     test_strings();
     test_matcher_state();
+    test_vocab_units();
     test_masks_synthetic();
     test_masks_smollm2();
     TEST_MAIN_END();
