@@ -249,35 +249,33 @@ kaon_runner *kaon_runner_create_kv(const kaon_model *m, kaon_backend *be, int ma
     return r;
 }
 
-kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
-                                   int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device) {
+// A runner whose forward is done by a group of rank threads (tp.h): tensor parallel or DP attention.
+static kaon_runner *runner_over_ranks(const kaon_model *m, int n_blocks, int block_size, kaon_tp *tp) {
+    if (!tp) return NULL;
     kaon_runner *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
+    if (!r) {
+        kaon_tp_free(tp);
+        return NULL;
+    }
     r->m = m;
     r->n_blocks = n_blocks;
     r->block_size = block_size;
-    r->tp = kaon_tp_create(m, size, ep, n_threads, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype,
-                           cuda_device);
-    if (!r->tp) {
-        free(r);
-        return NULL;
-    }
+    r->tp = tp;
     return r;
+}
+
+kaon_runner *kaon_runner_create_tp(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
+                                   int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device) {
+    return runner_over_ranks(m, n_blocks, block_size,
+                             kaon_tp_create(m, size, ep, n_threads, max_batch_tokens, max_logits, n_blocks,
+                                            block_size, kv_dtype, cuda_device));
 }
 
 kaon_runner *kaon_runner_create_dp(const kaon_model *m, int size, int n_threads, int max_batch_tokens,
                                    int max_logits, int n_blocks, int block_size, int kv_dtype) {
-    kaon_runner *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    r->m = m;
-    r->n_blocks = n_blocks;
-    r->block_size = block_size;
-    r->tp = kaon_dp_create(m, size, n_threads, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype);
-    if (!r->tp) {
-        free(r);
-        return NULL;
-    }
-    return r;
+    return runner_over_ranks(m, n_blocks, block_size,
+                             kaon_dp_create(m, size, n_threads, max_batch_tokens, max_logits, n_blocks, block_size,
+                                            kv_dtype));
 }
 
 void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t) { r->tp_rank = t; }

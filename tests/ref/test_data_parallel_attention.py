@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from test_tensor_parallel import check_close, generate, prompts, run
+from test_tensor_parallel import check_close, generate, kaon_logits, prompts, run
 from test_tensor_parallel_moe import build
 
 IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31]
@@ -40,18 +40,7 @@ NAMES = ["llama", "qwen3moe", "ds-v3", "ds-v2-lite"]
 
 
 def logits(exe, model, tmp_path, d, mode):
-    import numpy as np
-    out = tmp_path / f"l-{d}-{mode}.f32"
-    cmd = [exe, "logits", "-m", model, "--prompt-ids", ",".join(map(str, IDS)), "-o", out, "--threads", "2",
-           *dp_flags(d)]
-    if mode == "decode":
-        cmd.append("--decode")
-    elif mode.startswith("chunk"):
-        cmd += ["--chunk", mode[5:]]
-    run(cmd)
-    a = np.fromfile(out, dtype=np.float32)
-    out.unlink()
-    return a.reshape(len(IDS), -1)
+    return kaon_logits(exe, model, tmp_path, dp_flags(d), d, IDS, mode, threads=2)
 
 
 @pytest.mark.parametrize("name", NAMES)

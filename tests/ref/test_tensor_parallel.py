@@ -47,9 +47,14 @@ def run(cmd, ok=True):
 
 
 def logits(exe, model, tmp_path, tp, ids=IDS, mode="prefill"):
-    out = tmp_path / f"l-{tp}-{mode}.f32"
-    cmd = [exe, "logits", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-o", out, "--threads", "1",
-           "--tensor-parallel-size", tp]
+    return kaon_logits(exe, model, tmp_path, ["--tensor-parallel-size", tp], tp, ids, mode)
+
+
+def kaon_logits(exe, model, tmp_path, flags, tag, ids=IDS, mode="prefill", threads=1):
+    """`kaon logits` of ids with extra flags (prefill, --decode or --chunk N): [len(ids), vocab]."""
+    out = tmp_path / f"l-{tag}-{mode}.f32"
+    cmd = [exe, "logits", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-o", out, "--threads",
+           str(threads), *flags]
     if mode == "decode":
         cmd.append("--decode")
     elif mode.startswith("chunk"):

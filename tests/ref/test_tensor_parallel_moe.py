@@ -17,25 +17,14 @@ one line.
 import pytest
 
 from moe_models import fuse_experts, make_moe_config, make_moe_weights, save_moe_gguf
-from test_tensor_parallel import check_close, generate, prompts, run
+from test_tensor_parallel import check_close, generate, kaon_logits, prompts, run
 from tiny_models import save_hf
 
 IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31]
 
 
 def logits(exe, model, tmp_path, par, mode="prefill", ids=IDS):
-    import numpy as np
-    out = tmp_path / f"l-{par}-{mode}.f32"
-    cmd = [exe, "logits", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-o", out, "--threads", "1",
-           *par_flags(par)]
-    if mode == "decode":
-        cmd.append("--decode")
-    elif mode.startswith("chunk"):
-        cmd += ["--chunk", mode[5:]]
-    run(cmd)
-    a = np.fromfile(out, dtype=np.float32)
-    out.unlink()
-    return a.reshape(len(ids), -1)
+    return kaon_logits(exe, model, tmp_path, par_flags(par), par, ids, mode)
 
 
 def par_flags(par):
