@@ -2,11 +2,17 @@
 // (DESIGN.md), each thread making its rank's communicator from one shared unique id
 // (ncclCommInitRank). Buffers are device memory; each collective is enqueued on the rank's
 // stream and waited for, so it returns with recv complete as the CPU one does. bf16 and f16
-// are reduced by NCCL in its own order (not the CPU's rank order).
+// are reduced by NCCL in its own order (not the CPU's rank order), except small all-reduces
+// between GPUs that reach each other directly: those go one-shot over peer memory
+// (allreduce_p2p.h: one kernel, rank-order sums), up to KAON_P2P_AR_MAX bytes (default 4 MiB
+// for two ranks, 1 MiB for more; KAON_P2P_AR=0 turns it off).
+#include <stdint.h>
 #include <string.h>
 
+#include "dist/allreduce_p2p.h"
 #include "dist/comm.h"
 #include "util/err.h"
+#include "util/log.h"
 
 #if defined(KAON_HAVE_NCCL)
 #include <cuda_runtime.h>
@@ -21,6 +27,7 @@ typedef struct nccl_comm {
     cudaStream_t stream;
     int device;
     int own_stream;  // the stream was made here (none was given)
+    kaon_p2p_ar *p2p;  // the one-shot all-reduce; NULL: NCCL for every size
 } nccl_comm;
 
 static ncclDataType_t nccl_type(kaon_comm_dtype t) {
@@ -49,8 +56,12 @@ static int nccl_wait(nccl_comm *c, const char *what) {
 static int n_all_reduce(kaon_comm *b, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
     nccl_comm *c = (nccl_comm *)b;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
-    if (nccl_check(ncclAllReduce(send, recv, count, nccl_type(t), ncclSum, c->comm, c->stream), "ncclAllReduce"))
+    if (t != KAON_COMM_I32 && kaon_p2p_ar_fits(c->p2p, send, recv, count * kaon_comm_dtype_bytes(t))) {
+        if (kaon_p2p_ar_run(c->p2p, send, recv, count, (int)t, c->stream)) return -1;
+    } else if (nccl_check(ncclAllReduce(send, recv, count, nccl_type(t), ncclSum, c->comm, c->stream),
+                          "ncclAllReduce")) {
         return -1;
+    }
     return nccl_wait(c, "all_reduce");
 }
 
@@ -117,6 +128,7 @@ static void n_destroy(kaon_comm *b) {
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->comm) ncclCommDestroy(c->comm);
+    kaon_p2p_ar_free(c->p2p);
     if (c->stream && c->own_stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -131,6 +143,50 @@ static const kaon_comm_ops nccl_ops = {
     .barrier = n_barrier,
     .destroy = n_destroy,
 };
+
+// Every rank joins (the exchanges are collectives). The ranks agree on the outcome: either
+// all use the one-shot path or none does. A failure to set it up is logged, not fatal.
+static void p2p_setup(nccl_comm *c) {
+    const int n = c->base.size;
+    const char *off = getenv("KAON_P2P_AR"), *mx = getenv("KAON_P2P_AR_MAX");
+    size_t max_bytes = n == 2 ? (size_t)4 << 20 : (size_t)1 << 20;
+    if (mx && *mx) max_bytes = (size_t)strtoull(mx, NULL, 10);
+    if (n < 2 || n > KAON_P2P_AR_MAX_RANKS || (off && !strcmp(off, "0")) || !max_bytes) return;
+    kaon_p2p_ar *p = kaon_p2p_ar_create(c->base.rank, n, c->device, max_bytes);
+    uint64_t *d = NULL, h[3 * KAON_P2P_AR_MAX_RANKS + 1] = {0};
+    int32_t ok = p != NULL;
+    if (cudaMalloc((void **)&d, sizeof(uint64_t) * (3 * (size_t)n + 1)) != cudaSuccess) {
+        // Cannot even exchange: every rank must still join the collectives below, so fail loudly.
+        kaon_log(KAON_LOG_ERROR, "comm: rank %d: no memory for the p2p all-reduce setup", c->base.rank);
+        abort();
+    }
+    if (p) kaon_p2p_ar_local(p, h + 3 * c->base.rank);
+    // Copies on the rank's stream: the collectives after them run there.
+    int fail = cudaMemcpyAsync(d + 3 * c->base.rank, h + 3 * c->base.rank, 3 * sizeof *h, cudaMemcpyHostToDevice,
+                               c->stream) != cudaSuccess;
+    fail |= ncclAllGather(d + 3 * c->base.rank, d, 3, ncclUint64, c->comm, c->stream) != ncclSuccess;
+    fail |= cudaStreamSynchronize(c->stream) != cudaSuccess;
+    fail |= cudaMemcpy(h, d, 3 * (size_t)n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess;
+    for (int q = 0; q < n && !fail; q++) ok &= h[3 * q] != 0;
+    if (ok && !fail && kaon_p2p_ar_connect(p, h)) {
+        kaon_log(KAON_LOG_INFO, "comm: rank %d: %s", c->base.rank, kaon_last_error());
+        ok = 0;
+    }
+    int32_t *agree = (int32_t *)(d + 3 * (size_t)n);
+    ok &= !fail;
+    fail |= cudaMemcpyAsync(agree, &ok, sizeof ok, cudaMemcpyHostToDevice, c->stream) != cudaSuccess;
+    fail |= ncclAllReduce(agree, agree, 1, ncclInt32, ncclMin, c->comm, c->stream) != ncclSuccess;
+    fail |= cudaStreamSynchronize(c->stream) != cudaSuccess;
+    fail |= cudaMemcpy(&ok, agree, sizeof ok, cudaMemcpyDeviceToHost) != cudaSuccess;
+    cudaFree(d);
+    if (ok && !fail) {
+        c->p2p = p;
+        if (c->base.rank == 0)
+            kaon_log(KAON_LOG_INFO, "comm: one-shot p2p all-reduce between %d GPUs up to %zu bytes", n, max_bytes);
+    } else {
+        kaon_p2p_ar_free(p);
+    }
+}
 
 int kaon_comm_nccl_unique_id(unsigned char id[KAON_COMM_NCCL_ID_BYTES]) {
     ncclUniqueId u;
@@ -173,6 +229,7 @@ kaon_comm *kaon_comm_nccl_create(const unsigned char id[KAON_COMM_NCCL_ID_BYTES]
         free(c);
         return NULL;
     }
+    p2p_setup(c);
     return &c->base;
 }
 

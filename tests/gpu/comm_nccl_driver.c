@@ -2,7 +2,13 @@
 // thread per GPU in this process as the engine will run it (DESIGN.md), every collective in
 // f32, bf16 and i32, checked on the host. tests/gpu/test_comm_nccl.py builds and runs it.
 //
-//   comm_nccl_driver [N]     N ranks on GPUs 0..N-1 (default 1: world size 1, the same code path)
+//   comm_nccl_driver [N]        N ranks on GPUs 0..N-1 (default 1: world size 1, the same code path)
+//   comm_nccl_driver N bench    all-reduce time and bandwidth, bf16, 8 KB .. 256 MB, each size as
+//                               a CUDA graph of back-to-back all-reduces (what a decode step does)
+//
+// Between GPUs that reach each other, all-reduces up to KAON_P2P_AR_MAX bytes take the one-shot
+// peer-memory path (src/dist/allreduce_p2p.cu): the sizes below cover both paths, repeated calls
+// (the staging's two parities) and a replayed CUDA graph (the call counts live on the device).
 //
 // Prints one line per rank ("rank R: ok" or the failures) and exits 0 when every check passed.
 #include <cuda_runtime.h>
@@ -18,7 +24,7 @@
 
 #define MAXN 16
 static unsigned char g_id[KAON_COMM_NCCL_ID_BYTES];
-static int g_n = 1;
+static int g_n = 1, g_bench = 0;
 
 typedef struct {
     int rank, failures;
@@ -48,14 +54,135 @@ static float stored(float v, kaon_comm_dtype t) {
         if (a->failures++ == 0) snprintf(a->msg, sizeof a->msg, __VA_ARGS__);       \
     } while (0)
 
+// All-reduces of bf16 and f32 at sizes on both sides of the one-shot limit, each repeated with
+// new values (the staging alternates parities), in place and not; then one all-reduce recorded
+// in a CUDA graph and replayed with new inputs. Exact sums (small multiples of 1/4).
+static void sizes_and_graph(rank_arg *a, kaon_comm *c, cudaStream_t st) {
+    const int r = a->rank, n = g_n;
+    const size_t counts[] = {8, 4096, 64 * 4096, 1u << 20, 3u << 20};
+    const size_t cap = (3u << 20) * 4;
+    unsigned char *h = malloc(cap), *h2 = malloc(cap);
+    void *d1 = NULL, *d2 = NULL;
+    cudaMalloc(&d1, cap);
+    cudaMalloc(&d2, cap);
+    const int saved = c->stream_ordered;
+    for (int ti = 0; ti < 2; ti++) {
+        const kaon_comm_dtype t = ti ? KAON_COMM_F32 : KAON_COMM_BF16;
+        const size_t eb = kaon_comm_dtype_bytes(t);
+        for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+            for (int k = 0; k < 3; k++) {
+                const size_t cnt = counts[ci];
+                for (size_t i = 0; i < cnt; i++) wr(h, i, val(r, i, 10 + k), t);
+                cudaMemcpyAsync(d1, h, cnt * eb, cudaMemcpyHostToDevice, st);
+                void *out = k == 1 ? d1 : d2;
+                if (c->ops->all_reduce(c, d1, out, cnt, t)) FAIL("all_reduce %zu: %s", cnt, kaon_last_error());
+                cudaMemcpy(h2, out, cnt * eb, cudaMemcpyDeviceToHost);
+                for (size_t i = 0; i < cnt; i++) {
+                    float s = 0;
+                    for (int q = 0; q < n; q++) s += stored(val(q, i, 10 + k), t);
+                    if (rd(h2, i, t) != s) {
+                        FAIL("all_reduce type %d count %zu call %d: [%zu] %g != %g", (int)t, cnt, k, i, rd(h2, i, t), s);
+                        break;
+                    }
+                }
+            }
+    }
+    // A graph of one bf16 all-reduce of 8 KB, replayed with new inputs.
+    const size_t cnt = 4096;
+    c->stream_ordered = 1;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    int rc = c->ops->all_reduce(c, d1, d2, cnt, KAON_COMM_BF16);
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess || rc || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
+        FAIL("graph capture of an all-reduce failed: %s", rc ? kaon_last_error() : "cuda");
+    for (int k = 0; ge && k < 4; k++) {
+        for (size_t i = 0; i < cnt; i++) wr(h, i, val(r, i, 20 + k), KAON_COMM_BF16);
+        cudaMemcpyAsync(d1, h, cnt * 2, cudaMemcpyHostToDevice, st);
+        cudaGraphLaunch(ge, st);
+        cudaMemcpyAsync(h2, d2, cnt * 2, cudaMemcpyDeviceToHost, st);
+        if (cudaStreamSynchronize(st) != cudaSuccess) FAIL("graph replay %d failed", k);
+        for (size_t i = 0; i < cnt; i++) {
+            float s = 0;
+            for (int q = 0; q < n; q++) s += stored(val(q, i, 20 + k), KAON_COMM_BF16);
+            if (rd(h2, i, KAON_COMM_BF16) != s) {
+                FAIL("graph replay %d: [%zu] %g != %g", k, i, rd(h2, i, KAON_COMM_BF16), s);
+                break;
+            }
+        }
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    c->stream_ordered = saved;
+    cudaFree(d1);
+    cudaFree(d2);
+    free(h);
+    free(h2);
+}
+
+// Rank 0 prints: bytes, microseconds per all-reduce, algorithm bandwidth (bytes / time) and bus
+// bandwidth (x 2 (N - 1) / N, nccl-tests' convention), each size a graph of `it` all-reduces.
+static void bench(rank_arg *a, kaon_comm *c, cudaStream_t st) {
+    const size_t top = (size_t)256 << 20;
+    void *d1 = NULL, *d2 = NULL;
+    if (cudaMalloc(&d1, top) != cudaSuccess || cudaMalloc(&d2, top) != cudaSuccess) {
+        FAIL("bench: cudaMalloc");
+        return;
+    }
+    cudaMemset(d1, 0, top);
+    c->stream_ordered = 1;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    if (a->rank == 0) printf("%12s %10s %10s %10s\n", "bytes", "us", "algbw GB/s", "busbw GB/s");
+    for (size_t bytes = 8192; bytes <= top; bytes *= 4) {
+        const int it = bytes <= ((size_t)1 << 20) ? 64 : bytes <= ((size_t)16 << 20) ? 16 : 4;
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+        int rc = 0;
+        for (int i = 0; i < it; i++) rc |= c->ops->all_reduce(c, d1, d2, bytes / 2, KAON_COMM_BF16);
+        if (cudaStreamEndCapture(st, &g) != cudaSuccess || rc || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+            FAIL("bench: capture at %zu bytes", bytes);
+            break;
+        }
+        for (int w = 0; w < 3; w++) cudaGraphLaunch(ge, st);
+        const int reps = 5;
+        cudaEventRecord(e0, st);
+        for (int w = 0; w < reps; w++) cudaGraphLaunch(ge, st);
+        cudaEventRecord(e1, st);
+        if (cudaStreamSynchronize(st) != cudaSuccess) FAIL("bench: replay at %zu bytes", bytes);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double us = ms * 1e3 / (reps * it), alg = (double)bytes / (us * 1e3);
+        if (a->rank == 0)
+            printf("%12zu %10.2f %10.2f %10.2f\n", bytes, us, alg, alg * 2.0 * (g_n - 1) / g_n);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(d1);
+    cudaFree(d2);
+}
+
 static void *rank_main(void *p) {
     rank_arg *a = p;
     const int r = a->rank, n = g_n;
-    kaon_comm *c = kaon_comm_nccl_create(g_id, n, r, r, NULL);
+    cudaSetDevice(r);
+    cudaStream_t st = NULL;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    kaon_comm *c = kaon_comm_nccl_create(g_id, n, r, r, st);
     if (!c) {
         FAIL("create: %s", kaon_last_error());
         return NULL;
     }
+    if (g_bench) {
+        bench(a, c, st);
+        c->ops->destroy(c);
+        return NULL;
+    }
+    sizes_and_graph(a, c, st);
     const size_t cnt = 4099;  // odd, not a multiple of anything
     const size_t cap = cnt * (size_t)n * 4;
     unsigned char *h = malloc(cap), *h2 = malloc(cap);
@@ -143,11 +270,13 @@ static void *rank_main(void *p) {
     free(h);
     free(h2);
     c->ops->destroy(c);
+    cudaStreamDestroy(st);
     return NULL;
 }
 
 int main(int argc, char **argv) {
     if (argc > 1) g_n = atoi(argv[1]);
+    g_bench = argc > 2 && !strcmp(argv[2], "bench");
     int dev = 0;
     if (cudaGetDeviceCount(&dev) != cudaSuccess || g_n < 1 || g_n > MAXN || g_n > dev) {
         fprintf(stderr, "comm_nccl_driver: %d ranks asked, %d GPUs\n", g_n, dev);

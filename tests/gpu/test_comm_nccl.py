@@ -26,8 +26,8 @@ def n_gpus():
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
+def build_driver(exe):
+    """Builds tests/gpu/comm_nccl_driver.c at exe (also used by bench/multigpu.sh for its bench mode)."""
     lib = BUILD / "libkaon.a"
     if not lib.exists():
         pytest.fail(f"{lib} missing: build kaon with CUDA first (KAON_BUILD)")
@@ -35,7 +35,6 @@ def driver(tmp_path_factory):
     if cache.exists() and "KAON_NCCL_LIB:FILEPATH=" in cache.read_text() and \
             "KAON_NCCL_LIB-NOTFOUND" in cache.read_text():
         pytest.fail("this build has no NCCL (CMake did not find libnccl / nccl.h)")
-    exe = tmp_path_factory.mktemp("comm") / "comm_nccl_driver"
     libs = subprocess.run(["pkg-config", "--libs", "libpcre2-8", "libcjson"], capture_output=True,
                           text=True).stdout.split()
     mhd = subprocess.run(["pkg-config", "--libs", "libmicrohttpd"], capture_output=True, text=True).stdout.split()
@@ -49,8 +48,14 @@ def driver(tmp_path_factory):
     return exe
 
 
-def run(driver, n):
-    r = subprocess.run([str(driver), str(n)], capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return build_driver(tmp_path_factory.mktemp("comm") / "comm_nccl_driver")
+
+
+def run(driver, n, env=None):
+    r = subprocess.run([str(driver), str(n)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, **(env or {})))
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(": ok") == n
@@ -62,11 +67,13 @@ def test_nccl_world_size_1(driver):
     run(driver, 1)
 
 
-def test_nccl_all_gpus(driver):
+@pytest.mark.parametrize("p2p", ["on", "off"])
+def test_nccl_all_gpus(driver, p2p):
+    # on: small all-reduces go one-shot over peer memory (src/dist/allreduce_p2p.cu); off: NCCL only.
     # KAON_NCCL_WORLD=N (bench/multigpu.sh N): world size N, which must not exceed the GPUs visible.
     n = int(os.environ.get("KAON_NCCL_WORLD", n_gpus()))
     if n > n_gpus():
         pytest.fail(f"KAON_NCCL_WORLD={n} but {n_gpus()} GPUs are visible")
     if n < 2:
         pytest.skip("one GPU: world size 1 only")
-    run(driver, n)
+    run(driver, n, {"KAON_P2P_AR": "0"} if p2p == "off" else None)
