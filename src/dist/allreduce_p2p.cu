@@ -162,8 +162,9 @@ int kaon_p2p_ar_connect(kaon_p2p_ar *p, const uint64_t *all) {
         p->peer_stage[q] = (char *)(uintptr_t)all[3 * q];
         p->peer_flags[q] = (unsigned *)(uintptr_t)all[3 * q + 1];
         const int dev = (int)all[3 * q + 2];
-        if (q == p->rank) continue;
-        if (dev == p->device) return kaon_set_error("p2p all-reduce: ranks %d and %d share device %d", p->rank, q, dev);
+        // Ranks on one device (a test of the kernel on one GPU) need no peer access; both
+        // kernels must then fit on the GPU at once, which 2 x P2P_BLOCKS blocks do.
+        if (q == p->rank || dev == p->device) continue;
         int can = 0;
         if (cudaDeviceCanAccessPeer(&can, p->device, dev) != cudaSuccess || !can)
             return kaon_set_error("p2p all-reduce: device %d cannot reach device %d directly", p->device, dev);

@@ -5,6 +5,8 @@
 //   comm_nccl_driver [N]        N ranks on GPUs 0..N-1 (default 1: world size 1, the same code path)
 //   comm_nccl_driver N bench    all-reduce time and bandwidth, bf16, 8 KB .. 256 MB, each size as
 //                               a CUDA graph of back-to-back all-reduces (what a decode step does)
+//   comm_nccl_driver N same [bench]  the one-shot kernel alone with N ranks on GPU 0 (no NCCL): its
+//                               sums, parities and graph replays checked on a one-GPU machine
 //
 // Between GPUs that reach each other, all-reduces up to KAON_P2P_AR_MAX bytes take the one-shot
 // peer-memory path (src/dist/allreduce_p2p.cu): the sizes below cover both paths, repeated calls
@@ -18,13 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/allreduce_p2p.h"
 #include "dist/comm.h"
 #include "util/err.h"
 #include "util/half.h"
 
 #define MAXN 16
 static unsigned char g_id[KAON_COMM_NCCL_ID_BYTES];
-static int g_n = 1, g_bench = 0;
+static int g_n = 1, g_bench = 0, g_same = 0;
 
 typedef struct {
     int rank, failures;
@@ -122,8 +125,7 @@ static void sizes_and_graph(rank_arg *a, kaon_comm *c, cudaStream_t st) {
 
 // Rank 0 prints: bytes, microseconds per all-reduce, algorithm bandwidth (bytes / time) and bus
 // bandwidth (x 2 (N - 1) / N, nccl-tests' convention), each size a graph of `it` all-reduces.
-static void bench(rank_arg *a, kaon_comm *c, cudaStream_t st) {
-    const size_t top = (size_t)256 << 20;
+static void bench(rank_arg *a, kaon_comm *c, cudaStream_t st, size_t top) {
     void *d1 = NULL, *d2 = NULL;
     if (cudaMalloc(&d1, top) != cudaSuccess || cudaMalloc(&d2, top) != cudaSuccess) {
         FAIL("bench: cudaMalloc");
@@ -178,7 +180,7 @@ static void *rank_main(void *p) {
         return NULL;
     }
     if (g_bench) {
-        bench(a, c, st);
+        bench(a, c, st, (size_t)256 << 20);
         c->ops->destroy(c);
         return NULL;
     }
@@ -274,15 +276,60 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
+// ---- the one-shot kernel alone, every rank on GPU 0 ------------------------------------------
+#define SAME_SLOT ((size_t)16 << 20)
+static uint64_t g_local[3 * MAXN];
+static pthread_barrier_t g_meet;
+
+typedef struct same_comm {
+    kaon_comm base;
+    kaon_p2p_ar *ar;
+    cudaStream_t st;
+} same_comm;
+
+static int same_all_reduce(kaon_comm *b, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
+    same_comm *c = (same_comm *)b;
+    if (kaon_p2p_ar_run(c->ar, send, recv, count, (int)t, c->st)) return -1;
+    if (c->base.stream_ordered || cudaStreamSynchronize(c->st) == cudaSuccess) return 0;
+    return kaon_set_error("p2p all-reduce failed on the device");
+}
+
+static const kaon_comm_ops same_ops = {.name = "p2p-same-device", .all_reduce = same_all_reduce};
+
+static void *same_main(void *p) {
+    rank_arg *a = p;
+    cudaSetDevice(0);
+    same_comm c = {.base = {.ops = &same_ops, .rank = a->rank, .size = g_n}};
+    cudaStreamCreateWithFlags(&c.st, cudaStreamNonBlocking);
+    c.ar = kaon_p2p_ar_create(a->rank, g_n, 0, SAME_SLOT);
+    if (c.ar) kaon_p2p_ar_local(c.ar, g_local + 3 * a->rank);
+    pthread_barrier_wait(&g_meet);
+    if (!c.ar || kaon_p2p_ar_connect(c.ar, g_local)) {
+        FAIL("set-up: %s", kaon_last_error());
+        abort();  // the other ranks would wait for this one forever
+    }
+    if (g_bench) bench(a, &c.base, c.st, SAME_SLOT);
+    else sizes_and_graph(a, &c.base, c.st);
+    cudaStreamSynchronize(c.st);
+    pthread_barrier_wait(&g_meet);  // nobody frees staging a peer may still write
+    kaon_p2p_ar_free(c.ar);
+    cudaStreamDestroy(c.st);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_n = atoi(argv[1]);
-    g_bench = argc > 2 && !strcmp(argv[2], "bench");
+    for (int i = 2; i < argc; i++) {
+        g_bench |= !strcmp(argv[i], "bench");
+        g_same |= !strcmp(argv[i], "same");
+    }
     int dev = 0;
-    if (cudaGetDeviceCount(&dev) != cudaSuccess || g_n < 1 || g_n > MAXN || g_n > dev) {
+    if (cudaGetDeviceCount(&dev) != cudaSuccess || g_n < 1 || g_n > MAXN || (g_n > dev && !g_same)) {
         fprintf(stderr, "comm_nccl_driver: %d ranks asked, %d GPUs\n", g_n, dev);
         return 2;
     }
-    if (kaon_comm_nccl_unique_id(g_id)) {
+    if (g_same) pthread_barrier_init(&g_meet, NULL, (unsigned)g_n);
+    if (!g_same && kaon_comm_nccl_unique_id(g_id)) {
         fprintf(stderr, "comm_nccl_driver: %s\n", kaon_last_error());
         return 1;
     }
@@ -291,7 +338,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < g_n; r++) {
         memset(&args[r], 0, sizeof args[r]);
         args[r].rank = r;
-        pthread_create(&th[r], NULL, rank_main, &args[r]);
+        pthread_create(&th[r], NULL, g_same ? same_main : rank_main, &args[r]);
     }
     int bad = 0;
     for (int r = 0; r < g_n; r++) {

@@ -53,8 +53,8 @@ def driver(tmp_path_factory):
     return build_driver(tmp_path_factory.mktemp("comm") / "comm_nccl_driver")
 
 
-def run(driver, n, env=None):
-    r = subprocess.run([str(driver), str(n)], capture_output=True, text=True, timeout=300,
+def run(driver, n, env=None, args=()):
+    r = subprocess.run([str(driver), str(n), *args], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, **(env or {})))
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -77,3 +77,12 @@ def test_nccl_all_gpus(driver, p2p):
     if n < 2:
         pytest.skip("one GPU: world size 1 only")
     run(driver, n, {"KAON_P2P_AR": "0"} if p2p == "off" else None)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_p2p_kernel_same_device(driver, n):
+    # The one-shot all-reduce kernel alone, n ranks on GPU 0 (no NCCL): sums in rank order at
+    # 16 B .. 12 MB, both parities, in place, and graph replays, on a one-GPU machine too.
+    if n_gpus() < 1:
+        pytest.fail("no GPU")
+    run(driver, n, args=("same",))
