@@ -79,10 +79,11 @@ def test_nccl_all_gpus(driver, p2p):
     run(driver, n, {"KAON_P2P_AR": "0"} if p2p == "off" else None)
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_p2p_kernel_same_device(driver, n):
-    # The one-shot all-reduce kernel alone, n ranks on GPU 0 (no NCCL): sums in rank order at
-    # 16 B .. 12 MB, both parities, in place, and graph replays, on a one-GPU machine too.
+def test_p2p_kernel_same_device(driver):
+    # The one-shot all-reduce kernel alone, 2 ranks on GPU 0 (no NCCL): sums in rank order at
+    # 16 B .. 12 MB, both parities, in place, and graph replays, on a one-GPU machine too. Only
+    # 2: the ranks' blocks must all be resident at once (they wait for each other), and 4 x 64
+    # blocks of 512 threads do not fit one H200 (seen: the 120 s watchdog stopped it).
     if n_gpus() < 1:
         pytest.fail("no GPU")
-    run(driver, n, args=("same",))
+    run(driver, 2, args=("same",))
