@@ -663,8 +663,9 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
 // per expert: with a few per expert (a decode step of 64 sequences over 64 experts: ~6) a 64-row
 // tile is mostly padding, and its MMAs, not the weights' bytes, set the time (ncu on V2-Lite's
 // 64-token step: 243 TFLOP/s of which ~90% on padding, 2.3 TB/s).
-// KB: the K tile (32, or 64 for 128 contiguous bytes per weight row and stage).
-template <bool GU, int TM, int KB>
+// KB: the K tile (32, or 64 for 128 contiguous bytes per weight row and stage); NS: pipeline
+// stages (NS - 1 tiles in flight while one is multiplied), in dynamic shared memory.
+template <bool GU, int TM, int KB, int NS>
 __global__ void __launch_bounds__(128)
 k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__restrict__ tiles,
            const int *__restrict__ n_tiles, const int *__restrict__ off, const int *__restrict__ slot_tok,
@@ -681,9 +682,9 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
     constexpr int FI = TM / MW / 16, FJ = BN / NW / 16;            // 16x16 fragments per warp
     constexpr int AH = (TM + 31) / 32;                             // A chunks per thread and stage
     constexpr int KL = KB + 8;                                     // shared-memory row stride (bf16)
-    __shared__ __align__(128) bf16 smem[2 * TM * KL + 2 * NB * BN * KL];
+    extern __shared__ __align__(128) bf16 smem[];  // NS x (A tile, B tiles): moe_gemm_smem()
     bf16(*sA)[TM * KL] = (bf16(*)[TM * KL])smem;
-    bf16(*sB)[NB][BN * KL] = (bf16(*)[NB][BN * KL])(smem + 2 * TM * KL);
+    bf16(*sB)[NB][BN * KL] = (bf16(*)[NB][BN * KL])(smem + NS * TM * KL);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = (warp / NW) * (TM / MW), wn = (warp % NW) * (BN / NW);  // this warp's part of the tile
@@ -728,16 +729,20 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
             for (int j = 0; j < FJ; j++) wmma::fill_fragment(acc[q][i][j], 0.f);
 
     const int nk = (Kd + KB - 1) / KB;
-    load(0, 0);
+    // Prologue: tiles 0 .. NS - 2 in flight (an empty group where K ends, so that the count of
+    // groups, and wait_group's meaning, stays the same on every path).
+#pragma unroll
+    for (int st = 0; st < NS - 1; st++) {
+        if (st < nk) load(st, st * KB);
+        else cp_commit();
+    }
     for (int kt = 0; kt < nk; kt++) {
-        const int cur = kt & 1;
-        if (kt + 1 < nk) {
-            load(cur ^ 1, (kt + 1) * KB);
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        __syncthreads();
+        const int cur = kt % NS;
+        cp_wait<NS - 2>();  // tile kt has landed
+        __syncthreads();    // ... for every thread; and stage (kt - 1) % NS is free again
+        const int nxt = kt + NS - 1;
+        if (nxt < nk) load(nxt % NS, nxt * KB);
+        else cp_commit();
 #pragma unroll
         for (int kk = 0; kk < KB; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[FI];
@@ -755,13 +760,14 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
                 }
             }
         }
-        __syncthreads();
     }
+    cp_wait<0>();
+    __syncthreads();  // the epilogue reuses the stages' memory
 
     // Epilogue: each warp stages its 16x16 fragments in shared memory (free now: 4 warps x NB x
     // 256 floats fit in the smallest tile's buffers), applies SiLU-and-mul (GU), rounds to bf16 and
     // stores 8 columns per lane.
-    static_assert(sizeof smem >= 4 * NB * 256 * sizeof(float), "epilogue staging");
+    static_assert(NS * (TM + NB * BN) * KL * sizeof(bf16) >= 4 * NB * 256 * sizeof(float), "epilogue staging");
     float *stage = (float *)smem + warp * (NB * 256);
 #pragma unroll
     for (int i = 0; i < FI; i++)
@@ -795,20 +801,45 @@ k_moe_gemm(const bf16 *__restrict__ A, int Kd, int N, MoeW w, const int2 *__rest
 // 64-wide K tiles: 128 contiguous bytes per weight row and stage instead of 64. H200, V2-Lite
 // decode steps: 64 tokens 18.9 -> 16.2-16.7 ms, 256 tokens 19.9-21.4 -> 18.9-19.3 ms; Qwen3-30B-A3B
 // 64 tokens 34.7 -> 31.4 ms (PERF.md, session 36). KAON_MOE_BK=32: the old tiles (A/B).
-template <int TM, int KB>
-static void moe_gemms_kb(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles,
-                         const MoeBufs &m) {
-    k_moe_gemm<true, TM, KB><<<dim3((F + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
-        x, dim, F, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.H);
-    k_moe_gemm<false, TM, KB><<<dim3((dim + BN - 1) / BN, max_tiles), 128, 0, b->stream>>>(
-        m.H, F, dim, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, m.Y);
+// Shared memory of one k_moe_gemm block: NS stages of the A tile and the B tile(s).
+static constexpr size_t moe_gemm_smem(bool gu, int tm, int kb, int ns) {
+    return (size_t)ns * (tm + (gu ? 2 : 1) * BN) * (kb + 8) * sizeof(bf16);
 }
 
+// One instance's launch: above 48 KB of shared memory the kernel must opt in, once per process.
+template <bool GU, int TM, int KB, int NS>
+static void launch_moe_gemm(kc_backend *b, dim3 grid, const bf16 *A, int Kd, int N, const MoeW &mw, const MoeBufs &m,
+                            bf16 *C) {
+    constexpr size_t smem = moe_gemm_smem(GU, TM, KB, NS);
+    static bool opted = false;
+    if (smem > 48 * 1024 && !opted) {
+        cudaFuncSetAttribute(k_moe_gemm<GU, TM, KB, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        opted = true;
+    }
+    k_moe_gemm<GU, TM, KB, NS><<<grid, 128, smem, b->stream>>>(A, Kd, N, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, C);
+}
+
+template <int TM, int KB, int NS>
+static void moe_gemms_kb(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles,
+                         const MoeBufs &m) {
+    launch_moe_gemm<true, TM, KB, NS>(b, dim3((F + BN - 1) / BN, max_tiles), x, dim, F, mw, m, m.H);
+    launch_moe_gemm<false, TM, KB, NS>(b, dim3((dim + BN - 1) / BN, max_tiles), m.H, F, dim, mw, m, m.Y);
+}
+
+// KAON_MOE_STAGES=3 or 4 (an A/B switch while it is measured: deeper cp.async pipelines for the
+// 16/32-row tiles with 64-wide K tiles; 2 is today's).
 template <int TM>
 static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles, const MoeBufs &m) {
     static const char *bk = getenv("KAON_MOE_BK");
-    if (TM <= 32 && !(bk && !strcmp(bk, "32"))) moe_gemms_kb<TM <= 32 ? TM : 32, 64>(b, x, dim, F, mw, max_tiles, m);
-    else moe_gemms_kb<TM, BK>(b, x, dim, F, mw, max_tiles, m);
+    static const char *st = getenv("KAON_MOE_STAGES");
+    constexpr int T = TM <= 32 ? TM : 32;
+    if (TM <= 32 && !(bk && !strcmp(bk, "32"))) {
+        if (st && !strcmp(st, "4")) moe_gemms_kb<T, 64, 4>(b, x, dim, F, mw, max_tiles, m);
+        else if (st && !strcmp(st, "3")) moe_gemms_kb<T, 64, 3>(b, x, dim, F, mw, max_tiles, m);
+        else moe_gemms_kb<T, 64, 2>(b, x, dim, F, mw, max_tiles, m);
+    } else {
+        moe_gemms_kb<TM, BK, 2>(b, x, dim, F, mw, max_tiles, m);
+    }
 }
 
 // ---- 7. combine ----------------------------------------------------------------------------------
