@@ -27,6 +27,15 @@ typedef struct kaon_rope {
 // +-448), read back as e4m3 * scale, with one f32 scale per layer for K and one for V.
 enum { KAON_KV_NATIVE = 0, KAON_KV_FP8 = 1 };
 
+// Where a weight sits in the whole tensor it is a part of (a tensor-parallel shard): indices
+// [lo, lo + shape[dim]) along dim of a tensor whose extent there is full, every other
+// dimension whole. fill_dummy gives each element the value of its place in the whole, so
+// random weights are the same numbers however a model is split.
+typedef struct kaon_dummy_origin {
+    int dim;
+    int64_t lo, full;
+} kaon_dummy_origin;
+
 // One layer's paged KV cache: K and V are [n_blocks, block_size, n_kv_heads, head_dim].
 typedef struct kaon_kv_layer {
     void *k;
@@ -226,9 +235,11 @@ typedef struct kaon_backend_ops {
     // for ops that read only that (the CUDA moe op's router and experts). NULL: upload does.
     int (*upload_dense)(kaon_backend *be, const kaon_tensor *host, kaon_tensor *dev);
     // Creates a weight of like->shape (like->data is not read) filled with reproducible
-    // random values offset + uniform(-scale, scale) from seed; as upload otherwise.
-    int (*fill_dummy)(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
-                      float offset, kaon_tensor *dev);
+    // random values offset + uniform(-scale, scale) from seed and each element's flat index
+    // in the whole tensor (origin: where like sits in it; NULL: like is whole); as upload
+    // otherwise.
+    int (*fill_dummy)(kaon_backend *be, const kaon_tensor *like, const kaon_dummy_origin *origin, uint64_t seed,
+                      float scale, float offset, kaon_tensor *dev);
     // Copies a linear layer whose format has companions (FP8 with scales, INT4 with group
     // scales, zeros, a permutation) into backend memory in the backend's layout for that format:
     // dev->w and its companions share one allocation, so release(&dev->w) frees them all (the

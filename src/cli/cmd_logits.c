@@ -13,14 +13,15 @@
 int kaon_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *out_path = NULL, *device = NULL, *kv_dtype = NULL;
     long threads = kaon_cli_default_threads(), chunk = 512, tp = 1, dp = 1;
-    bool decode = false, ep = false;
+    bool decode = false, ep = false, dummy = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kaon logits [-m MODEL] --prompt-ids IDS -o OUT.f32 [--decode] [--chunk N] [--threads N]\n"
                    "                   [--tensor-parallel-size N] [--enable-expert-parallel]\n"
                    "                   [--data-parallel-size D (with --enable-expert-parallel)]\n"
-                   "                   [--device cpu|cuda|cuda:N] [--kv-cache-dtype auto|bf16|fp8]\n");
+                   "                   [--device cpu|cuda|cuda:N] [--kv-cache-dtype auto|bf16|fp8]\n"
+                   "                   [--load-format auto|dummy (dummy: random weights from -m CONFIG)]\n");
             return 0;
         }
         if (!v && a[0] == '-' && strcmp(a, "--decode") && strcmp(a, "--enable-expert-parallel")) return kaon_cli_fail("option %s needs a value", a);
@@ -43,6 +44,11 @@ int kaon_cmd_logits(int argc, char **argv) {
         } else if (!strcmp(a, "--device")) {
             device = argv[++i];
             if (kaon_cli_check_device(device, false)) return 2;
+        } else if (!strcmp(a, "--load-format")) {
+            const char *f = argv[++i];
+            if (strcmp(f, "auto") && strcmp(f, "dummy"))
+                return kaon_cli_fail("bad --load-format '%s' (auto, dummy)", f);
+            dummy = !strcmp(f, "dummy");
         } else return kaon_cli_fail("unknown option '%s'", a);
     }
     if (!ids_arg || !out_path) return kaon_cli_fail("--prompt-ids and -o are required");
@@ -65,7 +71,7 @@ int kaon_cmd_logits(int argc, char **argv) {
     eo.max_num_batched_tokens = decode ? 1 : (int)chunk;
     eo.max_logit_rows = eo.max_num_batched_tokens;
     eo.max_model_len = n + 1;
-    kaon_engine *e = kaon_cli_engine(&eo, model, false);
+    kaon_engine *e = kaon_cli_engine(&eo, model, dummy);
     if (!e) {
         free(ids);
         return 2;

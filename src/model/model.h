@@ -40,6 +40,10 @@ typedef struct kaon_model {
     float *rope_inv_freq[2];       // [rope_dim/2] each, scaling applied
     uint64_t n_params, weight_bytes;  // as stored (kaon_weights_count at load)
     bool dummy_filled;             // dummy placeholders given host values (kaon_weights_fill_host)
+    // A tensor-parallel shard of dummy placeholders (tp.c): where weight spec i's tensor of
+    // layer l sits in the whole one, at [i * n_layers + l] (full 0: whole), so the device
+    // creates the whole model's values. NULL: every weight is whole.
+    kaon_dummy_origin *dummy_origin;
     struct kaon_eagle3 *eagle3;    // speculative decoding's EAGLE-3 head (model/eagle3.h), or NULL
 } kaon_model;
 

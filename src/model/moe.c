@@ -452,7 +452,7 @@ static int copy_one(kaon_backend *be, const kaon_tensor *t, bool dummy, uint64_t
     if (!t->data) return 0;
     if (!dummy) return (dense && be->ops->upload_dense ? be->ops->upload_dense : be->ops->upload)(be, t, dst);
     const float scale = 1.0f / sqrtf((float)t->shape[t->ndim - 1]);
-    return be->ops->fill_dummy(be, t, seed, scale, 0.0f, dst);
+    return be->ops->fill_dummy(be, t, NULL, seed, scale, 0.0f, dst);  // whole: CUDA refuses TP with experts
 }
 
 // One tensor per expert (HF per-expert names, older GGUF files): a host copy that stacks

@@ -212,8 +212,10 @@ static int range(const tp_worker *w, const kaon_model_config *c, int dim, int64_
 }
 
 // A dummy weight a device backend will create (--load-format dummy, not filled on the host):
-// only its shape is cut (its data is a placeholder, never read).
-static void cut_placeholder(kaon_tensor *t, int dim, int64_t n) {
+// only its shape is cut (its data is a placeholder, never read), and *o records where the cut
+// sits in the whole, for the device to create the whole's values there.
+static void cut_placeholder(kaon_tensor *t, int dim, int64_t lo, int64_t n, kaon_dummy_origin *o) {
+    *o = (kaon_dummy_origin){.dim = dim, .lo = lo, .full = t->shape[dim]};
     t->shape[dim] = n;
     t->nbytes = kaon_dtype_row_bytes(t->dtype, kaon_tensor_numel(t));
 }
@@ -231,7 +233,9 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
     m->w.moe = NULL;  // its own, from kaon_tp_moe_shard (the base's are never freed here)
     m->w.globals = malloc(a->globals_size);
     m->w.layers = malloc(a->layer_size * (size_t)c->n_layers);
-    if (!m->w.globals || !m->w.layers) return kaon_set_error("tensor parallel: out of memory");
+    m->dummy_origin = placeholders ? calloc(a->n_weights * (size_t)c->n_layers, sizeof *m->dummy_origin) : NULL;
+    if (!m->w.globals || !m->w.layers || (placeholders && !m->dummy_origin))
+        return kaon_set_error("tensor parallel: out of memory");
     memcpy(m->w.globals, base->w.globals, a->globals_size);
     memcpy(m->w.layers, base->w.layers, a->layer_size * (size_t)c->n_layers);
     m->cfg.n_heads = w->lay.nq;
@@ -262,7 +266,8 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
                     return kaon_set_error("tensor parallel: %s is row-parallel with a bias", nm);
                 lin->shard = (kaon_shard)s->shard;
             }
-            if (placeholders) cut_placeholder(t, s->shard == KAON_SHARD_COL ? 0 : 1, n);
+            if (placeholders)
+                cut_placeholder(t, s->shard == KAON_SHARD_COL ? 0 : 1, lo, n, &m->dummy_origin[i * c->n_layers + l]);
             else if (s->shard == KAON_SHARD_COL ? kaon_tp_cut_rows(t, lo, n, nm) : kaon_tp_cut_cols(&w->own, t, lo, n, nm))
                 return -1;
         }
@@ -273,6 +278,7 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
 static void free_shard(tp_worker *w) {
     if (w->m) {
         kaon_tp_moe_free(w->m);
+        free(w->m->dummy_origin);
         free(w->m->w.globals);
         free(w->m->w.layers);
         free(w->m);

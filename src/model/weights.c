@@ -282,6 +282,12 @@ void kaon_weights_free_host(kaon_model *m) {
     m->n_owned = 0;
 }
 
+// Where a shard's dummy weight i of layer l sits in the whole one (model.h); NULL: it is whole.
+static const kaon_dummy_origin *origin_of(const kaon_model *m, int i, int l) {
+    const kaon_dummy_origin *o = m->dummy_origin ? &m->dummy_origin[(size_t)i * m->cfg.n_layers + l] : NULL;
+    return o && o->full ? o : NULL;
+}
+
 int kaon_weights_upload(kaon_backend *be, const kaon_model *m, kaon_weights *dev) {
     const kaon_backend_ops *op = be->ops;
     const kaon_arch_ops *a = m->arch;
@@ -311,9 +317,11 @@ int kaon_weights_upload(kaon_backend *be, const kaon_model *m, kaon_weights *dev
             if (companions) {
                 rc = op->upload_linear(be, linear_of(src), dummy, seed, linear_of(dst));
             } else if (dummy) {
-                const float scale = src->ndim == 1 ? 0.1f : 1.0f / sqrtf((float)src->shape[src->ndim - 1]);
-                rc = op->fill_dummy(be, src, seed, scale,
-                                    (s->flags & KAON_W_NORM) ? 1.0f : 0.0f, dst);
+                // A shard's scale is the whole tensor's, from the whole's last dimension.
+                const kaon_dummy_origin *o = origin_of(m, i, l);
+                const int64_t in = o && o->dim == src->ndim - 1 ? o->full : src->shape[src->ndim - 1];
+                const float scale = src->ndim == 1 ? 0.1f : 1.0f / sqrtf((float)in);
+                rc = op->fill_dummy(be, src, o, seed, scale, (s->flags & KAON_W_NORM) ? 1.0f : 0.0f, dst);
             } else {
                 rc = op->upload(be, src, dst);
             }

@@ -593,7 +593,7 @@ static void mla_timings(void) {
                 kaon_tensor cl = {.dtype = KAON_BF16, .ndim = 2, .shape = {(int64_t)nb * bs, D}};
                 kaon_tensor ql = {.dtype = KAON_BF16, .ndim = 2, .shape = {T, (int64_t)nh * D}};
                 kaon_tensor ct, qt;
-                if (o->fill_dummy(be, &cl, 41 + c, 1.0f, 0.0f, &ct) || o->fill_dummy(be, &ql, 51 + h, 1.0f, 0.0f, &qt))
+                if (o->fill_dummy(be, &cl, NULL, 41 + c, 1.0f, 0.0f, &ct) || o->fill_dummy(be, &ql, NULL, 51 + h, 1.0f, 0.0f, &qt))
                     die("fill%s", "");
                 void *y = o->alloc(be, (size_t)T * nh * kvl * 2);
                 int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * 3 * (size_t)T);
@@ -653,11 +653,11 @@ static int run_timings(bool only_mla) {
         {4096, 4096, 0, 16}, {14336, 4096, 0, 64}};
     void *y = o->alloc(be, (size_t)64 * 128256 * 2);
     kaon_tensor xt = {.dtype = KAON_BF16, .ndim = 2, .shape = {64, 14336}}, xd;
-    if (o->fill_dummy(be, &xt, 7, 1.0f, 0.0f, &xd)) die("fill%s", "");
+    if (o->fill_dummy(be, &xt, NULL, 7, 1.0f, 0.0f, &xd)) die("fill%s", "");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         kaon_tensor like = {.dtype = KAON_BF16, .ndim = 2, .shape = {shapes[i].rows, shapes[i].in}};
         kaon_tensor wt, wt2;
-        if (o->fill_dummy(be, &like, 1 + i, 0.01f, 0.0f, &wt) || o->fill_dummy(be, &like, 99 + i, 0.01f, 0.0f, &wt2))
+        if (o->fill_dummy(be, &like, NULL, 1 + i, 0.01f, 0.0f, &wt) || o->fill_dummy(be, &like, NULL, 99 + i, 0.01f, 0.0f, &wt2))
             die("fill%s", "");
         const kaon_linear w = kaon_linear_of(&wt, NULL), w2 = kaon_linear_of(&wt2, NULL);
         const int n = shapes[i].n, reps = 50;
@@ -726,8 +726,8 @@ static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window) {
         kaon_tensor kl = {.dtype = KAON_BF16, .ndim = 2, .shape = {(int64_t)nb * bs, (int64_t)nkv * hd}};
         kaon_tensor ql = {.dtype = KAON_BF16, .ndim = 2, .shape = {T, (int64_t)nh * hd}};
         kaon_tensor kt, vt, qt;
-        if (o->fill_dummy(be, &kl, 11 + c, 1.0f, 0.0f, &kt) || o->fill_dummy(be, &kl, 21 + c, 1.0f, 0.0f, &vt) ||
-            o->fill_dummy(be, &ql, 31 + c, 1.0f, 0.0f, &qt))
+        if (o->fill_dummy(be, &kl, NULL, 11 + c, 1.0f, 0.0f, &kt) || o->fill_dummy(be, &kl, NULL, 21 + c, 1.0f, 0.0f, &vt) ||
+            o->fill_dummy(be, &ql, NULL, 31 + c, 1.0f, 0.0f, &qt))
             die("fill%s", "");
         void *y = o->alloc(be, (size_t)T * nh * hd * 2);
         if (!y) die("alloc%s", "");

@@ -242,7 +242,7 @@ static int run_qtimings(void) {
     struct { int rows, in; } shapes[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}, {64, 4096}};
     const int ns[] = {1, 4, 8};
     kaon_tensor xt = {.dtype = KAON_BF16, .ndim = 2, .shape = {8, 14336}}, xd;
-    if (o->fill_dummy(be, &xt, 7, 1.0f, 0.0f, &xd)) die("fill%s", "");
+    if (o->fill_dummy(be, &xt, NULL, 7, 1.0f, 0.0f, &xd)) die("fill%s", "");
     void *y = o->alloc(be, (size_t)8 * 128256 * 4), *y2 = o->alloc(be, (size_t)8 * 4096 * 2),
          *y3 = o->alloc(be, (size_t)8 * 4096 * 2);
     if (!y || !y2 || !y3) die("alloc%s", "");

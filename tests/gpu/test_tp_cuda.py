@@ -7,6 +7,9 @@ Two ways to place the ranks:
   (src/dist/comm_cuda_local.cu, graphs off): the sharding checked on one GPU;
 - nccl: rank r on GPU r, NCCL between them, graphs on; skipped unless N GPUs are visible.
 
+Random weights (--load-format dummy, created by each rank on its device) are held to the same
+bounds: a rank's shard takes the whole tensor's values, so every layout computes the same model.
+
 What must hold. Sharding changes the order of the row-parallel sums (o_proj, down_proj), and on
 CUDA each rank's partial sum is rounded to bf16 before the ranks' sum (one more rounding than one
 rank's GEMM): differences of a few bf16 ulps in the residual stream, carried on by later layers.
@@ -90,10 +93,10 @@ def tiny(tmp_path_factory, request):
 IDS = [1, 17, 250, 3, 99, 42, 42, 7, 120, 299, 0, 5, 64, 200, 11, 13, 8, 150, 77, 31, 900, 1000, 512, 3]
 
 
-def logits(model, tmp_path, tp, place, ids=IDS, mode="prefill"):
+def logits(model, tmp_path, tp, place, ids=IDS, mode="prefill", extra=()):
     out = tmp_path / f"l-{tp}-{place}-{mode}.f32"
     cmd = [kaon(), "logits", "-m", model, "--device", "cuda", "--prompt-ids", ",".join(map(str, ids)), "-o", out,
-           "--tensor-parallel-size", tp]
+           "--tensor-parallel-size", tp, *extra]
     if mode == "decode":
         cmd.append("--decode")
     elif mode.startswith("chunk"):
@@ -124,6 +127,31 @@ def test_logits_match_one_rank(tiny, tmp_path, place, tp, mode):
     ours, err = logits(tiny, tmp_path, tp, place, mode=mode)
     assert "tensor parallel: rank 1 of" in err  # the ranks' plans are printed at start-up
     check_close(ours, ref, f"{tiny.name} TP {tp} ({place}) {mode}")
+
+
+@pytest.fixture(scope="module")
+def dummy_config(tmp_path_factory):
+    """A small Llama config.json alone: --load-format dummy makes random weights of its shapes."""
+    cfg = make_config("llama")
+    cfg.update(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+               vocab_size=1024, num_hidden_layers=2, max_position_embeddings=4096)
+    path = tmp_path_factory.mktemp("tpdummy") / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("place", ["same", "nccl"])
+@pytest.mark.parametrize("tp", TPS)
+def test_dummy_weights_same_across_layouts(dummy_config, tmp_path, place, tp):
+    """Each rank creates its shard's dummy weights on its device with the values (and scale) of
+    their places in the whole tensors, so -tp N computes the same model as -tp 1: shards seeded
+    by their own shapes would give logits of an unrelated model (relative error ~1)."""
+    needs(place, tp)
+    dummy = ["--load-format", "dummy"]
+    ref, _ = logits(dummy_config, tmp_path, 1, place, extra=dummy)
+    ours, err = logits(dummy_config, tmp_path, tp, place, extra=dummy)
+    assert "tensor parallel: rank 1 of" in err
+    check_close(ours, ref, f"dummy llama TP {tp} ({place})")
 
 
 def generate(model, tmp_path, prompts, tp, place, extra=()):

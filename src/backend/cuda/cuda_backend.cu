@@ -375,16 +375,21 @@ static size_t cuda_weight_bytes(kaon_backend *be, const kaon_tensor *host, bool 
     return (size_t)kaon_tensor_numel(host) * (host->ndim == 1 ? 4 : 2);
 }
 
-static int cuda_fill_dummy(kaon_backend *be, const kaon_tensor *like, uint64_t seed, float scale,
-                           float offset, kaon_tensor *dev) {
+static int cuda_fill_dummy(kaon_backend *be, const kaon_tensor *like, const kaon_dummy_origin *origin,
+                           uint64_t seed, float scale, float offset, kaon_tensor *dev) {
     kc_backend *b = kc(be);
     int64_t rows = 0, cols = 0;
     if (weight_dims(b, like, &rows, &cols)) return -1;
+    if (origin && (origin->dim < 0 || origin->dim >= like->ndim || origin->lo < 0 ||
+                   origin->lo + like->shape[origin->dim] > origin->full))
+        return kc_fail(b, "cuda fill: a part [%lld, %lld) of dimension %d outside its whole (%lld)",
+                       (long long)origin->lo, (long long)(origin->lo + like->shape[origin->dim]), origin->dim,
+                       (long long)origin->full);
     const int f32 = like->ndim == 1;
     const size_t n = (size_t)rows * (size_t)cols, dst_bytes = n * (f32 ? 4 : 2);
     void *dst = cuda_alloc(be, dst_bytes);
     if (!dst) return kc_fail(b, "%s", kaon_last_error());
-    kc_fill_uniform(b, dst, f32, n, seed, scale, offset);
+    kc_fill_uniform(b, dst, f32, n, kc_fill_place(like->ndim, cols, origin), seed, scale, offset);
     if (b->err) {
         cuda_free(be, dst);
         return -1;

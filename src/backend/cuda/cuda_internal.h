@@ -219,7 +219,30 @@ void kc_gelu_tanh_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf1
 void kc_scale(kc_backend *b, bf16 *x, size_t n, float s);
 void kc_softcap(kc_backend *b, float *x, size_t n, float cap);
 void kc_add_bias(kc_backend *b, bf16 *y, const float *bias, int n, int out);
-void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, uint64_t seed, float scale,
+// Where a dummy weight's elements take their values from (fill_dummy's origin): element
+// (r, c) of a fill of cols columns is element (r + r0, c + c0) of a whole tensor of full_cols
+// columns, whose flat index seeds its value, so a shard holds exactly the whole's values.
+typedef struct kc_fill_at {
+    int64_t cols, r0, c0, full_cols;
+} kc_fill_at;
+
+// A weight of ndim dimensions and cols (last-dimension) elements per row, placed by origin
+// (NULL: whole). A vector is one row: its one dimension is the columns.
+static inline kc_fill_at kc_fill_place(int ndim, int64_t cols, const kaon_dummy_origin *o) {
+    kc_fill_at a = {cols, 0, 0, cols};
+    if (!o) return a;
+    if (ndim == 2 && o->dim == 0) a.r0 = o->lo;  // rows cut: the columns are whole
+    else a.c0 = o->lo, a.full_cols = o->full;
+    return a;
+}
+
+// The flat index in the whole tensor of element i of the fill.
+static __host__ __device__ inline uint64_t kc_fill_index(kc_fill_at a, uint64_t i) {
+    const uint64_t r = i / (uint64_t)a.cols, c = i % (uint64_t)a.cols;
+    return (r + (uint64_t)a.r0) * (uint64_t)a.full_cols + c + (uint64_t)a.c0;
+}
+
+void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, kc_fill_at at, uint64_t seed, float scale,
                      float offset);
 // Converts n elements of a host-format buffer already on the device to bf16 or f32.
 int kc_convert(kc_backend *b, kaon_dtype src_t, const void *src, int64_t rows, int64_t cols,

@@ -430,11 +430,11 @@ static __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-__global__ void k_fill_uniform(void *dst, int is_f32, size_t n, uint64_t seed, float scale,
+__global__ void k_fill_uniform(void *dst, int is_f32, size_t n, kc_fill_at at, uint64_t seed, float scale,
                                float offset) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        const uint64_t r = splitmix64(seed * 0x632BE59BD9B4E019ull + i);
+        const uint64_t r = splitmix64(seed * 0x632BE59BD9B4E019ull + kc_fill_index(at, i));
         const float u = (float)(r >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f;  // [-1, 1)
         const float v = offset + scale * u;
         if (is_f32) ((float *)dst)[i] = v;
@@ -442,12 +442,12 @@ __global__ void k_fill_uniform(void *dst, int is_f32, size_t n, uint64_t seed, f
     }
 }
 
-void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, uint64_t seed, float scale,
+void kc_fill_uniform(kc_backend *b, void *dst, int is_f32, size_t n, kc_fill_at at, uint64_t seed, float scale,
                      float offset) {
     if (!n) return;
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535 * 8) blocks = 65535 * 8;
-    k_fill_uniform<<<(unsigned)blocks, 256, 0, b->stream>>>(dst, is_f32, n, seed, scale, offset);
+    k_fill_uniform<<<(unsigned)blocks, 256, 0, b->stream>>>(dst, is_f32, n, at, seed, scale, offset);
     kc_launched(b, "fill");
 }
 
