@@ -38,7 +38,7 @@ from tiny_models import make_config, make_weights, save_hf  # noqa: E402
 
 # KAON_TP_SIZES="2,4" (the default): the rank counts tested (bench/multigpu.sh N: just N).
 TPS = [int(x) for x in os.environ.get("KAON_TP_SIZES", "2,4").split(",") if x.strip()]
-REL = 3e-2
+REL = 1.5e-2
 MARGIN = 0.1
 TIE = 0.1
 

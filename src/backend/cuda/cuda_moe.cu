@@ -826,17 +826,18 @@ static void moe_gemms_kb(kc_backend *b, const bf16 *x, int dim, int F, const Moe
     launch_moe_gemm<false, TM, KB, NS>(b, dim3((dim + BN - 1) / BN, max_tiles), m.H, F, dim, mw, m, m.Y);
 }
 
-// KAON_MOE_STAGES=3 or 4 (an A/B switch while it is measured: deeper cp.async pipelines for the
-// 16/32-row tiles with 64-wide K tiles; 2 is today's).
+// The 16/32-row tiles with 64-wide K tiles run 4 cp.async stages: H200, decode steps 1-3%
+// faster than 2 stages (V2-Lite shape 64 tokens 14.46 -> 14.28 ms, Qwen3-30B-A3B 64 tokens
+// 29.89 -> 29.03 ms, 256 tokens 44.05 -> 42.92 ms; PERF.md, session 37). KAON_MOE_STAGES=2|3 A/B.
 template <int TM>
 static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &mw, int max_tiles, const MoeBufs &m) {
     static const char *bk = getenv("KAON_MOE_BK");
     static const char *st = getenv("KAON_MOE_STAGES");
     constexpr int T = TM <= 32 ? TM : 32;
     if (TM <= 32 && !(bk && !strcmp(bk, "32"))) {
-        if (st && !strcmp(st, "4")) moe_gemms_kb<T, 64, 4>(b, x, dim, F, mw, max_tiles, m);
+        if (st && !strcmp(st, "2")) moe_gemms_kb<T, 64, 2>(b, x, dim, F, mw, max_tiles, m);
         else if (st && !strcmp(st, "3")) moe_gemms_kb<T, 64, 3>(b, x, dim, F, mw, max_tiles, m);
-        else moe_gemms_kb<T, 64, 2>(b, x, dim, F, mw, max_tiles, m);
+        else moe_gemms_kb<T, 64, 4>(b, x, dim, F, mw, max_tiles, m);
     } else {
         moe_gemms_kb<TM, BK, 2>(b, x, dim, F, mw, max_tiles, m);
     }
