@@ -44,10 +44,10 @@ fi
 
 summary=()
 fails=0
-step() {  # name command...: runs it, its output to $OUT/name.log, and notes the outcome
+step() {  # name command...: runs it (at most $STEP_TIMEOUT s), its output to $OUT/name.log, and notes the outcome
     local name=$1; shift
     local t0=$SECONDS
-    "$@" > "$OUT/$name.log" 2>&1
+    timeout "${STEP_TIMEOUT:-300}" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
     [ $rc -ne 0 ] && fails=$((fails + 1))
     summary+=("$name: rc=$rc ($(( SECONDS - t0 )) s): $(tail -n 1 "$OUT/$name.log" | cut -c1-200)")
