@@ -806,15 +806,21 @@ static constexpr size_t moe_gemm_smem(bool gu, int tm, int kb, int ns) {
     return (size_t)ns * (tm + (gu ? 2 : 1) * BN) * (kb + 8) * sizeof(bf16);
 }
 
-// One instance's launch: above 48 KB of shared memory the kernel must opt in, once per process.
+// One instance's launch. Above 48 KB of shared memory the kernel must opt in, and the opt-in
+// holds for the current device only: once per device (a bit each), so every GPU of the process
+// has it and later launches pay nothing.
 template <bool GU, int TM, int KB, int NS>
 static void launch_moe_gemm(kc_backend *b, dim3 grid, const bf16 *A, int Kd, int N, const MoeW &mw, const MoeBufs &m,
                             bf16 *C) {
     constexpr size_t smem = moe_gemm_smem(GU, TM, KB, NS);
-    static bool opted = false;
-    if (smem > 48 * 1024 && !opted) {
-        cudaFuncSetAttribute(k_moe_gemm<GU, TM, KB, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        opted = true;
+    static unsigned opted;  // devices (bit b->device % 32) that have the opt-in
+    const unsigned bit = 1u << (b->device & 31);
+    if (smem > 48 * 1024 && !(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
+        if (kc_check(b, cudaFuncSetAttribute(k_moe_gemm<GU, TM, KB, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem),
+                     "moe gemm: shared memory"))
+            return;
+        __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
     }
     k_moe_gemm<GU, TM, KB, NS><<<grid, 128, smem, b->stream>>>(A, Kd, N, mw, m.tiles, m.n_tiles, m.off, m.slot_tok, C);
 }
