@@ -655,6 +655,148 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     out[(size_t)t * dim + r] = __float2bfloat16(acc);
 }
 
+// The same down projections and combine, one output row per warp (DN2_ROWS per block): the warp
+// walks its row's tasks (the shared expert's row when sdown is given, then each active
+// expert's) as a stream of batches of at most SM_U loads per lane, a batch never spanning two
+// tasks, and requests batch i + 1 before it multiplies batch i, so its loads stay in flight
+// across task boundaries (k_moe_small_down waits a full round trip per task). Each lane still
+// takes its chunks lane, lane + 32, ... in order and each dot ends in one warp_sum: the same
+// sums and roundings as k_moe_small_down, bit for bit.
+#define DN2_ROWS GEMV_WARPS
+
+struct DnTask {  // one task of a row: its weights, its inputs, where its dot products go
+    const uint4 *wr, *hr;
+    int ncs, ne, s0;  // chunks per row, inputs, first slot (-1: the shared expert)
+};
+
+static __device__ __forceinline__ DnTask dn_task(int task, bool has_sd, int r, const bf16 *H, int n, int F,
+                                                 const MoeW &w, const bf16 *sdown, int SF, const bf16 *HS,
+                                                 const int *active, const int *off) {
+    DnTask d;
+    if (has_sd && task == 0) {
+        d.wr = (const uint4 *)(sdown + (size_t)r * SF);
+        d.hr = (const uint4 *)HS;
+        d.ncs = SF >> 3;
+        d.ne = n;
+        d.s0 = -1;
+    } else {
+        const int e = __ldcg(active + task - (has_sd ? 1 : 0));
+        d.s0 = __ldcg(off + e);
+        d.ne = min(__ldcg(off + e + 1) - d.s0, MOE_GEMV_MAX_N);
+        d.wr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
+        d.hr = (const uint4 *)(H + (size_t)d.s0 * F);
+        d.ncs = F >> 3;
+    }
+    return d;
+}
+
+static __device__ __forceinline__ void dn_issue(uint4 (&v)[SM_U], const DnTask &d, int batch, int lane) {
+#pragma unroll
+    for (int q = 0; q < SM_U; q++) {
+        const int c = lane + 32 * (batch * SM_U + q);
+        if (c < d.ncs) v[q] = ld_stream(d.wr + c);
+    }
+}
+
+static __device__ __forceinline__ void dn_mul(float (&acc)[MOE_GEMV_MAX_N], const uint4 (&v)[SM_U], const DnTask &d,
+                                              int batch, int lane) {
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+        if (b < d.ne) {
+#pragma unroll
+            for (int q = 0; q < SM_U; q++) {
+                const int c = lane + 32 * (batch * SM_U + q);
+                if (c < d.ncs) acc[b] = dot8(v[q], __ldg(d.hr + (size_t)b * d.ncs + c), acc[b]);
+            }
+        }
+}
+
+__global__ void __launch_bounds__(DN2_ROWS * 32, 2)
+k_moe_small_down2(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
+                  const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
+                  const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
+                  const float *__restrict__ topk_w, bf16 *__restrict__ out) {
+    __shared__ float s_y[DN2_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
+    __shared__ float s_ys[DN2_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = (int)blockIdx.x * DN2_ROWS + warp;
+    if (r >= dim) return;  // (no block-wide synchronisation below)
+    const bool has_sd = sdown != NULL;
+    uint4 v0[SM_U], v1[SM_U];
+    DnTask cur;
+    int nt = 1, task = 0, batch = 0;
+    if (has_sd) {  // the shared expert's first weights before waiting for gate/up
+        cur = dn_task(0, true, r, H, n, F, w, sdown, SF, HS, active, off);
+        dn_issue(v0, cur, 0, lane);
+    }
+    kc_pdl_wait();
+    nt = __ldcg(active + E) + (has_sd ? 1 : 0);
+    if (nt == 0) goto combine;
+    if (!has_sd) {
+        cur = dn_task(0, false, r, H, n, F, w, sdown, SF, HS, active, off);
+        dn_issue(v0, cur, 0, lane);
+    }
+    {
+        float acc[MOE_GEMV_MAX_N];
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+        // One step: request the batch after (task, batch) into nv, multiply v, finish a task
+        // that ends here. Returns false after the last batch of the last task.
+        auto step = [&](uint4 (&v)[SM_U], uint4 (&nv)[SM_U]) -> bool {
+            const int nb = (cur.ncs + 32 * SM_U - 1) / (32 * SM_U);
+            DnTask nxt = cur;
+            int ntask = task, nbatch = batch + 1;
+            if (nbatch == nb) {
+                ntask++;
+                nbatch = 0;
+                if (ntask < nt) nxt = dn_task(ntask, has_sd, r, H, n, F, w, sdown, SF, HS, active, off);
+            }
+            if (ntask < nt) dn_issue(nv, nxt, nbatch, lane);
+            dn_mul(acc, v, cur, batch, lane);
+            if (nbatch == 0) {  // cur ends here
+#pragma unroll
+                for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                    if (b < cur.ne) {
+                        const float y = bfr(warp_sum(acc[b]));
+                        if (lane == 0) {
+                            if (cur.s0 < 0) s_ys[warp][b] = y;
+                            else s_y[warp][cur.s0 + b] = y;
+                        }
+                        acc[b] = 0.f;
+                    }
+            }
+            cur = nxt;
+            task = ntask;
+            batch = nbatch;
+            return task < nt;
+        };
+        while (step(v0, v1) && step(v1, v0)) {
+        }
+    }
+combine:
+    __syncwarp();
+    if (lane >= n) return;
+    const int t = lane;
+    const int *iv = inv + (size_t)t * K;
+    const float *wt = topk_w + (size_t)t * K;
+    if (__ldcg(iv) < 0) {  // padding
+        out[(size_t)t * dim + r] = __float2bfloat16(0.f);
+        return;
+    }
+    float acc = 0.f;
+    if (has_sd || YS) {
+        const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
+        acc = sg * (has_sd ? s_ys[warp][t] : __bfloat162float(YS[(size_t)t * dim + r]));
+    }
+    for (int j = 0; j < K; j++) {
+        const int s = __ldcg(iv + j);
+        if (s < 0) continue;
+        acc = fmaf(bfr(__ldcg(wt + j)), s_y[warp][s], acc);  // HF: weights cast to bf16
+    }
+    out[(size_t)t * dim + r] = __float2bfloat16(acc);
+}
+
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
 
 // C tile [TM, BN] of rows (slots [s_begin, s_end)) of A times B^T, B = W [N, Kd] rows n0...
@@ -1018,6 +1160,17 @@ static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
            !((uintptr_t)l->w.data & 15);
 }
 
+// KAON_MOE_DOWN=task: the small path's down kernel that shares a row's tasks among 4 warps
+// (k_moe_small_down; A/B against the row-per-warp stream k_moe_small_down2, the default).
+static bool down_by_task(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_MOE_DOWN");
+        v = e && !strcmp(e, "task");
+    }
+    return v == 1;
+}
+
 // n <= MOE_GEMV_MAX_N (decode): three launches where the general path takes ten.
 //   k_moe_route_small: router (+ shared gate input) GEMV, routing and plan in its last block;
 //   k_moe_small_gu: gate/up of the active experts and of the shared expert;
@@ -1070,6 +1223,14 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     if (SF && w->shared_gate_inp && !fuse_sg) {
         b->base.ops->linear_f32(&b->base, x, n, w->shared_gate_inp, m.SG);
         if (b->err) return -1;
+    }
+    if (!down_by_task()) {
+        const dim3 dgrid((unsigned)((dim + DN2_ROWS - 1) / DN2_ROWS));
+        return kc_check(b, kc_launch(b, k_moe_small_down2, dgrid, dim3(DN2_ROWS * 32), 0, m.H, n, dim, F, mw,
+                                     fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
+                                     m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL,
+                                     K, m.active, E, m.off, m.inv, m.topk_w, out),
+                        "moe down and combine");
     }
     const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
     // KAON_GEMV_OCC & 4: the 4-blocks-per-SM instance (64 registers, 8 bytes spilled).
