@@ -655,23 +655,34 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     out[(size_t)t * dim + r] = __float2bfloat16(acc);
 }
 
-// The same down projections and combine, one output row per warp (DN2_ROWS per block): the warp
-// walks its row's tasks (the shared expert's row when sdown is given, then each active
-// expert's) as a stream of batches of at most SM_U loads per lane, a batch never spanning two
-// tasks, and requests batch i + 1 before it multiplies batch i, so its loads stay in flight
-// across task boundaries (k_moe_small_down waits a full round trip per task). Each lane still
-// takes its chunks lane, lane + 32, ... in order and each dot ends in one warp_sum: the same
-// sums and roundings as k_moe_small_down, bit for bit.
-#define DN2_ROWS GEMV_WARPS
+// The same down projections and combine, streamed through shared memory: DN3_SPLIT warps per
+// output row (tasks alternate between them: the shared expert's row when sdown is given, then
+// each active expert's), DN3_ROWS rows per block. A warp walks its tasks as one stream of
+// batches (DN3_U 16-byte chunks per lane, a batch never spanning two tasks) copied by cp.async
+// into its ring of DN3_NS slots, DN3_NS - 1 batches ahead of the one it multiplies: the bytes
+// in flight cost no registers and cross task boundaries (k_moe_small_down waits a round trip
+// per task). Each lane still takes its chunks lane, lane + 32, ... in order and each dot ends
+// in one warp_sum: the same sums and roundings as k_moe_small_down, bit for bit.
+#define DN3_SPLIT 2
+#define DN3_ROWS (GEMV_WARPS / DN3_SPLIT)
+#define DN3_U 2
+#define DN3_NS 5  // (the ring and the rest stay under 48 KB per block: 4 blocks per SM)
+#define DN3_RING_BYTES (GEMV_WARPS * DN3_NS * DN3_U * 32 * 16)
 
 struct DnTask {  // one task of a row: its weights, its inputs, where its dot products go
     const uint4 *wr, *hr;
     int ncs, ne, s0;  // chunks per row, inputs, first slot (-1: the shared expert)
 };
 
+// The routed tasks' experts, first slots and token counts, read once per block (a task read
+// from active[] and off[] on the way would put two dependent L2 loads before its weights').
+struct DnTable {
+    int e[MOE_GEMV_MAX_N * MOE_MAX_K], s0[MOE_GEMV_MAX_N * MOE_MAX_K], ne[MOE_GEMV_MAX_N * MOE_MAX_K];
+};
+
 static __device__ __forceinline__ DnTask dn_task(int task, bool has_sd, int r, const bf16 *H, int n, int F,
                                                  const MoeW &w, const bf16 *sdown, int SF, const bf16 *HS,
-                                                 const int *active, const int *off) {
+                                                 const DnTable &tab) {
     DnTask d;
     if (has_sd && task == 0) {
         d.wr = (const uint4 *)(sdown + (size_t)r * SF);
@@ -680,9 +691,9 @@ static __device__ __forceinline__ DnTask dn_task(int task, bool has_sd, int r, c
         d.ne = n;
         d.s0 = -1;
     } else {
-        const int e = __ldcg(active + task - (has_sd ? 1 : 0));
-        d.s0 = __ldcg(off + e);
-        d.ne = min(__ldcg(off + e + 1) - d.s0, MOE_GEMV_MAX_N);
+        const int i = task - (has_sd ? 1 : 0), e = tab.e[i];
+        d.s0 = tab.s0[i];
+        d.ne = tab.ne[i];
         d.wr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
         d.hr = (const uint4 *)(H + (size_t)d.s0 * F);
         d.ncs = F >> 3;
@@ -690,93 +701,119 @@ static __device__ __forceinline__ DnTask dn_task(int task, bool has_sd, int r, c
     return d;
 }
 
-static __device__ __forceinline__ void dn_issue(uint4 (&v)[SM_U], const DnTask &d, int batch, int lane) {
-#pragma unroll
-    for (int q = 0; q < SM_U; q++) {
-        const int c = lane + 32 * (batch * SM_U + q);
-        if (c < d.ncs) v[q] = ld_stream(d.wr + c);
-    }
+static __device__ __forceinline__ void dn_cp16(uint4 *smem, const uint4 *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
 }
 
-static __device__ __forceinline__ void dn_mul(float (&acc)[MOE_GEMV_MAX_N], const uint4 (&v)[SM_U], const DnTask &d,
-                                              int batch, int lane) {
-#pragma unroll
-    for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-        if (b < d.ne) {
-#pragma unroll
-            for (int q = 0; q < SM_U; q++) {
-                const int c = lane + 32 * (batch * SM_U + q);
-                if (c < d.ncs) acc[b] = dot8(v[q], __ldg(d.hr + (size_t)b * d.ncs + c), acc[b]);
-            }
-        }
-}
+// A warp's place in its stream: the task (this warp's share: half, half + DN3_SPLIT, ...),
+// the batch within it, and the task's description.
+struct DnCursor {
+    DnTask d;
+    int task, batch;
+};
 
-__global__ void __launch_bounds__(DN2_ROWS * 32, 2)
-k_moe_small_down2(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 4)
+k_moe_small_down3(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
                   const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
                   const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
                   const float *__restrict__ topk_w, bf16 *__restrict__ out) {
-    __shared__ float s_y[DN2_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
-    __shared__ float s_ys[DN2_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
+    extern __shared__ uint4 dn_ring[];                            // [warp][slot][DN3_U][32 lanes]
+    __shared__ float s_y[DN3_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
+    __shared__ float s_ys[DN3_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
+    __shared__ DnTable tab;
     kc_pdl_trigger();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r = (int)blockIdx.x * DN2_ROWS + warp;
-    if (r >= dim) return;  // (no block-wide synchronisation below)
-    const bool has_sd = sdown != NULL;
-    uint4 v0[SM_U], v1[SM_U];
-    DnTask cur;
-    int nt = 1, task = 0, batch = 0;
-    if (has_sd) {  // the shared expert's first weights before waiting for gate/up
-        cur = dn_task(0, true, r, H, n, F, w, sdown, SF, HS, active, off);
-        dn_issue(v0, cur, 0, lane);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lr = warp / DN3_SPLIT, half = warp % DN3_SPLIT;
+    const int r = (int)blockIdx.x * DN3_ROWS + lr;
+    const bool has_sd = sdown != NULL, live = r < dim;
+    uint4 *ring = dn_ring + (size_t)warp * DN3_NS * DN3_U * 32 + lane;
+    int nt = has_sd ? 1 : 0;  // tasks known so far (the rest after the wait)
+    auto batches = [](const DnTask &d) { return (d.ncs + 32 * DN3_U - 1) / (32 * DN3_U); };
+    // Copies the producer's batch (if any) into its slot and moves it on; one commit group per
+    // call, empty past the end, so batch k is always group k.
+    int issued = 0;
+    DnCursor pc;
+    pc.task = half;
+    pc.batch = 0;
+    auto produce = [&]() {
+        if (pc.task < nt) {
+            uint4 *slot = ring + (issued % DN3_NS) * DN3_U * 32;
+#pragma unroll
+            for (int q = 0; q < DN3_U; q++) {
+                const int c = lane + 32 * (pc.batch * DN3_U + q);
+                if (c < pc.d.ncs) dn_cp16(slot + q * 32, pc.d.wr + c);
+            }
+            if (++pc.batch == batches(pc.d)) {
+                pc.batch = 0;
+                pc.task += DN3_SPLIT;
+                if (pc.task < nt) pc.d = dn_task(pc.task, has_sd, r, H, n, F, w, sdown, SF, HS, tab);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        issued++;
+    };
+    // The shared expert's first batches before waiting for gate/up (they need no routing).
+    if (live && has_sd && half == 0) {
+        pc.d = dn_task(0, true, r, H, n, F, w, sdown, SF, HS, tab);
+        const int nb = batches(pc.d) < DN3_NS - 1 ? batches(pc.d) : DN3_NS - 1;
+        for (int i = 0; i < nb; i++) produce();
     }
     kc_pdl_wait();
-    nt = __ldcg(active + E) + (has_sd ? 1 : 0);
-    if (nt == 0) goto combine;
-    if (!has_sd) {
-        cur = dn_task(0, false, r, H, n, F, w, sdown, SF, HS, active, off);
-        dn_issue(v0, cur, 0, lane);
+    const int na = __ldcg(active + E);
+    for (int i = threadIdx.x; i < na; i += blockDim.x) {
+        const int e = __ldcg(active + i), s0 = __ldcg(off + e);
+        tab.e[i] = e;
+        tab.s0[i] = s0;
+        tab.ne[i] = min(__ldcg(off + e + 1) - s0, MOE_GEMV_MAX_N);
     }
-    {
-        float acc[MOE_GEMV_MAX_N];
+    __syncthreads();
+    if (!live) return;
+    nt = na + (has_sd ? 1 : 0);
+    if (pc.batch == 0 && pc.task < nt) pc.d = dn_task(pc.task, has_sd, r, H, n, F, w, sdown, SF, HS, tab);
+    while (issued < DN3_NS - 1) produce();
+    DnCursor cc;
+    cc.task = half;
+    cc.batch = 0;
+    if (cc.task < nt) cc.d = dn_task(cc.task, has_sd, r, H, n, F, w, sdown, SF, HS, tab);
+    float acc[MOE_GEMV_MAX_N];
 #pragma unroll
-        for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
-        // One step: request the batch after (task, batch) into nv, multiply v, finish a task
-        // that ends here. Returns false after the last batch of the last task.
-        auto step = [&](uint4 (&v)[SM_U], uint4 (&nv)[SM_U]) -> bool {
-            const int nb = (cur.ncs + 32 * SM_U - 1) / (32 * SM_U);
-            DnTask nxt = cur;
-            int ntask = task, nbatch = batch + 1;
-            if (nbatch == nb) {
-                ntask++;
-                nbatch = 0;
-                if (ntask < nt) nxt = dn_task(ntask, has_sd, r, H, n, F, w, sdown, SF, HS, active, off);
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+    for (int i = 0; cc.task < nt; i++) {
+        produce();  // batch i + DN3_NS - 1
+        asm volatile("cp.async.wait_group %0;" ::"n"(DN3_NS - 1) : "memory");
+        const uint4 *slot = ring + (i % DN3_NS) * DN3_U * 32;
+        uint4 v[DN3_U];
+#pragma unroll
+        for (int q = 0; q < DN3_U; q++) v[q] = slot[q * 32];
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < cc.d.ne) {
+#pragma unroll
+                for (int q = 0; q < DN3_U; q++) {
+                    const int c = lane + 32 * (cc.batch * DN3_U + q);
+                    if (c < cc.d.ncs) acc[b] = dot8(v[q], __ldg(cc.d.hr + (size_t)b * cc.d.ncs + c), acc[b]);
+                }
             }
-            if (ntask < nt) dn_issue(nv, nxt, nbatch, lane);
-            dn_mul(acc, v, cur, batch, lane);
-            if (nbatch == 0) {  // cur ends here
+        if (++cc.batch == batches(cc.d)) {  // the task ends here
 #pragma unroll
-                for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-                    if (b < cur.ne) {
-                        const float y = bfr(warp_sum(acc[b]));
-                        if (lane == 0) {
-                            if (cur.s0 < 0) s_ys[warp][b] = y;
-                            else s_y[warp][cur.s0 + b] = y;
-                        }
-                        acc[b] = 0.f;
+            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+                if (b < cc.d.ne) {
+                    const float y = bfr(warp_sum(acc[b]));
+                    if (lane == 0) {
+                        if (cc.d.s0 < 0) s_ys[lr][b] = y;
+                        else s_y[lr][cc.d.s0 + b] = y;
                     }
-            }
-            cur = nxt;
-            task = ntask;
-            batch = nbatch;
-            return task < nt;
-        };
-        while (step(v0, v1) && step(v1, v0)) {
+                    acc[b] = 0.f;
+                }
+            cc.batch = 0;
+            cc.task += DN3_SPLIT;
+            if (cc.task < nt) cc.d = dn_task(cc.task, has_sd, r, H, n, F, w, sdown, SF, HS, tab);
         }
     }
-combine:
-    __syncwarp();
-    if (lane >= n) return;
+    asm volatile("cp.async.wait_group 0;" ::: "memory");  // (empty groups past the end)
+    // Both halves' results are in; the row's first warp adds them per token.
+    __syncthreads();
+    if (half != 0 || lane >= n) return;
     const int t = lane;
     const int *iv = inv + (size_t)t * K;
     const float *wt = topk_w + (size_t)t * K;
@@ -784,17 +821,17 @@ combine:
         out[(size_t)t * dim + r] = __float2bfloat16(0.f);
         return;
     }
-    float acc = 0.f;
+    float sum = 0.f;
     if (has_sd || YS) {
         const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
-        acc = sg * (has_sd ? s_ys[warp][t] : __bfloat162float(YS[(size_t)t * dim + r]));
+        sum = sg * (has_sd ? s_ys[lr][t] : __bfloat162float(YS[(size_t)t * dim + r]));
     }
     for (int j = 0; j < K; j++) {
         const int s = __ldcg(iv + j);
         if (s < 0) continue;
-        acc = fmaf(bfr(__ldcg(wt + j)), s_y[warp][s], acc);  // HF: weights cast to bf16
+        sum = fmaf(bfr(__ldcg(wt + j)), s_y[lr][s], sum);  // HF: weights cast to bf16
     }
-    out[(size_t)t * dim + r] = __float2bfloat16(acc);
+    out[(size_t)t * dim + r] = __float2bfloat16(sum);
 }
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
@@ -1161,7 +1198,7 @@ static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
 }
 
 // KAON_MOE_DOWN=task: the small path's down kernel that shares a row's tasks among 4 warps
-// (k_moe_small_down; A/B against the row-per-warp stream k_moe_small_down2, the default).
+// (k_moe_small_down; A/B against the row-per-warp stream k_moe_small_down3, the default).
 static bool down_by_task(void) {
     static int v = -1;
     if (v < 0) {
@@ -1225,8 +1262,8 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
         if (b->err) return -1;
     }
     if (!down_by_task()) {
-        const dim3 dgrid((unsigned)((dim + DN2_ROWS - 1) / DN2_ROWS));
-        return kc_check(b, kc_launch(b, k_moe_small_down2, dgrid, dim3(DN2_ROWS * 32), 0, m.H, n, dim, F, mw,
+        const dim3 dgrid((unsigned)((dim + DN3_ROWS - 1) / DN3_ROWS));
+        return kc_check(b, kc_launch(b, k_moe_small_down3, dgrid, blk, DN3_RING_BYTES, m.H, n, dim, F, mw,
                                      fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
                                      m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL,
                                      K, m.active, E, m.off, m.inv, m.topk_w, out),
