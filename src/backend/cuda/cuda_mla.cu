@@ -706,33 +706,38 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
         const int *sl = slot_s + cur * KT;
 
         // S [16 x KW] = Q_mt K^T over the warp's keys ds * KW ...
-        // Two accumulators per n-tile (even and odd 16-wide k steps): at 16 heads a warp has one
-        // n-tile, and one chain of 36 dependent mma is the tile's critical path.
+        // Four accumulators per n-tile (16-wide k steps round-robin): at 16 heads a warp has
+        // one n-tile, and a chain of dependent mma is the tile's critical path (36 in one chain,
+        // 9 in four).
         // (With SW < DS the other warps of the m-tile sit S out: their maxima stay -inf.)
         const bool s_warp = ds < SW;
-        float sc[NQ][4], sc2[NQ][4];
+        float sc[NQ][4], sc2[NQ][4], sc3[NQ][4], sc4[NQ][4];
 #pragma unroll
         for (int j = 0; j < NQ; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) sc[j][e] = sc2[j][e] = 0.f;
+            for (int e = 0; e < 4; e++) sc[j][e] = sc2[j][e] = sc3[j][e] = sc4[j][e] = 0.f;
         const bf16 *kb = kt_s + (ds * KW + (lane & 7)) * MLA_LD + (lane >> 3) * 8;
-#pragma unroll 2
-        for (int kk = 0; s_warp && kk < MLA_D; kk += 32) {
-            unsigned a0[4], a1[4];
+        for (int kk = 0; s_warp && kk < MLA_D; kk += 64) {
+            unsigned a0[4], a1[4], a2[4], a3[4];
             ldsm4(a0, qa + kk);
             ldsm4(a1, qa + kk + 16);
+            ldsm4(a2, qa + kk + 32);
+            ldsm4(a3, qa + kk + 48);
 #pragma unroll
             for (int j = 0; j < NQ; j++) {
-                unsigned bb[4];
+                unsigned bb[4], bc[4];
                 ldsm4(bb, kb + j * 8 * MLA_LD + kk);
+                ldsm4(bc, kb + j * 8 * MLA_LD + kk + 32);
                 mma16816(sc[j], a0, bb[0], bb[1]);
                 mma16816(sc2[j], a1, bb[2], bb[3]);
+                mma16816(sc3[j], a2, bc[0], bc[1]);
+                mma16816(sc4[j], a3, bc[2], bc[3]);
             }
         }
 #pragma unroll
         for (int j = 0; j < NQ; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) sc[j][e] += sc2[j][e];
+            for (int e = 0; e < 4; e++) sc[j][e] = (sc[j][e] + sc2[j][e]) + (sc3[j][e] + sc4[j][e]);
         // Scale (log2 units), mask keys without a slot, row maxima over the warp's keys.
         float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
