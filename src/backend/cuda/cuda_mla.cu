@@ -7,14 +7,11 @@
 // block of heads:
 //  - k_mla_tc (kv_lora 512, rope 64, heads a multiple of 16: every real model): a CTA of 8
 //    warps takes one token, HB = 16, 32 or 64 of its heads (nh = 128: two head blocks) and one
-//    range of its keys. Q [HB, 576] sits in shared memory; K tiles of 32 rows come in by
-//    cp.async through the block table, 3 or 4 in shared memory (all but one in flight: with
-//    one 64-row tile in flight per SM the kernel streamed 60-72% of the copy bandwidth at 16
-//    heads). Scores S = Q K^T and the update
+//    range of its keys. Q [HB, 576] sits in shared memory; K tiles of KT rows come in by
+//    cp.async through the block table, double-buffered. Scores S = Q K^T and the update
 //    O += P V run on the tensor cores (mma.sync m16n8k16 bf16, f32 accumulators; ldmatrix,
 //    .trans for V = the first 512 columns of the same K tile). Warps are (m-tile of 16 heads)
-//    x (DS = 8 / m-tiles): for S each warp takes 8 or 16 keys of its m-tile (at 16 heads half
-//    of the warps sit S out), for P V each warp
+//    x (DS = 8 / m-tiles): for S each warp takes KT / DS keys of its m-tile, for P V each warp
 //    512 / DS output dims, so O stays in registers (<= 128 f32 per thread). The online softmax
 //    (log2 units) combines the row maxima of an m-tile's warps through shared memory; P goes
 //    to shared memory as bf16 for the second product.
@@ -595,45 +592,38 @@ static __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// The geometry of k_mla_tc<MT, KT, NS>: HB = 16 MT heads per CTA, DS = 8 / MT warps per m-tile
-// of 16 heads, KT keys per tile, NS tiles in shared memory (NS - 1 in flight while one is
-// multiplied), SW of an m-tile's warps compute S (at most one n-tile of 8 keys each).
-template <int MT, int KT_, int NS_>
+// The geometry of k_mla_tc<MT>: HB = 16 MT heads per CTA, DS = 8 / MT warps per m-tile of 16
+// heads, KT keys per tile.
+template <int MT>
 struct MlaTC {
-    static constexpr int HB = 16 * MT, DS = 8 / MT, KT = KT_, NS = NS_;
-    static constexpr int SW = DS < KT / 8 ? DS : KT / 8;
-    static constexpr int KW = KT / SW;   // keys per S warp (a multiple of 8)
+    static constexpr int HB = 16 * MT, DS = 8 / MT;
+    static constexpr int KT = MT == 4 ? 32 : 64;
+    static constexpr int KW = KT / DS;   // keys per warp in S (a multiple of 8)
     static constexpr int NQ = KW / 8;    // n-tiles per warp in S
     static constexpr int DW = MLA_L / DS;  // output dims per warp in P V
     static constexpr int NV = DW / 8;    // n-tiles per warp in P V (even)
     static constexpr int PLD = KT + 8;   // P's shared row stride (bf16)
-    static constexpr size_t SMEM = sizeof(bf16) * ((size_t)HB * MLA_LD + NS * (size_t)KT * MLA_LD + (size_t)HB * PLD) +
-                                   sizeof(float) * 8 * 16 + sizeof(int) * NS * KT;
+    static constexpr size_t SMEM = sizeof(bf16) * ((size_t)HB * MLA_LD + 2 * (size_t)KT * MLA_LD + (size_t)HB * PLD) +
+                                   sizeof(float) * 8 * 16 + sizeof(int) * 2 * KT;
 };
-// The instances in use: 32-key tiles, 4 in shared memory (3 in flight) where they fit. With 64-key
-// tiles double-buffered (KAON_MLA_TILES=2, the earlier kernel) one tile of 74 KB was in flight
-// per SM while the CTA waited for the other: 60-72% of the copy bandwidth at 16 heads.
-template <int MT>
-using MlaTCDefault = MlaTC<MT, 32, MT == 4 ? 3 : 4>;
-template <int MT>
-using MlaTCOld = MlaTC<MT, MT == 4 ? 32 : 64, 2>;
 
-// grid (tokens, nh / HB, S); 256 threads; dynamic shared memory C::SMEM.
-template <int MT, class C>
+// grid (tokens, nh / HB, S); 256 threads; dynamic shared memory MlaTC<MT>::SMEM.
+template <int MT>
 __global__ void __launch_bounds__(MLA_THREADS, 1)
 k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32_t *__restrict__ pos,
          const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int n_seqs, int max_blocks, int bs,
          int64_t n_slots, int nh, float qscale, int min_keys, int prefetch, bf16 *__restrict__ out,
          float *__restrict__ part) {
+    typedef MlaTC<MT> C;
     constexpr int HB = C::HB, DS = C::DS, KT = C::KT, KW = C::KW, NQ = C::NQ, DW = C::DW, NV = C::NV,
-                  PLD = C::PLD, NS = C::NS, SW = C::SW;
+                  PLD = C::PLD;
     static_assert(KW % 8 == 0 && NV % 2 == 0 && KT % 16 == 0, "tile shapes");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *q_s = (bf16 *)smem_raw;            // [HB][MLA_LD]
-    bf16 *k_s = q_s + HB * MLA_LD;           // [NS][KT][MLA_LD]
-    bf16 *p_s = k_s + NS * KT * MLA_LD;      // [HB][PLD] probabilities of the tile
+    bf16 *k_s = q_s + HB * MLA_LD;           // [2][KT][MLA_LD]
+    bf16 *p_s = k_s + 2 * KT * MLA_LD;       // [HB][PLD] probabilities of the tile
     float *red = (float *)(p_s + HB * PLD);  // [8 warps][16 rows]
-    int *slot_s = (int *)(red + 8 * 16);     // [NS][KT]
+    int *slot_s = (int *)(red + 8 * 16);     // [2][KT]
     kc_pdl_trigger();
 
     const int t = blockIdx.x, h0 = blockIdx.y * HB, z = blockIdx.z, S = gridDim.z;
@@ -667,21 +657,15 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
             cp16(dst + r * MLA_LD + ch * 8, cache + (size_t)(s >= 0 ? s : 0) * MLA_D + ch * 8, s >= 0);
         }
     };
-    // The first NS - 1 tiles' slots, then Q and tile 0 (one group), tiles 1 .. NS - 2 (a group
-    // each, empty past the range): tile i is always group i.
-    for (int i = tid; i < (NS - 1) * KT; i += MLA_THREADS)
-        slot_s[i] = i / KT < ntiles ? mla_slot(bt, k0 + i, k1, bs, n_slots) : -1;
+    if (tid < KT) slot_s[tid] = mla_slot(bt, k0 + tid, k1, bs, n_slots);
     __syncthreads();
-    {
+    {  // Q of the head block and the first tile: one group
         const bf16 *qt = q + ((size_t)t * nh + h0) * MLA_D;
         for (int c = tid; c < HB * (MLA_D / 8); c += MLA_THREADS) {
             const int r = c / (MLA_D / 8), ch = c - r * (MLA_D / 8);
             cp16(q_s + r * MLA_LD + ch * 8, qt + (size_t)r * MLA_D + ch * 8, true);
         }
-    }
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
-        if (i < ntiles) load_tile(i);
+        if (ntiles > 0) load_tile(0);
         cp_commit();
     }
 
@@ -693,31 +677,31 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
     const bf16 *qa = q_s + (mt * 16 + (lane & 15)) * MLA_LD + (lane >> 4) * 8;
 
     for (int it = 0; it < ntiles; it++) {
-        const int cur = it % NS, nxt = it + NS - 1;
-        if (nxt < ntiles) {  // the slot buffer it reuses was last read before the previous tile's end
-            if (tid < KT) slot_s[(nxt % NS) * KT + tid] = mla_slot(bt, k0 + nxt * KT + tid, k1, bs, n_slots);
+        const int cur = it & 1;
+        if (it + 1 < ntiles) {
+            if (tid < KT) slot_s[(cur ^ 1) * KT + tid] = mla_slot(bt, k0 + (it + 1) * KT + tid, k1, bs, n_slots);
             __syncthreads();
-            load_tile(nxt % NS);
+            load_tile(cur ^ 1);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
         }
-        cp_commit();
-        cp_wait<NS - 1>();
         __syncthreads();
         const bf16 *kt_s = k_s + cur * KT * MLA_LD;
         const int *sl = slot_s + cur * KT;
 
         // S [16 x KW] = Q_mt K^T over the warp's keys ds * KW ...
         // Four accumulators per n-tile (16-wide k steps round-robin): at 16 heads a warp has
-        // one n-tile, and a chain of dependent mma is the tile's critical path (36 in one chain,
-        // 9 in four).
-        // (With SW < DS the other warps of the m-tile sit S out: their maxima stay -inf.)
-        const bool s_warp = ds < SW;
+        // one n-tile, and a chain of dependent mma is the tile's critical path (9 in each of
+        // four chains; two chains of 18 were 3% slower at 16 heads, batch 64).
         float sc[NQ][4], sc2[NQ][4], sc3[NQ][4], sc4[NQ][4];
 #pragma unroll
         for (int j = 0; j < NQ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) sc[j][e] = sc2[j][e] = sc3[j][e] = sc4[j][e] = 0.f;
         const bf16 *kb = kt_s + (ds * KW + (lane & 7)) * MLA_LD + (lane >> 3) * 8;
-        for (int kk = 0; s_warp && kk < MLA_D; kk += 64) {
+        for (int kk = 0; kk < MLA_D; kk += 64) {
             unsigned a0[4], a1[4], a2[4], a3[4];
             ldsm4(a0, qa + kk);
             ldsm4(a1, qa + kk + 16);
@@ -744,7 +728,7 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
         for (int j = 0; j < NQ; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const bool valid = s_warp && sl[ds * KW + j * 8 + 2 * tg + e] >= 0;
+                const bool valid = sl[ds * KW + j * 8 + 2 * tg + e] >= 0;
                 sc[j][e] = valid ? sc[j][e] * qscale : -INFINITY;
                 sc[j][2 + e] = valid ? sc[j][2 + e] * qscale : -INFINITY;
                 mx_lo = fmaxf(mx_lo, sc[j][e]);
@@ -775,7 +759,7 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
         float ps_lo = 0.f, ps_hi = 0.f;
         bf16 *pr_lo = p_s + (mt * 16 + g) * PLD + ds * KW + 2 * tg, *pr_hi = pr_lo + 8 * PLD;
 #pragma unroll
-        for (int j = 0; s_warp && j < NQ; j++) {
+        for (int j = 0; j < NQ; j++) {
             float pv[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) pv[e] = sc[j][e] == -INFINITY ? 0.f : exp2f(sc[j][e] - (e < 2 ? mn_lo : mn_hi));
@@ -970,28 +954,19 @@ k_mla_generic(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const 
 
 // ---- mla_attention: the op ---------------------------------------------------------------------------
 
-template <int MT, class C>
-static int launch_tc_as(kc_backend *b, int T, int S, const bf16 *q, const bf16 *cache, const int32_t *pos,
-                        const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m, int64_t n_slots, int nh,
-                        float qscale, int min_keys, bf16 *out, int optin_bit) {
-    if (smem_optin(b, (const void *)k_mla_tc<MT, C>, optin_bit, C::SMEM)) return -1;
-    const dim3 grid((unsigned)T, (unsigned)(nh / C::HB), (unsigned)S);
-    // L2 prefetch before the PDL wait for launches of a few tokens (KAON_MLA_PREFETCH=0: off, for A/B).
-    static const int pf_env = getenv("KAON_MLA_PREFETCH") ? atoi(getenv("KAON_MLA_PREFETCH")) : 1;
-    const int prefetch = T <= 4 && pf_env != 0;
-    kc_launch(b, k_mla_tc<MT, C>, grid, dim3(MLA_THREADS), C::SMEM, q, cache, pos, seq, tab, m->n_seqs, m->max_blocks,
-              m->block_size, n_slots, nh, qscale, min_keys, prefetch, out, b->attn_part);
-    return kc_launched(b, "mla attention");
-}
-
 template <int MT>
 static int launch_tc(kc_backend *b, int T, int S, const bf16 *q, const bf16 *cache, const int32_t *pos,
                      const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m, int64_t n_slots, int nh,
                      float qscale, int min_keys, bf16 *out) {
-    // KAON_MLA_TILES=2: the double-buffered 64-key tiles (A/B).
-    static const bool old_tiles = getenv("KAON_MLA_TILES") && atoi(getenv("KAON_MLA_TILES")) == 2;
-    if (old_tiles) return launch_tc_as<MT, MlaTCOld<MT>>(b, T, S, q, cache, pos, seq, tab, m, n_slots, nh, qscale, min_keys, out, MT);
-    return launch_tc_as<MT, MlaTCDefault<MT>>(b, T, S, q, cache, pos, seq, tab, m, n_slots, nh, qscale, min_keys, out, 16 + MT);
+    typedef MlaTC<MT> C;
+    if (smem_optin(b, (const void *)k_mla_tc<MT>, MT, C::SMEM)) return -1;
+    const dim3 grid((unsigned)T, (unsigned)(nh / C::HB), (unsigned)S);
+    // L2 prefetch before the PDL wait for launches of a few tokens (KAON_MLA_PREFETCH=0: off, for A/B).
+    static const int pf_env = getenv("KAON_MLA_PREFETCH") ? atoi(getenv("KAON_MLA_PREFETCH")) : 1;
+    const int prefetch = T <= 4 && pf_env != 0;
+    kc_launch(b, k_mla_tc<MT>, grid, dim3(MLA_THREADS), C::SMEM, q, cache, pos, seq, tab, m->n_seqs, m->max_blocks,
+              m->block_size, n_slots, nh, qscale, min_keys, prefetch, out, b->attn_part);
+    return kc_launched(b, "mla attention");
 }
 
 void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *kv, const kaon_attn_meta *m, int nh,
@@ -1029,7 +1004,7 @@ void kc_op_mla_attention(kaon_backend *be, const void *q_, const kaon_kv_layer *
         // (short contexts over more CTAs, each loading part of a tile) measured no faster on
         // V2-Lite at batch 1 (375.6 vs 383.3 tok/s; the kernel's 6.5 us there is not the tile's load).
         static const int mk_env = getenv("KAON_MLA_MIN_KEYS") ? atoi(getenv("KAON_MLA_MIN_KEYS")) : 0;
-        const int tile = MT == 4 ? 32 : 64;  // (ranges of at least 64 keys: fewer partials to merge at batch 1)
+        const int tile = MT == 4 ? MlaTC<4>::KT : MT == 2 ? MlaTC<2>::KT : MlaTC<1>::KT;
         min_keys = mk_env >= 8 && mk_env <= 1024 ? mk_env : tile;
         n_hb = nh / HB;
     } else {
