@@ -657,7 +657,24 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
             cp16(dst + r * MLA_LD + ch * 8, cache + (size_t)(s >= 0 ? s : 0) * MLA_D + ch * 8, s >= 0);
         }
     };
-    if (tid < KT) slot_s[tid] = mla_slot(bt, k0 + tid, k1, bs, n_slots);
+    // Thread tid < KT looks up key tid of each tile; the block-table entry of tile it + 2 is
+    // requested during tile it and turned into a slot only when tile it + 1 is loaded, so the
+    // lookup's latency stays off the loop's path (it held every tile's loads back: the slots
+    // are written, then a barrier, then the copies).
+    auto entry = [&](int tile) {
+        const int kk = k0 + tile * KT + tid;
+        return kk < k1 ? bt[kk / bs] : -1;
+    };
+    auto slot_of = [&](int tile, int blk) {
+        const int kk = k0 + tile * KT + tid;
+        const int64_t s64 = (int64_t)blk * bs + kk % bs;
+        return kk < k1 && blk >= 0 && s64 < n_slots ? (int)s64 : -1;
+    };
+    int next_blk = -1;
+    if (tid < KT) {
+        slot_s[tid] = slot_of(0, entry(0));
+        if (ntiles > 1) next_blk = entry(1);
+    }
     __syncthreads();
     {  // Q of the head block and the first tile: one group
         const bf16 *qt = q + ((size_t)t * nh + h0) * MLA_D;
@@ -679,7 +696,10 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
     for (int it = 0; it < ntiles; it++) {
         const int cur = it & 1;
         if (it + 1 < ntiles) {
-            if (tid < KT) slot_s[(cur ^ 1) * KT + tid] = mla_slot(bt, k0 + (it + 1) * KT + tid, k1, bs, n_slots);
+            if (tid < KT) {
+                slot_s[(cur ^ 1) * KT + tid] = slot_of(it + 1, next_blk);
+                if (it + 2 < ntiles) next_blk = entry(it + 2);
+            }
             __syncthreads();
             load_tile(cur ^ 1);
             cp_commit();
