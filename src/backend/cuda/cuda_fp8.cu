@@ -402,20 +402,13 @@ static __device__ __forceinline__ float amax8(uint4 v) {  // of 8 bf16
     return m;
 }
 
-// 16 bf16 (v[0]: the first 8) to 16 e4m3 bytes in column order, as xq holds them: q = e4m3(x * inv)
-// (STATIC) or e4m3(x / s) with an IEEE division, the formulas of the quantize kernels.
-static __device__ __forceinline__ uint4 quant16(const uint4 (&v)[2], float s, float inv, bool mul) {
-    uint32_t q[4];
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v[w >> 1] + 2 * (w & 1);
-        const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-        q[w] = (uint32_t)to_e4m3(mul ? f0.x * inv : __fdiv_rn(f0.x, s)) |
-               (uint32_t)to_e4m3(mul ? f0.y * inv : __fdiv_rn(f0.y, s)) << 8 |
-               (uint32_t)to_e4m3(mul ? f1.x * inv : __fdiv_rn(f1.x, s)) << 16 |
-               (uint32_t)to_e4m3(mul ? f1.y * inv : __fdiv_rn(f1.y, s)) << 24;
-    }
-    return make_uint4(q[0], q[1], q[2], q[3]);
+// 4 values to 4 e4m3 bytes in column order, as xq holds them: q = e4m3(x * inv) (STATIC) or
+// e4m3(x / s) with an IEEE division, the formulas of the quantize kernels.
+static __device__ __forceinline__ uint32_t quant4(float2 f0, float2 f1, float s, float inv, bool mul) {
+    return (uint32_t)to_e4m3(mul ? f0.x * inv : __fdiv_rn(f0.x, s)) |
+           (uint32_t)to_e4m3(mul ? f0.y * inv : __fdiv_rn(f0.y, s)) << 8 |
+           (uint32_t)to_e4m3(mul ? f1.x * inv : __fdiv_rn(f1.x, s)) << 16 |
+           (uint32_t)to_e4m3(mul ? f1.y * inv : __fdiv_rn(f1.y, s)) << 24;
 }
 
 // TOKEN, fused: token j's scale from the block's per-warp row maxima (k_fp8_act_rows' formula).
@@ -430,9 +423,11 @@ static __device__ __forceinline__ float token_scale(const float (*red)[8], int j
 // t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
 // the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
 // FUSE (one tile): the activations are quantized here from a.x, bit for bit as the quantize
-// kernels do, which saves their launch at decode. BLOCK: the 4 lanes of a token's chunk hold its
-// 128-column group, so a group's amax is 2 shuffles. ROWS TOKEN: the block first takes the amax
-// of its tokens' whole rows (every block re-reads x: why only small batches fuse).
+// kernels do, which saves their launch at decode. Per chunk a warp quantizes each token's 128
+// columns once, 4 a lane (k_fp8_act_group's split: a group's amax is one warp reduction), and
+// each lane gathers the 32 bytes its MMA operand takes by shuffles: at batch 1 that is 4 IEEE
+// divisions a lane rather than 32. ROWS TOKEN: the block first takes the amax of its tokens'
+// whole rows (every block re-reads x: why only small batches fuse).
 template <int NT, int MODE, bool SILU, bool FUSE>
 __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
     static_assert(!FUSE || NT == 1, "the fused quantization serves one tile of tokens");
@@ -522,30 +517,45 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                 if (tok0 + j * 8 >= n) break;
                 const int tok = tok0 + j * 8 + g;
                 uint4 xv[2];
-                float sg = 0.0f;  // FUSE, BLOCK: the group scale of token tok
+                float x0 = 0.0f, x1 = 0.0f;  // FUSE, BLOCK: the group scales of tokens 2t, 2t + 1
                 if (FUSE) {
-                    // The 32 values of columns c * 128 + h * 64 + lane_off .. + 16 (h = 0, 1).
-                    uint4 v[2][2] = {{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)},
-                                     {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}};
-                    if (tok < n) {
-                        const bf16 *xp = a.x + (size_t)tok * K + (size_t)c * 128 + lane_off;
+                    // Token q's word `lane`: columns c * 128 + 4 lane .. + 4. Lane (g, t) takes
+                    // token g's columns c * 128 + h * 64 + 16 t .. + 16 (h = 0, 1): the words
+                    // 16 h + 4 t + w (w < 4) of lanes 16 h + 4 t + w.
+                    const int nt = min(n - tok0, 8);
+                    uint2 raw[8];
 #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            v[h][0] = *(const uint4 *)(xp + h * 64);
-                            v[h][1] = *(const uint4 *)(xp + h * 64 + 8);
+                    for (int q = 0; q < 8; q++)
+                        raw[q] = q < nt ? *(const uint2 *)(a.x + (size_t)(tok0 + q) * K + (size_t)c * 128 + lane * 4)
+                                        : make_uint2(0, 0);
+                    uint32_t xw[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+                    for (int q = 0; q < 8; q++) {
+                        if (q >= nt) break;
+                        const __nv_bfloat162 *hp = (const __nv_bfloat162 *)&raw[q];
+                        const float2 f0 = __bfloat1622float2(hp[0]), f1 = __bfloat1622float2(hp[1]);
+                        float s;
+                        if (MODE == MODE_BLOCK) {  // the warp holds the group
+                            float m = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
+#pragma unroll
+                            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                            s = __fdiv_rn(fmaxf(m, 1e-4f), 448.0f);
+                            if (q == 2 * t) x0 = s;
+                            if (q == 2 * t + 1) x1 = s;
+                        } else {
+                            s = __shfl_sync(0xffffffffu, s_tok, 4 * q);  // (STATIC: inv)
                         }
-                    }
-                    float s = s_tok;
-                    if (MODE == MODE_BLOCK) {  // lanes 4g .. 4g + 3 hold the group
-                        float m = fmaxf(fmaxf(amax8(v[0][0]), amax8(v[0][1])), fmaxf(amax8(v[1][0]), amax8(v[1][1])));
-                        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                        s = __fdiv_rn(fmaxf(m, 1e-4f), 448.0f);
-                        sg = s;
-                    }
+                        const uint32_t wq = quant4(f0, f1, s, inv, stat);
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        xv[h] = tok < n ? quant16(v[h], s, inv, stat) : make_uint4(0, 0, 0, 0);
+                        for (int h = 0; h < 2; h++)
+#pragma unroll
+                            for (int w = 0; w < 4; w++) {
+                                const uint32_t v = __shfl_sync(0xffffffffu, wq, 16 * h + 4 * t + w);
+                                if (g == q) xw[h][w] = v;
+                            }
+                    }
+                    xv[0] = make_uint4(xw[0][0], xw[0][1], xw[0][2], xw[0][3]);
+                    xv[1] = make_uint4(xw[1][0], xw[1][1], xw[1][2], xw[1][3]);
                 } else if (tok < n) {
                     const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
                     xv[0] = *(const uint4 *)xp;
@@ -557,9 +567,6 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                 chunk_mma(cc, wv, xv);
                 if (MODE == MODE_BLOCK) {
                     const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
-                    // FUSE: tokens 2t and 2t + 1's group scales from lanes 8t and 8t + 4.
-                    const float x0 = FUSE ? __shfl_sync(0xffffffffu, sg, 8 * t) : 0.0f;
-                    const float x1 = FUSE ? __shfl_sync(0xffffffffu, sg, 8 * t + 4) : 0.0f;
                     const float s0 = t0 < n ? sw * (FUSE ? x0 : a.xs[(size_t)c * n + t0]) : 0.0f;
                     const float s1 = t1 < n ? sw * (FUSE ? x1 : a.xs[(size_t)c * n + t1]) : 0.0f;
                     acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
