@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             const int kv = K / 8, nt = min(n - tok0, 8);
             const uint4 *xr = (const uint4 *)(a.x + (size_t)tok0 * K);
             float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8  // (a decode step's row in one round trip: K <= 16384)
+#pragma unroll 8  // (more of the rows' loads in flight at once)
             for (int i = threadIdx.x; i < nt * kv; i += FP8_WARPS * 32) {
                 const float v = amax8(xr[i]);
                 const int j = i / kv;
