@@ -8,10 +8,6 @@
 // (cpu_fp8.c has the formulas and their sources): BLOCK per token and group of 128 columns;
 // ROWS per token (TOKEN), over the whole input (TENSOR) or by the checkpoint's input_scale
 // (STATIC). Their scales: [in/128, n] for groups (cuBLASLt's VEC128 layout), [n] otherwise.
-// Batches of up to FP8_FUSE_MAX_N tokens (one GEMV tile) in those modes but TENSOR launch no
-// quantize kernel (4 launches a layer at decode): the GEMV quantizes x itself with the same
-// formulas, bit for bit. KAON_FP8_FUSE_ACT=N fuses up to N tokens (0: never; the A/B and the
-// exactness test).
 //
 // n <= FP8_GEMV_MAX_N: k_fp8_gemv. Tensor cores (mma.sync m16n8k32 e4m3) with the weight rows
 // as the M side: a warp tile is 16 rows x 8 tokens, the block's warps split K in chunks of 128
@@ -34,7 +30,6 @@
 #define FP8_STAGES 6          // ring slots of 2 KB per warp (cp.async pipeline depth)
 #define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * 2048)
 #define FP8_GEMV_MAX_N 64     // 8 tiles of 8 tokens; larger batches go to cuBLASLt
-#define FP8_FUSE_MAX_N 8      // batches the GEMV quantizes itself (one tile)
 #define FP8_DEQ_CAP (64 << 20)  // elements of the bf16 scratch of weight-only layers
 #define FP8_LT_CACHE 32
 
@@ -60,7 +55,6 @@ struct kc_fp8 {
     fp8_gemm lt[FP8_LT_CACHE];
     uint64_t tick;
     int gemv_max_n;  // KAON_FP8_GEMV_MAX_N
-    int fuse_max_n;  // KAON_FP8_FUSE_ACT
 };
 
 static kc_fp8 *fstate(kc_backend *b) {
@@ -74,10 +68,6 @@ static kc_fp8 *fstate(kc_backend *b) {
     s->gemv_max_n = e && *e ? atoi(e) : FP8_GEMV_MAX_N;
     if (s->gemv_max_n < 0) s->gemv_max_n = 0;
     if (s->gemv_max_n > FP8_GEMV_MAX_N) s->gemv_max_n = FP8_GEMV_MAX_N;
-    e = getenv("KAON_FP8_FUSE_ACT");
-    s->fuse_max_n = e && *e ? atoi(e) : FP8_FUSE_MAX_N;
-    if (s->fuse_max_n < 0) s->fuse_max_n = 0;
-    if (s->fuse_max_n > FP8_FUSE_MAX_N) s->fuse_max_n = FP8_FUSE_MAX_N;
     b->fp8 = s;
     return s;
 }
@@ -384,55 +374,14 @@ struct Fp8Args {
     const uint8_t *xq;
     const float *xs;
     int n, tok0, K, f32out;  // tokens [tok0, tok0 + 8 NT) of n
-    // The fused instance (FUSE) quantizes x itself; xq and xs are unused. ROWS: act is
-    // KAON_ACTQ_TOKEN or KAON_ACTQ_STATIC (with act_scale); BLOCK: groups.
-    const bf16 *x;  // [n, K], 16-byte aligned
-    int act;
-    float act_scale;
 };
-
-static __device__ __forceinline__ float amax8(uint4 v) {  // of 8 bf16
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-    float m = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const float2 f = __bfloat1622float2(h[e]);
-        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-    return m;
-}
-
-// 4 values to 4 e4m3 bytes in column order, as xq holds them: q = e4m3(x * inv) (STATIC) or
-// e4m3(x / s) with an IEEE division, the formulas of the quantize kernels.
-static __device__ __forceinline__ uint32_t quant4(float2 f0, float2 f1, float s, float inv, bool mul) {
-    return (uint32_t)to_e4m3(mul ? f0.x * inv : __fdiv_rn(f0.x, s)) |
-           (uint32_t)to_e4m3(mul ? f0.y * inv : __fdiv_rn(f0.y, s)) << 8 |
-           (uint32_t)to_e4m3(mul ? f1.x * inv : __fdiv_rn(f1.x, s)) << 16 |
-           (uint32_t)to_e4m3(mul ? f1.y * inv : __fdiv_rn(f1.y, s)) << 24;
-}
-
-// TOKEN, fused: token j's scale from the block's per-warp row maxima (k_fp8_act_rows' formula).
-static __device__ __forceinline__ float token_scale(const float (*red)[8], int j) {
-    float m = red[0][j];
-#pragma unroll
-    for (int w = 1; w < FP8_WARPS; w++) m = fmaxf(m, red[w][j]);
-    return fmaxf(__fdiv_rn(m, 448.0f), 1.0f / (448.0f * 512.0f));
-}
 
 // y[t, row] = sum over 128-column chunks c of (w[row, c] . xq[t, c]) * sw * sx for the tokens
 // t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
 // the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
-// FUSE (one tile): the activations are quantized here from a.x, bit for bit as the quantize
-// kernels do, which saves their launch at decode. Per chunk a warp quantizes each token's 128
-// columns once, 4 a lane (k_fp8_act_group's split: a group's amax is one warp reduction), and
-// each lane gathers the 32 bytes its MMA operand takes by shuffles: at batch 1 that is 4 IEEE
-// divisions a lane rather than 32. ROWS TOKEN: the block first takes the amax of its tokens'
-// whole rows (every block re-reads x: why only small batches fuse).
-template <int NT, int MODE, bool SILU, bool FUSE>
+template <int NT, int MODE, bool SILU>
 __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
-    static_assert(!FUSE || NT == 1, "the fused quantization serves one tile of tokens");
     __shared__ float part[SILU ? 2 : 1][FP8_WARPS][NT][32][4];
-    __shared__ float red[FUSE ? FP8_WARPS : 1][8];  // FUSE, TOKEN: per-warp row maxima
     extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane]
     kc_pdl_trigger();
     int seg = 0;
@@ -444,10 +393,6 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
     const int nch = K / 128;
     const int r0 = min(m0 + g, M - 1), r1 = min(m0 + g + 8, M - 1);  // rows past M: loaded, never stored
     const int lane_off = t * 16;
-    // FUSE, ROWS: this lane's token's scale (TOKEN), or 1 / input_scale (STATIC).
-    const bool stat = FUSE && MODE == MODE_ROWS && a.act == KAON_ACTQ_STATIC;
-    float s_tok = 0.0f, inv = 0.0f;
-    if (stat) inv = __fdiv_rn(1.0f, a.act_scale);
     for (int wi = 0; wi < (SILU ? 2 : 1); wi++) {
         const uint8_t *w = a.w[SILU ? wi : seg];
         const float *ws = a.ws[SILU ? wi : seg];
@@ -474,31 +419,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
         };
 #pragma unroll
         for (int i = 0; i < FP8_STAGES - 1; i++) issue(i);
-        kc_pdl_wait();  // xq and xs (FUSE: x) come from the kernel before
-        if (FUSE && MODE == MODE_ROWS && !stat && wi == 0) {
-            // The amax of each token's row: threads take 8 columns at a time over all the
-            // tokens' rows (contiguous), warps reduce, red[warp][token] meets the block's.
-            const int kv = K / 8, nt = min(n - tok0, 8);
-            const uint4 *xr = (const uint4 *)(a.x + (size_t)tok0 * K);
-            float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8  // (more of the rows' loads in flight at once)
-            for (int i = threadIdx.x; i < nt * kv; i += FP8_WARPS * 32) {
-                const float v = amax8(xr[i]);
-                const int j = i / kv;
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (q == j) m[q] = fmaxf(m[q], v);
-            }
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                if (q >= nt) break;
-#pragma unroll
-                for (int o = 16; o; o >>= 1) m[q] = fmaxf(m[q], __shfl_xor_sync(0xffffffffu, m[q], o));
-                if (lane == 0) red[warp][q] = m[q];
-            }
-            __syncthreads();
-            if (g < nt) s_tok = token_scale(red, g);
-        }
+        kc_pdl_wait();  // xq and xs come from the kernel before
         for (int i = 0;; i++) {
             const int c = warp + i * FP8_WARPS;
             if (c >= nch) break;
@@ -517,46 +438,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                 if (tok0 + j * 8 >= n) break;
                 const int tok = tok0 + j * 8 + g;
                 uint4 xv[2];
-                float x0 = 0.0f, x1 = 0.0f;  // FUSE, BLOCK: the group scales of tokens 2t, 2t + 1
-                if (FUSE) {
-                    // Token q's word `lane`: columns c * 128 + 4 lane .. + 4. Lane (g, t) takes
-                    // token g's columns c * 128 + h * 64 + 16 t .. + 16 (h = 0, 1): the words
-                    // 16 h + 4 t + w (w < 4) of lanes 16 h + 4 t + w.
-                    const int nt = min(n - tok0, 8);
-                    uint2 raw[8];
-#pragma unroll
-                    for (int q = 0; q < 8; q++)
-                        raw[q] = q < nt ? *(const uint2 *)(a.x + (size_t)(tok0 + q) * K + (size_t)c * 128 + lane * 4)
-                                        : make_uint2(0, 0);
-                    uint32_t xw[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-#pragma unroll
-                    for (int q = 0; q < 8; q++) {
-                        if (q >= nt) break;
-                        const __nv_bfloat162 *hp = (const __nv_bfloat162 *)&raw[q];
-                        const float2 f0 = __bfloat1622float2(hp[0]), f1 = __bfloat1622float2(hp[1]);
-                        float s;
-                        if (MODE == MODE_BLOCK) {  // the warp holds the group
-                            float m = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
-#pragma unroll
-                            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                            s = __fdiv_rn(fmaxf(m, 1e-4f), 448.0f);
-                            if (q == 2 * t) x0 = s;
-                            if (q == 2 * t + 1) x1 = s;
-                        } else {
-                            s = __shfl_sync(0xffffffffu, s_tok, 4 * q);  // (STATIC: inv)
-                        }
-                        const uint32_t wq = quant4(f0, f1, s, inv, stat);
-#pragma unroll
-                        for (int h = 0; h < 2; h++)
-#pragma unroll
-                            for (int w = 0; w < 4; w++) {
-                                const uint32_t v = __shfl_sync(0xffffffffu, wq, 16 * h + 4 * t + w);
-                                if (g == q) xw[h][w] = v;
-                            }
-                    }
-                    xv[0] = make_uint4(xw[0][0], xw[0][1], xw[0][2], xw[0][3]);
-                    xv[1] = make_uint4(xw[1][0], xw[1][1], xw[1][2], xw[1][3]);
-                } else if (tok < n) {
+                if (tok < n) {
                     const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
                     xv[0] = *(const uint4 *)xp;
                     xv[1] = *(const uint4 *)(xp + 64);
@@ -567,8 +449,8 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                 chunk_mma(cc, wv, xv);
                 if (MODE == MODE_BLOCK) {
                     const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
-                    const float s0 = t0 < n ? sw * (FUSE ? x0 : a.xs[(size_t)c * n + t0]) : 0.0f;
-                    const float s1 = t1 < n ? sw * (FUSE ? x1 : a.xs[(size_t)c * n + t1]) : 0.0f;
+                    const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
+                    const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
                     acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
                     acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
                     acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
@@ -597,10 +479,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             float s = 0.0f;
 #pragma unroll
             for (int wp = 0; wp < FP8_WARPS; wp++) s += part[wi][wp][j][ln][i];
-            if (MODE == MODE_ROWS) {
-                const float sx = !FUSE ? a.xs[tok] : stat ? a.act_scale : token_scale(red, tok - tok0);
-                s *= a.ws[SILU ? wi : seg][row] * sx;
-            }
+            if (MODE == MODE_ROWS) s *= a.ws[SILU ? wi : seg][row] * a.xs[tok];
             v[wi] = s;
         }
         if (SILU) {
@@ -620,23 +499,18 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 // (SILU keeps two sets of partial sums in shared memory: at most 4 tiles.)
 #define FP8_SILU_MAX_N 32
 
-template <int NT, int MODE, bool SILU, bool FUSE = false>
+template <int NT, int MODE, bool SILU>
 static void launch_nt(kc_backend *b, unsigned blocks, const Fp8Args &a) {
     static bool sized;  // the ring is more dynamic shared memory than a kernel gets by default
     if (!sized) {
-        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             FP8_RING_BYTES);
+        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8_RING_BYTES);
         sized = true;
     }
-    kc_launch(b, k_fp8_gemv<NT, MODE, SILU, FUSE>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
+    kc_launch(b, k_fp8_gemv<NT, MODE, SILU>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
 }
 
 template <int MODE, bool SILU>
 static void launch_gemv(kc_backend *b, int tiles, unsigned blocks, const Fp8Args &a) {
-    if (a.x) {  // fused quantization (fused_act): one tile
-        launch_nt<1, MODE, SILU, true>(b, blocks, a);
-        return;
-    }
     switch (tiles) {
     case 1: launch_nt<1, MODE, SILU>(b, blocks, a); break;
     case 2: launch_nt<2, MODE, SILU>(b, blocks, a); break;
@@ -699,20 +573,10 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
     return kc_launched(b, "fp8 activation rows");
 }
 
-// Whether the GEMV quantizes layer l's activations x itself (k_fp8_gemv's FUSE) rather than a
-// kernel before it: batches of one tile (every block re-reads x), groups, TOKEN or STATIC (TENSOR
-// needs the amax of all tokens first).
-static bool fused_act(const kc_fp8 *s, const void *x, int n, int K, const kaon_linear *l) {
-    if (n > s->fuse_max_n || n > s->gemv_max_n || K % 128 || ((uintptr_t)x & 15)) return false;
-    return dev_mode(l) == MODE_BLOCK ? l->act_quant == KAON_ACTQ_GROUP
-                                      : l->act_quant == KAON_ACTQ_TOKEN || l->act_quant == KAON_ACTQ_STATIC;
-}
-
-// The GEMV over count weights sharing x (SILU: gate and up into y[0]), in passes of at most
-// FP8_GEMV_MAX_N tokens. x: NULL where the state's xq and xs hold it quantized, else the bf16
-// activations that the GEMV quantizes (fused_act).
-static int gemv(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, int count, const kaon_linear *const *l,
-                void *const *y, int f32out, bool silu) {
+// The GEMV over count weights sharing the quantized x (SILU: gate and up into y[0]), in passes
+// of at most FP8_GEMV_MAX_N tokens.
+static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_linear *const *l, void *const *y,
+                int f32out, bool silu) {
     if (silu && n > FP8_SILU_MAX_N) return kc_fail(b, "cuda fp8: fused SiLU of %d tokens", n);
     Fp8Args a;
     memset(&a, 0, sizeof a);
@@ -723,9 +587,6 @@ static int gemv(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, int count
     a.K = K;
     a.f32out = f32out;
     a.ws_cols = (K + 127) / 128;
-    a.x = x;
-    a.act = (int)l[0]->act_quant;
-    a.act_scale = l[0]->act_scale;
     int blocks = 0;
     for (int i = 0; i < count; i++) {
         a.w[i] = (const uint8_t *)l[i]->w.data;
@@ -881,14 +742,13 @@ int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, voi
     if (!s || !fp8_ok(b, l, "linear")) return -1;
     const int K = (int)l->w.shape[1];
     if (!quantizes_acts(l)) return weight_only(b, s, x, n, l, y, f32out);
-    if (fused_act(s, x, n, K, l)) return gemv(b, s, (const bf16 *)x, n, K, 1, &l, &y, f32out, false);
     if (quantize(b, s, (const bf16 *)x, n, K, l)) return -1;
     if (n > s->gemv_max_n || K % 128) {
         const int rc = lt_matmul(b, s, n, l, y, f32out);
         if (rc <= 0) return rc;
     }
     if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
-    return gemv(b, s, NULL, n, K, 1, &l, &y, f32out, false);
+    return gemv(b, s, n, K, 1, &l, &y, f32out, false);
 }
 
 // Whether layers a and b quantize x the same way and share the GEMV's mode and width.
@@ -906,7 +766,7 @@ static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *
         if (rc <= 0) return rc;
     }
     if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
-    return gemv(b, s, NULL, n, K, 1, &l, &y, 0, false);
+    return gemv(b, s, n, K, 1, &l, &y, 0, false);
 }
 
 int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
@@ -919,9 +779,8 @@ int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const ka
         if (!quantizes_acts(l[i]) || !same_x(l[0], l[i])) return 1;
     }
     const int K = (int)l[0]->w.shape[1];
-    if (fused_act(s, x, n, K, l[0])) return gemv(b, s, (const bf16 *)x, n, K, count, l, y, 0, false);
     if (quantize(b, s, (const bf16 *)x, n, K, l[0])) return -1;  // once for all of them
-    if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, NULL, n, K, count, l, y, 0, false);
+    if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false);
     for (int i = 0; i < count; i++)
         if (product(b, s, n, l[i], y[i])) return -1;
     return 0;
@@ -936,11 +795,12 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
         up->bias.data)
         return 1;
     const int K = (int)gate->w.shape[1], F = (int)gate->w.shape[0];
-    const kaon_linear *l[2] = {gate, up};
-    void *y[2] = {out, out};
-    if (fused_act(s, x, n, K, gate)) return gemv(b, s, (const bf16 *)x, n, K, 2, l, y, 0, true);
     if (quantize(b, s, (const bf16 *)x, n, K, gate)) return -1;  // once for both
-    if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, NULL, n, K, 2, l, y, 0, true);
+    if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) {
+        const kaon_linear *l[2] = {gate, up};
+        void *y[2] = {out, out};
+        return gemv(b, s, n, K, 2, l, y, 0, true);
+    }
     // Larger batches: both products, then SiLU-and-mul (the unfused ops' roundings).
     if (kc_grow(b, (void **)&s->gu, &s->gu_cap, 2 * (size_t)n * F, sizeof(bf16), "fp8 gate/up")) return -1;
     bf16 *g = s->gu, *u = s->gu + (size_t)n * F;
