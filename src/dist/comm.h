@@ -44,6 +44,13 @@ typedef struct kaon_comm_ops {
     // buf of every rank = buf of root             [count]
     int (*broadcast)(kaon_comm *c, void *buf, size_t count, kaon_comm_dtype t, int root);
     int (*barrier)(kaon_comm *c);
+    // A rank that fails before a collective never arrives: abort (from any thread) makes the
+    // pending and later collectives of the group return -1 ("comm: aborted: why") instead of
+    // waiting for it (NCCL: this rank's communicator is aborted; call it for every rank's).
+    // recover, once no rank is inside a collective: usable again (0), or -1 + error where an
+    // aborted communicator cannot be (NCCL).
+    void (*abort)(kaon_comm *c, const char *why);
+    int (*recover)(kaon_comm *c);
     void (*destroy)(kaon_comm *c);
 } kaon_comm_ops;
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dist/comm.h"
+#include "dist/rank_barrier.h"
 #include "util/err.h"
 #include "util/half.h"
 
@@ -19,10 +20,8 @@ size_t kaon_comm_dtype_bytes(kaon_comm_dtype t) {
 
 struct kaon_comm_cpu_group {
     int size;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    unsigned long gen;         // barrier generation (a waiter leaves when it changes)
+    pthread_mutex_t mu;        // the scratch's growth
+    kaon_rank_barrier bar;
     const void **send;         // [size] published by each rank for the current collective
     void **recv;               // [size]
     const size_t **counts;     // [size] all_to_allv: each rank's send_counts
@@ -36,18 +35,7 @@ typedef struct cpu_comm {
     kaon_comm_cpu_group *g;
 } cpu_comm;
 
-static void barrier_wait(kaon_comm_cpu_group *g) {
-    pthread_mutex_lock(&g->mu);
-    const unsigned long gen = g->gen;
-    if (++g->arrived == g->size) {
-        g->arrived = 0;
-        g->gen++;
-        pthread_cond_broadcast(&g->cv);
-    } else {
-        while (gen == g->gen) pthread_cond_wait(&g->cv, &g->mu);
-    }
-    pthread_mutex_unlock(&g->mu);
-}
+static int barrier_wait(kaon_comm_cpu_group *g) { return kaon_rank_barrier_wait(&g->bar); }
 
 static kaon_comm_cpu_group *grp(kaon_comm *c) { return ((cpu_comm *)c)->g; }
 
@@ -105,7 +93,7 @@ static int cpu_all_reduce(kaon_comm *c, const void *send, void *recv, size_t cou
         }
     }
     pthread_mutex_unlock(&g->mu);
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     if (g->scratch_cap < count * eb) {
         fail = 1;  // every rank sees the same capacity, so all of them fail alike
     } else {
@@ -113,9 +101,9 @@ static int cpu_all_reduce(kaon_comm *c, const void *send, void *recv, size_t cou
         chunk(count, g->size, c->rank, &lo, &hi);
         reduce_range(g, g->send, 0, g->scratch, 0, lo, hi, t);
     }
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     if (!fail && count) memcpy(recv, g->scratch, count * eb);
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     return fail ? kaon_set_error("comm: out of memory for an all-reduce of %zu elements", count) : 0;
 }
 
@@ -123,23 +111,23 @@ static int cpu_all_gather(kaon_comm *c, const void *send, void *recv, size_t cou
     kaon_comm_cpu_group *g = grp(c);
     const size_t bytes = count * kaon_comm_dtype_bytes(t);
     g->send[c->rank] = send;
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     for (int q = 0; q < g->size; q++) {
         unsigned char *dst = (unsigned char *)recv + (size_t)q * bytes;
         if (bytes && dst != g->send[q]) memcpy(dst, g->send[q], bytes);
     }
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     return 0;
 }
 
 static int cpu_reduce_scatter(kaon_comm *c, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
     kaon_comm_cpu_group *g = grp(c);
     g->send[c->rank] = send;
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     // Element i is read from every rank before recv[i] is written, and only this rank reads
     // its own chunk of the inputs, so recv may be that chunk.
     reduce_range(g, g->send, (size_t)c->rank * count, recv, 0, 0, count, t);
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     return 0;
 }
 
@@ -151,7 +139,7 @@ static int cpu_all_to_allv(kaon_comm *c, const void *send, const size_t *send_co
     g->send[r] = send;
     g->counts[r] = send_counts;
     g->offs[r] = send_offs;
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     int bad = -1;
     for (int q = 0; q < g->size; q++) {
         const size_t n = g->counts[q][r];
@@ -162,7 +150,7 @@ static int cpu_all_to_allv(kaon_comm *c, const void *send, const size_t *send_co
         if (n) memcpy((unsigned char *)recv + recv_offs[q] * eb, (const unsigned char *)g->send[q] + g->offs[q][r] * eb,
                n * eb);
     }
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     if (bad >= 0)
         return kaon_set_error("comm: all_to_allv: rank %d sends %zu elements to rank %d, which expects %zu", bad,
                               g->counts[bad][r], r, recv_counts[bad]);
@@ -173,14 +161,18 @@ static int cpu_broadcast(kaon_comm *c, void *buf, size_t count, kaon_comm_dtype 
     kaon_comm_cpu_group *g = grp(c);
     if (root < 0 || root >= g->size) return kaon_set_error("comm: broadcast from rank %d of %d", root, g->size);
     if (c->rank == root) g->send[root] = buf;
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     if (c->rank != root && count) memcpy(buf, g->send[root], count * kaon_comm_dtype_bytes(t));
-    barrier_wait(g);
+    if (barrier_wait(g)) return -1;
     return 0;
 }
 
-static int cpu_barrier(kaon_comm *c) {
-    barrier_wait(grp(c));
+static int cpu_barrier(kaon_comm *c) { return barrier_wait(grp(c)); }
+
+static void cpu_abort(kaon_comm *c, const char *why) { kaon_rank_barrier_abort(&grp(c)->bar, why); }
+
+static int cpu_recover(kaon_comm *c) {
+    kaon_rank_barrier_reset(&grp(c)->bar);
     return 0;
 }
 
@@ -194,6 +186,8 @@ static const kaon_comm_ops cpu_ops = {
     .all_to_allv = cpu_all_to_allv,
     .broadcast = cpu_broadcast,
     .barrier = cpu_barrier,
+    .abort = cpu_abort,
+    .recover = cpu_recover,
     .destroy = cpu_destroy,
 };
 
@@ -210,7 +204,11 @@ kaon_comm_cpu_group *kaon_comm_cpu_group_create(int size) {
     g->counts = calloc((size_t)size, sizeof *g->counts);
     g->offs = calloc((size_t)size, sizeof *g->offs);
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    if (kaon_rank_barrier_init(&g->bar, size)) {
+        pthread_mutex_destroy(&g->mu);
+        free(g->send), free(g->recv), free(g->counts), free(g->offs), free(g);
+        return NULL;
+    }
     if (!g->send || !g->recv || !g->counts || !g->offs) {
         kaon_comm_cpu_group_free(g);
         kaon_set_error("comm: out of memory");
@@ -222,7 +220,7 @@ kaon_comm_cpu_group *kaon_comm_cpu_group_create(int size) {
 void kaon_comm_cpu_group_free(kaon_comm_cpu_group *g) {
     if (!g) return;
     pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
+    kaon_rank_barrier_destroy(&g->bar);
     free(g->send);
     free(g->recv);
     free(g->counts);

@@ -12,12 +12,13 @@ extern "C" {
 #include "dist/comm.h"
 #include "util/err.h"
 }
+#include "dist/rank_barrier.h"
 
 #define LOCAL_MAX_RANKS 16
 
 struct kaon_comm_cuda_local_group {
     int size;
-    pthread_barrier_t barrier;
+    kaon_rank_barrier barrier;
     const void *send[LOCAL_MAX_RANKS];  // each rank's input of the current collective
 };
 
@@ -65,7 +66,8 @@ static int cuda_ok(cudaError_t e, const char *what) {
     return kaon_set_error("comm (same device): %s: %s", what, cudaGetErrorString(e));
 }
 
-static void meet(local_comm *c) { pthread_barrier_wait(&c->g->barrier); }
+// 0, or -1 once the group is aborted (comm.h: a rank that will not come).
+static int meet(local_comm *c) { return kaon_rank_barrier_wait(&c->g->barrier); }
 
 // Publishes send and waits until every rank's input is complete and published.
 static int publish(local_comm *c, const void *send) {
@@ -75,8 +77,7 @@ static int publish(local_comm *c, const void *send) {
         return -1;
     }
     c->g->send[c->base.rank] = send;
-    meet(c);
-    return 0;
+    return meet(c);
 }
 
 static int grow_scratch(local_comm *c, size_t bytes) {
@@ -115,7 +116,7 @@ static int l_all_reduce(kaon_comm *b, const void *send, void *recv, size_t count
     if (publish(c, send)) return -1;
     if (!rc) rc = launch_sum(c, count, t);
     if (!rc) rc = cuda_ok(cudaStreamSynchronize(c->stream), "sum");
-    meet(c);  // every rank has read every input: recv (maybe an input) may be written now
+    if (meet(c)) return -1;  // every rank has read every input: recv (maybe an input) may be written now
     if (!rc) rc = cuda_ok(cudaMemcpyAsync(recv, c->scratch, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy out");
     if (!rc) rc = cuda_ok(cudaStreamSynchronize(c->stream), "copy out");
     return rc;
@@ -132,7 +133,7 @@ static int l_all_gather(kaon_comm *b, const void *send, void *recv, size_t count
             rc = cuda_ok(cudaMemcpyAsync(dst, c->g->send[q], bytes, cudaMemcpyDeviceToDevice, c->stream), "gather");
     }
     if (!rc) rc = cuda_ok(cudaStreamSynchronize(c->stream), "gather");
-    meet(c);  // nobody reads this rank's send any more
+    if (meet(c)) return -1;  // nobody reads this rank's send any more
     return rc;
 }
 
@@ -145,14 +146,20 @@ static int l_broadcast(kaon_comm *b, void *buf, size_t count, kaon_comm_dtype t,
         rc = cuda_ok(cudaMemcpyAsync(buf, c->g->send[root], count * kaon_comm_dtype_bytes(t), cudaMemcpyDeviceToDevice,
                                      c->stream), "broadcast");
     if (!rc) rc = cuda_ok(cudaStreamSynchronize(c->stream), "broadcast");
-    meet(c);
+    if (meet(c)) return -1;
     return rc;
 }
 
 static int l_barrier(kaon_comm *b) {
     local_comm *c = (local_comm *)b;
     if (publish(c, NULL)) return -1;
-    meet(c);
+    return meet(c);
+}
+
+static void l_abort(kaon_comm *b, const char *why) { kaon_rank_barrier_abort(&((local_comm *)b)->g->barrier, why); }
+
+static int l_recover(kaon_comm *b) {
+    kaon_rank_barrier_reset(&((local_comm *)b)->g->barrier);
     return 0;
 }
 
@@ -180,7 +187,8 @@ static void l_destroy(kaon_comm *b) {
 }
 
 static const kaon_comm_ops local_ops = {
-    "cuda-same-device", l_all_reduce, l_all_gather, l_reduce_scatter, l_all_to_allv, l_broadcast, l_barrier, l_destroy,
+    "cuda-same-device", l_all_reduce,     l_all_gather, l_reduce_scatter, l_all_to_allv, l_broadcast, l_barrier,
+    l_abort,            l_recover,        l_destroy,
 };
 
 extern "C" kaon_comm_cuda_local_group *kaon_comm_cuda_local_group_create(int size) {
@@ -191,9 +199,8 @@ extern "C" kaon_comm_cuda_local_group *kaon_comm_cuda_local_group_create(int siz
     kaon_comm_cuda_local_group *g = (kaon_comm_cuda_local_group *)calloc(1, sizeof *g);
     if (!g) return NULL;
     g->size = size;
-    if (pthread_barrier_init(&g->barrier, NULL, (unsigned)size)) {
+    if (kaon_rank_barrier_init(&g->barrier, size)) {
         free(g);
-        kaon_set_error("comm (same device): cannot make a barrier");
         return NULL;
     }
     return g;
@@ -201,7 +208,7 @@ extern "C" kaon_comm_cuda_local_group *kaon_comm_cuda_local_group_create(int siz
 
 extern "C" void kaon_comm_cuda_local_group_free(kaon_comm_cuda_local_group *g) {
     if (!g) return;
-    pthread_barrier_destroy(&g->barrier);
+    kaon_rank_barrier_destroy(&g->barrier);
     free(g);
 }
 

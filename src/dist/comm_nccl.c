@@ -28,7 +28,14 @@ typedef struct nccl_comm {
     int device;
     int own_stream;  // the stream was made here (none was given)
     kaon_p2p_ar *p2p;  // the one-shot all-reduce; NULL: NCCL for every size
+    int aborted;       // ncclCommAbort was called (from any thread): comm is gone
 } nccl_comm;
+
+// After an abort every collective fails at once (the communicator must not be used again).
+static int gone(nccl_comm *c) {
+    if (!__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return 0;
+    return kaon_set_error("comm: aborted (rank %d's NCCL communicator)", c->base.rank);
+}
 
 static ncclDataType_t nccl_type(kaon_comm_dtype t) {
     switch (t) {
@@ -55,6 +62,7 @@ static int nccl_wait(nccl_comm *c, const char *what) {
 
 static int n_all_reduce(kaon_comm *b, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
     nccl_comm *c = (nccl_comm *)b;
+    if (gone(c)) return -1;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
     if (t != KAON_COMM_I32 && kaon_p2p_ar_fits(c->p2p, send, recv, count * kaon_comm_dtype_bytes(t))) {
         if (kaon_p2p_ar_run(c->p2p, send, recv, count, (int)t, c->stream)) return -1;
@@ -67,6 +75,7 @@ static int n_all_reduce(kaon_comm *b, const void *send, void *recv, size_t count
 
 static int n_all_gather(kaon_comm *b, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
     nccl_comm *c = (nccl_comm *)b;
+    if (gone(c)) return -1;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
     if (nccl_check(ncclAllGather(send, recv, count, nccl_type(t), c->comm, c->stream), "ncclAllGather")) return -1;
     return nccl_wait(c, "all_gather");
@@ -74,6 +83,7 @@ static int n_all_gather(kaon_comm *b, const void *send, void *recv, size_t count
 
 static int n_reduce_scatter(kaon_comm *b, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
     nccl_comm *c = (nccl_comm *)b;
+    if (gone(c)) return -1;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
     if (nccl_check(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, c->comm, c->stream),
                    "ncclReduceScatter"))
@@ -85,6 +95,7 @@ static int n_reduce_scatter(kaon_comm *b, const void *send, void *recv, size_t c
 static int n_all_to_allv(kaon_comm *b, const void *send, const size_t *send_counts, const size_t *send_offs,
                          void *recv, const size_t *recv_counts, const size_t *recv_offs, kaon_comm_dtype t) {
     nccl_comm *c = (nccl_comm *)b;
+    if (gone(c)) return -1;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
     const size_t eb = kaon_comm_dtype_bytes(t);
     const ncclDataType_t nt = nccl_type(t);
@@ -105,6 +116,7 @@ static int n_all_to_allv(kaon_comm *b, const void *send, const size_t *send_coun
 static int n_broadcast(kaon_comm *b, void *buf, size_t count, kaon_comm_dtype t, int root) {
     nccl_comm *c = (nccl_comm *)b;
     if (root < 0 || root >= b->size) return kaon_set_error("comm: broadcast from rank %d of %d", root, b->size);
+    if (gone(c)) return -1;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
     if (nccl_check(ncclBroadcast(buf, buf, count, nccl_type(t), root, c->comm, c->stream), "ncclBroadcast"))
         return -1;
@@ -114,6 +126,7 @@ static int n_broadcast(kaon_comm *b, void *buf, size_t count, kaon_comm_dtype t,
 // NCCL has no barrier: an all-reduce of one int on the rank's stream serves.
 static int n_barrier(kaon_comm *b) {
     nccl_comm *c = (nccl_comm *)b;
+    if (gone(c)) return -1;
     if (cudaSetDevice(c->device) != cudaSuccess) return kaon_set_error("comm: cudaSetDevice(%d) failed", c->device);
     int32_t *d = NULL;
     if (cudaMalloc((void **)&d, sizeof *d) != cudaSuccess) return kaon_set_error("comm: barrier: cudaMalloc failed");
@@ -127,10 +140,28 @@ static void n_destroy(kaon_comm *b) {
     nccl_comm *c = (nccl_comm *)b;
     if (!c) return;
     cudaSetDevice(c->device);
-    if (c->comm) ncclCommDestroy(c->comm);
+    if (c->comm && !c->aborted) ncclCommDestroy(c->comm);  // (an abort freed it)
     kaon_p2p_ar_free(c->p2p);
     if (c->stream && c->own_stream) cudaStreamDestroy(c->stream);
     free(c);
+}
+
+// From the thread that drives the ranks while this rank's may be waiting on its stream: NCCL's
+// abort ends its pending operations. (A rank inside the one-shot p2p kernel waits for its
+// peers' flags until the kernel's watchdog: that path has no abort yet.)
+static void n_abort(kaon_comm *b, const char *why) {
+    nccl_comm *c = (nccl_comm *)b;
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&c->aborted, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+    kaon_log(KAON_LOG_WARN, "comm: rank %d: aborting its NCCL communicator: %s", c->base.rank, why ? why : "");
+    cudaSetDevice(c->device);
+    ncclCommAbort(c->comm);
+}
+
+static int n_recover(kaon_comm *b) {
+    nccl_comm *c = (nccl_comm *)b;
+    if (!__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return 0;
+    return kaon_set_error("comm: rank %d's NCCL communicator was aborted and cannot be used again", c->base.rank);
 }
 
 static const kaon_comm_ops nccl_ops = {
@@ -141,6 +172,8 @@ static const kaon_comm_ops nccl_ops = {
     .all_to_allv = n_all_to_allv,
     .broadcast = n_broadcast,
     .barrier = n_barrier,
+    .abort = n_abort,
+    .recover = n_recover,
     .destroy = n_destroy,
 };
 

@@ -103,6 +103,7 @@ int kaon_dp_check(const kaon_model *m, int size) {
 typedef struct tp_worker {
     struct kaon_tp *tp;
     int rank;
+    long steps;              // steps run (KAON_TP_FAIL counts them)
     kaon_tp_layout lay;
     kaon_model *m;           // this rank's description and weights (views + owned copies)
     kaon_tp_owned own;       // column slices copied at load
@@ -144,6 +145,9 @@ struct kaon_tp {
     kaon_comm_cuda_local_group *local;
     unsigned char nccl_id[KAON_COMM_NCCL_ID_BYTES];
     int ready;               // workers through their thread's set-up (rank_thread_init)
+    int first_failed;        // the first rank whose step failed (-1: none), for the abort
+    char broken[512];        // set when the ranks cannot run again (an aborted NCCL group)
+    int fail_rank, fail_step;  // KAON_TP_FAIL=R[:S], a test aid: rank R fails its step S
 };
 
 static bool splittable(kaon_dtype t) { return t == KAON_F32 || t == KAON_F16 || t == KAON_BF16 || (t >= KAON_Q4_0 && t <= KAON_IQ4_XS); }
@@ -427,14 +431,36 @@ static void *worker_main(void *p) {
         float *logits = tp->dp ? (tp->logits ? w->logits : NULL) : w->rank == 0 ? tp->logits : NULL;
         pthread_mutex_unlock(&tp->mu);
         w->ctx.failed = 0;
-        w->rc = rank_step(w, b, logits);
+        if (w->rank == tp->fail_rank && w->steps == tp->fail_step)  // the test aid: fail before any collective
+            w->rc = kaon_set_error("injected failure (KAON_TP_FAIL=%d:%d)", tp->fail_rank, tp->fail_step);
+        else
+            w->rc = rank_step(w, b, logits);
+        w->steps++;
         if (!w->rc && w->ctx.failed) w->rc = -1;
         if (w->rc) snprintf(w->err, sizeof w->err, "rank %d: %s", w->rank, kaon_last_error());
         pthread_mutex_lock(&tp->mu);
+        if (w->rc && tp->first_failed < 0) tp->first_failed = w->rank;
         tp->done++;
         pthread_cond_broadcast(&tp->cv);
         pthread_mutex_unlock(&tp->mu);
     }
+}
+
+// What every group starts with (kaon_tp_create, kaon_dp_create): its lock, and the test aid
+// KAON_TP_FAIL=R[:S] (rank R fails its step S, default 0, before any collective: the abort
+// path's tests).
+static void tp_init(kaon_tp *tp, int size) {
+    tp->size = size;
+    tp->first_failed = -1;
+    tp->fail_rank = tp->fail_step = -1;
+    const char *f = getenv("KAON_TP_FAIL");
+    if (f && *f) {
+        char *end;
+        tp->fail_rank = (int)strtol(f, &end, 10);
+        tp->fail_step = *end == ':' ? (int)strtol(end + 1, NULL, 10) : 0;
+    }
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_cond_init(&tp->cv, NULL);
 }
 
 bool kaon_tp_same_device(void) {
@@ -603,11 +629,9 @@ kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, i
     if (cuda_device < 0 && m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;
     kaon_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
-    tp->size = size;
+    tp_init(tp, size);
     tp->device = cuda_device;
     tp->same_device = cuda_device >= 0 && kaon_tp_same_device();
-    pthread_mutex_init(&tp->mu, NULL);
-    pthread_cond_init(&tp->cv, NULL);
     tp->w = calloc((size_t)size, sizeof *tp->w);
     if (!tp->w || make_comm_group(tp)) goto fail;
     const int per = n_threads / size > 0 ? n_threads / size : 1;
@@ -710,12 +734,10 @@ kaon_tp *kaon_dp_create(const kaon_model *m, int size, int n_threads, int max_ba
     if (m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;
     kaon_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
-    tp->size = size;
+    tp_init(tp, size);
     tp->dp = true;
     tp->device = -1;
     tp->max_tokens = max_batch_tokens;
-    pthread_mutex_init(&tp->mu, NULL);
-    pthread_cond_init(&tp->cv, NULL);
     tp->w = calloc((size_t)size, sizeof *tp->w);
     tp->group = kaon_comm_cpu_group_create(size);
     if (!tp->w || !tp->group) goto fail;
@@ -769,17 +791,53 @@ void kaon_tp_free(kaon_tp *tp) {
     free(tp);
 }
 
+// A rank that fails before a collective leaves the others waiting in it: the thread that
+// drives the step aborts every rank's communicator, lets the step end with an error (its
+// sequences fail, the engine goes on) and makes the communicators usable again; where they
+// cannot be (NCCL), every later step fails at once with the reason.
+static void abort_ranks(kaon_tp *tp, const char *why) {
+    for (int r = 0; r < tp->size; r++) {
+        kaon_comm *c = tp->w[r].ctx.comm;
+        if (c && c->ops->abort) c->ops->abort(c, why);
+    }
+}
+
+static void recover_ranks(kaon_tp *tp) {
+    for (int r = 0; r < tp->size && !tp->broken[0]; r++) {
+        kaon_comm *c = tp->w[r].ctx.comm;
+        if (c && (!c->ops->recover || c->ops->recover(c)))
+            snprintf(tp->broken, sizeof tp->broken, "the ranks stopped after a failed step (%s); restart kaon",
+                     c->ops->recover ? kaon_last_error() : "no recovery");
+    }
+}
+
 int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits) {
+    const char *what = tp->dp ? "data parallel" : "tensor parallel";
+    if (tp->broken[0]) return kaon_set_error("%s: %s", what, tp->broken);
     pthread_mutex_lock(&tp->mu);
     tp->b = b;
     tp->logits = logits;
     tp->done = 0;
+    tp->first_failed = -1;
     tp->gen++;
     pthread_cond_broadcast(&tp->cv);
-    while (tp->done < tp->size) pthread_cond_wait(&tp->cv, &tp->mu);
+    bool aborted = false;
+    while (tp->done < tp->size) {
+        if (tp->first_failed >= 0 && !aborted) {
+            aborted = true;
+            char why[sizeof tp->w[0].err];
+            snprintf(why, sizeof why, "%s", tp->w[tp->first_failed].err);
+            pthread_mutex_unlock(&tp->mu);
+            abort_ranks(tp, why);
+            pthread_mutex_lock(&tp->mu);
+            continue;
+        }
+        pthread_cond_wait(&tp->cv, &tp->mu);
+    }
+    const int first = tp->first_failed;
     pthread_mutex_unlock(&tp->mu);
-    for (int r = 0; r < tp->size; r++)
-        if (tp->w[r].rc) return kaon_set_error("%s: %s", tp->dp ? "data parallel" : "tensor parallel", tp->w[r].err);
+    if (aborted) recover_ranks(tp);
+    if (first >= 0) return kaon_set_error("%s: %s", what, tp->w[first].err);
     if (tp->dp && logits) dp_scatter_logits(tp, b, logits);
     return 0;
 }
