@@ -29,7 +29,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 echo "== [$(date -u +%T)] reference tests (pytest: numpy, gguf, HF tokenizers, jinja2)"
-KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/ref
+# --durations: the slowest tests, to keep CI under its 60-minute budget as the suite grows.
+KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q --durations=15 tests/ref
 
 echo "== [$(date -u +%T)] end-to-end tests (pytest + the openai client against a real kaon serve)"
 KAON_BUILD=$PWD/build .venv/bin/python -m pytest -q tests/e2e
@@ -49,7 +50,7 @@ KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytes
 
 echo "== [$(date -u +%T)] end-to-end tests against the ASan + UBSan server"
 # Any sanitizer report in a server's output fails the test (tests/e2e/conftest.py), leaks included.
-KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q tests/e2e
+KAON_BUILD=$PWD/build-asan ASAN_OPTIONS=detect_leaks=1 .venv/bin/python -m pytest -q --durations=10 tests/e2e
 
 echo "== [$(date -u +%T)] ThreadSanitizer: unit tests and the concurrency-heavy end-to-end tests"
 # TSan watches the engine thread, the HTTP threads and their queues, and the kernels' thread
