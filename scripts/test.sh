@@ -68,9 +68,10 @@ KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/e2e/test_concurre
   tests/e2e/test_limits.py tests/e2e/test_bad_requests.py tests/e2e/test_openai_api.py \
   tests/e2e/test_anthropic_api.py \
   -k "(concurrency or shutdown or queue or timeout or disconnect or stream or n2 or metrics) and not drain_timeout_aborts"
-# Tensor parallelism: rank worker threads, the CPU communicator, the engine thread's hand-off.
-KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/ref/test_tensor_parallel.py \
-  -k "(llama or qwen3) and (prefill or batched) and not gguf and not smollm2"
+# Tensor parallelism: rank worker threads, the CPU communicator, the engine thread's hand-off,
+# and the abort of a step whose rank failed (the other ranks woken from their collective).
+KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/ref/test_tensor_parallel.py tests/ref/test_tp_abort.py \
+  -k "(llama or qwen3) and (prefill or batched) and not gguf and not smollm2 or abort"
 unset TSAN_OPTIONS UBSAN_OPTIONS
 
 echo "== [$(date -u +%T)] fuzzers (${fuzz_seconds}s each, ASan + UBSan)"
