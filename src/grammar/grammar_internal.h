@@ -193,8 +193,14 @@ typedef struct {
     int n_other;
     int32_t *other_by_len;    // the other ranks, longest first
     int32_t *other_at_least;  // [max_len + 2]: how many other tokens have at least L bytes
+    int32_t other_fb[257];    // other[other_fb[b] .. other_fb[b + 1]) begin with byte b
     int max_len;
+    // the pure ids as bitmaps (mask words each): le_bits + c * words holds those of at most c
+    // code points (c <= GRAM_UNITS_BITS; the few longer ones come from by_cps), pure_bits all
+    size_t words;
+    uint32_t *le_bits, *pure_bits;
 } gram_units;
+#define GRAM_UNITS_BITS 16  // bitmaps of pure tokens by count up to this many code points
 // The units of charset cs of g (found by its code points: maskers of other grammars share
 // them), built on first use; NULL when GRAM_UNITS_CLASSES are kept already or out of memory.
 // Thread-safe.
