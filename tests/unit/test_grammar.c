@@ -191,7 +191,10 @@ static void synthetic_vocab(test_vocab *tv) {
     static const char *pieces[] = {"{\"", "\":", "\": ", "\",", "\"}", "\"},", "true", "false", "null", ", \"",
                                    "}\n", "[{", "}]", "\\u", "\\n", "é", "中", "\xc3", "\xa9", "\xe4\xb8", "\xad\"",
                                    "\xf0\x9f", "\x98\x80", "12", "3.5", "e+", "-0", " {", "\n  ", "name", "\"name\"",
-                                   "\": \"", "<s>", NULL};
+                                   "\": \"", "<s>",
+                                   // longer than GRAM_UNITS_BITS code points: counted one by one
+                                   "abcdefghijklmnopqrstuvwxyz", "aaaaaaaaaaaaaaaaaaaa\"", "0123456789012345678",
+                                   "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", NULL};
     int n_pieces = 0;
     while (pieces[n_pieces]) n_pieces++;
     const char alphabet[] = "{}[]\":, \n-+.eE0123456789abtrulfsnx\\/u\xc3\xa9";
@@ -401,6 +404,9 @@ static void test_masks_synthetic(void) {
                               "root ::= \"\\\"\" c{1,12} \"\\\"\" (\",\" \"\\\"\" c{0,5} \"\\\"\")? (\":\" c c{0,1} \"\\\"\")?\n"
                               " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
                               "root ::= [^\"\\\\\\x00-\\x1F]{2,9} \"\\\"\" | \"<\" [^<>]{0,4} \">\" | [a-z0-9 ]{0,6} [a-c]+ \".\"\n",
+                              // units of x* (every pure token accepted): a JSON string, x+, a charset star
+                              "root ::= \"{\" (\"\\\"\" c* \"\\\"\" \":\" \" \"? [a-z0-9]+ \",\"?){1,3} \"}\" | [^\"\\\\]* \"\\\"\"\n"
+                              " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
                               NULL};
     for (int i = 0; grammars[i]; i++) {
         kaon_grammar *g = parse(grammars[i]);
@@ -415,6 +421,9 @@ static void test_masks_synthetic(void) {
         {"root ::= [a-z0-9 ]{0,6} [a-c]+ \".\"\n", "ab ab ab."},
         {"root ::= \"\\\"\" c{1,12} \"\\\"\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n", "\"a\\nbcdefghijk\""},
         {"root ::= \"<\" [^<>]{0,4} \">\" [a-z]{2,5}\n", "<abcd>abcde"},
+        // a string body of x*: every count of pure tokens is accepted, past GRAM_UNITS_BITS too
+        {"root ::= \"\\\"\" c* \"\\\"\" [a-z]+ \".\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n",
+         "\"abcdefghijklmnopqrstuvwxyz\\n0123456789\"abcdefghijklmnopqrstuvwxyz."},
     };
     for (size_t i = 0; i < sizeof along / sizeof along[0]; i++) {
         kaon_grammar *g = parse(along[i][0]);
@@ -489,6 +498,17 @@ static void test_vocab_units(void) {
                 int len = (int)v->lens[u->by_cps[j]];
                 CHECK(brute_code_points(g, cs, v->bytes[u->by_cps[j]], len) == c);
             }
+        for (int c = 0; u && c <= GRAM_UNITS_BITS; c++)  // the count bitmaps: pure ids of <= c code points
+            for (int id = 0; id < v->n; id++) {
+                int cp = v->special[id] || !v->lens[id] ? -1 : brute_code_points(g, cs, v->bytes[id], (int)v->lens[id]);
+                bool le = u->le_bits[(size_t)c * u->words + (id >> 5)] >> (id & 31) & 1;
+                bool pure = u->pure_bits[id >> 5] >> (id & 31) & 1;
+                CHECK(le == (cp >= 0 && cp <= c));
+                CHECK(pure == (cp >= 0));
+            }
+        for (int b = 0; u && b < 256; b++)  // the other tokens by first byte
+            for (int j = u->other_fb[b]; j < u->other_fb[b + 1]; j++) CHECK(v->obytes[u->other[j]][0] == b);
+        CHECK(!u || (u->other_fb[0] == 0 && u->other_fb[256] == u->n_other));
         kaon_grammar_free(g);
         kaon_grammar_free(g2);
     }
