@@ -108,7 +108,7 @@ int gram_state_copy(gram_state *dst, const gram_state *src);
 typedef struct {
     uint32_t hash, cp;
     int32_t off, n;  // tops: pool[off .. off + n)
-    uint8_t flags, rem, len;
+    uint8_t flags, rem, len;  // flags: accept, ctx_now, ctx_any, then WC_ANY_CP
 } gram_wc_state;
 typedef struct {
     int32_t id;
@@ -123,9 +123,10 @@ typedef struct {
     int pool_n, pool_cap;
     uint32_t epoch;  // slots of other epochs are empty
     const gram_arena *arena;  // whose node ids the states hold
+    const kaon_grammar *g;    // whose charsets the tops are at
 } gram_walk_cache;
 
-int gram_walk_cache_init(gram_walk_cache *c);
+int gram_walk_cache_init(gram_walk_cache *c, const kaon_grammar *g);
 void gram_walk_cache_free(gram_walk_cache *c);
 void gram_walk_cache_reset(gram_walk_cache *c, const gram_arena *a);
 int32_t gram_walk_cache_intern(gram_walk_cache *c, const gram_state *s);

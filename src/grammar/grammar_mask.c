@@ -567,7 +567,6 @@ static int unit_charset(const kaon_grammar *g, const int32_t *key, int *max_unit
         n = 1 + units_from(g, top + 1, g->elems[top], &end, &chain);
         frame = 1;
     }
-    if (!chain) return -1;  // no repetition: a walk dies within a few bytes anyway
     int32_t after = end;
     if (g->elems[end].type == GEL_ALT || g->elems[end].type == GEL_END) after = frame < MASK_DEPTH ? key[frame] : -1;
     if (after < 0 || g->elems[after].type != GEL_CHARS || charsets_meet(g, cs, g->elems[after].val)) return -1;
@@ -583,7 +582,7 @@ static bool broad_class(const kaon_grammar_masker *mk, int cs) {
     int n = 0;
     for (int b = 0; b < 256; b++)
         if (lead[b]) n += mk->v->first_byte_start[b + 1] - mk->v->first_byte_start[b];
-    return n > mk->v->n_order / 4;
+    return n > mk->v->n_order / 8;
 }
 
 // Sets cr->units and cr->max_units when key's top is a unit of a repetition unit_charset
@@ -693,7 +692,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
     if (!mk->len_count || !mk->longs || !mk->merge_buf || !mk->walk_list.ranks || !mk->walk_list.lcp || !mk->rank_bits ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
-        gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
+        gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc, g)) {
         kaon_set_error("grammar masker: out of memory");
         kaon_grammar_masker_free(mk);
         return NULL;

@@ -194,6 +194,10 @@ static void synthetic_vocab(test_vocab *tv) {
                                    "\": \"", "<s>",
                                    // longer than GRAM_UNITS_BITS code points: counted one by one
                                    "abcdefghijklmnopqrstuvwxyz", "aaaaaaaaaaaaaaaaaaaa\"", "0123456789012345678",
+                                   // split characters the walk cache may merge (or not: a class holding
+                                   // part of the completions, a surrogate, an overlong form)
+                                   "\xc3\xa0", "\xc4\xa0", "\xc4\x81", "a\xc4", "\xed\xa0\x80", "\xe0\x80\x80", "\xed\x9f\xbf",
+                                   "\xe4\xa0\x80", "\xe4\x80\x80", "\xc3\x80", "\xc4\x80",
                                    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", NULL};
     int n_pieces = 0;
     while (pieces[n_pieces]) n_pieces++;
@@ -404,6 +408,8 @@ static void test_masks_synthetic(void) {
                               "root ::= \"\\\"\" c{1,12} \"\\\"\" (\",\" \"\\\"\" c{0,5} \"\\\"\")? (\":\" c c{0,1} \"\\\"\")?\n"
                               " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
                               "root ::= [^\"\\\\\\x00-\\x1F]{2,9} \"\\\"\" | \"<\" [^<>]{0,4} \">\" | [a-z0-9 ]{0,6} [a-c]+ \".\"\n",
+                              // split characters: [à-ïā] holds part of each lead byte's completions
+                              "root ::= [à-ïā]{0,3} \"x\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n",
                               // units of x* (every pure token accepted): a JSON string, x+, a charset star
                               "root ::= \"{\" (\"\\\"\" c* \"\\\"\" \":\" \" \"? [a-z0-9]+ \",\"?){1,3} \"}\" | [^\"\\\\]* \"\\\"\"\n"
                               " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
@@ -421,6 +427,9 @@ static void test_masks_synthetic(void) {
         {"root ::= [a-z0-9 ]{0,6} [a-c]+ \".\"\n", "ab ab ab."},
         {"root ::= \"\\\"\" c{1,12} \"\\\"\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n", "\"a\\nbcdefghijk\""},
         {"root ::= \"<\" [^<>]{0,4} \">\" [a-z]{2,5}\n", "<abcd>abcde"},
+        // split characters of one walk that the walk cache may merge or must not
+        {"root ::= ([à-ïā]{0,3} \"x\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"){2}\n", "\"ab\"\xc3\xa0\xc4\x81x"},
+        {"root ::= \"<\" .{0,3} \">\" [À-ÏĐ-ğ]{0,2} \"x\"\n", "<\xe4\xa0\x80>\xc3\x80x"},
         // a string body of x*: every count of pure tokens is accepted, past GRAM_UNITS_BITS too
         {"root ::= \"\\\"\" c* \"\\\"\" [a-z]+ \".\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n",
          "\"abcdefghijklmnopqrstuvwxyz\\n0123456789\"abcdefghijklmnopqrstuvwxyz."},
