@@ -139,6 +139,10 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
     int valid = 0;  // depths 0..valid hold the states along the previous token's bytes
     for (int i = 0; i < n;) {
         int32_t id = ranks ? ranks[i] : base + i;
+        if (ranks && i + 8 < n) {  // a list's tokens lie apart: fetch the bytes ahead
+            __builtin_prefetch(v->obytes[ranks[i + 8]]);
+            if (i + 16 < n) __builtin_prefetch(&v->obytes[ranks[i + 16]]), __builtin_prefetch(&v->olens[ranks[i + 16]]);
+        }
         const uint8_t *b = v->obytes[id];
         int len = (int)v->olens[id];
         int d = i && lcp[i] < valid ? lcp[i] : (i ? valid : 0);
