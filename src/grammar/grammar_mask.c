@@ -10,7 +10,8 @@
 // When the repetition's units are single code points of one class (a JSON string's plain
 // characters) and the element after it cannot begin with one, a token made only of such code
 // points crosses exactly one unit per code point: near the bound it keeps the outer copy's
-// class or is rejected by its count alone (gram_units), and only the other tokens are walked.
+// class or is rejected by its count alone (gram_units), and only the other tokens are walked
+// (x* and single units too: every pure token accepted, or those of one code point).
 #include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
@@ -534,9 +535,9 @@ static int chain_units(const kaon_grammar *g, int r, gram_elem x) {
     return star ? UNITS_UNBOUNDED : 0;
 }
 
-// The units of x the elements from p allow (copies of x, then bounded repetitions of x), the
-// position after them in *end; *chain tells whether a bounded repetition was among them.
-static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *end, bool *chain) {
+// The units of x the elements from p allow (copies of x, then repetitions of x), the position
+// after them in *end.
+static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *end) {
     int n = 0;
     for (;; p++) {
         gram_elem e = g->elems[p];
@@ -547,28 +548,26 @@ static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *en
         int k = e.type == GEL_REF ? chain_units(g, e.val, x) : 0;
         if (!k) break;
         n = n + k < UNITS_UNBOUNDED ? n + k : UNITS_UNBOUNDED;
-        *chain = true;
     }
     *end = p;
     return n;
 }
 
-// The class of the top's units when the top begins a unit x of a bounded (or unbounded: x*)
-// repetition whose units are single code points: x is the top's charset itself, or a rule the top is a
-// one-unit alternative of (the reference before key[1]); and the element after the units is
-// a charset disjoint from the class. A pure token (gram_units) then crosses one unit per code
+// The class of the top's units when the top begins a unit x whose units are single code points
+// (alone, copies, a bounded repetition or x*): x is the top's charset itself, or a rule the top
+// is a one-unit alternative of (the reference before key[1]); and the element after the units
+// is a charset disjoint from the class. A pure token (gram_units) then crosses one unit per code
 // point and cannot leave the repetition before its end: it is accepted when it has at most
 // *max_units code points (this unit and the ones after it), else rejected. -1 when not so.
 static int unit_charset(const kaon_grammar *g, const int32_t *key, int *max_units) {
     int32_t top = key[0], end;
     int cs = g->elems[top].val, frame;  // frame: the key frame the units' rule returns to
-    bool chain = false;
     int n;
     if (key[1] >= 1 && g->elems[key[1] - 1].type == GEL_REF && one_unit_alternative(g, top, g->elems[key[1] - 1].val)) {
-        n = 1 + units_from(g, key[1], g->elems[key[1] - 1], &end, &chain);
+        n = 1 + units_from(g, key[1], g->elems[key[1] - 1], &end);
         frame = 2;
     } else {
-        n = 1 + units_from(g, top + 1, g->elems[top], &end, &chain);
+        n = 1 + units_from(g, top + 1, g->elems[top], &end);
         frame = 1;
     }
     int32_t after = end;
