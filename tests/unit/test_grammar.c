@@ -436,9 +436,10 @@ static void test_masks_synthetic(void) {
     };
     for (size_t i = 0; i < sizeof along / sizeof along[0]; i++) {
         kaon_grammar *g = parse(along[i][0]);
-        int32_t ids[64];
+        int32_t ids[128];
         size_t n = strlen(along[i][1]);
-        for (size_t j = 0; j < n; j++) ids[j] = 2 + (uint8_t)along[i][1][j];
+        CHECK(n <= sizeof ids / sizeof ids[0]);
+        for (size_t j = 0; j < n && j < sizeof ids / sizeof ids[0]; j++) ids[j] = 2 + (uint8_t)along[i][1][j];
         if (g) masks_along(g, &vv, ids, n, 6);
         kaon_grammar_free(g);
     }
