@@ -108,7 +108,7 @@ int gram_state_copy(gram_state *dst, const gram_state *src);
 typedef struct {
     uint32_t hash, cp;
     int32_t off, n;  // tops: pool[off .. off + n)
-    uint8_t flags, rem, len;
+    uint8_t flags, rem, len;  // flags: accept, ctx_now, ctx_any, then WC_ANY_CP
 } gram_wc_state;
 typedef struct {
     int32_t id;
@@ -123,9 +123,10 @@ typedef struct {
     int pool_n, pool_cap;
     uint32_t epoch;  // slots of other epochs are empty
     const gram_arena *arena;  // whose node ids the states hold
+    const kaon_grammar *g;    // whose charsets the tops are at
 } gram_walk_cache;
 
-int gram_walk_cache_init(gram_walk_cache *c);
+int gram_walk_cache_init(gram_walk_cache *c, const kaon_grammar *g);
 void gram_walk_cache_free(gram_walk_cache *c);
 void gram_walk_cache_reset(gram_walk_cache *c, const gram_arena *a);
 int32_t gram_walk_cache_intern(gram_walk_cache *c, const gram_state *s);
@@ -193,8 +194,14 @@ typedef struct {
     int n_other;
     int32_t *other_by_len;    // the other ranks, longest first
     int32_t *other_at_least;  // [max_len + 2]: how many other tokens have at least L bytes
+    int32_t other_fb[257];    // other[other_fb[b] .. other_fb[b + 1]) begin with byte b
     int max_len;
+    // the pure ids as bitmaps (mask words each): le_bits + c * words holds those of at most c
+    // code points (c <= GRAM_UNITS_BITS; the few longer ones come from by_cps), pure_bits all
+    size_t words;
+    uint32_t *le_bits, *pure_bits;
 } gram_units;
+#define GRAM_UNITS_BITS 16  // bitmaps of pure tokens by count up to this many code points
 // The units of charset cs of g (found by its code points: maskers of other grammars share
 // them), built on first use; NULL when GRAM_UNITS_CLASSES are kept already or out of memory.
 // Thread-safe.

@@ -10,9 +10,13 @@
 // When the repetition's units are single code points of one class (a JSON string's plain
 // characters) and the element after it cannot begin with one, a token made only of such code
 // points crosses exactly one unit per code point: near the bound it keeps the outer copy's
-// class or is rejected by its count alone (gram_units), and only the other tokens are walked.
+// class or is rejected by its count alone (gram_units), and only the other tokens are walked
+// (x* and single units too: every pure token accepted, or those of one code point).
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "grammar/grammar_internal.h"
 #include "util/err.h"
@@ -107,6 +111,25 @@ static bool depth_ctx_any(const kaon_grammar_masker *mk, int d) {
     return id >= 0 ? gram_walk_cache_ctx_any(&mk->wc, id) : mk->depth_states[d].ctx_any;
 }
 
+// The first i >= from (or n) with lcp[i] < d: past the tokens that share a dead prefix of d
+// bytes (a whole walk skips most of the vocabulary this way: " the" after a space that
+// must be followed by a quote). Eight common prefixes at a time where SSE2 is.
+static int skip_prefix(const uint16_t *lcp, int from, int n, int d) {
+    int i = from;
+    if (d > UINT16_MAX) return i;  // no common prefix is that long
+#if defined(__SSE2__)
+    const __m128i dv = _mm_set1_epi16((short)(uint16_t)d), zero = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        // d - lcp saturates to 0 exactly where lcp >= d
+        __m128i lt = _mm_subs_epu16(dv, _mm_loadu_si128((const __m128i *)(lcp + i)));
+        int ge = _mm_movemask_epi8(_mm_cmpeq_epi16(lt, zero));
+        if (ge != 0xFFFF) return i + __builtin_ctz((unsigned)~ge & 0xFFFFu) / 2;
+    }
+#endif
+    while (i < n && lcp[i] >= d) i++;
+    return i;
+}
+
 static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state *start, const int32_t *ranks,
                        int base, const uint16_t *lcp, int n, walk_report report, void *ctx) {
     const kaon_grammar_vocab *v = mk->v;
@@ -117,6 +140,10 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
     int valid = 0;  // depths 0..valid hold the states along the previous token's bytes
     for (int i = 0; i < n;) {
         int32_t id = ranks ? ranks[i] : base + i;
+        if (ranks && i + 8 < n) {  // a list's tokens lie apart: fetch the bytes ahead
+            __builtin_prefetch(v->obytes[ranks[i + 8]]);
+            if (i + 16 < n) __builtin_prefetch(&v->obytes[ranks[i + 16]]), __builtin_prefetch(&v->olens[ranks[i + 16]]);
+        }
         const uint8_t *b = v->obytes[id];
         int len = (int)v->olens[id];
         int d = i && lcp[i] < valid ? lcp[i] : (i ? valid : 0);
@@ -137,10 +164,14 @@ static int walk_tokens(kaon_grammar_masker *mk, gram_arena *a, const gram_state 
         }
         // every following token that shares the dead prefix b[0..d) ends the same way
         int cls = depth_ctx_any(mk, d) ? 2 : 0;
-        do {
-            if (cls) report(ctx, ranks ? ranks[i] : base + i, cls);
-            i++;
-        } while (i < n && lcp[i] >= d);
+        if (cls) {
+            do {
+                report(ctx, ranks ? ranks[i] : base + i, cls);
+                i++;
+            } while (i < n && lcp[i] >= d);
+        } else {
+            i = skip_prefix(lcp, i + 1, n, d);
+        }
         valid = d - 1;
     }
     return 0;
@@ -279,13 +310,15 @@ static int cmp_rank(const void *a, const void *b) {
 // The other tokens (gram_units) of at least thr bytes in vocabulary order with their common
 // prefixes, in mk->walk_list. Few long ones (a copy far from the bound) are taken from the
 // list by length and sorted; else one pass over all the other tokens.
-static const long_list *other_tokens_to_walk(kaon_grammar_masker *mk, const gram_units *u, int thr) {
+static const long_list *other_tokens_to_walk(kaon_grammar_masker *mk, const gram_units *u, int thr, const bool *lead) {
     const kaon_grammar_vocab *v = mk->v;
     long_list *w = &mk->walk_list;
     w->n = 0;
     int n_long = thr > u->max_len ? 0 : u->other_at_least[thr];
     if (n_long < u->n_other / 8) {
-        memcpy(w->ranks, u->other_by_len, (size_t)n_long * sizeof *w->ranks);
+        for (int j = 0; j < n_long; j++)
+            if (lead[v->obytes[u->other_by_len[j]][0]]) w->ranks[w->n++] = u->other_by_len[j];
+        n_long = w->n;
         qsort(w->ranks, (size_t)n_long, sizeof *w->ranks, cmp_rank);
         for (int j = 0; j < n_long; j++) {
             uint32_t k = 0;
@@ -299,15 +332,18 @@ static const long_list *other_tokens_to_walk(kaon_grammar_masker *mk, const gram
         w->n = n_long;
         return w;
     }
-    uint32_t run = UINT32_MAX;  // least lcp since the last token kept
-    for (int j = 0; j < u->n_other; j++) {
-        int32_t rank = u->other[j];
-        if (u->other_lcp[j] < run) run = u->other_lcp[j];
-        if ((int)v->olens[rank] < thr) continue;
-        w->ranks[w->n] = rank;
-        w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
-        w->n++;
-        run = UINT32_MAX;
+    for (int b = 0; b < 256; b++) {  // the other tokens of each first byte the class begins with
+        if (!lead[b]) continue;
+        uint32_t run = 0;  // least lcp since the last token kept (0: another first byte)
+        for (int j = u->other_fb[b]; j < u->other_fb[b + 1]; j++) {
+            int32_t rank = u->other[j];
+            if (u->other_lcp[j] < run) run = u->other_lcp[j];
+            if ((int)v->olens[rank] < thr) continue;
+            w->ranks[w->n] = rank;
+            w->lcp[w->n] = (uint16_t)(w->n ? run : 0);
+            w->n++;
+            run = UINT32_MAX;
+        }
     }
     return w;
 }
@@ -321,13 +357,22 @@ static int build_units_entry(kaon_grammar_masker *mk, mask_entry *e, const gram_
     const kaon_grammar_vocab *v = mk->v;
     const gram_units *u = cr->units;
     int over = cr->max_units < GRAM_UNITS_MAX ? cr->max_units + 1 : GRAM_UNITS_MAX + 1;
-    if (copy) {
+    // the pure tokens by their count: word-wise through the count bitmaps up to
+    // GRAM_UNITS_BITS code points, one by one beyond (few tokens are that long)
+    if (copy && over <= GRAM_UNITS_BITS) {  // the copy's, less the pure ones of >= over
+        const uint32_t *le = u->le_bits + (size_t)(over - 1) * u->words;
+        for (size_t i = 0; i < mk->words; i++) e->accepted[i] = copy->accepted[i] & ~(u->pure_bits[i] & ~le[i]);
+    } else if (copy) {
         memcpy(e->accepted, copy->accepted, mk->words * sizeof *e->accepted);
         for (int j = u->cps_start[over]; j < u->cps_start[GRAM_UNITS_MAX + 1]; j++) clear_bit(e->accepted, u->by_cps[j]);
-    } else {
-        for (int j = 0; j < u->cps_start[over]; j++) set_bit(e->accepted, u->by_cps[j]);
+    } else {  // the pure ones of < over
+        int c = over - 1 < GRAM_UNITS_BITS ? over - 1 : GRAM_UNITS_BITS;
+        memcpy(e->accepted, u->le_bits + (size_t)c * u->words, mk->words * sizeof *e->accepted);
+        for (int j = u->cps_start[c + 1]; j < u->cps_start[over]; j++) set_bit(e->accepted, u->by_cps[j]);
     }
-    const long_list *w = other_tokens_to_walk(mk, u, copy ? cr->thr : 0);
+    bool lead[256];  // a token whose first byte cannot begin the top's class dies at once
+    lead_bytes(mk->g, mk->g->elems[e->key[0]].val, lead);
+    const long_list *w = other_tokens_to_walk(mk, u, copy ? cr->thr : 0, lead);
     for (int j = 0; j < w->n; j++) clear_bit(e->accepted, v->order[w->ranks[j]]);
     build_ctx c = {mk, e->accepted, false};
     if (walk_tokens(mk, &mk->work, start, w->ranks, 0, w->lcp, w->n, report_build, &c) || c.failed)
@@ -475,18 +520,24 @@ static bool one_unit_alternative(const kaon_grammar *g, int32_t top, int r) {
     return found;
 }
 
-// k when rule r is opt_k of a bounded repetition of x (opt_k ::= x opt_(k-1) | ""), else 0.
+#define UNITS_UNBOUNDED (1 << 24)  // the units of x* (more than any token's code points)
+
+// k when rule r is opt_k of a bounded repetition of x (opt_k ::= x opt_(k-1) | ""),
+// UNITS_UNBOUNDED when r is x* (star ::= x star | ""), else 0.
 static int chain_units(const kaon_grammar *g, int r, gram_elem x) {
     int32_t a = g->rule_alts[g->alt_first[r]];
     if (g->alt_count[r] != 2 || g->elems[a].type != x.type || g->elems[a].val != x.val) return 0;
     if (g->rep_rem[a] > 0) return g->rep_rem[a] + 1;  // k >= 2, marked by the compiler
-    int32_t empty = g->rule_alts[g->alt_first[r] + 1];  // opt_1 ::= x | ""
-    return g->elems[a + 1].type == GEL_ALT && g->elems[empty].type == GEL_END ? 1 : 0;
+    int32_t empty = g->rule_alts[g->alt_first[r] + 1];
+    if (g->elems[empty].type != GEL_END) return 0;
+    if (g->elems[a + 1].type == GEL_ALT) return 1;  // opt_1 ::= x | ""
+    bool star = g->elems[a + 1].type == GEL_REF && g->elems[a + 1].val == r && g->elems[a + 2].type == GEL_ALT;
+    return star ? UNITS_UNBOUNDED : 0;
 }
 
-// The units of x the elements from p allow (copies of x, then bounded repetitions of x), the
-// position after them in *end; *chain tells whether a bounded repetition was among them.
-static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *end, bool *chain) {
+// The units of x the elements from p allow (copies of x, then repetitions of x), the position
+// after them in *end.
+static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *end) {
     int n = 0;
     for (;; p++) {
         gram_elem e = g->elems[p];
@@ -496,32 +547,29 @@ static int units_from(const kaon_grammar *g, int32_t p, gram_elem x, int32_t *en
         }
         int k = e.type == GEL_REF ? chain_units(g, e.val, x) : 0;
         if (!k) break;
-        n += k;
-        *chain = true;
+        n = n + k < UNITS_UNBOUNDED ? n + k : UNITS_UNBOUNDED;
     }
     *end = p;
     return n;
 }
 
-// The class of the top's units when the top begins a unit x of a bounded repetition whose
-// units are single code points: x is the top's charset itself, or a rule the top is a
-// one-unit alternative of (the reference before key[1]); and the element after the units is
-// a charset disjoint from the class. A pure token (gram_units) then crosses one unit per code
+// The class of the top's units when the top begins a unit x whose units are single code points
+// (alone, copies, a bounded repetition or x*): x is the top's charset itself, or a rule the top
+// is a one-unit alternative of (the reference before key[1]); and the element after the units
+// is a charset disjoint from the class. A pure token (gram_units) then crosses one unit per code
 // point and cannot leave the repetition before its end: it is accepted when it has at most
 // *max_units code points (this unit and the ones after it), else rejected. -1 when not so.
 static int unit_charset(const kaon_grammar *g, const int32_t *key, int *max_units) {
     int32_t top = key[0], end;
     int cs = g->elems[top].val, frame;  // frame: the key frame the units' rule returns to
-    bool chain = false;
     int n;
     if (key[1] >= 1 && g->elems[key[1] - 1].type == GEL_REF && one_unit_alternative(g, top, g->elems[key[1] - 1].val)) {
-        n = 1 + units_from(g, key[1], g->elems[key[1] - 1], &end, &chain);
+        n = 1 + units_from(g, key[1], g->elems[key[1] - 1], &end);
         frame = 2;
     } else {
-        n = 1 + units_from(g, top + 1, g->elems[top], &end, &chain);
+        n = 1 + units_from(g, top + 1, g->elems[top], &end);
         frame = 1;
     }
-    if (!chain) return -1;  // no bounded repetition: a walk dies within a few bytes anyway
     int32_t after = end;
     if (g->elems[end].type == GEL_ALT || g->elems[end].type == GEL_END) after = frame < MASK_DEPTH ? key[frame] : -1;
     if (after < 0 || g->elems[after].type != GEL_CHARS || charsets_meet(g, cs, g->elems[after].val)) return -1;
@@ -537,7 +585,7 @@ static bool broad_class(const kaon_grammar_masker *mk, int cs) {
     int n = 0;
     for (int b = 0; b < 256; b++)
         if (lead[b]) n += mk->v->first_byte_start[b + 1] - mk->v->first_byte_start[b];
-    return n > mk->v->n_order / 4;
+    return n > mk->v->n_order / 8;
 }
 
 // Sets cr->units and cr->max_units when key's top is a unit of a repetition unit_charset
@@ -647,7 +695,7 @@ kaon_grammar_masker *gram_masker_new_depth(const kaon_grammar *g, const kaon_gra
     mk->table = malloc((size_t)mk->table_size * sizeof *mk->table);
     if (!mk->len_count || !mk->longs || !mk->merge_buf || !mk->walk_list.ranks || !mk->walk_list.lcp || !mk->rank_bits ||
         !mk->depth_states || !mk->depth_ids || !mk->depth_have || !mk->entries || !mk->table ||
-        gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc)) {
+        gram_arena_init(&mk->work) || gram_walk_cache_init(&mk->wc, g)) {
         kaon_set_error("grammar masker: out of memory");
         kaon_grammar_masker_free(mk);
         return NULL;

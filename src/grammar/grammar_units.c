@@ -50,6 +50,8 @@ static void units_free(gram_units *u) {
     free(u->other_lcp);
     free(u->other_by_len);
     free(u->other_at_least);
+    free(u->le_bits);
+    free(u->pure_bits);
 }
 
 // The other tokens longest first (a counting sort by length), for copies that walk only the
@@ -119,6 +121,28 @@ static int units_build(gram_units *u, const kaon_grammar *g, const kaon_grammar_
     memcpy(next, u->cps_start, sizeof next);
     for (int r = 0; r < n; r++)
         if (u->cps[r] != GRAM_UNITS_OTHER) u->by_cps[next[u->cps[r]]++] = v->order[r];
+    // the other tokens by first byte (ranks ascend, so do their first bytes)
+    for (int b = 0, j = 0; b <= 256; b++) {
+        while (j < u->n_other && u->other[j] < v->first_byte_start[b]) j++;
+        u->other_fb[b] = j;
+    }
+    // bitmaps of the pure ids by count: le_bits[c] = le_bits[c - 1] + the ids of count c
+    u->words = kaon_grammar_mask_words(v->n);
+    u->le_bits = calloc((GRAM_UNITS_BITS + 1) * u->words, sizeof *u->le_bits);
+    u->pure_bits = calloc(u->words, sizeof *u->pure_bits);
+    if (!u->le_bits || !u->pure_bits) {
+        units_free(u);
+        return -1;
+    }
+    for (int c = 0; c <= GRAM_UNITS_MAX; c++) {
+        uint32_t *bits = c <= GRAM_UNITS_BITS ? u->le_bits + (size_t)c * u->words : NULL;
+        if (bits && c) memcpy(bits, bits - u->words, u->words * sizeof *bits);
+        for (int j = u->cps_start[c]; j < u->cps_start[c + 1]; j++) {
+            int32_t id = u->by_cps[j];
+            if (bits) bits[id >> 5] |= 1u << (id & 31);
+            u->pure_bits[id >> 5] |= 1u << (id & 31);
+        }
+    }
     return 0;
 }
 

@@ -12,8 +12,9 @@
 #define WC_MAX_STATES (WC_STATE_SLOTS / 2)
 #define WC_MAX_POOL (1 << 22)     // tops of all interned states
 
-int gram_walk_cache_init(gram_walk_cache *c) {
+int gram_walk_cache_init(gram_walk_cache *c, const kaon_grammar *g) {
     memset(c, 0, sizeof *c);
+    c->g = g;
     c->state_slot = calloc(WC_STATE_SLOTS, sizeof *c->state_slot);
     c->epoch = 1;  // slots start at epoch 0: empty
     return c->state_slot ? 0 : -1;
@@ -36,18 +37,50 @@ void gram_walk_cache_reset(gram_walk_cache *c, const gram_arena *a) {
     c->arena = a;
 }
 
+// A state inside a code point whose every completion is a valid code point of every top's
+// class: the rest of the code point then steps each top alike whatever the bytes read so far
+// (a completion keeps every top and a top's successor does not depend on the code point), so
+// such states are one state whatever their partial code point (WC_ANY_CP; the first one met
+// is kept, to be stepped further). Inside a string body this merges the states of the split
+// UTF-8 characters (a few per unit instead of one per prefix of a character).
+#define WC_ANY_CP 8
+
+// Whether charset cs holds every code point of [lo, hi].
+static bool charset_holds(const kaon_grammar *g, int cs, uint32_t lo, uint32_t hi) {
+    const gram_charset *set = &g->charsets[cs];
+    const uint32_t *r = g->ranges + 2 * set->first;
+    for (int i = 0; i < set->n; i++)
+        if (r[2 * i] <= lo) {
+            if (r[2 * i + 1] >= hi) return true;
+        } else {
+            return false;  // ranges are sorted and disjoint: lo lies in none
+        }
+    return false;
+}
+
+static bool any_cp(const gram_walk_cache *c, const gram_state *s) {
+    if (!s->rem || !c->g || !c->arena) return false;
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000}, max_cp[5] = {0, 0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+    uint32_t lo = s->cp << (6 * s->rem), hi = lo | ((1u << (6 * s->rem)) - 1);
+    if (s->len > 4 || lo < min_cp[s->len] || hi > max_cp[s->len] || (lo <= 0xDFFF && hi >= 0xD800)) return false;
+    for (int i = 0; i < s->n; i++)
+        if (!charset_holds(c->g, c->g->elems[c->arena->pos[s->tops[i]]].val, lo, hi)) return false;
+    return true;
+}
+
 static uint8_t state_flags(const gram_state *s) {
     return (uint8_t)(s->accept | s->ctx_now << 1 | s->ctx_any << 2);
 }
 
-static uint32_t state_hash(const gram_state *s) {
-    uint32_t h = 2166136261u ^ state_flags(s) ^ (uint32_t)s->rem << 8 ^ (uint32_t)s->len << 12 ^ s->cp << 16;
+static uint32_t state_hash(const gram_state *s, uint8_t flags) {
+    uint32_t cp = flags & WC_ANY_CP ? 0 : s->cp;
+    uint32_t h = 2166136261u ^ flags ^ (uint32_t)s->rem << 8 ^ (uint32_t)s->len << 12 ^ cp << 16;
     for (int i = 0; i < s->n; i++) h = (h ^ (uint32_t)s->tops[i]) * 16777619u;
     return h ^ h >> 16;
 }
 
-static bool state_equal(const gram_walk_cache *c, const gram_wc_state *w, const gram_state *s) {
-    return w->n == s->n && w->flags == state_flags(s) && w->cp == s->cp && w->rem == s->rem &&
+static bool state_equal(const gram_walk_cache *c, const gram_wc_state *w, const gram_state *s, uint8_t flags) {
+    return w->n == s->n && w->flags == flags && (w->cp == s->cp || (flags & WC_ANY_CP)) && w->rem == s->rem &&
            w->len == s->len && (!s->n || !memcmp(c->pool + w->off, s->tops, (size_t)s->n * sizeof *s->tops));
 }
 
@@ -79,13 +112,14 @@ static bool pool_reserve(gram_walk_cache *c, int n) {
 
 // The id of state s, added if new; -1 when the cache is full (the walk then just steps).
 int32_t gram_walk_cache_intern(gram_walk_cache *c, const gram_state *s) {
-    uint32_t h = state_hash(s), mask = WC_STATE_SLOTS - 1;
+    uint8_t flags = (uint8_t)(state_flags(s) | (any_cp(c, s) ? WC_ANY_CP : 0));
+    uint32_t h = state_hash(s, flags), mask = WC_STATE_SLOTS - 1;
     for (uint32_t i = h & mask;; i = (i + 1) & mask) {
         gram_wc_slot *slot = &c->state_slot[i];
         if (slot->epoch != c->epoch) {
             if (!states_reserve(c) || !pool_reserve(c, s->n)) return -1;
             gram_wc_state *w = &c->states[c->n_states];
-            *w = (gram_wc_state){h, s->cp, c->pool_n, s->n, state_flags(s), s->rem, s->len};
+            *w = (gram_wc_state){h, s->cp, c->pool_n, s->n, flags, s->rem, s->len};
             if (s->n) memcpy(c->pool + c->pool_n, s->tops, (size_t)s->n * sizeof *s->tops);
             c->pool_n += s->n;
             *slot = (gram_wc_slot){c->n_states, c->epoch};
@@ -93,7 +127,7 @@ int32_t gram_walk_cache_intern(gram_walk_cache *c, const gram_state *s) {
             return c->n_states++;
         }
         const gram_wc_state *w = &c->states[slot->id];
-        if (w->hash == h && state_equal(c, w, s)) return slot->id;
+        if (w->hash == h && state_equal(c, w, s, flags)) return slot->id;
     }
 }
 

@@ -191,7 +191,14 @@ static void synthetic_vocab(test_vocab *tv) {
     static const char *pieces[] = {"{\"", "\":", "\": ", "\",", "\"}", "\"},", "true", "false", "null", ", \"",
                                    "}\n", "[{", "}]", "\\u", "\\n", "é", "中", "\xc3", "\xa9", "\xe4\xb8", "\xad\"",
                                    "\xf0\x9f", "\x98\x80", "12", "3.5", "e+", "-0", " {", "\n  ", "name", "\"name\"",
-                                   "\": \"", "<s>", NULL};
+                                   "\": \"", "<s>",
+                                   // longer than GRAM_UNITS_BITS code points: counted one by one
+                                   "abcdefghijklmnopqrstuvwxyz", "aaaaaaaaaaaaaaaaaaaa\"", "0123456789012345678",
+                                   // split characters the walk cache may merge (or not: a class holding
+                                   // part of the completions, a surrogate, an overlong form)
+                                   "\xc3\xa0", "\xc4\xa0", "\xc4\x81", "a\xc4", "\xed\xa0\x80", "\xe0\x80\x80", "\xed\x9f\xbf",
+                                   "\xe4\xa0\x80", "\xe4\x80\x80", "\xc3\x80", "\xc4\x80",
+                                   "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", NULL};
     int n_pieces = 0;
     while (pieces[n_pieces]) n_pieces++;
     const char alphabet[] = "{}[]\":, \n-+.eE0123456789abtrulfsnx\\/u\xc3\xa9";
@@ -401,6 +408,11 @@ static void test_masks_synthetic(void) {
                               "root ::= \"\\\"\" c{1,12} \"\\\"\" (\",\" \"\\\"\" c{0,5} \"\\\"\")? (\":\" c c{0,1} \"\\\"\")?\n"
                               " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
                               "root ::= [^\"\\\\\\x00-\\x1F]{2,9} \"\\\"\" | \"<\" [^<>]{0,4} \">\" | [a-z0-9 ]{0,6} [a-c]+ \".\"\n",
+                              // split characters: [à-ïā] holds part of each lead byte's completions
+                              "root ::= [à-ïā]{0,3} \"x\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"\n",
+                              // units of x* (every pure token accepted): a JSON string, x+, a charset star
+                              "root ::= \"{\" (\"\\\"\" c* \"\\\"\" \":\" \" \"? [a-z0-9]+ \",\"?){1,3} \"}\" | [^\"\\\\]* \"\\\"\"\n"
+                              " c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
                               NULL};
     for (int i = 0; grammars[i]; i++) {
         kaon_grammar *g = parse(grammars[i]);
@@ -415,12 +427,19 @@ static void test_masks_synthetic(void) {
         {"root ::= [a-z0-9 ]{0,6} [a-c]+ \".\"\n", "ab ab ab."},
         {"root ::= \"\\\"\" c{1,12} \"\\\"\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n", "\"a\\nbcdefghijk\""},
         {"root ::= \"<\" [^<>]{0,4} \">\" [a-z]{2,5}\n", "<abcd>abcde"},
+        // split characters of one walk that the walk cache may merge or must not
+        {"root ::= ([à-ïā]{0,3} \"x\" | \"\\\"\" [^\"\\\\]{0,5} \"\\\"\"){2}\n", "\"ab\"\xc3\xa0\xc4\x81x"},
+        {"root ::= \"<\" .{0,3} \">\" [À-ÏĐ-ğ]{0,2} \"x\"\n", "<\xe4\xa0\x80>\xc3\x80x"},
+        // a string body of x*: every count of pure tokens is accepted, past GRAM_UNITS_BITS too
+        {"root ::= \"\\\"\" c* \"\\\"\" [a-z]+ \".\"\n c ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [nu\"]\n",
+         "\"abcdefghijklmnopqrstuvwxyz\\n0123456789\"abcdefghijklmnopqrstuvwxyz."},
     };
     for (size_t i = 0; i < sizeof along / sizeof along[0]; i++) {
         kaon_grammar *g = parse(along[i][0]);
-        int32_t ids[64];
+        int32_t ids[128];
         size_t n = strlen(along[i][1]);
-        for (size_t j = 0; j < n; j++) ids[j] = 2 + (uint8_t)along[i][1][j];
+        CHECK(n <= sizeof ids / sizeof ids[0]);
+        for (size_t j = 0; j < n && j < sizeof ids / sizeof ids[0]; j++) ids[j] = 2 + (uint8_t)along[i][1][j];
         if (g) masks_along(g, &vv, ids, n, 6);
         kaon_grammar_free(g);
     }
@@ -489,6 +508,17 @@ static void test_vocab_units(void) {
                 int len = (int)v->lens[u->by_cps[j]];
                 CHECK(brute_code_points(g, cs, v->bytes[u->by_cps[j]], len) == c);
             }
+        for (int c = 0; u && c <= GRAM_UNITS_BITS; c++)  // the count bitmaps: pure ids of <= c code points
+            for (int id = 0; id < v->n; id++) {
+                int cp = v->special[id] || !v->lens[id] ? -1 : brute_code_points(g, cs, v->bytes[id], (int)v->lens[id]);
+                bool le = u->le_bits[(size_t)c * u->words + (id >> 5)] >> (id & 31) & 1;
+                bool pure = u->pure_bits[id >> 5] >> (id & 31) & 1;
+                CHECK(le == (cp >= 0 && cp <= c));
+                CHECK(pure == (cp >= 0));
+            }
+        for (int b = 0; u && b < 256; b++)  // the other tokens by first byte
+            for (int j = u->other_fb[b]; j < u->other_fb[b + 1]; j++) CHECK(v->obytes[u->other[j]][0] == b);
+        CHECK(!u || (u->other_fb[0] == 0 && u->other_fb[256] == u->n_other));
         kaon_grammar_free(g);
         kaon_grammar_free(g2);
     }
