@@ -475,11 +475,18 @@ static __device__ __forceinline__ int mla_range(const int32_t *pos, const int32_
     return n_act;
 }
 
-static __device__ __forceinline__ int mla_slot(const int32_t *bt, int kk, int k1, int bs, int64_t n_slots) {
-    if (kk >= k1) return -1;
-    const int blk = bt[kk / bs];
+// Key kk's cache slot in two steps, so a kernel can request the block-table entry early and
+// turn it into a slot later: the entry (-1 past the range) ...
+static __device__ __forceinline__ int mla_entry(const int32_t *bt, int kk, int k1, int bs) {
+    return kk < k1 ? bt[kk / bs] : -1;
+}
+// ... and the slot it gives (-1: none).
+static __device__ __forceinline__ int mla_slot_of(int blk, int kk, int k1, int bs, int64_t n_slots) {
     const int64_t s = (int64_t)blk * bs + kk % bs;
-    return blk >= 0 && s < n_slots ? (int)s : -1;
+    return kk < k1 && blk >= 0 && s < n_slots ? (int)s : -1;
+}
+static __device__ __forceinline__ int mla_slot(const int32_t *bt, int kk, int k1, int bs, int64_t n_slots) {
+    return mla_slot_of(mla_entry(bt, kk, k1, bs), kk, k1, bs, n_slots);
 }
 
 // One CTA per (token, head, 128 output dims): out = sum_z w_z O_z with w_z = exp2(m_z - M) /
@@ -661,15 +668,8 @@ k_mla_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ cache, const int32
     // requested during tile it and turned into a slot only when tile it + 1 is loaded, so the
     // lookup's latency stays off the loop's path (it held every tile's loads back: the slots
     // are written, then a barrier, then the copies).
-    auto entry = [&](int tile) {
-        const int kk = k0 + tile * KT + tid;
-        return kk < k1 ? bt[kk / bs] : -1;
-    };
-    auto slot_of = [&](int tile, int blk) {
-        const int kk = k0 + tile * KT + tid;
-        const int64_t s64 = (int64_t)blk * bs + kk % bs;
-        return kk < k1 && blk >= 0 && s64 < n_slots ? (int)s64 : -1;
-    };
+    auto entry = [&](int tile) { return mla_entry(bt, k0 + tile * KT + tid, k1, bs); };
+    auto slot_of = [&](int tile, int blk) { return mla_slot_of(blk, k0 + tile * KT + tid, k1, bs, n_slots); };
     int next_blk = -1;
     if (tid < KT) {
         slot_s[tid] = slot_of(0, entry(0));
