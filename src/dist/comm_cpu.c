@@ -141,10 +141,12 @@ static int cpu_all_to_allv(kaon_comm *c, const void *send, const size_t *send_co
     g->offs[r] = send_offs;
     if (barrier_wait(g)) return -1;
     int bad = -1;
+    size_t bad_n = 0;  // read now: after the barrier below the sender may have left (its counts gone)
     for (int q = 0; q < g->size; q++) {
         const size_t n = g->counts[q][r];
         if (n != recv_counts[q]) {
             bad = q;
+            bad_n = n;
             continue;
         }
         if (n) memcpy((unsigned char *)recv + recv_offs[q] * eb, (const unsigned char *)g->send[q] + g->offs[q][r] * eb,
@@ -152,8 +154,8 @@ static int cpu_all_to_allv(kaon_comm *c, const void *send, const size_t *send_co
     }
     if (barrier_wait(g)) return -1;
     if (bad >= 0)
-        return kaon_set_error("comm: all_to_allv: rank %d sends %zu elements to rank %d, which expects %zu", bad,
-                              g->counts[bad][r], r, recv_counts[bad]);
+        return kaon_set_error("comm: all_to_allv: rank %d sends %zu elements to rank %d, which expects %zu", bad, bad_n, r,
+                              recv_counts[bad]);
     return 0;
 }
 
