@@ -23,11 +23,12 @@ def threads_of(pid):
 
 
 async def one(host, port, i, stream):
-    """One chat request over a raw socket; returns (ok, detail)."""
-    body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": f"Hi {i}"}],
-                       "max_tokens": 4, "stream": stream, "ignore_eos": True}).encode()
+    """One completion request over a raw socket; returns (ok, detail). A short prompt without a
+    chat template's system text: the test is about waiting connections, not prefill work."""
+    body = json.dumps({"model": "smol", "prompt": f"Hi {i}", "max_tokens": 2, "stream": stream,
+                       "ignore_eos": True}).encode()
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+    writer.write((f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                   f"Connection: close\r\n\r\n").encode() + body)
     await writer.drain()

@@ -150,12 +150,15 @@ def test_sampled_distribution_real_model(kaon_bin, default_model, tmp_path):
     assert r.returncode == 0, r.stderr
     prompt = json.loads(r.stdout)
     n = 1200
-    args = DEV + ["--temp", "0.7", "--max-tokens", "4", "--ignore-eos", "--max-num-seqs", "256"]
+    # Blocks of 4 tokens: the prompt's first 12 are computed once and shared (prefix caching), so
+    # the run's time goes to the drafted positions rather than to 1200 copies of one prompt.
+    args = DEV + ["--temp", "0.7", "--max-tokens", "4", "--ignore-eos", "--max-num-seqs", "256", "--block-size", "4"]
     plain, _ = generate(kaon_bin, default_model, tmp_path, [prompt] * n, args, lambda i: {"seed": i},
                         name="dist-plain")
     spec, st = generate(kaon_bin, default_model, tmp_path, [prompt] * n, args + SPEC,
                         lambda i: {"seed": 100000 + i}, name="dist-spec")
     assert st["spec_drafts"] > n // 2 and st["spec_accepted_tokens"] > n // 4, st  # drafted positions
+    assert st["prefix_hit_tokens"] > n * 8, st
     for pos in (1, 2, 3):  # position 0 is sampled from the prompt's own step
         a = [r["token_ids"][pos] for r in plain]
         b = [r["token_ids"][pos] for r in spec]
