@@ -74,13 +74,22 @@ def mask_counters(url):
     return get("kaon:structured_output_masks_total"), get("kaon:structured_output_mask_seconds_total")
 
 
-def one(client, item, mode_kw, seed):
+def prompt_of(item, schema_in_prompt):
+    """The request's user message: the item's prompt, and with --schema-in-prompt the schema as
+    JSON after it (what vLLM's and Ollama's structured-output docs advise, and how
+    JSONSchemaBench prompts: the grammar then holds the model to what it was told)."""
+    if not schema_in_prompt:
+        return item["prompt"]
+    return f"{item['prompt']} Reply with JSON that follows this schema:\n{json.dumps(item['schema'])}"
+
+
+def one(client, item, mode_kw, seed, schema_in_prompt=False):
     import jsonschema
     fmt = {"type": "json_schema",
            "json_schema": {"name": item["name"], "schema": item["schema"], "strict": True}}
     t0 = time.time()
     r = client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": item["prompt"]}],
+        model="smol", messages=[{"role": "user", "content": prompt_of(item, schema_in_prompt)}],
         response_format=fmt, max_tokens=512, seed=seed, **mode_kw)
     out = []
     for c in r.choices:
@@ -108,6 +117,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="kaon serve --threads (0: its default)")
     ap.add_argument("--modes", default="t0,t1,t1_n3")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--schema-in-prompt", action="store_true",
+                    help="append each schema (as JSON) to its prompt; the figures name the prompt form")
     ap.add_argument("--outputs", default=None,
                     help="also write every output (mode, schema, index, finish, text) to this JSONL file, "
                          "sorted, to compare runs (temperature 0 must not change)")
@@ -120,7 +131,8 @@ def main():
         print(f"server: {url} (log {log})")
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900)
     items = schemas200.make_schemas(args.schemas)
-    report = {"date": datetime.date.today().isoformat(), "schemas": len(items), "modes": {}}
+    report = {"date": datetime.date.today().isoformat(), "schemas": len(items),
+              "prompt": "schema in prompt" if args.schema_in_prompt else "description only", "modes": {}}
     all_outputs = []
     bad = 0
     total_outputs = total_length = 0
@@ -132,7 +144,8 @@ def main():
             t0 = time.time()
             results, tokens = [], 0
             with cf.ThreadPoolExecutor(args.clients) as ex:
-                futs = {ex.submit(one, client, it, kw, 1000 + i): it for i, it in enumerate(items)}
+                futs = {ex.submit(one, client, it, kw, 1000 + i, args.schema_in_prompt): it
+                        for i, it in enumerate(items)}
                 for f in cf.as_completed(futs):
                     outs, toks, _ = f.result()
                     tokens += toks
