@@ -27,6 +27,10 @@ echo "== [$(date -u +%T)] unit tests under ASan + UBSan"
 ninja -C build-asan
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$jobs"
+# The communicator's ranks are threads that read each other's buffers: with fake stacks a rank
+# reading another's stack after it returned (stop 38's CI failure) is caught every run, not only
+# when the timing allows. (Not for every test: the chat template's depth guard measures the stack.)
+ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 build-asan/tests/test_comm_cpu
 
 echo "== [$(date -u +%T)] reference tests (pytest: numpy, gguf, HF tokenizers, jinja2)"
 # --durations: the slowest tests, to keep CI under its 60-minute budget as the suite grows.
