@@ -96,7 +96,8 @@ class RefModel:
             g = self.nh // self.nkv
             Kh = np.repeat(K, g, axis=1)  # [S, nh, hd]
             Vh = np.repeat(V, g, axis=1)
-            att = np.einsum("thd,shd->hts", q, Kh) / float(np.sqrt(self.hd))  # a Python float: float32 stays float32 (NEP 50)
+            # A Python float scale: a numpy float64 scalar would promote float32 to float64 (NEP 50).
+            att = np.einsum("thd,shd->hts", q, Kh) / float(np.sqrt(self.hd))
             mask = pos[:, None] < np.arange(S)[None, :]
             att = np.where(mask[None], -np.inf, att)
             att = att - att.max(-1, keepdims=True)
