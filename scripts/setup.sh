@@ -13,8 +13,9 @@ want_test=0
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
+# libopenmpi-dev + openmpi-bin: multi-node jobs (mpirun; src/dist/cluster.h).
 pkgs=(build-essential cmake ninja-build pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev
-      python3 python3-venv python3-pip unzip ca-certificates)
+      libopenmpi-dev openmpi-bin python3 python3-venv python3-pip unzip ca-certificates)
 [ $want_test -eq 1 ] && pkgs+=(clang libclang-rt-dev chromium chromium-driver abigail-tools)
 missing=()
 for p in "${pkgs[@]}"; do

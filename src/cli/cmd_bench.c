@@ -21,6 +21,7 @@
 
 #include "backend/device.h"
 #include "cli/cli.h"
+#include "cli/load.h"
 #include "kaon.h"
 #include "util/timer.h"
 
@@ -655,6 +656,7 @@ static int bench_offline(const char *sub, int argc, char **argv) {
         free(spec);
         return kaon_cli_fail("%s", kaon_last_error());
     }
+    kaon_cli_follow_if_follower(e);
     if (!o.quiet) {
         kaon_engine_info info;
         kaon_engine_get_info(e, &info);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/load.h"
 #include "kaon.h"
 #include "tokenizer/tokenizer.h"
 #include "util/timer.h"
@@ -264,6 +265,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         e = kaon_engine_create(&eo);
         if (!e) { if (in != stdin) fclose(in); free(dummy_path); return kaon_cli_fail("%s", kaon_last_error()); }
     }
+    kaon_cli_follow_if_follower(e);
     const kaon_tokenizer *tok = kaon_engine_tokenizer(e);
     int cap = 64, n = 0, rc = 2;
     job *jobs = calloc((size_t)cap, sizeof *jobs);

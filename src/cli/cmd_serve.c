@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/load.h"
 #include "cli/vllm_flags.h"
+#include "dist/cluster.h"
 #include "server/reasoning_parser.h"
 #include "server/replicas.h"
 #include "server/server.h"
@@ -389,6 +391,19 @@ int kaon_cmd_serve(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);  // a client gone mid-write must not kill the server
 
+    // A multi-node job: process 0 serves; the others hold their ranks and run its steps.
+    if (kaon_cluster_get() && o.data_parallel_size > 1 && !o.engine.enable_expert_parallel) {
+        free(tmpl);
+        return kaon_cli_fail("--data-parallel-size replicas in a multi-node job are not supported yet");
+    }
+    if (kaon_cluster_follower()) {
+        kaon_engine *e = kaon_engine_create(&o.engine);
+        if (!e) {
+            free(tmpl);
+            return kaon_cli_fail("%s", kaon_last_error());
+        }
+        kaon_cli_follow_if_follower(e);
+    }
     int rc = kaon_server_run(&o, &stop_flag);
     free(tmpl);
     if (rc < 0) {

@@ -1,10 +1,13 @@
 #include "cli/load.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dist/cluster.h"
+#include "engine/multinode.h"
 #include "util/err.h"
 
 kaon_model *kaon_cli_load_model(const char *path) {
@@ -50,5 +53,18 @@ kaon_engine *kaon_cli_engine(kaon_engine_options *eo, const char *path, bool dum
     eo->model = NULL;  // the engine keeps its own copy of the path
     free(spec);
     if (!e) kaon_cli_fail("%s", kaon_last_error());
+    if (e) kaon_cli_follow_if_follower(e);
     return e;
+}
+
+void kaon_cli_follow_if_follower(kaon_engine *e) {
+    if (!kaon_cluster_follower()) return;
+    // mpirun hands a ^C or SIGTERM to every process: process 0 finishes its work and then ends
+    // the job (a follower that left first would fail process 0's next collective).
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    int rc = kaon_engine_follow(e) ? kaon_cli_fail("%s", kaon_last_error()) : 0;
+    kaon_engine_destroy(e);
+    kaon_cluster_finalize(rc);
+    exit(rc);
 }

@@ -3,6 +3,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dist/cluster.h"
+#include "util/err.h"
+
+static int run_command(const char *cmd, int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -40,6 +44,14 @@ int main(int argc, char **argv) {
         if (rc) return rc;
         argc = sub_argc + 1;
     }
+    // One of the processes of a multi-node job (mpirun / srun): MPI first, ended at exit.
+    if (kaon_cluster_init()) return kaon_cli_fail("%s", kaon_last_error());
+    const int rc = run_command(cmd, argc, argv);
+    kaon_cluster_finalize(rc);
+    return rc;
+}
+
+static int run_command(const char *cmd, int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return kaon_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return kaon_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return kaon_cmd_info(argc - 1, argv + 1);

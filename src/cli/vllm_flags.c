@@ -173,6 +173,10 @@ static const vf_entry table[] = {
     {"--num-speculative-tokens", VF_REFUSE, 1, NULL, "use --speculative-config"},
     {"--kv-transfer-config", VF_REFUSE, 1, NULL, "kaon runs one engine"},
     {"--headless", VF_REFUSE, 0, NULL, "kaon runs one engine with its own HTTP front end"},
+    {"--nnodes", VF_REFUSE, 1, NULL, "start a multi-node job with mpirun or srun (docs/API.md)"},
+    {"--node-rank", VF_REFUSE, 1, NULL, "start a multi-node job with mpirun or srun (docs/API.md)"},
+    {"--master-addr", VF_REFUSE, 1, NULL, "start a multi-node job with mpirun or srun (docs/API.md)"},
+    {"--master-port", VF_REFUSE, 1, NULL, "start a multi-node job with mpirun or srun (docs/API.md)"},
     {"--enable-sleep-mode", VF_REFUSE, 0, NULL, "kaon has no sleep mode"},
 };
 #define N_TABLE (sizeof table / sizeof table[0])

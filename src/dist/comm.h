@@ -4,7 +4,8 @@
 // rank's output is complete and every other rank is done reading this rank's input.
 //
 // Implementations: comm_cpu.c (host memory, threads over shared buffers; used by the CPU
-// backend so every sharding is tested in CI), comm_nccl.c (device memory, NCCL) and
+// backend so every sharding is tested in CI), comm_mpi.c (host memory, one rank per process of
+// an MPI job: the CPU across processes and machines), comm_nccl.c (device memory, NCCL) and
 // comm_cuda_local.cu (device memory, every rank a thread on the same GPU: a test aid).
 //
 // Counts are elements of dtype. The CPU one reduces in rank order (rank 0 + rank 1 + ...),
@@ -70,6 +71,15 @@ typedef struct kaon_comm_cpu_group kaon_comm_cpu_group;
 kaon_comm_cpu_group *kaon_comm_cpu_group_create(int size);
 void kaon_comm_cpu_group_free(kaon_comm_cpu_group *g);
 kaon_comm *kaon_comm_cpu_create(kaon_comm_cpu_group *g, int rank);
+
+// ---- MPI: one rank per process of an MPI job (comm_mpi.c) -----------------------------------
+// Processes started by mpirun or srun (dist/cluster.h starts MPI). Each communicator is a
+// duplicate of the job's world (rank: the process's), with host buffers and comm_cpu's sums
+// (rank order: the same bits). Waits poll, then sleep, so a rank idle in a collective (a
+// follower waiting for its next step) leaves its core free. abort ends this process's waits;
+// MPI cannot cancel a collective, so an aborted communicator stays unusable (recover fails).
+// Without MPI in the build: NULL + "built without MPI".
+kaon_comm *kaon_comm_mpi_create(void);
 
 // ---- NCCL: one GPU per rank, one thread per GPU (comm_nccl.c) --------------------------------
 // A unique id made once (kaon_comm_nccl_unique_id) is handed to every rank's thread, which

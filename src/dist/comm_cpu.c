@@ -11,12 +11,8 @@
 
 #include "dist/comm.h"
 #include "dist/rank_barrier.h"
+#include "dist/reduce.h"
 #include "util/err.h"
-#include "util/half.h"
-
-size_t kaon_comm_dtype_bytes(kaon_comm_dtype t) {
-    return t == KAON_COMM_BF16 || t == KAON_COMM_F16 ? 2 : 4;
-}
 
 struct kaon_comm_cpu_group {
     int size;
@@ -38,40 +34,6 @@ typedef struct cpu_comm {
 static int barrier_wait(kaon_comm_cpu_group *g) { return kaon_rank_barrier_wait(&g->bar); }
 
 static kaon_comm_cpu_group *grp(kaon_comm *c) { return ((cpu_comm *)c)->g; }
-
-static float load(const void *p, size_t i, kaon_comm_dtype t) {
-    switch (t) {
-    case KAON_COMM_BF16: return kaon_bf16_to_f32(((const uint16_t *)p)[i]);
-    case KAON_COMM_F16: return kaon_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
-static void store(void *p, size_t i, float v, kaon_comm_dtype t) {
-    switch (t) {
-    case KAON_COMM_BF16: ((uint16_t *)p)[i] = kaon_f32_to_bf16(v); break;
-    case KAON_COMM_F16: ((uint16_t *)p)[i] = kaon_f32_to_f16(v); break;
-    default: ((float *)p)[i] = v; break;
-    }
-}
-
-// out[i] = sum over ranks q (in order) of in[q][off_q + i] for i in [lo, hi).
-static void reduce_range(const kaon_comm_cpu_group *g, const void *const *in, size_t off, void *out,
-                         size_t out_off, size_t lo, size_t hi, kaon_comm_dtype t) {
-    if (t == KAON_COMM_I32) {
-        for (size_t i = lo; i < hi; i++) {
-            int64_t s = 0;
-            for (int q = 0; q < g->size; q++) s += ((const int32_t *)in[q])[off + i];
-            ((int32_t *)out)[out_off + i] = (int32_t)s;
-        }
-        return;
-    }
-    for (size_t i = lo; i < hi; i++) {
-        float s = load(in[0], off + i, t);
-        for (int q = 1; q < g->size; q++) s += load(in[q], off + i, t);
-        store(out, out_off + i, s, t);
-    }
-}
 
 static void chunk(size_t count, int size, int r, size_t *lo, size_t *hi) {
     const size_t per = (count + (size_t)size - 1) / (size_t)size;
@@ -99,7 +61,7 @@ static int cpu_all_reduce(kaon_comm *c, const void *send, void *recv, size_t cou
     } else {
         size_t lo, hi;
         chunk(count, g->size, c->rank, &lo, &hi);
-        reduce_range(g, g->send, 0, g->scratch, 0, lo, hi, t);
+        kaon_comm_reduce(g->send, g->size, 0, g->scratch, 0, lo, hi, t);
     }
     if (barrier_wait(g)) return -1;
     if (!fail && count) memcpy(recv, g->scratch, count * eb);
@@ -126,7 +88,7 @@ static int cpu_reduce_scatter(kaon_comm *c, const void *send, void *recv, size_t
     if (barrier_wait(g)) return -1;
     // Element i is read from every rank before recv[i] is written, and only this rank reads
     // its own chunk of the inputs, so recv may be that chunk.
-    reduce_range(g, g->send, (size_t)c->rank * count, recv, 0, 0, count, t);
+    kaon_comm_reduce(g->send, g->size, (size_t)c->rank * count, recv, 0, 0, count, t);
     if (barrier_wait(g)) return -1;
     return 0;
 }

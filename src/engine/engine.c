@@ -10,7 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/cluster.h"
 #include "engine/engine_internal.h"
+#include "engine/multinode.h"
 #include "model/eagle3.h"
 #include "model/tp.h"
 #include "util/cpus.h"
@@ -105,6 +107,23 @@ static int check_data_parallel(kaon_engine *e, const kaon_device *dev) {
     return kaon_dp_check(e->model, D);
 }
 
+// A multi-node job (dist/cluster.h): its processes hold the ranks of one tensor-parallel group,
+// the same number each; process 0 schedules, the others follow (kaon_engine_follow).
+static int check_multi_node(const kaon_engine *e) {
+    const kaon_cluster *cl = kaon_cluster_get();
+    const int tp = e->opts.tensor_parallel_size;
+    if (!cl) return 0;
+    if (tp < 2 || tp % cl->size)
+        return kaon_set_error("engine: a job of %d processes needs --tensor-parallel-size a multiple of %d (each "
+                              "process holds the same number of ranks; it is %d)", cl->size, cl->size, tp < 1 ? 1 : tp);
+    if (e->dp_size > 1) return kaon_set_error("engine: data parallel across processes is not supported yet");
+    if (e->spec.method != KAON_SPEC_OFF)
+        return kaon_set_error("engine: speculative decoding in a multi-node job is not supported yet");
+    return 0;
+}
+
+int kaon_engine_follow(kaon_engine *e) { return kaon_runner_follow(e->runner); }
+
 kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     if (!opts || !opts->model) {
         kaon_set_error("engine: no model given");
@@ -172,7 +191,7 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     e->be = kaon_backend_create(&dev, o->n_threads);
     if (!e->be) goto fail;
     size_t per_token = kaon_model_kv_bytes_per_token(e->model, kaon_kv_elem_bytes(e->be, e->kv_dtype));
-    if (check_data_parallel(e, &dev)) goto fail;
+    if (check_data_parallel(e, &dev) || check_multi_node(e)) goto fail;
     const int tp_size = o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1;
     if (tp_size > 1 && dev.kind == KAON_DEVICE_NOOP) {
         kaon_set_error("engine: --tensor-parallel-size %d: not on the noop device", tp_size);
@@ -239,6 +258,8 @@ kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     }
     size_t tokens = o->kv_cache_memory / per_token;
     e->n_blocks = (int)(tokens / (size_t)e->block_size);
+    // Every process of a multi-node job holds its ranks' part of each block: the fewest that fit.
+    if (kaon_cluster_min(&e->n_blocks)) goto fail;
     if (e->n_blocks < 2) {
         kaon_set_error("engine: --kv-cache-memory %zu bytes holds fewer than 2 blocks of %d tokens "
                        "(%zu bytes per token)", o->kv_cache_memory, e->block_size, per_token);

@@ -280,6 +280,11 @@ kaon_runner *kaon_runner_create_dp(const kaon_model *m, int size, int n_threads,
 
 void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t) { r->tp_rank = t; }
 
+int kaon_runner_follow(kaon_runner *r) {
+    if (!r->tp) return kaon_set_error("multi-node: a follower process needs --tensor-parallel-size > 1");
+    return kaon_tp_follow(r->tp);
+}
+
 void kaon_runner_free(kaon_runner *r) {
     if (!r) return;
     if (r->tp) {

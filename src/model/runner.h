@@ -54,6 +54,9 @@ kaon_runner *kaon_runner_create_dp(const kaon_model *m, int size, int n_threads,
 // Makes r one rank of a tensor-parallel group: its forward calls the rank's collectives.
 struct kaon_tp_rank;
 void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t);
+// A follower process of a multi-node job (dist/cluster.h): runs process 0's steps on this
+// process's ranks until process 0 ends the job (kaon_tp_follow).
+int kaon_runner_follow(kaon_runner *r);
 void kaon_runner_free(kaon_runner *r);
 int kaon_runner_block_size(const kaon_runner *r);
 // Writes the whole KV pool once so its memory is resident from the start (host backends only):

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/cluster.h"
 #include "model/arch.h"
+#include "model/step_msg.h"
 #include "model/tp.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -126,7 +128,10 @@ typedef struct tp_worker {
 } tp_worker;
 
 struct kaon_tp {
-    int size;
+    int size;                // ranks in all (every process's)
+    int n_local, rank0;      // this process's ranks: rank0 + [0, n_local), its workers w[]
+    const kaon_cluster *cl;  // a multi-node job (dist/cluster.h), else NULL
+    kaon_step_msg msg;       // steps between its processes
     tp_worker *w;
     kaon_comm_cpu_group *group;
     pthread_mutex_t mu;
@@ -145,7 +150,7 @@ struct kaon_tp {
     kaon_comm_cuda_local_group *local;
     unsigned char nccl_id[KAON_COMM_NCCL_ID_BYTES];
     int ready;               // workers through their thread's set-up (rank_thread_init)
-    int first_failed;        // the first rank whose step failed (-1: none), for the abort
+    int first_failed;        // this process's first worker (w[]) whose step failed (-1: none)
     char broken[512];        // set when the ranks cannot run again (an aborted NCCL group)
     int fail_rank, fail_step;  // KAON_TP_FAIL=R[:S], a test aid: rank R fails its step S
 };
@@ -439,7 +444,7 @@ static void *worker_main(void *p) {
         if (!w->rc && w->ctx.failed) w->rc = -1;
         if (w->rc) snprintf(w->err, sizeof w->err, "rank %d: %s", w->rank, kaon_last_error());
         pthread_mutex_lock(&tp->mu);
-        if (w->rc && tp->first_failed < 0) tp->first_failed = w->rank;
+        if (w->rc && tp->first_failed < 0) tp->first_failed = w->rank - tp->rank0;
         tp->done++;
         pthread_cond_broadcast(&tp->cv);
         pthread_mutex_unlock(&tp->mu);
@@ -450,7 +455,7 @@ static void *worker_main(void *p) {
 // KAON_TP_FAIL=R[:S] (rank R fails its step S, default 0, before any collective: the abort
 // path's tests).
 static void tp_init(kaon_tp *tp, int size) {
-    tp->size = size;
+    tp->size = tp->n_local = size;
     tp->first_failed = -1;
     tp->fail_rank = tp->fail_step = -1;
     const char *f = getenv("KAON_TP_FAIL");
@@ -509,10 +514,17 @@ size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size
     return total;
 }
 
+// The CUDA device of rank r: the first one's followers in this process; in a multi-node job each
+// process's ranks after those of the job's processes before it on this machine.
+static int rank_device(const kaon_tp *tp, const tp_worker *w) {
+    if (tp->same_device) return tp->device;
+    return tp->device + (tp->cl ? tp->cl->local_rank * tp->n_local : 0) + (w->rank - tp->rank0);
+}
+
 // Rank r's backend: the CPU with its share of the threads, or its CUDA device.
 static int rank_backend(kaon_tp *tp, tp_worker *w, int per) {
     if (tp->device < 0) return (w->be = kaon_backend_cpu_create(per)) ? 0 : -1;
-    const int dev = tp->same_device ? tp->device : tp->device + w->rank;
+    const int dev = rank_device(tp, w);
     if (!(w->be = kaon_backend_cuda_create(dev))) return -1;
     if (tp->same_device) kaon_backend_cuda_no_graphs(w->be);  // host barriers cannot be recorded
     return 0;
@@ -537,7 +549,8 @@ static int rank_logit_buffers(kaon_tp *tp, tp_worker *w, int max_logits) {
 // same-device one. NCCL's is made by the rank's own thread (rank_thread_init).
 static int rank_comm(kaon_tp *tp, tp_worker *w) {
     if (tp->device < 0) {
-        w->ctx.comm = kaon_comm_cpu_create(tp->group, w->rank);
+        // Across processes: this process's one rank over MPI.
+        w->ctx.comm = tp->cl ? kaon_comm_mpi_create() : kaon_comm_cpu_create(tp->group, w->rank);
     } else if (tp->same_device) {
         void *stream = NULL;
         const int dev = kaon_backend_cuda_device(w->be, &stream);
@@ -555,8 +568,12 @@ static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m,
                       kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
     char where[64];
     if (tp->device < 0) snprintf(where, sizeof where, "%d thread%s", per, per == 1 ? "" : "s");
-    else snprintf(where, sizeof where, "cuda:%d%s", tp->same_device ? tp->device : tp->device + r,
+    else snprintf(where, sizeof where, "cuda:%d%s", rank_device(tp, w),
                   tp->same_device ? " (shared: KAON_TP_SAME_DEVICE)" : "");
+    if (tp->cl) {
+        const size_t n = strlen(where);
+        snprintf(where + n, sizeof where - n, ", process %d", tp->cl->rank);
+    }
     KAON_INFO("tensor parallel: rank %d of %d: Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d), vocab "
               "[%d, %d), %s, KV cache %.1f MiB, weight slices copied %.1f MiB",
               r, size, w->lay.q0, w->lay.q0 + w->lay.nq, w->lay.kv0, w->lay.kv0 + w->lay.nkv,
@@ -576,9 +593,11 @@ static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m,
 }
 
 // Rank r: its layout, shard, backend, runner (weights uploaded, KV cache), collectives' context.
-static int make_tp_rank(kaon_tp *tp, int r, const kaon_model *m, bool ep, int per, int max_batch_tokens,
+// (i: its worker in this process; its rank is tp->rank0 + i.)
+static int make_tp_rank(kaon_tp *tp, int i, const kaon_model *m, bool ep, int per, int max_batch_tokens,
                         int max_logits, int n_blocks, int block_size, int kv_dtype) {
-    tp_worker *w = &tp->w[r];
+    tp_worker *w = &tp->w[i];
+    const int r = tp->rank0 + i;
     w->tp = tp;
     w->rank = r;
     kaon_tp_plan(m, tp->size, r, ep, &w->lay);
@@ -596,8 +615,16 @@ static int make_tp_rank(kaon_tp *tp, int r, const kaon_model *m, bool ep, int pe
     return 0;
 }
 
-// The communicators' shared part: the CPU group, the same-device group, or NCCL's unique id.
+// The communicators' shared part: the CPU group, the same-device group, or NCCL's unique id
+// (made by process 0 of a multi-node job and sent to the others). Across processes the CPU
+// ranks need none (MPI's world is theirs).
 static int make_comm_group(kaon_tp *tp) {
+    if (tp->cl && tp->device >= 0) {
+        kaon_comm *ctl = tp->cl->ctl;
+        if (tp->cl->rank == 0 && kaon_comm_nccl_unique_id(tp->nccl_id)) return -1;
+        return ctl->ops->broadcast(ctl, tp->nccl_id, KAON_COMM_NCCL_ID_BYTES / 4, KAON_COMM_I32, 0);
+    }
+    if (tp->cl) return 0;
     if (tp->device < 0) tp->group = kaon_comm_cpu_group_create(tp->size);
     else if (tp->same_device) tp->local = kaon_comm_cuda_local_group_create(tp->size);
     else return kaon_comm_nccl_unique_id(tp->nccl_id);
@@ -611,11 +638,35 @@ static int start_workers(kaon_tp *tp);
 static int start_and_wait_ready(kaon_tp *tp) {
     if (start_workers(tp)) return -1;
     pthread_mutex_lock(&tp->mu);
-    while (tp->ready < tp->size) pthread_cond_wait(&tp->cv, &tp->mu);
+    while (tp->ready < tp->n_local) pthread_cond_wait(&tp->cv, &tp->mu);
     pthread_mutex_unlock(&tp->mu);
-    for (int r = 0; r < tp->size; r++)
+    for (int r = 0; r < tp->n_local; r++)
         if (tp->w[r].rc) return kaon_set_error("tensor parallel: %s", tp->w[r].err);
     return 0;
+}
+
+// A multi-node job's split: size / processes ranks in each (the CPU: one), the same start-up
+// values everywhere (a process with other sizes would read past its buffers).
+static int split_over_processes(kaon_tp *tp, const kaon_model *m, bool ep, int max_batch_tokens, int max_logits,
+                                int n_blocks, int block_size, int kv_dtype) {
+    const kaon_cluster *cl = tp->cl;
+    if (tp->size % cl->size)
+        return kaon_set_error("tensor parallel: %d ranks do not split over the job's %d processes (give each process "
+                              "the same number of ranks)", tp->size, cl->size);
+    tp->n_local = tp->size / cl->size;
+    tp->rank0 = cl->rank * tp->n_local;
+    if (tp->device < 0 && tp->n_local > 1)
+        return kaon_set_error("tensor parallel: on the CPU a multi-process job runs one rank per process (%d ranks "
+                              "need %d processes, not %d)", tp->size, tp->size, cl->size);
+    if (tp->same_device) return kaon_set_error("tensor parallel: KAON_TP_SAME_DEVICE=1 is for one process only");
+    const kaon_model_config *c = &m->cfg;
+    const int64_t v[] = {tp->size, ep, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype,
+                         tp->device >= 0, c->vocab_size, c->n_layers, c->hidden_size, c->n_heads, c->n_experts};
+    static const char *const names[] = {"--tensor-parallel-size", "--enable-expert-parallel",
+                                        "--max-num-batched-tokens", "the logit rows per step", "KV blocks",
+                                        "--block-size", "--kv-cache-dtype", "the device kind (CUDA)", "vocab_size",
+                                        "num_hidden_layers", "hidden_size", "num_attention_heads", "experts"};
+    return kaon_cluster_same(v, (int)(sizeof v / sizeof v[0]), names);
 }
 
 kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
@@ -632,11 +683,15 @@ kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, i
     tp_init(tp, size);
     tp->device = cuda_device;
     tp->same_device = cuda_device >= 0 && kaon_tp_same_device();
-    tp->w = calloc((size_t)size, sizeof *tp->w);
+    tp->max_tokens = max_batch_tokens;
+    tp->cl = kaon_cluster_get();
+    if (tp->cl && split_over_processes(tp, m, ep, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype))
+        goto fail;
+    tp->w = calloc((size_t)tp->n_local, sizeof *tp->w);
     if (!tp->w || make_comm_group(tp)) goto fail;
-    const int per = n_threads / size > 0 ? n_threads / size : 1;
-    for (int r = 0; r < size; r++)
-        if (make_tp_rank(tp, r, m, ep, per, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype)) goto fail;
+    const int per = n_threads / tp->n_local > 0 ? n_threads / tp->n_local : 1;
+    for (int i = 0; i < tp->n_local; i++)
+        if (make_tp_rank(tp, i, m, ep, per, max_batch_tokens, max_logits, n_blocks, block_size, kv_dtype)) goto fail;
     if (start_and_wait_ready(tp)) goto fail;
     return tp;
 fail:
@@ -683,7 +738,7 @@ static int alloc_dp_buffers(tp_worker *w, int size, int max_tokens, int max_logi
 }
 
 static int start_workers(kaon_tp *tp) {
-    for (int r = 0; r < tp->size; r++) {
+    for (int r = 0; r < tp->n_local; r++) {
         if (pthread_create(&tp->w[r].th, NULL, worker_main, &tp->w[r]))
             return kaon_set_error("%s: cannot start a worker thread", tp->dp ? "data parallel" : "tensor parallel");
         tp->w[r].started = true;
@@ -726,6 +781,10 @@ static int make_dp_rank(kaon_tp *tp, int r, const kaon_model *m, int per, int ma
 
 kaon_tp *kaon_dp_create(const kaon_model *m, int size, int n_threads, int max_batch_tokens, int max_logits,
                         int n_blocks, int block_size, int kv_dtype) {
+    if (kaon_cluster_get()) {
+        kaon_set_error("data parallel: not across processes yet (a multi-node job runs tensor and expert parallel)");
+        return NULL;
+    }
     if (kaon_dp_check(m, size)) return NULL;
     if (n_blocks < size) {
         kaon_set_error("data parallel: %d KV blocks over %d ranks", n_blocks, size);
@@ -753,11 +812,15 @@ fail:
 
 void kaon_tp_free(kaon_tp *tp) {
     if (!tp) return;
+    // Process 0 ends the followers' loops (kaon_tp_follow), once they run one (all ranks ready).
+    if (tp->cl && tp->cl->rank == 0 && tp->ready == tp->n_local && kaon_step_send(tp->cl->ctl, &tp->msg, NULL))
+        KAON_WARN("tensor parallel: cannot tell the other processes to stop: %s", kaon_last_error());
+    kaon_step_msg_free(&tp->msg);
     pthread_mutex_lock(&tp->mu);
     tp->quit = true;
     pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
-    for (int r = 0; tp->w && r < tp->size; r++) {
+    for (int r = 0; tp->w && r < tp->n_local; r++) {
         tp_worker *w = &tp->w[r];
         if (w->started) pthread_join(w->th, NULL);
         if (tp->device >= 0 && w->be) kaon_backend_cuda_bind(w->be);  // this thread frees its memory
@@ -796,14 +859,14 @@ void kaon_tp_free(kaon_tp *tp) {
 // sequences fail, the engine goes on) and makes the communicators usable again; where they
 // cannot be (NCCL), every later step fails at once with the reason.
 static void abort_ranks(kaon_tp *tp, const char *why) {
-    for (int r = 0; r < tp->size; r++) {
+    for (int r = 0; r < tp->n_local; r++) {
         kaon_comm *c = tp->w[r].ctx.comm;
         if (c && c->ops->abort) c->ops->abort(c, why);
     }
 }
 
 static void recover_ranks(kaon_tp *tp) {
-    for (int r = 0; r < tp->size && !tp->broken[0]; r++) {
+    for (int r = 0; r < tp->n_local && !tp->broken[0]; r++) {
         kaon_comm *c = tp->w[r].ctx.comm;
         if (c && (!c->ops->recover || c->ops->recover(c)))
             snprintf(tp->broken, sizeof tp->broken, "the ranks stopped after a failed step (%s); restart kaon",
@@ -811,7 +874,7 @@ static void recover_ranks(kaon_tp *tp) {
     }
 }
 
-int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits) {
+static int run_step(kaon_tp *tp, const kaon_batch *b, float *logits) {
     const char *what = tp->dp ? "data parallel" : "tensor parallel";
     if (tp->broken[0]) return kaon_set_error("%s: %s", what, tp->broken);
     pthread_mutex_lock(&tp->mu);
@@ -822,7 +885,7 @@ int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits) {
     tp->gen++;
     pthread_cond_broadcast(&tp->cv);
     bool aborted = false;
-    while (tp->done < tp->size) {
+    while (tp->done < tp->n_local) {
         if (tp->first_failed >= 0 && !aborted) {
             aborted = true;
             char why[sizeof tp->w[0].err];
@@ -842,8 +905,38 @@ int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits) {
     return 0;
 }
 
+// Across processes a failed step cannot be taken back: the other processes' ranks wait in a
+// collective that this one's will never join, and MPI/NCCL cannot call that off from here.
+static _Noreturn void fail_job(const char *what) {
+    char why[1200];
+    snprintf(why, sizeof why, "%s: %s", what, kaon_last_error());
+    kaon_cluster_abort(why);
+}
+
+int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits) {
+    if (!tp->cl) return run_step(tp, b, logits);
+    if (tp->cl->rank != 0) return kaon_set_error("tensor parallel: a follower process runs only process 0's steps");
+    if (kaon_step_send(tp->cl->ctl, &tp->msg, b)) fail_job("tensor parallel: sending a step to the other processes");
+    if (run_step(tp, b, logits)) fail_job("tensor parallel: a step failed");
+    return 0;
+}
+
+int kaon_tp_follow(kaon_tp *tp) {
+    if (!tp->cl || tp->cl->rank == 0) return kaon_set_error("tensor parallel: only a follower process follows");
+    for (long steps = 0;; steps++) {
+        kaon_batch b;
+        const int rc = kaon_step_recv(tp->cl->ctl, &tp->msg, tp->max_tokens, &b);
+        if (rc == 0) {
+            KAON_INFO("tensor parallel: process %d ran %ld steps; process 0 ended the job", tp->cl->rank, steps);
+            return 0;
+        }
+        if (rc < 0) fail_job("tensor parallel: receiving a step from process 0");
+        if (run_step(tp, &b, NULL)) fail_job("tensor parallel: a step failed");
+    }
+}
+
 void kaon_tp_reserve_host_kv(kaon_tp *tp) {
-    for (int r = 0; r < tp->size; r++) kaon_runner_reserve_host_kv(tp->w[r].r);
+    for (int r = 0; r < tp->n_local; r++) kaon_runner_reserve_host_kv(tp->w[r].r);
 }
 
 // ---- collectives of the forward pass ------------------------------------------------------

@@ -1,4 +1,4 @@
-// Tensor parallelism and DP attention inside one process (issue 18): N ranks, each a worker
+// Tensor parallelism and DP attention (issue 18): N ranks, each a worker
 // thread with its own backend, its own copy of the model description holding its shard of the
 // weights, its own runner (activations, its KV heads' cache) and a communicator. A step's batch is handed to
 // every worker by pointer (shared memory: no copy, no serialization); each runs the same
@@ -109,6 +109,10 @@ int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layou
 // shared expert's width splitting over D); -1 + an error naming the cause otherwise.
 int kaon_dp_check(const kaon_model *m, int size);
 
+// A multi-node job (dist/cluster.h) spreads one TP group over its processes, N / P ranks in each
+// (rank0 + [0, N / P) here); process 0 sends each step to the others (step_msg.h), whose ranks
+// then join the step's collectives (MPI on the CPU, NCCL on GPUs) as threads would.
+//
 // The runner of kaon_runner_create_tp (runner.h): N ranks on their own CPU backends, or with
 // cuda_device >= 0 on CUDA devices cuda_device + r (all on cuda_device under KAON_TP_SAME_DEVICE=1).
 typedef struct kaon_tp kaon_tp;
@@ -122,6 +126,9 @@ size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size
 bool kaon_tp_same_device(void);
 void kaon_tp_free(kaon_tp *tp);
 int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits);
+// A follower process of a multi-node job (dist/cluster.h): runs the steps process 0 sends on
+// this process's ranks until process 0 ends the job (0); a step that fails ends every process.
+int kaon_tp_follow(kaon_tp *tp);
 void kaon_tp_reserve_host_kv(kaon_tp *tp);
 // The runner of kaon_runner_create_dp: D ranks, each a whole model but its MoE experts
 // [r E / D, (r + 1) E / D) and its pool part's KV cache; kaon_tp_forward runs a step on them.

@@ -6,6 +6,9 @@
 #include <string.h>
 
 static int current_level = -1;
+static int process_tag = -1;  // a follower process of a multi-node job tags its lines
+
+void kaon_log_set_process(int rank) { process_tag = rank; }
 
 static int level_from_env(void) {
     const char *s = getenv("KAON_LOG");
@@ -31,5 +34,6 @@ void kaon_log(enum kaon_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kaon %s: %s\n", names[level], line);
+    if (process_tag > 0) fprintf(stderr, "kaon[%d] %s: %s\n", process_tag, names[level], line);
+    else fprintf(stderr, "kaon %s: %s\n", names[level], line);
 }

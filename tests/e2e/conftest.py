@@ -44,13 +44,14 @@ def kaon_binary():
 class Server:
     """A running `kaon serve` (of model: the default one unless given); base is http://host:port."""
 
-    def __init__(self, args, env=None, preexec_fn=None, model=MODEL):
+    def __init__(self, args, env=None, preexec_fn=None, model=MODEL, launcher=()):
         exe = kaon_binary()
         self.tmp = tempfile.TemporaryDirectory(prefix="kaon-e2e-")
         port_file = pathlib.Path(self.tmp.name) / "port"
         self.log_path = pathlib.Path(self.tmp.name) / "server.log"
         self.log = open(self.log_path, "wb")
-        cmd = [str(exe), "serve", str(model), "--port", "0", "--port-file", str(port_file)] + args
+        # launcher: a prefix such as mpirun's (a multi-node job: tests/e2e/test_multinode.py)
+        cmd = list(launcher) + [str(exe), "serve", str(model), "--port", "0", "--port-file", str(port_file)] + args
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
         deadline = time.time() + 120

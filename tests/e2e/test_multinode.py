@@ -1,0 +1,88 @@
+"""kaon serve as a multi-node job on this one machine: mpirun -np 3 kaon serve -tp 3. Process 0
+serves the OpenAI API, schedules and samples; processes 1 and 2 hold ranks 1 and 2 of the
+default model (three KV heads, one each) and run every step process 0 sends them
+(src/dist/cluster.h). The answers must be those of the same server with its three ranks as
+threads of one process (the same sums, bit for bit: dist/reduce.h), streamed or not; an idle
+job must leave the cores idle (the followers wait for their next step without spinning); and
+SIGTERM to mpirun must end the job cleanly (process 0 drains, then stops its followers).
+"""
+import os
+import pathlib
+import signal
+import sys
+import time
+
+import openai
+import pytest
+
+from conftest import BUILD, Server
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ref"))
+from mpi_launch import ENV, mpirun  # noqa: E402
+
+# Under a sanitizer build the MPI library's own allocations at exit would be reported.
+pytestmark = pytest.mark.skipif("asan" in BUILD.name or "tsan" in BUILD.name,
+                                reason="Open MPI is not built for the sanitizers")
+
+ARGS = ["--served-model-name", "smol", "--max-model-len", "512", "--kv-cache-memory", "32M", "--threads", "1",
+        "-tp", "3"]
+PROMPTS = ["Name three colours.", "What is the capital of France?", "Count from one to five."]
+
+
+def answers(server):
+    c = openai.OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0, timeout=300)
+    out = []
+    for p in PROMPTS:
+        r = c.chat.completions.create(model="smol", messages=[{"role": "user", "content": p}], temperature=0,
+                                      max_tokens=24)
+        out.append((r.choices[0].message.content, r.choices[0].finish_reason))
+    stream = c.chat.completions.create(model="smol", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                       temperature=0, max_tokens=24, stream=True)
+    out.append(("".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices), "stream"))
+    return out
+
+
+def cpu_seconds(pid):
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def kaon_children(pid):
+    """The kaon processes mpirun started (its children, or its daemon's)."""
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if cmd.endswith(b"/kaon") and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(d.name))
+    return found
+
+
+def test_serve_over_three_processes_answers_as_threads():
+    one = Server(ARGS)
+    try:
+        want = answers(one)
+    finally:
+        one.stop()
+    job = Server(ARGS, launcher=mpirun(3), env=ENV)
+    try:
+        assert answers(job) == want
+        assert all(text for text, _ in want)
+        kids = kaon_children(job.proc.pid)
+        assert len(kids) == 3, kids
+        before = {p: cpu_seconds(p) for p in kids}
+        time.sleep(3)
+        used = {p: cpu_seconds(p) - before[p] for p in kids}
+        assert max(used.values()) < 0.6, f"CPU seconds used in 3 idle seconds: {used}"
+        job.proc.send_signal(signal.SIGTERM)
+        job.proc.wait(timeout=60)  # mpirun's own status after a signal says only that it had one
+        out = job.output()
+        assert "serve: stopped" in out and out.count("process 0 ended the job") == 2, out
+        assert "ending every process" not in out and "MPI_ABORT" not in out, out
+    finally:
+        job.stop()
