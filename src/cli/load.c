@@ -7,7 +7,7 @@
 
 #include "cli/cli.h"
 #include "dist/cluster.h"
-#include "engine/multinode.h"
+#include "engine/ranks.h"
 #include "util/err.h"
 
 kaon_model *kaon_cli_load_model(const char *path) {

@@ -12,7 +12,7 @@
 
 #include "dist/cluster.h"
 #include "engine/engine_internal.h"
-#include "engine/multinode.h"
+#include "engine/ranks.h"
 #include "model/eagle3.h"
 #include "model/tp.h"
 #include "util/cpus.h"
@@ -123,6 +123,10 @@ static int check_multi_node(const kaon_engine *e) {
 }
 
 int kaon_engine_follow(kaon_engine *e) { return kaon_runner_follow(e->runner); }
+
+int kaon_engine_rank_stats(kaon_engine *e, kaon_rank_stats *out, int cap) {
+    return e && e->runner ? kaon_runner_rank_stats(e->runner, out, cap) : 0;
+}
 
 kaon_engine *kaon_engine_create(const kaon_engine_options *opts) {
     if (!opts || !opts->model) {

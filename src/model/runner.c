@@ -280,6 +280,10 @@ kaon_runner *kaon_runner_create_dp(const kaon_model *m, int size, int n_threads,
 
 void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t) { r->tp_rank = t; }
 
+int kaon_runner_rank_stats(kaon_runner *r, struct kaon_rank_stats *out, int cap) {
+    return r->tp ? kaon_tp_rank_stats(r->tp, out, cap) : 0;
+}
+
 int kaon_runner_follow(kaon_runner *r) {
     if (!r->tp) return kaon_set_error("multi-node: a follower process needs --tensor-parallel-size > 1");
     return kaon_tp_follow(r->tp);

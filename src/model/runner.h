@@ -57,6 +57,9 @@ void kaon_runner_set_tp_rank(kaon_runner *r, struct kaon_tp_rank *t);
 // A follower process of a multi-node job (dist/cluster.h): runs process 0's steps on this
 // process's ranks until process 0 ends the job (kaon_tp_follow).
 int kaon_runner_follow(kaon_runner *r);
+// Its ranks' shares and times (tp.h's kaon_tp_rank_stats); 0 for a runner of one rank.
+struct kaon_rank_stats;
+int kaon_runner_rank_stats(kaon_runner *r, struct kaon_rank_stats *out, int cap);
 void kaon_runner_free(kaon_runner *r);
 int kaon_runner_block_size(const kaon_runner *r);
 // Writes the whole KV pool once so its memory is resident from the start (host backends only):

@@ -11,6 +11,7 @@
 #include "model/tp.h"
 #include "util/err.h"
 #include "util/log.h"
+#include "util/timer.h"
 
 extern const kaon_arch_ops kaon_arch_llama, kaon_arch_deepseek2;
 
@@ -125,6 +126,7 @@ typedef struct tp_worker {
     int lseq_cap;
     float *logits;               // [max_logits, vocab] its sequences' rows
     int next_row;                // the scatter's cursor into logits
+    kaon_rank_stats stats;       // under tp->mu (its thread adds each step's time there)
 } tp_worker;
 
 struct kaon_tp {
@@ -436,14 +438,19 @@ static void *worker_main(void *p) {
         float *logits = tp->dp ? (tp->logits ? w->logits : NULL) : w->rank == 0 ? tp->logits : NULL;
         pthread_mutex_unlock(&tp->mu);
         w->ctx.failed = 0;
+        const double t0 = kaon_now();
         if (w->rank == tp->fail_rank && w->steps == tp->fail_step)  // the test aid: fail before any collective
             w->rc = kaon_set_error("injected failure (KAON_TP_FAIL=%d:%d)", tp->fail_rank, tp->fail_step);
         else
             w->rc = rank_step(w, b, logits);
+        const double dt = kaon_now() - t0;
         w->steps++;
         if (!w->rc && w->ctx.failed) w->rc = -1;
         if (w->rc) snprintf(w->err, sizeof w->err, "rank %d: %s", w->rank, kaon_last_error());
         pthread_mutex_lock(&tp->mu);
+        w->stats.steps++;
+        w->stats.step_seconds += dt;
+        w->stats.collective_seconds = w->ctx.comm_s;
         if (w->rc && tp->first_failed < 0) tp->first_failed = w->rank - tp->rank0;
         tp->done++;
         pthread_cond_broadcast(&tp->cv);
@@ -561,11 +568,17 @@ static int rank_comm(kaon_tp *tp, tp_worker *w) {
     return w->ctx.comm ? 0 : kaon_set_error("tensor parallel: %s", kaon_last_error());
 }
 
-static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m, int n_blocks, int block_size,
-                     int kv_dtype, int per) {
+// A rank's share as /metrics reports it (kaon_tp_rank_stats).
+static void rank_share(tp_worker *w, int n_blocks, int block_size, int kv_dtype) {
+    w->stats.rank = w->rank;
+    w->stats.weight_bytes = kaon_tp_shard_bytes(w->m, &w->lay);
+    w->stats.kv_bytes = (uint64_t)n_blocks * (uint64_t)block_size *
+                        kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
+}
+
+static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m, int per) {
     const int r = w->rank, size = tp->size, vpad = w->ctx.vpad, V = m->cfg.vocab_size;
-    const size_t kv = (size_t)n_blocks * block_size *
-                      kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
+    const size_t kv = w->stats.kv_bytes;
     char where[64];
     if (tp->device < 0) snprintf(where, sizeof where, "%d thread%s", per, per == 1 ? "" : "s");
     else snprintf(where, sizeof where, "cuda:%d%s", rank_device(tp, w),
@@ -575,11 +588,11 @@ static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m,
         snprintf(where + n, sizeof where - n, ", process %d", tp->cl->rank);
     }
     KAON_INFO("tensor parallel: rank %d of %d: Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d), vocab "
-              "[%d, %d), %s, KV cache %.1f MiB, weight slices copied %.1f MiB",
+              "[%d, %d), %s, KV cache %.1f MiB, weights %.1f MiB (slices copied %.1f MiB)",
               r, size, w->lay.q0, w->lay.q0 + w->lay.nq, w->lay.kv0, w->lay.kv0 + w->lay.nkv,
               m->cfg.n_kv_heads < size ? " (replicated)" : "", w->lay.f0, w->lay.f0 + w->lay.nf,
               r * vpad < V ? r * vpad : V, (r + 1) * vpad < V ? (r + 1) * vpad : V, where,
-              kv / 1048576.0, w->own.bytes / 1048576.0);
+              kv / 1048576.0, w->stats.weight_bytes / 1048576.0, w->own.bytes / 1048576.0);
     if (m->cfg.n_experts > 0)
         KAON_INFO("tensor parallel: rank %d: %s: experts [%d, %d), expert FFN [%d, %d), shared expert FFN "
                   "[%d, %d)", r, w->lay.ep ? "expert parallel" : "experts split", w->lay.e0,
@@ -611,7 +624,8 @@ static int make_tp_rank(kaon_tp *tp, int i, const kaon_model *m, bool ep, int pe
     w->ctx.act = w->be->ops->act_elem_bytes == 2 ? KAON_COMM_BF16 : KAON_COMM_F32;
     if (rank_logit_buffers(tp, w, max_logits) || rank_comm(tp, w)) return -1;
     kaon_runner_set_tp_rank(w->r, &w->ctx);
-    log_rank(tp, w, m, n_blocks, block_size, kv_dtype, per);
+    rank_share(w, n_blocks, block_size, kv_dtype);
+    log_rank(tp, w, m, per);
     return 0;
 }
 
@@ -768,8 +782,8 @@ static int make_dp_rank(kaon_tp *tp, int r, const kaon_model *m, int per, int ma
     if (!w->ctx.comm) return kaon_set_error("data parallel: out of memory");
     if (alloc_dp_buffers(w, size, max_batch_tokens, max_logits)) return -1;
     kaon_runner_set_tp_rank(w->r, &w->ctx);
-    const size_t kv = (size_t)w->n_blk * block_size *
-                      kaon_model_kv_bytes_per_token(w->m, kaon_kv_elem_bytes(w->be, kv_dtype));
+    rank_share(w, w->n_blk, block_size, kv_dtype);
+    const size_t kv = w->stats.kv_bytes;
     KAON_INFO("data parallel: rank %d of %d: attention and dense layers whole, KV blocks [%d, %d) of %d, KV cache "
               "%.1f MiB (%zu bytes), %d thread%s", r, size, w->blk0, w->blk0 + w->n_blk, n_blocks, kv / 1048576.0,
               kv, per, per == 1 ? "" : "s");
@@ -928,11 +942,21 @@ int kaon_tp_follow(kaon_tp *tp) {
         const int rc = kaon_step_recv(tp->cl->ctl, &tp->msg, tp->max_tokens, &b);
         if (rc == 0) {
             KAON_INFO("tensor parallel: process %d ran %ld steps; process 0 ended the job", tp->cl->rank, steps);
+            for (int i = 0; i < tp->n_local; i++)  // what /metrics shows of process 0's ranks
+                KAON_INFO("tensor parallel: rank %d: %.3f s in steps, %.3f s of them in collectives", tp->w[i].rank,
+                          tp->w[i].stats.step_seconds, tp->w[i].stats.collective_seconds);
             return 0;
         }
         if (rc < 0) fail_job("tensor parallel: receiving a step from process 0");
         if (run_step(tp, &b, NULL)) fail_job("tensor parallel: a step failed");
     }
+}
+
+int kaon_tp_rank_stats(kaon_tp *tp, kaon_rank_stats *out, int cap) {
+    pthread_mutex_lock(&tp->mu);
+    for (int i = 0; i < tp->n_local && i < cap; i++) out[i] = tp->w[i].stats;
+    pthread_mutex_unlock(&tp->mu);
+    return tp->n_local;
 }
 
 void kaon_tp_reserve_host_kv(kaon_tp *tp) {
@@ -943,7 +967,9 @@ void kaon_tp_reserve_host_kv(kaon_tp *tp) {
 
 void kaon_tp_all_reduce(kaon_fwd *f, void *x, size_t n) {
     kaon_tp_rank *t = (kaon_tp_rank *)f->tp;
+    const double t0 = kaon_now();
     if (t->comm->ops->all_reduce(t->comm, x, x, n, t->act)) t->failed = 1;
+    t->comm_s += kaon_now() - t0;
 }
 
 void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head) {
@@ -964,7 +990,10 @@ void kaon_tp_logits(kaon_fwd *f, const kaon_batch *b, const kaon_linear *head) {
     }
     // Every rank's [n, v_r] slice (in a chunk of n * vpad), then rows put together.
     const size_t chunk = (size_t)n * (size_t)t->vpad;
-    if (t->comm->ops->all_gather(t->comm, t->part, t->gather, chunk, KAON_COMM_F32)) {
+    const double t0 = kaon_now();
+    const int rc = t->comm->ops->all_gather(t->comm, t->part, t->gather, chunk, KAON_COMM_F32);
+    t->comm_s += kaon_now() - t0;
+    if (rc) {
         t->failed = 1;
         return;
     }
@@ -993,6 +1022,8 @@ void kaon_dp_moe(kaon_fwd *f, int n, const void *x, const int32_t *pos, const ka
     const size_t dim = (size_t)f->c->hidden_size, mine = (size_t)n * dim;
     size_t *sc = t->dp_sz, *so = sc + D, *rc = so + D, *ro = rc + D;
     const int32_t me = n;
+    const double t0 = kaon_now();
+    double op_s = 0;  // the experts' own time, not the exchange's
     if (n == 0) x = t->dp_back, pos = t->dp_counts;  // nothing is read from them (counts 0)
     if (c->ops->all_gather(c, &me, t->dp_counts, 1, KAON_COMM_I32)) goto fail;
     int total = 0;
@@ -1007,7 +1038,9 @@ void kaon_dp_moe(kaon_fwd *f, int n, const void *x, const int32_t *pos, const ka
     if (c->ops->all_to_allv(c, pos, sc, so, t->dp_pos, rc, ro, KAON_COMM_I32)) goto fail;
     for (int q = 0; q < D; q++) sc[q] *= dim, rc[q] *= dim, ro[q] *= dim;
     if (c->ops->all_to_allv(c, x, sc, so, t->dp_x, rc, ro, KAON_COMM_F32)) goto fail;
+    const double t1 = kaon_now();
     f->op->moe(f->be, t->dp_x, total, t->dp_pos, &moe->w, cnt, t->dp_out);  // [total, dim]
+    op_s = kaon_now() - t1;
     // Back: rank q's rows [ro[q], + rc[q]) of this rank's output go to q, into its slot of rank
     // order; this rank gets each rank's output for its own n rows.
     for (int q = 0; q < D; q++) {
@@ -1021,7 +1054,9 @@ void kaon_dp_moe(kaon_fwd *f, int n, const void *x, const int32_t *pos, const ka
         for (int q = 1; q < D; q++) sum += t->dp_back[(size_t)q * mine + i];
         y[i] = sum;
     }
+    t->comm_s += kaon_now() - t0 - op_s;
     return;
 fail:
+    t->comm_s += kaon_now() - t0 - op_s;
     t->failed = 1;
 }

@@ -92,6 +92,7 @@ typedef struct kaon_tp_rank {
     int32_t *dp_pos;       // [max_tokens] their positions
     float *dp_out;         // [max_tokens, dim] this rank's experts' output for all of them
     float *dp_back;        // [size, max_tokens, dim] each rank's output for this rank's tokens
+    double comm_s;         // seconds inside this rank's collectives, all steps (its thread's)
 } kaon_tp_rank;
 
 // The layout of rank r: its Q heads [q0, q0 + nq), KV heads [kv0, kv0 + nkv), FFN columns
@@ -126,6 +127,21 @@ size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size
 bool kaon_tp_same_device(void);
 void kaon_tp_free(kaon_tp *tp);
 int kaon_tp_forward(kaon_tp *tp, const kaon_batch *b, float *logits);
+// One rank's share and time, for /metrics and the start-up log: this process's ranks only.
+typedef struct kaon_rank_stats {
+    int rank;
+    uint64_t weight_bytes;      // its shard (kaon_tp_shard_bytes)
+    uint64_t kv_bytes;          // its KV cache
+    uint64_t steps;
+    double step_seconds;        // wall time of its steps, collectives included
+    double collective_seconds;  // of which inside collectives (host time: on GPUs, where they are
+                                // only enqueued, the time to enqueue them)
+} kaon_rank_stats;
+// Fills out[0 .. min(cap, ranks here)) and returns this process's rank count.
+int kaon_tp_rank_stats(kaon_tp *tp, kaon_rank_stats *out, int cap);
+// The bytes rank lay's shard of m holds as stored on the host (m: the rank's model, its
+// weights cut; lay: its layout, for the experts it runs; NULL: one rank, all of them).
+uint64_t kaon_tp_shard_bytes(const kaon_model *m, const kaon_tp_layout *lay);
 // A follower process of a multi-node job (dist/cluster.h): runs the steps process 0 sends on
 // this process's ranks until process 0 ends the job (0); a step that fails ends every process.
 int kaon_tp_follow(kaon_tp *tp);

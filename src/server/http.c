@@ -366,8 +366,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, kaon_server *s) 
     size_t len = 0;
     char *text = kaon_metrics_render(&s->metrics, have ? &st : NULL, have ? per : NULL,
                                      have ? s->replicas.n : 0, s->model_name, &len);
-    if (have)
+    if (have) {
         text = kaon_metrics_append_expert_load(text, &len, s->replicas.e, s->replicas.n, s->model_name);
+        text = kaon_metrics_append_ranks(text, &len, s->replicas.e, s->replicas.n, s->model_name);
+    }
     return send_owned(c, s, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 

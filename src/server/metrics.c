@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/ranks.h"
 #include "server/sse.h"
 
 const double kaon_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
@@ -321,6 +322,58 @@ char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *cons
         }
     }
     free(c);
+    if (b.failed) {
+        kaon_sbuf_free(&b);
+        return text;
+    }
+    free(text);
+    return kaon_sbuf_take(&b, len);
+}
+
+char *kaon_metrics_append_ranks(char *text, size_t *len, kaon_engine *const *engines, int n_engines,
+                                const char *model) {
+    enum { CAP = 64 };  // ranks of one process: GPUs of a machine, or CPU ranks
+    static const struct {
+        const char *name, *type, *help;
+    } series[] = {
+        {"kaon:rank_weight_bytes", "gauge", "Bytes of the weights each parallel rank holds (its shard, as stored)."},
+        {"kaon:rank_kv_cache_bytes", "gauge", "Bytes of each parallel rank's KV cache."},
+        {"kaon:rank_steps_total", "counter", "Forward steps each parallel rank ran."},
+        {"kaon:rank_step_seconds_total", "counter", "Wall time of each parallel rank's steps, collectives included."},
+        {"kaon:rank_collective_seconds_total", "counter",
+         "Time each parallel rank spent in collectives (host time; on GPUs the time to enqueue them)."},
+    };
+    if (!text || n_engines < 1) return text;
+    kaon_rank_stats *st = calloc((size_t)n_engines * CAP, sizeof *st);
+    int *n = calloc((size_t)n_engines, sizeof *n), any = 0;
+    for (int i = 0; st && n && i < n_engines; i++) {
+        n[i] = kaon_engine_rank_stats(engines[i], st + (size_t)i * CAP, CAP);
+        if (n[i] > CAP) n[i] = CAP;
+        any |= n[i] > 0;
+    }
+    if (!any) {
+        free(st);
+        free(n);
+        return text;
+    }
+    kaon_sbuf b = {0};
+    kaon_sbuf_append(&b, text, *len);
+    if (!model) model = "";
+    for (size_t k = 0; k < sizeof series / sizeof series[0]; k++) {
+        head(&b, series[k].name, series[k].type, series[k].help);
+        for (int i = 0; i < n_engines; i++)
+            for (int r = 0; r < n[i]; r++) {
+                const kaon_rank_stats *x = st + (size_t)i * CAP + r;
+                const double v[] = {(double)x->weight_bytes, (double)x->kv_bytes, (double)x->steps, x->step_seconds,
+                                    x->collective_seconds};
+                char extra[64];
+                if (n_engines > 1) snprintf(extra, sizeof extra, "engine=\"%d\",rank=\"%d\"", i, x->rank);
+                else snprintf(extra, sizeof extra, "rank=\"%d\"", x->rank);
+                sample(&b, series[k].name, model, extra, v[k]);
+            }
+    }
+    free(st);
+    free(n);
     if (b.failed) {
         kaon_sbuf_free(&b);
         return text;

@@ -63,5 +63,11 @@ char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *stats,
 // new text (text itself when there is nothing to add or memory runs out).
 char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *const *engines,
                                       int n_engines, const char *model_name);
+// Appends each parallel rank's share and time (engines with -tp or DP attention; engine="i"
+// too with several replicas): kaon:rank_weight_bytes, kaon:rank_kv_cache_bytes,
+// kaon:rank_steps_total, kaon:rank_step_seconds_total, kaon:rank_collective_seconds_total, each
+// {rank="r"}. In a multi-node job only process 0's ranks (its followers' are in their logs).
+char *kaon_metrics_append_ranks(char *text, size_t *len, kaon_engine *const *engines, int n_engines,
+                                const char *model_name);
 
 #endif

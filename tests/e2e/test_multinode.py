@@ -15,7 +15,7 @@ import time
 import openai
 import pytest
 
-from conftest import BUILD, Server
+from conftest import BUILD, MODEL, Server
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ref"))
 from mpi_launch import ENV, mpirun  # noqa: E402
@@ -63,15 +63,51 @@ def kaon_children(pid):
     return found
 
 
+def rank_metrics(server):
+    """{series: {rank: value}} of the kaon:rank_* series."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for fam in text_string_to_metric_families(server.metrics()):
+        for smp in fam.samples:
+            if smp.name.startswith("kaon:rank_"):
+                out.setdefault(smp.name, {})[int(smp.labels["rank"])] = smp.value
+    return out
+
+
+def check_rank_metrics(m, n):
+    """Each rank's shard: the split tensors (q, k, v, o, gate, up, down) cut N ways, the rest
+    (embedding, norms, LM head) whole on every rank, so the ranks' bytes add up to the split
+    tensors once plus the others N times (the gguf package's sizes of the file's tensors)."""
+    import gguf
+    split = whole = 0
+    for t in gguf.GGUFReader(MODEL).tensors:
+        if any(k in t.name for k in ("attn_q.", "attn_k.", "attn_v.", "attn_output.", "ffn_gate.", "ffn_up.",
+                                     "ffn_down.")):
+            split += int(t.n_bytes)
+        else:
+            whole += int(t.n_bytes)
+    w = m["kaon:rank_weight_bytes"]
+    assert sorted(w) == list(range(n))
+    assert sum(w.values()) == split + n * whole, (w, split, whole)
+    kv = m["kaon:rank_kv_cache_bytes"]
+    assert len(set(kv.values())) == 1 and kv[0] > 0  # one KV head each of the three
+    steps = m["kaon:rank_steps_total"]
+    assert len(set(steps.values())) == 1 and steps[0] > 0  # every rank runs every step
+    for r in range(n):
+        assert 0 <= m["kaon:rank_collective_seconds_total"][r] <= m["kaon:rank_step_seconds_total"][r]
+
+
 def test_serve_over_three_processes_answers_as_threads():
     one = Server(ARGS)
     try:
         want = answers(one)
+        check_rank_metrics(rank_metrics(one), 3)
     finally:
         one.stop()
     job = Server(ARGS, launcher=mpirun(3), env=ENV)
     try:
         assert answers(job) == want
+        assert sorted(rank_metrics(job)["kaon:rank_steps_total"]) == [0]  # process 0's rank only
         assert all(text for text, _ in want)
         kids = kaon_children(job.proc.pid)
         assert len(kids) == 3, kids
