@@ -10,7 +10,8 @@
 # Fails at once when fewer than N GPUs are visible. Logs and results.jsonl / bench.jsonl go to
 # $OUT (default /tmp/kaon_multigpu_out).
 #
-#   bench/multigpu.sh N [STEP ...]   STEP: topo comm arbench tp greedy decode throughput (default: all)
+#   bench/multigpu.sh N [STEP ...]   STEP: topo comm arbench tp greedy processes decode throughput (default: all;
+#                                    processes: only where mpirun is installed)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -73,6 +74,12 @@ fi
 want tp && step tp_cuda env KAON_TP_SIZES="$N" python3 -m pytest -q -rA -p no:cacheprovider -s tests/gpu/test_tp_cuda.py \
     -k "nccl or refused"
 want greedy && step greedy_tp$N python3 tests/gpu/tp_greedy_check.py --kaon "$K" --tp "$N"
+# The same -tp N as a multi-node job of N processes on this host (one GPU each, NCCL between
+# processes; src/dist/cluster.h), where Open MPI is installed and kaon was built with it.
+if want processes && command -v mpirun > /dev/null; then
+    step greedy_tp${N}_processes env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        python3 tests/gpu/tp_greedy_check.py --kaon "$K" --tp "$N" --launcher "mpirun -np $N --bind-to none"
+fi
 if want decode; then
     step decode_tp1 python3 bench/gpu_decode.py --kaon "$K" --tp 1 --tokens 256 --json "$OUT/bench.jsonl"
     step decode_tp$N python3 bench/gpu_decode.py --kaon "$K" --tp "$N" --tokens 256 --json "$OUT/bench.jsonl"

@@ -9,10 +9,12 @@ between the two tokens printed: the row-parallel sums' order differs between lay
 near-ties may part. Exits 1 when a sequence parts at a gap above --tie.
 
   python3 tests/gpu/tp_greedy_check.py --kaon build-gpu/kaon --tp 2 [--config C] [--prompts 16 --tokens 64]
+      [--launcher "mpirun -np 2 --bind-to none"]   (-tp N as a multi-node job of that many processes)
 """
 import argparse
 import json
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,8 @@ def generate(a, prompts, tp, tmp):
     cmd = [a.kaon, "generate", "--device", "cuda", "--load-format", "dummy", "-m", a.config, "--input", str(inp),
            "--output", str(out), "--quiet", "--temp", "0", "--max-tokens", str(a.tokens), "--ignore-eos",
            "-tp", str(tp)]
+    if tp > 1 and a.launcher:
+        cmd = shlex.split(a.launcher) + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if r.returncode:
         sys.exit(f"tp {tp}: {r.stderr[-3000:]}")
@@ -58,6 +62,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--tie", type=float, default=0.05, help="largest logit gap a parting may have")
+    ap.add_argument("--launcher", default="", help="a prefix for the -tp N run (mpirun ...): a multi-node job")
     a = ap.parse_args()
     rng = random.Random(19)
     prompts = [[rng.randrange(100, 30000) for _ in range(rng.randrange(8, 200))] for _ in range(a.prompts)]
