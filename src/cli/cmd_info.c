@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "model/tp.h"
 #include "cli/load.h"
 #include "model/arch.h"
 #include "model/moe.h"
@@ -24,6 +25,8 @@ static void usage(void) {
            "  --device DEV           where the prompt runs: cpu (default), cuda, cuda:N\n"
            "  --threads N            CPU threads\n"
            "  -dp, --data-parallel-size N   the memory plan of kaon serve -dp N: per replica\n"
+           "  -tp, --tensor-parallel-size N the layout and memory plan of -tp N: per rank\n"
+           "  --enable-expert-parallel      with -tp: MoE experts whole on ranks\n"
            "  --json                 the expert load as one JSON object on stdout\n");
 }
 
@@ -75,8 +78,8 @@ static const char *default_prompt =
 
 typedef struct info_opts {
     const char *path, *prompt, *prompt_ids, *device;
-    bool expert_load, json, dummy;
-    long n_gen, threads, dp;
+    bool expert_load, json, dummy, ep;
+    long n_gen, threads, dp, tp;
 } info_opts;
 
 // Runs the prompt (and n_gen greedy tokens) through an engine counting expert load; prints it.
@@ -200,6 +203,31 @@ static void print_replicas(const kaon_model *m, const info_opts *o) {
     }
 }
 
+// The layout of -tp N (--enable-expert-parallel): each rank's heads, FFN and experts, and what
+// it holds: its weights (kaon_tp_plan_bytes: the shard as it will be cut) and KV bytes per token.
+static int print_tensor_parallel(const kaon_model *m, const info_opts *o) {
+    const kaon_model_config *c = &m->cfg;
+    const int n = (int)o->tp;
+    kaon_tp_layout lay;
+    for (int r = 0; r < n; r++)
+        if (kaon_tp_plan(m, n, r, o->ep, &lay)) return kaon_cli_fail("%s", kaon_last_error());
+    const size_t kv16 = kaon_model_kv_bytes_per_token(m, 2);
+    printf("tensor parallel: %d ranks (kaon serve -tp %d%s); weights as each rank holds them (split tensors "
+           "its slice, the rest whole), KV per token in bf16\n", n, n, o->ep ? " --enable-expert-parallel" : "");
+    for (int r = 0; r < n; r++) {
+        kaon_tp_plan(m, n, r, o->ep, &lay);
+        const uint64_t w = kaon_tp_plan_bytes(m, &lay);
+        // MLA's latent is read by every head: each rank keeps all of it.
+        const size_t kv = c->kv_lora_rank > 0 ? kv16 : kv16 / (size_t)c->n_kv_heads * (size_t)lay.nkv;
+        printf("  rank %d:  Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d)", r, lay.q0, lay.q0 + lay.nq, lay.kv0,
+               lay.kv0 + lay.nkv, c->n_kv_heads < n ? " (replicated)" : "", lay.f0, lay.f0 + lay.nf);
+        if (c->n_experts > 0)
+            printf(", experts [%d, %d) FFN [%d, %d)", lay.e0, lay.e0 + lay.ne, lay.mf0, lay.mf0 + lay.nmf);
+        printf(": weights %.1f MiB (%llu B), KV %zu B/token\n", w / 1048576.0, (unsigned long long)w, kv);
+    }
+    return 0;
+}
+
 int kaon_cmd_info(int argc, char **argv) {
     info_opts o;
     memset(&o, 0, sizeof o);
@@ -226,6 +254,11 @@ int kaon_cmd_info(int argc, char **argv) {
             NEED_VALUE();
             if (!kaon_cli_parse_int(v, 1, KAON_SERVE_MAX_REPLICAS, &o.dp))
                 return kaon_cli_fail("bad --data-parallel-size '%s' (an integer, 1..%d)", v, KAON_SERVE_MAX_REPLICAS);
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            NEED_VALUE();
+            if (!kaon_cli_parse_int(v, 1, 1024, &o.tp)) return kaon_cli_fail("bad --tensor-parallel-size '%s'", v);
+        } else if (!strcmp(a, "--enable-expert-parallel")) {
+            o.ep = true;
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
             if (kaon_cli_check_device(v, false)) return 2;
@@ -366,8 +399,8 @@ int kaon_cmd_info(int argc, char **argv) {
            kv_gpu, kv_tok, c->max_position_embeddings, (double)kv_gpu * c->max_position_embeddings / 1048576.0,
            ((size_t)1 << 30) / kv_gpu, kv_f8, ((size_t)1 << 30) / kv_f8);
     if (o.dp > 1) print_replicas(m, &o);
-    int rc = 0;
-    if (o.expert_load) {
+    int rc = o.tp > 1 ? print_tensor_parallel(m, &o) : 0;
+    if (o.expert_load && !rc) {
         fflush(stdout);
         rc = expert_load(m, &o);
     }

@@ -200,24 +200,23 @@ int kaon_tp_cut_cols(kaon_tp_owned *own, kaon_tensor *t, int64_t c0, int64_t n, 
     return 0;
 }
 
-// The range of a symbolic dimension on this rank: [*lo, *lo + *n).
-static int range(const tp_worker *w, const kaon_model_config *c, int dim, int64_t *lo, int64_t *n) {
+int kaon_tp_dim_range(const kaon_tp_layout *lay, const kaon_model_config *c, int dim, int64_t *lo, int64_t *n) {
     const int hd = c->head_dim;
     switch (dim) {
-    case KAON_DIM_Q: *lo = (int64_t)w->lay.q0 * hd, *n = (int64_t)w->lay.nq * hd; return 0;
-    case KAON_DIM_KV: *lo = (int64_t)w->lay.kv0 * hd, *n = (int64_t)w->lay.nkv * hd; return 0;
-    case KAON_DIM_FFN: *lo = w->lay.f0, *n = w->lay.nf; return 0;
+    case KAON_DIM_Q: *lo = (int64_t)lay->q0 * hd, *n = (int64_t)lay->nq * hd; return 0;
+    case KAON_DIM_KV: *lo = (int64_t)lay->kv0 * hd, *n = (int64_t)lay->nkv * hd; return 0;
+    case KAON_DIM_FFN: *lo = lay->f0, *n = lay->nf; return 0;
     // MLA (DeepSeek): each head's rows of kv_b_proj and of the absorbed W_UK^T, W_UV, W_UK;
     // o_proj's columns of each head's v.
     case KAON_DIM_KV_B:
-        *lo = (int64_t)w->lay.q0 * (c->qk_nope_head_dim + c->v_head_dim);
-        *n = (int64_t)w->lay.nq * (c->qk_nope_head_dim + c->v_head_dim);
+        *lo = (int64_t)lay->q0 * (c->qk_nope_head_dim + c->v_head_dim);
+        *n = (int64_t)lay->nq * (c->qk_nope_head_dim + c->v_head_dim);
         return 0;
-    case KAON_DIM_K_B: *lo = (int64_t)w->lay.q0 * c->kv_lora_rank, *n = (int64_t)w->lay.nq * c->kv_lora_rank; return 0;
+    case KAON_DIM_K_B: *lo = (int64_t)lay->q0 * c->kv_lora_rank, *n = (int64_t)lay->nq * c->kv_lora_rank; return 0;
     case KAON_DIM_K_N:
-        *lo = (int64_t)w->lay.q0 * c->qk_nope_head_dim, *n = (int64_t)w->lay.nq * c->qk_nope_head_dim;
+        *lo = (int64_t)lay->q0 * c->qk_nope_head_dim, *n = (int64_t)lay->nq * c->qk_nope_head_dim;
         return 0;
-    case KAON_DIM_V_B: *lo = (int64_t)w->lay.q0 * c->v_head_dim, *n = (int64_t)w->lay.nq * c->v_head_dim; return 0;
+    case KAON_DIM_V_B: *lo = (int64_t)lay->q0 * c->v_head_dim, *n = (int64_t)lay->nq * c->v_head_dim; return 0;
     default: return kaon_set_error("tensor parallel: a weight split along dimension kind %d", dim);
     }
 }
@@ -265,7 +264,7 @@ static int make_shard(tp_worker *w, const kaon_model *base) {
                 return kaon_set_error("tensor parallel: %s is stored as %s, which cannot be split yet (f32, f16, "
                                       "bf16 and GGUF block formats can)", nm, kaon_dtype_name(t->dtype));
             int64_t lo = 0, n = 0;
-            if (range(w, c, s->dims[s->shard == KAON_SHARD_COL ? 0 : 1], &lo, &n)) return -1;
+            if (kaon_tp_dim_range(&w->lay, c, s->dims[s->shard == KAON_SHARD_COL ? 0 : 1], &lo, &n)) return -1;
             if (s->ndim == 2) {
                 // The spec names a linear's weight (its first member): the linear says how it
                 // was split, and it must carry nothing that would need splitting too.
@@ -588,11 +587,12 @@ static void log_rank(const kaon_tp *tp, const tp_worker *w, const kaon_model *m,
         snprintf(where + n, sizeof where - n, ", process %d", tp->cl->rank);
     }
     KAON_INFO("tensor parallel: rank %d of %d: Q heads [%d, %d), KV heads [%d, %d)%s, FFN [%d, %d), vocab "
-              "[%d, %d), %s, KV cache %.1f MiB, weights %.1f MiB (slices copied %.1f MiB)",
+              "[%d, %d), %s, KV cache %.1f MiB, weights %.1f MiB (%llu B; slices copied %.1f MiB)",
               r, size, w->lay.q0, w->lay.q0 + w->lay.nq, w->lay.kv0, w->lay.kv0 + w->lay.nkv,
               m->cfg.n_kv_heads < size ? " (replicated)" : "", w->lay.f0, w->lay.f0 + w->lay.nf,
               r * vpad < V ? r * vpad : V, (r + 1) * vpad < V ? (r + 1) * vpad : V, where,
-              kv / 1048576.0, w->stats.weight_bytes / 1048576.0, w->own.bytes / 1048576.0);
+              kv / 1048576.0, w->stats.weight_bytes / 1048576.0, (unsigned long long)w->stats.weight_bytes,
+              w->own.bytes / 1048576.0);
     if (m->cfg.n_experts > 0)
         KAON_INFO("tensor parallel: rank %d: %s: experts [%d, %d), expert FFN [%d, %d), shared expert FFN "
                   "[%d, %d)", r, w->lay.ep ? "expert parallel" : "experts split", w->lay.e0,

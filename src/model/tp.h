@@ -105,6 +105,11 @@ typedef struct kaon_tp_layout {
     bool ep;
 } kaon_tp_layout;
 int kaon_tp_plan(const kaon_model *m, int size, int rank, bool ep, kaon_tp_layout *out);
+// The range [*lo, *lo + *n) of a weight dimension kind (KAON_DIM_Q, _KV, _FFN, MLA's) on lay.
+int kaon_tp_dim_range(const kaon_tp_layout *lay, const kaon_model_config *c, int dim, int64_t *lo, int64_t *n);
+// The bytes rank lay's shard of m (the whole model) will hold, computed from the layout alone
+// (kaon info -tp N): what kaon_tp_shard_bytes gives for the shard once it is cut.
+uint64_t kaon_tp_plan_bytes(const kaon_model *m, const kaon_tp_layout *lay);
 
 // Data-parallel attention: whether the model runs on D ranks (architecture, experts >= D, the
 // shared expert's width splitting over D); -1 + an error naming the cause otherwise.

@@ -9,6 +9,7 @@ chunked generation; layouts the job cannot run, processes started with different
 a step that fails on one process end the whole job with an error (exit status != 0, one line
 naming the cause), never a hang.
 """
+import json
 import subprocess
 
 import numpy as np
@@ -80,7 +81,6 @@ def test_batched_chunked_greedy_ids(kaon_bin, models, tmp_path, name, par):
     r = run_job(n, [kaon_bin, "generate", "-m", model, "--input", inp, "--output", out, "--threads", "1", "--quiet",
                     "--temp", "0", "--max-tokens", "12", "--ignore-eos", *par_flags(par), *extra])
     assert r.returncode == 0, r.stderr
-    import json
     many = [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
     assert many == one
     # Every follower ran the job's steps and was ended by process 0, not killed.

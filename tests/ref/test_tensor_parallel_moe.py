@@ -14,6 +14,8 @@ of sums: each rank's partial outputs, then the ranks' sum; routing sees the same
 rank), greedy ids equal, batched and chunked. Uneven splits are refused with exit status 2 and
 one line.
 """
+import subprocess
+
 import pytest
 
 from moe_models import fuse_experts, make_moe_config, make_moe_weights, save_moe_gguf
@@ -121,3 +123,27 @@ def test_mla_expanded_prefill(kaon_bin, tmp_path, monkeypatch, par):
     model = build(tmp_path, "ds-v3")
     ref = logits(kaon_bin, model, tmp_path, "one", "chunk7")
     check_close(logits(kaon_bin, model, tmp_path, par, "chunk7"), ref, f"MLA expanded {par}")
+
+
+@pytest.mark.parametrize("name,par", [("qwen3moe", "tp2"), ("qwen3moe", "ep4"), ("qwen2moe", "tp2"),
+                                      ("mixtral-fused", "ep2"), ("qwen3moe-gguf", "tp4"), ("ds-v3", "tp2"),
+                                      ("ds-v3", "ep4"), ("ds-v2-lite", "tp2")])
+def test_info_plan_is_what_the_ranks_hold(kaon_bin, tmp_path, name, par):
+    """`kaon info -tp N` computes each rank's weight bytes from the layout alone
+    (kaon_tp_plan_bytes); the ranks' start-up lines report the bytes of the shards as cut
+    (kaon_tp_shard_bytes). Two computations of one thing: they must agree, rank by rank."""
+    import os
+    import re
+    model = build(tmp_path, name)
+    flags = par_flags(par)
+    info = run([kaon_bin, "info", model, *flags]).stdout
+    planned = [int(x) for x in re.findall(r"rank \d+: .*weights [\d.]+ MiB \((\d+) B\)", info)]
+    out = tmp_path / "l.f32"
+    r = subprocess.run([str(c) for c in [kaon_bin, "logits", "-m", model, "--prompt-ids", "1,2,3", "-o", out, *flags]],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KAON_LOG": "info"})
+    assert r.returncode == 0, r.stderr
+    held = {int(a): int(b) for a, b in re.findall(r"tensor parallel: rank (\d+) of \d+: .*weights [\d.]+ MiB \((\d+) B;",
+                                                   r.stderr)}
+    n = int(par[2:])
+    assert len(planned) == n and sorted(held) == list(range(n)), (info, r.stderr)
+    assert planned == [held[i] for i in range(n)]
