@@ -35,12 +35,6 @@ static int barrier_wait(kaon_comm_cpu_group *g) { return kaon_rank_barrier_wait(
 
 static kaon_comm_cpu_group *grp(kaon_comm *c) { return ((cpu_comm *)c)->g; }
 
-static void chunk(size_t count, int size, int r, size_t *lo, size_t *hi) {
-    const size_t per = (count + (size_t)size - 1) / (size_t)size;
-    *lo = per * (size_t)r < count ? per * (size_t)r : count;
-    *hi = *lo + per < count ? *lo + per : count;
-}
-
 static int cpu_all_reduce(kaon_comm *c, const void *send, void *recv, size_t count, kaon_comm_dtype t) {
     kaon_comm_cpu_group *g = grp(c);
     const size_t eb = kaon_comm_dtype_bytes(t);
@@ -60,7 +54,7 @@ static int cpu_all_reduce(kaon_comm *c, const void *send, void *recv, size_t cou
         fail = 1;  // every rank sees the same capacity, so all of them fail alike
     } else {
         size_t lo, hi;
-        chunk(count, g->size, c->rank, &lo, &hi);
+        kaon_comm_chunk(count, g->size, c->rank, &lo, &hi);
         kaon_comm_reduce(g->send, g->size, 0, g->scratch, 0, lo, hi, t);
     }
     if (barrier_wait(g)) return -1;

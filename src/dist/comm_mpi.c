@@ -79,17 +79,11 @@ static unsigned char *scratch(mpi_comm *c, size_t bytes) {
     return s;
 }
 
-static void chunk(size_t count, int size, int r, size_t *lo, size_t *hi) {
-    const size_t per = (count + (size_t)size - 1) / (size_t)size;
-    *lo = per * (size_t)r < count ? per * (size_t)r : count;
-    *hi = *lo + per < count ? *lo + per : count;
-}
-
 // Rank q's chunk boundaries as MPI counts and displacements (elements).
 static void chunk_ints(const mpi_comm *c, size_t count, int *cnt, int *dis) {
     for (int q = 0; q < c->base.size; q++) {
         size_t lo, hi;
-        chunk(count, c->base.size, q, &lo, &hi);
+        kaon_comm_chunk(count, c->base.size, q, &lo, &hi);
         cnt[q] = (int)(hi - lo), dis[q] = (int)lo;
     }
 }
@@ -100,7 +94,7 @@ static int m_all_reduce(kaon_comm *b, const void *send, void *recv, size_t count
     const size_t eb = kaon_comm_dtype_bytes(t);
     if (usable(c) || fits_int(count, "an all-reduce")) return -1;
     size_t lo, hi;
-    chunk(count, S, r, &lo, &hi);
+    kaon_comm_chunk(count, S, r, &lo, &hi);
     const size_t mine = hi - lo, per = (count + (size_t)S - 1) / (size_t)S;
     // [S, per] every rank's copy of this rank's chunk, then [per] their sum.
     unsigned char *s = scratch(c, (size_t)(S + 1) * per * eb);

@@ -41,3 +41,9 @@ void kaon_comm_reduce(const void *const *in, int n, size_t off, void *out, size_
         store(out, out_off + i, s, t);
     }
 }
+
+void kaon_comm_chunk(size_t count, int size, int r, size_t *lo, size_t *hi) {
+    const size_t per = (count + (size_t)size - 1) / (size_t)size;
+    *lo = per * (size_t)r < count ? per * (size_t)r : count;
+    *hi = *lo + per < count ? *lo + per : count;
+}

@@ -12,4 +12,8 @@
 void kaon_comm_reduce(const void *const *in, int n, size_t off, void *out, size_t out_off, size_t lo, size_t hi,
                       kaon_comm_dtype t);
 
+// Rank r's chunk [*lo, *hi) of count elements split over size ranks (ceil(count / size) each,
+// the last ones shorter or empty): the share of the sums each rank makes.
+void kaon_comm_chunk(size_t count, int size, int r, size_t *lo, size_t *hi);
+
 #endif
