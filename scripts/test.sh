@@ -81,24 +81,38 @@ KAON_BUILD=$PWD/build-tsan .venv/bin/python -m pytest -q tests/ref/test_tensor_p
   -k "(llama or qwen3) and (prefill or batched) and not gguf and not smollm2 or abort"
 unset TSAN_OPTIONS UBSAN_OPTIONS
 
-echo "== [$(date -u +%T)] fuzzers (${fuzz_seconds}s each, ASan + UBSan)"
+echo "== [$(date -u +%T)] fuzzers (${fuzz_seconds}s each, ASan + UBSan, $jobs at a time)"
 [ -f build-fuzz/build.ninja ] || CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAON_FUZZ=ON -DKAON_TESTS=OFF -DKAON_CUDA=OFF >/dev/null
 ninja -C build-fuzz
-for f in build-fuzz/fuzz/fuzz_*; do
+# Each fuzzer is one thread: $jobs of them run side by side, each with a core and its full time.
+fuzz_logs=$(mktemp -d)
+run_fuzzer() {  # the fuzzer's binary: runs it from its seeds and dictionary; its log and exit status in $fuzz_logs
+  local f=$1 name seeds corpus dict extra=()
   name=$(basename "$f")
   seeds=tests/fuzz/seeds/${name#fuzz_}
   corpus=$(mktemp -d)
   [ -d "$seeds" ] && cp -r "$seeds"/. "$corpus"/
   dict=tests/fuzz/dicts/${name#fuzz_}.dict
-  extra=()
   [ -f "$dict" ] && extra+=(-dict="$dict")
-  echo "-- $name"
-  log=$(mktemp)
-  if ! "$f" -max_total_time="$fuzz_seconds" -timeout=60 -print_final_stats=1 "${extra[@]}" "$corpus" >"$log" 2>&1; then
-    tail -50 "$log"; echo "fuzzer $name failed" >&2; exit 1
-  fi
-  grep -E "stat::number_of_executed_units|stat::peak_rss_mb|^#[0-9]+.*DONE" "$log" | tail -3
-  rm -f "$log"
+  local rc=0
+  "$f" -max_total_time="$fuzz_seconds" -timeout=60 -print_final_stats=1 "${extra[@]}" "$corpus" >"$fuzz_logs/$name.log" 2>&1 || rc=$?
+  echo "$rc" > "$fuzz_logs/$name.rc"
   rm -rf "$corpus"
+}
+running=()
+for f in build-fuzz/fuzz/fuzz_*; do
+  run_fuzzer "$f" &
+  running+=($!)
+  if [ ${#running[@]} -ge "$jobs" ]; then wait "${running[0]}"; running=("${running[@]:1}"); fi
 done
+wait
+for f in build-fuzz/fuzz/fuzz_*; do
+  name=$(basename "$f")
+  echo "-- $name"
+  if [ "$(cat "$fuzz_logs/$name.rc" 2>/dev/null)" != 0 ]; then
+    tail -50 "$fuzz_logs/$name.log"; echo "fuzzer $name failed" >&2; exit 1
+  fi
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb|^#[0-9]+.*DONE" "$fuzz_logs/$name.log" | tail -3
+done
+rm -rf "$fuzz_logs"
 echo "all tests passed [$(date -u +%T)]"
