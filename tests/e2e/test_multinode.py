@@ -122,3 +122,22 @@ def test_serve_over_three_processes_answers_as_threads():
         assert "ending every process" not in out and "MPI_ABORT" not in out, out
     finally:
         job.stop()
+
+
+def test_a_follower_killed_ends_the_job():
+    """A follower that dies (kill -9: no message, no MPI_Abort of its own) must not leave process 0
+    serving requests that would wait for it forever: mpirun ends the whole job."""
+    job = Server(ARGS, launcher=mpirun(3), env=ENV)
+    try:
+        kids = sorted(kaon_children(job.proc.pid))
+        assert len(kids) == 3, kids
+        ranks = {int(dict(kv.split(b"=", 1) for kv in pathlib.Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+                          if b"=" in kv)[b"OMPI_COMM_WORLD_RANK"]): p for p in kids}
+        follower = ranks[1]
+        os.kill(follower, signal.SIGKILL)
+        job.proc.wait(timeout=60)
+        for pid in kids:
+            assert not pathlib.Path(f"/proc/{pid}").exists() or \
+                pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", f"process {pid} outlived the job"
+    finally:
+        job.stop()
