@@ -520,8 +520,8 @@ size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size
     return total;
 }
 
-// The CUDA device of rank r: the first one's followers in this process; in a multi-node job each
-// process's ranks after those of the job's processes before it on this machine.
+// A rank's CUDA device: the first device plus the rank's index in this process; in a multi-node
+// job a process's ranks come after those of the job's processes before it on the same machine.
 static int rank_device(const kaon_tp *tp, const tp_worker *w) {
     if (tp->same_device) return tp->device;
     return tp->device + (tp->cl ? tp->cl->local_rank * tp->n_local : 0) + (w->rank - tp->rank0);
