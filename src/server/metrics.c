@@ -289,6 +289,17 @@ char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *s,
     return kaon_sbuf_take(&b, len);
 }
 
+// The appenders' end: b (text with samples added) replaces text, which is kept as it was when
+// memory ran out.
+static char *take_appended(kaon_sbuf *b, char *text, size_t *len) {
+    if (b->failed) {
+        kaon_sbuf_free(b);
+        return text;
+    }
+    free(text);
+    return kaon_sbuf_take(b, len);
+}
+
 char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *const *engines,
                                       int n_engines, const char *model) {
     int L = 0, E = 0;
@@ -322,12 +333,7 @@ char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *cons
         }
     }
     free(c);
-    if (b.failed) {
-        kaon_sbuf_free(&b);
-        return text;
-    }
-    free(text);
-    return kaon_sbuf_take(&b, len);
+    return take_appended(&b, text, len);
 }
 
 char *kaon_metrics_append_ranks(char *text, size_t *len, kaon_engine *const *engines, int n_engines,
@@ -374,10 +380,5 @@ char *kaon_metrics_append_ranks(char *text, size_t *len, kaon_engine *const *eng
     }
     free(st);
     free(n);
-    if (b.failed) {
-        kaon_sbuf_free(&b);
-        return text;
-    }
-    free(text);
-    return kaon_sbuf_take(&b, len);
+    return take_appended(&b, text, len);
 }
