@@ -27,6 +27,9 @@
 //                                         (JSON lines); KAON_FA=0 times the split-K kernel instead;
 //                                         WINDOW > 0: sliding-window attention (FLOPs of the
 //                                         window's keys only)
+//   gpu_driver dec_bench [NH NKV HD [fp8]]
+//                                         decode attention of batched steps (B sequences x
+//                                         context L, scattered blocks): us and GB/s of KV read
 // DEV: cpu or cuda. IDS: a comma list.
 #include <math.h>
 #include <stdbool.h>
@@ -711,6 +714,60 @@ static int run_timings(bool only_mla) {
     return 0;
 }
 
+// Decode attention as a batched step runs it: B sequences, one new token each at context L, their
+// KV blocks scattered over the cache (Llama-3.1-8B's heads by default; fp8: an e4m3 cache).
+// GB/s counts the K and V bytes the step must read (B x L x nkv x hd x 2 x element size).
+static int run_dec_bench(int nh, int nkv, int hd, bool fp8) {
+    be = kaon_backend_cuda_create(0);
+    if (!be) die("no backend%s", "");
+    const kaon_backend_ops *o = be->ops;
+    const int bs = 16, esz = fp8 ? 1 : 2;
+    struct { int B, L; } cases[] = {{1, 1024}, {1, 4096}, {1, 32768}, {64, 1024}, {64, 2048}, {64, 4096},
+                                    {256, 1024}, {256, 1536}, {256, 2048}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int B = cases[c].B, L = cases[c].L, nbs = (L + bs - 1) / bs, nb = B * nbs;
+        const size_t kv_bytes = (size_t)nb * bs * nkv * hd * esz;
+        kaon_kv_layer kv = {o->alloc(be, kv_bytes), o->alloc(be, kv_bytes), fp8 ? KAON_KV_FP8 : KAON_KV_NATIVE, 1.0f, 1.0f};
+        if (!kv.k || !kv.v) die("alloc%s", "");
+        int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)B * 3);
+        int32_t *seq = pos + B, *slot = seq + B;
+        // Block i of sequence s sits at a pseudo-random place (a permutation of all blocks).
+        for (int i = 0; i < nb; i++) tab[i] = (int)(((int64_t)i * 7919) % nb);
+        for (int s = 0; s < B; s++) {
+            pos[s] = L - 1;
+            seq[s] = s;
+            slot[s] = tab[s * nbs + (L - 1) / bs] * bs + (L - 1) % bs;
+        }
+        kaon_attn_meta m = {.n_tokens = B, .n_seqs = B, .positions = pos, .token_seq = seq,
+                            .slot_mapping = slot, .block_tables = tab, .max_blocks = nbs, .block_size = bs};
+        kaon_tensor ql = {.dtype = KAON_BF16, .ndim = 2, .shape = {B, (int64_t)nh * hd}}, qt;
+        if (o->fill_dummy(be, &ql, NULL, 41 + c, 1.0f, 0.0f, &qt)) die("fill%s", "");
+        void *y = o->alloc(be, (size_t)B * nh * hd * 2);
+        if (o->begin_step(be, NULL, &m, NULL, 0)) die("begin_step%s", "");
+        const float scale = 1.0f / sqrtf((float)hd);
+        for (int it = 0; it < 5; it++) o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, 0, y);
+        sync_dev(y);
+        const int reps = 50;
+        double t0 = now_s();
+        for (int it = 0; it < reps; it++) o->attention(be, qt.data, &kv, &m, nh, nkv, hd, scale, 0, y);
+        sync_dev(y);
+        double dt = (now_s() - t0) / reps;
+        printf("{\"timing\": \"attn_decode\", \"kv\": \"%s\", \"B\": %d, \"ctx\": %d, \"nh\": %d, \"nkv\": %d, "
+               "\"hd\": %d, \"us\": %.2f, \"GBps\": %.1f}\n", fp8 ? "fp8" : "bf16", B, L, nh, nkv, hd, dt * 1e6,
+               (double)B * L * nkv * hd * 2 * esz / dt / 1e9);
+        fflush(stdout);
+        if (o->status(be)) die("attention failed%s", "");
+        o->release(be, &qt);
+        o->free(be, y);
+        o->free(be, kv.k);
+        o->free(be, kv.v);
+        free(tab);
+        free(pos);
+    }
+    o->destroy(be);
+    return 0;
+}
+
 // Prefill attention: one sequence whose T new tokens sit at positions p0..p0+T-1 (the cache
 // holds 0..p0+T-1: random values), Llama-3.1-8B's heads by default. Causal FLOPs: 4 hd nh per
 // (query, key) pair, keys 0..p for the query at p (the last `window` of them when window > 0).
@@ -975,6 +1032,9 @@ int main(int argc, char **argv) {
         return run_attn_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
                               argc > 4 ? atoi(argv[4]) : 128, argc > 5 ? atoi(argv[5]) : 16384,
                               argc > 6 ? atoi(argv[6]) : 0);
+    if (argc >= 2 && !strcmp(argv[1], "dec_bench"))
+        return run_dec_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
+                             argc > 4 ? atoi(argv[4]) : 128, argc > 5 && !strcmp(argv[5], "fp8"));
     if (argc >= 7 && !strcmp(argv[1], "logits"))
         return run_logits(argv[2], argv[3], atoi(argv[4]), argv[5], argv[6], argc > 7 && !strcmp(argv[7], "dummy"));
     if (argc >= 6 && !strcmp(argv[1], "batch")) return run_batch(argv[2], argv[3], argv[4], argv[5]);
