@@ -256,6 +256,38 @@ def test_attention(tmp_path, name, ctx, new, nh, nkv, hd, bs):
     assert np.array_equal(kc[arrays["slot"]], arrays["k"]) and np.array_equal(vc[arrays["slot"]], arrays["v"])
 
 
+# The tensor-core decode kernel (cuda_attention_decode_tc.cu, KAON_DEC_TC): GQA groups of 2-16
+# heads as the rows of one mma tile, contexts around its 32-key tiles and 256-key ranges, split
+# contexts, windows (blocks before them unmapped), several decode tokens of one sequence.
+DEC_TC_CASES = [
+    # name, cached positions, new tokens, nh, nkv, hd, block size, window
+    ("g4-edges", [0, 1, 30, 31, 32, 33, 255, 256, 257, 700], [1] * 10, 32, 8, 128, 16, 0),
+    ("g4-long", [9000, 3000], [1, 1], 32, 8, 128, 16, 0),
+    ("g8-bs256", [0, 2000, 4095], [1, 1, 1], 32, 4, 128, 256, 0),
+    ("g2-hd64", [5, 600, 4095], [1, 1, 1], 8, 4, 64, 16, 0),
+    ("g16", [100, 1500], [1, 1], 16, 1, 128, 16, 0),
+    ("g7", [77, 1000], [1, 1], 14, 2, 128, 16, 0),
+    ("multi-token", [300, 1000], [3, 2], 16, 4, 128, 16, 0),
+    ("window", [0, 99, 3000, 700, 4000], [1] * 5, 8, 2, 128, 16, 512),
+    ("window-7", [3000, 40], [1, 1], 8, 2, 64, 16, 7),
+]
+
+
+@pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,window", DEC_TC_CASES)
+def test_attention_decode_tc(tmp_path, name, ctx, new, nh, nkv, hd, bs, window):
+    rng = np.random.default_rng()
+    arrays, params, order, K, V = attention_case(rng, ctx, new, nh, nkv, hd, bs)
+    if window:
+        punch_window_holes(arrays, order, bs, window)
+    run_op(tmp_path, "attn", dict(params, fused=0, window=window), arrays, env={"KAON_DEC_TC": "2"})
+    ref = attention_ref(arrays["q"], order, K, V, nh, nkv, hd, window)
+    got = out(tmp_path, shape=ref.shape)
+    d = np.linalg.norm(got.astype(np.float64) - ref, axis=-1) / np.maximum(np.linalg.norm(ref, axis=-1), 1e-30)
+    record("attention_decode_tc", case=name, rel_err=rel(got, ref), worst_row=float(d.max()))
+    assert rel(got, ref) < 1e-2
+    assert d.max() < 3e-2, (name, float(d.max()), np.unravel_index(int(np.argmax(d)), d.shape))
+
+
 # Prefill chunks laid out as the engine does (each sequence's tokens together): runs of >= 16
 # tokens take the tensor-core kernel (cuda_attention_prefill.cu), the rest the split-K one.
 FA_CASES = [

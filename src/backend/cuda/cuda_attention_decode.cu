@@ -16,6 +16,7 @@
 // The kernel is a template on the cache element too: bf16, or e4m3 bytes of an FP8 cache
 // (half the bytes per load; k_scale is folded into the query scale, v_scale into the output).
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_attention_decode.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -28,7 +29,6 @@
 #define DEC_FEW_TOKENS 4
 #define DEC_CHUNK 16      // keys per warp per step
 #define DEC_MIN_KEYS 64   // keys per range at least (KAON_DEC_MIN_KEYS, 16..4096, for experiments)
-#define DEC_MAX_SPLITS 64
 
 static __device__ __forceinline__ float bfv(bf16 x) { return __bfloat162float(x); }
 
@@ -284,69 +284,8 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
 #pragma unroll
         for (int d = 0; d < DPL; d++) wacc[warp][h][lane * DPL + d] = acc[h][d];
     __syncthreads();
-    const size_t stride = (size_t)HD + 2;
-    for (int i = tid; i < g * HD; i += W * 32) {
-        const int h = i / HD, d = i % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][h]);
-        float L = 0.f, O = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; w++) {
-            if (wm[w][h] == -INFINITY) continue;
-            const float f = exp2f(wm[w][h] - M);
-            L += f * wl[w][h];
-            O += f * wacc[w][h][d];
-        }
-        const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
-        if (n_act == 1) {
-            out[head * HD + d] = __float2bfloat16(L > 0.f ? O / L * vs : 0.f);
-        } else {
-            float *pp = part + (head * S + z) * stride;
-            pp[d] = O * vs;
-            if (d == 0) {
-                pp[HD] = M;
-                pp[HD + 1] = L;
-            }
-        }
-    }
-    if (n_act == 1) return;
-
-    // Split context: the last range to finish merges the partials.
-    __threadfence();
-    __syncthreads();
-    unsigned *cnt = count + (size_t)t * nkv + kvh;
-    if (tid == 0) last_flag = atomicAdd(cnt, 1u) == (unsigned)(n_act - 1);
-    __syncthreads();
-    if (!last_flag) return;
-    __threadfence();
-    for (int h = warp; h < g; h += W) {
-        const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
-        const float m0 = lane < n_act ? __ldcg(pb + lane * stride + HD) : -INFINITY;
-        const float m1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + HD) : -INFINITY;
-        float M = fmaxf(m0, m1);
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float e0 = m0 == -INFINITY ? 0.f : exp2f(m0 - M);
-        const float e1 = m1 == -INFINITY ? 0.f : exp2f(m1 - M);
-        const float l0 = lane < n_act ? __ldcg(pb + lane * stride + HD + 1) : 0.f;
-        const float l1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + HD + 1) : 0.f;
-        float L = e0 * l0 + e1 * l1;
-        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        const float inv = L > 0.f ? 1.f / L : 0.f;
-        if (lane < n_act) w_s[h][lane] = e0 * inv;
-        if (lane + 32 < n_act) w_s[h][lane + 32] = e1 * inv;
-    }
-    __syncthreads();
-    for (int i = tid; i < g * HD; i += W * 32) {
-        const int h = i / HD, d = i % HD;
-        const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
-        const float *pb = part + head * S * stride;
-        float o = 0.f;
-#pragma unroll 8
-        for (int zz = 0; zz < n_act; zz++) o = fmaf(w_s[h][zz], __ldcg(pb + zz * stride + d), o);
-        out[head * HD + d] = __float2bfloat16(o);
-    }
-    if (tid == 0) *cnt = 0u;
+    dec_finish<HD, G, W>(&wm[0][0], &wl[0][0], &wacc[0][0][0], &w_s[0][0], &last_flag, t, kvh, z, S, n_act, nh, nkv,
+                         g, vs, out, part, count);
 }
 
 template <int HD, int G, typename KT>
@@ -407,6 +346,11 @@ static int decode_any(kc_backend *b, const bf16 *q, const KT *kcache, const KT *
                  "attention counters")))
         return -1;
     const dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
+    if (sizeof(KT) == sizeof(bf16)) {  // a bf16 cache: the tensor-core kernel where it is chosen
+        const int tc = kc_attention_decode_tc(b, grid, q, (const bf16 *)kcache, (const bf16 *)vcache, m, n_slots,
+                                              d_pos, d_seq, d_tab, nh, nkv, hd, scale, window, out);
+        if (tc <= 0) return tc;
+    }
     const float qscale = scale * 1.4426950408889634f;  // scores in log2 units
     int rc;
     if (hd == 64)

@@ -1,0 +1,277 @@
+// Decode attention on the tensor cores, for grouped-query heads (the g query heads that share a
+// KV head, 2..16, are the rows of one 16-row mma tile).
+//
+// Why: the CUDA-core kernel (cuda_attention_decode.cu) spends per key g x hd FMAs on the scores
+// and as many on the output, plus shuffles to sum each row; at g = 4..8 that is 2-4 FMAs per
+// byte of K/V read, and a batched step (64-256 sequences of 1-2K keys) is bound by issuing them,
+// not by the memory. Here the same block (one token, one KV head, one range of its keys; W
+// warps that merge at the end, dec_finish) computes S = Q K^T and O += P V with mma.m16n8k16.
+//
+// Each warp walks its own tiles of 32 keys (tile i of the range goes to warp i % W): lane j
+// looks up key j's cache slot, the tile's K and V rows are gathered with cp.async into the
+// warp's two stages in shared memory (the next tile's copies are in flight while this one is
+// computed; no block-wide barrier in the loop), S comes from ldmatrix'd K and the Q fragments
+// held in registers, the online softmax runs on the accumulators (exp2, scale x log2 e), and P is
+// reused in place as the A fragments of P V (V through ldmatrix.trans). Keys without a slot
+// (past the range, or an unmapped block) are zero-filled and masked. bf16 caches, head_dim 64 or
+// 128; the rest stays with the CUDA-core kernel. KAON_DEC_TC picks it (tests/gpu/NOTES.md).
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_attention_decode.cuh"
+#include "backend/cuda/cuda_mma.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DTC_BN 32  // keys per warp tile: one per lane
+#define DTC_ROWS 16
+
+namespace {
+
+// Q tile, then per warp two stages of a K and a V tile; after the loop the merge buffers (wm, wl
+// [W][16], wacc [W][16][HD], w_s [16][DEC_MAX_SPLITS]) take the stages' place; the last 16
+// bytes hold the merge's flag.
+template <int HD, int W>
+__host__ __device__ constexpr size_t dtc_smem_bytes() {
+    constexpr size_t q = (size_t)DTC_ROWS * HD * 2, st = (size_t)W * 2 * 2 * DTC_BN * HD * 2;
+    constexpr size_t mg = (size_t)W * DTC_ROWS * 2 * 4 + (size_t)W * DTC_ROWS * HD * 4 +
+                          (size_t)DTC_ROWS * DEC_MAX_SPLITS * 4;
+    return q + (st > mg ? st : mg) + 16;
+}
+
+template <int HD, int W>
+__global__ void __launch_bounds__(W * 32, 1)
+k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
+            const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, const int32_t *__restrict__ tables,
+            int n_seqs, int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int g, float sl2, int window,
+            int min_keys, bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
+    constexpr int ROWB = HD * 2, CH = HD / 8, TILEB = DTC_BN * ROWB;
+    constexpr int KS_Q = HD / 16, NT_S = DTC_BN / 8, NT_O = HD / 8, KS_P = DTC_BN / 16;
+    constexpr int LDN = DTC_BN * CH / 32;  // 16-byte chunks per lane per K (or V) tile
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *sQ = smem, *sW = smem + DTC_ROWS * ROWB;
+    int *last_flag = (int *)(smem + dtc_smem_bytes<HD, W>() - 16);
+    kc_pdl_trigger();
+
+    const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int p = ld_meta(pos + t), sq = ld_meta(seq + t);
+    const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
+    const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;  // the first key
+    const int len = ok ? p + 1 - lo : 0;
+    int n_act = (len + min_keys - 1) / min_keys;
+    n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
+    const int chunk = (len + n_act - 1) / n_act;
+    const int r0 = min(len, z * chunk);
+    const int k0 = lo + r0, k1 = lo + min(len, r0 + chunk);
+    const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
+    const size_t row = (size_t)nkv * HD;
+    const bf16 *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
+    kc_pdl_wait();  // every block waits, also an idle range
+    if (z >= n_act) return;
+
+    // Q: the g heads of this KV head as rows (the rest zero), then into registers as A fragments.
+    for (int c = tid; c < DTC_ROWS * CH; c += W * 32) {
+        const int r = c / CH, ch = c % CH;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < g) v = *(const uint4 *)(q + ((size_t)t * nh + (size_t)kvh * g + r) * HD + ch * 8);
+        *(uint4 *)(sQ + swz<HD>(r, ch)) = v;
+    }
+    __syncthreads();
+    // ldmatrix addresses as in cuda_attention_prefill.cu: every fragment row is = r8 (mod 8), so
+    // chunk 8a + 2i + half sits at byte 128 a + (x0 ^ 32 i).
+    const int mi = lane >> 3, r8 = lane & 7, qd = lane & 3;
+    const uint32_t xk0 = (uint32_t)(((mi & 1) ^ r8) << 4), xv0 = (uint32_t)(((mi >> 1) ^ r8) << 4);
+    uint32_t qf[KS_Q][4];
+    {
+        const uint32_t aQ = smem_addr(sQ) + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
+#pragma unroll
+        for (int kk = 0; kk < KS_Q; kk++) ldsm_x4(qf[kk], aQ + (xv0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128);
+    }
+    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);  // stage s: K at 2s, V at 2s + 1
+    const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
+    const uint32_t aV = wb + TILEB + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
+
+    // Lane j's key of the tile at kt: its cache slot, -1 when there is none.
+    auto slot_of = [&](int kt) {
+        const int kk = kt + lane;
+        if (kk >= k1) return -1;
+        const int blk = bt[kk / bs];
+        const int64_t s64 = (int64_t)blk * bs + kk % bs;
+        return blk >= 0 && s64 < n_slots ? (int)s64 : -1;
+    };
+    // The tile's K and V rows into stage st (zero-filled where there is no slot); one group.
+    auto issue = [&](int slot, int st) {
+        const uint32_t dK = wb + (uint32_t)(st * 2 * TILEB), dV = dK + TILEB;
+#pragma unroll
+        for (int u = 0; u < LDN; u++) {
+            const int c = lane + u * 32, kr = c / CH, ch = c % CH;
+            const int sl = __shfl_sync(0xffffffffu, slot, kr);
+            const size_t off = (size_t)(sl >= 0 ? sl : 0) * row + ch * 8;
+            cp_async16(dK + swz<HD>(kr, ch), kbase + off, sl >= 0);
+            cp_async16(dV + swz<HD>(kr, ch), vbase + off, sl >= 0);
+        }
+        cp_async_commit();
+    };
+
+    float oacc[NT_O][4];
+#pragma unroll
+    for (int n = 0; n < NT_O; n++) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
+    const int step = W * DTC_BN;
+    int kt = k0 + warp * DTC_BN;
+    int slot = kt < k1 ? slot_of(kt) : -1;
+    if (kt < k1) issue(slot, 0);
+    int nslot = kt + step < k1 ? slot_of(kt + step) : -1;
+    for (int j = 0; kt < k1; j++, kt += step) {
+        const int st = j & 1;
+        if (kt + step < k1) issue(nslot, st ^ 1);  // the next tile flies while this one is used
+        else cp_async_commit();
+        const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0);
+        slot = nslot;
+        nslot = kt + 2 * step < k1 ? slot_of(kt + 2 * step) : -1;
+        cp_async_wait<1>();
+        __syncwarp();  // every lane's copies of this tile landed
+        const uint32_t stg = (uint32_t)(st * 2 * TILEB);
+
+        float s[NT_S][4];
+#pragma unroll
+        for (int n = 0; n < NT_S; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS_Q; kk++)
+#pragma unroll
+            for (int np = 0; np < NT_S / 2; np++) {
+                uint32_t kb[4];
+                ldsm_x4(kb, aK + stg + (xk0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128 + np * 16 * ROWB);
+                mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
+                mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+            }
+        if (valid != 0xffffffffu) {
+#pragma unroll
+            for (int n = 0; n < NT_S; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (!((valid >> (n * 8 + 2 * qd + (c & 1))) & 1u)) s[n][c] = -INFINITY;
+        }
+        // Online softmax of rows i = 0, 1 (accumulator elements 2i, 2i + 1).
+        float mx[2] = {-INFINITY, -INFINITY}, base[2];
+#pragma unroll
+        for (int n = 0; n < NT_S; n++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float mnew = fmaxf(m_run[i], mx[i]);
+            base[i] = mnew == -INFINITY ? 0.f : mnew * sl2;
+            const float alpha = mnew == m_run[i] ? 1.f : ex2(fmaf(m_run[i], sl2, -base[i]));
+            m_run[i] = mnew;
+            l_run[i] *= alpha;
+#pragma unroll
+            for (int n = 0; n < NT_O; n++) {
+                oacc[n][2 * i] *= alpha;
+                oacc[n][2 * i + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT_S; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float e = ex2(fmaf(s[n][c], sl2, -base[c >> 1]));
+                s[n][c] = e;
+                l_run[c >> 1] += e;
+            }
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < KS_P; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int np = 0; np < NT_O / 2; np++) {
+                uint32_t vb[4];
+                ldsm_x4_t(vb, aV + stg + (xv0 ^ ((uint32_t)(np & 3) << 5)) + (np >> 2) * 128 + kk * 16 * ROWB);
+                mma16816(oacc[2 * np], pa, vb[0], vb[1]);
+                mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncwarp();  // the stage is free for the tile after the next
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+    }
+    __syncthreads();  // every warp is done with its stages: the merge buffers take their place
+    float *wm = (float *)sW, *wl = wm + W * DTC_ROWS, *wacc = wl + W * DTC_ROWS;
+    float *w_s = wacc + W * DTC_ROWS * HD;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = (lane >> 2) + 8 * i;
+        if (qd == 0) {
+            wm[warp * DTC_ROWS + r] = m_run[i] == -INFINITY ? -INFINITY : m_run[i] * sl2;
+            wl[warp * DTC_ROWS + r] = l_run[i];
+        }
+#pragma unroll
+        for (int n = 0; n < NT_O; n++) {
+            float *o = wacc + (size_t)(warp * DTC_ROWS + r) * HD + n * 8 + 2 * qd;
+            o[0] = oacc[n][2 * i];
+            o[1] = oacc[n][2 * i + 1];
+        }
+    }
+    __syncthreads();
+    dec_finish<HD, DTC_ROWS, W>(wm, wl, wacc, w_s, last_flag, t, kvh, z, S, n_act, nh, nkv, g, 1.0f, out, part,
+                                count);
+}
+
+template <int HD, int W>
+int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+               const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m, int64_t n_slots,
+               int nh, int nkv, float sl2, int window, int min_keys, bf16 *out) {
+    constexpr size_t smem = dtc_smem_bytes<HD, W>();
+    auto kern = k_decode_tc<HD, W>;
+    // Set outside graph recording (the step's eager first run sets it before any recording).
+    if (!b->capturing &&
+        kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                 "decode attention: shared memory"))
+        return -1;
+    return kc_check(b,
+                    kc_launch(b, kern, grid, dim3(W * 32), smem, q, kcache, vcache, pos, seq, tab, m->n_seqs,
+                              m->max_blocks, m->block_size, n_slots, nh, nkv, nh / nkv, sl2, window, min_keys, out,
+                              b->attn_part, b->attn_count),
+                    "decode attention (tensor cores)");
+}
+
+}  // namespace
+
+// KAON_DEC_TC: 0 off; 1 (and any other value) on for groups of at least 2 heads; "4": at least
+// 4 heads. Unset: off (until the H200 measures it).
+static int dtc_min_group(void) {
+    static int v = -2;
+    if (v == -2) {
+        const char *e = getenv("KAON_DEC_TC");
+        v = !e || !strcmp(e, "0") ? -1 : atoi(e) >= 2 ? atoi(e) : 2;
+    }
+    return v;
+}
+
+int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+                           const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                           const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
+    const int g = nkv > 0 ? nh / nkv : 0, min_g = dtc_min_group();
+    if (min_g < 0 || g < min_g || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
+    // Ranges of at least two tiles per warp (KAON_DEC_MIN_KEYS overrides, as for the other kernel).
+    static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
+    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 2 * 4 * DTC_BN;
+    const float sl2 = scale * 1.4426950408889634f;
+    if (hd == 64)
+        return dtc_launch<64, 4>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window,
+                                 min_keys, out);
+    return dtc_launch<128, 4>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window,
+                              min_keys, out);
+}
