@@ -265,6 +265,9 @@ int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *
                            const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
     const int g = nkv > 0 ? nh / nkv : 0, min_g = dtc_min_group();
     if (min_g < 0 || g < min_g || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
+    // Steps that may hold prefill runs (their tokens reach this grid as invalid positions) stay
+    // with the CUDA-core kernel: a block here holds an SM's shared memory even to write zeros.
+    if (m->n_tokens - m->n_seqs >= 15) return 1;
     // Ranges of at least two tiles per warp (KAON_DEC_MIN_KEYS overrides, as for the other kernel).
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
     const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 2 * 4 * DTC_BN;
