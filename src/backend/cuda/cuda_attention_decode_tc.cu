@@ -14,7 +14,7 @@
 // held in registers, the online softmax runs on the accumulators (exp2, scale x log2 e), and P is
 // reused in place as the A fragments of P V (V through ldmatrix.trans). Keys without a slot
 // (past the range, or an unmapped block) are zero-filled and masked. bf16 caches, head_dim 64 or
-// 128; the rest stays with the CUDA-core kernel. KAON_DEC_TC picks it (tests/gpu/NOTES.md).
+// 128; the rest stays with the CUDA-core kernel (dtc_mode says which launches come here).
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_decode.cuh"
 #include "backend/cuda/cuda_mma.cuh"
@@ -249,13 +249,13 @@ int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, cons
 
 }  // namespace
 
-// KAON_DEC_TC: 0 off; 1 (and any other value) on for groups of at least 2 heads; "4": at least
-// 4 heads. Unset: off (until the H200 measures it).
-static int dtc_min_group(void) {
-    static int v = -2;
-    if (v == -2) {
+// Which launches take this kernel. Default: launches of more than 4 tokens (batched steps) whose
+// KV heads serve at least 2 query heads; KAON_DEC_TC=0 never, =1 every launch size (batch 1 too).
+static int dtc_mode(void) {
+    static int v = -1;
+    if (v < 0) {
         const char *e = getenv("KAON_DEC_TC");
-        v = !e || !strcmp(e, "0") ? -1 : atoi(e) >= 2 ? atoi(e) : 2;
+        v = !e ? 2 : !strcmp(e, "0") ? 0 : 1;
     }
     return v;
 }
@@ -263,8 +263,8 @@ static int dtc_min_group(void) {
 int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                            const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                            const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
-    const int g = nkv > 0 ? nh / nkv : 0, min_g = dtc_min_group();
-    if (min_g < 0 || g < min_g || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
+    const int g = nkv > 0 ? nh / nkv : 0, mode = dtc_mode();
+    if (mode == 0 || (mode == 2 && m->n_tokens <= 4) || g < 2 || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
     // Steps that may hold prefill runs (their tokens reach this grid as invalid positions) stay
     // with the CUDA-core kernel: a block here holds an SM's shared memory even to write zeros.
     if (m->n_tokens - m->n_seqs >= 15) return 1;
