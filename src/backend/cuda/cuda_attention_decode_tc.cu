@@ -270,11 +270,16 @@ int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *
     if (m->n_tokens - m->n_seqs >= 15) return 1;
     // Ranges of at least two tiles per warp (KAON_DEC_MIN_KEYS overrides, as for the other kernel).
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
-    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 2 * 4 * DTC_BN;
+    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 2 * 4 * DTC_BN;  // 2 tiles per warp of 4
     const float sl2 = scale * 1.4426950408889634f;
     if (hd == 64)
         return dtc_launch<64, 4>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window,
                                  min_keys, out);
-    return dtc_launch<128, 4>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window,
-                              min_keys, out);
+    // KAON_DEC_TC_WARPS=2/3/6 (A/B of the block shape: 3 CTAs of 2 warps, 2 of 3, or 1 of 6 per SM;
+    // default one CTA of 4 warps per SM).
+    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 4;
+#define DTC_W(W) \
+    dtc_launch<128, W>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window, min_keys, out)
+    return w_env == 2 ? DTC_W(2) : w_env == 3 ? DTC_W(3) : w_env == 6 ? DTC_W(6) : DTC_W(4);
+#undef DTC_W
 }
