@@ -36,6 +36,8 @@ def main():
     ap.add_argument("--batched-tokens", type=int, default=8192)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (-tp N: GPUs 0..N-1)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    ap.add_argument("--max-num-seqs", type=int, default=0, help="sequences in flight at most (default: all requests)")
     a = ap.parse_args()
     cfg = json.loads(Path(a.config).read_text())
     bw = copy_bandwidth() * a.tp  # -tp N reads its weights and KV from N GPUs at once
@@ -50,8 +52,9 @@ def main():
                     f.write(json.dumps({"prompt_ids": ids}) + "\n")
             cmd = [a.kaon, "generate", "--device", "cuda", "--load-format", "dummy", "-m", a.config,
                    "--input", str(inp), "--output", str(outp), "--max-tokens", str(a.output), "--ignore-eos",
-                   "--temp", "0", "--max-num-seqs", str(n), "--max-num-batched-tokens", str(a.batched_tokens),
-                   "--max-model-len", str(a.prompt + a.output + 16), "--quiet", "-tp", str(a.tp)]
+                   "--temp", "0", "--max-num-seqs", str(a.max_num_seqs or n), "--max-num-batched-tokens", str(a.batched_tokens),
+                   "--max-model-len", str(a.prompt + a.output + 16), "--quiet", "-tp", str(a.tp),
+                   "--kv-cache-dtype", a.kv_cache_dtype]
             t0 = time.time()
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
             wall = time.time() - t0
@@ -60,17 +63,24 @@ def main():
             continue
         m = re.search(r"generate: (\d+) requests, (\d+) prompt \+ (\d+) generated tokens in ([\d.]+) s", p.stderr)
         gen, secs = int(m.group(3)), float(m.group(4))
-        w, kv_tok = roofline.step_bytes(cfg, n)
-        step = (w + n * kv_tok * (a.prompt + a.output / 2)) / bw
+        # In flight at once: the requests, capped by --max-num-seqs and by the KV cache the
+        # engine planned (its memory plan line); more requests than that run in waves.
+        c = min(n, a.max_num_seqs or n)
+        cap = re.search(r"KV cache (\d+) blocks x (\d+) tokens", p.stderr)
+        if cap:
+            c = max(1, min(c, int(cap.group(1)) * int(cap.group(2)) // (a.prompt + a.output)))
+        w, kv_tok = roofline.step_bytes(cfg, c, kv_elem=1 if a.kv_cache_dtype == "fp8" else None)
+        step = (w + c * kv_tok * (a.prompt + a.output / 2)) / bw
         prefill = 2 * roofline.active_params(cfg) * a.prompt * n / 790e12
-        roof = n * a.output / (a.output * step + prefill)
-        row = dict(kind="throughput", config=Path(a.config).name, tp=a.tp, requests=n, prompt=a.prompt, output=a.output,
+        roof = n * a.output / (n / c * a.output * step + prefill)
+        row = dict(kind="throughput", config=Path(a.config).name, tp=a.tp, requests=n, in_flight=c,
+                   kv_cache_dtype=a.kv_cache_dtype, prompt=a.prompt, output=a.output,
                    generated=gen, seconds=secs, output_tok_s=gen / secs, roofline_tok_s=roof,
                    roofline_fraction=gen / secs / roof, wall_s=wall, copy_bw_TBs=bw / 1e12,
                    stats=[l for l in p.stderr.splitlines() if l.startswith("kaon-stats")][-1:],
                    plan=[l for l in p.stderr.splitlines() if "memory plan" in l][-1:])
         print(json.dumps(row))
-        print(f"{n} in flight: {gen / secs:.0f} output tok/s, roofline {roof:.0f}, "
+        print(f"{n} requests ({c} in flight): {gen / secs:.0f} output tok/s, roofline {roof:.0f}, "
               f"fraction {gen / secs / roof * 100:.1f}% (wall {wall:.1f} s)")
         if a.json:
             with open(a.json, "a") as f:

@@ -69,7 +69,10 @@ CASES = [
 SPLIT_K = {"KAON_DECODE_ATTN": "0"}
 
 
-@pytest.mark.parametrize("env", [None, SPLIT_K], ids=["default", "split-k"])
+TENSOR_CORES = {"KAON_DEC_TC": "1"}  # the tensor-core decode kernel for every launch size
+
+
+@pytest.mark.parametrize("env", [None, SPLIT_K, TENSOR_CORES], ids=["default", "split-k", "tc"])
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,window,ks,vs,contig", CASES)
 def test_attention_fp8_cache(tmp_path, name, ctx, new, nh, nkv, hd, bs, window, ks, vs, contig, env):
     rng = np.random.default_rng(abs(hash(name)) % 2**32)

@@ -346,11 +346,10 @@ static int decode_any(kc_backend *b, const bf16 *q, const KT *kcache, const KT *
                  "attention counters")))
         return -1;
     const dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
-    if (sizeof(KT) == sizeof(bf16)) {  // a bf16 cache: the tensor-core kernel where it is chosen
-        const int tc = kc_attention_decode_tc(b, grid, q, (const bf16 *)kcache, (const bf16 *)vcache, m, n_slots,
-                                              d_pos, d_seq, d_tab, nh, nkv, hd, scale, window, out);
-        if (tc <= 0) return tc;
-    }
+    // The tensor-core kernel where it is chosen (cuda_attention_decode_tc.cu).
+    const int tc = kc_attention_decode_tc(b, grid, q, kcache, vcache, sizeof(KT) == 1, m, n_slots, d_pos, d_seq,
+                                          d_tab, nh, nkv, hd, scale, vs, window, out);
+    if (tc <= 0) return tc;
     const float qscale = scale * 1.4426950408889634f;  // scores in log2 units
     int rc;
     if (hd == 64)

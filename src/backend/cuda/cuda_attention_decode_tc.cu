@@ -13,12 +13,16 @@
 // computed; no block-wide barrier in the loop), S comes from ldmatrix'd K and the Q fragments
 // held in registers, the online softmax runs on the accumulators (exp2, scale x log2 e), and P is
 // reused in place as the A fragments of P V (V through ldmatrix.trans). Keys without a slot
-// (past the range, or an unmapped block) are zero-filled and masked. bf16 caches, head_dim 64 or
-// 128; the rest stays with the CUDA-core kernel (dtc_mode says which launches come here).
+// (past the range, or an unmapped block) are zero-filled and masked. An FP8 cache (e4m3 codes)
+// is gathered into a staging half of the warp's area and widened to f16 tiles before use (every
+// e4m3 value is exact in f16; the mma runs on f16, q and P rounded to f16, k_scale folded into
+// the score scale, v_scale into the output). head_dim 64 or 128; the rest stays with the
+// CUDA-core kernel (dtc_mode says which launches come here).
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_decode.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
+#include <cuda_fp8.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +32,8 @@
 
 namespace {
 
-// Q tile, then per warp two stages of a K and a V tile; after the loop the merge buffers (wm, wl
+// Q tile, then per warp two stages of a K and a V tile (FP8: one f16 K and V tile, then two
+// stages of e4m3 K and V tiles, half the bytes: the same area); after the loop the merge buffers (wm, wl
 // [W][16], wacc [W][16][HD], w_s [16][DEC_MAX_SPLITS]) take the stages' place; the last 16
 // bytes hold the merge's flag.
 template <int HD, int W>
@@ -39,15 +44,31 @@ __host__ __device__ constexpr size_t dtc_smem_bytes() {
     return q + (st > mg ? st : mg) + 16;
 }
 
-template <int HD, int W>
+// Widens 16 e4m3 codes to 16 f16 (two 16-byte chunks).
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint4 &hi) {
+    const __nv_fp8x2_storage_t *c2 = (const __nv_fp8x2_storage_t *)&raw;
+    uint32_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(c2[e], __NV_E4M3);
+        h[e] = (uint32_t)r.x | ((uint32_t)r.y << 16);
+    }
+    lo = make_uint4(h[0], h[1], h[2], h[3]);
+    hi = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+// KT: bf16 (a bf16 cache, bf16 mma) or uint8_t (e4m3 codes, f16 mma).
+template <int HD, int W, typename KT>
 __global__ void __launch_bounds__(W * 32, 1)
-k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
+k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
             const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, const int32_t *__restrict__ tables,
-            int n_seqs, int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int g, float sl2, int window,
-            int min_keys, bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
+            int n_seqs, int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int g, float sl2, float vs,
+            int window, int min_keys, bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
+    constexpr bool F8 = sizeof(KT) == 1;
     constexpr int ROWB = HD * 2, CH = HD / 8, TILEB = DTC_BN * ROWB;
     constexpr int KS_Q = HD / 16, NT_S = DTC_BN / 8, NT_O = HD / 8, KS_P = DTC_BN / 16;
-    constexpr int LDN = DTC_BN * CH / 32;  // 16-byte chunks per lane per K (or V) tile
+    constexpr int CHG = HD * (int)sizeof(KT) / 16;  // 16-byte chunks per cache row
+    constexpr int LDN = DTC_BN * CHG / 32;          // per lane per K (or V) tile
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *sQ = smem, *sW = smem + DTC_ROWS * ROWB;
     int *last_flag = (int *)(smem + dtc_smem_bytes<HD, W>() - 16);
@@ -66,7 +87,7 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
     const int k0 = lo + r0, k1 = lo + min(len, r0 + chunk);
     const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
     const size_t row = (size_t)nkv * HD;
-    const bf16 *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
+    const KT *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
     kc_pdl_wait();  // every block waits, also an idle range
     if (z >= n_act) return;
 
@@ -75,6 +96,14 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
         const int r = c / CH, ch = c % CH;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r < g) v = *(const uint4 *)(q + ((size_t)t * nh + (size_t)kvh * g + r) * HD + ch * 8);
+        if (F8) {  // to f16, saturating (a |q| past 65504 would otherwise become inf)
+            uint32_t *w = (uint32_t *)&v;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[e]);
+                w[e] = pack_f16(fminf(fmaxf(f.x, -65504.f), 65504.f), fminf(fmaxf(f.y, -65504.f), 65504.f));
+            }
+        }
         *(uint4 *)(sQ + swz<HD>(r, ch)) = v;
     }
     __syncthreads();
@@ -88,7 +117,10 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
 #pragma unroll
         for (int kk = 0; kk < KS_Q; kk++) ldsm_x4(qf[kk], aQ + (xv0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128);
     }
-    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);  // stage s: K at 2s, V at 2s + 1
+    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8: the f16 K and V
+    // tiles at 0 and 1, stage s's e4m3 K and V (TILEB / 2 each) at 2 + s.
+    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);
+    const unsigned char *wstage = sW + warp * 4 * TILEB + 2 * TILEB;  // FP8 stages (generic address)
     const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
     const uint32_t aV = wb + TILEB + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
 
@@ -102,16 +134,36 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
     };
     // The tile's K and V rows into stage st (zero-filled where there is no slot); one group.
     auto issue = [&](int slot, int st) {
-        const uint32_t dK = wb + (uint32_t)(st * 2 * TILEB), dV = dK + TILEB;
+        const uint32_t dK = F8 ? wb + (uint32_t)((4 + 2 * st) * (TILEB / 2)) : wb + (uint32_t)(st * 2 * TILEB);
+        const uint32_t dV = dK + (F8 ? TILEB / 2 : TILEB);
 #pragma unroll
         for (int u = 0; u < LDN; u++) {
-            const int c = lane + u * 32, kr = c / CH, ch = c % CH;
+            const int c = lane + u * 32, kr = c / CHG, ch = c % CHG;
             const int sl = __shfl_sync(0xffffffffu, slot, kr);
-            const size_t off = (size_t)(sl >= 0 ? sl : 0) * row + ch * 8;
-            cp_async16(dK + swz<HD>(kr, ch), kbase + off, sl >= 0);
-            cp_async16(dV + swz<HD>(kr, ch), vbase + off, sl >= 0);
+            const size_t off = (size_t)(sl >= 0 ? sl : 0) * row + ch * (16 / sizeof(KT));
+            // bf16: straight into the swizzled tile; e4m3: row-major staging (widened below).
+            const uint32_t at = F8 ? (uint32_t)(c * 16) : swz<HD>(kr, ch);
+            cp_async16(dK + at, kbase + off, sl >= 0);
+            cp_async16(dV + at, vbase + off, sl >= 0);
         }
         cp_async_commit();
+    };
+    // FP8: stage st's e4m3 rows into the f16 tiles (the layout a bf16 stage has).
+    auto widen = [&](int st) {
+        const unsigned char *sk = wstage + st * TILEB, *sv = sk + TILEB / 2;
+        unsigned char *tk = sW + warp * 4 * TILEB, *tv = tk + TILEB;
+#pragma unroll
+        for (int u = 0; u < LDN; u++) {
+            const int c = lane + u * 32, kr = c / CHG, ch = c % CHG;
+            uint4 lo, hi;
+            e4m3x16_to_f16(*(const uint4 *)(sk + c * 16), lo, hi);
+            *(uint4 *)(tk + swz<HD>(kr, 2 * ch)) = lo;
+            *(uint4 *)(tk + swz<HD>(kr, 2 * ch + 1)) = hi;
+            e4m3x16_to_f16(*(const uint4 *)(sv + c * 16), lo, hi);
+            *(uint4 *)(tv + swz<HD>(kr, 2 * ch)) = lo;
+            *(uint4 *)(tv + swz<HD>(kr, 2 * ch + 1)) = hi;
+        }
+        __syncwarp();
     };
 
     float oacc[NT_O][4];
@@ -132,7 +184,8 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
         nslot = kt + 2 * step < k1 ? slot_of(kt + 2 * step) : -1;
         cp_async_wait<1>();
         __syncwarp();  // every lane's copies of this tile landed
-        const uint32_t stg = (uint32_t)(st * 2 * TILEB);
+        if (F8) widen(st);
+        const uint32_t stg = F8 ? 0u : (uint32_t)(st * 2 * TILEB);
 
         float s[NT_S][4];
 #pragma unroll
@@ -143,8 +196,13 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
             for (int np = 0; np < NT_S / 2; np++) {
                 uint32_t kb[4];
                 ldsm_x4(kb, aK + stg + (xk0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128 + np * 16 * ROWB);
-                mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
-                mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+                if (F8) {
+                    mma16816_f16(s[2 * np], qf[kk], kb[0], kb[1]);
+                    mma16816_f16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+                } else {
+                    mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
+                    mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+                }
             }
         if (valid != 0xffffffffu) {
 #pragma unroll
@@ -187,19 +245,25 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
 #pragma unroll
         for (int kk = 0; kk < KS_P; kk++) {
             uint32_t pa[4];
-            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            auto pk = [](float lo, float hi) { return F8 ? pack_f16(lo, hi) : pack_bf16(lo, hi); };
+            pa[0] = pk(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pk(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pk(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pk(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
             for (int np = 0; np < NT_O / 2; np++) {
                 uint32_t vb[4];
                 ldsm_x4_t(vb, aV + stg + (xv0 ^ ((uint32_t)(np & 3) << 5)) + (np >> 2) * 128 + kk * 16 * ROWB);
-                mma16816(oacc[2 * np], pa, vb[0], vb[1]);
-                mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
+                if (F8) {
+                    mma16816_f16(oacc[2 * np], pa, vb[0], vb[1]);
+                    mma16816_f16(oacc[2 * np + 1], pa, vb[2], vb[3]);
+                } else {
+                    mma16816(oacc[2 * np], pa, vb[0], vb[1]);
+                    mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
+                }
             }
         }
-        __syncwarp();  // the stage is free for the tile after the next
+        __syncwarp();  // the stage (and FP8's f16 tiles) are free again
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -225,26 +289,44 @@ k_decode_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const b
         }
     }
     __syncthreads();
-    dec_finish<HD, DTC_ROWS, W>(wm, wl, wacc, w_s, last_flag, t, kvh, z, S, n_act, nh, nkv, g, 1.0f, out, part,
+    dec_finish<HD, DTC_ROWS, W>(wm, wl, wacc, w_s, last_flag, t, kvh, z, S, n_act, nh, nkv, g, vs, out, part,
                                 count);
 }
 
-template <int HD, int W>
-int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
+template <int HD, int W, typename KT>
+int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m, int64_t n_slots,
-               int nh, int nkv, float sl2, int window, int min_keys, bf16 *out) {
+               int nh, int nkv, float sl2, float vs, int window, int min_keys, bf16 *out) {
     constexpr size_t smem = dtc_smem_bytes<HD, W>();
-    auto kern = k_decode_tc<HD, W>;
+    auto kern = k_decode_tc<HD, W, KT>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "decode attention: shared memory"))
         return -1;
     return kc_check(b,
-                    kc_launch(b, kern, grid, dim3(W * 32), smem, q, kcache, vcache, pos, seq, tab, m->n_seqs,
-                              m->max_blocks, m->block_size, n_slots, nh, nkv, nh / nkv, sl2, window, min_keys, out,
-                              b->attn_part, b->attn_count),
+                    kc_launch(b, kern, grid, dim3(W * 32), smem, q, (const KT *)kcache, (const KT *)vcache, pos, seq,
+                              tab, m->n_seqs, m->max_blocks, m->block_size, n_slots, nh, nkv, nh / nkv, sl2, vs,
+                              window, min_keys, out, b->attn_part, b->attn_count),
                     "decode attention (tensor cores)");
+}
+
+template <typename KT>
+int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
+                 const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                 const int32_t *d_tab, int nh, int nkv, int hd, float sl2, float vs, int window, int min_keys,
+                 bf16 *out) {
+    if (hd == 64)
+        return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, vs,
+                                     window, min_keys, out);
+    // KAON_DEC_TC_WARPS=2/3/6 (A/B of the block shape: 3 CTAs of 2 warps, 2 of 3, or 1 of 6 per SM;
+    // default one CTA of 4 warps per SM).
+    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 4;
+#define DTC_W(W)                                                                                                   \
+    dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, vs, window, \
+                           min_keys, out)
+    return w_env == 2 ? DTC_W(2) : w_env == 3 ? DTC_W(3) : w_env == 6 ? DTC_W(6) : DTC_W(4);
+#undef DTC_W
 }
 
 }  // namespace
@@ -260,9 +342,10 @@ static int dtc_mode(void) {
     return v;
 }
 
-int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
-                           const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                           const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
+int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
+                           bool fp8, const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos,
+                           const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv, int hd, float scale, float vs,
+                           int window, bf16 *out) {
     const int g = nkv > 0 ? nh / nkv : 0, mode = dtc_mode();
     if (mode == 0 || (mode == 2 && m->n_tokens <= 4) || g < 2 || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
     // Steps that may hold prefill runs (their tokens reach this grid as invalid positions) stay
@@ -272,14 +355,8 @@ int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
     const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 2 * 4 * DTC_BN;  // 2 tiles per warp of 4
     const float sl2 = scale * 1.4426950408889634f;
-    if (hd == 64)
-        return dtc_launch<64, 4>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window,
-                                 min_keys, out);
-    // KAON_DEC_TC_WARPS=2/3/6 (A/B of the block shape: 3 CTAs of 2 warps, 2 of 3, or 1 of 6 per SM;
-    // default one CTA of 4 warps per SM).
-    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 4;
-#define DTC_W(W) \
-    dtc_launch<128, W>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, window, min_keys, out)
-    return w_env == 2 ? DTC_W(2) : w_env == 3 ? DTC_W(3) : w_env == 6 ? DTC_W(6) : DTC_W(4);
-#undef DTC_W
+    return fp8 ? dtc_dispatch<uint8_t>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2,
+                                       vs, window, min_keys, out)
+               : dtc_dispatch<bf16>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2,
+                                    vs, window, min_keys, out);
 }

@@ -268,11 +268,13 @@ int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
                         const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
 
 // The tensor-core decode kernel (cuda_attention_decode_tc.cu) on kc_attention_decode's grid
-// (tokens, KV heads, ranges; attn_part / attn_count sized for it): 1 when KAON_DEC_TC leaves these
-// shapes to the CUDA-core kernel, else 0 launched / -1 error.
-int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
-                           const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                           const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
+// (tokens, KV heads, ranges; attn_part / attn_count sized for it), over a bf16 cache or an FP8 one
+// (scale with k_scale folded in, vs = v_scale): 1 when it leaves these shapes to the CUDA-core
+// kernel (KAON_DEC_TC, launch size, group, head_dim), else 0 launched / -1 error.
+int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
+                           bool fp8, const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos,
+                           const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv, int hd, float scale, float vs,
+                           int window, bf16 *out);
 
 // The same kernel over an FP8 cache (e4m3 codes; values code * k_scale, code * v_scale).
 int kc_attention_decode_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
