@@ -7,6 +7,27 @@
 
 #define DEC_MAX_SPLITS 64
 
+// The keys [k0, k1) of range z (of S) that a decode block of token t serves: the token's context
+// (its window's last keys) cut into n_act ranges of at least min_keys; bt is the sequence's block
+// table. Read from the step's metadata only, so a block may take it before kc_pdl_wait.
+struct DecRange {
+    int k0, k1, n_act;
+    const int32_t *bt;
+};
+__device__ __forceinline__ DecRange dec_range(const int32_t *pos, const int32_t *seq, const int32_t *tables, int t,
+                                              int z, int S, int n_seqs, int max_blocks, int bs, int window,
+                                              int min_keys) {
+    const int p = ld_meta(pos + t), sq = ld_meta(seq + t);
+    const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
+    const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;  // the first key
+    const int len = ok ? p + 1 - lo : 0;
+    int n_act = (len + min_keys - 1) / min_keys;
+    n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
+    const int chunk = (len + n_act - 1) / n_act;
+    const int r0 = min(len, z * chunk);
+    return DecRange{lo + r0, lo + min(len, r0 + chunk), n_act, tables + (size_t)(ok ? sq : 0) * max_blocks};
+}
+
 // The block's end, shared by the decode kernels: the W warps' (max, sum, output) of each of the
 // g heads, in shared memory as wm/wl [W][G] and wacc [W][G][HD] (log2 units), are merged; one
 // range writes out, a split context leaves its partial and the last range to finish merges them.

@@ -76,16 +76,9 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
 
     const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int p = ld_meta(pos + t), sq = ld_meta(seq + t);
-    const bool ok = p >= 0 && sq >= 0 && sq < n_seqs && p / bs < max_blocks;
-    const int lo = ok && window > 0 && p >= window ? p - window + 1 : 0;  // the first key
-    const int len = ok ? p + 1 - lo : 0;
-    int n_act = (len + min_keys - 1) / min_keys;
-    n_act = n_act < 1 ? 1 : (n_act > S ? S : n_act);
-    const int chunk = (len + n_act - 1) / n_act;
-    const int r0 = min(len, z * chunk);
-    const int k0 = lo + r0, k1 = lo + min(len, r0 + chunk);
-    const int32_t *bt = tables + (size_t)(ok ? sq : 0) * max_blocks;
+    const DecRange rg = dec_range(pos, seq, tables, t, z, S, n_seqs, max_blocks, bs, window, min_keys);
+    const int n_act = rg.n_act, k0 = rg.k0, k1 = rg.k1;
+    const int32_t *bt = rg.bt;
     const size_t row = (size_t)nkv * HD;
     const KT *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
     kc_pdl_wait();  // every block waits, also an idle range
