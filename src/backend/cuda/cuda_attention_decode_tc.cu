@@ -312,25 +312,27 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
     if (hd == 64)
         return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, vs,
                                      window, min_keys, out);
-    // KAON_DEC_TC_WARPS=2/3/6 (A/B of the block shape: 3 CTAs of 2 warps, 2 of 3, or 1 of 6 per SM;
-    // default one CTA of 4 warps per SM).
-    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 4;
+    // Blocks of 2 warps (3 per SM) for batched steps: 256 x 1K 262 us vs 296 with one block of 4 per
+    // SM; 4 warps for launches of <= 4 tokens (batch 1: 242 tok/s with 4, 228 with 2).
+    // KAON_DEC_TC_WARPS=2/3/4/6 overrides (A/B).
+    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
+    const int w = w_env ? w_env : m->n_tokens <= 4 ? 4 : 2;
 #define DTC_W(W)                                                                                                   \
     dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, vs, window, \
                            min_keys, out)
-    return w_env == 2 ? DTC_W(2) : w_env == 3 ? DTC_W(3) : w_env == 6 ? DTC_W(6) : DTC_W(4);
+    return w == 2 ? DTC_W(2) : w == 3 ? DTC_W(3) : w == 6 ? DTC_W(6) : DTC_W(4);
 #undef DTC_W
 }
 
 }  // namespace
 
-// Which launches take this kernel. Default: launches of more than 4 tokens (batched steps) whose
-// KV heads serve at least 2 query heads; KAON_DEC_TC=0 never, =1 every launch size (batch 1 too).
+// Which launches take this kernel: every launch whose KV heads serve 2-16 query heads (measured
+// faster than the CUDA-core kernel at batch 1 too, PERF.md 2026-12-05); KAON_DEC_TC=0 never.
 static int dtc_mode(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("KAON_DEC_TC");
-        v = !e ? 2 : !strcmp(e, "0") ? 0 : 1;
+        v = e && !strcmp(e, "0") ? 0 : 1;
     }
     return v;
 }
@@ -340,13 +342,13 @@ int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *
                            const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv, int hd, float scale, float vs,
                            int window, bf16 *out) {
     const int g = nkv > 0 ? nh / nkv : 0, mode = dtc_mode();
-    if (mode == 0 || (mode == 2 && m->n_tokens <= 4) || g < 2 || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
+    if (mode == 0 || g < 2 || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
     // Steps that may hold prefill runs (their tokens reach this grid as invalid positions) stay
     // with the CUDA-core kernel: a block here holds an SM's shared memory even to write zeros.
     if (m->n_tokens - m->n_seqs >= 15) return 1;
-    // Ranges of at least two tiles per warp (KAON_DEC_MIN_KEYS overrides, as for the other kernel).
+    // Ranges of 256 keys at least (KAON_DEC_MIN_KEYS overrides, as for the other kernel).
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
-    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 2 * 4 * DTC_BN;  // 2 tiles per warp of 4
+    const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 8 * DTC_BN;
     const float sl2 = scale * 1.4426950408889634f;
     return fp8 ? dtc_dispatch<uint8_t>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2,
                                        vs, window, min_keys, out)
