@@ -270,7 +270,7 @@ int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
 // The tensor-core decode kernel (cuda_attention_decode_tc.cu) on kc_attention_decode's grid
 // (tokens, KV heads, ranges; attn_part / attn_count sized for it), over a bf16 cache or an FP8 one
 // (scale with k_scale folded in, vs = v_scale): 1 when it leaves these shapes to the CUDA-core
-// kernel (KAON_DEC_TC, launch size, group, head_dim), else 0 launched / -1 error.
+// kernel (KAON_DEC_TC=0, a group outside 2-16, head_dim, a step with prefill runs), else 0 launched / -1 error.
 int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                            bool fp8, const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos,
                            const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv, int hd, float scale, float vs,
