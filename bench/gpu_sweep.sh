@@ -12,7 +12,9 @@
 # Dummy weights have no tokenizer: bench/dummy_model.py writes one covering the vocabulary next to
 # the config, so the stream carries one chunk per token as with a real model; prompts go as token
 # ids. Needs only python3 (matplotlib for the PNGs; without it `python3 bench/plot.py
-# $OUT/serve-*.json --out-dir $OUT` makes them later on any machine).
+# $OUT/serve-*.json --out-dir $OUT` makes them later on any machine). With torch, the copy
+# bandwidth is measured first and each level is printed beside its serving roofline (prefill at
+# 790 TFLOP/s + decode steps at that bandwidth; bench/roofline.py --serve); BW overrides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KAON_BUILD:?set KAON_BUILD to a kaon build with CUDA}"
@@ -31,6 +33,8 @@ name=$(basename "$CONFIG" .json)
 mkdir -p "$OUT"
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+# The copy bandwidth (bytes read + written per second) before the server takes the memory.
+BW=${BW:-$("$PYTHON" -c 'import sys; sys.path.insert(0, "bench"); from gpu_decode import copy_bandwidth; print(copy_bandwidth())' 2>/dev/null || true)}
 "$PYTHON" bench/dummy_model.py "$CONFIG" "$OUT/model"
 vocab=$("$PYTHON" -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get("vocab_size") or c["text_config"]["vocab_size"])' "$CONFIG")
 
@@ -65,5 +69,11 @@ KAON_COMMIT=${KAON_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)} \
 kill $server 2>/dev/null || true
 wait $server 2>/dev/null || true
 trap - EXIT
+result=$(ls -t "$OUT"/serve-*.json 2>/dev/null | head -1 || true)
+if [ -n "$BW" ] && [ -n "$result" ]; then
+  "$PYTHON" bench/roofline.py "$CONFIG" --serve "$result" --bw "$BW" | tee "$OUT/roofline.txt"
+else
+  echo "no serving roofline: copy bandwidth not measured (torch missing? set BW=bytes/s) or no result JSON"
+fi
 grep -E "engine:|plan|graph" "$OUT/server.log" | head -5 || true
 echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -69,10 +69,8 @@ def main():
         cap = re.search(r"KV cache (\d+) blocks x (\d+) tokens", p.stderr)
         if cap:
             c = max(1, min(c, int(cap.group(1)) * int(cap.group(2)) // (a.prompt + a.output)))
-        w, kv_tok = roofline.step_bytes(cfg, c, kv_elem=1 if a.kv_cache_dtype == "fp8" else None)
-        step = (w + c * kv_tok * (a.prompt + a.output / 2)) / bw
-        prefill = 2 * roofline.active_params(cfg) * a.prompt * n / 790e12
-        roof = n * a.output / (n / c * a.output * step + prefill)
+        roof = roofline.serving_roofline(cfg, n, c, a.prompt, a.output, bw,
+                                         kv_elem=1 if a.kv_cache_dtype == "fp8" else None)
         row = dict(kind="throughput", config=Path(a.config).name, tp=a.tp, requests=n, in_flight=c,
                    kv_cache_dtype=a.kv_cache_dtype, prompt=a.prompt, output=a.output,
                    generated=gen, seconds=secs, output_tok_s=gen / secs, roofline_tok_s=roof,

@@ -11,6 +11,12 @@ the format's bytes per element with its scales (quant_elem_bytes), while the emb
 head, the norms and the routers stay bf16, as the checkpoints keep them.
 
   python3 bench/roofline.py bench/configs/deepseek-ai__DeepSeek-V2-Lite.json --ctx 1024 --batch 1 64
+
+Serving (serving_roofline): prefill at PREFILL_FLOPS plus decode steps that stream the weights
+and the in-flight contexts at the copy bandwidth; --serve prints it beside each level of a
+bench/serve.py result (bench/gpu_sweep.sh does):
+
+  python3 bench/roofline.py CONFIG --serve OUT/serve-*.json --bw 4.8e12
 """
 import argparse
 import json
@@ -114,14 +120,54 @@ def decode_roofline(cfg, bw, ctx, batch=1):
     return batch * bw / (w + batch * kv * ctx), w + batch * kv * ctx
 
 
+PREFILL_FLOPS = 790e12  # H200 bf16 dense tensor-core rate the prefill bars use
+
+
+def serving_roofline(cfg, requests, in_flight, prompt, output, bw, kv_elem=None):
+    """Output tok/s of `requests` requests of prompt + output tokens, in_flight at a time, if every
+    prompt ran at PREFILL_FLOPS and every decode step streamed its weights and the contexts in
+    flight (half-way through their outputs on average) at bw bytes/s."""
+    w, kv_tok = step_bytes(cfg, in_flight, kv_elem=kv_elem)
+    step = (w + in_flight * kv_tok * (prompt + output / 2)) / bw
+    prefill = 2 * active_params(cfg) * prompt * requests / PREFILL_FLOPS
+    return requests * output / (requests / in_flight * output * step + prefill)
+
+
+def serve_levels(cfg, result, bw, kv_elem=None):
+    """Rows of a bench/serve.py result: each level's output tok/s beside its serving roofline."""
+    rows = []
+    for r in result["runs"]:
+        n = r["completed"]
+        if not n:
+            continue
+        c = min(int(r["max_concurrency"] or n), n)
+        roof = serving_roofline(cfg, n, c, r["total_input_tokens"] / n, r["total_output_tokens"] / n, bw, kv_elem)
+        rows.append(dict(concurrency=c, requests=n, failed=r["failed"], output_tok_s=r["output_throughput"],
+                         roofline_tok_s=roof, fraction=r["output_throughput"] / roof,
+                         ttft_p50_ms=r["median_ttft_ms"], ttft_p99_ms=r["p99_ttft_ms"], tpot_p50_ms=r["median_tpot_ms"]))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
+    ap.add_argument("--serve", default=None, help="a bench/serve.py result JSON: its levels beside their rooflines")
+    ap.add_argument("--kv-elem", type=int, default=None, help="bytes per cached element (1: an FP8 cache)")
     ap.add_argument("--ctx", type=float, default=1024)
     ap.add_argument("--batch", type=int, nargs="*", default=[1])
     ap.add_argument("--bw", type=float, default=4.257e12, help="copy bandwidth, bytes/s (H200 measured 4.257 TB/s)")
     a = ap.parse_args()
     cfg = json.loads(Path(a.config).read_text())
+    if a.serve:
+        print(f"serving roofline: prefill at {PREFILL_FLOPS / 1e12:.0f} TFLOP/s + decode steps at {a.bw / 1e12:.3f} TB/s")
+        print(f"{'clients':>8} {'requests':>8} {'failed':>6} {'output tok/s':>12} {'roofline':>9} {'fraction':>8} "
+              f"{'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'TPOT p50 ms':>11}")
+        for r in serve_levels(cfg, json.loads(Path(a.serve).read_text()), a.bw, a.kv_elem):
+            print(f"{r['concurrency']:>8} {r['requests']:>8} {r['failed']:>6} {r['output_tok_s']:>12.0f} "
+                  f"{r['roofline_tok_s']:>9.0f} {r['fraction'] * 100:>7.1f}% {r['ttft_p50_ms']:>11.0f} "
+                  f"{r['ttft_p99_ms']:>11.0f} {r['tpot_p50_ms']:>11.1f}")
+            print(json.dumps(dict(r, kind="serve_roofline", bw_TBs=a.bw / 1e12)))
+        return
     s = shape(cfg)
     print(json.dumps(dict(s, active_params=active_params(cfg))))
     for b in a.batch:

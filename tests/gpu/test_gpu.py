@@ -306,11 +306,14 @@ FA_CASES = [
 ]
 
 
+# The step's other tokens: the tensor-core decode kernel over just them (a list made by
+# begin_step), or the CUDA-core kernel over every row (KAON_DEC_TC=0; graphed steps do that).
+@pytest.mark.parametrize("dec", ["tc", "cudacore"])
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs", FA_CASES)
-def test_attention_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs):
+def test_attention_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs, dec):
     rng = np.random.default_rng()
     arrays, params, order, K, V = attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=True)
-    run_op(tmp_path, "attn", dict(params, fused=0), arrays)
+    run_op(tmp_path, "attn", dict(params, fused=0), arrays, env={"KAON_DEC_TC": "1" if dec == "tc" else "0"})
     ref = attention_ref(arrays["q"], order, K, V, nh, nkv, hd)
     got = out(tmp_path, shape=ref.shape)
     e = rel(got, ref)

@@ -277,7 +277,7 @@ k_decode_attn(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const K
 #pragma unroll
         for (int d = 0; d < DPL; d++) wacc[warp][h][lane * DPL + d] = acc[h][d];
     __syncthreads();
-    dec_finish<HD, G, W>(&wm[0][0], &wl[0][0], &wacc[0][0][0], &w_s[0][0], &last_flag, t, kvh, z, S, n_act, nh, nkv,
+    dec_finish<HD, G, W>(&wm[0][0], &wl[0][0], &wacc[0][0][0], &w_s[0][0], &last_flag, t, t, kvh, z, S, n_act, nh, nkv,
                          g, vs, out, part, count);
 }
 
@@ -320,13 +320,27 @@ static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const KT *kc
     return 0;
 }
 
+// The step's tokens outside prefill runs, when this launch may take just them: d_pos is the
+// marked copy of the positions (a step with runs), the step is not graphed (the list is the host's
+// choice, made in begin_step), and m is the step's own metadata. NULL when not.
+static const int32_t *rest_tokens(const kc_backend *b, const kaon_attn_meta *m, const int32_t *d_pos) {
+    if (!b->fa_mark || d_pos != b->fa_mark || b->in_graph_step || b->capturing || b->n_rest < 0) return NULL;
+    if (m->positions != b->h_pos || m->token_seq != b->h_seq || m->n_tokens != b->m_tokens) return NULL;
+    return b->d_rest;
+}
+
 template <typename KT>
 static int decode_any(kc_backend *b, const bf16 *q, const KT *kcache, const KT *vcache, const kaon_attn_meta *m,
                       int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq, const int32_t *d_tab, int nh,
                       int nkv, int hd, float scale, float vs, int window, bf16 *out) {
-    const int T = m->n_tokens, g = nh / nkv;
-    if (T <= 0) return 0;
+    const int g = nh / nkv;
+    if (m->n_tokens <= 0) return 0;
     if ((hd != 64 && hd != 128 && hd != 256) || g > (hd == 256 ? 4 : 8) || nh % nkv) return 1;
+    // A mixed step's decode tokens alone on the tensor-core kernel (its prefill runs go to the
+    // prefill kernel, which writes every row of theirs); else a block row per token.
+    const int32_t *tmap = kc_attention_decode_tc_takes(nh, nkv, hd) ? rest_tokens(b, m, d_pos) : NULL;
+    const int T = tmap ? b->n_rest : m->n_tokens;
+    if (T == 0) return 0;
     // Enough (token, kv head, range) blocks for four waves of 4-warp blocks; the ranges in use
     // shrink with the context inside the kernel.
     int64_t want = (4LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
@@ -341,7 +355,7 @@ static int decode_any(kc_backend *b, const bf16 *q, const KT *kcache, const KT *
     const dim3 grid((unsigned)T, (unsigned)nkv, (unsigned)S);
     // The tensor-core kernel where it is chosen (cuda_attention_decode_tc.cu).
     const int tc = kc_attention_decode_tc(b, grid, q, kcache, vcache, sizeof(KT) == 1, m, n_slots, d_pos, d_seq,
-                                          d_tab, nh, nkv, hd, scale, vs, window, out);
+                                          d_tab, tmap, nh, nkv, hd, scale, vs, window, out);
     if (tc <= 0) return tc;
     const float qscale = scale * 1.4426950408889634f;  // scores in log2 units
     int rc;

@@ -31,9 +31,10 @@ __device__ __forceinline__ DecRange dec_range(const int32_t *pos, const int32_t 
 // The block's end, shared by the decode kernels: the W warps' (max, sum, output) of each of the
 // g heads, in shared memory as wm/wl [W][G] and wacc [W][G][HD] (log2 units), are merged; one
 // range writes out, a split context leaves its partial and the last range to finish merges them.
+// t: the token (its output rows); pt: its index among the launch's tokens (partials, counters).
 template <int HD, int G, int W>
 __device__ __forceinline__ void dec_finish(const float *wm, const float *wl, const float *wacc, float *w_s,
-                                           int *last_flag, int t, int kvh, int z, int S, int n_act, int nh,
+                                           int *last_flag, int t, int pt, int kvh, int z, int S, int n_act, int nh,
                                            int nkv, int g, float vs, bf16 *__restrict__ out,
                                            float *__restrict__ part, unsigned *__restrict__ count) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -51,11 +52,11 @@ __device__ __forceinline__ void dec_finish(const float *wm, const float *wl, con
             L += f * wl[w * G + h];
             O += f * wacc[(w * G + h) * HD + d];
         }
-        const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
+        const size_t hk = (size_t)kvh * g + h;  // the head among the token's
         if (n_act == 1) {
-            out[head * HD + d] = __float2bfloat16(L > 0.f ? O / L * vs : 0.f);
+            out[((size_t)t * nh + hk) * HD + d] = __float2bfloat16(L > 0.f ? O / L * vs : 0.f);
         } else {
-            float *pp = part + (head * S + z) * stride;
+            float *pp = part + (((size_t)pt * nh + hk) * S + z) * stride;
             pp[d] = O * vs;
             if (d == 0) {
                 pp[HD] = M;
@@ -68,13 +69,13 @@ __device__ __forceinline__ void dec_finish(const float *wm, const float *wl, con
     // Split context: the last range to finish merges the partials.
     __threadfence();
     __syncthreads();
-    unsigned *cnt = count + (size_t)t * nkv + kvh;
+    unsigned *cnt = count + (size_t)pt * nkv + kvh;
     if (tid == 0) *last_flag = atomicAdd(cnt, 1u) == (unsigned)(n_act - 1);
     __syncthreads();
     if (!*last_flag) return;
     __threadfence();
     for (int h = warp; h < g; h += W) {
-        const float *pb = part + ((size_t)t * nh + (size_t)kvh * g + h) * S * stride;
+        const float *pb = part + ((size_t)pt * nh + (size_t)kvh * g + h) * S * stride;
         const float m0 = lane < n_act ? __ldcg(pb + lane * stride + HD) : -INFINITY;
         const float m1 = lane + 32 < n_act ? __ldcg(pb + (lane + 32) * stride + HD) : -INFINITY;
         float M = fmaxf(m0, m1);
@@ -93,7 +94,7 @@ __device__ __forceinline__ void dec_finish(const float *wm, const float *wl, con
     for (int i = tid; i < g * HD; i += W * 32) {
         const int h = i / HD, d = i % HD;
         const size_t head = (size_t)t * nh + (size_t)kvh * g + h;
-        const float *pb = part + head * S * stride;
+        const float *pb = part + ((size_t)pt * nh + (size_t)kvh * g + h) * S * stride;
         float o = 0.f;
 #pragma unroll 8
         for (int zz = 0; zz < n_act; zz++) o = fmaf(w_s[h * DEC_MAX_SPLITS + zz], __ldcg(pb + zz * stride + d), o);

@@ -20,6 +20,7 @@
 // CUDA-core kernel (dtc_mode says which launches come here).
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_decode.cuh"
+#include "backend/cuda/cuda_attention_runs.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <cuda_fp8.h>
@@ -63,7 +64,8 @@ __global__ void __launch_bounds__(W * 32, 1)
 k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
             const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, const int32_t *__restrict__ tables,
             int n_seqs, int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int g, float sl2, float vs,
-            int window, int min_keys, bf16 *__restrict__ out, float *__restrict__ part, unsigned *__restrict__ count) {
+            int window, int min_keys, const int32_t *__restrict__ tmap, bf16 *__restrict__ out,
+            float *__restrict__ part, unsigned *__restrict__ count) {
     constexpr bool F8 = sizeof(KT) == 1;
     constexpr int ROWB = HD * 2, CH = HD / 8, TILEB = DTC_BN * ROWB;
     constexpr int KS_Q = HD / 16, NT_S = DTC_BN / 8, NT_O = HD / 8, KS_P = DTC_BN / 16;
@@ -74,7 +76,8 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     int *last_flag = (int *)(smem + dtc_smem_bytes<HD, W>() - 16);
     kc_pdl_trigger();
 
-    const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    // Block row bx serves token tmap[bx] (a mixed step's decode tokens) or token bx.
+    const int bx = blockIdx.x, t = tmap ? ld_meta(tmap + bx) : bx, kvh = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const DecRange rg = dec_range(pos, seq, tables, t, z, S, n_seqs, max_blocks, bs, window, min_keys);
     const int n_act = rg.n_act, k0 = rg.k0, k1 = rg.k1;
@@ -282,14 +285,15 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         }
     }
     __syncthreads();
-    dec_finish<HD, DTC_ROWS, W>(wm, wl, wacc, w_s, last_flag, t, kvh, z, S, n_act, nh, nkv, g, vs, out, part,
+    dec_finish<HD, DTC_ROWS, W>(wm, wl, wacc, w_s, last_flag, t, bx, kvh, z, S, n_act, nh, nkv, g, vs, out, part,
                                 count);
 }
 
 template <int HD, int W, typename KT>
 int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
-               const int32_t *pos, const int32_t *seq, const int32_t *tab, const kaon_attn_meta *m, int64_t n_slots,
-               int nh, int nkv, float sl2, float vs, int window, int min_keys, bf16 *out) {
+               const int32_t *pos, const int32_t *seq, const int32_t *tab, const int32_t *tmap,
+               const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, float sl2, float vs, int window,
+               int min_keys, bf16 *out) {
     constexpr size_t smem = dtc_smem_bytes<HD, W>();
     auto kern = k_decode_tc<HD, W, KT>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
@@ -300,26 +304,26 @@ int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, cons
     return kc_check(b,
                     kc_launch(b, kern, grid, dim3(W * 32), smem, q, (const KT *)kcache, (const KT *)vcache, pos, seq,
                               tab, m->n_seqs, m->max_blocks, m->block_size, n_slots, nh, nkv, nh / nkv, sl2, vs,
-                              window, min_keys, out, b->attn_part, b->attn_count),
+                              window, min_keys, tmap, out, b->attn_part, b->attn_count),
                     "decode attention (tensor cores)");
 }
 
 template <typename KT>
 int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
-                 const int32_t *d_tab, int nh, int nkv, int hd, float sl2, float vs, int window, int min_keys,
-                 bf16 *out) {
+                 const int32_t *d_tab, const int32_t *tmap, int nh, int nkv, int hd, float sl2, float vs,
+                 int window, int min_keys, bf16 *out) {
     if (hd == 64)
-        return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, vs,
-                                     window, min_keys, out);
+        return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
+                                     sl2, vs, window, min_keys, out);
     // Blocks of 2 warps (3 per SM) for batched steps: 256 x 1K 262 us vs 296 with one block of 4 per
     // SM; 4 warps for launches of <= 4 tokens (batch 1: 242 tok/s with 4, 228 with 2).
     // KAON_DEC_TC_WARPS=2/3/4/6 overrides (A/B).
     static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
-    const int w = w_env ? w_env : m->n_tokens <= 4 ? 4 : 2;
+    const int w = w_env ? w_env : grid.x <= 4 ? 4 : 2;
 #define DTC_W(W)                                                                                                   \
-    dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, m, n_slots, nh, nkv, sl2, vs, window, \
-                           min_keys, out)
+    dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs,   \
+                           window, min_keys, out)
     return w == 2 ? DTC_W(2) : w == 3 ? DTC_W(3) : w == 6 ? DTC_W(6) : DTC_W(4);
 #undef DTC_W
 }
@@ -337,21 +341,26 @@ static int dtc_mode(void) {
     return v;
 }
 
+bool kc_attention_decode_tc_takes(int nh, int nkv, int hd) {
+    const int g = nkv > 0 ? nh / nkv : 0;
+    return dtc_mode() != 0 && g >= 2 && g <= DTC_ROWS && (hd == 64 || hd == 128);
+}
+
 int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                            bool fp8, const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos,
-                           const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv, int hd, float scale, float vs,
-                           int window, bf16 *out) {
-    const int g = nkv > 0 ? nh / nkv : 0, mode = dtc_mode();
-    if (mode == 0 || g < 2 || g > DTC_ROWS || (hd != 64 && hd != 128)) return 1;
-    // Steps that may hold prefill runs (their tokens reach this grid as invalid positions) stay
-    // with the CUDA-core kernel: a block here holds an SM's shared memory even to write zeros.
-    if (m->n_tokens - m->n_seqs >= 15) return 1;
+                           const int32_t *d_seq, const int32_t *d_tab, const int32_t *tmap, int nh, int nkv, int hd,
+                           float scale, float vs, int window, bf16 *out) {
+    if (!kc_attention_decode_tc_takes(nh, nkv, hd)) return 1;
+    // Steps that may hold prefill runs, without the list of their other tokens (graphed steps),
+    // stay with the CUDA-core kernel: a block here holds 32 KB of shared memory per warp even to
+    // write the zeros of a marked token.
+    if (!tmap && m->n_tokens - m->n_seqs >= FA_MIN_RUN - 1) return 1;
     // Ranges of 256 keys at least (KAON_DEC_MIN_KEYS overrides, as for the other kernel).
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
     const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 8 * DTC_BN;
     const float sl2 = scale * 1.4426950408889634f;
-    return fp8 ? dtc_dispatch<uint8_t>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2,
-                                       vs, window, min_keys, out)
-               : dtc_dispatch<bf16>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2,
-                                    vs, window, min_keys, out);
+    return fp8 ? dtc_dispatch<uint8_t>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv,
+                                       hd, sl2, vs, window, min_keys, out)
+               : dtc_dispatch<bf16>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv, hd,
+                                    sl2, vs, window, min_keys, out);
 }

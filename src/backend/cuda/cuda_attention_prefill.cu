@@ -31,6 +31,7 @@
 // Shared-memory tiles are rows of hd bf16 whose 16-byte chunks are XOR-swizzled by row % 8,
 // so ldmatrix (8 rows of one chunk column) and the cp.async stores are free of bank conflicts.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_attention_runs.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <limits.h>
@@ -39,17 +40,9 @@
 #include <string.h>
 
 #define FA_BM 128         // rows per CTA
-#define FA_MIN_RUN 16     // tokens of one sequence in a row that go to this kernel
 #define FA_MARK (-2)      // position the split-K kernel sees for them
 
 namespace {
-
-// The same validity test as the split-K kernel's.
-__device__ __forceinline__ bool tok_ok(const int32_t *pos, const int32_t *seq, int u, int n_seqs,
-                                       int max_blocks, int bs) {
-    const int p = pos[u], s = seq[u];
-    return p >= 0 && s >= 0 && s < n_seqs && p / bs < max_blocks;
-}
 
 // mark[t] = FA_MARK for the tokens of runs of >= FA_MIN_RUN, else pos[t].
 __global__ void k_fa_mark(const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, int T,
@@ -57,21 +50,11 @@ __global__ void k_fa_mark(const int32_t *__restrict__ pos, const int32_t *__rest
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     const int p = pos[t];
-    if (!tok_ok(pos, seq, t, n_seqs, max_blocks, bs)) {
+    if (!fa_tok_ok(pos, seq, t, n_seqs, max_blocks, bs)) {
         mark[t] = p == FA_MARK ? -1 : p;  // invalid either way; never mistaken for a mark
         return;
     }
-    const int s = seq[t];
-    int n = 1;
-    for (int u = t - 1; u >= 0 && n < FA_MIN_RUN; u--) {
-        if (seq[u] != s || !tok_ok(pos, seq, u, n_seqs, max_blocks, bs)) break;
-        n++;
-    }
-    for (int u = t + 1; u < T && n < FA_MIN_RUN; u++) {
-        if (seq[u] != s || !tok_ok(pos, seq, u, n_seqs, max_blocks, bs)) break;
-        n++;
-    }
-    mark[t] = n >= FA_MIN_RUN ? FA_MARK : p;
+    mark[t] = fa_in_run(pos, seq, T, t, n_seqs, max_blocks, bs) ? FA_MARK : p;
 }
 
 // grid (windows, n_kv_heads), NW warps; dynamic shared memory: fa_smem_bytes.

@@ -6,6 +6,7 @@
 // kept (the first one) and reported by status(), which the runner calls once per step after
 // the logits have come back (the one synchronisation of a step).
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_attention_runs.cuh"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -209,7 +210,7 @@ static int cuda_begin_step(kaon_backend *be, const int32_t *tokens, const kaon_a
     const size_t tab = (size_t)S * (size_t)MB;
     const size_t o_pos = al4((size_t)T), o_seq = o_pos + al4((size_t)T);
     const size_t o_slot = o_seq + al4((size_t)T), o_rows = o_slot + al4((size_t)T);
-    const size_t o_tab = o_rows + al4((size_t)n_rows), total = o_tab + al4(tab);
+    const size_t o_tab = o_rows + al4((size_t)n_rows), o_rest = o_tab + al4(tab), total = o_rest + al4((size_t)T);
     if (total > b->meta_cap) {
         size_t cap = total + total / 2 + 1024;
         cudaStreamSynchronize(b->stream);
@@ -232,6 +233,17 @@ static int cuda_begin_step(kaon_backend *be, const int32_t *tokens, const kaon_a
     if (m && m->slot_mapping && T) memcpy(h + o_slot, m->slot_mapping, sizeof(int32_t) * (size_t)T);
     if (rows && n_rows) memcpy(h + o_rows, rows, sizeof(int32_t) * (size_t)n_rows);
     if (m && m->block_tables && tab) memcpy(h + o_tab, m->block_tables, sizeof(int32_t) * tab);
+    // The tokens outside prefill runs, for the decode kernel of a step with runs (cuda_attention.cu).
+    b->n_rest = -1;
+    if (m && m->positions && m->token_seq && m->block_tables && T - S >= FA_MIN_RUN - 1 && MB > 0 &&
+        m->block_size > 0) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            if (!fa_tok_ok(m->positions, m->token_seq, t, S, MB, m->block_size) ||
+                !fa_in_run(m->positions, m->token_seq, T, t, S, MB, m->block_size))
+                h[o_rest + n++] = t;
+        b->n_rest = n;
+    }
     if (kc_check(b, cudaMemcpyAsync(b->meta_dev, h, total * 4, cudaMemcpyHostToDevice, b->stream),
                  "step metadata copy") ||
         kc_check(b, cudaEventRecord(b->meta_done, b->stream), "step metadata"))
@@ -248,6 +260,7 @@ static int cuda_begin_step(kaon_backend *be, const int32_t *tokens, const kaon_a
     b->d_slot = b->meta_dev + o_slot;
     b->d_rows = b->meta_dev + o_rows;
     b->d_tables = b->meta_dev + o_tab;
+    b->d_rest = b->meta_dev + o_rest;
     b->m_tokens = T;
     b->m_seqs = S;
     b->m_max_blocks = MB;

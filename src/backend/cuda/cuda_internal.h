@@ -64,6 +64,10 @@ typedef struct kc_backend {
     const int32_t *h_tokens, *h_pos, *h_seq, *h_slot, *h_tables, *h_rows;
     int32_t *d_tokens, *d_pos, *d_seq, *d_slot, *d_tables, *d_rows;
     int m_tokens, m_seqs, m_max_blocks, m_rows;
+    // The step's tokens outside prefill runs (cuda_attention_runs.cuh), when it may have runs:
+    // n_rest of them at d_rest (in the same transfer); n_rest -1 when not listed.
+    const int32_t *d_rest;
+    int n_rest;
     int32_t *meta_dev, *meta_host;  // device buffer and its pinned staging
     size_t meta_cap;                // int32 elements of each
     cudaEvent_t meta_done;          // the staging may be rewritten once this has passed
@@ -269,12 +273,14 @@ int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
 
 // The tensor-core decode kernel (cuda_attention_decode_tc.cu) on kc_attention_decode's grid
 // (tokens, KV heads, ranges; attn_part / attn_count sized for it), over a bf16 cache or an FP8 one
-// (scale with k_scale folded in, vs = v_scale): 1 when it leaves these shapes to the CUDA-core
-// kernel (KAON_DEC_TC=0, a group outside 2-16, head_dim, a step with prefill runs), else 0 launched / -1 error.
+// (scale with k_scale folded in, vs = v_scale); tmap: the tokens of the grid's rows (NULL: row t
+// is token t). 1 when it leaves the launch to the CUDA-core kernel (KAON_DEC_TC=0, a group
+// outside 2-16, head_dim, a step that may hold prefill runs without tmap), else 0 launched / -1 error.
+bool kc_attention_decode_tc_takes(int nh, int nkv, int hd);
 int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                            bool fp8, const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos,
-                           const int32_t *d_seq, const int32_t *d_tab, int nh, int nkv, int hd, float scale, float vs,
-                           int window, bf16 *out);
+                           const int32_t *d_seq, const int32_t *d_tab, const int32_t *tmap, int nh, int nkv, int hd,
+                           float scale, float vs, int window, bf16 *out);
 
 // The same kernel over an FP8 cache (e4m3 codes; values code * k_scale, code * v_scale).
 int kc_attention_decode_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
