@@ -126,7 +126,7 @@ typedef struct kaon_moe_weights {
     float act_alpha, act_limit;
     // Expert parallelism (model/tp.h): this rank computes experts [e0, e1) only; every token is
     // still routed over all E (the same choice on every rank) and the other experts' weights are
-    // not read. e1 == 0: all of them. The CPU backend's op honours it; the others refuse it.
+    // not read. e1 == 0: all of them. The CPU and CUDA backends' ops honour it (CUDA: not with FP8 experts).
     int e0, e1;
 } kaon_moe_weights;
 

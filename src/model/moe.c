@@ -445,21 +445,34 @@ void kaon_moe_free_model(kaon_model *m) {
 
 // dense: the backend's moe op reads only its dense format (the router and the experts on
 // CUDA), so quantized GGUF blocks are expanded there; the shared expert goes through the
-// linear ops, which read them quantized.
+// linear ops, which read them quantized. o: where t sits in the whole tensor (dummy values of
+// an expert-parallel rank's rows: the whole's); NULL: t is whole (CUDA refuses tensor parallel
+// dummy weights with a shared expert, whose split has no origin).
 static int copy_one(kaon_backend *be, const kaon_tensor *t, bool dummy, uint64_t seed, bool dense,
-                    kaon_tensor *dst) {
+                    const kaon_dummy_origin *o, kaon_tensor *dst) {
     memset(dst, 0, sizeof *dst);
     if (!t->data) return 0;
     if (!dummy) return (dense && be->ops->upload_dense ? be->ops->upload_dense : be->ops->upload)(be, t, dst);
     const float scale = 1.0f / sqrtf((float)t->shape[t->ndim - 1]);
-    return be->ops->fill_dummy(be, t, NULL, seed, scale, 0.0f, dst);  // whole: CUDA refuses TP with experts
+    return be->ops->fill_dummy(be, t, o, seed, scale, 0.0f, dst);
+}
+
+// The experts a layer's device copy holds: [e0, e1) under expert parallelism (model/tp.h:
+// kaon_moe_weights.e0/e1), else all of them. A view of another rank's expert is left empty.
+static void held_experts(const kaon_moe_layer *l, int *e0, int *e1) {
+    *e0 = l->w.e1 > 0 ? l->w.e0 : 0;
+    *e1 = l->w.e1 > 0 ? l->w.e1 : l->w.n_experts;
 }
 
 // One tensor per expert (HF per-expert names, older GGUF files): a host copy that stacks
 // them, [E * rows, cols] per kind, so the device holds each kind in one allocation and a
 // kernel finds expert e at a fixed stride. NULL + error on failure (or mixed formats).
+// Expert parallel: only the rank's experts [e0, e1), expert e0 first ([(e1 - e0) * rows, cols]).
 static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
     const int E = host->w.n_experts;
+    int e0, e1;
+    held_experts(host, &e0, &e1);
+    const int ne = e1 - e0;
     kaon_moe_layer *st = calloc(1, sizeof *st);
     if (!st || layer_alloc(st, E, 3)) {
         free(st);
@@ -472,9 +485,9 @@ static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
     st->score_bias = host->score_bias;
     st->w = host->w;
     for (int k = 0; k < 3; k++) {
-        const kaon_tensor *v0 = &host->views[k * E].w;
+        const kaon_tensor *v0 = &host->views[k * E + e0].w;
         const size_t bytes = v0->nbytes;
-        for (int e = 1; e < E; e++) {
+        for (int e = e0 + 1; e < e1; e++) {
             const kaon_tensor *v = &host->views[k * E + e].w;
             if (v->dtype != v0->dtype || v->nbytes != bytes || v->shape[0] != v0->shape[0]) {
                 kaon_set_error("experts of one layer have different formats (%s, %s)",
@@ -482,19 +495,19 @@ static kaon_moe_layer *stack_experts(const kaon_moe_layer *host, void **blobs) {
                 goto fail;
             }
         }
-        char *blob = malloc(bytes * (size_t)E);
+        char *blob = malloc(bytes * (size_t)ne);
         if (!blob) {
-            kaon_set_error("out of memory stacking experts (%zu MiB)", (bytes * (size_t)E) >> 20);
+            kaon_set_error("out of memory stacking experts (%zu MiB)", (bytes * (size_t)ne) >> 20);
             goto fail;
         }
         blobs[k] = blob;
-        for (int e = 0; e < E; e++) memcpy(blob + bytes * (size_t)e, host->views[k * E + e].w.data, bytes);
+        for (int e = e0; e < e1; e++) memcpy(blob + bytes * (size_t)(e - e0), host->views[k * E + e].w.data, bytes);
         kaon_tensor *t = &st->src[k];
         *t = *v0;
-        t->shape[0] = v0->shape[0] * E;
+        t->shape[0] = v0->shape[0] * ne;
         t->data = blob;
-        t->nbytes = bytes * (size_t)E;
-        for (int e = 0; e < E; e++) set_view(st, E, k, e, k, (int64_t)e * v0->shape[0], v0->shape[0]);
+        t->nbytes = bytes * (size_t)ne;
+        for (int e = e0; e < e1; e++) set_view(st, E, k, e, k, (int64_t)(e - e0) * v0->shape[0], v0->shape[0]);
     }
     st->n_src = 3;
     return st;
@@ -531,7 +544,11 @@ int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, ui
         const char *why = device_unsupported(be, v);
         if (why) return kaon_set_error("experts with %s run on the CPU backend only for now", why);
     }
-    if (kaon_linear_is_fp8_block(&host->views[0])) return upload_fp8_layer(be, host, dummy, seed, dev);
+    if (kaon_linear_is_fp8_block(&host->views[0])) {
+        if (host->w.e1 > 0)  // (cuda_moe.cu refuses it too: its FP8 combine has no slot-less choices)
+            return kaon_set_error("expert parallel on a device: FP8 experts are not supported yet (bf16 experts only)");
+        return upload_fp8_layer(be, host, dummy, seed, dev);
+    }
     if (E < 2 || host->n_src != 3 * E) return upload_layer(be, host, dummy, seed, dev);
     void *blobs[3] = {NULL, NULL, NULL};
     kaon_moe_layer *st = stack_experts(host, blobs);
@@ -548,17 +565,17 @@ int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, ui
 static int copy_shared(kaon_backend *be, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dst) {
     memset(dst, 0, sizeof *dst);
     if (host->w.data && host->scale.data) return be->ops->upload_linear(be, host, dummy, seed, dst);
-    return copy_one(be, &host->w, dummy, seed, false, &dst->w);
+    return copy_one(be, &host->w, dummy, seed, false, NULL, &dst->w);
 }
 
 // The layer's router, shared expert, its gate input and the selection bias (the parts every
 // upload path copies the same way).
 static int upload_common(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                          kaon_moe_layer *dev) {
-    int rc = copy_one(be, &host->router.w, dummy, seed, true, &dev->router.w);
+    int rc = copy_one(be, &host->router.w, dummy, seed, true, NULL, &dev->router.w);
     for (int i = 0; i < 3 && !rc; i++) rc = copy_shared(be, &host->shared[i], dummy, seed + 1 + i, &dev->shared[i]);
-    if (!rc) rc = copy_one(be, &host->shared_gate_inp.w, dummy, seed + 4, true, &dev->shared_gate_inp.w);
-    if (!rc) rc = copy_one(be, &host->score_bias, dummy, seed + 5, false, &dev->score_bias);
+    if (!rc) rc = copy_one(be, &host->shared_gate_inp.w, dummy, seed + 4, true, NULL, &dev->shared_gate_inp.w);
+    if (!rc) rc = copy_one(be, &host->score_bias, dummy, seed + 5, false, NULL, &dev->score_bias);
     return rc;
 }
 
@@ -676,23 +693,61 @@ static int upload_fp8_layer(kaon_backend *be, const kaon_moe_layer *host, bool d
     return 0;
 }
 
+// Expert parallel (host->w.e1 > 0): of each source only the rows that the rank's experts
+// [e0, e1) view (none: the source is not copied), so a kind's device copy starts at expert e0's
+// first row and the views of [e0, e1) are rebuilt at their rows less that start (dummy weights:
+// those rows' values in the whole source); the other experts' views stay empty.
 static int upload_layer(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                         kaon_moe_layer *dev) {
     const int E = host->w.n_experts;
+    const bool ep = host->w.e1 > 0;
+    int e0, e1;
+    held_experts(host, &e0, &e1);
     if (layer_alloc(dev, E, host->n_src > 0 ? host->n_src : 1)) return -1;
+    int64_t *first = calloc((size_t)(host->n_src > 0 ? host->n_src : 1), sizeof *first);  // source row 0 on the device
+    if (!first) {
+        layer_free(dev);
+        return kaon_set_error("out of memory");
+    }
     dev->n_src = 0;
     int rc = upload_common(be, host, dummy, seed, dev);
-    for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++)
-        rc = copy_one(be, &host->src[i], dummy, seed + 8 + (uint64_t)i, true, &dev->src[i]);
+    for (int i = 0; i < host->n_src && !rc; i++, dev->n_src++) {
+        const kaon_tensor *src = &host->src[i];
+        if (!ep) {
+            rc = copy_one(be, src, dummy, seed + 8 + (uint64_t)i, true, NULL, &dev->src[i]);
+            continue;
+        }
+        int64_t lo = src->shape[0], hi = 0;  // rows [lo, hi) of this source that [e0, e1) view
+        for (int k = 0; k < 3; k++)
+            for (int e = e0; e < e1; e++)
+                if (host->src_of[k * E + e] == i) {
+                    const int64_t r0 = host->row0[k * E + e], r1 = r0 + host->views[k * E + e].w.shape[0];
+                    lo = r0 < lo ? r0 : lo;
+                    hi = r1 > hi ? r1 : hi;
+                }
+        if (hi <= lo) continue;  // another rank's experts only (per-expert sources): not copied
+        kaon_tensor part = *src;
+        const size_t rb = kaon_dtype_row_bytes(src->dtype, src->shape[1]);
+        part.data = (char *)src->data + (size_t)lo * rb;
+        part.shape[0] = hi - lo;
+        part.nbytes = (size_t)(hi - lo) * rb;
+        const kaon_dummy_origin o = {.dim = 0, .lo = lo, .full = src->shape[0]};
+        first[i] = lo;
+        rc = copy_one(be, &part, dummy, seed + 8 + (uint64_t)i, true, lo > 0 || hi < src->shape[0] ? &o : NULL,
+                      &dev->src[i]);
+    }
     if (rc) {
+        free(first);
         kaon_moe_release(be, dev);
         return -1;
     }
     for (int k = 0; k < 3; k++)
-        for (int e = 0; e < E; e++) {
+        for (int e = e0; e < e1; e++) {
             const kaon_tensor *hv = &host->views[k * E + e].w;
-            set_view(dev, E, k, e, host->src_of[k * E + e], host->row0[k * E + e], hv->shape[0]);
+            const int s = host->src_of[k * E + e];
+            set_view(dev, E, k, e, s, host->row0[k * E + e] - first[s], hv->shape[0]);
         }
+    free(first);
     dev->w = host->w;
     point_weights(dev);
     return 0;

@@ -54,7 +54,8 @@ int kaon_moe_load_layer(struct kaon_model *m, int l);
 int kaon_moe_dummy_layer(struct kaon_model *m, int l);
 void kaon_moe_free_model(struct kaon_model *m);
 
-// Device copies: every source uploaded (or created: dummy) once, views rebuilt over them.
+// Device copies: every source uploaded (or created: dummy) once, views rebuilt over them; a rank
+// of expert parallelism ([e0, e1) set in host) uploads only its experts' rows.
 int kaon_moe_upload(kaon_backend *be, const kaon_moe_layer *host, bool dummy, uint64_t seed,
                     kaon_moe_layer *dev);
 void kaon_moe_release(kaon_backend *be, kaon_moe_layer *dev);

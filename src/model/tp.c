@@ -479,11 +479,47 @@ bool kaon_tp_same_device(void) {
     return e && !strcmp(e, "1");
 }
 
+// A weight the CUDA ranks take as it is: f32, f16 or bf16 without scales (NULL), or its format.
+static const char *cuda_tp_format(const kaon_linear *l) {
+    const kaon_dtype t = l->w.dtype;
+    if (t != KAON_F32 && t != KAON_F16 && t != KAON_BF16) return kaon_dtype_name(t);
+    return l->scale.data ? "quantized" : NULL;
+}
+
+// A MoE model's layers on CUDA ranks (expert parallel, kaon_tp_create): routers, experts and shared
+// experts in f32/f16/bf16 (the CUDA upload gives the moe op bf16), no dummy shared expert (its
+// split, tp_moe.c, cuts host placeholders that a device never fills: no origin to fill from).
+static int cuda_tp_moe_check(const kaon_model *m) {
+    const kaon_model_config *c = &m->cfg;
+    if (!m->w.moe) return 0;
+    if (m->format == KAON_FORMAT_DUMMY && c->shared_expert_intermediate_size > 0)
+        return kaon_set_error("tensor parallel on CUDA: --load-format dummy with a shared expert is not supported "
+                              "yet (real weights are)");
+    for (int l = 0; l < c->n_layers; l++) {
+        const kaon_moe_layer *L = &m->w.moe[l];
+        if (!L->views) continue;
+        const int E = L->w.n_experts;
+        for (int i = 0; i < 3 * E + 4; i++) {
+            const kaon_linear *v = i < 3 * E ? &L->views[i] : i < 3 * E + 3 ? &L->shared[i - 3 * E] : &L->router;
+            if (!v->w.data) continue;
+            const char *f = cuda_tp_format(v);
+            if (f)
+                return kaon_set_error("tensor parallel on CUDA: layer %d's %s stored as %s (f32, f16 and bf16 "
+                                      "only for now)", l, i < 3 * E ? "experts are" : i < 3 * E + 3 ?
+                                      "shared expert is" : "router is", f);
+        }
+    }
+    return 0;
+}
+
 int kaon_tp_cuda_check(const kaon_model *m, int size, int kv_dtype) {
     const kaon_model_config *c = &m->cfg;
-    if (m->arch != &kaon_arch_llama || c->n_experts > 0 || c->kv_lora_rank > 0)
-        return kaon_set_error("tensor parallel on CUDA: dense Llama-family models only for now (%s%s)",
-                              m->arch->label, c->n_experts > 0 ? ", mixture of experts" : "");
+    // Mixture-of-experts models pass with expert parallelism only, which kaon_tp_create checks
+    // (this one does not know the flag).
+    if (m->arch != &kaon_arch_llama || c->kv_lora_rank > 0)
+        return kaon_set_error("tensor parallel on CUDA: the Llama family only for now (dense, or mixture of experts "
+                              "with --enable-expert-parallel; not %s%s)", m->arch->label,
+                              c->kv_lora_rank > 0 ? ", MLA" : "");
     if (m->gguf) return kaon_set_error("tensor parallel on CUDA: GGUF checkpoints are not supported yet");
     if (kv_dtype != KAON_KV_NATIVE) return kaon_set_error("tensor parallel on CUDA: bf16 KV cache only for now");
     if (size > 1 && kaon_tp_same_device() && size > 16)
@@ -491,6 +527,7 @@ int kaon_tp_cuda_check(const kaon_model *m, int size, int kv_dtype) {
     const kaon_arch_ops *a = m->arch;
     for (int i = 0; i < (int)a->n_weights; i++) {
         const kaon_weight_spec *s = &a->weights[i];
+        if (s->flags & KAON_W_EXPERTS) continue;  // the MoE layers: below
         for (int l = 0; l < (s->per_layer ? c->n_layers : 1); l++) {
             const kaon_tensor *t = kaon_weight_slot(m, (kaon_weights *)&m->w, s, l);
             if (!t->data) continue;
@@ -501,7 +538,13 @@ int kaon_tp_cuda_check(const kaon_model *m, int size, int kv_dtype) {
                 return kaon_set_error("tensor parallel on CUDA: quantized weights are not supported yet");
         }
     }
-    return 0;
+    return cuda_tp_moe_check(m);
+}
+
+// Device bytes of t as the backend stores it (dense: as the moe op reads it).
+static size_t dev_bytes(kaon_backend *be, const kaon_tensor *t, bool dense) {
+    if (!t->data) return 0;
+    return be->ops->weight_bytes ? be->ops->weight_bytes(be, t, dense) : t->nbytes;
 }
 
 size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size) {
@@ -516,6 +559,20 @@ size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size
             const size_t b = be->ops->weight_bytes ? be->ops->weight_bytes(be, t, false) : t->nbytes;
             total += s->shard == KAON_SHARD_COL || s->shard == KAON_SHARD_ROW ? b / (size_t)size : b;
         }
+    }
+    // MoE layers: the router, the shared expert's gate input and the selection bias whole, the shared
+    // expert 1/size, the routed experts' sources ceil(E / size) / E (the most one rank holds under
+    // expert parallelism; split experts take 1/size).
+    for (int l = 0; m->w.moe && l < m->cfg.n_layers; l++) {
+        const kaon_moe_layer *L = &m->w.moe[l];
+        if (!m->w.layer_moe[l] || !L->views) continue;
+        const int E = L->w.n_experts, most = (E + size - 1) / size;
+        total += dev_bytes(be, &L->router.w, true) + dev_bytes(be, &L->shared_gate_inp.w, false) +
+                 dev_bytes(be, &L->score_bias, false);
+        for (int k = 0; k < 3; k++) total += dev_bytes(be, &L->shared[k].w, false) / (size_t)size;
+        size_t experts = 0;
+        for (int k = 0; k < L->n_src; k++) experts += dev_bytes(be, &L->src[k], true);
+        total += E > 0 ? experts / (size_t)E * (size_t)most : 0;
     }
     return total;
 }
@@ -689,6 +746,13 @@ kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, i
     for (int r = 0; r < size; r++)
         if (kaon_tp_plan(m, size, r, ep, &lay)) return NULL;
     if (cuda_device >= 0 && kaon_tp_cuda_check(m, size, kv_dtype)) return NULL;
+    // CUDA ranks run whole experts (expert parallel): each expert's FFN columns split over the ranks
+    // would give the device views that are neither stacked nor strided (model/moe.c's upload).
+    if (cuda_device >= 0 && m->cfg.n_experts > 0 && !ep) {
+        kaon_set_error("tensor parallel on CUDA: mixture-of-experts models need --enable-expert-parallel for now "
+                       "(experts split over their FFN columns run on the CPU)");
+        return NULL;
+    }
     // On the CPU dummy weights get host values (the ranks' shards are views of them); a device
     // backend creates each rank's from its shard's shapes.
     if (cuda_device < 0 && m->format == KAON_FORMAT_DUMMY && kaon_weights_fill_host((kaon_model *)m)) return NULL;

@@ -22,8 +22,14 @@
 // heads' cache and activations in that device's memory, CUDA graphs per rank. The collectives
 // work on device memory in the backend's activation dtype (bf16): NCCL between the devices
 // (stream-ordered, so graphs record them), the logit slices gathered on the device and put side
-// by side there (copy_f32_strided) before rank 0 copies the rows to the host once. Dense Llama-
-// family models with f32/f16/bf16 weights only for now (kaon_tp_cuda_check). A test aid,
+// by side there (copy_f32_strided) before rank 0 copies the rows to the host once. Llama-family
+// models with f32/f16/bf16 weights only for now (kaon_tp_cuda_check): dense, or mixture of experts
+// under expert parallelism (below; kaon_tp_create refuses split experts on CUDA): each rank uploads
+// only its experts' rows of the stacked expert tensors (model/moe.c; dummy weights: those rows'
+// values in the whole) and the CUDA moe op (cuda_moe.cu) routes every token over all experts but
+// plans, runs and combines only the choices of its own, a token with none of them getting 0 (plus
+// its shared-expert part). Not yet on CUDA: MLA (DeepSeek), FP8/INT4/GGUF weights, experts split
+// over their FFN columns, dummy weights with a shared expert. A test aid,
 // KAON_TP_SAME_DEVICE=1, puts every rank on d0 with the same-device communicator
 // (comm_cuda_local.cu; host barriers: graphs off) so one GPU can check the sharding.
 //
@@ -124,9 +130,12 @@ int kaon_dp_check(const kaon_model *m, int size);
 typedef struct kaon_tp kaon_tp;
 kaon_tp *kaon_tp_create(const kaon_model *m, int size, bool ep, int n_threads, int max_batch_tokens,
                         int max_logits, int n_blocks, int block_size, int kv_dtype, int cuda_device);
-// Whether tensor parallelism on CUDA runs m: -1 + a one-line error naming what is missing.
+// Whether tensor parallelism on CUDA runs m: -1 + a one-line error naming what is missing. (A
+// mixture-of-experts model passes here; it runs with expert parallelism only, which kaon_tp_create
+// checks.)
 int kaon_tp_cuda_check(const kaon_model *m, int size, int kv_dtype);
-// Device bytes of one rank's weights (the backend's format): split weights 1/size, the others whole.
+// Device bytes of one rank's weights (the backend's format): split weights 1/size, the others whole;
+// routed experts ceil(E / size) of E (expert parallel), the shared expert 1/size.
 size_t kaon_tp_rank_weight_bytes(kaon_backend *be, const kaon_model *m, int size);
 // KAON_TP_SAME_DEVICE=1: every CUDA rank on the first device (a test aid).
 bool kaon_tp_same_device(void);

@@ -21,12 +21,13 @@
 //   gpu_driver qtimings                   quantized GEMV timings per GGUF format (JSON lines; the
 //                                         ops qlinear/qmulti/qsilu: gpu_driver_quant.c; the FP8
 //                                         ops fp8linear/fp8multi/fp8silu: gpu_driver_fp8.c)
-//   gpu_driver attn_bench [NH NKV HD MAXT WINDOW]
+//   gpu_driver attn_bench [NH NKV HD MAXT WINDOW [fp8]]
 //                                         prefill attention of one sequence at 1k..16k tokens
 //                                         (and a 2k chunk after a 6k prefix) : us and TFLOP/s
 //                                         (JSON lines); KAON_FA=0 times the split-K kernel instead;
 //                                         WINDOW > 0: sliding-window attention (FLOPs of the
-//                                         window's keys only)
+//                                         window's keys only); fp8: an FP8 cache (KAON_FA_FP8=0
+//                                         times the decode kernels instead)
 //   gpu_driver dec_bench [NH NKV HD [fp8]]
 //                                         decode attention of batched steps (B sequences x
 //                                         context L, scattered blocks): us and GB/s of KV read
@@ -400,7 +401,9 @@ static int run_op(const char *dir) {
     } else if (!strcmp(op, "moe")) {
         // Stacked experts: gate, up [E*F, dim], down [E*dim, F] (views per expert), router
         // [E, dim]; optional shared expert; optional positions (< 0: padding). Outputs out
-        // [n, dim] and the expert counters (as floats).
+        // [n, dim] and the expert counters (as floats). e1 > 0: expert parallel, the op runs
+        // experts [e0, e1) only; as a rank's upload (model/moe.c) the device then holds only their
+        // rows (bf16; views from expert e0's first row) and the other experts' views are empty.
         int n = P("n"), dim = P("dim"), E = P("E"), K = P("K"), F = P("F"), SF = P("SF");
         float *x = need(dir, "x.bin", (size_t)n * dim * 4);
         void *dx = dev_bf16(x, n, dim);
@@ -409,25 +412,27 @@ static int run_op(const char *dir) {
         // fp8 1: e4m3 experts (gate8.bin, up8.bin, down8.bin u8 codes; gate_s.bin ... f32 scales in
         // blocks of [sb0, sb1]; act: their kaon_act_quant), uploaded as model/moe.c uploads them.
         const bool fp8 = P("fp8") != 0;
+        const int h0 = P("e1") > 0 && !fp8 ? P("e0") : 0, h1 = P("e1") > 0 && !fp8 ? P("e1") : E;  // experts held
         kaon_linear sl[3];
         if (fp8) {
             sl[0] = fp8_layer(dir, "gate8.bin", "gate_s.bin", E * F, dim);
             sl[1] = fp8_layer(dir, "up8.bin", "up_s.bin", E * F, dim);
             sl[2] = fp8_layer(dir, "down8.bin", "down_s.bin", E * dim, F);
         } else {
-            sl[0] = kaon_linear_of((kaon_tensor[]){dev_matrix(need(dir, "gate.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim)}, NULL);
-            sl[1] = kaon_linear_of((kaon_tensor[]){dev_matrix(need(dir, "up.bin", (size_t)E * F * dim * 4), (int64_t)E * F, dim)}, NULL);
-            sl[2] = kaon_linear_of((kaon_tensor[]){dev_matrix(need(dir, "down.bin", (size_t)E * dim * F * 4), (int64_t)E * dim, F)}, NULL);
+            const size_t per = (size_t)F * dim, held = (size_t)(h1 - h0);
+            sl[0] = kaon_linear_of((kaon_tensor[]){dev_matrix((const float *)need(dir, "gate.bin", E * per * 4) + h0 * per, (int64_t)held * F, dim)}, NULL);
+            sl[1] = kaon_linear_of((kaon_tensor[]){dev_matrix((const float *)need(dir, "up.bin", E * per * 4) + h0 * per, (int64_t)held * F, dim)}, NULL);
+            sl[2] = kaon_linear_of((kaon_tensor[]){dev_matrix((const float *)need(dir, "down.bin", E * per * 4) + h0 * per, (int64_t)held * dim, F)}, NULL);
         }
         kaon_linear *views = calloc((size_t)3 * E, sizeof *views);
         for (int k = 0; k < 3; k++)
-            for (int e = 0; e < E; e++) {
+            for (int e = h0; e < h1; e++) {
                 const int64_t rows = k == 2 ? dim : F, cols = k == 2 ? F : dim;
                 const size_t eb = fp8 ? 1 : on_cpu ? 4 : 2;
                 kaon_linear *v = &views[k * E + e];
                 *v = sl[k];
                 v->w.shape[0] = rows;
-                v->w.data = (char *)sl[k].w.data + (size_t)e * rows * cols * eb;
+                v->w.data = (char *)sl[k].w.data + (size_t)(e - h0) * rows * cols * eb;
                 v->w.nbytes = (size_t)rows * cols * eb;
                 if (fp8) {  // expert e's scale rows
                     const int64_t er = rows / sl[k].scale_block[0], ec = sl[k].scale.shape[1];
@@ -437,7 +442,7 @@ static int run_op(const char *dir) {
                 }
             }
         kaon_moe_weights w = {.n_experts = E, .top_k = K, .norm_topk = P("norm") != 0, .router = &router,
-                              .gate = views, .up = views + E, .down = views + 2 * E};
+                              .gate = views, .up = views + E, .down = views + 2 * E, .e0 = P("e0"), .e1 = P("e1")};
         // DeepSeekMoE routing (all zero: softmax top-k as Mixtral / Qwen).
         w.scoring = P("scoring");
         w.n_group = P("n_group");
@@ -771,7 +776,7 @@ static int run_dec_bench(int nh, int nkv, int hd, bool fp8) {
 // Prefill attention: one sequence whose T new tokens sit at positions p0..p0+T-1 (the cache
 // holds 0..p0+T-1: random values), Llama-3.1-8B's heads by default. Causal FLOPs: 4 hd nh per
 // (query, key) pair, keys 0..p for the query at p (the last `window` of them when window > 0).
-static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window) {
+static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window, bool fp8) {
     be = kaon_backend_cuda_create(0);
     if (!be) die("no backend%s", "");
     const kaon_backend_ops *o = be->ops;
@@ -789,6 +794,17 @@ static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window) {
         void *y = o->alloc(be, (size_t)T * nh * hd * 2);
         if (!y) die("alloc%s", "");
         kaon_kv_layer kv = {kt.data, vt.data, KAON_KV_NATIVE, 1.0f, 1.0f};
+        if (fp8) {  // the same values as e4m3 codes: kv_write of every slot into a cache of bytes
+            const size_t n8 = (size_t)nb * bs * nkv * hd;
+            kv = (kaon_kv_layer){o->alloc(be, n8), o->alloc(be, n8), KAON_KV_FP8, 1.0f, 1.0f};
+            int32_t *all = malloc(sizeof(int32_t) * (size_t)nb * bs);
+            if (!kv.k || !kv.v || !all) die("alloc%s", "");
+            for (int i = 0; i < nb * bs; i++) all[i] = i;
+            kaon_attn_meta wm = {.n_tokens = nb * bs, .n_seqs = 1, .slot_mapping = all};
+            o->kv_write(be, &kv, kt.data, vt.data, &wm, nkv, hd);
+            sync_dev(kt.data);  // (before the slot list is freed)
+            free(all);
+        }
         int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)T * 3);
         int32_t *seq = pos + T, *slot = seq + T;
         for (int i = 0; i < nb; i++) tab[i] = nb - 1 - i;  // scattered blocks
@@ -816,13 +832,19 @@ static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window) {
         double pairs = 0.0;
         for (int i = 0; i < T; i++) pairs += window > 0 && p0 + i + 1 > window ? window : p0 + i + 1;
         double flops = 4.0 * hd * nh * pairs;
-        const char *fa = getenv("KAON_FA");
-        printf("{\"timing\": \"attn_prefill\", \"kernel\": \"%s\", \"T\": %d, \"p0\": %d, \"nh\": %d, "
-               "\"nkv\": %d, \"hd\": %d, \"window\": %d, \"reps\": %d, \"us\": %.1f, \"TFLOPs\": %.1f}\n",
-               fa && !strcmp(fa, "0") ? "split-k" : "fa", T, p0, nh, nkv, hd, window, reps, dt * 1e6,
-               flops / dt / 1e12);
+        const char *fa = getenv("KAON_FA"), *fa8 = getenv("KAON_FA_FP8");
+        const bool off = (fa && !strcmp(fa, "0")) || (fp8 && fa8 && !strcmp(fa8, "0"));
+        printf("{\"timing\": \"attn_prefill\", \"kernel\": \"%s\", \"kv\": \"%s\", \"T\": %d, \"p0\": %d, "
+               "\"nh\": %d, \"nkv\": %d, \"hd\": %d, \"window\": %d, \"reps\": %d, \"us\": %.1f, "
+               "\"TFLOPs\": %.1f}\n",
+               off ? (fp8 ? "decode" : "split-k") : "fa", fp8 ? "fp8" : "bf16", T, p0, nh, nkv, hd, window, reps,
+               dt * 1e6, flops / dt / 1e12);
         fflush(stdout);
         if (o->status(be)) die("attention failed%s", "");
+        if (fp8) {
+            o->free(be, kv.k);
+            o->free(be, kv.v);
+        }
         o->release(be, &kt);
         o->release(be, &vt);
         o->release(be, &qt);
@@ -1031,7 +1053,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "attn_bench"))
         return run_attn_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
                               argc > 4 ? atoi(argv[4]) : 128, argc > 5 ? atoi(argv[5]) : 16384,
-                              argc > 6 ? atoi(argv[6]) : 0);
+                              argc > 6 ? atoi(argv[6]) : 0, argc > 7 && !strcmp(argv[7], "fp8"));
     if (argc >= 2 && !strcmp(argv[1], "dec_bench"))
         return run_dec_bench(argc > 2 ? atoi(argv[2]) : 32, argc > 3 ? atoi(argv[3]) : 8,
                              argc > 4 ? atoi(argv[4]) : 128, argc > 5 && !strcmp(argv[5], "fp8"));

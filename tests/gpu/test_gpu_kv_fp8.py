@@ -9,6 +9,10 @@
   other than 1 with saturation; against the float64 reference over the e4m3-decoded K and V,
   and against the CPU backend's FP8-cache attention on the same inputs (KAON_OP_DEVICE=cpu);
   rope_kv_write (declined for FP8: rope + kv_write) on top.
+- prefill runs (>= 16 tokens of one sequence in a row) on the tensor-core prefill kernel over the
+  codes (cuda_attention_prefill.cu, hd 64 / 128), beside decode tokens, with prefixes, windows,
+  GQA 1-16, block sizes 16 / 32; the same cases with KAON_FA_FP8=0 (decode kernels only); that the
+  kernel is taken where it has an instance and not elsewhere.
 - models through the kaon binary: a tiny bf16 Llama's logits with the FP8 cache on CUDA against
   the CPU's FP8 cache and the numpy reference with the same round trip (prefill and decode);
   greedy with the FP8 cache against the bf16 cache on the default model (where present): the
@@ -24,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_gpu import BUILD, REPO, attention_case, bf16, out, record, rel, rope_ref, run_op
+from test_gpu import BUILD, REPO, attention_case, bf16, out, punch_window_holes, record, rel, rope_ref, run_op
 
 sys.path.insert(0, str(REPO / "tests" / "ref"))
 
@@ -95,6 +99,90 @@ def test_attention_fp8_cache(tmp_path, name, ctx, new, nh, nkv, hd, bs, window, 
     assert e_q < 1e-2 and d.max() < 3e-2, (e_q, float(d.max()))  # bf16 q and output, as the bf16 cache's test
     assert e_cpu < 1e-2
     assert rel(ref_q, ref) > 2 * e_q  # the e4m3 codes were read, not bf16 values
+
+
+# Prefill chunks laid out as the engine does (each sequence's tokens together): runs of >= 16
+# tokens take the tensor-core prefill kernel over the FP8 codes (hd 64 / 128), the other tokens
+# the decode kernels. Lengths around the 64-key tiles and the 16-token run threshold, contexts
+# of several tiles after a prefix, GQA 1-16 (7: rows of the CTA left over), windows (blocks
+# before them unmapped), hd 256 (no FP8 instance: every token on the decode kernel).
+FA_FP8_CASES = [
+    # name, cached positions, new tokens, nh, nkv, hd, block size, window, k_scale, v_scale
+    ("fa-lengths-g4", [0] * 10, [1, 15, 16, 17, 33, 64, 65, 127, 129, 300], 8, 2, 128, 16, 0, 1.0, 1.0),
+    ("fa-lengths-hd64-g1", [0] * 7, [16, 31, 63, 128, 129, 200, 300], 4, 4, 64, 16, 0, 1.0, 1.0),
+    ("fa-prefix-hit-g4", [1000], [200], 32, 8, 128, 16, 0, 1.0, 1.0),
+    ("fa-two-prefixes-hd64-bs32", [37, 555], [100, 77], 8, 8, 64, 32, 0, 1.0, 1.0),
+    ("fa-g8-bs32", [0, 20], [130, 45], 32, 4, 128, 32, 0, 1.0, 1.0),
+    ("fa-g7", [5], [90], 14, 2, 128, 16, 0, 1.0, 1.0),
+    ("fa-g2-hd64", [300], [256], 16, 8, 64, 16, 0, 1.0, 1.0),
+    ("fa-mixed-decode", [0, 3000, 50, 7], [150, 1, 20, 3], 16, 4, 128, 16, 0, 1.0, 1.0),
+    ("fa-mixed-hd64-g8-bs32", [2000, 0, 1, 600], [1, 70, 1, 40], 16, 2, 64, 32, 0, 1.0, 1.0),
+    ("fa-long-g8", [0], [1100], 8, 1, 128, 16, 0, 1.0, 1.0),
+    ("fa-g16", [0, 900], [100, 1], 32, 2, 128, 16, 0, 1.0, 1.0),  # the rest on the split-K kernel
+    ("fa-scales-saturating", [100, 0], [64, 300], 16, 4, 128, 16, 0, 0.004, 0.02),
+    ("fa-window-hd128", [0, 1000], [600, 200], 16, 8, 128, 16, 128, 1.0, 1.0),
+    ("fa-window-hd64-bs32", [0, 2000, 9], [300, 100, 1], 8, 2, 64, 32, 77, 1.0, 1.0),
+    ("fa-window-7", [0, 40], [90, 30], 16, 4, 128, 16, 7, 1.0, 1.0),
+    ("fa-window-1-g1", [0, 300], [50, 20], 4, 4, 64, 16, 1, 1.0, 1.0),
+    ("fa-hd256-refused", [0, 64], [70, 40], 8, 2, 256, 32, 0, 1.0, 1.0),
+]
+FA_FP8_OFF = {"KAON_FA_FP8": "0"}
+FA_ENVS = [None, {"KAON_DEC_TC": "0"}, SPLIT_K, FA_FP8_OFF]
+FA_ENV_IDS = ["fa+tc", "fa+cudacore", "fa+split-k", "fa-off"]
+
+
+def fp8_case(rng, ctx, new, nh, nkv, hd, bs, window, ks, vs):
+    arrays, params, order, K, V = attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=True)
+    if window:
+        punch_window_holes(arrays, order, bs, window)
+    params = dict(params, fused=0, window=window, kv_fp8=1, k_scale=ks, v_scale=vs)
+    Kq = [e4m3(k.astype(np.float64) / ks) * ks for k in K]
+    Vq = [e4m3(v.astype(np.float64) / vs) * vs for v in V]
+    return arrays, params, order, K, V, Kq, Vq
+
+
+# The other tokens: the tensor-core decode kernel over just them (fa+tc), the CUDA-core one over
+# every row (fa+cudacore, as graphed steps; it writes zeros that the prefill kernel overwrites), the
+# split-K one (fa+split-k); fa-off: KAON_FA_FP8=0, every token on the decode kernels.
+@pytest.mark.parametrize("env", FA_ENVS, ids=FA_ENV_IDS)
+@pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,window,ks,vs", FA_FP8_CASES)
+def test_attention_fp8_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs, window, ks, vs, env):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    arrays, params, order, K, V, Kq, Vq = fp8_case(rng, ctx, new, nh, nkv, hd, bs, window, ks, vs)
+    run_op(tmp_path, "attn", params, arrays, env=env)
+    got = out(tmp_path, shape=(len(order), nh, hd))
+    ref_q = attention_ref(arrays["q"], order, Kq, Vq, nh, nkv, hd, window)
+    ref = attention_ref(arrays["q"], order, [k.astype(np.float64) for k in K], [v.astype(np.float64) for v in V],
+                        nh, nkv, hd, window)
+    e_q = rel(got, ref_q)
+    # Per (token, head) too: a wrong row or tile edge must not hide in the global norm.
+    d = np.linalg.norm(got - ref_q, axis=-1) / np.maximum(np.linalg.norm(ref_q, axis=-1), 1e-30)
+    worst = np.unravel_index(int(np.argmax(d)), d.shape)
+    record("attention_fp8_prefill", case=name, env=env, rel_err=e_q, vs_plain=rel(got, ref), worst_row=float(d.max()),
+           worst_at=dict(seq=int(order[worst[0]][0]), pos=int(order[worst[0]][1]), head=int(worst[1])))
+    assert e_q < 1e-2 and d.max() < 3e-2, (name, e_q, float(d.max()), order[worst[0]], int(worst[1]))
+    assert rel(ref_q, ref) > 2 * e_q  # the e4m3 codes were read, not bf16 values
+
+
+@pytest.mark.parametrize("hd,taken", [(128, True), (64, True), (256, False)])
+def test_attention_fp8_prefill_kernel_taken(tmp_path, hd, taken):
+    """The prefill kernel's rows differ in rounding from the decode kernel's: with an FP8 instance
+    the run tokens' outputs change when KAON_FA_FP8=0 (both within the reference's tolerance, by
+    test_attention_fp8_prefill); without one (hd 256) the step runs the same kernels either way."""
+    rng = np.random.default_rng(7 + hd)
+    nh, nkv = 8, 2
+    arrays, params, order, K, V, Kq, Vq = fp8_case(rng, [0, 500], [200, 1], nh, nkv, hd, 16, 0, 1.0, 1.0)
+    run_op(tmp_path / "on", "attn", params, arrays)
+    run_op(tmp_path / "off", "attn", params, arrays, env=FA_FP8_OFF)
+    on = out(tmp_path / "on", shape=(len(order), nh, hd))
+    off = out(tmp_path / "off", shape=(len(order), nh, hd))
+    run = np.array([s == 0 for s, _ in order])  # the 200-token run (the decode token is the last row)
+    changed = float(np.mean(on[run] != off[run]))
+    record("attention_fp8_prefill_taken", hd=hd, changed=changed)
+    if taken:
+        assert changed > 0.0, changed  # (bf16 outputs of two f32 paths: rounding flips, not all elements)
+    else:
+        assert changed == 0.0, changed
 
 
 @pytest.mark.parametrize("inter,rot", [(0, 128), (1, 64)])

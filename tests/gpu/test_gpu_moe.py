@@ -51,8 +51,10 @@ def case_rngs(name, tries=50):
     pytest.fail(f"{name}: no inputs without too many near-ties in {tries} tries (the case's shape)")
 
 
-def moe_reference(x, router, gate, up, down, K, norm, shared=None, pos=None):
-    """float64 output [n, dim], expert counts [E], and which tokens have an unambiguous top-k."""
+def moe_reference(x, router, gate, up, down, K, norm, shared=None, pos=None, erange=None):
+    """float64 output [n, dim], expert counts [E], and which tokens have an unambiguous top-k.
+    erange (e0, e1): expert parallelism, only experts [e0, e1) add to the output (every token is
+    still routed over all experts, and every choice counted)."""
     x = x.astype(np.float64)
     n, E = x.shape[0], router.shape[0]
     logits, bounds = route_logits(x @ router.T.astype(np.float64))
@@ -81,6 +83,8 @@ def moe_reference(x, router, gate, up, down, K, norm, shared=None, pos=None):
         if not len(t):
             continue
         counts[e] = len(t)
+        if erange is not None and not erange[0] <= e < erange[1]:
+            continue
         g = x[t] @ gate[e].T.astype(np.float64)
         u = x[t] @ up[e].T.astype(np.float64)
         y = (g / (1 + np.exp(-g)) * u) @ down[e].T.astype(np.float64)
@@ -265,7 +269,7 @@ def ds_route(logits, K, scoring, bias, n_group, topk_group, top2, norm, scale):
     return top, w * (scale if scale > 0 else 1.0), margin
 
 
-def moe_reference_ds(x, router, gate, up, down, K, route, shared=None, pos=None):
+def moe_reference_ds(x, router, gate, up, down, K, route, shared=None, pos=None, erange=None):
     """As moe_reference, with DeepSeek routing; shared = (gate, up, down) without a gate input."""
     x = x.astype(np.float64)
     n, E = x.shape[0], router.shape[0]
@@ -290,6 +294,8 @@ def moe_reference_ds(x, router, gate, up, down, K, route, shared=None, pos=None)
         if not len(t):
             continue
         counts[e] = len(t)
+        if erange is not None and not erange[0] <= e < erange[1]:
+            continue
         g = x[t] @ gate[e].T.astype(np.float64)
         u = x[t] @ up[e].T.astype(np.float64)
         y = (g / (1 + np.exp(-g)) * u) @ down[e].T.astype(np.float64)
@@ -369,6 +375,93 @@ def test_moe_op_deepseek_routing(tmp_path, name, n, dim, E, K, F, SF, npad, rout
     print(name, f"rel err {e:.2e}, {amb} near-tie tokens left out, {us} us/call")
     assert e < 1.5e-2, e
     assert gpu_counts.sum() == 2 * K * (n - npad)
+    assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
+
+
+# ---- expert parallelism: a rank's experts [e0, e1) ------------------------------------------------
+
+V3 = dict(scoring=1, bias=True, n_group=8, topk_group=4, top2=1, norm=1, scale=2.5)
+EP_CASES = [
+    # name, n tokens, dim, E, K, ffn, renormalise, shared ffn, padding, [e0, e1), routing (None: softmax
+    # top-k; else DeepSeek's, its shared expert ungated), KAON_MOE_SMALL
+    ("ep-decode-1tok-mid", 1, 512, 16, 4, 128, 1, 0, 0, (4, 8), None, None),
+    ("ep-decode-batch8-most-none", 8, 512, 32, 2, 128, 1, 0, 0, (0, 4), None, None),
+    ("ep-decode-batch8-pad-shared", 8, 512, 16, 4, 128, 1, 256, 2, (12, 16), None, None),
+    ("ep-decode-batch6-general-path", 6, 512, 32, 4, 128, 1, 128, 1, (7, 19), None, "0"),
+    ("ep-prefill-uneven", 150, 512, 64, 6, 192, 1, 0, 5, (21, 43), None, None),
+    ("ep-prefill-one-expert-shared", 70, 256, 8, 2, 96, 0, 128, 0, (3, 4), None, None),
+    ("ep-prefill-last-range-tm64", 300, 256, 16, 4, 64, 1, 0, 0, (12, 16), None, None),
+    ("ep-prefill-whole-range", 40, 256, 16, 4, 64, 1, 0, 0, (0, 16), None, None),
+    ("ep-v3-decode", 4, 256, 256, 8, 64, 1, 128, 0, (64, 128), V3, None),
+    ("ep-v3-prefill-pad", 150, 256, 256, 8, 64, 1, 128, 7, (192, 256), V3, None),
+]
+
+
+@pytest.mark.parametrize("name,n,dim,E,K,F,norm,SF,npad,erange,route,small", EP_CASES)
+def test_moe_op_expert_range(tmp_path, name, n, dim, E, K, F, norm, SF, npad, erange, route, small):
+    """Expert parallelism (kaon_moe_weights.e0/e1, model/tp.h): the driver uploads only experts
+    [e0, e1)'s rows, as a rank's upload does (views from expert e0's first row, the others' views
+    empty); the op routes every token over all E and must give the float64 MoE of the experts in
+    the range alone (plus the shared expert), exactly 0 for a token none of whose experts is in
+    it (and no shared expert), zeros for padding, and count every choice (all E) as the full op."""
+    e0, e1 = erange
+    for rng in case_rngs(name):
+        x = bf16(rng.standard_normal((n, dim)))
+        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+        gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+        up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
+        down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
+        arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+        rt = None
+        if route is not None:
+            rt = dict(route, bias=(0.3 * rng.standard_normal(E)).astype(np.float32) if route.get("bias") else None)
+            if rt["bias"] is not None:
+                arrays["bias"] = rt["bias"]
+        shared = None
+        if SF:
+            shared = [bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
+                      bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF))]
+            arrays.update(sgate=shared[0], sup=shared[1], sdown=shared[2])
+            if rt is None:
+                shared.append(bf16(rng.standard_normal((1, dim)) / np.sqrt(dim)))
+                arrays["sgi"] = shared[3]
+        pos = None
+        if npad:
+            pos = np.arange(n, dtype=np.int32)
+            pos[rng.choice(n, npad, replace=False)] = -1
+            arrays["pos"] = pos
+        if rt is None:
+            ref, counts, clear = moe_reference(x, router, gate, up, down, K, norm, shared, pos, erange=erange)
+        else:
+            ref, counts, clear = moe_reference_ds(x, router, gate, up, down, K, rt, shared, pos, erange=erange)
+        live = np.ones(n, bool) if pos is None else pos >= 0
+        if clear[live].mean() > (0.7 if live.sum() >= 20 else 0.5):
+            break
+    params = dict(n=n, dim=dim, E=E, K=K, F=F, norm=norm, SF=SF, has_pos=int(npad > 0), e0=e0, e1=e1, reps=2,
+                  time=0 if ON_CPU else 20)
+    if rt is not None:
+        params.update(shared_gated=0, scoring=rt["scoring"], has_bias=int(rt["bias"] is not None),
+                      n_group=rt.get("n_group", 0), topk_group=rt.get("topk_group", 0), group_top2=rt.get("top2", 0),
+                      routed_scale=rt.get("scale", 0.0))
+    so = run_op(tmp_path, "moe", params, arrays, env={"KAON_MOE_SMALL": small} if small else None)
+    got = out(tmp_path, shape=(n, dim))
+    assert np.all(got[~live] == 0), "padding tokens must get zeros"
+    assert clear[live].mean() > (0.7 if live.sum() >= 20 else 0.5), f"too many near-ties: the test's inputs"
+    clear &= live
+    # Tokens none of whose (clear) choices is in the range, without a shared expert: exactly 0.
+    none_here = clear & (ref == 0).all(-1) if not SF else np.zeros(n, bool)
+    assert np.all(got[none_here] == 0), f"{int((got[none_here] != 0).any(-1).sum())} tokens without local experts got non-zero rows"
+    if name == "ep-decode-batch8-most-none":
+        assert none_here.sum() > 0, "the case must have tokens without local experts (the test's inputs)"
+    e = rel(got[clear], ref[clear])
+    gpu_counts = np.fromfile(tmp_path / "out_counts.bin", np.float32).astype(np.int64)
+    us = json.loads(so.strip().splitlines()[-1])["us"] if not ON_CPU else None
+    amb = int((~clear & live).sum())
+    record("moe_op_expert_range", case=name, rel_err=e, excluded=amb, no_local=int(none_here.sum()), us=us)
+    print(name, f"experts [{e0}, {e1}) of {E}: rel err {e:.2e}, {int(none_here.sum())} tokens with none of them, "
+          f"{amb} near-tie tokens left out, {us} us/call")
+    assert e < 1.5e-2, e
+    assert gpu_counts.sum() == 2 * K * (n - npad)  # every choice counted, on every rank
     assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
 
 

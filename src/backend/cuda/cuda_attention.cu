@@ -16,9 +16,9 @@
 //
 // The kernel is a template on the cache element: bf16, or FP8 e4m3 bytes (an FP8 cache; the
 // layer's k_scale is folded into the score scale, v_scale into the output, so the loads only
-// widen e4m3 to float). An FP8 cache runs the streaming decode kernel (templated the same way)
-// for every token where it has an instance, else this one: the tensor-core prefill kernel reads
-// bf16 only.
+// widen e4m3 to float). An FP8 cache takes the same path as bf16: prefill runs on the tensor-core
+// prefill kernel's FP8 instances (hd 64/128; KAON_FA_FP8=0 turns them off), the other tokens on
+// the decode kernels (templated the same way), this one where they have no instance.
 #include "backend/cuda/cuda_internal.h"
 
 #include <cuda_fp16.h>
@@ -395,12 +395,21 @@ int kc_attention_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const 
     if (m->n_tokens <= 0) return 0;
     const int32_t *d_pos, *d_seq, *d_tab;
     if (att_check(b, m, nh, nkv, hd, &d_pos, &d_seq, &d_tab)) return -1;
+    // As kc_attention: prefill runs on the tensor-core kernel over the codes (hd 64 / 128; else,
+    // or KAON_FA_FP8=0, the plan leaves every token to the kernels below), launched last.
+    const int32_t *d_pos_rest = d_pos;
+    const int fa = kc_attention_prefill_plan_fp8(b, m, nh, nkv, hd, scale, d_pos, d_seq, &d_pos_rest);
+    if (fa < 0) return -1;
     const char *dec_env = getenv("KAON_DECODE_ATTN");
     const int dec = dec_env && !strcmp(dec_env, "0")
                         ? 1
-                        : kc_attention_decode_fp8(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd,
-                                                  scale, k_scale, v_scale, window, out);
-    if (dec <= 0) return dec;
-    return launch_split<uint8_t>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd,
-                                 scale * k_scale, v_scale, window, out);
+                        : kc_attention_decode_fp8(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh,
+                                                  nkv, hd, scale, k_scale, v_scale, window, out);
+    if (dec < 0) return -1;
+    if (dec == 1 && launch_split<uint8_t>(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh, nkv, hd,
+                                          scale * k_scale, v_scale, window, out))
+        return -1;
+    return fa ? kc_attention_prefill_fp8(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, scale,
+                                         k_scale, v_scale, window, out)
+              : 0;
 }

@@ -30,10 +30,22 @@
 //     that begin before the highest window start of the warp.
 // Shared-memory tiles are rows of hd bf16 whose 16-byte chunks are XOR-swizzled by row % 8,
 // so ldmatrix (8 rows of one chunk column) and the cp.async stores are free of bank conflicts.
+//
+// FP8 cache (e4m3 codes, per-tensor k_scale / v_scale; hd 64 and 128, the same tiles, warps and
+// shared memory, so 2 CTAs per SM stay): a tile's codes (hd bytes a key, half a bf16 row) are
+// copied row-major into the upper half of its stage; once they land, each thread widens the
+// chunks it copied itself (no barrier to see them) to f16, exactly (every e4m3 value is an
+// f16), into the swizzled layout above: rows of the lower half at once (their f16 does not
+// reach the staging), the upper half's from registers after a barrier. The mmas then run on
+// f16 (Q saturated to +-65504 once per segment, P packed as f16); k_scale folds into the score
+// scale, v_scale into the output. K_j and V_j travel as one group, issued a tile ahead: tile
+// j + 1 is in flight while tile j is widened and computed, with two barriers a tile as in the
+// bf16 pipeline. KAON_FA_FP8=0 (or KAON_FA=0) leaves an FP8 cache's runs to the decode kernel.
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_runs.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
+#include <cuda_fp8.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -57,17 +69,59 @@ __global__ void k_fa_mark(const int32_t *__restrict__ pos, const int32_t *__rest
     mark[t] = fa_in_run(pos, seq, T, t, n_seqs, max_blocks, bs) ? FA_MARK : p;
 }
 
+// FP8 cache: two e4m3 codes (low byte first) as two f16, exactly (every e4m3 value is an f16).
+__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+// Eight codes (lo: the first four) as eight f16: one 16-byte chunk of an f16 row.
+__device__ __forceinline__ uint4 e4m3x8_f16(uint32_t lo, uint32_t hi) {
+    return make_uint4(e4m3x2_f16(lo), e4m3x2_f16(lo >> 16), e4m3x2_f16(hi), e4m3x2_f16(hi >> 16));
+}
+// Eight bf16 as eight f16, saturated at +-65504 (f16 has bf16's mantissa and more, not its range).
+__device__ __forceinline__ uint4 bf16x8_f16(uint4 v) {
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[i]);
+        w[i] = pack_f16(fminf(fmaxf(f.x, -65504.f), 65504.f), fminf(fmaxf(f.y, -65504.f), 65504.f));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+// threadIdx.x read anew where it is used (FP8 instances, which sit at the 255-register limit
+// at hd 128): the addresses derived from it are then mostly recomputed there rather than kept,
+// and spilled, across the tile loop (the front end neither hoists nor merges a volatile asm).
+__device__ __forceinline__ int tid_here() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+// The mma and P's packing for the tiles' element type: bf16, or f16 (FP8 cache).
+template <bool F16>
+__device__ __forceinline__ void mma_kt(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (F16) mma16816_f16(d, a, b0, b1);
+    else mma16816(d, a, b0, b1);
+}
+template <bool F16>
+__device__ __forceinline__ uint32_t pack_kt(float lo, float hi) {
+    if constexpr (F16) return pack_f16(lo, hi);
+    else return pack_bf16(lo, hi);
+}
+
 // grid (windows, n_kv_heads), NW warps; dynamic shared memory: fa_smem_bytes.
 // HD: head dim; BN: keys per tile; MT: 16-row m-tiles per warp (each K/V fragment read from
 // shared memory feeds MT mmas); NW * 16 * MT = FA_BM; QREG: Q fragments held in registers
 // (else re-read from shared memory every tile); MINB: CTAs per SM the registers are sized for.
-template <int HD, int BN, int MT, int NW, bool QREG, int MINB, bool WIN>
+// KT: the cache element, bf16 or uint8_t (e4m3 codes: sl2 has k_scale folded in, vs multiplies
+// the output; unused for bf16).
+template <int HD, int BN, int MT, int NW, bool QREG, int MINB, bool WIN, typename KT>
 __global__ void __launch_bounds__(NW * 32, MINB)
-k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
+k_fa_prefill(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
              const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
              const int32_t *__restrict__ seq, const int32_t *__restrict__ tables, int T, int max_blocks,
              int bs, int bs_shift, int64_t n_slots, int nh, int nkv, int g, int tpt, float sl2, int window,
-             bf16 *__restrict__ out) {
+             bf16 *__restrict__ out, float vs) {
+    constexpr bool F8 = sizeof(KT) == 1;
     constexpr int NTH = NW * 32;               // threads
     constexpr int RW = 16 * MT;                // rows per warp
     constexpr int NR = 2 * MT;                 // rows per thread: (m-tile, half)
@@ -84,6 +138,11 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
     constexpr int KS_P = BN / 16;  // k-steps of P V
     static_assert(NW * RW == FA_BM && NTH >= FA_BM && NTH >= BN && NW <= 8, "rows");
     static_assert(BN % 16 == 0 && HD % 64 == 0, "tile shapes");
+    // FP8: 16-byte chunks of codes per row, and per thread per K or V tile: whole passes, the
+    // first half of them rows 0 .. BN / 2 - 1.
+    constexpr int CH8 = HD / 16;
+    constexpr int LD8 = BN * CH8 / NTH;
+    static_assert(!F8 || (LD8 * NTH == BN * CH8 && LD8 % 2 == 0 && NTH / CH8 % 8 == 0), "FP8 staging passes");
 
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *sQ = smem;                  // [FA_BM][HD]
@@ -185,14 +244,17 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
             if (WIN) s_wmin[warp] = wmin;
         }
         if (tid < 4) s_bad[tid] = 0;
-        // Q rows of the segment (others zero).
+        // Q rows of the segment (others zero). (FP8: tid read anew, else the chunks' rows and
+        // columns are kept from one segment to the next and spilled across the tile loop.)
+        const int qtid = F8 ? tid_here() : tid;
 #pragma unroll
         for (int u = 0; u < QLDN; u++) {
-            const int c = tid + u * NTH, row = c / CH, ld_ch = c % CH, ti = row / g;
+            const int c = qtid + u * NTH, row = c / CH, ld_ch = c % CH, ti = row / g;
             if (c >= FA_BM * CH) break;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (ti >= a && ti <= e)
                 v = *(const uint4 *)(q + ((size_t)(t_base + ti) * nh + (size_t)kvh * g + row % g) * HD + ld_ch * 8);
+            if constexpr (F8) v = bf16x8_f16(v);
             *(uint4 *)(sQ + swz<HD>(row, ld_ch)) = v;
         }
         __syncthreads();
@@ -232,7 +294,7 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
         // last tile).
         auto issue = [&](int t, bool is_v) {
             if (t < n_tiles) {
-                const bf16 *cache = is_v ? vcache : kcache;
+                const KT *cache = is_v ? vcache : kcache;
                 const uint32_t dst = (is_v ? sV0 : sK0) + (uint32_t)((t & 1) * TILEB);
                 const int *sl = s_slot + (t % 3) * BN;
 #pragma unroll
@@ -240,19 +302,60 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
                     const int c = tid + u * NTH, kr = c / CH, ld_ch = c % CH;
                     if (c >= BN * CH) break;
                     const int slot = sl[kr];
-                    const bf16 *src = slot >= 0 ? cache + (size_t)slot * kv_row + (size_t)kvh * HD + ld_ch * 8 : cache;
+                    const KT *src = slot >= 0 ? cache + (size_t)slot * kv_row + (size_t)kvh * HD + ld_ch * 8 : cache;
                     cp_async16(dst + swz<HD>(kr, ld_ch), src, slot >= 0);
                 }
             }
             cp_async_commit();
         };
-        put_slots(j0, load_blk(j0));
-        put_slots(j0 + 1, load_blk(j0 + 1));
-        put_slots(j0 + 2, load_blk(j0 + 2));
-        __syncthreads();
-        issue(j0, false);
-        issue(j0, true);
-        issue(j0 + 1, false);
+        // FP8: tile t's K and V codes (HD bytes a key, row-major) into the upper half of stage
+        // t & 1's K and V buffers, one commit group.
+        auto issue_kv = [&](int t) {
+            if (t < n_tiles) {
+                const unsigned char *kc = (const unsigned char *)kcache, *vc = (const unsigned char *)vcache;
+                // (From a fresh tid: kept across the tile loop, these offsets were spilled.)
+                const int t0 = tid_here();
+                const uint32_t dst = (uint32_t)((t & 1) * TILEB + TILEB / 2 + t0 * 16);
+                const int *sl = s_slot + (t % 3) * BN + t0 / CH8;
+                const int col = kvh * HD + (t0 % CH8) * 16;
+#pragma unroll
+                for (int u = 0; u < LD8; u++) {
+                    const int slot = sl[u * (NTH / CH8)];
+                    const size_t o = (size_t)slot * kv_row + col;
+                    cp_async16(sK0 + dst + u * NTH * 16, slot >= 0 ? kc + o : kc, slot >= 0);
+                    cp_async16(sV0 + dst + u * NTH * 16, slot >= 0 ? vc + o : vc, slot >= 0);
+                }
+            }
+            cp_async_commit();
+        };
+        // FP8: staged chunk tid + u NTH (16 codes of row tid / CH8 + u NTH / CH8, whose row % 8
+        // is the same for every u) as f16 into its two swizzled chunks of the stage at dst. Which
+        // half goes first alternates every 4 chunks of the row, so that the 8 stores of a
+        // quarter warp land on 8 distinct bank groups.
+        auto put_f16 = [&](unsigned char *dst, int u, uint4 x) {
+            const int t = tid_here(), c8 = t % CH8, hb = (c8 >> 2) & 1;
+            const uint32_t a0 = hb ? x.z : x.x, a1 = hb ? x.w : x.y, b0 = hb ? x.x : x.z, b1 = hb ? x.y : x.w;
+            // Chunk 2 c8 + hb; the other one, 2 c8 + 1 - hb, is at that offset ^ 16.
+            const uint32_t o = swz<HD>(t / CH8, 2 * c8 + hb) + (uint32_t)(u * (NTH / CH8) * ROWB);
+            *(uint4 *)(dst + o) = e4m3x8_f16(a0, a1);
+            *(uint4 *)(dst + (o ^ 16u)) = e4m3x8_f16(b0, b1);
+        };
+        int blk_next = -1;  // FP8: tile j + 2's block-table entry, loaded a tile ahead
+        if constexpr (F8) {
+            put_slots(j0, load_blk(j0));
+            put_slots(j0 + 1, load_blk(j0 + 1));
+            blk_next = load_blk(j0 + 2);
+            __syncthreads();
+            issue_kv(j0);
+        } else {
+            put_slots(j0, load_blk(j0));
+            put_slots(j0 + 1, load_blk(j0 + 1));
+            put_slots(j0 + 2, load_blk(j0 + 2));
+            __syncthreads();
+            issue(j0, false);
+            issue(j0, true);
+            issue(j0 + 1, false);
+        }
 
         uint32_t qf[QREG ? MT : 1][QREG ? KS_Q : 1][4];
         if (QREG) {
@@ -276,10 +379,44 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
 
         for (int j = j0; j < n_tiles; j++) {
             const uint32_t stg = (uint32_t)((j & 1) * TILEB);
-            cp_async_wait<2>();  // K_j landed (V_j and K_{j+1} may be in flight)
-            __syncthreads();
-            issue(j + 1, true);
-            const int blk3 = load_blk(j + 3);
+            int blk3 = -1;
+            if constexpr (F8) {
+                // Widen tile j's codes to f16 in place: each thread the chunks it copied itself
+                // (visible to it once its group completed, no barrier needed). Rows of the lower
+                // half go straight to f16 (their f16 rows do not reach the staging); the upper
+                // half's codes wait in registers until every thread has read its staging.
+                cp_async_wait<0>();  // K_j, V_j (the only group in flight)
+                uint4 hk[LD8 / 2], hv[LD8 / 2];
+#pragma unroll
+                for (int u = 0; u < LD8; u++) {
+                    const int c = tid + u * NTH;
+                    const uint4 xk = *(const uint4 *)(sK + stg + TILEB / 2 + c * 16);
+                    const uint4 xv = *(const uint4 *)(sV + stg + TILEB / 2 + c * 16);
+                    if (u < LD8 / 2) {
+                        put_f16(sK + stg, u, xk);
+                        put_f16(sV + stg, u, xv);
+                    } else {
+                        hk[u - LD8 / 2] = xk;
+                        hv[u - LD8 / 2] = xv;
+                    }
+                }
+                __syncthreads();  // staging read; every warp done with tile j - 1 (stage (j + 1) & 1)
+                if (tid == 0) s_bad[(j + 3) & 3] = 0;  // (tile j - 1's flag, for tile j + 3)
+                put_slots(j + 2, blk_next);            // (over tile j - 1's)
+                issue_kv(j + 1);                       // in flight while tile j computes
+                blk_next = load_blk(j + 3);
+#pragma unroll
+                for (int u = LD8 / 2; u < LD8; u++) {
+                    put_f16(sK + stg, u, hk[u - LD8 / 2]);
+                    put_f16(sV + stg, u, hv[u - LD8 / 2]);
+                }
+                __syncthreads();  // f16 K_j and V_j in place
+            } else {
+                cp_async_wait<2>();  // K_j landed (V_j and K_{j+1} may be in flight)
+                __syncthreads();
+                issue(j + 1, true);
+                blk3 = load_blk(j + 3);
+            }
             // Warp-uniform: the tile holds keys of some row of the warp.
             const bool work = j * BN <= wmax && (!WIN || j * BN + BN > wmin - window + 1);
             float s[MT][NT_S][4];
@@ -306,8 +443,8 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
                         ldsm_x4(kb, aK + stg + xo_k(kk & 3) + (kk >> 2) * 128 + np * 16 * ROWB);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
-                            mma16816(s[mt][2 * np], af[mt], kb[0], kb[1]);
-                            mma16816(s[mt][2 * np + 1], af[mt], kb[2], kb[3]);
+                            mma_kt<F8>(s[mt][2 * np], af[mt], kb[0], kb[1]);
+                            mma_kt<F8>(s[mt][2 * np + 1], af[mt], kb[2], kb[3]);
                         }
                     }
                 }
@@ -366,21 +503,23 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
                             l_run[i] += p;
                         }
             }
-            cp_async_wait<2>();  // V_j landed
-            __syncthreads();     // every warp is done with K stage j & 1
-            if (tid == 0) s_bad[j & 3] = 0;  // (tile j + 4's flag)
-            put_slots(j + 3, blk3);          // (over tile j's)
-            issue(j + 2, false);
+            if constexpr (!F8) {
+                cp_async_wait<2>();  // V_j landed
+                __syncthreads();     // every warp is done with K stage j & 1
+                if (tid == 0) s_bad[j & 3] = 0;  // (tile j + 4's flag)
+                put_slots(j + 3, blk3);          // (over tile j's)
+                issue(j + 2, false);
+            }
             if (work) {
 #pragma unroll
                 for (int kk = 0; kk < KS_P; kk++) {
                     uint32_t pa[MT][4];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                        pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                        pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                        pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                        pa[mt][0] = pack_kt<F8>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                        pa[mt][1] = pack_kt<F8>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                        pa[mt][2] = pack_kt<F8>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                        pa[mt][3] = pack_kt<F8>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
                     }
 #pragma unroll
                     for (int np = 0; np < NT_O / 2; np++) {
@@ -388,8 +527,8 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
                         ldsm_x4_t(vb, aV + stg + xo_v(np & 3) + (np >> 2) * 128 + kk * 16 * ROWB);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
-                            mma16816(oacc[mt][2 * np], pa[mt], vb[0], vb[1]);
-                            mma16816(oacc[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+                            mma_kt<F8>(oacc[mt][2 * np], pa[mt], vb[0], vb[1]);
+                            mma_kt<F8>(oacc[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
                         }
                     }
                 }
@@ -406,7 +545,7 @@ k_fa_prefill(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const 
         for (int i = 0; i < NR; i++) {
             const int row = row_of(i);
             if (s_rpos[row] < 0) continue;
-            const float inv = l_run[i] > 0.f ? 1.f / l_run[i] : 0.f;
+            const float inv = l_run[i] > 0.f ? (F8 ? vs : 1.f) / l_run[i] : 0.f;
             bf16 *o = out + ((size_t)(t_base + row / g) * nh + (size_t)kvh * g + row % g) * HD + 2 * qd;
 #pragma unroll
             for (int n = 0; n < NT_O; n++)
@@ -426,16 +565,16 @@ constexpr size_t fa_smem_bytes() {
            sizeof(int) * (3 * FA_BM + 3 * BN + 4 + 8 + 8 + 8);
 }
 
-template <int HD, int BN, int MT, int NW, bool QREG, int MINB, bool WIN>
-int fa_launch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache, const int32_t *d_pos,
+template <int HD, int BN, int MT, int NW, bool QREG, int MINB, bool WIN, typename KT>
+int fa_launch(kc_backend *b, const bf16 *q, const KT *kcache, const KT *vcache, const int32_t *d_pos,
               const int32_t *d_mark, const int32_t *d_seq, const int32_t *d_tab, int T, int max_blocks,
-              int bs, int64_t n_slots, int nh, int nkv, float sl2, int window, bf16 *out) {
+              int bs, int64_t n_slots, int nh, int nkv, float sl2, int window, bf16 *out, float vs = 1.f) {
     const int g = nh / nkv, tpt = FA_BM / g;
     int bs_shift = -1;
     for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
         if (bs == 1 << sh) bs_shift = sh;
     const size_t smem = fa_smem_bytes<HD, BN>();
-    auto kern = k_fa_prefill<HD, BN, MT, NW, QREG, MINB, WIN>;
+    auto kern = k_fa_prefill<HD, BN, MT, NW, QREG, MINB, WIN, KT>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -443,7 +582,7 @@ int fa_launch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcac
         return -1;
     dim3 grid((unsigned)((T + tpt - 1) / tpt), (unsigned)nkv);
     kern<<<grid, NW * 32, smem, b->stream>>>(q, kcache, vcache, d_pos, d_mark, d_seq, d_tab, T, max_blocks, bs,
-                                             bs_shift, n_slots, nh, nkv, g, tpt, sl2, window, out);
+                                             bs_shift, n_slots, nh, nkv, g, tpt, sl2, window, out, vs);
     return kc_launched(b, "prefill attention");
 }
 
@@ -451,6 +590,16 @@ int fa_disabled(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("KAON_FA");
+        v = e && !strcmp(e, "0");
+    }
+    return v;
+}
+
+// KAON_FA_FP8=0: an FP8 cache's prefill runs go back to the decode kernel (A/B).
+int fa_fp8_disabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_FA_FP8");
         v = e && !strcmp(e, "0");
     }
     return v;
@@ -484,17 +633,36 @@ int fa_dispatch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vc
     }
 }
 
-}  // namespace
+// The FP8-cache instances: the bf16 shapes of hd 64 and 128 (the same shared memory and rows per
+// warp; tiles widened to f16 in place). hd 192 / 256 have none: the FP8 plan refuses them.
+template <bool WIN>
+int fa_dispatch_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                    const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                    const int32_t *d_tab, int nh, int nkv, int hd, float sl2, float vs, int window, bf16 *out) {
+    const int T = m->n_tokens, mb = m->max_blocks, bs = m->block_size;
+    const int32_t *mk = b->fa_mark;
+    switch (hd) {
+    case 64:
+        return fa_launch<64, 64, 2, 4, true, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
+                                                     n_slots, nh, nkv, sl2, window, out, vs);
+    case 128:
+        return fa_launch<128, 64, 2, 4, false, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
+                                                       n_slots, nh, nkv, sl2, window, out, vs);
+    default:
+        return kc_fail(b, "prefill attention: head_dim %d over an FP8 cache", hd);
+    }
+}
 
-int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale,
-                              const int32_t *d_pos, const int32_t *d_seq, const int32_t **d_pos_rest) {
+// Both plans: fp8 takes only the head dims with an FP8 instance.
+int fa_plan(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale, const int32_t *d_pos,
+            const int32_t *d_seq, const int32_t **d_pos_rest, bool fp8) {
     *d_pos_rest = d_pos;
     const int T = m->n_tokens;
     // Decided by the step's shape alone (graphs key on it): a run of FA_MIN_RUN tokens of one
     // sequence needs T >= n_seqs + FA_MIN_RUN - 1.
-    if (fa_disabled() || T - m->n_seqs < FA_MIN_RUN - 1) return 0;
-    if (nkv <= 0 || nh % nkv || nh / nkv > FA_BM || (hd != 64 && hd != 128 && hd != 192 && hd != 256) || !(scale > 0.f) ||
-        !isfinite(scale))
+    if (fa_disabled() || (fp8 && fa_fp8_disabled()) || T - m->n_seqs < FA_MIN_RUN - 1) return 0;
+    const bool hd_ok = hd == 64 || hd == 128 || (!fp8 && (hd == 192 || hd == 256));
+    if (nkv <= 0 || nh % nkv || nh / nkv > FA_BM || !hd_ok || !(scale > 0.f) || !isfinite(scale))
         return 0;
     if (kc_grow(b, (void **)&b->fa_mark, &b->fa_mark_cap, (size_t)T, sizeof(int32_t), "prefill attention marks"))
         return -1;
@@ -505,6 +673,18 @@ int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, in
     return 1;
 }
 
+}  // namespace
+
+int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale,
+                              const int32_t *d_pos, const int32_t *d_seq, const int32_t **d_pos_rest) {
+    return fa_plan(b, m, nh, nkv, hd, scale, d_pos, d_seq, d_pos_rest, false);
+}
+
+int kc_attention_prefill_plan_fp8(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale,
+                                  const int32_t *d_pos, const int32_t *d_seq, const int32_t **d_pos_rest) {
+    return fa_plan(b, m, nh, nkv, hd, scale, d_pos, d_seq, d_pos_rest, true);
+}
+
 int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                          const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                          const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out) {
@@ -512,4 +692,16 @@ int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const
     if (window > 0)
         return fa_dispatch<true>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2, window, out);
     return fa_dispatch<false>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2, 0, out);
+}
+
+int kc_attention_prefill_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                             const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                             const int32_t *d_tab, int nh, int nkv, int hd, float scale, float k_scale, float v_scale,
+                             int window, bf16 *out) {
+    const float sl2 = scale * k_scale * 1.4426950408889634f;  // scores of the codes, in log2 units
+    if (window > 0)
+        return fa_dispatch_fp8<true>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2,
+                                     v_scale, window, out);
+    return fa_dispatch_fp8<false>(b, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, nh, nkv, hd, sl2, v_scale,
+                                  0, out);
 }

@@ -258,9 +258,8 @@ int kc_convert(kc_backend *b, kaon_dtype src_t, const void *src, int64_t rows, i
 int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale,
                  int window, bf16 *out);
-// An FP8 cache (KAON_KV_FP8: e4m3 codes, values code * k_scale / v_scale): the streaming
-// kernel (cuda_attention_decode.cu) for every token where it has an instance, else the split-K
-// one (no tensor-core prefill over FP8 yet).
+// An FP8 cache (KAON_KV_FP8: e4m3 codes, values code * k_scale / v_scale): as kc_attention, with
+// the FP8 plan and prefill kernel (hd 64 / 128; others: every token on the streaming or split-K one).
 int kc_attention_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
                      const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, int hd, float scale, float k_scale,
                      float v_scale, int window, bf16 *out);
@@ -298,6 +297,14 @@ int kc_attention_prefill_plan(kc_backend *b, const kaon_attn_meta *m, int nh, in
 int kc_attention_prefill(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache,
                          const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                          const int32_t *d_tab, int nh, int nkv, int hd, float scale, int window, bf16 *out);
+// The same over an FP8 cache (tiles widened to f16 in shared memory): the plan takes head_dim 64
+// and 128 only, and nothing with KAON_FA_FP8=0 (or KAON_FA=0).
+int kc_attention_prefill_plan_fp8(kc_backend *b, const kaon_attn_meta *m, int nh, int nkv, int hd, float scale,
+                                  const int32_t *d_pos, const int32_t *d_seq, const int32_t **d_pos_rest);
+int kc_attention_prefill_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const uint8_t *vcache,
+                             const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
+                             const int32_t *d_tab, int nh, int nkv, int hd, float scale, float k_scale, float v_scale,
+                             int window, bf16 *out);
 
 // ---- matrices (cuda_linear.cu) ----
 // y [n, out] = x [n, in] @ w [out, in]^T (+ bias f32); y bf16, or f32 when f32out.

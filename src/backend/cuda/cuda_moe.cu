@@ -46,6 +46,17 @@
 //     expert, active experts) and add them per token in k_combine's order and roundings.
 // A shared expert these kernels cannot read as bare bf16 goes through the linear ops between the
 // second and third launch. KAON_MOE_SMALL=0: small batches take the general path.
+//
+// Expert parallelism (w->e1 > 0, model/tp.h): this rank holds experts [e0, e1) only, their
+// views stacked from expert e0 (model/moe.c uploads just those rows). Every token is still
+// routed over all E (the router is replicated, so every rank chooses alike; the caller's counters
+// count every choice, as the CPU's op does); the plan and the permutation then take only the
+// choices of local experts, renumbered e - e0, so everything after them (GEMV / GEMM kernels,
+// tiles, active list, MoeW's bases) sees an E of e1 - e0 experts. A choice of another rank's
+// expert gets inv = -2: no slot, no contribution (-1 stays padding's mark, which zeroes the row);
+// a token none of whose experts is here gets exactly 0 (+ its shared-expert part). The all-reduce
+// after the block sums the ranks. With e1 == 0 the kernels are the ones above (the EP branches
+// are template arguments).
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_moe_route.cuh"
@@ -57,7 +68,7 @@
 using namespace nvcuda;
 
 typedef struct MoeW {
-    const bf16 *gate, *up, *down;    // expert 0
+    const bf16 *gate, *up, *down;    // expert 0 (expert parallel: expert e0, local expert 0)
     long long sgate, sup, sdown;     // expert stride (elements)
 } MoeW;
 
@@ -190,14 +201,25 @@ __global__ void __launch_bounds__(MOE_MAX_E) k_plan(const int *__restrict__ cnt,
 
 // ---- 4. permute --------------------------------------------------------------------------------
 
+// EP: off / fill are this rank's experts' (local ids e - e0 < El); another rank's choice gets
+// inv -2 (no slot).
+template <bool EP>
 __global__ void k_permute(const int *__restrict__ topk_id, int nk, const int *__restrict__ off,
-                          int *__restrict__ fill, int *__restrict__ slot_tok, int *__restrict__ inv, int K) {
+                          int *__restrict__ fill, int *__restrict__ slot_tok, int *__restrict__ inv, int K, int e0,
+                          int El) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nk) return;
-    const int e = topk_id[i];
+    int e = topk_id[i];
     if (e < 0) {
         inv[i] = -1;
         return;
+    }
+    if (EP) {
+        e -= e0;
+        if ((unsigned)e >= (unsigned)El) {
+            inv[i] = -2;
+            return;
+        }
     }
     const int s = off[e] + atomicAdd(&fill[e], 1);
     slot_tok[s] = i / K;
@@ -316,12 +338,13 @@ k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *_
 // (the arithmetic of cuda_linear.cu's k_gemv, so the logits are the same bits), then the last
 // block to finish (a ticket in the scratch, back to 0 after each launch) routes the tokens and
 // plans the experts: counts in shared memory, offsets, the active experts in expert order,
-// slot_tok and inv (within an expert the slots follow the tokens).
-template <bool DS>
+// slot_tok and inv (within an expert the slots follow the tokens). EP: the plan of experts
+// [e0, e0 + El) only, numbered from 0; another rank's choice gets inv -2.
+template <bool DS, bool EP>
 __global__ void __launch_bounds__(SR_WARPS * 32)
 k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__restrict__ router, int E,
                   const bf16 *__restrict__ sg_w, const int32_t *__restrict__ pos, int K, int norm, MoeRouteDs p,
-                  MoeBufs m, uint32_t *__restrict__ counts) {
+                  MoeBufs m, uint32_t *__restrict__ counts, int e0, int El) {
     __shared__ float c_s[DS ? SR_WARPS * MOE_MAX_E : 1];  // k_route_ds's choice values, per warp
     __shared__ int s_cnt[MOE_MAX_E];
     __shared__ int s_off[MOE_MAX_E + 1];
@@ -399,14 +422,20 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
     }
     __syncthreads();
     const int nk = n * K;
-    for (int i = threadIdx.x; i < nk; i += blockDim.x) s_id[i] = __ldcg(m.topk_id + i);
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+        int id = __ldcg(m.topk_id + i);
+        if (EP && id >= 0) id = (unsigned)(id - e0) < (unsigned)El ? id - e0 : -2;  // local id, or another rank's
+        s_id[i] = id;
+    }
+    const int *cl = s_cnt + (EP ? e0 : 0);  // the planned experts' counts: this rank's under EP
+    const int EE = EP ? El : E;
     if (warp == 0) {
-        // Exclusive scans of the counts and of (count > 0): lane owns experts [e0, e1).
-        const int per = (E + 31) / 32, e0 = lane * per, e1 = min(e0 + per, E);
+        // Exclusive scans of the counts and of (count > 0): lane owns experts [l0, l1).
+        const int per = (EE + 31) / 32, l0 = lane * per, l1 = min(l0 + per, EE);
         int sc = 0, sa = 0;
-        for (int e = e0; e < e1; e++) {
-            sc += s_cnt[e];
-            sa += s_cnt[e] > 0;
+        for (int e = l0; e < l1; e++) {
+            sc += cl[e];
+            sa += cl[e] > 0;
         }
         int ic = sc, ia = sa;  // inclusive
         for (int o = 1; o < 32; o <<= 1) {
@@ -417,17 +446,17 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
             }
         }
         int oc = ic - sc, oa = ia - sa;
-        for (int e = e0; e < e1; e++) {
-            const int ce = s_cnt[e];
+        for (int e = l0; e < l1; e++) {
+            const int ce = cl[e];
             s_off[e] = oc;
             m.off[e] = oc;
             if (ce > 0) m.active[oa++] = e;
             oc += ce;
         }
         if (lane == 31) {
-            s_off[E] = ic;
-            m.off[E] = ic;
-            m.active[E] = ia;
+            s_off[EE] = ic;
+            m.off[EE] = ic;
+            m.active[EE] = ia;
         }
     }
     __syncthreads();
@@ -436,7 +465,7 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
     for (int i = threadIdx.x; i < nk; i += blockDim.x) {
         const int e = s_id[i];
         if (e < 0) {
-            m.inv[i] = -1;
+            m.inv[i] = EP ? e : -1;  // -1: padding; EP: -2, another rank's expert
             continue;
         }
         int before = 0;
@@ -638,7 +667,7 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     const int t = lane;
     const int *iv = inv + (size_t)t * K;
     const float *wt = topk_w + (size_t)t * K;
-    if (iv[0] < 0) {  // padding
+    if (iv[0] == -1) {  // padding (-2: another rank's expert, skipped below)
         out[(size_t)t * dim + r] = __float2bfloat16(0.f);
         return;
     }
@@ -851,7 +880,8 @@ static void moe_gemms(kc_backend *b, const bf16 *x, int dim, int F, const MoeW &
 
 // ---- 7. combine ----------------------------------------------------------------------------------
 
-// One block per token: out[t] = sum_j w_j Y[inv_j] (+ sigmoid(SG[t]) * YS[t]); padding: zeros.
+// One block per token: out[t] = sum_j w_j Y[inv_j] (+ sigmoid(SG[t]) * YS[t]); padding (inv -1):
+// zeros; choices without a slot (inv -2: another rank's expert) add nothing.
 __global__ void k_combine(const bf16 *__restrict__ Y, const int *__restrict__ inv, const float *__restrict__ topk_w,
                           int K, int dim, const bf16 *__restrict__ YS, const float *__restrict__ SG,
                           bf16 *__restrict__ out) {
@@ -863,7 +893,7 @@ __global__ void k_combine(const bf16 *__restrict__ Y, const int *__restrict__ in
         s_w[threadIdx.x] = bfr(topk_w[(size_t)t * K + threadIdx.x]);  // HF: weights cast to bf16
     }
     __syncthreads();
-    const bool pad = s_slot[0] < 0;
+    const bool pad = s_slot[0] == -1;
     const float sg = (YS && !pad) ? (SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f) : 0.f;
     for (int c = threadIdx.x * 8; c < dim; c += blockDim.x * 8) {
         float acc[8];
@@ -893,19 +923,20 @@ __global__ void k_combine(const bf16 *__restrict__ Y, const int *__restrict__ in
 // ---- host side -------------------------------------------------------------------------------------
 
 // Expert 0 of a kind and the stride to expert e (elements); -1 unless uniformly strided bf16
-// matrices of rows x cols.
-static int stacked(kc_backend *b, const kaon_linear *l, int E, int64_t rows, int64_t cols,
+// matrices of rows x cols. l: the E experts this call reads (expert parallel: from e0, which
+// names them in the errors).
+static int stacked(kc_backend *b, const kaon_linear *l, int E, int e0, int64_t rows, int64_t cols,
                    const bf16 **base, long long *stride, const char *what) {
     for (int e = 0; e < E; e++) {
         const kaon_tensor *v = &l[e].w;
         if (!v->data || v->dtype != KAON_BF16 || v->ndim != 2 || v->shape[0] != rows || v->shape[1] != cols)
             return kc_fail(b, "cuda moe: expert %d's %s is %s [%lld, %lld], expected bf16 [%lld, %lld] "
-                           "(the GPU moe op reads bf16 experts: upload them with upload_dense)", e, what,
+                           "(the GPU moe op reads bf16 experts: upload them with upload_dense)", e0 + e, what,
                            kaon_dtype_name(v->dtype), (long long)v->shape[0], (long long)v->shape[1],
                            (long long)rows, (long long)cols);
         const char *extra = kaon_linear_bias(&l[e]) ? "a bias" : kaon_linear_unsupported(&l[e]);
         if (extra)
-            return kc_fail(b, "cuda moe: expert %d's %s: weight format %s with %s is not supported", e, what,
+            return kc_fail(b, "cuda moe: expert %d's %s: weight format %s with %s is not supported", e0 + e, what,
                            kaon_dtype_name(v->dtype), extra);
     }
     const bf16 *p0 = (const bf16 *)l[0].w.data;
@@ -1024,10 +1055,12 @@ static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
 //   k_moe_small_down: down projections of both and the combine.
 // A shared expert the kernels cannot read directly (quantized, a bias, ...) goes through the
 // linear ops between the second and third launch (and a gate input through linear_f32).
+// Expert parallel (El < E): the experts [e0, e0 + El) only (bf16).
 static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, const kaon_moe_weights *w,
                      uint32_t *counts, bf16 *out, bool ds_route, int dim, int F, int SF, const MoeW &mw,
-                     const MoeW8 *w8, const MoeBufs &m, int max_active) {
+                     const MoeW8 *w8, const MoeBufs &m, int max_active, int e0, int El) {
     const int E = w->n_experts, K = w->top_k;
+    const bool ep = El < E;
     if (((uintptr_t)x & 15) || ((uintptr_t)w->router->w.data & 15))
         return kc_fail(b, "cuda moe: misaligned activations or router");
     const bool fuse_shared = !w8 && SF > 0 && SF % 8 == 0 && plain_bf16(w->shared_gate, SF, dim) &&
@@ -1041,14 +1074,19 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     const int rows = E + (fuse_sg ? 1 : 0);
     const dim3 rgrid((unsigned)((rows + SR_WARPS - 1) / SR_WARPS));
     cudaError_t st;
+    const dim3 rblk(SR_WARPS * 32);
     if (ds_route)
-        st = kc_launch(b, k_moe_route_small<true>, rgrid, dim3(SR_WARPS * 32), 0, x, n, dim, router, E, sg_w, dpos, K,
-                       norm, p, m, counts);
+        st = ep ? kc_launch(b, k_moe_route_small<true, true>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K, norm,
+                            p, m, counts, e0, El)
+                : kc_launch(b, k_moe_route_small<true, false>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,
+                            norm, p, m, counts, 0, E);
     else
-        st = kc_launch(b, k_moe_route_small<false>, rgrid, dim3(SR_WARPS * 32), 0, x, n, dim, router, E, sg_w, dpos,
-                       K, norm, p, m, counts);
+        st = ep ? kc_launch(b, k_moe_route_small<false, true>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,
+                            norm, p, m, counts, e0, El)
+                : kc_launch(b, k_moe_route_small<false, false>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,
+                            norm, p, m, counts, 0, E);
     if (kc_check(b, st, "moe routing")) return -1;
-    if (w8) {  // FP8 experts (cuda_moe_fp8.cu); the shared expert through the linear ops
+    if (w8) {  // FP8 experts (cuda_moe_fp8.cu; never expert parallel); the shared expert through the linear ops
         if (kc_moe8_small_gu(b, x, dim, F, *w8, max_active, m, E)) return -1;
         if (SF && shared_by_ops(b, x, n, w, SF, m)) return -1;
         if (SF && w->shared_gate_inp) {
@@ -1063,7 +1101,7 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     if (kc_check(b, kc_launch(b, k_moe_small_gu, dim3((unsigned)gx, (unsigned)(ys + max_active)), blk, 0, x, n, dim, F,
                               mw, fuse_shared ? (const bf16 *)w->shared_gate->w.data : NULL,
                               fuse_shared ? (const bf16 *)w->shared_up->w.data : NULL, fuse_shared ? SF : 0, ys,
-                              m.active, E, m.off, m.slot_tok, m.H, m.HS),
+                              m.active, El, m.off, m.slot_tok, m.H, m.HS),
                  "moe experts"))
         return -1;
     if (SF && !fuse_shared && shared_by_ops(b, x, n, w, SF, m)) return -1;
@@ -1076,7 +1114,7 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     return kc_check(b, kc_launch(b, kc_gemv_occ_hi(KC_OCC_MOE_DOWN) ? k_moe_small_down<4> : k_moe_small_down<1>, dgrid, blk, 0, m.H, n, dim, F, mw,
                                  fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
                                  m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
-                                 m.active, E, m.off, m.inv, m.topk_w, out),
+                                 m.active, El, m.off, m.inv, m.topk_w, out),
                     "moe down and combine");
 }
 
@@ -1088,24 +1126,29 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     bf16 *out = (bf16 *)out_;
     if (!x || !out || x == out || !w || !w->router || !w->gate || !w->up || !w->down)
         return kc_fail(b, "cuda moe: bad arguments");
-    if (w->e1 > 0) return kc_fail(b, "cuda moe: expert parallelism runs on the CPU only for now");
     const bool ds_route = kc_moe_route_is_ds(w);  // DeepSeekMoE routing: cuda_moe_route.cu
     if (ds_route && kc_moe_route_ds_check(b, w)) return -1;
     const int E = w->n_experts, K = w->top_k;
     if (E < 1 || E > MOE_MAX_E || K < 1 || K > E || K > MOE_MAX_K)
         return kc_fail(b, "cuda moe: %d experts, top %d (at most %d experts, top %d)", E, K, MOE_MAX_E, MOE_MAX_K);
+    // Expert parallelism: this rank's experts [e0, e0 + El) (all of them when e1 == 0).
+    const int e0 = w->e1 > 0 ? w->e0 : 0, El = w->e1 > 0 ? w->e1 - w->e0 : E;
+    if (e0 < 0 || El < 1 || e0 + El > E) return kc_fail(b, "cuda moe: experts [%d, %d) of %d", w->e0, w->e1, E);
+    const bool ep = El < E;
     const kaon_tensor *R = &w->router->w;
     if (R->ndim != 2 || R->shape[0] != E || R->dtype != KAON_BF16)
         return kc_fail(b, "cuda moe: the router must be a bf16 [%d, dim] matrix", E);
     const char *router_extra = kaon_linear_bias(w->router) ? "a bias" : kaon_linear_unsupported(w->router);
     if (router_extra) return kc_fail(b, "cuda moe: a router with %s is not supported", router_extra);
-    const int dim = (int)R->shape[1], F = (int)w->gate[0].w.shape[0];
+    const int dim = (int)R->shape[1], F = (int)w->gate[e0].w.shape[0];
     const int SF = w->shared_gate ? (int)w->shared_gate->w.shape[0] : 0;
     if (dim % 8 || F % 8 || dim <= 0 || F <= 0) return kc_fail(b, "cuda moe: dim %d and ffn %d must be multiples of 8", dim, F);
     MoeW mw;
     MoeW8 w8;
     memset(&mw, 0, sizeof mw);
-    const bool fp8 = w->gate[0].w.dtype == KAON_FP8_E4M3;
+    const bool fp8 = w->gate[e0].w.dtype == KAON_FP8_E4M3;
+    // (The FP8 kernels' combine (cuda_moe_fp8.cu) takes any slot-less choice for padding.)
+    if (fp8 && ep) return kc_fail(b, "cuda moe: expert parallelism with FP8 experts is not supported yet (bf16 experts only)");
     if (fp8) {
         int bg, bu, bd, gc, uc;
         if (stacked_fp8(b, w->gate, E, F, dim, &w8.gate, &w8.sgate, &w8.gs, &w8.sgs, &bg, &gc, "gate") ||
@@ -1116,17 +1159,19 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
         if (F % 16 || dim % 16) return kc_fail(b, "cuda moe: FP8 experts need dim %d and ffn %d multiples of 16", dim, F);
         w8.block = bg;
         w8.gcols = gc;
-    } else if (stacked(b, w->gate, E, F, dim, &mw.gate, &mw.sgate, "gate") ||
-               stacked(b, w->up, E, F, dim, &mw.up, &mw.sup, "up") ||
-               stacked(b, w->down, E, dim, F, &mw.down, &mw.sdown, "down")) {
+    } else if (stacked(b, w->gate + e0, El, e0, F, dim, &mw.gate, &mw.sgate, "gate") ||
+               stacked(b, w->up + e0, El, e0, F, dim, &mw.up, &mw.sup, "up") ||
+               stacked(b, w->down + e0, El, e0, dim, F, &mw.down, &mw.sdown, "down")) {
         return -1;
     }
     const int32_t *dpos = positions ? kc_dev_i32(b, positions, (size_t)n) : NULL;
     if (positions && !dpos) return -1;
     const int nk = n * K;
-    const int max_active = nk < E ? nk : E;
-    // Tile rows of the grouped GEMM from the rows per active expert (FP8 experts: 64).
-    const int avg_rows = (nk + max_active - 1) / max_active;
+    const int max_active = nk < El ? nk : El;
+    // Tile rows of the grouped GEMM from the rows per active expert (FP8 experts: 64); under EP
+    // from this rank's expected share of the choices (the real one is known on the device only).
+    const int nkl = ep ? (int)(((long long)nk * El + E - 1) / E) : nk;
+    const int avg_rows = (nkl + max_active - 1) / max_active;
     const int tm = fp8 ? BM : avg_rows <= 16 ? 16 : avg_rows <= 32 ? 32 : BM;
     const int max_tiles = (nk + tm - 1) / tm + max_active;
     MoeBufs m;
@@ -1135,7 +1180,8 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     static const char *small_env = getenv("KAON_MOE_SMALL");
     // (FP8 experts always: the general path's GEMV kernels read bf16.)
     if (n <= MOE_GEMV_MAX_N && (fp8 || !(small_env && !strcmp(small_env, "0"))))
-        return moe_small(b, x, n, dpos, w, counts, out, ds_route, dim, F, SF, mw, fp8 ? &w8 : NULL, m, max_active);
+        return moe_small(b, x, n, dpos, w, counts, out, ds_route, dim, F, SF, mw, fp8 ? &w8 : NULL, m, max_active, e0,
+                         El);
 
     // 1. router logits (f32)
     if (kc_gemm_bf16(b, x, n, (const bf16 *)R->data, E, dim, NULL, m.logits, 1)) return -1;
@@ -1147,9 +1193,14 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
         k_route<<<(n + 3) / 4, 128, 0, b->stream>>>(m.logits, dpos, n, E, K, w->norm_topk ? 1 : 0, m.topk_id,
                                                      m.topk_w, m.cnt, counts);
     }
-    // 3. plan, 4. permute
-    k_plan<<<1, MOE_MAX_E, 0, b->stream>>>(m.cnt, E, tm, m.off, m.fill, m.active, m.tiles, m.n_tiles);
-    k_permute<<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K);
+    // 3. plan (expert parallel: of this rank's experts, from their counts), 4. permute
+    k_plan<<<1, MOE_MAX_E, 0, b->stream>>>(m.cnt + e0, El, tm, m.off, m.fill, m.active, m.tiles, m.n_tiles);
+    if (ep)
+        k_permute<true><<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K,
+                                                                  e0, El);
+    else
+        k_permute<false><<<(nk + 255) / 256, 256, 0, b->stream>>>(m.topk_id, nk, m.off, m.fill, m.slot_tok, m.inv, K,
+                                                                   0, E);
     if (kc_launched(b, "moe routing")) return -1;
     // 5. experts
     if (fp8) {
@@ -1157,9 +1208,9 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     } else if (n <= MOE_GEMV_MAX_N) {
         const dim3 blk(GEMV_WARPS * 32);
         k_moe_gemv_gu<<<dim3((F + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
-            x, dim, F, mw, m.active, E, m.off, m.slot_tok, m.H);
+            x, dim, F, mw, m.active, El, m.off, m.slot_tok, m.H);
         k_moe_gemv_down<<<dim3((dim + GEMV_WARPS - 1) / GEMV_WARPS, max_active), blk, 0, b->stream>>>(
-            m.H, dim, F, mw, m.active, E, m.off, m.Y);
+            m.H, dim, F, mw, m.active, El, m.off, m.Y);
     } else {
         if (tm == 16) moe_gemms<16>(b, x, dim, F, mw, max_tiles, m);
         else if (tm == 32) moe_gemms<32>(b, x, dim, F, mw, max_tiles, m);
