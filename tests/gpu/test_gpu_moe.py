@@ -42,6 +42,15 @@ def route_logits(l):
     return r.astype(np.float64), (lo, hi)
 
 
+def random_moe(rng, n, dim, E, F):
+    """Activations, router and expert weights of a random MoE layer (bf16 values)."""
+    return dict(x=bf16(rng.standard_normal((n, dim))),
+                router=bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2),
+                gate=bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim)),
+                up=bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim)),
+                down=bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F)))
+
+
 def case_rngs(name, tries=50):
     """Seeded generators for a case's inputs, one per try: a test takes the first inputs whose
     routing has few enough near-ties (decided before running anything), so the same inputs are
@@ -114,15 +123,11 @@ MOE_CASES = [
 @pytest.mark.parametrize("name,n,dim,E,K,F,norm,SF,npad", MOE_CASES)
 def test_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad):
     for rng in case_rngs(name):
-        x = bf16(rng.standard_normal((n, dim)))
-        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
+        arrays = random_moe(rng, n, dim, E, F)
+        x, router, gate, up, down = (arrays[k] for k in ("x", "router", "gate", "up", "down"))
         if name == "prefill-one-expert-hot":  # every token prefers expert 2: one long segment
             router[2] += bf16(x.mean(0) / np.linalg.norm(x.mean(0)) * 3)
-            router = bf16(router)
-        gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-        up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-        down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
-        arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+            router = arrays["router"] = bf16(router)
         shared = None
         if SF:
             shared = (bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)), bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
@@ -331,12 +336,8 @@ def test_moe_op_deepseek_routing(tmp_path, name, n, dim, E, K, F, SF, npad, rout
     route0 = route
     for rng in case_rngs(name):
         route = dict(route0)
-        x = bf16(rng.standard_normal((n, dim)))
-        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
-        gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-        up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-        down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
-        arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+        arrays = random_moe(rng, n, dim, E, F)
+        x, router, gate, up, down = (arrays[k] for k in ("x", "router", "gate", "up", "down"))
         if route.get("bias"):  # sigmoid scores are ~0.5 apart at most: a bias of that size reorders them
             route["bias"] = (0.3 * rng.standard_normal(E)).astype(np.float32)
             arrays["bias"] = route["bias"]
@@ -406,12 +407,8 @@ def test_moe_op_expert_range(tmp_path, name, n, dim, E, K, F, norm, SF, npad, er
     it (and no shared expert), zeros for padding, and count every choice (all E) as the full op."""
     e0, e1 = erange
     for rng in case_rngs(name):
-        x = bf16(rng.standard_normal((n, dim)))
-        router = bf16(rng.standard_normal((E, dim)) / np.sqrt(dim) * 2)
-        gate = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-        up = bf16(rng.standard_normal((E, F, dim)) / np.sqrt(dim))
-        down = bf16(rng.standard_normal((E, dim, F)) / np.sqrt(F))
-        arrays = dict(x=x, router=router, gate=gate, up=up, down=down)
+        arrays = random_moe(rng, n, dim, E, F)
+        x, router, gate, up, down = (arrays[k] for k in ("x", "router", "gate", "up", "down"))
         rt = None
         if route is not None:
             rt = dict(route, bias=(0.3 * rng.standard_normal(E)).astype(np.float32) if route.get("bias") else None)
