@@ -311,6 +311,12 @@ static size_t att_smem_bytes(int g, int hd) {
            sizeof(int) * ATT_TILE;
 }
 
+// KAON_DECODE_ATTN=0: the split-K kernel for every token outside prefill runs (tests, A/B).
+static bool decode_off(void) {
+    static const bool off = kc_env_off("KAON_DECODE_ATTN");
+    return off;
+}
+
 int kc_attention_init(kc_backend *b) {
     (void)b;
     return 0;
@@ -371,8 +377,7 @@ int kc_attention(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *v
     const int fa = kc_attention_prefill_plan(b, m, nh, nkv, hd, scale, d_pos, d_seq, &d_pos_rest);
     if (fa < 0) return -1;
     // The streaming kernel (cuda_attention_decode.cu) where it has an instance; else this one.
-    const char *dec_env = getenv("KAON_DECODE_ATTN");
-    const int dec = dec_env && !strcmp(dec_env, "0")
+    const int dec = decode_off()
                         ? 1
                         : kc_attention_decode(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh, nkv,
                                               hd, scale, window, out);
@@ -400,8 +405,7 @@ int kc_attention_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache, const 
     const int32_t *d_pos_rest = d_pos;
     const int fa = kc_attention_prefill_plan_fp8(b, m, nh, nkv, hd, scale, d_pos, d_seq, &d_pos_rest);
     if (fa < 0) return -1;
-    const char *dec_env = getenv("KAON_DECODE_ATTN");
-    const int dec = dec_env && !strcmp(dec_env, "0")
+    const int dec = decode_off()
                         ? 1
                         : kc_attention_decode_fp8(b, q, kcache, vcache, m, n_slots, d_pos_rest, d_seq, d_tab, nh,
                                                   nkv, hd, scale, k_scale, v_scale, window, out);

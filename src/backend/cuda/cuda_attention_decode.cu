@@ -324,7 +324,7 @@ static int launch_g(kc_backend *b, dim3 grid, int g, const bf16 *q, const KT *kc
 // marked copy of the positions (a step with runs), the step is not graphed (the list is the host's
 // choice, made in begin_step), and m is the step's own metadata. NULL when not.
 static const int32_t *rest_tokens(const kc_backend *b, const kaon_attn_meta *m, const int32_t *d_pos) {
-    if (!b->fa_mark || d_pos != b->fa_mark || b->in_graph_step || b->capturing || b->n_rest < 0) return NULL;
+    if (!b->fa_mark || d_pos != b->fa_mark || b->in_graph_step || b->n_rest < 0) return NULL;
     if (m->positions != b->h_pos || m->token_seq != b->h_seq || m->n_tokens != b->m_tokens) return NULL;
     return b->d_rest;
 }

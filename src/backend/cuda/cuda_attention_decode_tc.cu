@@ -333,12 +333,8 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
 // Which launches take this kernel: every launch whose KV heads serve 2-16 query heads (measured
 // faster than the CUDA-core kernel at batch 1 too, PERF.md 2026-12-05); KAON_DEC_TC=0 never.
 static int dtc_mode(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KAON_DEC_TC");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-    }
-    return v;
+    static const bool off = kc_env_off("KAON_DEC_TC");
+    return off ? 0 : 1;
 }
 
 bool kc_attention_decode_tc_takes(int nh, int nkv, int hd) {

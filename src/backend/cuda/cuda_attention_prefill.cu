@@ -587,22 +587,14 @@ int fa_launch(kc_backend *b, const bf16 *q, const KT *kcache, const KT *vcache, 
 }
 
 int fa_disabled(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KAON_FA");
-        v = e && !strcmp(e, "0");
-    }
-    return v;
+    static const bool off = kc_env_off("KAON_FA");
+    return off;
 }
 
 // KAON_FA_FP8=0: an FP8 cache's prefill runs go back to the decode kernel (A/B).
 int fa_fp8_disabled(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KAON_FA_FP8");
-        v = e && !strcmp(e, "0");
-    }
-    return v;
+    static const bool off = kc_env_off("KAON_FA_FP8");
+    return off;
 }
 
 // The instance for head_dim hd: <HD, BN, MT, NW, QREG, MINB, WIN>. 4 warps of 32 rows, two CTAs

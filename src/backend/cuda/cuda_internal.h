@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "backend/backend.h"
@@ -127,6 +129,13 @@ typedef struct kc_backend {
 } kc_backend;
 
 static inline kc_backend *kc(kaon_backend *be) { return (kc_backend *)be; }
+
+// Whether the environment sets name to "0": the A/B switches that turn a kernel off (callers
+// keep the answer in a static, read once).
+static inline bool kc_env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "0");
+}
 
 // Programmatic dependent launch (Hopper): a kernel launched with kc_launch may start while
 // the kernel before it is finishing, so it must call kc_pdl_wait() before it reads anything
