@@ -308,19 +308,27 @@ FA_CASES = [
 
 # The step's other tokens: the tensor-core decode kernel over just them (a list made by
 # begin_step), or the CUDA-core kernel over every row (KAON_DEC_TC=0; graphed steps do that).
+# fa: the prefill kernel, mma.sync (every head dim) or the Hopper wgmma one (KAON_FA_WGMMA=1,
+# cuda_attention_prefill_wgmma.cu: head_dim 128 only).
+@pytest.mark.parametrize("fa", ["mma", "wgmma"])
 @pytest.mark.parametrize("dec", ["tc", "cudacore"])
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs", FA_CASES)
-def test_attention_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs, dec):
+def test_attention_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs, dec, fa):
+    if fa == "wgmma" and hd != 128:
+        pytest.skip("the wgmma prefill kernel is head_dim 128 only")
     rng = np.random.default_rng()
     arrays, params, order, K, V = attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=True)
-    run_op(tmp_path, "attn", dict(params, fused=0), arrays, env={"KAON_DEC_TC": "1" if dec == "tc" else "0"})
+    env = {"KAON_DEC_TC": "1" if dec == "tc" else "0"}
+    if fa == "wgmma":
+        env["KAON_FA_WGMMA"] = "1"
+    run_op(tmp_path, "attn", dict(params, fused=0), arrays, env=env)
     ref = attention_ref(arrays["q"], order, K, V, nh, nkv, hd)
     got = out(tmp_path, shape=ref.shape)
     e = rel(got, ref)
     # Per (token, head) too: a wrong row or tile edge must not hide in the global norm.
     d = np.linalg.norm(got.astype(np.float64) - ref, axis=-1) / np.maximum(np.linalg.norm(ref, axis=-1), 1e-30)
     worst = np.unravel_index(int(np.argmax(d)), d.shape)
-    record("attention_prefill", case=name, rel_err=e, worst_row=float(d.max()),
+    record("attention_prefill", case=name, fa=fa, rel_err=e, worst_row=float(d.max()),
            worst_at=dict(token=int(worst[0]), seq=int(order[worst[0]][0]), pos=int(order[worst[0]][1]), head=int(worst[1])))
     assert e < 1e-2
     assert d.max() < 3e-2, (name, float(d.max()), order[worst[0]], int(worst[1]))

@@ -13,15 +13,27 @@
 // computed; no block-wide barrier in the loop), S comes from ldmatrix'd K and the Q fragments
 // held in registers, the online softmax runs on the accumulators (exp2, scale x log2 e), and P is
 // reused in place as the A fragments of P V (V through ldmatrix.trans). Keys without a slot
-// (past the range, or an unmapped block) are zero-filled and masked. An FP8 cache (e4m3 codes)
-// is gathered into a staging half of the warp's area and widened to f16 tiles before use (every
-// e4m3 value is exact in f16; the mma runs on f16, q and P rounded to f16, k_scale folded into
-// the score scale, v_scale into the output). head_dim 64 or 128; the rest stays with the
-// CUDA-core kernel (dtc_mode says which launches come here).
+// (past the range, or an unmapped block) are zero-filled and masked. head_dim 64 or 128; the rest
+// stays with the CUDA-core kernel (dtc_mode says which launches come here).
+//
+// An FP8 cache (e4m3 codes; the mma runs on f16, where every e4m3 value is exact: q and P rounded
+// to f16, k_scale folded into the score scale, v_scale into the output) keeps its codes in shared
+// memory, four stages a warp (three tiles in flight, half a bf16 tile's bytes each), and forms the
+// mma B fragments from them in registers: a 32-bit word of codes widens to two f16 pairs with two
+// cvt.rn.f16x2.e4m3x2. S: since a dot product may take the head dims in any order, S step kk pairs
+// in lane c's k slots the 4 dims that are bytes 4c..4c+3 of a 16-byte group of the K row, and Q's A
+// fragments take the same order. P V: the 16 keys of a step sit in shared memory in the order of P's
+// A fragments (lane c's keys 2c, 2c+1, 2c+8, 2c+9 in four rows it reads), a byte permute pairs a
+// dim's codes of two keys, and O's columns are dims in an order of their own (column n of n-tile
+// nt: dim HD/8 n + nt), undone when the warp stores its output. This path is opt-in
+// (KAON_DTC_FP8_FRAG=1) until it has run on a GPU; the default still widens each tile to f16 tiles
+// in shared memory for ldmatrix, a pass serial with the mma and busier on shared memory than the
+// tile's math (256 x 2K keys, H100: 850 us, 1.26 TB/s of codes).
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_decode.cuh"
 #include "backend/cuda/cuda_attention_runs.cuh"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_fp8_frag.cuh"
 
 #include <cuda_fp8.h>
 #include <math.h>
@@ -33,10 +45,10 @@
 
 namespace {
 
-// Q tile, then per warp two stages of a K and a V tile (FP8: one f16 K and V tile, then two
-// stages of e4m3 K and V tiles, half the bytes: the same area); after the loop the merge buffers (wm, wl
-// [W][16], wacc [W][16][HD], w_s [16][DEC_MAX_SPLITS]) take the stages' place; the last 16
-// bytes hold the merge's flag.
+// Q tile, then per warp two stages of a K and a V tile (FP8: four stages of e4m3 K and V tiles,
+// half the bytes; the widening path: one f16 K and V tile, then two stages of e4m3 ones: the same
+// area); after the loop the merge buffers (wm, wl [W][16], wacc [W][16][HD], w_s
+// [16][DEC_MAX_SPLITS]) take the stages' place; the last 16 bytes hold the merge's flag.
 template <int HD, int W>
 __host__ __device__ constexpr size_t dtc_smem_bytes() {
     constexpr size_t q = (size_t)DTC_ROWS * HD * 2, st = (size_t)W * 2 * 2 * DTC_BN * HD * 2;
@@ -58,15 +70,61 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint
     hi = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
-// KT: bf16 (a bf16 cache, bf16 mma) or uint8_t (e4m3 codes, f16 mma).
-template <int HD, int W, typename KT>
+// The FP8 path's: the tile's keys without a slot masked, then the online softmax of rows lane / 4
+// and lane / 4 + 8 (accumulator elements 2i, 2i + 1): s becomes P, the running max / sum and oacc
+// are rescaled. (The loop of the other paths keeps its copy inline: through this function the
+// bf16 instances' registers come out otherwise.)
+template <int NT_S, int NT_O>
+__device__ __forceinline__ void dtc_softmax(float (&s)[NT_S][4], unsigned valid, int qd, float sl2, float (&m_run)[2],
+                                            float (&l_run)[2], float (&oacc)[NT_O][4]) {
+    if (valid != 0xffffffffu) {
+#pragma unroll
+        for (int n = 0; n < NT_S; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                if (!((valid >> (n * 8 + 2 * qd + (c & 1))) & 1u)) s[n][c] = -INFINITY;
+    }
+    float mx[2] = {-INFINITY, -INFINITY}, base[2];
+#pragma unroll
+    for (int n = 0; n < NT_S; n++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mnew = fmaxf(m_run[i], mx[i]);
+        base[i] = mnew == -INFINITY ? 0.f : mnew * sl2;
+        const float alpha = mnew == m_run[i] ? 1.f : ex2(fmaf(m_run[i], sl2, -base[i]));
+        m_run[i] = mnew;
+        l_run[i] *= alpha;
+#pragma unroll
+        for (int n = 0; n < NT_O; n++) {
+            oacc[n][2 * i] *= alpha;
+            oacc[n][2 * i + 1] *= alpha;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT_S; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float e = ex2(fmaf(s[n][c], sl2, -base[c >> 1]));
+            s[n][c] = e;
+            l_run[c >> 1] += e;
+        }
+}
+
+// KT: bf16 (a bf16 cache, bf16 mma) or uint8_t (e4m3 codes, f16 mma). WIDEN (e4m3 only; the default
+// unless KAON_DTC_FP8_FRAG=1): the widening FP8 path, each tile widened to f16 tiles in shared memory.
+template <int HD, int W, typename KT, bool WIDEN = false>
 __global__ void __launch_bounds__(W * 32, 1)
 k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
             const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, const int32_t *__restrict__ tables,
             int n_seqs, int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int g, float sl2, float vs,
             int window, int min_keys, const int32_t *__restrict__ tmap, bf16 *__restrict__ out,
             float *__restrict__ part, unsigned *__restrict__ count) {
-    constexpr bool F8 = sizeof(KT) == 1;
+    constexpr bool F8 = sizeof(KT) == 1, FR = F8 && !WIDEN;  // FR: fragments from the codes
     constexpr int ROWB = HD * 2, CH = HD / 8, TILEB = DTC_BN * ROWB;
     constexpr int KS_Q = HD / 16, NT_S = DTC_BN / 8, NT_O = HD / 8, KS_P = DTC_BN / 16;
     constexpr int CHG = HD * (int)sizeof(KT) / 16;  // 16-byte chunks per cache row
@@ -108,13 +166,28 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     const int mi = lane >> 3, r8 = lane & 7, qd = lane & 3;
     const uint32_t xk0 = (uint32_t)(((mi & 1) ^ r8) << 4), xv0 = (uint32_t)(((mi >> 1) ^ r8) << 4);
     uint32_t qf[KS_Q][4];
-    {
+    if constexpr (FR) {
+        // Step kk = 4h + i of S takes dims 64h + 16qd + 4i + {0, 1} (a0, a1) and + {2, 3} (a2, a3): the
+        // order in which word i of a lane's 16 bytes of a K row holds them (the loop's K reads).
+#pragma unroll
+        for (int h = 0; h < HD / 64; h++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = (lane >> 2) + 8 * hr;
+                const uint4 a = *(const uint4 *)(sQ + swz<HD>(r, 8 * h + 2 * qd));
+                const uint4 c = *(const uint4 *)(sQ + swz<HD>(r, 8 * h + 2 * qd + 1));
+                const uint32_t w8[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) qf[4 * h + i][hr] = w8[2 * i], qf[4 * h + i][2 + hr] = w8[2 * i + 1];
+            }
+    } else {
         const uint32_t aQ = smem_addr(sQ) + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
 #pragma unroll
         for (int kk = 0; kk < KS_Q; kk++) ldsm_x4(qf[kk], aQ + (xv0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128);
     }
-    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8: the f16 K and V
-    // tiles at 0 and 1, stage s's e4m3 K and V (TILEB / 2 each) at 2 + s.
+    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8 widened
+    // (WIDEN): the f16 K and V tiles at 0 and 1, stage s's e4m3 K and V (TILEB / 2 each) at
+    // 2 + s. FP8: stage s at s (the loop below).
     const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);
     const unsigned char *wstage = sW + warp * 4 * TILEB + 2 * TILEB;  // FP8 stages (generic address)
     const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
@@ -168,98 +241,217 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
     const int step = W * DTC_BN;
     int kt = k0 + warp * DTC_BN;
-    int slot = kt < k1 ? slot_of(kt) : -1;
-    if (kt < k1) issue(slot, 0);
-    int nslot = kt + step < k1 ? slot_of(kt + step) : -1;
-    for (int j = 0; kt < k1; j++, kt += step) {
-        const int st = j & 1;
-        if (kt + step < k1) issue(nslot, st ^ 1);  // the next tile flies while this one is used
-        else cp_async_commit();
-        const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0);
-        slot = nslot;
-        nslot = kt + 2 * step < k1 ? slot_of(kt + 2 * step) : -1;
-        cp_async_wait<1>();
-        __syncwarp();  // every lane's copies of this tile landed
-        if (F8) widen(st);
-        const uint32_t stg = F8 ? 0u : (uint32_t)(st * 2 * TILEB);
+    if constexpr (FR) {
+        // Stage st of NST (three tiles in flight while one is used): the tile's e4m3 K rows at st TILEB,
+        // its V rows at st TILEB + TILEB / 2, HD bytes a row. The 16-byte chunks are swizzled so that
+        // the fragment reads of a quarter warp (16 bytes a lane; HD 64's V: a half warp, 8 bytes) meet
+        // every bank once (checked by an emulation of the lanes' addresses):
+        // K: key kr at row kr, chunk ch at ch ^ kx(kr): HD 128's odd rows swap their 64-byte halves
+        // (a quarter warp reads 64 bytes of rows 2m and 2m + 1).
+        // V: the 16 keys of step kk of P V in the order of P's A fragments: key 8e + 2c + b at row
+        // 4(2e + b) + c, so lane c's rows 4r + c hold its keys 2c, 2c + 1, 2c + 8, 2c + 9, and two byte
+        // permutes (zip_*) of a word from each row give both registers of its B fragments of 4
+        // dims; chunk ch at ch ^ vx(row) (a quarter warp reads the same chunk column of rows 4r .. 4r + 3).
+        constexpr int NST = 4;
+        auto kx = [](int r) { return HD == 128 ? 4 * (r & 1) : 0; };
+        auto vx = [](int r) { return HD == 128 ? 2 * (r & 3) : r & 2; };
+        auto vrow = [](int k) { return (k & ~15) + 4 * (2 * ((k >> 3) & 1) + (k & 1)) + ((k >> 1) & 3); };
+        auto issue8 = [&](int slot, int st) {
+            const uint32_t dK = wb + (uint32_t)(st * TILEB), dV = dK + TILEB / 2;
+#pragma unroll
+            for (int u = 0; u < LDN; u++) {
+                // HD 64: a quarter warp copies keys k, k ^ 3 (not k, k + 1): rows of either parity in
+                // K and in V, so its 128 bytes land on all the banks.
+                const int c = lane + u * 32, kc = c / CHG, ch = c % CHG;
+                const int kr = HD == 128 ? kc : kc ^ ((kc & 1) << 1), vr = vrow(kr);
+                const int sl = __shfl_sync(0xffffffffu, slot, kr);
+                const size_t off = (size_t)(sl >= 0 ? sl : 0) * row + ch * 16;
+                cp_async16(dK + (uint32_t)(kr * HD + ((ch ^ kx(kr)) << 4)), kbase + off, sl >= 0);
+                cp_async16(dV + (uint32_t)(vr * HD + ((ch ^ vx(vr)) << 4)), vbase + off, sl >= 0);
+            }
+            cp_async_commit();
+        };
+        // The lane's reads: K row 8nt + lane / 4, chunk 4h + qd (S steps 4h .. 4h + 3, as qf); V rows
+        // 16kk + 4r + qd, the lane's output column's dims (HD 128: 16-byte chunk lane / 4, HD 64:
+        // its 8-byte half); n-tile nt of O column n is dim HD / 8 n + nt.
+        const int n8 = lane >> 2;
+        uint32_t k8[HD / 64];
+#pragma unroll
+        for (int h = 0; h < HD / 64; h++) k8[h] = (uint32_t)(n8 * HD + (((4 * h + qd) ^ kx(n8)) << 4));
+        const uint32_t v8 = TILEB / 2 + (uint32_t)(qd * HD) +
+                            (HD == 128 ? (uint32_t)((n8 ^ vx(qd)) << 4)
+                                       : (uint32_t)((((n8 >> 1) ^ vx(qd)) << 4) + ((n8 & 1) << 3)));
 
-        float s[NT_S][4];
+        unsigned vq[NST - 1];  // the tiles in flight: their lanes with a slot
 #pragma unroll
-        for (int n = 0; n < NT_S; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int p = 0; p < NST - 1; p++) {
+            const int kp = kt + p * step, sl = kp < k1 ? slot_of(kp) : -1;
+            vq[p] = __ballot_sync(0xffffffffu, sl >= 0);
+            if (kp < k1) issue8(sl, p);
+            else cp_async_commit();  // (empty groups keep the count of wait_group)
+        }
+        int nslot = kt + (NST - 1) * step < k1 ? slot_of(kt + (NST - 1) * step) : -1;
+        for (int j = 0; kt < k1; j++, kt += step) {
+            const int kn = kt + (NST - 1) * step;
+            if (kn < k1) issue8(nslot, (j + NST - 1) % NST);  // into the stage the last tile freed
+            else cp_async_commit();
+            const unsigned valid = vq[0];
 #pragma unroll
-        for (int kk = 0; kk < KS_Q; kk++)
+            for (int p = 0; p < NST - 2; p++) vq[p] = vq[p + 1];
+            vq[NST - 2] = __ballot_sync(0xffffffffu, nslot >= 0);
+            nslot = kn + step < k1 ? slot_of(kn + step) : -1;
+            cp_async_wait<NST - 1>();
+            __syncwarp();  // every lane's copies of this tile landed
+            const uint32_t sb = wb + (uint32_t)((j % NST) * TILEB);
+
+            float s[NT_S][4];
 #pragma unroll
-            for (int np = 0; np < NT_S / 2; np++) {
-                uint32_t kb[4];
-                ldsm_x4(kb, aK + stg + (xk0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128 + np * 16 * ROWB);
-                if (F8) {
-                    mma16816_f16(s[2 * np], qf[kk], kb[0], kb[1]);
-                    mma16816_f16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
-                } else {
-                    mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
-                    mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+            for (int n = 0; n < NT_S; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT_S; nt++)
+#pragma unroll
+                for (int h = 0; h < HD / 64; h++) {
+                    const uint4 kw = lds128(sb + k8[h] + (uint32_t)(nt * 8 * HD));
+                    const uint32_t w4[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        uint32_t b0, b1;
+                        e4m3x4_f16(w4[i], b0, b1);
+                        mma16816_f16(s[nt], qf[4 * h + i], b0, b1);
+                    }
+                }
+            dtc_softmax(s, valid, qd, sl2, m_run, l_run, oacc);
+            // O += P V.
+#pragma unroll
+            for (int kk = 0; kk < KS_P; kk++) {
+                uint32_t pa[4];
+                pa[0] = pack_f16(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = pack_f16(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = pack_f16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = pack_f16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                constexpr int NWV = HD / 32;  // words of a V row per lane
+                uint32_t vw[4][NWV];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const uint32_t at = sb + v8 + (uint32_t)((16 * kk + 4 * r) * HD);
+                    if constexpr (NWV == 4) {
+                        const uint4 v = lds128(at);
+                        vw[r][0] = v.x, vw[r][1] = v.y, vw[r][2] = v.z, vw[r][3] = v.w;
+                    } else {
+                        const uint2 v = lds64(at);
+                        vw[r][0] = v.x, vw[r][1] = v.y;
+                    }
+                }
+#pragma unroll
+                for (int w = 0; w < NWV; w++) {
+                    // Dims 4w + {0, 1} of the column, then 4w + {2, 3}: keys (2c, 2c + 1) in x, (+8, +9) in y.
+                    uint32_t x0, x1, y0, y1;
+                    e4m3x4_f16(zip_lo(vw[0][w], vw[1][w]), x0, x1);
+                    e4m3x4_f16(zip_lo(vw[2][w], vw[3][w]), y0, y1);
+                    mma16816_f16(oacc[4 * w], pa, x0, y0);
+                    mma16816_f16(oacc[4 * w + 1], pa, x1, y1);
+                    e4m3x4_f16(zip_hi(vw[0][w], vw[1][w]), x0, x1);
+                    e4m3x4_f16(zip_hi(vw[2][w], vw[3][w]), y0, y1);
+                    mma16816_f16(oacc[4 * w + 2], pa, x0, y0);
+                    mma16816_f16(oacc[4 * w + 3], pa, x1, y1);
                 }
             }
-        if (valid != 0xffffffffu) {
+            __syncwarp();  // the stage is free again
+        }
+    } else {
+        int slot = kt < k1 ? slot_of(kt) : -1;
+        if (kt < k1) issue(slot, 0);
+        int nslot = kt + step < k1 ? slot_of(kt + step) : -1;
+        for (int j = 0; kt < k1; j++, kt += step) {
+            const int st = j & 1;
+            if (kt + step < k1) issue(nslot, st ^ 1);  // the next tile flies while this one is used
+            else cp_async_commit();
+            const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0);
+            slot = nslot;
+            nslot = kt + 2 * step < k1 ? slot_of(kt + 2 * step) : -1;
+            cp_async_wait<1>();
+            __syncwarp();  // every lane's copies of this tile landed
+            if (F8) widen(st);
+            const uint32_t stg = F8 ? 0u : (uint32_t)(st * 2 * TILEB);
+
+            float s[NT_S][4];
+#pragma unroll
+            for (int n = 0; n < NT_S; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS_Q; kk++)
+#pragma unroll
+                for (int np = 0; np < NT_S / 2; np++) {
+                    uint32_t kb[4];
+                    ldsm_x4(kb, aK + stg + (xk0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128 + np * 16 * ROWB);
+                    if (F8) {
+                        mma16816_f16(s[2 * np], qf[kk], kb[0], kb[1]);
+                        mma16816_f16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+                    } else {
+                        mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
+                        mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+                    }
+                }
+            if (valid != 0xffffffffu) {
+#pragma unroll
+                for (int n = 0; n < NT_S; n++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        if (!((valid >> (n * 8 + 2 * qd + (c & 1))) & 1u)) s[n][c] = -INFINITY;
+            }
+            // Online softmax of rows i = 0, 1 (accumulator elements 2i, 2i + 1).
+            float mx[2] = {-INFINITY, -INFINITY}, base[2];
+#pragma unroll
+            for (int n = 0; n < NT_S; n++) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                const float mnew = fmaxf(m_run[i], mx[i]);
+                base[i] = mnew == -INFINITY ? 0.f : mnew * sl2;
+                const float alpha = mnew == m_run[i] ? 1.f : ex2(fmaf(m_run[i], sl2, -base[i]));
+                m_run[i] = mnew;
+                l_run[i] *= alpha;
+#pragma unroll
+                for (int n = 0; n < NT_O; n++) {
+                    oacc[n][2 * i] *= alpha;
+                    oacc[n][2 * i + 1] *= alpha;
+                }
+            }
 #pragma unroll
             for (int n = 0; n < NT_S; n++)
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    if (!((valid >> (n * 8 + 2 * qd + (c & 1))) & 1u)) s[n][c] = -INFINITY;
-        }
-        // Online softmax of rows i = 0, 1 (accumulator elements 2i, 2i + 1).
-        float mx[2] = {-INFINITY, -INFINITY}, base[2];
+                for (int c = 0; c < 4; c++) {
+                    const float e = ex2(fmaf(s[n][c], sl2, -base[c >> 1]));
+                    s[n][c] = e;
+                    l_run[c >> 1] += e;
+                }
+            // O += P V.
 #pragma unroll
-        for (int n = 0; n < NT_S; n++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-        }
+            for (int kk = 0; kk < KS_P; kk++) {
+                uint32_t pa[4];
+                auto pk = [](float lo, float hi) { return F8 ? pack_f16(lo, hi) : pack_bf16(lo, hi); };
+                pa[0] = pk(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = pk(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = pk(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = pk(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            const float mnew = fmaxf(m_run[i], mx[i]);
-            base[i] = mnew == -INFINITY ? 0.f : mnew * sl2;
-            const float alpha = mnew == m_run[i] ? 1.f : ex2(fmaf(m_run[i], sl2, -base[i]));
-            m_run[i] = mnew;
-            l_run[i] *= alpha;
-#pragma unroll
-            for (int n = 0; n < NT_O; n++) {
-                oacc[n][2 * i] *= alpha;
-                oacc[n][2 * i + 1] *= alpha;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT_S; n++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float e = ex2(fmaf(s[n][c], sl2, -base[c >> 1]));
-                s[n][c] = e;
-                l_run[c >> 1] += e;
-            }
-        // O += P V.
-#pragma unroll
-        for (int kk = 0; kk < KS_P; kk++) {
-            uint32_t pa[4];
-            auto pk = [](float lo, float hi) { return F8 ? pack_f16(lo, hi) : pack_bf16(lo, hi); };
-            pa[0] = pk(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pk(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pk(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pk(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int np = 0; np < NT_O / 2; np++) {
-                uint32_t vb[4];
-                ldsm_x4_t(vb, aV + stg + (xv0 ^ ((uint32_t)(np & 3) << 5)) + (np >> 2) * 128 + kk * 16 * ROWB);
-                if (F8) {
-                    mma16816_f16(oacc[2 * np], pa, vb[0], vb[1]);
-                    mma16816_f16(oacc[2 * np + 1], pa, vb[2], vb[3]);
-                } else {
-                    mma16816(oacc[2 * np], pa, vb[0], vb[1]);
-                    mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
+                for (int np = 0; np < NT_O / 2; np++) {
+                    uint32_t vb[4];
+                    ldsm_x4_t(vb, aV + stg + (xv0 ^ ((uint32_t)(np & 3) << 5)) + (np >> 2) * 128 + kk * 16 * ROWB);
+                    if (F8) {
+                        mma16816_f16(oacc[2 * np], pa, vb[0], vb[1]);
+                        mma16816_f16(oacc[2 * np + 1], pa, vb[2], vb[3]);
+                    } else {
+                        mma16816(oacc[2 * np], pa, vb[0], vb[1]);
+                        mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
+                    }
                 }
             }
+            __syncwarp();  // the stage (and FP8's f16 tiles) are free again
         }
-        __syncwarp();  // the stage (and FP8's f16 tiles) are free again
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -279,9 +471,15 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         }
 #pragma unroll
         for (int n = 0; n < NT_O; n++) {
-            float *o = wacc + (size_t)(warp * DTC_ROWS + r) * HD + n * 8 + 2 * qd;
-            o[0] = oacc[n][2 * i];
-            o[1] = oacc[n][2 * i + 1];
+            if constexpr (FR) {  // column c of n-tile n: dim HD / 8 c + n
+                float *o = wacc + (size_t)(warp * DTC_ROWS + r) * HD + n + HD / 8 * 2 * qd;
+                o[0] = oacc[n][2 * i];
+                o[HD / 8] = oacc[n][2 * i + 1];
+            } else {
+                float *o = wacc + (size_t)(warp * DTC_ROWS + r) * HD + n * 8 + 2 * qd;
+                o[0] = oacc[n][2 * i];
+                o[1] = oacc[n][2 * i + 1];
+            }
         }
     }
     __syncthreads();
@@ -289,13 +487,13 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
                                 count);
 }
 
-template <int HD, int W, typename KT>
+template <int HD, int W, typename KT, bool WIDEN>
 int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                const int32_t *pos, const int32_t *seq, const int32_t *tab, const int32_t *tmap,
                const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, float sl2, float vs, int window,
                int min_keys, bf16 *out) {
     constexpr size_t smem = dtc_smem_bytes<HD, W>();
-    auto kern = k_decode_tc<HD, W, KT>;
+    auto kern = k_decode_tc<HD, W, KT, WIDEN>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -308,13 +506,13 @@ int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, cons
                     "decode attention (tensor cores)");
 }
 
-template <typename KT>
+template <typename KT, bool WIDEN = false>
 int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                  const int32_t *d_tab, const int32_t *tmap, int nh, int nkv, int hd, float sl2, float vs,
                  int window, int min_keys, bf16 *out) {
     if (hd == 64)
-        return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
+        return dtc_launch<64, 4, KT, WIDEN>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
                                      sl2, vs, window, min_keys, out);
     // Blocks of 2 warps (3 per SM) for batched steps: 256 x 1K 262 us vs 296 with one block of 4 per
     // SM; 4 warps for launches of <= 4 tokens (batch 1: 242 tok/s with 4, 228 with 2).
@@ -322,8 +520,8 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
     static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
     const int w = w_env ? w_env : grid.x <= 4 ? 4 : 2;
 #define DTC_W(W)                                                                                                   \
-    dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs,   \
-                           window, min_keys, out)
+    dtc_launch<128, W, KT, WIDEN>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, \
+                                  vs, window, min_keys, out)
     return w == 2 ? DTC_W(2) : w == 3 ? DTC_W(3) : w == 6 ? DTC_W(6) : DTC_W(4);
 #undef DTC_W
 }
@@ -335,6 +533,13 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
 static int dtc_mode(void) {
     static const bool off = kc_env_off("KAON_DEC_TC");
     return off ? 0 : 1;
+}
+
+// An FP8 cache widens its tiles to f16 in shared memory unless KAON_DTC_FP8_FRAG=1 (fragments from
+// the codes; opt-in until it has run on a GPU).
+static bool dtc_fp8_old(void) {
+    static const bool frag = kc_env_on("KAON_DTC_FP8_FRAG");
+    return !frag;
 }
 
 bool kc_attention_decode_tc_takes(int nh, int nkv, int hd) {
@@ -355,6 +560,9 @@ int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
     const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 8 * DTC_BN;
     const float sl2 = scale * 1.4426950408889634f;
+    if (fp8 && dtc_fp8_old())
+        return dtc_dispatch<uint8_t, true>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv,
+                                           hd, sl2, vs, window, min_keys, out);
     return fp8 ? dtc_dispatch<uint8_t>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv,
                                        hd, sl2, vs, window, min_keys, out)
                : dtc_dispatch<bf16>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv, hd,

@@ -42,6 +42,7 @@
 // j + 1 is in flight while tile j is widened and computed, with two barriers a tile as in the
 // bf16 pipeline. KAON_FA_FP8=0 (or KAON_FA=0) leaves an FP8 cache's runs to the decode kernel.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_attention_prefill.cuh"
 #include "backend/cuda/cuda_attention_runs.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
@@ -50,9 +51,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FA_BM 128         // rows per CTA
-#define FA_MARK (-2)      // position the split-K kernel sees for them
 
 namespace {
 
@@ -612,6 +610,10 @@ int fa_dispatch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vc
         return fa_launch<64, 64, 2, 4, true, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
                                                      n_slots, nh, nkv, sl2, window, out);
     case 128:
+        // KAON_FA_WGMMA=1: the Hopper wgmma kernel (cuda_attention_prefill_wgmma.cu), full attention only.
+        if (!WIN && kc_fa_wgmma_on())
+            return kc_fa_prefill_wgmma(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots, nh, nkv,
+                                       sl2, out);
         return fa_launch<128, 64, 2, 4, false, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
                                                        n_slots, nh, nkv, sl2, window, out);
     case 192:  // DeepSeek's expanded MLA prefill (qk_nope 128 + rope 64; V padded to 192)

@@ -136,6 +136,11 @@ static inline bool kc_env_off(const char *name) {
     const char *e = getenv(name);
     return e && !strcmp(e, "0");
 }
+// Whether the environment sets name to "1": the switches that turn on a kernel still off by default.
+static inline bool kc_env_on(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "1");
+}
 
 // Programmatic dependent launch (Hopper): a kernel launched with kc_launch may start while
 // the kernel before it is finishing, so it must call kc_pdl_wait() before it reads anything
@@ -314,6 +319,15 @@ int kc_attention_prefill_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache
                              const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                              const int32_t *d_tab, int nh, int nkv, int hd, float scale, float k_scale, float v_scale,
                              int window, bf16 *out);
+// The Hopper (sm_90a) wgmma kernel of head_dim 128 over a bf16 cache, full attention
+// (cuda_attention_prefill_wgmma.cu): the rows and results of the mma.sync instance it stands in
+// for, called by kc_attention_prefill when kc_fa_wgmma_on(). sl2 = scale * log2 e; mark: the plan's
+// positions (FA_MARK on the tokens to write).
+int kc_fa_prefill_wgmma(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache, const int32_t *d_pos,
+                        const int32_t *d_mark, const int32_t *d_seq, const int32_t *d_tab, int T, int max_blocks,
+                        int bs, int64_t n_slots, int nh, int nkv, float sl2, bf16 *out);
+// KAON_FA_WGMMA=1 (read once; default off until measured) on a compute capability 9.0 device.
+bool kc_fa_wgmma_on(void);
 
 // ---- matrices (cuda_linear.cu) ----
 // y [n, out] = x [n, in] @ w [out, in]^T (+ bias f32); y bf16, or f32 when f32out.
