@@ -308,8 +308,8 @@ FA_CASES = [
 
 # The step's other tokens: the tensor-core decode kernel over just them (a list made by
 # begin_step), or the CUDA-core kernel over every row (KAON_DEC_TC=0; graphed steps do that).
-# fa: the prefill kernel, mma.sync (every head dim) or the Hopper wgmma one (KAON_FA_WGMMA=1,
-# cuda_attention_prefill_wgmma.cu: head_dim 128 only).
+# fa: the prefill kernel, mma.sync (every head dim; KAON_FA_WGMMA=0) or the Hopper wgmma one (the
+# default on compute capability 9.0, cuda_attention_prefill_wgmma.cu: head_dim 128 only).
 @pytest.mark.parametrize("fa", ["mma", "wgmma"])
 @pytest.mark.parametrize("dec", ["tc", "cudacore"])
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs", FA_CASES)
@@ -319,8 +319,7 @@ def test_attention_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs, dec, fa):
     rng = np.random.default_rng()
     arrays, params, order, K, V = attention_case(rng, ctx, new, nh, nkv, hd, bs, contiguous=True)
     env = {"KAON_DEC_TC": "1" if dec == "tc" else "0"}
-    if fa == "wgmma":
-        env["KAON_FA_WGMMA"] = "1"
+    env["KAON_FA_WGMMA"] = "1" if fa == "wgmma" else "0"
     run_op(tmp_path, "attn", dict(params, fused=0), arrays, env=env)
     ref = attention_ref(arrays["q"], order, K, V, nh, nkv, hd)
     got = out(tmp_path, shape=ref.shape)

@@ -74,16 +74,12 @@ SPLIT_K = {"KAON_DECODE_ATTN": "0"}
 
 
 TENSOR_CORES = {"KAON_DEC_TC": "1"}  # the tensor-core decode kernel for every launch size
-# Its FP8 paths: each tile widened to f16 in shared memory (the default; blocks of 2 warps as
-# batched steps take them, the other cases' few tokens get 4), and mma fragments straight from the
-# e4m3 codes (KAON_DTC_FP8_FRAG=1, opt-in until measured), with 4 and 2 warps.
+# Its FP8 path (mma fragments straight from the e4m3 codes) with the warps the launch picks (2 for
+# batched steps, 4 for these cases' few tokens) and with 2.
 TC_W2 = {"KAON_DEC_TC_WARPS": "2"}
-TC_FP8_FRAG = {"KAON_DEC_TC": "1", "KAON_DTC_FP8_FRAG": "1"}
-TC_FP8_FRAG_W2 = {"KAON_DTC_FP8_FRAG": "1", "KAON_DEC_TC_WARPS": "2"}
 
 
-@pytest.mark.parametrize("env", [None, SPLIT_K, TENSOR_CORES, TC_W2, TC_FP8_FRAG, TC_FP8_FRAG_W2],
-                         ids=["default", "split-k", "tc", "tc-w2", "tc-fp8-frag", "tc-fp8-frag-w2"])
+@pytest.mark.parametrize("env", [None, SPLIT_K, TENSOR_CORES, TC_W2], ids=["default", "split-k", "tc", "tc-w2"])
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,window,ks,vs,contig", CASES)
 def test_attention_fp8_cache(tmp_path, name, ctx, new, nh, nkv, hd, bs, window, ks, vs, contig, env):
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
@@ -134,8 +130,8 @@ FA_FP8_CASES = [
     ("fa-hd256-refused", [0, 64], [70, 40], 8, 2, 256, 32, 0, 1.0, 1.0),
 ]
 FA_FP8_OFF = {"KAON_FA_FP8": "0"}
-FA_ENVS = [None, {"KAON_DEC_TC": "0"}, SPLIT_K, FA_FP8_OFF, {"KAON_DTC_FP8_FRAG": "1"}]
-FA_ENV_IDS = ["fa+tc", "fa+cudacore", "fa+split-k", "fa-off", "fa+tc-fp8-frag"]
+FA_ENVS = [None, {"KAON_DEC_TC": "0"}, SPLIT_K, FA_FP8_OFF]
+FA_ENV_IDS = ["fa+tc", "fa+cudacore", "fa+split-k", "fa-off"]
 
 
 def fp8_case(rng, ctx, new, nh, nkv, hd, bs, window, ks, vs):
@@ -150,8 +146,7 @@ def fp8_case(rng, ctx, new, nh, nkv, hd, bs, window, ks, vs):
 
 # The other tokens: the tensor-core decode kernel over just them (fa+tc), the CUDA-core one over
 # every row (fa+cudacore, as graphed steps; it writes zeros that the prefill kernel overwrites), the
-# split-K one (fa+split-k); fa-off: KAON_FA_FP8=0, every token on the decode kernels; fa+tc-fp8-frag:
-# the tensor-core decode kernel's FP8 path of fragments from the codes.
+# split-K one (fa+split-k); fa-off: KAON_FA_FP8=0, every token on the decode kernels.
 @pytest.mark.parametrize("env", FA_ENVS, ids=FA_ENV_IDS)
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,window,ks,vs", FA_FP8_CASES)
 def test_attention_fp8_prefill(tmp_path, name, ctx, new, nh, nkv, hd, bs, window, ks, vs, env):

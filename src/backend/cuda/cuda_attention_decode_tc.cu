@@ -25,10 +25,9 @@
 // fragments take the same order. P V: the 16 keys of a step sit in shared memory in the order of P's
 // A fragments (lane c's keys 2c, 2c+1, 2c+8, 2c+9 in four rows it reads), a byte permute pairs a
 // dim's codes of two keys, and O's columns are dims in an order of their own (column n of n-tile
-// nt: dim HD/8 n + nt), undone when the warp stores its output. This path is opt-in
-// (KAON_DTC_FP8_FRAG=1) until it has run on a GPU; the default still widens each tile to f16 tiles
-// in shared memory for ldmatrix, a pass serial with the mma and busier on shared memory than the
-// tile's math (256 x 2K keys, H100: 850 us, 1.26 TB/s of codes).
+// nt: dim HD/8 n + nt), undone when the warp stores its output. (It replaced a pass that widened
+// each tile to f16 in shared memory for ldmatrix, serial with the mma: 256 x 2K keys on the H200
+// 689 -> 318 us, session 44.)
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_decode.cuh"
 #include "backend/cuda/cuda_attention_runs.cuh"
@@ -46,8 +45,7 @@
 namespace {
 
 // Q tile, then per warp two stages of a K and a V tile (FP8: four stages of e4m3 K and V tiles,
-// half the bytes; the widening path: one f16 K and V tile, then two stages of e4m3 ones: the same
-// area); after the loop the merge buffers (wm, wl [W][16], wacc [W][16][HD], w_s
+// half the bytes: the same area); after the loop the merge buffers (wm, wl [W][16], wacc [W][16][HD], w_s
 // [16][DEC_MAX_SPLITS]) take the stages' place; the last 16 bytes hold the merge's flag.
 template <int HD, int W>
 __host__ __device__ constexpr size_t dtc_smem_bytes() {
@@ -57,23 +55,10 @@ __host__ __device__ constexpr size_t dtc_smem_bytes() {
     return q + (st > mg ? st : mg) + 16;
 }
 
-// Widens 16 e4m3 codes to 16 f16 (two 16-byte chunks).
-__device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint4 &hi) {
-    const __nv_fp8x2_storage_t *c2 = (const __nv_fp8x2_storage_t *)&raw;
-    uint32_t h[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(c2[e], __NV_E4M3);
-        h[e] = (uint32_t)r.x | ((uint32_t)r.y << 16);
-    }
-    lo = make_uint4(h[0], h[1], h[2], h[3]);
-    hi = make_uint4(h[4], h[5], h[6], h[7]);
-}
-
 // The FP8 path's: the tile's keys without a slot masked, then the online softmax of rows lane / 4
 // and lane / 4 + 8 (accumulator elements 2i, 2i + 1): s becomes P, the running max / sum and oacc
-// are rescaled. (The loop of the other paths keeps its copy inline: through this function the
-// bf16 instances' registers come out otherwise.)
+// are rescaled. (The bf16 loop keeps its copy inline: through this function the bf16 instances'
+// registers come out otherwise.)
 template <int NT_S, int NT_O>
 __device__ __forceinline__ void dtc_softmax(float (&s)[NT_S][4], unsigned valid, int qd, float sl2, float (&m_run)[2],
                                             float (&l_run)[2], float (&oacc)[NT_O][4]) {
@@ -115,16 +100,15 @@ __device__ __forceinline__ void dtc_softmax(float (&s)[NT_S][4], unsigned valid,
         }
 }
 
-// KT: bf16 (a bf16 cache, bf16 mma) or uint8_t (e4m3 codes, f16 mma). WIDEN (e4m3 only; the default
-// unless KAON_DTC_FP8_FRAG=1): the widening FP8 path, each tile widened to f16 tiles in shared memory.
-template <int HD, int W, typename KT, bool WIDEN = false>
+// KT: bf16 (a bf16 cache, bf16 mma) or uint8_t (e4m3 codes, f16 mma, fragments from the codes).
+template <int HD, int W, typename KT>
 __global__ void __launch_bounds__(W * 32, 1)
 k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
             const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, const int32_t *__restrict__ tables,
             int n_seqs, int max_blocks, int bs, int64_t n_slots, int nh, int nkv, int g, float sl2, float vs,
             int window, int min_keys, const int32_t *__restrict__ tmap, bf16 *__restrict__ out,
             float *__restrict__ part, unsigned *__restrict__ count) {
-    constexpr bool F8 = sizeof(KT) == 1, FR = F8 && !WIDEN;  // FR: fragments from the codes
+    constexpr bool F8 = sizeof(KT) == 1;
     constexpr int ROWB = HD * 2, CH = HD / 8, TILEB = DTC_BN * ROWB;
     constexpr int KS_Q = HD / 16, NT_S = DTC_BN / 8, NT_O = HD / 8, KS_P = DTC_BN / 16;
     constexpr int CHG = HD * (int)sizeof(KT) / 16;  // 16-byte chunks per cache row
@@ -166,7 +150,7 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     const int mi = lane >> 3, r8 = lane & 7, qd = lane & 3;
     const uint32_t xk0 = (uint32_t)(((mi & 1) ^ r8) << 4), xv0 = (uint32_t)(((mi >> 1) ^ r8) << 4);
     uint32_t qf[KS_Q][4];
-    if constexpr (FR) {
+    if constexpr (F8) {
         // Step kk = 4h + i of S takes dims 64h + 16qd + 4i + {0, 1} (a0, a1) and + {2, 3} (a2, a3): the
         // order in which word i of a lane's 16 bytes of a K row holds them (the loop's K reads).
 #pragma unroll
@@ -185,11 +169,9 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
 #pragma unroll
         for (int kk = 0; kk < KS_Q; kk++) ldsm_x4(qf[kk], aQ + (xv0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128);
     }
-    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8 widened
-    // (WIDEN): the f16 K and V tiles at 0 and 1, stage s's e4m3 K and V (TILEB / 2 each) at
-    // 2 + s. FP8: stage s at s (the loop below).
+    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8: stage s at s
+    // (the loop below).
     const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);
-    const unsigned char *wstage = sW + warp * 4 * TILEB + 2 * TILEB;  // FP8 stages (generic address)
     const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
     const uint32_t aV = wb + TILEB + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
 
@@ -201,47 +183,13 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         const int64_t s64 = (int64_t)blk * bs + kk % bs;
         return blk >= 0 && s64 < n_slots ? (int)s64 : -1;
     };
-    // The tile's K and V rows into stage st (zero-filled where there is no slot); one group.
-    auto issue = [&](int slot, int st) {
-        const uint32_t dK = F8 ? wb + (uint32_t)((4 + 2 * st) * (TILEB / 2)) : wb + (uint32_t)(st * 2 * TILEB);
-        const uint32_t dV = dK + (F8 ? TILEB / 2 : TILEB);
-#pragma unroll
-        for (int u = 0; u < LDN; u++) {
-            const int c = lane + u * 32, kr = c / CHG, ch = c % CHG;
-            const int sl = __shfl_sync(0xffffffffu, slot, kr);
-            const size_t off = (size_t)(sl >= 0 ? sl : 0) * row + ch * (16 / sizeof(KT));
-            // bf16: straight into the swizzled tile; e4m3: row-major staging (widened below).
-            const uint32_t at = F8 ? (uint32_t)(c * 16) : swz<HD>(kr, ch);
-            cp_async16(dK + at, kbase + off, sl >= 0);
-            cp_async16(dV + at, vbase + off, sl >= 0);
-        }
-        cp_async_commit();
-    };
-    // FP8: stage st's e4m3 rows into the f16 tiles (the layout a bf16 stage has).
-    auto widen = [&](int st) {
-        const unsigned char *sk = wstage + st * TILEB, *sv = sk + TILEB / 2;
-        unsigned char *tk = sW + warp * 4 * TILEB, *tv = tk + TILEB;
-#pragma unroll
-        for (int u = 0; u < LDN; u++) {
-            const int c = lane + u * 32, kr = c / CHG, ch = c % CHG;
-            uint4 lo, hi;
-            e4m3x16_to_f16(*(const uint4 *)(sk + c * 16), lo, hi);
-            *(uint4 *)(tk + swz<HD>(kr, 2 * ch)) = lo;
-            *(uint4 *)(tk + swz<HD>(kr, 2 * ch + 1)) = hi;
-            e4m3x16_to_f16(*(const uint4 *)(sv + c * 16), lo, hi);
-            *(uint4 *)(tv + swz<HD>(kr, 2 * ch)) = lo;
-            *(uint4 *)(tv + swz<HD>(kr, 2 * ch + 1)) = hi;
-        }
-        __syncwarp();
-    };
-
     float oacc[NT_O][4];
 #pragma unroll
     for (int n = 0; n < NT_O; n++) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
     const int step = W * DTC_BN;
     int kt = k0 + warp * DTC_BN;
-    if constexpr (FR) {
+    if constexpr (F8) {
         // Stage st of NST (three tiles in flight while one is used): the tile's e4m3 K rows at st TILEB,
         // its V rows at st TILEB + TILEB / 2, HD bytes a row. The 16-byte chunks are swizzled so that
         // the fragment reads of a quarter warp (16 bytes a lane; HD 64's V: a half warp, 8 bytes) meet
@@ -359,6 +307,20 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
             __syncwarp();  // the stage is free again
         }
     } else {
+        // The tile's K and V rows into stage st, straight into the swizzled tiles (zero-filled where
+        // there is no slot); one group.
+        auto issue = [&](int slot, int st) {
+            const uint32_t dK = wb + (uint32_t)(st * 2 * TILEB), dV = dK + TILEB;
+#pragma unroll
+            for (int u = 0; u < LDN; u++) {
+                const int c = lane + u * 32, kr = c / CHG, ch = c % CHG;
+                const int sl = __shfl_sync(0xffffffffu, slot, kr);
+                const size_t off = (size_t)(sl >= 0 ? sl : 0) * row + ch * 8;
+                cp_async16(dK + swz<HD>(kr, ch), kbase + off, sl >= 0);
+                cp_async16(dV + swz<HD>(kr, ch), vbase + off, sl >= 0);
+            }
+            cp_async_commit();
+        };
         int slot = kt < k1 ? slot_of(kt) : -1;
         if (kt < k1) issue(slot, 0);
         int nslot = kt + step < k1 ? slot_of(kt + step) : -1;
@@ -371,8 +333,7 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
             nslot = kt + 2 * step < k1 ? slot_of(kt + 2 * step) : -1;
             cp_async_wait<1>();
             __syncwarp();  // every lane's copies of this tile landed
-            if (F8) widen(st);
-            const uint32_t stg = F8 ? 0u : (uint32_t)(st * 2 * TILEB);
+            const uint32_t stg = (uint32_t)(st * 2 * TILEB);
 
             float s[NT_S][4];
 #pragma unroll
@@ -383,13 +344,8 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
                 for (int np = 0; np < NT_S / 2; np++) {
                     uint32_t kb[4];
                     ldsm_x4(kb, aK + stg + (xk0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128 + np * 16 * ROWB);
-                    if (F8) {
-                        mma16816_f16(s[2 * np], qf[kk], kb[0], kb[1]);
-                        mma16816_f16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
-                    } else {
-                        mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
-                        mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
-                    }
+                    mma16816(s[2 * np], qf[kk], kb[0], kb[1]);
+                    mma16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
                 }
             if (valid != 0xffffffffu) {
 #pragma unroll
@@ -432,25 +388,19 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
 #pragma unroll
             for (int kk = 0; kk < KS_P; kk++) {
                 uint32_t pa[4];
-                auto pk = [](float lo, float hi) { return F8 ? pack_f16(lo, hi) : pack_bf16(lo, hi); };
-                pa[0] = pk(s[2 * kk][0], s[2 * kk][1]);
-                pa[1] = pk(s[2 * kk][2], s[2 * kk][3]);
-                pa[2] = pk(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pa[3] = pk(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
                 for (int np = 0; np < NT_O / 2; np++) {
                     uint32_t vb[4];
                     ldsm_x4_t(vb, aV + stg + (xv0 ^ ((uint32_t)(np & 3) << 5)) + (np >> 2) * 128 + kk * 16 * ROWB);
-                    if (F8) {
-                        mma16816_f16(oacc[2 * np], pa, vb[0], vb[1]);
-                        mma16816_f16(oacc[2 * np + 1], pa, vb[2], vb[3]);
-                    } else {
-                        mma16816(oacc[2 * np], pa, vb[0], vb[1]);
-                        mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
-                    }
+                    mma16816(oacc[2 * np], pa, vb[0], vb[1]);
+                    mma16816(oacc[2 * np + 1], pa, vb[2], vb[3]);
                 }
             }
-            __syncwarp();  // the stage (and FP8's f16 tiles) are free again
+            __syncwarp();  // the stage is free again
         }
     }
     cp_async_wait<0>();
@@ -471,7 +421,7 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         }
 #pragma unroll
         for (int n = 0; n < NT_O; n++) {
-            if constexpr (FR) {  // column c of n-tile n: dim HD / 8 c + n
+            if constexpr (F8) {  // column c of n-tile n: dim HD / 8 c + n
                 float *o = wacc + (size_t)(warp * DTC_ROWS + r) * HD + n + HD / 8 * 2 * qd;
                 o[0] = oacc[n][2 * i];
                 o[HD / 8] = oacc[n][2 * i + 1];
@@ -487,13 +437,13 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
                                 count);
 }
 
-template <int HD, int W, typename KT, bool WIDEN>
+template <int HD, int W, typename KT>
 int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                const int32_t *pos, const int32_t *seq, const int32_t *tab, const int32_t *tmap,
                const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, float sl2, float vs, int window,
                int min_keys, bf16 *out) {
     constexpr size_t smem = dtc_smem_bytes<HD, W>();
-    auto kern = k_decode_tc<HD, W, KT, WIDEN>;
+    auto kern = k_decode_tc<HD, W, KT>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -506,22 +456,22 @@ int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, cons
                     "decode attention (tensor cores)");
 }
 
-template <typename KT, bool WIDEN = false>
+template <typename KT>
 int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
                  const int32_t *d_tab, const int32_t *tmap, int nh, int nkv, int hd, float sl2, float vs,
                  int window, int min_keys, bf16 *out) {
     if (hd == 64)
-        return dtc_launch<64, 4, KT, WIDEN>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
-                                     sl2, vs, window, min_keys, out);
+        return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
+                              sl2, vs, window, min_keys, out);
     // Blocks of 2 warps (3 per SM) for batched steps: 256 x 1K 262 us vs 296 with one block of 4 per
     // SM; 4 warps for launches of <= 4 tokens (batch 1: 242 tok/s with 4, 228 with 2).
     // KAON_DEC_TC_WARPS=2/3/4/6 overrides (A/B).
     static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
     const int w = w_env ? w_env : grid.x <= 4 ? 4 : 2;
 #define DTC_W(W)                                                                                                   \
-    dtc_launch<128, W, KT, WIDEN>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, \
-                                  vs, window, min_keys, out)
+    dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs, \
+                           window, min_keys, out)
     return w == 2 ? DTC_W(2) : w == 3 ? DTC_W(3) : w == 6 ? DTC_W(6) : DTC_W(4);
 #undef DTC_W
 }
@@ -533,13 +483,6 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
 static int dtc_mode(void) {
     static const bool off = kc_env_off("KAON_DEC_TC");
     return off ? 0 : 1;
-}
-
-// An FP8 cache widens its tiles to f16 in shared memory unless KAON_DTC_FP8_FRAG=1 (fragments from
-// the codes; opt-in until it has run on a GPU).
-static bool dtc_fp8_old(void) {
-    static const bool frag = kc_env_on("KAON_DTC_FP8_FRAG");
-    return !frag;
 }
 
 bool kc_attention_decode_tc_takes(int nh, int nkv, int hd) {
@@ -560,9 +503,6 @@ int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *
     static const int mk_env = getenv("KAON_DEC_MIN_KEYS") ? atoi(getenv("KAON_DEC_MIN_KEYS")) : 0;
     const int min_keys = mk_env >= 16 && mk_env <= 4096 ? mk_env : 8 * DTC_BN;
     const float sl2 = scale * 1.4426950408889634f;
-    if (fp8 && dtc_fp8_old())
-        return dtc_dispatch<uint8_t, true>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv,
-                                           hd, sl2, vs, window, min_keys, out);
     return fp8 ? dtc_dispatch<uint8_t>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv,
                                        hd, sl2, vs, window, min_keys, out)
                : dtc_dispatch<bf16>(b, grid, q, kcache, vcache, m, n_slots, d_pos, d_seq, d_tab, tmap, nh, nkv, hd,

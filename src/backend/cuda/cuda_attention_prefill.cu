@@ -610,7 +610,7 @@ int fa_dispatch(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vc
         return fa_launch<64, 64, 2, 4, true, 2, WIN>(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs,
                                                      n_slots, nh, nkv, sl2, window, out);
     case 128:
-        // KAON_FA_WGMMA=1: the Hopper wgmma kernel (cuda_attention_prefill_wgmma.cu), full attention only.
+        // On Hopper the wgmma kernel (cuda_attention_prefill_wgmma.cu), full attention only.
         if (!WIN && kc_fa_wgmma_on())
             return kc_fa_prefill_wgmma(b, q, kcache, vcache, d_pos, mk, d_seq, d_tab, T, mb, bs, n_slots, nh, nkv,
                                        sl2, out);

@@ -1,7 +1,7 @@
 // Paged causal attention of prefill chunks on Hopper's warpgroup MMA (wgmma; FlashAttention-3's
 // ideas), head_dim 128, bf16 cache, full attention: the instance of cuda_attention_prefill.cu
-// (mma.sync, FlashAttention-2 style) that it stands in for under KAON_FA_WGMMA=1, with the same
-// rows, marks, masks and results; read that file's header first.
+// (mma.sync, FlashAttention-2 style) that it stands in for on Hopper (unless KAON_FA_WGMMA=0), with
+// the same rows, marks, masks and results; read that file's header first.
 //
 // A CTA takes a window of tpt = 128 / g tokens and one KV head (rows = (token, query head of the
 // group) pairs, row = token * g + head) and runs as two warpgroups of 64 rows (wgmma's M), one CTA
@@ -29,7 +29,7 @@
 // address within the atom, the second half's region for k-steps 4-7. MN-major (V as B: K = keys,
 // N = head dims): LBO = the next 64 head dims (the other half's region), SBO 1024 (next 8 keys), a
 // k-step of 16 keys = 2048 bytes. Q's st.shared are fenced to the async proxy (fence.proxy.async)
-// before the barrier that hands them to wgmma; cp.async data is not (KAON_FA_WGMMA_FENCE=1: it is).
+// before the barrier that hands them to wgmma; cp.async data is not.
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_attention_prefill.cuh"
 #include "backend/cuda/cuda_mma.cuh"
@@ -58,8 +58,8 @@ constexpr int WG_CH = WG_HD / 8;             // 16-byte chunks per row
 constexpr int WG_QHALF = FA_BM * 128;        // bytes of one 64-column half of Q
 // cp.async data is read by wgmma without a proxy fence once cp.async.wait_group and a barrier saw
 // it land (as FlashAttention-3's cp.async paths do): fence.proxy.async compiles to MEMBAR.ALL.CTA,
-// which may wait for the later stages' copies still in flight. The kernel's FENCE_CP instance
-// fences every tile (KAON_FA_WGMMA_FENCE=1, A/B until measured).
+// which may wait for the later stages' copies still in flight (a fenced build passed the same tests
+// on an H100 and ran 2% slower: 320 vs 326 TFLOP/s at 16k, session 44).
 
 // Byte offset of 16-byte chunk c (0..15) of row r of a tile whose halves are half_b bytes apart.
 __device__ __forceinline__ uint32_t swz128(int r, int c, int half_b) {
@@ -68,7 +68,6 @@ __device__ __forceinline__ uint32_t swz128(int r, int c, int half_b) {
 #endif
 
 // grid (windows, n_kv_heads), 256 threads, dynamic shared memory WG_SMEM.
-template <bool FENCE_CP>
 __global__ void __launch_bounds__(WG_NTH, 1)
 k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
                    const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
@@ -268,7 +267,6 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
         auto step = [&](int j, auto with_s, auto with_pv) {
             constexpr bool DS = decltype(with_s)::value, DP = decltype(with_pv)::value;
             cp_async_wait<NS - 2>();  // group j - 1: K_j and V_{j-1} landed
-            if constexpr (FENCE_CP) fence_proxy_async();
             // Every warpgroup is done with K_{j-1} and V_{j-2} (their stages are refilled below);
             // tile j + NS - 1's slots are visible, its flag ORed over the CTA.
             badq |= (unsigned)(__syncthreads_or(flag) != 0) << (NS - 1);
@@ -406,7 +404,7 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
 
 bool kc_fa_wgmma_on(void) {
     static const bool on = [] {
-        if (!kc_env_on("KAON_FA_WGMMA")) return false;
+        if (kc_env_off("KAON_FA_WGMMA")) return false;
         int dev = 0, major = 0, minor = 0;
         return cudaGetDevice(&dev) == cudaSuccess &&
                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -423,8 +421,7 @@ int kc_fa_prefill_wgmma(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
     int bs_shift = -1;
     for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
         if (bs == 1 << sh) bs_shift = sh;
-    static const bool fence = kc_env_on("KAON_FA_WGMMA_FENCE");
-    auto kern = fence ? k_fa_prefill_wgmma<true> : k_fa_prefill_wgmma<false>;
+    auto kern = k_fa_prefill_wgmma;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM),

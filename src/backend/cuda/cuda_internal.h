@@ -326,7 +326,7 @@ int kc_attention_prefill_fp8(kc_backend *b, const bf16 *q, const uint8_t *kcache
 int kc_fa_prefill_wgmma(kc_backend *b, const bf16 *q, const bf16 *kcache, const bf16 *vcache, const int32_t *d_pos,
                         const int32_t *d_mark, const int32_t *d_seq, const int32_t *d_tab, int T, int max_blocks,
                         int bs, int64_t n_slots, int nh, int nkv, float sl2, bf16 *out);
-// KAON_FA_WGMMA=1 (read once; default off until measured) on a compute capability 9.0 device.
+// On a compute capability 9.0 device unless KAON_FA_WGMMA=0 (read once).
 bool kc_fa_wgmma_on(void);
 
 // ---- matrices (cuda_linear.cu) ----
