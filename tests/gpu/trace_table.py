@@ -5,8 +5,10 @@ Steps end at each k_sample kernel; the last STEPS whole steps are averaged. A ke
 exclusive time is what it adds to the stream's busy time (from the later of its start and
 the previous kernel's end, to its end): with PDL a kernel starts early and waits, and that
 wait is the previous kernel's time, not its own. Idle is the step's wall time no kernel ran.
+STEPS 0 shows one step instead, the one that ends at the K-th k_sample (1-based; K 1, the
+first step, is a run's prefill).
 
-  trace_table.py TRACE.csv [STEPS]
+  trace_table.py TRACE.csv [STEPS [K]]
 """
 import collections
 import sys
@@ -39,9 +41,15 @@ def main():
     ks = load(sys.argv[1])
     want = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     ends = [i for i, k in enumerate(ks) if k[2].startswith("k_sample")]
-    if len(ends) < 2:
+    if want == 0:
+        k = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+        if not 1 <= k <= len(ends):
+            sys.exit(f"no k_sample number {k}")
+        ks.insert(0, (ks[0][0], ks[0][0], "start"))  # a zero-length mark before the first kernel
+        ends = [0 if k == 1 else ends[k - 2] + 1, ends[k - 1] + 1]
+    elif len(ends) < 2:
         sys.exit("fewer than two k_sample kernels: no whole step")
-    ends = ends[-(want + 1):]
+    ends = ends[-(want + 1):] if want else ends
     steps = len(ends) - 1
     excl = collections.defaultdict(float)
     count = collections.Counter()
