@@ -231,6 +231,25 @@ void kc_kv_write_fp8(kc_backend *b, uint8_t *kc_, uint8_t *vc, const bf16 *k, co
 // one-block-per-token version took 5.6 us per Llama-3.1-8B layer at batch 1 (CUPTI trace).
 // q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
 #define RKV_WARPS 4
+
+// Rotates the two pairs a lane holds of a 128-wide head (NeoX order, full rotary): e[0..3] are
+// elements lane, lane + 32, lane + 64, lane + 96, so pair j = lane is (e0, e2), j = lane + 32 is
+// (e1, e3). The arithmetic is rope_pair's.
+static __device__ __forceinline__ void rope128_regs(float *e, int lane, float pos, const float *inv_freq) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float sn, cs;
+        sincosf(pos * inv_freq[lane + 32 * h], &sn, &cs);
+        const float a = e[h], c = e[h + 2];
+        e[h] = bf(tobf(a * cs - c * sn));
+        e[h + 2] = bf(tobf(a * sn + c * cs));
+    }
+}
+
+// FAST: head_dim 128, NeoX pairs, full rotary (Llama, Qwen, Mistral): each lane loads its four
+// elements at once, rotates them in registers and stores once; the general path's per-pair
+// read-modify-write (and the K head's read back from the cache) ran at 1.6 TB/s in an 8k prefill.
+template <bool FAST>
 __global__ void __launch_bounds__(RKV_WARPS * 32)
 k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ kcache,
                 bf16 *__restrict__ vcache, const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
@@ -244,7 +263,16 @@ k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const float p = (float)__ldcg(pos + t);  // ld.cg: an invariant load may be moved above the wait
     if (hh < nh) {
         bf16 *qh = q + ((size_t)t * nh + hh) * hd;
-        for (int j = lane; j < half; j += 32) rope_pair(qh, j, half, interleaved, p, inv_freq);
+        if (FAST) {
+            float e[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) e[i] = bf(qh[lane + 32 * i]);
+            rope128_regs(e, lane, p, inv_freq);
+#pragma unroll
+            for (int i = 0; i < 4; i++) qh[lane + 32 * i] = tobf(e[i]);
+        } else {
+            for (int j = lane; j < half; j += 32) rope_pair(qh, j, half, interleaved, p, inv_freq);
+        }
         return;
     }
     const int64_t s = __ldcg(slot + t);
@@ -253,10 +281,19 @@ k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const size_t row = (size_t)nkv * hd, off = (size_t)(kv < nkv ? kv : kv - nkv) * hd;
     const bf16 *src = (kv < nkv ? k : v) + (size_t)t * row + off;
     bf16 *dst = (kv < nkv ? kcache : vcache) + (size_t)s * row + off;
-    for (int i = lane; i < hd; i += 32) dst[i] = src[i];
-    if (kv >= nkv) return;
-    __syncwarp();
-    for (int j = lane; j < half; j += 32) rope_pair(dst, j, half, interleaved, p, inv_freq);
+    if (FAST) {
+        float e[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) e[i] = bf(src[lane + 32 * i]);
+        if (kv < nkv) rope128_regs(e, lane, p, inv_freq);
+#pragma unroll
+        for (int i = 0; i < 4; i++) dst[lane + 32 * i] = tobf(e[i]);
+    } else {
+        for (int i = lane; i < hd; i += 32) dst[i] = src[i];
+        if (kv >= nkv) return;
+        __syncwarp();
+        for (int j = lane; j < half; j += 32) rope_pair(dst, j, half, interleaved, p, inv_freq);
+    }
 }
 
 void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
@@ -264,8 +301,10 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved) {
     if (n <= 0) return;
     const dim3 grid((unsigned)n, (unsigned)((nh + 2 * nkv + RKV_WARPS - 1) / RKV_WARPS));
-    kc_launch(b, k_rope_kv_write, grid, dim3(RKV_WARPS * 32), 0, q, k, v, kcache, vcache, d_pos, d_slot, n_slots,
-              nh, nkv, hd, rot_dim / 2, interleaved, (const float *)b->d_inv_freq);
+    const bool fast = hd == 128 && rot_dim == 128 && !interleaved;
+    kc_launch(b, fast ? k_rope_kv_write<true> : k_rope_kv_write<false>, grid, dim3(RKV_WARPS * 32), 0, q, k, v,
+              kcache, vcache, d_pos, d_slot, n_slots, nh, nkv, hd, rot_dim / 2, interleaved,
+              (const float *)b->d_inv_freq);
     kc_launched(b, "rope_kv_write");
 }
 
@@ -347,26 +386,45 @@ void kc_mla_prep(kc_backend *b, const bf16 *kva, const float *w, float eps, cons
 enum { KC_ACT_SILU, KC_ACT_GELU_TANH };
 
 template <int ACT>
+static __device__ __forceinline__ float gated(float x, float u) {
+    float a;
+    if (ACT == KC_ACT_SILU) {
+        a = x / (1.f + expf(-x));
+    } else {  // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        a = 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    }
+    return rbf(a) * u;
+}
+
+// VEC: 8 elements per step with 16-byte loads and stores (n % 8 == 0, pointers 16-byte
+// aligned); the scalar loop read 2 bytes per access and ran at 1.5 TB/s in an 8k prefill.
+template <int ACT, bool VEC>
 __global__ void k_gated_mul(const bf16 *__restrict__ g, const bf16 *__restrict__ u, size_t n, bf16 *out) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const float x = bf(g[i]);
-        float a;
-        if (ACT == KC_ACT_SILU) {
-            a = x / (1.f + expf(-x));
-        } else {  // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            a = 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if (VEC) {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 8; i += step) {
+            const uint4 gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i];
+            const bf16 *ge = (const bf16 *)&gv, *ue = (const bf16 *)&uv;
+            uint4 ov;
+            bf16 *oe = (bf16 *)&ov;
+#pragma unroll
+            for (int e = 0; e < 8; e++) oe[e] = tobf(gated<ACT>(bf(ge[e]), bf(ue[e])));
+            ((uint4 *)out)[i] = ov;
         }
-        out[i] = tobf(rbf(a) * bf(u[i]));
+    } else {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+            out[i] = tobf(gated<ACT>(bf(g[i]), bf(u[i])));
     }
 }
 
 template <int ACT>
 static void gated_mul(kc_backend *b, const bf16 *g, const bf16 *u, size_t n, bf16 *out, const char *what) {
     if (!n) return;
-    size_t blocks = (n + 255) / 256;
+    const bool vec = n % 8 == 0 && (((uintptr_t)g | (uintptr_t)u | (uintptr_t)out) & 15) == 0;
+    size_t blocks = ((vec ? n / 8 : n) + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    k_gated_mul<ACT><<<(unsigned)blocks, 256, 0, b->stream>>>(g, u, n, out);
+    if (vec) k_gated_mul<ACT, true><<<(unsigned)blocks, 256, 0, b->stream>>>(g, u, n, out);
+    else k_gated_mul<ACT, false><<<(unsigned)blocks, 256, 0, b->stream>>>(g, u, n, out);
     kc_launched(b, what);
 }
 
