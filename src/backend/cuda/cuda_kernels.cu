@@ -224,75 +224,77 @@ void kc_kv_write_fp8(kc_backend *b, uint8_t *kc_, uint8_t *vc, const bf16 *k, co
     kc_launched(b, "kv_write (fp8)");
 }
 
-// Grid (n, ceil((nh + 2 nkv) / RKV_WARPS)): warp w of block y takes head y * RKV_WARPS + w of the
-// list [q heads | k heads | v heads]: a q head is rotated in place; a k head is copied into its
-// cache row (the unrotated tail of partial RoPE included) and rotated there, the warp's lanes
-// ordered by __syncwarp; a v head is copied. One token's heads spread over many blocks: the
-// one-block-per-token version took 5.6 us per Llama-3.1-8B layer at batch 1 (CUPTI trace).
-// q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
-#define RKV_WARPS 4
-
-// Rotates the two pairs a lane holds of a 128-wide head (NeoX order, full rotary): e[0..3] are
-// elements lane, lane + 32, lane + 64, lane + 96, so pair j = lane is (e0, e2), j = lane + 32 is
-// (e1, e3). The arithmetic is rope_pair's.
-static __device__ __forceinline__ void rope128_regs(float *e, int lane, float pos, const float *inv_freq) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float sn, cs;
-        sincosf(pos * inv_freq[lane + 32 * h], &sn, &cs);
-        const float a = e[h], c = e[h + 2];
-        e[h] = bf(tobf(a * cs - c * sn));
-        e[h + 2] = bf(tobf(a * sn + c * cs));
-    }
+// Rotates the two pairs a lane holds of a 128-wide head (NeoX order, full rotary): lo holds
+// elements 2 lane and 2 lane + 1, hi the elements 64 after them, so the pairs are j = 2 lane and
+// 2 lane + 1. The arithmetic is rope_pair's.
+static __device__ __forceinline__ void rope128_pairs(__nv_bfloat162 &lo, __nv_bfloat162 &hi, int lane, float pos,
+                                                     const float *inv_freq) {
+    const float2 a = __bfloat1622float2(lo), c = __bfloat1622float2(hi);
+    float s0, c0, s1, c1;
+    sincosf(pos * inv_freq[2 * lane], &s0, &c0);
+    sincosf(pos * inv_freq[2 * lane + 1], &s1, &c1);
+    lo = __halves2bfloat162(tobf(a.x * c0 - c.x * s0), tobf(a.y * c1 - c.y * s1));
+    hi = __halves2bfloat162(tobf(a.x * s0 + c.x * c0), tobf(a.y * s1 + c.y * c1));
 }
 
-// FAST: head_dim 128, NeoX pairs, full rotary (Llama, Qwen, Mistral): each lane loads its four
-// elements at once, rotates them in registers and stores once; the general path's per-pair
-// read-modify-write (and the K head's read back from the cache) ran at 1.6 TB/s in an 8k prefill.
+// Grid (ceil(n / RKV_TOKENS), ceil((nh + 2 nkv) / RKV_WARPS)): warp w of block y takes head
+// y * RKV_WARPS + w of the list [q heads | k heads | v heads] for RKV_TOKENS tokens: a q head is
+// rotated in place; a k head is copied into its cache row (the unrotated tail of partial RoPE
+// included) and rotated there, the warp's lanes ordered by __syncwarp; a v head is copied. One
+// token's heads spread over many blocks: the one-block-per-token version took 5.6 us per
+// Llama-3.1-8B layer at batch 1 (CUPTI trace). FAST (head_dim 128, NeoX pairs, full rotary:
+// Llama, Qwen, Mistral): each lane loads its two pairs as 4-byte words, rotates them in
+// registers and stores them once (the per-pair read-modify-write, and a K head's read back from
+// the cache, ran at 1.6 TB/s in an 8k prefill, as did one token per block).
+// q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
+#define RKV_WARPS 4
+#define RKV_TOKENS 4
 template <bool FAST>
 __global__ void __launch_bounds__(RKV_WARPS * 32)
 k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ kcache,
                 bf16 *__restrict__ vcache, const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
-                int64_t n_slots, int nh, int nkv, int hd, int half, int interleaved,
+                int64_t n_slots, int n, int nh, int nkv, int hd, int half, int interleaved,
                 const float *__restrict__ inv_freq) {
     kc_pdl_trigger();
     kc_pdl_wait();
-    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31;
     const int hh = (int)blockIdx.y * RKV_WARPS + (threadIdx.x >> 5);
     if (hh >= nh + 2 * nkv) return;
-    const float p = (float)__ldcg(pos + t);  // ld.cg: an invariant load may be moved above the wait
-    if (hh < nh) {
-        bf16 *qh = q + ((size_t)t * nh + hh) * hd;
-        if (FAST) {
-            float e[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) e[i] = bf(qh[lane + 32 * i]);
-            rope128_regs(e, lane, p, inv_freq);
-#pragma unroll
-            for (int i = 0; i < 4; i++) qh[lane + 32 * i] = tobf(e[i]);
-        } else {
-            for (int j = lane; j < half; j += 32) rope_pair(qh, j, half, interleaved, p, inv_freq);
+    const int t_end = min(n, ((int)blockIdx.x + 1) * RKV_TOKENS);
+    for (int t = (int)blockIdx.x * RKV_TOKENS; t < t_end; t++) {
+        const float p = (float)__ldcg(pos + t);  // ld.cg: an invariant load may be moved above the wait
+        if (hh < nh) {
+            bf16 *qh = q + ((size_t)t * nh + hh) * hd;
+            if (FAST) {
+                __nv_bfloat162 *q2 = (__nv_bfloat162 *)qh;
+                __nv_bfloat162 lo = q2[lane], hi = q2[lane + 32];
+                rope128_pairs(lo, hi, lane, p, inv_freq);
+                q2[lane] = lo;
+                q2[lane + 32] = hi;
+            } else {
+                for (int j = lane; j < half; j += 32) rope_pair(qh, j, half, interleaved, p, inv_freq);
+            }
+            continue;
         }
-        return;
-    }
-    const int64_t s = __ldcg(slot + t);
-    if (s < 0 || s >= n_slots) return;
-    const int kv = hh - nh;
-    const size_t row = (size_t)nkv * hd, off = (size_t)(kv < nkv ? kv : kv - nkv) * hd;
-    const bf16 *src = (kv < nkv ? k : v) + (size_t)t * row + off;
-    bf16 *dst = (kv < nkv ? kcache : vcache) + (size_t)s * row + off;
-    if (FAST) {
-        float e[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) e[i] = bf(src[lane + 32 * i]);
-        if (kv < nkv) rope128_regs(e, lane, p, inv_freq);
-#pragma unroll
-        for (int i = 0; i < 4; i++) dst[lane + 32 * i] = tobf(e[i]);
-    } else {
-        for (int i = lane; i < hd; i += 32) dst[i] = src[i];
-        if (kv >= nkv) return;
-        __syncwarp();
-        for (int j = lane; j < half; j += 32) rope_pair(dst, j, half, interleaved, p, inv_freq);
+        const int64_t s = __ldcg(slot + t);
+        if (s < 0 || s >= n_slots) continue;
+        const int kv = hh - nh;
+        const size_t row = (size_t)nkv * hd, off = (size_t)(kv < nkv ? kv : kv - nkv) * hd;
+        const bf16 *src = (kv < nkv ? k : v) + (size_t)t * row + off;
+        bf16 *dst = (kv < nkv ? kcache : vcache) + (size_t)s * row + off;
+        if (FAST) {
+            const __nv_bfloat162 *s2 = (const __nv_bfloat162 *)src;
+            __nv_bfloat162 *d2 = (__nv_bfloat162 *)dst;
+            __nv_bfloat162 lo = s2[lane], hi = s2[lane + 32];
+            if (kv < nkv) rope128_pairs(lo, hi, lane, p, inv_freq);
+            d2[lane] = lo;
+            d2[lane + 32] = hi;
+        } else {
+            for (int i = lane; i < hd; i += 32) dst[i] = src[i];
+            if (kv >= nkv) continue;
+            __syncwarp();
+            for (int j = lane; j < half; j += 32) rope_pair(dst, j, half, interleaved, p, inv_freq);
+        }
     }
 }
 
@@ -300,10 +302,11 @@ void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                       int n, int nh, int nkv, int hd, int rot_dim, int interleaved) {
     if (n <= 0) return;
-    const dim3 grid((unsigned)n, (unsigned)((nh + 2 * nkv + RKV_WARPS - 1) / RKV_WARPS));
+    const dim3 grid((unsigned)((n + RKV_TOKENS - 1) / RKV_TOKENS),
+                    (unsigned)((nh + 2 * nkv + RKV_WARPS - 1) / RKV_WARPS));
     const bool fast = hd == 128 && rot_dim == 128 && !interleaved;
     kc_launch(b, fast ? k_rope_kv_write<true> : k_rope_kv_write<false>, grid, dim3(RKV_WARPS * 32), 0, q, k, v,
-              kcache, vcache, d_pos, d_slot, n_slots, nh, nkv, hd, rot_dim / 2, interleaved,
+              kcache, vcache, d_pos, d_slot, n_slots, n, nh, nkv, hd, rot_dim / 2, interleaved,
               (const float *)b->d_inv_freq);
     kc_launched(b, "rope_kv_write");
 }
