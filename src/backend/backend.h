@@ -283,6 +283,15 @@ typedef struct kaon_backend_ops {
     // Declines (1) when gate or up has a bias.
     int (*linear_silu_mul)(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
                            const kaon_linear *up, void *out);
+    // linear_multi and linear_silu_mul of rmsnorm(x, NULL, norm, eps) (x the residual stream,
+    // left as it is), without writing the normed rows: the same results as the two ops.
+    int (*norm_linear_multi)(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
+                             int count, const kaon_linear *const *w, void *const *y);
+    int (*norm_linear_silu_mul)(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
+                                const kaon_linear *gate, const kaon_linear *up, void *out);
+    // res += x @ w->w^T (+ bias), the product rounded to the activation dtype first: linear into
+    // a scratch, then rmsnorm's add of it into the residual stream res, as one op.
+    int (*linear_residual)(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *res);
     // rope(q) in place, then rope(k) and v stored at their slots (k's buffer is left
     // unspecified): rope + rope + kv_write in one.
     int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,

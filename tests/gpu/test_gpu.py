@@ -711,10 +711,10 @@ def hf_logits(model, ids):
         return model(input_ids=x).logits[0].float().cpu().numpy()
 
 
-def kaon_logits(folder, dev, chunk, ids, V, tmp):
+def kaon_logits(folder, dev, chunk, ids, V, tmp, env=None):
     o = tmp / f"k_{dev}_{chunk}.f32"
     p = subprocess.run([driver(), "logits", str(folder), dev, str(chunk), ",".join(map(str, ids)), str(o)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
     assert p.returncode == 0, p.stderr
     return np.fromfile(o, np.float32).reshape(len(ids), V)
 
@@ -782,6 +782,40 @@ def test_model_real_size_vs_transformers(tmp_path, name):
     if os.environ.get("KAON_GPU_SKIP_BIG") == "1":
         pytest.skip("KAON_GPU_SKIP_BIG=1")
     check_model(name, BIG[name](), tmp_path, init_std=0.02, n_tok=40, cpu_too=False)
+
+
+def kernel_names(tmp, run):
+    """The kernels run(env) launched, through tests/gpu/kernel_trace.c (CUPTI)."""
+    lib = tmp / "libkaon_trace.so"
+    if not lib.exists():
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-I/usr/local/cuda/include", str(REPO / "tests/gpu/kernel_trace.c"),
+                        "-L/usr/local/cuda/lib64", "-L/usr/local/cuda/extras/CUPTI/lib64", "-lcupti", "-lstdc++", "-o",
+                        str(lib)], check=True)
+    csv = tmp / "trace.csv"
+    csv.unlink(missing_ok=True)
+    out = run({"CUDA_INJECTION64_PATH": str(lib), "KAON_TRACE_OUT": str(csv)})
+    return out, {line.split(",", 7)[7] for line in csv.read_text().splitlines() if line.count(",") >= 7}
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "llama3.1-8b-2layers"])
+def test_gemv_fuse_same_logits(tmp_path, name):
+    """Batch-1 decode with the norms folded into the GEMVs and the output GEMVs adding into the
+    residual stream (the default) gives the separate ops' logits bit for bit (KAON_GEMV_FUSE=0),
+    and the fused kernels did run."""
+    if name in BIG and os.environ.get("KAON_GPU_SKIP_BIG") == "1":
+        pytest.skip("KAON_GPU_SKIP_BIG=1")
+    cfg = SMALL[name] if name in SMALL else BIG[name]()
+    folder = tmp_path / name
+    build_hf(folder, cfg, init_std=0.02)
+    V = cfg["vocab_size"]
+    ids = np.random.default_rng().integers(0, V, 24).tolist()
+    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
+    plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
+                                                               dict(env, KAON_GEMV_FUSE="0")))
+    norm_gemv = [k for k in kf if k.startswith("void k_gemv<1, 1, true>") or k.startswith("void k_gemv_silu<1, 1, true>")]
+    assert len(norm_gemv) == 2, sorted(kf)
+    assert not any(", true>" in k and "k_gemv" in k for k in kp)
+    assert np.array_equal(fused, plain), float(np.abs(fused - plain).max())
 
 
 # ---- GGUF: GPU greedy ids against our CPU backend -------------------------------------------------

@@ -773,6 +773,27 @@ extern "C" void kaon_backend_cuda_no_graphs(kaon_backend *be) {
 
 // ---- fused ops ----------------------------------------------------------------------------------
 
+// The GEMV path of linear_multi over plain bf16 weights, with what it may fuse (kc_gemv_fuse).
+static int gemv_multi_plain(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l,
+                            void *const *y, const kc_gemv_fuse *fuse) {
+    if (n > KC_GEMV_MAX_N) return 1;
+    const bf16 *ws[4];
+    const float *bs[4];
+    void *ys[4];
+    int rows[4];
+    for (int i = 0; i < count; i++) {
+        const kaon_tensor *w = &l[i]->w, *bias = kaon_linear_bias(l[i]);
+        if (!is_matrix(b, w, "linear")) return -1;
+        if (w->shape[1] != l[0]->w.shape[1]) return 1;
+        if (bias && !is_vector(b, bias, w->shape[0], "linear bias")) return -1;
+        ws[i] = (const bf16 *)w->data;
+        bs[i] = bias ? (const float *)bias->data : NULL;
+        ys[i] = y[i];
+        rows[i] = (int)w->shape[0];
+    }
+    return kc_gemv_multi(b, (const bf16 *)x, n, (int)l[0]->w.shape[1], count, ws, rows, bs, ys, 0, fuse);
+}
+
 static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
                              const kaon_linear *const *l, void *const *y) {
     kc_backend *b = kc(be);
@@ -791,21 +812,7 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
         const int q = kc_quant_linear_multi(b, x, n, count, w, bias, y);
         if (q != 1) return q;
     }
-    if (n > KC_GEMV_MAX_N) return 1;
-    const bf16 *ws[4];
-    const float *bs[4];
-    void *ys[4];
-    int rows[4];
-    for (int i = 0; i < count; i++) {
-        if (!is_matrix(b, w[i], "linear")) return -1;
-        if (w[i]->shape[1] != w[0]->shape[1]) return 1;
-        if (bias[i] && !is_vector(b, bias[i], w[i]->shape[0], "linear bias")) return -1;
-        ws[i] = (const bf16 *)w[i]->data;
-        bs[i] = bias[i] ? (const float *)bias[i]->data : NULL;
-        ys[i] = y[i];
-        rows[i] = (int)w[i]->shape[0];
-    }
-    return kc_gemv_multi(b, (const bf16 *)x, n, (int)w[0]->shape[1], count, ws, rows, bs, ys, 0);
+    return gemv_multi_plain(b, x, n, count, l, y, NULL);
 }
 
 static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
@@ -825,7 +832,50 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
     if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
     if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
     return kc_gemv_silu(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data,
-                        (const bf16 *)wu->data, (int)wg->shape[0], (bf16 *)out);
+                        (const bf16 *)wu->data, (int)wg->shape[0], (bf16 *)out, NULL);
+}
+
+// The batch-1 fusions of the residual stream (backend.h): plain bf16 weights only, else 1.
+// KAON_GEMV_FUSE=0 turns them off (A/B, and the test that compares the two paths).
+static bool gemv_fuse_on(void) {
+    static const bool off = kc_env_off("KAON_GEMV_FUSE");
+    return !off;
+}
+
+static bool plain_bf16(const kaon_linear *l) {
+    return l && !kc_is_scaled_linear(l) && l->w.dtype == KAON_BF16 && !kaon_linear_unsupported(l);
+}
+
+static int cuda_norm_linear_multi(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
+                                  int count, const kaon_linear *const *l, void *const *y) {
+    kc_backend *b = kc(be);
+    if (!gemv_fuse_on() || n != 1 || count < 1 || count > 4) return 1;
+    for (int i = 0; i < count; i++)
+        if (!plain_bf16(l[i])) return 1;
+    if (!is_vector(b, norm, l[0]->w.shape[1], "rmsnorm")) return -1;
+    const kc_gemv_fuse f = {(const float *)norm->data, eps, 0};
+    return gemv_multi_plain(b, x, n, count, l, y, &f);
+}
+
+static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
+                                     const kaon_linear *gate, const kaon_linear *up, void *out) {
+    kc_backend *b = kc(be);
+    if (!gemv_fuse_on() || n != 1 || !plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) ||
+        kaon_linear_bias(up))
+        return 1;
+    const kaon_tensor *wg = &gate->w, *wu = &up->w;
+    if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
+    if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
+    if (!is_vector(b, norm, wg->shape[1], "rmsnorm")) return -1;
+    const kc_gemv_fuse f = {(const float *)norm->data, eps, 0};
+    return kc_gemv_silu(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data, (const bf16 *)wu->data,
+                        (int)wg->shape[0], (bf16 *)out, &f);
+}
+
+static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res) {
+    if (!gemv_fuse_on() || !plain_bf16(l)) return 1;
+    const kc_gemv_fuse f = {NULL, 0.f, 1};
+    return gemv_multi_plain(kc(be), x, n, 1, &l, &res, &f);
 }
 
 static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
@@ -939,6 +989,9 @@ static kaon_backend_ops make_ops(void) {
     o.copy_f32_strided = cuda_copy_f32_strided;
     o.linear_multi = cuda_linear_multi;
     o.linear_silu_mul = cuda_linear_silu_mul;
+    o.norm_linear_multi = cuda_norm_linear_multi;
+    o.norm_linear_silu_mul = cuda_norm_linear_silu_mul;
+    o.linear_residual = cuda_linear_residual;
     o.rope_kv_write = cuda_rope_kv_write;
     o.mla_prep = cuda_mla_prep;
     o.mla_expanded_prefill = true;

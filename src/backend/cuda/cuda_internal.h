@@ -342,10 +342,19 @@ bool kc_gemv_occ_hi(int which);
 // Up to 4 weights sharing x, through the small-batch kernel; returns 1 when n or the shapes
 // do not suit it.
 #define KC_GEMV_MAX_N 8
+// What a GEMV may fuse (NULL: nothing). norm: x is the raw residual row, normed in each block as
+// kc_rmsnorm(x, NULL, norm, eps) would write it, bit for bit (batch 1, in <= KC_GEMV_NORM_MAX_IN:
+// the row lives in shared memory). residual: y += bf16(x @ w^T) (bf16 y; not for gemv_silu).
+#define KC_GEMV_NORM_MAX_IN 16384
+typedef struct kc_gemv_fuse {
+    const float *norm;
+    float eps;
+    int residual;
+} kc_gemv_fuse;
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
-                  const int *rows, const float *const *bias, void *const *y, int f32out);
+                  const int *rows, const float *const *bias, void *const *y, int f32out, const kc_gemv_fuse *fuse);
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
-                 int rows, bf16 *out);
+                 int rows, bf16 *out, const kc_gemv_fuse *fuse);
 void kc_gemm_cache_free(kc_backend *b);
 
 // ---- mixture of experts (cuda_moe.cu): the moe op of backend.h ----

@@ -5,7 +5,10 @@
 // warp one output row, streams the row with 16-byte loads (four in flight per lane, not kept
 // in L1), reads the few x rows through the read-only cache, and reduces with shuffles; a block
 // holds 8 rows. One launch can serve several weights that share x (q, k and v), and gate and
-// up can be read side by side with SiLU-and-mul applied before the one store.
+// up can be read side by side with SiLU-and-mul applied before the one store. At batch 1 the
+// layer's RMSNorm can be folded into the GEMVs that read its output (each block norms the row
+// into shared memory: one launch and one round trip fewer per norm), and the output GEMVs can
+// add their product to the residual stream (kc_gemv_fuse).
 // Larger batches go to cuBLASLt (descriptors and the chosen algorithm cached per shape).
 #include "backend/cuda/cuda_internal.h"
 
@@ -22,6 +25,9 @@ typedef struct GemvArgs {
     int begin[4];  // first block of each weight
     int count;
     int f32out;
+    int residual;         // y += bf16(product): y is the residual stream
+    const float *norm;    // non-NULL: x is the raw row, normed in the prologue (NB == 1)
+    float eps;
 } GemvArgs;
 
 static __device__ __forceinline__ float warp_sum(float v) {
@@ -29,12 +35,65 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// xs = bf16(w * bf16(x / rms(x))) for one row of dim elements (dim % 8 == 0), bit for bit what
+// kc_rmsnorm writes: its T threads (dim / 8 rounded up to a warp, at most 1024) each sum the
+// squares of chunks t, t + T, ... of 8 elements, then a shuffle tree per warp and one over the
+// warps' sums; here each of the block's threads plays the threads t = threadIdx.x + k blockDim.x.
+// All of the block's threads must call it (it ends with __syncthreads).
+static __device__ void norm_row_to_smem(const bf16 *x, int dim, const float *__restrict__ w, float eps,
+                                        uint4 *xs) {
+    __shared__ float red[33];
+    const int nc = dim >> 3, lane = threadIdx.x & 31;
+    int T = (nc + 31) / 32 * 32;
+    T = T > 1024 ? 1024 : T;
+    const uint4 *xr = (const uint4 *)x;
+    for (int t0 = 0; t0 < T; t0 += blockDim.x) {  // T and blockDim.x are multiples of 32: warp-uniform
+        const int t = t0 + (int)threadIdx.x;
+        if (t >= T) break;
+        float ss = 0.f;
+        for (int j = t; j < nc; j += T) {
+            uint4 v = __ldcg(xr + j);
+            const bf16 *e = (const bf16 *)&v;
+#pragma unroll
+            for (int i = 0; i < 8; i++) ss += __bfloat162float(e[i]) * __bfloat162float(e[i]);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[t >> 5] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = lane < T / 32 ? red[lane] : 0.f;
+        v = warp_sum(v);
+        if (lane == 0) red[32] = v;
+    }
+    __syncthreads();
+    const float r = rsqrtf(red[32] / (float)dim + eps);
+    for (int j = threadIdx.x; j < nc; j += blockDim.x) {
+        uint4 v = __ldcg(xr + j);
+        bf16 *e = (bf16 *)&v;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            e[i] = __float2bfloat16(w[8 * j + i] * __bfloat162float(__float2bfloat16(__bfloat162float(e[i]) * r)));
+        xs[j] = v;
+    }
+    __syncthreads();
+}
+
+// x loads of the inner loops: the normed row in shared memory, or x through the read-only cache.
+template <bool NORM>
+static __device__ __forceinline__ uint4 ld_x(const uint4 *p) {
+    if (NORM) return *p;
+    return __ldg(p);
+}
+
 // MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
 // in flight with room to spare; 4 (64 registers, checked free of spills for NB <= 2) doubles the
 // warps resident per SM, so one wave covers a 4,096-row matrix (KAON_GEMV_OCC picks).
-template <int NB, int MINB = 1>
+// NORM (NB 1): x is normed into shared memory first (a.norm, a.eps; in * 2 bytes dynamic).
+template <int NB, int MINB = 1, bool NORM = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
+    extern __shared__ uint4 xs[];
     const int bid = blockIdx.x;
     const bf16 *w = a.w[0];
     const float *bias = a.bias[0];
@@ -54,7 +113,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     const bool active = row < rows;
     const int lane = threadIdx.x & 31, nc = in >> 3;
     const uint4 *wr = (const uint4 *)(w + (size_t)(active ? row : 0) * in);
-    const uint4 *xr = (const uint4 *)x;
+    const uint4 *xr = NORM ? xs : (const uint4 *)x;
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b] = 0.f;
@@ -67,6 +126,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
 #pragma unroll
         for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
     kc_pdl_wait();
+    if (NORM) norm_row_to_smem(x, in, a.norm, a.eps, xs);
     if (!active) return;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
         if (!first)
@@ -78,7 +138,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
             float s = acc[b];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                s = dot8(wv[u], __ldg(xb + 32 * u), s);
+                s = dot8(wv[u], ld_x<NORM>(xb + 32 * u), s);
             }
             acc[b] = s;
         }
@@ -87,7 +147,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
         const uint4 w0 = ld_stream(wr + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            acc[b] = dot8(w0, __ldg(xr + (size_t)b * nc + c), acc[b]);
+            acc[b] = dot8(w0, ld_x<NORM>(xr + (size_t)b * nc + c), acc[b]);
         }
     }
 #pragma unroll
@@ -96,25 +156,31 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
         const float bb = bias ? bias[row] : 0.f;
 #pragma unroll
         for (int b = 0; b < NB; b++) {
+            bf16 *yb = (bf16 *)y + (size_t)b * rows + row;
             if (a.f32out) ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
-            else ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(acc[b] + bb);
+            else if (a.residual)  // linear, then rmsnorm's add: each rounded to bf16
+                *yb = __float2bfloat16(__bfloat162float(*yb) +
+                                       __bfloat162float(__float2bfloat16(acc[b] + bb)));
+            else *yb = __float2bfloat16(acc[b] + bb);
         }
     }
 }
 
 // out[b, r] = bf16(bf16(silu(g)) * u) with g = x[b] . wg[r], u = x[b] . wu[r] (each rounded
-// to bf16 first, as the separate ops would).
-template <int NB, int MINB = 1>
+// to bf16 first, as the separate ops would). NORM as in k_gemv (norm, eps).
+template <int NB, int MINB = 1, bool NORM = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
-            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
+            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out, const float *__restrict__ norm,
+            float eps) {
+    extern __shared__ uint4 xs[];
     kc_pdl_trigger();
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const bool active = row < rows;
     const int lane = threadIdx.x & 31, nc = in >> 3;
     const uint4 *gr = (const uint4 *)(wg + (size_t)(active ? row : 0) * in);
     const uint4 *ur = (const uint4 *)(wu + (size_t)(active ? row : 0) * in);
-    const uint4 *xr = (const uint4 *)x;
+    const uint4 *xr = NORM ? xs : (const uint4 *)x;
     float ag[NB], au[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) ag[b] = au[b] = 0.f;
@@ -129,6 +195,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             uv[u] = ld_stream(ur + c + 32 * u);
         }
     kc_pdl_wait();
+    if (NORM) norm_row_to_smem(x, in, norm, eps, xs);
     if (!active) return;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
         if (!first)
@@ -142,7 +209,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
             const uint4 *xb = xr + (size_t)b * nc + c;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const uint4 xv = __ldg(xb + 32 * u);
+                const uint4 xv = ld_x<NORM>(xb + 32 * u);
                 ag[b] = dot8(gv[u], xv, ag[b]);
                 au[b] = dot8(uv[u], xv, au[b]);
             }
@@ -152,7 +219,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
         const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            const uint4 x0 = __ldg(xr + (size_t)b * nc + c);
+            const uint4 x0 = ld_x<NORM>(xr + (size_t)b * nc + c);
             ag[b] = dot8(g0, x0, ag[b]);
             au[b] = dot8(u0, x0, au[b]);
         }
@@ -184,14 +251,28 @@ bool kc_gemv_occ_hi(int which) {
     return (v & which) != 0;
 }
 
+// The fused extras need: norm only at batch 1 with x's row in shared memory; residual only
+// into bf16 outputs.
+static bool fuse_ok(const kc_gemv_fuse *f, int n, int in, int f32out) {
+    if (!f) return true;
+    if (f->norm && (n != 1 || in > KC_GEMV_NORM_MAX_IN)) return false;
+    return !(f->residual && f32out);
+}
+
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
-                  const int *rows, const float *const *bias, void *const *y, int f32out) {
-    if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x))
+                  const int *rows, const float *const *bias, void *const *y, int f32out, const kc_gemv_fuse *fuse) {
+    if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x) ||
+        !fuse_ok(fuse, n, in, f32out))
         return 1;
     GemvArgs a;
     memset(&a, 0, sizeof a);
     a.count = count;
     a.f32out = f32out;
+    if (fuse) {
+        a.residual = fuse->residual;
+        a.norm = fuse->norm;
+        a.eps = fuse->eps;
+    }
     int64_t blocks = 0;
     for (int i = 0; i < count; i++) {
         if (!aligned16(w[i]) || rows[i] <= 0) return 1;
@@ -204,6 +285,10 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
     }
     if (blocks > INT32_MAX / 2) return 1;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
+    if (a.norm) {
+        kc_launch(b, k_gemv<1, 1, true>, grid, block, (size_t)in * sizeof(bf16), x, in, a);
+        return kc_launched(b, "gemv (norm)");
+    }
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_GEMV)) {
         if (n == 1) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
         else kc_launch(b, k_gemv<2, 4>, grid, block, 0, x, in, a);
@@ -223,25 +308,32 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
 }
 
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
-                 int rows, bf16 *out) {
+                 int rows, bf16 *out, const kc_gemv_fuse *fuse) {
     if (n < 1 || n > KC_GEMV_MAX_N || in % 8 || in <= 0 || rows <= 0 || !aligned16(x) ||
-        !aligned16(wg) || !aligned16(wu))
+        !aligned16(wg) || !aligned16(wu) || !fuse_ok(fuse, n, in, 0) || (fuse && fuse->residual))
         return 1;
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    const float *nw = fuse ? fuse->norm : NULL;
+    const float eps = fuse ? fuse->eps : 0.f;
+    if (nw) {
+        kc_launch(b, k_gemv_silu<1, 1, true>, grid, block, (size_t)in * sizeof(bf16), x, in, wg, wu, rows, out, nw,
+                  eps);
+        return kc_launched(b, "gemv_silu (norm)");
+    }
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_SILU)) {
-        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out);
-        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps);
+        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps);
         return kc_launched(b, "gemv_silu");
     }
     switch (n) {
-    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
     }
     return kc_launched(b, "gemv_silu");
 }
@@ -334,7 +426,7 @@ int kc_gemm_bf16(kc_backend *b, const bf16 *x, int n, const bf16 *w, int out, in
                  const float *bias, void *y, int f32out) {
     if (n <= 0 || out <= 0 || in <= 0) return 0;
     if (n <= KC_GEMV_MAX_N) {
-        int rc = kc_gemv_multi(b, x, n, in, 1, &w, &out, &bias, &y, f32out);
+        int rc = kc_gemv_multi(b, x, n, in, 1, &w, &out, &bias, &y, f32out, NULL);
         if (rc <= 0) return rc;
     }
     if (bias && f32out) return kc_fail(b, "cuda: bias with f32 output is not supported");
