@@ -800,7 +800,7 @@ def kernel_names(tmp, run):
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "llama3.1-8b-2layers"])
 def test_gemv_fuse_same_logits(tmp_path, name):
     """Batch-1 decode with the norms folded into the GEMVs and the output GEMVs adding into the
-    residual stream (the default) gives the separate ops' logits bit for bit (KAON_GEMV_FUSE=0),
+    residual stream (KAON_GEMV_FUSE=1) gives the separate ops' logits (the default) bit for bit,
     and the fused kernels did run."""
     if name in BIG and os.environ.get("KAON_GPU_SKIP_BIG") == "1":
         pytest.skip("KAON_GPU_SKIP_BIG=1")
@@ -809,9 +809,9 @@ def test_gemv_fuse_same_logits(tmp_path, name):
     build_hf(folder, cfg, init_std=0.02)
     V = cfg["vocab_size"]
     ids = np.random.default_rng().integers(0, V, 24).tolist()
-    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
-    plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
-                                                               dict(env, KAON_GEMV_FUSE="0")))
+    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
+                                                               dict(env, KAON_GEMV_FUSE="1")))
+    plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
     norm_gemv = [k for k in kf if k.startswith("void k_gemv<1, 1, true>") or k.startswith("void k_gemv_silu<1, 1, true>")]
     assert len(norm_gemv) == 2, sorted(kf)
     assert not any(", true>" in k and "k_gemv" in k for k in kp)
