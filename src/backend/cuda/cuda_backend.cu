@@ -836,9 +836,9 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
 }
 
 // The batch-1 fusions of the residual stream (backend.h): plain bf16 weights only, else 1.
-// Off unless KAON_GEMV_FUSE=1: bit-exact, but slower as they stand (H100, Llama-3.1-8B batch 1:
-// 177.7 vs 185.3 tok/s): every block of a norm GEMV norms the row again before it streams its
-// weights, once per wave (docs/PERF.md, session 45).
+// Off unless KAON_GEMV_FUSE=1: the first version (a norm per block, one block per 8 rows) was
+// bit-exact but slower (H100, Llama-3.1-8B batch 1: 177.7 vs 185.3 tok/s; docs/PERF.md, session
+// 45); this one (persistent norm GEMVs, the residual loaded early) has not run on a GPU yet.
 static bool gemv_fuse_on(void) {
     static const bool on = kc_env_on("KAON_GEMV_FUSE");
     return on;

@@ -342,9 +342,10 @@ bool kc_gemv_occ_hi(int which);
 // Up to 4 weights sharing x, through the small-batch kernel; returns 1 when n or the shapes
 // do not suit it.
 #define KC_GEMV_MAX_N 8
-// What a GEMV may fuse (NULL: nothing). norm: x is the raw residual row, normed in each block as
-// kc_rmsnorm(x, NULL, norm, eps) would write it, bit for bit (batch 1, in <= KC_GEMV_NORM_MAX_IN:
-// the row lives in shared memory). residual: y += bf16(x @ w^T) (bf16 y; not for gemv_silu).
+// What a GEMV may fuse (NULL: nothing), at batch 1 only. norm: x is the raw residual row, normed
+// in each block as kc_rmsnorm(x, NULL, norm, eps) would write it, bit for bit (in <=
+// KC_GEMV_NORM_MAX_IN: the row lives in shared memory). residual: y += bf16(x @ w^T) (bf16 y; one
+// weight; not for gemv_silu).
 #define KC_GEMV_NORM_MAX_IN 16384
 typedef struct kc_gemv_fuse {
     const float *norm;

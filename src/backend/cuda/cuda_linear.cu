@@ -6,9 +6,9 @@
 // in L1), reads the few x rows through the read-only cache, and reduces with shuffles; a block
 // holds 8 rows. One launch can serve several weights that share x (q, k and v), and gate and
 // up can be read side by side with SiLU-and-mul applied before the one store. At batch 1 the
-// layer's RMSNorm can be folded into the GEMVs that read its output (each block norms the row
-// into shared memory: one launch and one round trip fewer per norm), and the output GEMVs can
-// add their product to the residual stream (kc_gemv_fuse).
+// layer's RMSNorm can be folded into the GEMVs that read its output (a persistent grid whose
+// blocks each norm the row into shared memory once: one launch fewer per norm), and the output
+// GEMVs can add their product to the residual stream (kc_gemv_fuse; opt-in, KAON_GEMV_FUSE=1).
 // Larger batches go to cuBLASLt (descriptors and the chosen algorithm cached per shape).
 #include "backend/cuda/cuda_internal.h"
 
@@ -25,8 +25,8 @@ typedef struct GemvArgs {
     int begin[4];  // first block of each weight
     int count;
     int f32out;
-    int residual;         // y += bf16(product): y is the residual stream
-    const float *norm;    // non-NULL: x is the raw row, normed in the prologue (NB == 1)
+    int blocks;          // row blocks of all the weights (k_gemv_norm's persistent grid)
+    const float *norm;   // k_gemv_norm: x is the raw row, normed in the prologue
     float eps;
 } GemvArgs;
 
@@ -80,65 +80,63 @@ static __device__ void norm_row_to_smem(const bf16 *x, int dim, const float *__r
 }
 
 // x loads of the inner loops: the normed row in shared memory, or x through the read-only cache.
-template <bool NORM>
+template <bool SMEM>
 static __device__ __forceinline__ uint4 ld_x(const uint4 *p) {
-    if (NORM) return *p;
+    if (SMEM) return *p;
     return __ldg(p);
 }
 
-// MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
-// in flight with room to spare; 4 (64 registers, checked free of spills for NB <= 2) doubles the
-// warps resident per SM, so one wave covers a 4,096-row matrix (KAON_GEMV_OCC picks).
-// NORM (NB 1): x is normed into shared memory first (a.norm, a.eps; in * 2 bytes dynamic).
-template <int NB, int MINB = 1, bool NORM = false>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
-k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
-    extern __shared__ uint4 xs[];
-    const int bid = blockIdx.x;
-    const bf16 *w = a.w[0];
-    const float *bias = a.bias[0];
-    void *y = a.y[0];
-    int rows = a.rows[0], begin = 0;
+// The weight of row block vb: a's weights take consecutive runs of blocks.
+static __device__ __forceinline__ void gemv_pick(const GemvArgs &a, int vb, const bf16 *&w, const float *&bias,
+                                                 void *&y, int &rows, int &begin) {
+    w = a.w[0];
+    bias = a.bias[0];
+    y = a.y[0];
+    rows = a.rows[0];
+    begin = 0;
 #pragma unroll
     for (int i = 1; i < 4; i++)
-        if (i < a.count && bid >= a.begin[i]) {
+        if (i < a.count && vb >= a.begin[i]) {
             w = a.w[i];
             bias = a.bias[i];
             y = a.y[i];
             rows = a.rows[i];
             begin = a.begin[i];
         }
-    kc_pdl_trigger();
-    const int row = (bid - begin) * GEMV_WARPS + (threadIdx.x >> 5);
-    const bool active = row < rows;
-    const int lane = threadIdx.x & 31, nc = in >> 3;
-    const uint4 *wr = (const uint4 *)(w + (size_t)(active ? row : 0) * in);
-    const uint4 *xr = NORM ? xs : (const uint4 *)x;
-    float acc[NB];
+}
+
+// U loads of a weight row in flight per lane (fewer when many x rows need registers).
+template <int NB>
+struct GemvU {
+    static constexpr int U = NB <= 2 ? 8 : 4;
+};
+
+// Whether the lane's first U chunks exist (then they are requested before the loop).
+template <int U>
+static __device__ __forceinline__ bool gemv_full(int lane, int nc) { return lane + 32 * (U - 1) < nc; }
+
+template <int U>
+static __device__ __forceinline__ void gemv_load(const uint4 *wr, int c, uint4 (&wv)[U]) {
 #pragma unroll
-    for (int b = 0; b < NB; b++) acc[b] = 0.f;
-    // U loads of the weight row in flight per lane (fewer when many x rows need registers).
-    constexpr int U = NB <= 2 ? 8 : 4;
+    for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+}
+
+// One warp's dot products of the weight row wr (nc chunks of 8) with the NB rows of x at xr: the
+// lane's chunks lane, lane + 32, ..., U at a time, the first U already in wv when gemv_full;
+// acc[b] ends as the warp's total in every lane.
+template <int NB, int U, bool SMEM>
+static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *xr, int nc, int lane, uint4 (&wv)[U],
+                                                 float (&acc)[NB]) {
     int c = lane;
-    // The first weights are requested before waiting for the kernel that writes x.
-    uint4 wv[U];
-    if (active && c + 32 * (U - 1) < nc)
-#pragma unroll
-        for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
-    kc_pdl_wait();
-    if (NORM) norm_row_to_smem(x, in, a.norm, a.eps, xs);
-    if (!active) return;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
-        if (!first)
-#pragma unroll
-            for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+        if (!first) gemv_load<U>(wr, c, wv);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             const uint4 *xb = xr + (size_t)b * nc + c;
             float s = acc[b];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                s = dot8(wv[u], ld_x<NORM>(xb + 32 * u), s);
+                s = dot8(wv[u], ld_x<SMEM>(xb + 32 * u), s);
             }
             acc[b] = s;
         }
@@ -147,69 +145,110 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
         const uint4 w0 = ld_stream(wr + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            acc[b] = dot8(w0, ld_x<NORM>(xr + (size_t)b * nc + c), acc[b]);
+            acc[b] = dot8(w0, ld_x<SMEM>(xr + (size_t)b * nc + c), acc[b]);
         }
     }
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b] = warp_sum(acc[b]);
+}
+
+// MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
+// in flight with room to spare; 4 (64 registers, checked free of spills for NB <= 2) doubles the
+// warps resident per SM, so one wave covers a 4,096-row matrix (KAON_GEMV_OCC picks).
+// RESIDUAL (a.residual): y is the residual stream, y += bf16(product); its old value is loaded
+// as soon as the kernel before has finished, not after the row's last weights.
+template <int NB, int MINB = 1, bool RESIDUAL = false>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
+    const bf16 *w;
+    const float *bias;
+    void *y;
+    int rows, begin;
+    gemv_pick(a, blockIdx.x, w, bias, y, rows, begin);
+    kc_pdl_trigger();
+    const int row = ((int)blockIdx.x - begin) * GEMV_WARPS + (threadIdx.x >> 5);
+    const bool active = row < rows;
+    const int lane = threadIdx.x & 31, nc = in >> 3;
+    const uint4 *wr = (const uint4 *)(w + (size_t)(active ? row : 0) * in);
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+    constexpr int U = GemvU<NB>::U;
+    // The first weights are requested before waiting for the kernel that writes x.
+    uint4 wv[U];
+    if (active && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    kc_pdl_wait();
+    if (!active) return;
+    float old[NB];
+    if (RESIDUAL && lane == 0)
+#pragma unroll
+        for (int b = 0; b < NB; b++) old[b] = __bfloat162float(((const bf16 *)y)[(size_t)b * rows + row]);
+    gemv_dots<NB, U, false>(wr, (const uint4 *)x, nc, lane, wv, acc);
     if (lane == 0) {
         const float bb = bias ? bias[row] : 0.f;
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            bf16 *yb = (bf16 *)y + (size_t)b * rows + row;
-            if (a.f32out) ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
-            else if (a.residual)  // linear, then rmsnorm's add: each rounded to bf16
-                *yb = __float2bfloat16(__bfloat162float(*yb) +
-                                       __bfloat162float(__float2bfloat16(acc[b] + bb)));
-            else *yb = __float2bfloat16(acc[b] + bb);
+            if (RESIDUAL)  // linear, then rmsnorm's add: each rounded to bf16
+                ((bf16 *)y)[(size_t)b * rows + row] =
+                    __float2bfloat16(old[b] + __bfloat162float(__float2bfloat16(acc[b] + bb)));
+            else if (a.f32out) ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
+            else ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(acc[b] + bb);
         }
     }
 }
 
-// out[b, r] = bf16(bf16(silu(g)) * u) with g = x[b] . wg[r], u = x[b] . wu[r] (each rounded
-// to bf16 first, as the separate ops would). NORM as in k_gemv (norm, eps).
-template <int NB, int MINB = 1, bool NORM = false>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
-k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
-            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out, const float *__restrict__ norm,
-            float eps) {
+// As k_gemv<1> with x's RMSNorm folded in (a.norm, a.eps; in * 2 bytes of dynamic shared
+// memory): a persistent grid, block i taking row blocks i, i + gridDim.x, ... of a.blocks, so
+// that each block norms the row once (one launch per wave norming it again cost more than the
+// separate norm kernel saved, H100).
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+k_gemv_norm(const bf16 *__restrict__ x, int in, GemvArgs a) {
     extern __shared__ uint4 xs[];
-    kc_pdl_trigger();
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    const bool active = row < rows;
+    constexpr int U = GemvU<1>::U;
     const int lane = threadIdx.x & 31, nc = in >> 3;
-    const uint4 *gr = (const uint4 *)(wg + (size_t)(active ? row : 0) * in);
-    const uint4 *ur = (const uint4 *)(wu + (size_t)(active ? row : 0) * in);
-    const uint4 *xr = NORM ? xs : (const uint4 *)x;
-    float ag[NB], au[NB];
-#pragma unroll
-    for (int b = 0; b < NB; b++) ag[b] = au[b] = 0.f;
-    constexpr int U = NB <= 2 ? 4 : 2;  // 2U weight loads in flight per lane
-    int c = lane;
-    // The first weights are requested before waiting for the kernel that writes x.
-    uint4 gv[U], uv[U];
-    if (active && c + 32 * (U - 1) < nc)
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            gv[u] = ld_stream(gr + c + 32 * u);
-            uv[u] = ld_stream(ur + c + 32 * u);
-        }
+    const bf16 *w;
+    const float *bias;
+    void *y;
+    int rows, begin, vb = blockIdx.x;
+    gemv_pick(a, vb, w, bias, y, rows, begin);
+    kc_pdl_trigger();
+    int row = (vb - begin) * GEMV_WARPS + (threadIdx.x >> 5);
+    const uint4 *wr = (const uint4 *)(w + (size_t)(row < rows ? row : 0) * in);
+    uint4 wv[U];
+    if (row < rows && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
     kc_pdl_wait();
-    if (NORM) norm_row_to_smem(x, in, norm, eps, xs);
-    if (!active) return;
+    norm_row_to_smem(x, in, a.norm, a.eps, xs);
+    for (;;) {
+        if (row < rows) {
+            float acc[1] = {0.f};
+            gemv_dots<1, U, true>(wr, xs, nc, lane, wv, acc);
+            if (lane == 0) ((bf16 *)y)[row] = __float2bfloat16(acc[0] + (bias ? bias[row] : 0.f));
+        }
+        vb += gridDim.x;
+        if (vb >= a.blocks) break;
+        gemv_pick(a, vb, w, bias, y, rows, begin);
+        row = (vb - begin) * GEMV_WARPS + (threadIdx.x >> 5);
+        wr = (const uint4 *)(w + (size_t)(row < rows ? row : 0) * in);
+        if (row < rows && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    }
+}
+
+// Gate and up rows side by side: ag[b], au[b] as gemv_dots' acc, 2U loads in flight per lane.
+template <int NB, int U, bool SMEM>
+static __device__ __forceinline__ void gemv_dots2(const uint4 *gr, const uint4 *ur, const uint4 *xr, int nc, int lane,
+                                                  uint4 (&gv)[U], uint4 (&uv)[U], float (&ag)[NB], float (&au)[NB]) {
+    int c = lane;
     for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
-        if (!first)
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                gv[u] = ld_stream(gr + c + 32 * u);
-                uv[u] = ld_stream(ur + c + 32 * u);
-            }
+        if (!first) {
+            gemv_load<U>(gr, c, gv);
+            gemv_load<U>(ur, c, uv);
+        }
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             const uint4 *xb = xr + (size_t)b * nc + c;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const uint4 xv = ld_x<NORM>(xb + 32 * u);
+                const uint4 xv = ld_x<SMEM>(xb + 32 * u);
                 ag[b] = dot8(gv[u], xv, ag[b]);
                 au[b] = dot8(uv[u], xv, au[b]);
             }
@@ -219,7 +258,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
         const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            const uint4 x0 = ld_x<NORM>(xr + (size_t)b * nc + c);
+            const uint4 x0 = ld_x<SMEM>(xr + (size_t)b * nc + c);
             ag[b] = dot8(g0, x0, ag[b]);
             au[b] = dot8(u0, x0, au[b]);
         }
@@ -229,13 +268,81 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
         ag[b] = warp_sum(ag[b]);
         au[b] = warp_sum(au[b]);
     }
+}
+
+// bf16(bf16(silu(g)) * u) of the two dot products, each rounded to bf16 first (as the separate
+// ops would).
+static __device__ __forceinline__ bf16 silu_mul_out(float ag, float au) {
+    const float g = __bfloat162float(__float2bfloat16(ag));
+    const float u = __bfloat162float(__float2bfloat16(au));
+    const float s = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+    return __float2bfloat16(s * u);
+}
+
+// out[b, r] = silu(x[b] . wg[r]) * (x[b] . wu[r]), rounded as silu_mul_out.
+template <int NB, int MINB = 1>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
+            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
+    kc_pdl_trigger();
+    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    const bool active = row < rows;
+    const int lane = threadIdx.x & 31, nc = in >> 3;
+    const uint4 *gr = (const uint4 *)(wg + (size_t)(active ? row : 0) * in);
+    const uint4 *ur = (const uint4 *)(wu + (size_t)(active ? row : 0) * in);
+    float ag[NB], au[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) ag[b] = au[b] = 0.f;
+    constexpr int U = NB <= 2 ? 4 : 2;  // 2U weight loads in flight per lane
+    // The first weights are requested before waiting for the kernel that writes x.
+    uint4 gv[U], uv[U];
+    if (active && gemv_full<U>(lane, nc)) {
+        gemv_load<U>(gr, lane, gv);
+        gemv_load<U>(ur, lane, uv);
+    }
+    kc_pdl_wait();
+    if (!active) return;
+    gemv_dots2<NB, U, false>(gr, ur, (const uint4 *)x, nc, lane, gv, uv, ag, au);
     if (lane == 0) {
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            const float g = __bfloat162float(__float2bfloat16(ag[b]));
-            const float u = __bfloat162float(__float2bfloat16(au[b]));
-            const float s = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
-            out[(size_t)b * rows + row] = __float2bfloat16(s * u);
+        for (int b = 0; b < NB; b++) out[(size_t)b * rows + row] = silu_mul_out(ag[b], au[b]);
+    }
+}
+
+// k_gemv_silu<1> with x's RMSNorm folded in, on a persistent grid as k_gemv_norm (blocks: the
+// row blocks of wg in all).
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+k_gemv_silu_norm(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg, const bf16 *__restrict__ wu,
+                 int rows, bf16 *__restrict__ out, const float *__restrict__ norm, float eps, int blocks) {
+    extern __shared__ uint4 xs[];
+    constexpr int U = 4;
+    const int lane = threadIdx.x & 31, nc = in >> 3;
+    int vb = blockIdx.x;
+    kc_pdl_trigger();
+    int row = vb * GEMV_WARPS + (threadIdx.x >> 5);
+    const uint4 *gr = (const uint4 *)(wg + (size_t)(row < rows ? row : 0) * in);
+    const uint4 *ur = (const uint4 *)(wu + (size_t)(row < rows ? row : 0) * in);
+    uint4 gv[U], uv[U];
+    if (row < rows && gemv_full<U>(lane, nc)) {
+        gemv_load<U>(gr, lane, gv);
+        gemv_load<U>(ur, lane, uv);
+    }
+    kc_pdl_wait();
+    norm_row_to_smem(x, in, norm, eps, xs);
+    for (;;) {
+        if (row < rows) {
+            float ag[1] = {0.f}, au[1] = {0.f};
+            gemv_dots2<1, U, true>(gr, ur, xs, nc, lane, gv, uv, ag, au);
+            if (lane == 0) out[row] = silu_mul_out(ag[0], au[0]);
+        }
+        vb += gridDim.x;
+        if (vb >= blocks) break;
+        row = vb * GEMV_WARPS + (threadIdx.x >> 5);
+        gr = (const uint4 *)(wg + (size_t)(row < rows ? row : 0) * in);
+        ur = (const uint4 *)(wu + (size_t)(row < rows ? row : 0) * in);
+        if (row < rows && gemv_full<U>(lane, nc)) {
+            gemv_load<U>(gr, lane, gv);
+            gemv_load<U>(ur, lane, uv);
         }
     }
 }
@@ -251,12 +358,22 @@ bool kc_gemv_occ_hi(int which) {
     return (v & which) != 0;
 }
 
-// The fused extras need: norm only at batch 1 with x's row in shared memory; residual only
-// into bf16 outputs.
+// The fused extras serve batch 1 (norm: x's row in shared memory; residual: into bf16 y).
 static bool fuse_ok(const kc_gemv_fuse *f, int n, int in, int f32out) {
-    if (!f) return true;
-    if (f->norm && (n != 1 || in > KC_GEMV_NORM_MAX_IN)) return false;
-    return !(f->residual && f32out);
+    if (!f || (!f->norm && !f->residual)) return true;
+    return n == 1 && !f32out && in <= KC_GEMV_NORM_MAX_IN;
+}
+
+// The persistent norm kernels' grid: KAON_GEMV_NORM_BPS blocks per SM (default 2, read once):
+// half the register file, so the next kernel's early (PDL) blocks still find room.
+static unsigned norm_grid(kc_backend *b, int64_t blocks) {
+    static int bps = -1;
+    if (bps < 0) {
+        const char *e = getenv("KAON_GEMV_NORM_BPS");
+        bps = e && atoi(e) > 0 ? atoi(e) : 2;
+    }
+    const int64_t g = (int64_t)b->n_sm * bps;
+    return (unsigned)(blocks < g ? blocks : g);
 }
 
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
@@ -268,11 +385,6 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
     memset(&a, 0, sizeof a);
     a.count = count;
     a.f32out = f32out;
-    if (fuse) {
-        a.residual = fuse->residual;
-        a.norm = fuse->norm;
-        a.eps = fuse->eps;
-    }
     int64_t blocks = 0;
     for (int i = 0; i < count; i++) {
         if (!aligned16(w[i]) || rows[i] <= 0) return 1;
@@ -284,10 +396,17 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
         blocks += (rows[i] + GEMV_WARPS - 1) / GEMV_WARPS;
     }
     if (blocks > INT32_MAX / 2) return 1;
+    a.blocks = (int)blocks;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
-    if (a.norm) {
-        kc_launch(b, k_gemv<1, 1, true>, grid, block, (size_t)in * sizeof(bf16), x, in, a);
+    if (fuse && fuse->norm) {
+        a.norm = fuse->norm;
+        a.eps = fuse->eps;
+        kc_launch(b, k_gemv_norm, dim3(norm_grid(b, blocks)), block, (size_t)in * sizeof(bf16), x, in, a);
         return kc_launched(b, "gemv (norm)");
+    }
+    if (fuse && fuse->residual) {
+        kc_launch(b, k_gemv<1, 1, true>, grid, block, 0, x, in, a);
+        return kc_launched(b, "gemv (residual)");
     }
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_GEMV)) {
         if (n == 1) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
@@ -312,28 +431,27 @@ int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, co
     if (n < 1 || n > KC_GEMV_MAX_N || in % 8 || in <= 0 || rows <= 0 || !aligned16(x) ||
         !aligned16(wg) || !aligned16(wu) || !fuse_ok(fuse, n, in, 0) || (fuse && fuse->residual))
         return 1;
-    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-    const float *nw = fuse ? fuse->norm : NULL;
-    const float eps = fuse ? fuse->eps : 0.f;
-    if (nw) {
-        kc_launch(b, k_gemv_silu<1, 1, true>, grid, block, (size_t)in * sizeof(bf16), x, in, wg, wu, rows, out, nw,
-                  eps);
+    const int blocks = (rows + GEMV_WARPS - 1) / GEMV_WARPS;
+    const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
+    if (fuse && fuse->norm) {
+        kc_launch(b, k_gemv_silu_norm, dim3(norm_grid(b, blocks)), block, (size_t)in * sizeof(bf16), x, in, wg, wu,
+                  rows, out, fuse->norm, fuse->eps, blocks);
         return kc_launched(b, "gemv_silu (norm)");
     }
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_SILU)) {
-        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps);
-        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps);
+        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out);
         return kc_launched(b, "gemv_silu");
     }
     switch (n) {
-    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
-    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out, nw, eps); break;
+    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out); break;
     }
     return kc_launched(b, "gemv_silu");
 }
