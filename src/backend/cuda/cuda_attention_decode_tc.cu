@@ -34,7 +34,6 @@
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_fp8_frag.cuh"
 
-#include <cuda_fp8.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

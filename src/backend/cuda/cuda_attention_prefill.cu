@@ -162,28 +162,7 @@ k_fa_prefill(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT
     const int t_base = win * tpt;
     const int ntok = min(tpt, T - t_base);
 
-    if (tid < FA_BM) {
-        int sq = -1, p = -1;
-        if (tid < ntok) {
-            const int t = t_base + tid;
-            p = pos[t];
-            if (mark[t] == FA_MARK) sq = seq[t];
-        }
-        s_seq[tid] = sq;
-        s_pos[tid] = p;
-    }
-    __syncthreads();
-    if (tid < FA_BM) {  // warps 0-3, whole
-        const int sq = s_seq[tid];
-        const bool st = sq >= 0 && (tid == 0 || s_seq[tid - 1] != sq);
-        const bool en = sq >= 0 && (tid == FA_BM - 1 || s_seq[tid + 1] != sq);
-        const unsigned bst = __ballot_sync(0xffffffffu, st), ben = __ballot_sync(0xffffffffu, en);
-        if (lane == 0) {
-            s_start[warp] = bst;
-            s_end[warp] = ben;
-        }
-    }
-    __syncthreads();
+    fa_window_tokens(t_base, ntok, pos, mark, seq, s_pos, s_seq, s_start, s_end);
 
     // This thread's fragment rows: i = 2 * mt + h is row warp * RW + mt * 16 + h * 8 + lane / 4
     // (accumulator elements 2h, 2h + 1 of m-tile mt).

@@ -74,7 +74,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return (uint32_t)(r * (HD * 2) + ((c ^ (r & 7)) << 4));
 }
 
-
 // ---- Hopper warpgroup MMA (wgmma; sm_90a only: cuda_attention_prefill_wgmma.cu) ----
 // A warpgroup (4 warps, 128 threads) issues each wgmma together; operands in shared memory are
 // described by 64-bit matrix descriptors, read by the async proxy (generic stores / cp.async into
