@@ -12,6 +12,12 @@ head, the norms and the routers stay bf16, as the checkpoints keep them.
 
   python3 bench/roofline.py bench/configs/deepseek-ai__DeepSeek-V2-Lite.json --ctx 1024 --batch 1 64
 
+Prefill (--prefill): the FLOPs of one prompt (prefill_flops: the matrices each token goes
+through, the LM head on the last row only, causal attention) over a `kaon bench latency` result's
+prefill time, as a fraction of PREFILL_FLOPS (issue 22's prefill-8k bar):
+
+  python3 bench/roofline.py CONFIG --prefill OUT/latency_prefill_8192.json
+
 Serving (serving_roofline): prefill at PREFILL_FLOPS plus decode steps that stream the weights
 and the in-flight contexts at the copy bandwidth; --serve prints it beside each level of a
 bench/serve.py result (bench/gpu_sweep.sh does):
@@ -123,6 +129,25 @@ def decode_roofline(cfg, bw, ctx, batch=1):
 PREFILL_FLOPS = 790e12  # H200 bf16 dense tensor-core rate the prefill bars use
 
 
+def prefill_flops(cfg, tokens):
+    """FLOPs of a prefill of `tokens` tokens (one sequence, no cached prefix): 2 x the matrices each
+    token goes through (the LM head on the last row only, as the engine computes it), plus causal
+    attention, 4 x head_dim x heads x layers x tokens (tokens + 1) / 2 (QK^T and PV; MLA counted with
+    its query/key width and its value width)."""
+    c = text_config(cfg)
+    s = shape(cfg)
+    head = c["vocab_size"] * c["hidden_size"]
+    # active_params counts the LM head and the norms' weights, which are no matrices here.
+    mats = active_params(cfg) - head - c["hidden_size"] * (1 + 2 * s["layers"])
+    nh = c["num_attention_heads"]
+    if "kv_lora_rank" in c:
+        width = c["qk_nope_head_dim"] + c["qk_rope_head_dim"] + c["v_head_dim"]
+    else:
+        width = 2 * (c.get("head_dim") or c["hidden_size"] // nh)
+    attn = 2 * width * nh * s["layers"] * tokens * (tokens + 1) / 2
+    return 2 * mats * tokens + 2 * head + attn
+
+
 def serving_roofline(cfg, requests, in_flight, prompt, output, bw, kv_elem=None):
     """Output tok/s of `requests` requests of prompt + output tokens, in_flight at a time, if every
     prompt ran at PREFILL_FLOPS and every decode step streamed its weights and the contexts in
@@ -152,12 +177,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
     ap.add_argument("--serve", default=None, help="a bench/serve.py result JSON: its levels beside their rooflines")
+    ap.add_argument("--prefill", default=None, help="a `kaon bench latency` result JSON (batch 1): its prefill "
+                    "in TFLOP/s and as a fraction of PREFILL_FLOPS")
     ap.add_argument("--kv-elem", type=int, default=None, help="bytes per cached element (1: an FP8 cache)")
     ap.add_argument("--ctx", type=float, default=1024)
     ap.add_argument("--batch", type=int, nargs="*", default=[1])
     ap.add_argument("--bw", type=float, default=4.257e12, help="copy bandwidth, bytes/s (H200 measured 4.257 TB/s)")
     a = ap.parse_args()
     cfg = json.loads(Path(a.config).read_text())
+    if a.prefill:
+        res = json.loads(Path(a.prefill).read_text())
+        n, t = res["input_len"], res["results"][0]["avg_prefill_s"]
+        f = prefill_flops(cfg, n)
+        print(f"prefill of {n} tokens: {f / 1e12:.2f} TFLOP in {t:.4f} s = {f / t / 1e12:.0f} TFLOP/s = "
+              f"{100 * f / t / PREFILL_FLOPS:.1f}% of {PREFILL_FLOPS / 1e12:.0f}")
+        print(json.dumps(dict(kind="prefill_roofline", tokens=n, prefill_s=t, tflop=f / 1e12,
+                              tflop_s=f / t / 1e12, fraction=f / t / PREFILL_FLOPS)))
+        return
     if a.serve:
         print(f"serving roofline: prefill at {PREFILL_FLOPS / 1e12:.0f} TFLOP/s + decode steps at {a.bw / 1e12:.3f} TB/s")
         print(f"{'clients':>8} {'requests':>8} {'failed':>6} {'output tok/s':>12} {'roofline':>9} {'fraction':>8} "

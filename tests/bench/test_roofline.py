@@ -41,3 +41,15 @@ def test_deepseek_v2_lite_batch1_bytes():
     assert 4.85e9 < w + kv * 1024 < 4.95e9  # the issue's ~4.9 GB per token
     s = roofline.shape(cfg)
     assert s["moe_layers"] == 26 and s["top_k"] == 6 and s["shared"] == 3 * 2048 * 1408 * 2
+
+
+def test_dense_llama_prefill_flops():
+    """issue 22's prefill-8k count: 2 x 6.98 B matrix parameters x 8,192 tokens, the LM head on the
+    last row only, and causal attention (QK^T and PV over 8,192 x 8,193 / 2 pairs per head)."""
+    cfg = load("meta-llama__Llama-3.1-8B.json")
+    per_layer = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    mats = 32 * per_layer
+    attn = 4 * 128 * 32 * 32 * 8192 * 8193 / 2
+    want = 2 * mats * 8192 + 2 * 128256 * 4096 + attn
+    assert roofline.prefill_flops(cfg, 8192) == pytest.approx(want, rel=1e-5)
+    assert 131.9e12 < want < 132.0e12

@@ -15,6 +15,7 @@ for L in 1024 8192; do
     echo "## bench latency: prefill of $L tokens (batch 1)"
     timeout 120 "$B" bench latency --device cuda --load-format dummy -m $C --batch-sizes 1 --input-len $L \
         --output-len 2 --num-iters 3 --num-iters-warmup 1 --quiet --output-json "$OUT/latency_prefill_$L.json" 2>&1 | tail -3
+    python3 bench/roofline.py $C --prefill "$OUT/latency_prefill_$L.json"
 done
 echo "## bench latency: batch 1 and 64, 512-token prompts, 128 new tokens"
 timeout 150 "$B" bench latency --device cuda --load-format dummy -m $C --batch-sizes 1,64 --input-len 512 \

@@ -17,7 +17,8 @@ echo "== batch-1 trace, fused"
 KAON_GEMV_FUSE=1 OUT=$OUT bash tests/gpu/trace_decode.sh $C 0 64 1 16 | head -14
 echo "== prefill 8192"
 timeout 120 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C --batch-sizes 1 --input-len 8192 \
-    --output-len 2 --num-iters 3 --num-iters-warmup 1 --quiet 2>&1 | tail -2
+    --output-len 2 --num-iters 3 --num-iters-warmup 1 --quiet --output-json $OUT/p8k.json 2>&1 | tail -2
+python3 bench/roofline.py $C --prefill $OUT/p8k.json
 echo "== sweep 256"
 O=$OUT
 CONCURRENCY=256 NUM_PROMPTS=512 MAX_NUM_SEQS=256 OUT=$O/sweep256 timeout 170 bash bench/gpu_sweep.sh > $O/sweep256.txt 2>&1; tail -4 $O/sweep256.txt | head -1
