@@ -166,14 +166,13 @@ static void out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w,
 }
 
 static void norm_mlp(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w, float scale) {
-    if (fusable_norm(f) && f->op->norm_linear_silu_mul &&
-        f->op->norm_linear_silu_mul(f->be, f->a.x, w->ffn_norm, f->c->rms_norm_eps, b->n_tokens, w->w_gate,
-                                    w->w_up, f->a.gate) != 1) {
-        out_residual(f, b, w->w_down, f->a.gate, scale);
-        return;
+    const bool fused = fusable_norm(f) && f->op->norm_linear_silu_mul &&
+                       f->op->norm_linear_silu_mul(f->be, f->a.x, w->ffn_norm, f->c->rms_norm_eps, b->n_tokens,
+                                                   w->w_gate, w->w_up, f->a.gate) != 1;
+    if (!fused) {
+        kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
+        gated_ffn(f, b, KAON_ACT_SILU, w->w_gate, w->w_up);
     }
-    kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
-    gated_ffn(f, b, KAON_ACT_SILU, w->w_gate, w->w_up);
     out_residual(f, b, w->w_down, f->a.gate, scale);
 }
 

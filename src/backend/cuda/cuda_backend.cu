@@ -815,6 +815,17 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
     return gemv_multi_plain(b, x, n, count, l, y, NULL);
 }
 
+// The GEMV path of linear_silu_mul over plain bf16 gate and up, with what it may fuse.
+static int gemv_silu_plain(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
+                           void *out, const kc_gemv_fuse *fuse) {
+    if (n > KC_GEMV_MAX_N) return 1;
+    const kaon_tensor *wg = &gate->w, *wu = &up->w;
+    if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
+    if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
+    return kc_gemv_silu(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data,
+                        (const bf16 *)wu->data, (int)wg->shape[0], (bf16 *)out, fuse);
+}
+
 static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
                                 const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
@@ -828,11 +839,7 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
         const int q = kc_quant_linear_silu_mul(b, x, n, wg, wu, out);
         if (q != 1) return q;
     }
-    if (n > KC_GEMV_MAX_N) return 1;
-    if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
-    if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
-    return kc_gemv_silu(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data,
-                        (const bf16 *)wu->data, (int)wg->shape[0], (bf16 *)out, NULL);
+    return gemv_silu_plain(b, x, n, gate, up, out, NULL);
 }
 
 // The batch-1 fusions of the residual stream (backend.h): plain bf16 weights only, else 1.
@@ -865,13 +872,9 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
     if (!gemv_fuse_on() || n != 1 || !plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) ||
         kaon_linear_bias(up))
         return 1;
-    const kaon_tensor *wg = &gate->w, *wu = &up->w;
-    if (!is_matrix(b, wg, "gate") || !is_matrix(b, wu, "up")) return -1;
-    if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1]) return 1;
-    if (!is_vector(b, norm, wg->shape[1], "rmsnorm")) return -1;
+    if (!is_vector(b, norm, gate->w.shape[1], "rmsnorm")) return -1;
     const kc_gemv_fuse f = {(const float *)norm->data, eps, 0};
-    return kc_gemv_silu(b, (const bf16 *)x, n, (int)wg->shape[1], (const bf16 *)wg->data, (const bf16 *)wu->data,
-                        (int)wg->shape[0], (bf16 *)out, &f);
+    return gemv_silu_plain(b, x, n, gate, up, out, &f);
 }
 
 static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res) {

@@ -155,8 +155,8 @@ static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *x
 // MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
 // in flight with room to spare; 4 (64 registers, checked free of spills for NB <= 2) doubles the
 // warps resident per SM, so one wave covers a 4,096-row matrix (KAON_GEMV_OCC picks).
-// RESIDUAL (a.residual): y is the residual stream, y += bf16(product); its old value is loaded
-// as soon as the kernel before has finished, not after the row's last weights.
+// RESIDUAL (batch 1, one weight): y is the residual stream, y += bf16(product); its old value
+// is loaded as soon as the kernel before has finished, not after the row's last weights.
 template <int NB, int MINB = 1, bool RESIDUAL = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
