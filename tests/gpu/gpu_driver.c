@@ -27,7 +27,8 @@
 //                                         (JSON lines); KAON_FA=0 times the split-K kernel instead;
 //                                         WINDOW > 0: sliding-window attention (FLOPs of the
 //                                         window's keys only); fp8: an FP8 cache (KAON_FA_FP8=0
-//                                         times the decode kernels instead)
+//                                         times the decode kernels instead);
+//                                         KAON_ATTN_BENCH_T=T runs only the case of T tokens
 //   gpu_driver dec_bench [NH NKV HD [fp8]]
 //                                         decode attention of batched steps (B sequences x
 //                                         context L, scattered blocks): us and GB/s of KV read
@@ -781,10 +782,12 @@ static int run_attn_bench(int nh, int nkv, int hd, int max_t, int window, bool f
     if (!be) die("no backend%s", "");
     const kaon_backend_ops *o = be->ops;
     const int bs = 16;
+    const char *only_env = getenv("KAON_ATTN_BENCH_T");  // one case (profilers: its first launch)
+    const int only = only_env ? atoi(only_env) : 0;
     struct { int T, p0; } cases[] = {{1024, 0}, {4096, 0}, {8192, 0}, {16384, 0}, {2048, 6144}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int T = cases[c].T, p0 = cases[c].p0, L = p0 + T, nb = (L + bs - 1) / bs;
-        if (T > max_t) continue;
+        if (T > max_t || (only > 0 && T != only)) continue;
         kaon_tensor kl = {.dtype = KAON_BF16, .ndim = 2, .shape = {(int64_t)nb * bs, (int64_t)nkv * hd}};
         kaon_tensor ql = {.dtype = KAON_BF16, .ndim = 2, .shape = {T, (int64_t)nh * hd}};
         kaon_tensor kt, vt, qt;
