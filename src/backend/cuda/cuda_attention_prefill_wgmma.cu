@@ -67,7 +67,9 @@ __device__ __forceinline__ uint32_t swz128(int r, int c, int half_b) {
 }
 #endif
 
-// grid (windows, n_kv_heads), 256 threads, dynamic shared memory WG_SMEM.
+// grid (windows, n_kv_heads), 256 threads, dynamic shared memory WG_SMEM. LEAN: tile copies with
+// per-thread offsets computed once (the other form recomputes ~28 instructions per 16-byte copy).
+template <bool LEAN>
 __global__ void __launch_bounds__(WG_NTH, 1)
 k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
                    const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
@@ -114,6 +116,21 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
     const uint64_t dK = wgmma_desc(smem_addr(sK), 16, 1024);
     const uint64_t dV = wgmma_desc(smem_addr(sV), WG_KVHALF, 1024);
     const uint32_t sK0 = smem_addr(sK), sV0 = smem_addr(sV);
+    // This thread's part of every K/V tile copy: 16-byte chunk ld_ch of rows ld_kr + 16 u (rows 16
+    // apart share r & 7, so their swizzled offsets differ by 16 rows of 128 bytes).
+    static_assert((NTH / CH) % 8 == 0, "copy rows");
+    const int ld_kr = tid / CH, ld_ch = tid % CH;
+    const unsigned kv_row32 = (unsigned)(nkv * HD);  // (a 32 x 32 -> 64-bit multiply per copy)
+    const uint32_t ld_dst = swz128(ld_kr, ld_ch, WG_KVHALF);
+    const bf16 *kbase = kcache + (size_t)kvh * HD + ld_ch * 8, *vbase = vcache + (size_t)kvh * HD + ld_ch * 8;
+    auto load_tile = [&](const bf16 *base, uint32_t dst, const int *sl) {
+#pragma unroll
+        for (int u = 0; u < LDN; u++) {
+            const int slot = sl[ld_kr + u * (NTH / CH)];
+            cp_async16_or_zero(dst + ld_dst + (uint32_t)(u * (NTH / CH) * 128),
+                               base + (size_t)((unsigned)max(slot, 0) * (uint64_t)kv_row32), slot < 0);
+        }
+    };
 
     for (int cur = 0;;) {
         // Next segment [a, e] of the window's tokens.
@@ -201,6 +218,11 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
         // when it exists); one commit group either way. Iteration j issues group j.
         auto issue = [&](int t) {
             const int tk = t + NS - 1, tv = t + NS - 2;
+            if constexpr (LEAN) {
+                if (tk < n_tiles) load_tile(kbase, sK0 + (uint32_t)((tk % NS) * WG_TILEB), s_slot + (tk % R) * BN);
+                if (tv >= 0 && tv < n_tiles)
+                    load_tile(vbase, sV0 + (uint32_t)((tv % NS) * WG_TILEB), s_slot + (tv % R) * BN);
+            } else {
 #pragma unroll
             for (int which = 0; which < 2; which++) {
                 const int tt = which ? tv : tk;
@@ -215,6 +237,7 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                     const bf16 *src = slot >= 0 ? cache + (size_t)slot * kv_row + (size_t)kvh * HD + ld_ch * 8 : cache;
                     cp_async16(dst + swz128(kr, ld_ch, WG_KVHALF), src, slot >= 0);
                 }
+            }
             }
             cp_async_commit();
         };
@@ -400,7 +423,8 @@ int kc_fa_prefill_wgmma(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
     int bs_shift = -1;
     for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
         if (bs == 1 << sh) bs_shift = sh;
-    auto kern = k_fa_prefill_wgmma;
+    static const bool lean = !kc_env_off("KAON_FA_WGMMA_LEAN");
+    auto kern = lean ? k_fa_prefill_wgmma<true> : k_fa_prefill_wgmma<false>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM),

@@ -19,6 +19,13 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool p
                  "r"(pred ? 16 : 0)
                  : "memory");
 }
+// The same with a predicate: skip = true zero-fills dst without reading src (one ISETP instead of
+// a computed source size).
+__device__ __forceinline__ void cp_async16_or_zero(uint32_t dst, const void *src, bool skip) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+                 "l"(src), "r"((int)skip)
+                 : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
