@@ -69,7 +69,10 @@ __device__ __forceinline__ uint32_t swz128(int r, int c, int half_b) {
 
 // grid (windows, n_kv_heads), 256 threads, dynamic shared memory WG_SMEM. LEAN: tile copies with
 // per-thread offsets computed once (the other form recomputes ~28 instructions per 16-byte copy).
-template <bool LEAN>
+// PIN: the softmax kept ahead of the wait for P_{j-1} V_{j-1} in SASS (a basic block ends after
+// it), and O rescaled before P V is issued (KAON_FA_WGMMA_PIN=0: ptxas lifts the wait above the
+// exponentials, so nothing overlaps P V).
+template <bool LEAN, bool PIN>
 __global__ void __launch_bounds__(WG_NTH, 1)
 k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
                    const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
@@ -258,8 +261,11 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
         for (int i = 0; i < 64; i++) oacc[i] = 0.f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
         uint32_t pa[BN / 16][4];  // P of the previous tile as bf16 A fragments
+        float alpha_pend[2] = {1.f, 1.f};  // (PIN) O's rescale for P_{j-1}, applied before P_{j-1} V_{j-1}
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) pa[kk][x] = 0u;
 
         // Step j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together; the softmax of S_j runs
         // while P_{j-1} V_{j-1} is on the tensor cores; O is rescaled once it retires. Step 0 has
@@ -289,6 +295,15 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                 wgmma_commit();
             }
             if constexpr (DP) {
+                if constexpr (PIN) {  // O to the running max of S_{j-1} (P_{j-1}'s), while S_j runs
+#pragma unroll
+                    for (int n = 0; n < HD / 8; n++) {
+                        oacc[4 * n] *= alpha_pend[0];
+                        oacc[4 * n + 1] *= alpha_pend[0];
+                        oacc[4 * n + 2] *= alpha_pend[1];
+                        oacc[4 * n + 3] *= alpha_pend[1];
+                    }
+                }
                 wgmma_fence();  // pa and O written by this thread
                 const uint32_t stg = (uint32_t)(((j - 1) % NS) * (WG_TILEB >> 4));
 #pragma unroll
@@ -341,6 +356,15 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                     s[i] = p;
                     l_run[h] += p;
                 }
+                if constexpr (PIN) {
+                    // A branch on the row sums (never taken: they are >= 0) ends the basic block
+                    // here. ptxas schedules within a block and lifts the wait for P V to the top of
+                    // its block: without this the wait came right after the row maxima and the
+                    // exponentials after it (SASS), so the softmax did not overlap P V.
+                    if (l_run[0] + l_run[1] < 0.f) __trap();
+                    alpha_pend[0] = alpha[0];
+                    alpha_pend[1] = alpha[1];
+                }
             }
             if constexpr (DP) {
                 wgmma_wait<0>();  // P_{j-1} V_{j-1} retired: O and pa free
@@ -352,7 +376,7 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                     for (int x = 0; x < 4; x++) reg_fence(pa[kk][x]);
             }
             if constexpr (DS) {
-                if constexpr (DP) {  // (O is still zero at step 0)
+                if constexpr (DP && !PIN) {  // (O is still zero at step 0)
 #pragma unroll
                     for (int n = 0; n < HD / 8; n++) {
                         oacc[4 * n] *= alpha[0];
@@ -364,12 +388,9 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                 // P_j as bf16 A fragments: k-step kk (keys 16 kk .. 16 kk + 15) = S's n-tiles 2 kk
                 // (registers 0, 1: rows r, r + 8) and 2 kk + 1 (registers 2, 3).
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; kk++) {
-                    pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
-                    pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                    pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                    pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-                }
+                for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+                    for (int x = 0; x < 4; x++) pa[kk][x] = pack_bf16(s[8 * kk + 2 * x], s[8 * kk + 2 * x + 1]);
             }
             badq >>= 1;
         };
@@ -424,7 +445,9 @@ int kc_fa_prefill_wgmma(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
     for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
         if (bs == 1 << sh) bs_shift = sh;
     static const bool lean = !kc_env_off("KAON_FA_WGMMA_LEAN");
-    auto kern = lean ? k_fa_prefill_wgmma<true> : k_fa_prefill_wgmma<false>;
+    static const bool pin = !kc_env_off("KAON_FA_WGMMA_PIN");
+    auto kern = lean ? (pin ? k_fa_prefill_wgmma<true, true> : k_fa_prefill_wgmma<true, false>)
+                     : k_fa_prefill_wgmma<false, false>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM),
