@@ -363,7 +363,9 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                     for (int x = 0; x < 4; x++) reg_fence(pa[kk][x]);
             }
             if constexpr (DS) {
-                if constexpr (DP) {  // (O is still zero at step 0)
+                // (O is still zero at step 0; LEAN: skipped when no row of the warp has a new max,
+                // as in most steps after the first few: 64 multiplies by 1.)
+                if (DP && (!LEAN || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))) {
 #pragma unroll
                     for (int n = 0; n < HD / 8; n++) {
                         oacc[4 * n] *= alpha[0];
