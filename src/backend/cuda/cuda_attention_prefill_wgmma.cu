@@ -5,17 +5,21 @@
 //
 // A CTA takes a window of tpt = 128 / g tokens and one KV head (rows = (token, query head of the
 // group) pairs, row = token * g + head) and runs as two warpgroups of 64 rows (wgmma's M), one CTA
-// per SM (195 registers a thread). Each of the window's segments (one sequence each; FA_MARK
+// per SM (200 registers a thread). Each of the window's segments (one sequence each; FA_MARK
 // tokens) goes as in the mma.sync kernel: Q [128, 128] to shared memory (rows outside the segment
 // zero), K/V tiles of 64 keys gathered through the block table with cp.async by all 256 threads
-// (zero-filled where no slot) into NS = 4 stages each, issued NS - 1 (K) and NS - 2 (V) tiles
+// (zero-filled where no slot; each thread's copy offsets computed once per kernel: 11 instructions
+// a 16-byte copy, 376 vs 314 TFLOP/s at 8k on an H100 against ~28) into NS = 4 stages each, issued NS - 1 (K) and NS - 2 (V) tiles
 // ahead; the keys' slots go through a ring of NS + 1 tiles, and whether a tile has keys without a
 // slot is ORed over the CTA by the barrier of each step (__syncthreads_or). Step j:
 //   - S_j (64 x 64 per warpgroup, f32, 32 registers a thread) = wgmma m64n64k16, A = Q and B = K_j
 //     both from shared memory (K-major), 8 k-steps; issued together with O += P_{j-1} V_{j-1}
 //     (wgmma m64n128k16, P from registers, V from shared memory as the transposed (MN-major) B,
-//     4 k-steps), so the softmax of S_j runs while P V is on the tensor cores (FA3's intra-
-//     warpgroup overlap); O is rescaled once P V retires.
+//     4 k-steps). The source orders the softmax of S_j before the wait for P V (FA3's intra-
+//     warpgroup overlap), but ptxas lifts that wait to the row maxima and the exponentials run
+//     after P V retires (SASS); a block-ending branch that keeps them ahead of it measured 3-7%
+//     slower (H100, session 46), so the two warpgroups' lockstep is the overlap there is. O is
+//     rescaled once P V retires.
 //   - The causal mask (key <= the row's position; keys without a slot masked) only on tiles that
 //     reach past the warpgroup's lowest position or lack slots; the online softmax in registers
 //     (exp2, scale * log2 e); P rounded to bf16 becomes the A fragments (the f32 accumulator of S
@@ -67,12 +71,7 @@ __device__ __forceinline__ uint32_t swz128(int r, int c, int half_b) {
 }
 #endif
 
-// grid (windows, n_kv_heads), 256 threads, dynamic shared memory WG_SMEM. LEAN: tile copies with
-// per-thread offsets computed once (the other form recomputes ~28 instructions per 16-byte copy).
-// PIN (KAON_FA_WGMMA_PIN=1, on trial): the softmax kept ahead of the wait for P_{j-1} V_{j-1} in
-// SASS (a basic block ends after it); without, ptxas lifts the wait above the exponentials. With
-// O's rescale also moved before P V's issue it ran 7% slower on an H100 (349 vs 376 TFLOP/s, 8k).
-template <bool LEAN, bool PIN>
+// grid (windows, n_kv_heads), 256 threads, dynamic shared memory WG_SMEM.
 __global__ void __launch_bounds__(WG_NTH, 1)
 k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, const bf16 *__restrict__ vcache,
                    const int32_t *__restrict__ pos, const int32_t *__restrict__ mark,
@@ -112,7 +111,6 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
     // 16 w .. 16 w + 15; element 4 n + 2 h + c is row lane / 4 + 8 h, column 8 n + 2 (lane % 4) + c).
     auto row_of = [&](int h) { return wg * 64 + (warp & 3) * 16 + h * 8 + (lane >> 2); };
     const int qd = lane & 3;
-    const size_t kv_row = (size_t)nkv * HD;
     // Descriptors of this warpgroup's Q rows, K stage 0 and V stage 0 (k-step and stage offsets
     // are added to the start address field: addresses stay below 2^18, no carry out of it).
     const uint64_t dQ = wgmma_desc(smem_addr(sQ) + (uint32_t)(wg * 64 * 128), 16, 1024);
@@ -221,27 +219,8 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
         // when it exists); one commit group either way. Iteration j issues group j.
         auto issue = [&](int t) {
             const int tk = t + NS - 1, tv = t + NS - 2;
-            if constexpr (LEAN) {
-                if (tk < n_tiles) load_tile(kbase, sK0 + (uint32_t)((tk % NS) * WG_TILEB), s_slot + (tk % R) * BN);
-                if (tv >= 0 && tv < n_tiles)
-                    load_tile(vbase, sV0 + (uint32_t)((tv % NS) * WG_TILEB), s_slot + (tv % R) * BN);
-            } else {
-#pragma unroll
-            for (int which = 0; which < 2; which++) {
-                const int tt = which ? tv : tk;
-                if (tt < 0 || tt >= n_tiles) continue;
-                const bf16 *cache = which ? vcache : kcache;
-                const uint32_t dst = (which ? sV0 : sK0) + (uint32_t)((tt % NS) * WG_TILEB);
-                const int *sl = s_slot + (tt % R) * BN;
-#pragma unroll
-                for (int u = 0; u < LDN; u++) {
-                    const int c = tid + u * NTH, kr = c / CH, ld_ch = c % CH;
-                    const int slot = sl[kr];
-                    const bf16 *src = slot >= 0 ? cache + (size_t)slot * kv_row + (size_t)kvh * HD + ld_ch * 8 : cache;
-                    cp_async16(dst + swz128(kr, ld_ch, WG_KVHALF), src, slot >= 0);
-                }
-            }
-            }
+            if (tk < n_tiles) load_tile(kbase, sK0 + (uint32_t)((tk % NS) * WG_TILEB), s_slot + (tk % R) * BN);
+            if (tv >= 0 && tv < n_tiles) load_tile(vbase, sV0 + (uint32_t)((tv % NS) * WG_TILEB), s_slot + (tv % R) * BN);
             cp_async_commit();
         };
         // Prologue: slots of tiles 0 .. NS - 2 (bit t of badq: tile j + t lacks a slot somewhere),
@@ -266,8 +245,8 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
 #pragma unroll
             for (int x = 0; x < 4; x++) pa[kk][x] = 0u;
 
-        // Step j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together; the softmax of S_j runs
-        // while P_{j-1} V_{j-1} is on the tensor cores; O is rescaled once it retires. Step 0 has
+        // Step j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together; the softmax of S_j
+        // (see the header on where ptxas puts the wait); O is rescaled once P V retires. Step 0 has
         // no P V, step n_tiles no S. Every wgmma of a step is issued unconditionally (ptxas
         // serializes wgmmas under a branch it cannot prove uniform): a warpgroup whose rows all
         // end before tile j computes it anyway, wholly masked (P = 0, O unchanged).
@@ -346,12 +325,6 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                     s[i] = p;
                     l_run[h] += p;
                 }
-                // PIN: a branch on the row sums (never taken: they are >= 0) ends the basic block
-                // here. ptxas schedules within a block and lifts the wait for P V to the top of its
-                // block: without it the wait comes right after the row maxima and the exponentials
-                // after it (SASS).
-                if constexpr (PIN)
-                    if (l_run[0] + l_run[1] < 0.f) __trap();
             }
             if constexpr (DP) {
                 wgmma_wait<0>();  // P_{j-1} V_{j-1} retired: O and pa free
@@ -363,9 +336,9 @@ k_fa_prefill_wgmma(const bf16 *__restrict__ q, const bf16 *__restrict__ kcache, 
                     for (int x = 0; x < 4; x++) reg_fence(pa[kk][x]);
             }
             if constexpr (DS) {
-                // (O is still zero at step 0; LEAN: skipped when no row of the warp has a new max,
-                // as in most steps after the first few: 64 multiplies by 1.)
-                if (DP && (!LEAN || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))) {
+                // (O is still zero at step 0. Skipping this when no row of the warp has a new max,
+                // behind a warp vote, ran 4% slower on an H100: 361 vs 376 TFLOP/s at 8k.)
+                if constexpr (DP) {
 #pragma unroll
                     for (int n = 0; n < HD / 8; n++) {
                         oacc[4 * n] *= alpha[0];
@@ -433,10 +406,7 @@ int kc_fa_prefill_wgmma(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
     int bs_shift = -1;
     for (int sh = 0; sh < 31 && bs_shift < 0; sh++)
         if (bs == 1 << sh) bs_shift = sh;
-    static const bool lean = !kc_env_off("KAON_FA_WGMMA_LEAN");
-    static const bool pin = kc_env_on("KAON_FA_WGMMA_PIN");
-    auto kern = lean ? (pin ? k_fa_prefill_wgmma<true, true> : k_fa_prefill_wgmma<true, false>)
-                     : k_fa_prefill_wgmma<false, false>;
+    auto kern = k_fa_prefill_wgmma;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM),
