@@ -209,13 +209,18 @@ k_gemv_norm(const bf16 *__restrict__ x, int in, GemvArgs a) {
     const bf16 *w;
     const float *bias;
     void *y;
-    int rows, begin, vb = blockIdx.x;
-    gemv_pick(a, vb, w, bias, y, rows, begin);
-    kc_pdl_trigger();
-    int row = (vb - begin) * GEMV_WARPS + (threadIdx.x >> 5);
-    const uint4 *wr = (const uint4 *)(w + (size_t)(row < rows ? row : 0) * in);
+    int rows, begin, row, vb = blockIdx.x;
+    const uint4 *wr;
     uint4 wv[U];
-    if (row < rows && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    // Row block vb: this warp's row, its weights, and their first loads requested.
+    auto start = [&]() {
+        gemv_pick(a, vb, w, bias, y, rows, begin);
+        row = (vb - begin) * GEMV_WARPS + (threadIdx.x >> 5);
+        wr = (const uint4 *)(w + (size_t)(row < rows ? row : 0) * in);
+        if (row < rows && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    };
+    kc_pdl_trigger();
+    start();
     kc_pdl_wait();
     norm_row_to_smem(x, in, a.norm, a.eps, xs);
     for (;;) {
@@ -226,10 +231,7 @@ k_gemv_norm(const bf16 *__restrict__ x, int in, GemvArgs a) {
         }
         vb += gridDim.x;
         if (vb >= a.blocks) break;
-        gemv_pick(a, vb, w, bias, y, rows, begin);
-        row = (vb - begin) * GEMV_WARPS + (threadIdx.x >> 5);
-        wr = (const uint4 *)(w + (size_t)(row < rows ? row : 0) * in);
-        if (row < rows && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+        start();
     }
 }
 
@@ -317,16 +319,21 @@ k_gemv_silu_norm(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg
     extern __shared__ uint4 xs[];
     constexpr int U = 4;
     const int lane = threadIdx.x & 31, nc = in >> 3;
-    int vb = blockIdx.x;
-    kc_pdl_trigger();
-    int row = vb * GEMV_WARPS + (threadIdx.x >> 5);
-    const uint4 *gr = (const uint4 *)(wg + (size_t)(row < rows ? row : 0) * in);
-    const uint4 *ur = (const uint4 *)(wu + (size_t)(row < rows ? row : 0) * in);
+    int vb = blockIdx.x, row;
+    const uint4 *gr, *ur;
     uint4 gv[U], uv[U];
-    if (row < rows && gemv_full<U>(lane, nc)) {
-        gemv_load<U>(gr, lane, gv);
-        gemv_load<U>(ur, lane, uv);
-    }
+    // Row block vb: this warp's row, its gate and up weights, and their first loads requested.
+    auto start = [&]() {
+        row = vb * GEMV_WARPS + (threadIdx.x >> 5);
+        gr = (const uint4 *)(wg + (size_t)(row < rows ? row : 0) * in);
+        ur = (const uint4 *)(wu + (size_t)(row < rows ? row : 0) * in);
+        if (row < rows && gemv_full<U>(lane, nc)) {
+            gemv_load<U>(gr, lane, gv);
+            gemv_load<U>(ur, lane, uv);
+        }
+    };
+    kc_pdl_trigger();
+    start();
     kc_pdl_wait();
     norm_row_to_smem(x, in, norm, eps, xs);
     for (;;) {
@@ -337,13 +344,7 @@ k_gemv_silu_norm(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg
         }
         vb += gridDim.x;
         if (vb >= blocks) break;
-        row = vb * GEMV_WARPS + (threadIdx.x >> 5);
-        gr = (const uint4 *)(wg + (size_t)(row < rows ? row : 0) * in);
-        ur = (const uint4 *)(wu + (size_t)(row < rows ? row : 0) * in);
-        if (row < rows && gemv_full<U>(lane, nc)) {
-            gemv_load<U>(gr, lane, gv);
-            gemv_load<U>(ur, lane, uv);
-        }
+        start();
     }
 }
 
