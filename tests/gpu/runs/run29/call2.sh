@@ -1,0 +1,33 @@
+# Session 47 call 2: on the H200 (issue 15's bar machine), the persistent FP8 GEMV A/B of call 1
+# (old_cuda_fp8.cu = the kernel before, put beside the snapshot by the caller) with the in-GEMV
+# quantization now limited to <= 4 groups per warp; then issue 22's prefill-8k, batch-1 and
+# attention figures at HEAD. The build is kept in /tmp/kb for call 3 (a warm machine).
+export KAON_NINJA_JOBS=16
+tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep "build rc" /tmp/build_stdout.txt | head -1
+source tests/gpu/runs/run21/env.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+rm -rf /tmp/kb; cp -a build-gpu /tmp/kb
+cp build-gpu/kaon /tmp/kaon-new
+cp old_cuda_fp8.cu src/backend/cuda/cuda_fp8.cu && ninja -C build-gpu kaon > /tmp/old_build.txt 2>&1 &&
+    cp build-gpu/kaon /tmp/kaon-old; echo "old build rc=$?"
+cp /tmp/kaon-new build-gpu/kaon
+echo "== fp8 tests -k linear, KAON_FP8_GEMV_QUANT=1"
+KAON_FP8_GEMV_QUANT=1 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py -k "linear" 2>&1 | tail -1
+C8=bench/configs/llama-3.1-8b-fp8-block.json
+echo "== batch-1 decode, FP8 block: old / new / new + quant in GEMV, twice"
+for r in 1 2; do
+    for v in old new quant; do
+        k=/tmp/kaon-$v; [ $v = quant ] && k=/tmp/kaon-new
+        echo -n "$v: "; env $([ $v = quant ] && echo KAON_FP8_GEMV_QUANT=1 || echo X=1) timeout 100 \
+            python3 bench/gpu_decode.py --kaon $k --config $C8 --tokens 256 2>&1 | grep -E "^decode"
+    done
+done
+C=bench/configs/meta-llama__Llama-3.1-8B.json
+timeout 60 build-gpu/gpu_driver attn_bench 32 8 128 16384 0 | python3 -c "import sys,json; print('attn TFLOP/s', [(d['T'], d['p0'], d['TFLOPs']) for d in map(json.loads, sys.stdin)])"
+echo "== prefill 8192"
+timeout 120 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C --batch-sizes 1 --input-len 8192 \
+    --output-len 2 --num-iters 3 --num-iters-warmup 1 --quiet --output-json $OUT/p8k.json 2>&1 | tail -2 | head -1
+python3 bench/roofline.py $C --prefill $OUT/p8k.json | head -1
+echo "== batch-1 decode, bf16"
+for r in 1 2; do timeout 100 python3 bench/gpu_decode.py --kaon build-gpu/kaon --tokens 256 2>&1 | grep -E "^decode"; done
+find $OUT -type f -delete
