@@ -20,6 +20,7 @@
 // Weight-only FP8 (a format without activation quantization): rows dequantized to a bf16
 // scratch, then the bf16 GEMM.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_norm_row.cuh"
 
 #include <cuda_fp8.h>
 #include <math.h>
@@ -382,6 +383,9 @@ struct Fp8Args {
     int n, tok0, K, f32out;  // tokens [tok0, tok0 + 8 NT) of n
     int xstage;              // x and its scales copied to shared memory (they fit FP8_X_SMEM)
     const bf16 *xraw;        // non-NULL (BLOCK, staged): x unquantized, grouped into shared memory here
+    const float *norm;       // with xraw, batch 1: x is the raw residual row, RMSNormed first (norm, eps)
+    float eps;
+    int residual;            // batch 1, one weight: y is the residual stream, y += bf16(product)
 };
 
 static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
@@ -456,6 +460,12 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
     const float *const xsb = a.xstage ? xss : a.xs + tok0;
     const int xs_str = a.xstage ? ntok : n;
     if (a.xraw) {
+        const bf16 *src = a.xraw + (size_t)tok0 * K;
+        if (a.norm) {  // (one token) kc_rmsnorm's bf16 row, in shared memory after the codes
+            uint4 *xn = (uint4 *)(xsh + fp8_x_bytes(ntok, K));
+            norm_row_to_smem(a.xraw, K, a.norm, a.eps, xn);
+            src = (const bf16 *)xn;
+        }
         // k_fp8_act_group's quantization, one warp per (token, group of 128 columns); each warp
         // loads 4 groups before reducing any (one L2 latency per 4).
         for (int i0 = warp; i0 < ntok * nch; i0 += 4 * FP8_WARPS) {
@@ -463,7 +473,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const int item = i0 + u * FP8_WARPS, tt = item / nch, c = item - tt * nch;
-                if (item < ntok * nch) raw[u] = *(const uint2 *)(a.xraw + (size_t)(tok0 + tt) * K + c * 128 + lane * 4);
+                if (item < ntok * nch) raw[u] = *(const uint2 *)(src + (size_t)tt * K + c * 128 + lane * 4);
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -503,7 +513,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
         __syncthreads();
     }
     float(*part)[FP8_WARPS][NT][32][4] =
-        (float(*)[FP8_WARPS][NT][32][4])(xsh + (a.xstage ? fp8_x_bytes(ntok, K) : 0));
+        (float(*)[FP8_WARPS][NT][32][4])(xsh + (a.xstage ? fp8_x_bytes(ntok, K) + (a.norm ? 2 * K : 0) : 0));
     const uint8_t *cslot = ring;  // the slot consumed next
     for (int tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
         float acc[NM][NT][4];
@@ -587,8 +597,11 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             } else {
                 float r = v[0];
                 if (a.bias[seg]) r += a.bias[seg][row];
-                if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
-                else ((bf16 *)a.y[seg])[(size_t)tok * M + row] = __float2bfloat16(r);
+                bf16 *yr = (bf16 *)a.y[seg] + (size_t)tok * M + row;
+                if (a.residual)  // linear, then rmsnorm's add: each rounded to bf16
+                    *yr = __float2bfloat16(__bfloat162float(*yr) + __bfloat162float(__float2bfloat16(r)));
+                else if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
+                else *yr = __float2bfloat16(r);
             }
         }
         __syncthreads();  // part is written again by the next tile
@@ -602,7 +615,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 template <int NT, int MODE, bool SILU>
 static void launch_nt(kc_backend *b, const Fp8Args &a) {
     constexpr int part = fp8_part_bytes(NT, SILU);
-    constexpr int most = FP8_RING_BYTES + part + (part <= FP8_PART_STAGED ? FP8_X_SMEM : 0);
+    constexpr int most = FP8_RING_BYTES + part + (part <= FP8_PART_STAGED ? FP8_X_SMEM : 0);  // (normed row included)
     static int per_sm;  // blocks of the most shared memory a launch asks for that fit an SM
     if (!per_sm) {
         cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
@@ -612,7 +625,7 @@ static void launch_nt(kc_backend *b, const Fp8Args &a) {
             per_sm = 1;
     }
     const int ntok = a.n - a.tok0 < 8 * NT ? a.n - a.tok0 : 8 * NT;
-    const size_t smem = FP8_RING_BYTES + (a.xstage ? fp8_x_bytes(ntok, a.K) : 0) + part;
+    const size_t smem = FP8_RING_BYTES + (a.xstage ? fp8_x_bytes(ntok, a.K) + (a.norm ? 2 * a.K : 0) : 0) + part;
     const int blocks = a.tiles < per_sm * b->n_sm ? a.tiles : per_sm * b->n_sm;
     kc_launch(b, k_fp8_gemv<NT, MODE, SILU>, dim3((unsigned)blocks), dim3(FP8_WARPS * 32), smem, a);
 }
@@ -683,8 +696,17 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
 
 // The GEMV over count weights sharing the quantized x (SILU: gate and up into y[0]), in passes
 // of at most FP8_GEMV_MAX_N tokens.
+// What the GEMV takes over from the kernels before it (NULL: nothing): x unquantized (xraw), its
+// RMSNorm (norm), the residual add after it.
+struct Fp8Fuse {
+    const bf16 *xraw;
+    const float *norm;
+    float eps;
+    int residual;
+};
+
 static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_linear *const *l, void *const *y,
-                int f32out, bool silu, const bf16 *xraw) {
+                int f32out, bool silu, const Fp8Fuse *fuse) {
     if (silu && n > FP8_SILU_MAX_N) return kc_fail(b, "cuda fp8: fused SiLU of %d tokens", n);
     Fp8Args a;
     memset(&a, 0, sizeof a);
@@ -711,7 +733,12 @@ static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_li
         const int nt = tiles <= 2 ? tiles : tiles <= 4 ? 4 : 8;  // the instance launch_gemv picks
         a.xstage = fp8_x_bytes(n - t0 < 8 * nt ? n - t0 : 8 * nt, K) <= FP8_X_SMEM &&
                    fp8_part_bytes(nt, silu) <= FP8_PART_STAGED;
-        a.xraw = xraw;  // (raw_x made sure it is staged: one pass)
+        if (fuse) {  // (raw_ok made sure x is staged, in one pass)
+            a.xraw = fuse->xraw;
+            a.norm = fuse->norm;
+            a.eps = fuse->eps;
+            a.residual = fuse->residual;
+        }
         if (mode == MODE_BLOCK) {
             if (silu) launch_gemv<MODE_BLOCK, true>(b, tiles, a);
             else launch_gemv<MODE_BLOCK, false>(b, tiles, a);
@@ -846,14 +873,21 @@ static int weight_only(kc_backend *b, kc_fp8 *s, const void *x, int n, const kao
     return 0;
 }
 
-// Whether the GEMV quantizes x itself (KAON_FP8_GEMV_QUANT=1): per-group activations of at
-// most 4 groups per warp (one round of loads; with Llama-3.1-8B's 14,336-column down projection
-// quantized this way too, o and down took 13 us more per layer on an H100, session 47), whose
-// codes fit the GEMV's shared memory; no separate kernel.
-static bool raw_x(const kc_fp8 *s, const void *x, int n, int K, const kaon_linear *l, bool silu) {
-    return s->quant_in_gemv && l->act_quant == KAON_ACTQ_GROUP && n * (K / 128) <= 4 * FP8_WARPS &&
-           n <= s->gemv_max_n && K % 128 == 0 &&
-           ((uintptr_t)x & 7) == 0 && fp8_x_bytes(n, K) <= FP8_X_SMEM && fp8_part_bytes(1, silu) <= FP8_PART_STAGED;
+// Whether the GEMV can take x unquantized, and RMSNorm it first when norm: per-group activations
+// of at most 4 groups per warp (one round of loads; with Llama-3.1-8B's 14,336-column down
+// projection quantized this way too, o and down took 13 us more per layer on an H100, session
+// 47) that fit the GEMV's shared memory with their codes (and the normed row).
+static bool raw_ok(const kc_fp8 *s, const void *x, int n, int K, const kaon_linear *l, bool silu, bool norm) {
+    return l->act_quant == KAON_ACTQ_GROUP && K % 128 == 0 && n * (K / 128) <= 4 * FP8_WARPS &&
+           n <= s->gemv_max_n && (!norm || n == 1) && ((uintptr_t)x & 15) == 0 &&
+           fp8_x_bytes(n, K) + (norm ? 2 * K : 0) <= FP8_X_SMEM && fp8_part_bytes(1, silu) <= FP8_PART_STAGED;
+}
+
+// KAON_FP8_GEMV_FUSE=1: the batch-1 fusions (norm into the GEMVs that read it, the residual add
+// into the output GEMVs; backend.h's norm_linear_multi, norm_linear_silu_mul, linear_residual).
+static bool fuse_on(void) {
+    static const bool on = kc_env_on("KAON_FP8_GEMV_FUSE");
+    return on;
 }
 
 // ---- entry ------------------------------------------------------------------------------------
@@ -863,7 +897,10 @@ int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, voi
     if (!s || !fp8_ok(b, l, "linear")) return -1;
     const int K = (int)l->w.shape[1];
     if (!quantizes_acts(l)) return weight_only(b, s, x, n, l, y, f32out);
-    if (raw_x(s, x, n, K, l, false)) return gemv(b, s, n, K, 1, &l, &y, f32out, false, (const bf16 *)x);
+    if (s->quant_in_gemv && raw_ok(s, x, n, K, l, false, false)) {
+        const Fp8Fuse f = {(const bf16 *)x, NULL, 0.0f, 0};
+        return gemv(b, s, n, K, 1, &l, &y, f32out, false, &f);
+    }
     if (quantize(b, s, (const bf16 *)x, n, K, l)) return -1;
     if (n > s->gemv_max_n || K % 128) {
         const int rc = lt_matmul(b, s, n, l, y, f32out);
@@ -891,7 +928,9 @@ static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *
     return gemv(b, s, n, K, 1, &l, &y, 0, false, NULL);
 }
 
-int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
+// linear_multi, or with norm its fused form (1 where the GEMV cannot take it).
+static int multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,
+                 const float *norm, float eps) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
     if (count < 1 || count > 3) return 1;
@@ -901,7 +940,11 @@ int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const ka
         if (!quantizes_acts(l[i]) || !same_x(l[0], l[i])) return 1;
     }
     const int K = (int)l[0]->w.shape[1];
-    if (raw_x(s, x, n, K, l[0], false)) return gemv(b, s, n, K, count, l, y, 0, false, (const bf16 *)x);
+    if (norm || s->quant_in_gemv) {
+        const Fp8Fuse f = {(const bf16 *)x, norm, eps, 0};
+        if (raw_ok(s, x, n, K, l[0], false, norm)) return gemv(b, s, n, K, count, l, y, 0, false, &f);
+        if (norm) return 1;
+    }
     if (quantize(b, s, (const bf16 *)x, n, K, l[0])) return -1;  // once for all of them
     if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false, NULL);
     for (int i = 0; i < count; i++)
@@ -909,7 +952,19 @@ int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const ka
     return 0;
 }
 
-int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out) {
+int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
+    return multi(b, x, n, count, l, y, NULL, 0.0f);
+}
+
+int kc_fp8_norm_linear_multi(kc_backend *b, const void *x, const float *norm, float eps, int n, int count,
+                             const kaon_linear *const *l, void *const *y) {
+    if (!fuse_on() || n != 1) return 1;
+    return multi(b, x, n, count, l, y, norm, eps);
+}
+
+// linear_silu_mul, or with norm its fused form (1 where the GEMV cannot take it).
+static int silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out,
+                    const float *norm, float eps) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
     if (gate->w.dtype != KAON_FP8_E4M3 || up->w.dtype != KAON_FP8_E4M3) return 1;
@@ -920,7 +975,11 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
     const int K = (int)gate->w.shape[1], F = (int)gate->w.shape[0];
     const kaon_linear *l[2] = {gate, up};
     void *y[2] = {out, out};
-    if (raw_x(s, x, n, K, gate, true)) return gemv(b, s, n, K, 2, l, y, 0, true, (const bf16 *)x);
+    if (norm || s->quant_in_gemv) {
+        const Fp8Fuse f = {(const bf16 *)x, norm, eps, 0};
+        if (raw_ok(s, x, n, K, gate, true, norm)) return gemv(b, s, n, K, 2, l, y, 0, true, &f);
+        if (norm) return 1;
+    }
     if (quantize(b, s, (const bf16 *)x, n, K, gate)) return -1;  // once for both
     if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, 2, l, y, 0, true, NULL);
     // Larger batches: both products, then SiLU-and-mul (the unfused ops' roundings).
@@ -929,4 +988,28 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
     if (product(b, s, n, gate, g) || product(b, s, n, up, u)) return -1;
     kc_silu_mul(b, g, u, (size_t)n * F, (bf16 *)out);
     return b->err ? -1 : 0;
+}
+
+int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out) {
+    return silu_mul(b, x, n, gate, up, out, NULL, 0.0f);
+}
+
+int kc_fp8_norm_silu_mul(kc_backend *b, const void *x, const float *norm, float eps, int n, const kaon_linear *gate,
+                         const kaon_linear *up, void *out) {
+    if (!fuse_on() || n != 1) return 1;
+    return silu_mul(b, x, n, gate, up, out, norm, eps);
+}
+
+int kc_fp8_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res) {
+    if (!fuse_on() || n != 1) return 1;
+    kc_fp8 *s = fstate(b);
+    if (!s) return -1;
+    if (l->w.dtype != KAON_FP8_E4M3) return 1;
+    if (!fp8_ok(b, l, "linear_residual")) return -1;
+    const int K = (int)l->w.shape[1];
+    if (!quantizes_acts(l) || K % 128 || n > s->gemv_max_n) return 1;
+    Fp8Fuse f = {NULL, NULL, 0.0f, 1};
+    if (raw_ok(s, x, n, K, l, false, false)) f.xraw = (const bf16 *)x;
+    else if (quantize(b, s, (const bf16 *)x, n, K, l)) return -1;
+    return gemv(b, s, n, K, 1, &l, &res, 0, false, &f);
 }

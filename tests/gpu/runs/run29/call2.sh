@@ -1,27 +1,30 @@
-# Session 47 call 2: on the H200 (issue 15's bar machine), the persistent FP8 GEMV A/B of call 1
-# (old_cuda_fp8.cu = the kernel before, put beside the snapshot by the caller) with the in-GEMV
-# quantization now limited to <= 4 groups per warp; then issue 22's prefill-8k, batch-1 and
-# attention figures at HEAD. The build is kept in /tmp/kb for call 3 (a warm machine).
+# Session 47 call 2: on the H200 if one comes (issue 15's bar machine), the persistent FP8 GEMV A/B
+# of call 1 (old/ = the CUDA sources before it, put beside the snapshot by the caller) and the
+# batch-1 fusions KAON_FP8_GEMV_FUSE=1 (norm + quantization in the GEMV prologue, residual add in
+# its epilogue); then issue 22's prefill-8k, batch-1 and attention figures at HEAD. The build is
+# kept in /tmp/kb for call 3 (a warm machine).
 export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep "build rc" /tmp/build_stdout.txt | head -1
 source tests/gpu/runs/run21/env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 rm -rf /tmp/kb; cp -a build-gpu /tmp/kb
 cp build-gpu/kaon /tmp/kaon-new
-cp old_cuda_fp8.cu src/backend/cuda/cuda_fp8.cu && ninja -C build-gpu kaon > /tmp/old_build.txt 2>&1 &&
+cp old/* src/backend/cuda/ && ninja -C build-gpu kaon > /tmp/old_build.txt 2>&1 &&
     cp build-gpu/kaon /tmp/kaon-old; echo "old build rc=$?"
 cp /tmp/kaon-new build-gpu/kaon
-echo "== fp8 tests -k linear, KAON_FP8_GEMV_QUANT=1"
-KAON_FP8_GEMV_QUANT=1 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py -k "linear" 2>&1 | tail -1
+echo "== fp8 tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
 C8=bench/configs/llama-3.1-8b-fp8-block.json
-echo "== batch-1 decode, FP8 block: old / new / new + quant in GEMV, twice"
+echo "== batch-1 decode, FP8 block: old / new / new + KAON_FP8_GEMV_FUSE=1, twice"
 for r in 1 2; do
-    for v in old new quant; do
-        k=/tmp/kaon-$v; [ $v = quant ] && k=/tmp/kaon-new
-        echo -n "$v: "; env $([ $v = quant ] && echo KAON_FP8_GEMV_QUANT=1 || echo X=1) timeout 100 \
+    for v in old new fuse; do
+        k=/tmp/kaon-$v; [ $v = fuse ] && k=/tmp/kaon-new
+        echo -n "$v: "; env $([ $v = fuse ] && echo KAON_FP8_GEMV_FUSE=1 || echo X=1) timeout 100 \
             python3 bench/gpu_decode.py --kaon $k --config $C8 --tokens 256 2>&1 | grep -E "^decode"
     done
 done
+echo "== trace, new + fuse"
+KAON_FP8_GEMV_FUSE=1 OUT=$OUT bash tests/gpu/trace_decode.sh $C8 0 64 1 16 | head -14
 C=bench/configs/meta-llama__Llama-3.1-8B.json
 timeout 60 build-gpu/gpu_driver attn_bench 32 8 128 16384 0 | python3 -c "import sys,json; print('attn TFLOP/s', [(d['T'], d['p0'], d['TFLOPs']) for d in map(json.loads, sys.stdin)])"
 echo "== prefill 8192"
