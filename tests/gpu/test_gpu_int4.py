@@ -89,6 +89,7 @@ CASES = [
     ("f32out_g128", 200, 512, 128, True, False, False, True),
     ("f32out_perm", 96, 256, 32, True, True, False, True),  # (linear_f32 takes no bias: backend.h)
     ("odd_width", 48, 80, 32, True, True, True, False),
+    ("wide_one_scale_slot", 272, 14336, 128, True, False, False, False),  # persistent GEMV's single-slot path
 ]
 
 
