@@ -855,18 +855,10 @@ static bool plain_bf16(const kaon_linear *l) {
     return l && !kc_is_scaled_linear(l) && l->w.dtype == KAON_BF16 && !kaon_linear_unsupported(l);
 }
 
-// An FP8 layer (cuda_fp8.cu has its own switch for these fusions, KAON_FP8_GEMV_FUSE).
-static bool fp8_layer(const kaon_linear *l) { return l && l->w.dtype == KAON_FP8_E4M3 && kc_is_scaled_linear(l); }
-
 static int cuda_norm_linear_multi(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                   int count, const kaon_linear *const *l, void *const *y) {
     kc_backend *b = kc(be);
-    if (n != 1 || count < 1 || count > 4) return 1;
-    if (fp8_layer(l[0])) {
-        if (!is_vector(b, norm, l[0]->w.shape[1], "rmsnorm")) return -1;
-        return kc_fp8_norm_linear_multi(b, x, (const float *)norm->data, eps, n, count, l, y);
-    }
-    if (!gemv_fuse_on()) return 1;
+    if (!gemv_fuse_on() || n != 1 || count < 1 || count > 4) return 1;
     for (int i = 0; i < count; i++)
         if (!plain_bf16(l[i])) return 1;
     if (!is_vector(b, norm, l[0]->w.shape[1], "rmsnorm")) return -1;
@@ -877,10 +869,6 @@ static int cuda_norm_linear_multi(kaon_backend *be, const void *x, const kaon_te
 static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                      const kaon_linear *gate, const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
-    if (n == 1 && fp8_layer(gate) && fp8_layer(up)) {
-        if (!is_vector(b, norm, gate->w.shape[1], "rmsnorm")) return -1;
-        return kc_fp8_norm_silu_mul(b, x, (const float *)norm->data, eps, n, gate, up, out);
-    }
     if (!gemv_fuse_on() || n != 1 || !plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) ||
         kaon_linear_bias(up))
         return 1;
@@ -890,7 +878,6 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
 }
 
 static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res) {
-    if (fp8_layer(l)) return kc_fp8_linear_residual(kc(be), x, n, l, res);
     if (!gemv_fuse_on() || !plain_bf16(l)) return 1;
     const kc_gemv_fuse f = {NULL, 0.f, 1};
     return gemv_multi_plain(kc(be), x, n, 1, &l, &res, &f);

@@ -20,7 +20,6 @@
 // Weight-only FP8 (a format without activation quantization): rows dequantized to a bf16
 // scratch, then the bf16 GEMM.
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/cuda_norm_row.cuh"
 
 #include <cuda_fp8.h>
 #include <math.h>
@@ -28,12 +27,8 @@
 #include <string.h>
 
 #define FP8_WARPS 8           // warps per GEMV block: they split K
-#define FP8_STAGES 5          // ring slots per warp (cp.async pipeline depth)
-#define FP8_SLOT 2064         // a slot: 16 rows x 128 columns of codes, then the chunk's block scale
-#define FP8_XPAD 64           // bytes after each staged x row (16-byte loads of 8 rows: no bank conflict)
-#define FP8_X_SMEM (16 << 10) // x and its scales are staged in shared memory up to this size
-#define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * FP8_SLOT)
-#define FP8_PART_STAGED (2 * FP8_WARPS * 32 * 4 * 4)  // x is staged where the partial sums fit this
+#define FP8_STAGES 6          // ring slots of 2 KB per warp (cp.async pipeline depth)
+#define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * 2048)
 #define FP8_GEMV_MAX_N 64     // 8 tiles of 8 tokens; larger batches go to cuBLASLt
 #define FP8_DEQ_CAP (64 << 20)  // elements of the bf16 scratch of weight-only layers
 #define FP8_LT_CACHE 32
@@ -60,7 +55,6 @@ struct kc_fp8 {
     fp8_gemm lt[FP8_LT_CACHE];
     uint64_t tick;
     int gemv_max_n;  // KAON_FP8_GEMV_MAX_N
-    bool quant_in_gemv;  // KAON_FP8_GEMV_QUANT
 };
 
 static kc_fp8 *fstate(kc_backend *b) {
@@ -72,7 +66,6 @@ static kc_fp8 *fstate(kc_backend *b) {
     }
     const char *e = getenv("KAON_FP8_GEMV_MAX_N");
     s->gemv_max_n = e && *e ? atoi(e) : FP8_GEMV_MAX_N;
-    s->quant_in_gemv = kc_env_on("KAON_FP8_GEMV_QUANT");
     if (s->gemv_max_n < 0) s->gemv_max_n = 0;
     if (s->gemv_max_n > FP8_GEMV_MAX_N) s->gemv_max_n = FP8_GEMV_MAX_N;
     b->fp8 = s;
@@ -375,270 +368,156 @@ struct Fp8Args {
     const float *bias[3];
     void *y[3];
     int rows[3];
-    int begin[3];  // first tile of each weight
-    int count, tiles;
+    int begin[3];  // first block of each weight
+    int count;
     int ws_cols;  // BLOCK: ceil(K / 128)
     const uint8_t *xq;
     const float *xs;
     int n, tok0, K, f32out;  // tokens [tok0, tok0 + 8 NT) of n
-    int xstage;              // x and its scales copied to shared memory (they fit FP8_X_SMEM)
-    const bf16 *xraw;        // non-NULL (BLOCK, staged): x unquantized, grouped into shared memory here
-    const float *norm;       // with xraw, batch 1: x is the raw residual row, RMSNormed first (norm, eps)
-    float eps;
-    int residual;            // batch 1, one weight: y is the residual stream, y += bf16(product)
 };
 
-static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem) : "memory");
-}
-
-// Dynamic shared memory of k_fp8_gemv: the warps' rings, x and its scales when staged, the
-// warps' partial sums.
-static __host__ __device__ __forceinline__ int fp8_x_bytes(int ntok, int K) {
-    return (ntok * (K + FP8_XPAD) + ntok * (K / 128) * 4 + 15) & ~15;
-}
-static constexpr __host__ __device__ int fp8_part_bytes(int nt, bool silu) {
-    return (silu ? 2 : 1) * FP8_WARPS * nt * 32 * 4 * 4;
-}
-
 // y[t, row] = sum over 128-column chunks c of (w[row, c] . xq[t, c]) * sw * sx for the tokens
-// t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens. A persistent grid: block i takes the
-// 16-row tiles i, i + gridDim.x, ...; its FP8_WARPS warps split each tile's chunks, and each
-// warp streams its chunks of all its tiles (gate and up alternating for SILU) through one ring
-// of FP8_STAGES slots with cp.async, FP8_STAGES - 1 chunks ahead, so the next tile's bytes are
-// in flight while a tile's partial sums meet in shared memory. A slot carries the chunk's
-// block scale beside the codes; x and its scales are read from shared memory (copied once per
-// block) when they fit, so no step waits on a global load but the ring's. SILU: weight 0 is the
-// gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
+// t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
+// the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
 template <int NT, int MODE, bool SILU>
 __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
-    constexpr int NM = SILU ? 2 : 1;
-    extern __shared__ __align__(16) uint8_t fsm[];
+    __shared__ float part[SILU ? 2 : 1][FP8_WARPS][NT][32][4];
+    extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane]
     kc_pdl_trigger();
+    int seg = 0;
+    if (!SILU)
+        while (seg + 1 < a.count && (int)blockIdx.x >= a.begin[seg + 1]) seg++;
+    const int M = a.rows[seg], K = a.K, n = a.n, tok0 = a.tok0;
+    const int m0 = ((int)blockIdx.x - a.begin[seg]) * 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int K = a.K, n = a.n, tok0 = a.tok0, nch = K / 128;
-    const int ntok = min(8 * NT, n - tok0);
-    const int nw = warp < nch ? (nch - warp + FP8_WARPS - 1) / FP8_WARPS : 0;  // chunks of a tile per warp
-    uint8_t *const ring = fsm + (size_t)warp * FP8_STAGES * FP8_SLOT, *const ring_end = ring + FP8_STAGES * FP8_SLOT;
-    auto seg_of = [&](int tile) {
-        int s = 0;
-        if (!SILU)
-            while (s + 1 < a.count && tile >= a.begin[s + 1]) s++;
-        return s;
-    };
-    // The copy cursor: tile it, chunk ii of the warp, weight im; the slot it fills.
-    int it = blockIdx.x, ii = 0, im = 0;
-    uint8_t *islot = ring;
-    auto issue = [&]() {
-        if (nw && it < a.tiles) {
-            const int sg = seg_of(it), M = a.rows[sg], m0 = (it - a.begin[sg]) * 16, c = warp + ii * FP8_WARPS;
-            const uint8_t *w = a.w[SILU ? im : sg] + (size_t)c * 128 + t * 16;
-            const uint8_t *w0 = w + (size_t)min(m0 + g, M - 1) * K, *w1 = w + (size_t)min(m0 + g + 8, M - 1) * K;
+    const int nch = K / 128;
+    const int r0 = min(m0 + g, M - 1), r1 = min(m0 + g + 8, M - 1);  // rows past M: loaded, never stored
+    const int lane_off = t * 16;
+    for (int wi = 0; wi < (SILU ? 2 : 1); wi++) {
+        const uint8_t *w = a.w[SILU ? wi : seg];
+        const float *ws = a.ws[SILU ? wi : seg];
+        const uint8_t *w0 = w + (size_t)r0 * K + lane_off, *w1 = w + (size_t)r1 * K + lane_off;
+        float acc[NT][4];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {  // rows past M: loaded, never stored
-                cp_async16(islot + ((2 * h) * 32 + lane) * 16, w0 + h * 64);
-                cp_async16(islot + ((2 * h + 1) * 32 + lane) * 16, w1 + h * 64);
-            }
-            if (MODE == MODE_BLOCK && lane == 0)
-                cp_async4(islot + 2048, a.ws[SILU ? im : sg] + (size_t)(m0 >> 7) * a.ws_cols + c);
-            if (++im == NM) {
-                im = 0;
-                if (++ii == nw) ii = 0, it += gridDim.x;
-            }
-            islot = islot + FP8_SLOT == ring_end ? ring : islot + FP8_SLOT;
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-#pragma unroll
-    for (int i = 0; i < FP8_STAGES - 1; i++) issue();  // weights: before the wait for x
-    kc_pdl_wait();  // xq and xs come from the kernel before
-    uint8_t *const xsh = fsm + FP8_WARPS * FP8_STAGES * FP8_SLOT;
-    const int xstr = a.xstage ? K + FP8_XPAD : K;
-    const uint8_t *const xb = a.xstage ? xsh : a.xq + (size_t)tok0 * K;
-    float *const xss = (float *)(xsh + ntok * xstr);
-    const float *const xsb = a.xstage ? xss : a.xs + tok0;
-    const int xs_str = a.xstage ? ntok : n;
-    if (a.xraw) {
-        const bf16 *src = a.xraw + (size_t)tok0 * K;
-        if (a.norm) {  // (one token) kc_rmsnorm's bf16 row, in shared memory after the codes
-            uint4 *xn = (uint4 *)(xsh + fp8_x_bytes(ntok, K));
-            norm_row_to_smem(a.xraw, K, a.norm, a.eps, xn);
-            src = (const bf16 *)xn;
-        }
-        // k_fp8_act_group's quantization, one warp per (token, group of 128 columns); each warp
-        // loads 4 groups before reducing any (one L2 latency per 4).
-        for (int i0 = warp; i0 < ntok * nch; i0 += 4 * FP8_WARPS) {
-            uint2 raw[4] = {};
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int item = i0 + u * FP8_WARPS, tt = item / nch, c = item - tt * nch;
-                if (item < ntok * nch) raw[u] = *(const uint2 *)(src + (size_t)tt * K + c * 128 + lane * 4);
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int item = i0 + u * FP8_WARPS, tt = item / nch, c = item - tt * nch;
-                if (item >= ntok * nch) break;  // (warp-uniform)
-                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw[u];
-                const float2 v0 = __bfloat1622float2(h[0]), v1 = __bfloat1622float2(h[1]);
-                float amax = fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v1.x), fabsf(v1.y)));
-#pragma unroll
-                for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                const float sc = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
-                *(uint32_t *)(xsh + tt * xstr + c * 128 + lane * 4) =
-                    (uint32_t)to_e4m3(__fdiv_rn(v0.x, sc)) | (uint32_t)to_e4m3(__fdiv_rn(v0.y, sc)) << 8 |
-                    (uint32_t)to_e4m3(__fdiv_rn(v1.x, sc)) << 16 | (uint32_t)to_e4m3(__fdiv_rn(v1.y, sc)) << 24;
-                if (lane == 0) xss[c * ntok + tt] = sc;
-            }
-        }
-        __syncthreads();
-    } else if (a.xstage) {
-        const int v16 = K / 16;
-        for (int i0 = threadIdx.x; i0 < ntok * v16; i0 += 4 * FP8_WARPS * 32) {
-            uint4 v[4] = {};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int i = i0 + j * FP8_WARPS * 32;
-                if (i < ntok * v16) v[j] = *(const uint4 *)(a.xq + (size_t)tok0 * K + (size_t)i * 16);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int i = i0 + j * FP8_WARPS * 32, r = i / v16;
-                if (i < ntok * v16) *(uint4 *)(xsh + r * xstr + (i - r * v16) * 16) = v[j];
-            }
-        }
-        if (MODE == MODE_BLOCK)
-            for (int i = threadIdx.x; i < nch * ntok; i += FP8_WARPS * 32)
-                xss[i] = a.xs[(size_t)(i / ntok) * n + tok0 + i % ntok];
-        __syncthreads();
-    }
-    float(*part)[FP8_WARPS][NT][32][4] =
-        (float(*)[FP8_WARPS][NT][32][4])(xsh + (a.xstage ? fp8_x_bytes(ntok, K) + (a.norm ? 2 * K : 0) : 0));
-    const uint8_t *cslot = ring;  // the slot consumed next
-    for (int tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
-        float acc[NM][NT][4];
-#pragma unroll
-        for (int m = 0; m < NM; m++)
-#pragma unroll
-            for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
-        for (int ci = 0; ci < nw; ci++) {
-            const int c = warp + ci * FP8_WARPS;
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                issue();
-                asm volatile("cp.async.wait_group %0;" ::"n"(FP8_STAGES - 1) : "memory");
-                if (MODE == MODE_BLOCK) __syncwarp();  // the scale is lane 0's copy; the codes are each lane's own
-                const uint4 *sl = (const uint4 *)cslot + lane;
-                uint4 wv[2][2];
+        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        // Each warp streams its chunks through a ring of FP8_STAGES slots in shared memory with
+        // cp.async, FP8_STAGES - 1 chunks ahead of the one it multiplies: the bytes in flight do
+        // not cost registers. A lane reads back only the 64 bytes it copied, so waiting for its
+        // own copies is all the synchronisation a slot needs.
+        uint4 *ring = ring_all + (size_t)warp * FP8_STAGES * 128;
+        auto issue = [&](int i) {  // chunk i of this warp into slot i % FP8_STAGES
+            const int c = warp + i * FP8_WARPS;
+            if (c < nch) {
+                uint4 *slot = ring + (i % FP8_STAGES) * 128 + lane;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    wv[h][0] = sl[(2 * h) * 32];
-                    wv[h][1] = sl[(2 * h + 1) * 32];
+                    cp_async16(slot + (2 * h) * 32, w0 + (size_t)c * 128 + h * 64);
+                    cp_async16(slot + (2 * h + 1) * 32, w1 + (size_t)c * 128 + h * 64);
                 }
-                const float sw = MODE == MODE_BLOCK ? *(const float *)(cslot + 2048) : 1.0f;
-                cslot = cslot + FP8_SLOT == ring_end ? ring : cslot + FP8_SLOT;
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    if (j * 8 >= ntok) break;
-                    const int tok = j * 8 + g;
-                    uint4 xv[2];
-                    if (tok < ntok) {
-                        const uint8_t *xp = xb + (size_t)tok * xstr + (size_t)c * 128 + t * 16;
-                        xv[0] = *(const uint4 *)xp;
-                        xv[1] = *(const uint4 *)(xp + 64);
-                    } else {
-                        xv[0] = xv[1] = make_uint4(0, 0, 0, 0);
-                    }
-                    float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    chunk_mma(cc, wv, xv);
-                    if (MODE == MODE_BLOCK) {
-                        const int t0 = j * 8 + 2 * t, t1 = t0 + 1;
-                        const float s0 = t0 < ntok ? sw * xsb[(size_t)c * xs_str + t0] : 0.0f;
-                        const float s1 = t1 < ntok ? sw * xsb[(size_t)c * xs_str + t1] : 0.0f;
-                        acc[m][j][0] = fmaf(cc[0], s0, acc[m][j][0]);
-                        acc[m][j][1] = fmaf(cc[1], s1, acc[m][j][1]);
-                        acc[m][j][2] = fmaf(cc[2], s0, acc[m][j][2]);
-                        acc[m][j][3] = fmaf(cc[3], s1, acc[m][j][3]);
-                    } else {
+        for (int i = 0; i < FP8_STAGES - 1; i++) issue(i);
+        kc_pdl_wait();  // xq and xs come from the kernel before
+        for (int i = 0;; i++) {
+            const int c = warp + i * FP8_WARPS;
+            if (c >= nch) break;
+            issue(i + FP8_STAGES - 1);
+            asm volatile("cp.async.wait_group %0;" ::"n"(FP8_STAGES - 1) : "memory");
+            const uint4 *slot = ring + (i % FP8_STAGES) * 128 + lane;
+            uint4 wv[2][2];
 #pragma unroll
-                        for (int q = 0; q < 4; q++) acc[m][j][q] += cc[q];
-                    }
+            for (int h = 0; h < 2; h++) {
+                wv[h][0] = slot[(2 * h) * 32];
+                wv[h][1] = slot[(2 * h + 1) * 32];
+            }
+            const float sw = MODE == MODE_BLOCK ? ws[(size_t)(m0 >> 7) * a.ws_cols + c] : 1.0f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (tok0 + j * 8 >= n) break;
+                const int tok = tok0 + j * 8 + g;
+                uint4 xv[2];
+                if (tok < n) {
+                    const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
+                    xv[0] = *(const uint4 *)xp;
+                    xv[1] = *(const uint4 *)(xp + 64);
+                } else {
+                    xv[0] = xv[1] = make_uint4(0, 0, 0, 0);
+                }
+                float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                chunk_mma(cc, wv, xv);
+                if (MODE == MODE_BLOCK) {
+                    const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
+                    const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
+                    const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
+                    acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
+                    acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
+                    acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
+                    acc[j][3] = fmaf(cc[3], s1, acc[j][3]);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) acc[j][q] += cc[q];
                 }
             }
         }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");  // (empty groups past the end)
 #pragma unroll
-        for (int m = 0; m < NM; m++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[m][warp][j][lane][i] = acc[m][j][i];
-        __syncthreads();
-        // Each thread finishes entries (j, lane, i) of the tile: the sum over the warps, the
-        // scales, the bias, the store.
-        const int seg = seg_of(tile), M = a.rows[seg], m0 = (tile - a.begin[seg]) * 16;
-        for (int e = threadIdx.x; e < NT * 32 * 4; e += FP8_WARPS * 32) {
-            const int j = e >> 7, ln = (e >> 2) & 31, i = e & 3;
-            const int row = m0 + (ln >> 2) + (i >= 2 ? 8 : 0), tok = tok0 + j * 8 + 2 * (ln & 3) + (i & 1);
-            if (row >= M || tok >= n) continue;
-            float v[2];
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int wp = 0; wp < FP8_WARPS; wp++) s += part[m][wp][j][ln][i];
-                if (MODE == MODE_ROWS) s *= a.ws[SILU ? m : seg][row] * a.xs[tok];
-                v[m] = s;
-            }
-            if (SILU) {
-                const float gt = __bfloat162float(__float2bfloat16(v[0]));
-                const float sg = __bfloat162float(__float2bfloat16(gt / (1.0f + __expf(-gt))));
-                ((bf16 *)a.y[0])[(size_t)tok * M + row] =
-                    __float2bfloat16(sg * __bfloat162float(__float2bfloat16(v[NM - 1])));
-            } else {
-                float r = v[0];
-                if (a.bias[seg]) r += a.bias[seg][row];
-                bf16 *yr = (bf16 *)a.y[seg] + (size_t)tok * M + row;
-                if (a.residual)  // linear, then rmsnorm's add: each rounded to bf16
-                    *yr = __float2bfloat16(__bfloat162float(*yr) + __bfloat162float(__float2bfloat16(r)));
-                else if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
-                else *yr = __float2bfloat16(r);
-            }
-        }
-        __syncthreads();  // part is written again by the next tile
+            for (int i = 0; i < 4; i++) part[wi][warp][j][lane][i] = acc[j][i];
     }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // (empty groups past the end)
+    __syncthreads();
+    // Each thread finishes entries (j, lane, i) of the tile: the sum over the warps, the scales,
+    // the bias, the store.
+    for (int e = threadIdx.x; e < NT * 32 * 4; e += FP8_WARPS * 32) {
+        const int j = e >> 7, ln = (e >> 2) & 31, i = e & 3;
+        const int row = m0 + (ln >> 2) + (i >= 2 ? 8 : 0), tok = tok0 + j * 8 + 2 * (ln & 3) + (i & 1);
+        if (row >= M || tok >= n) continue;
+        float v[2];
+        for (int wi = 0; wi < (SILU ? 2 : 1); wi++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int wp = 0; wp < FP8_WARPS; wp++) s += part[wi][wp][j][ln][i];
+            if (MODE == MODE_ROWS) s *= a.ws[SILU ? wi : seg][row] * a.xs[tok];
+            v[wi] = s;
+        }
+        if (SILU) {
+            const float gt = __bfloat162float(__float2bfloat16(v[0]));
+            const float sg = __bfloat162float(__float2bfloat16(gt / (1.0f + __expf(-gt))));
+            ((bf16 *)a.y[0])[(size_t)tok * M + row] =
+                __float2bfloat16(sg * __bfloat162float(__float2bfloat16(v[1])));
+        } else {
+            float r = v[0];
+            if (a.bias[seg]) r += a.bias[seg][row];
+            if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
+            else ((bf16 *)a.y[seg])[(size_t)tok * M + row] = __float2bfloat16(r);
+        }
+    }
 }
 
 // (SILU keeps two sets of partial sums in shared memory: at most 4 tiles.)
 #define FP8_SILU_MAX_N 32
 
 template <int NT, int MODE, bool SILU>
-static void launch_nt(kc_backend *b, const Fp8Args &a) {
-    constexpr int part = fp8_part_bytes(NT, SILU);
-    constexpr int most = FP8_RING_BYTES + part + (part <= FP8_PART_STAGED ? FP8_X_SMEM : 0);  // (normed row included)
-    static int per_sm;  // blocks of the most shared memory a launch asks for that fit an SM
-    if (!per_sm) {
-        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_fp8_gemv<NT, MODE, SILU>, FP8_WARPS * 32,
-                                                          most) != cudaSuccess ||
-            per_sm < 1)
-            per_sm = 1;
+static void launch_nt(kc_backend *b, unsigned blocks, const Fp8Args &a) {
+    static bool sized;  // the ring is more dynamic shared memory than a kernel gets by default
+    if (!sized) {
+        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8_RING_BYTES);
+        sized = true;
     }
-    const int ntok = a.n - a.tok0 < 8 * NT ? a.n - a.tok0 : 8 * NT;
-    const size_t smem = FP8_RING_BYTES + (a.xstage ? fp8_x_bytes(ntok, a.K) + (a.norm ? 2 * a.K : 0) : 0) + part;
-    const int blocks = a.tiles < per_sm * b->n_sm ? a.tiles : per_sm * b->n_sm;
-    kc_launch(b, k_fp8_gemv<NT, MODE, SILU>, dim3((unsigned)blocks), dim3(FP8_WARPS * 32), smem, a);
+    kc_launch(b, k_fp8_gemv<NT, MODE, SILU>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
 }
 
 template <int MODE, bool SILU>
-static void launch_gemv(kc_backend *b, int tiles, const Fp8Args &a) {
+static void launch_gemv(kc_backend *b, int tiles, unsigned blocks, const Fp8Args &a) {
     switch (tiles) {
-    case 1: launch_nt<1, MODE, SILU>(b, a); break;
-    case 2: launch_nt<2, MODE, SILU>(b, a); break;
+    case 1: launch_nt<1, MODE, SILU>(b, blocks, a); break;
+    case 2: launch_nt<2, MODE, SILU>(b, blocks, a); break;
     case 3:
-    case 4: launch_nt<4, MODE, SILU>(b, a); break;
+    case 4: launch_nt<4, MODE, SILU>(b, blocks, a); break;
     default:
-        if (!SILU) launch_nt<8, MODE, false>(b, a);
+        if (!SILU) launch_nt<8, MODE, false>(b, blocks, a);
         break;
     }
 }
@@ -696,17 +575,8 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
 
 // The GEMV over count weights sharing the quantized x (SILU: gate and up into y[0]), in passes
 // of at most FP8_GEMV_MAX_N tokens.
-// What the GEMV takes over from the kernels before it (NULL: nothing): x unquantized (xraw), its
-// RMSNorm (norm), the residual add after it.
-struct Fp8Fuse {
-    const bf16 *xraw;
-    const float *norm;
-    float eps;
-    int residual;
-};
-
 static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_linear *const *l, void *const *y,
-                int f32out, bool silu, const Fp8Fuse *fuse) {
+                int f32out, bool silu) {
     if (silu && n > FP8_SILU_MAX_N) return kc_fail(b, "cuda fp8: fused SiLU of %d tokens", n);
     Fp8Args a;
     memset(&a, 0, sizeof a);
@@ -717,34 +587,26 @@ static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_li
     a.K = K;
     a.f32out = f32out;
     a.ws_cols = (K + 127) / 128;
+    int blocks = 0;
     for (int i = 0; i < count; i++) {
         a.w[i] = (const uint8_t *)l[i]->w.data;
         a.ws[i] = (const float *)l[i]->scale.data;
         a.bias[i] = l[i]->bias.data ? (const float *)l[i]->bias.data : NULL;
         a.y[i] = y[silu ? 0 : i];
         a.rows[i] = (int)l[i]->w.shape[0];
-        a.begin[i] = a.tiles;
-        if (!silu || i == 0) a.tiles += (a.rows[i] + 15) / 16;
+        a.begin[i] = blocks;
+        if (!silu || i == 0) blocks += (a.rows[i] + 15) / 16;
     }
     const int mode = dev_mode(l[0]);
     for (int t0 = 0; t0 < n; t0 += FP8_GEMV_MAX_N) {
         a.tok0 = t0;
         const int tiles = (n - t0 < FP8_GEMV_MAX_N ? n - t0 + 7 : FP8_GEMV_MAX_N) / 8;
-        const int nt = tiles <= 2 ? tiles : tiles <= 4 ? 4 : 8;  // the instance launch_gemv picks
-        a.xstage = fp8_x_bytes(n - t0 < 8 * nt ? n - t0 : 8 * nt, K) <= FP8_X_SMEM &&
-                   fp8_part_bytes(nt, silu) <= FP8_PART_STAGED;
-        if (fuse) {  // (raw_ok made sure x is staged, in one pass)
-            a.xraw = fuse->xraw;
-            a.norm = fuse->norm;
-            a.eps = fuse->eps;
-            a.residual = fuse->residual;
-        }
         if (mode == MODE_BLOCK) {
-            if (silu) launch_gemv<MODE_BLOCK, true>(b, tiles, a);
-            else launch_gemv<MODE_BLOCK, false>(b, tiles, a);
+            if (silu) launch_gemv<MODE_BLOCK, true>(b, tiles, (unsigned)blocks, a);
+            else launch_gemv<MODE_BLOCK, false>(b, tiles, (unsigned)blocks, a);
         } else {
-            if (silu) launch_gemv<MODE_ROWS, true>(b, tiles, a);
-            else launch_gemv<MODE_ROWS, false>(b, tiles, a);
+            if (silu) launch_gemv<MODE_ROWS, true>(b, tiles, (unsigned)blocks, a);
+            else launch_gemv<MODE_ROWS, false>(b, tiles, (unsigned)blocks, a);
         }
         if (kc_launched(b, "fp8 gemv")) return -1;
     }
@@ -873,23 +735,6 @@ static int weight_only(kc_backend *b, kc_fp8 *s, const void *x, int n, const kao
     return 0;
 }
 
-// Whether the GEMV can take x unquantized, and RMSNorm it first when norm: per-group activations
-// of at most 4 groups per warp (one round of loads; with Llama-3.1-8B's 14,336-column down
-// projection quantized this way too, o and down took 13 us more per layer on an H100, session
-// 47) that fit the GEMV's shared memory with their codes (and the normed row).
-static bool raw_ok(const kc_fp8 *s, const void *x, int n, int K, const kaon_linear *l, bool silu, bool norm) {
-    return l->act_quant == KAON_ACTQ_GROUP && K % 128 == 0 && n * (K / 128) <= 4 * FP8_WARPS &&
-           n <= s->gemv_max_n && (!norm || n == 1) && ((uintptr_t)x & 15) == 0 &&
-           fp8_x_bytes(n, K) + (norm ? 2 * K : 0) <= FP8_X_SMEM && fp8_part_bytes(1, silu) <= FP8_PART_STAGED;
-}
-
-// KAON_FP8_GEMV_FUSE=1: the batch-1 fusions (norm into the GEMVs that read it, the residual add
-// into the output GEMVs; backend.h's norm_linear_multi, norm_linear_silu_mul, linear_residual).
-static bool fuse_on(void) {
-    static const bool on = kc_env_on("KAON_FP8_GEMV_FUSE");
-    return on;
-}
-
 // ---- entry ------------------------------------------------------------------------------------
 
 int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out) {
@@ -897,17 +742,13 @@ int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, voi
     if (!s || !fp8_ok(b, l, "linear")) return -1;
     const int K = (int)l->w.shape[1];
     if (!quantizes_acts(l)) return weight_only(b, s, x, n, l, y, f32out);
-    if (s->quant_in_gemv && raw_ok(s, x, n, K, l, false, false)) {
-        const Fp8Fuse f = {(const bf16 *)x, NULL, 0.0f, 0};
-        return gemv(b, s, n, K, 1, &l, &y, f32out, false, &f);
-    }
     if (quantize(b, s, (const bf16 *)x, n, K, l)) return -1;
     if (n > s->gemv_max_n || K % 128) {
         const int rc = lt_matmul(b, s, n, l, y, f32out);
         if (rc <= 0) return rc;
     }
     if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
-    return gemv(b, s, n, K, 1, &l, &y, f32out, false, NULL);
+    return gemv(b, s, n, K, 1, &l, &y, f32out, false);
 }
 
 // Whether layers a and b quantize x the same way and share the GEMV's mode and width.
@@ -925,12 +766,10 @@ static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *
         if (rc <= 0) return rc;
     }
     if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
-    return gemv(b, s, n, K, 1, &l, &y, 0, false, NULL);
+    return gemv(b, s, n, K, 1, &l, &y, 0, false);
 }
 
-// linear_multi, or with norm its fused form (1 where the GEMV cannot take it).
-static int multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,
-                 const float *norm, float eps) {
+int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
     if (count < 1 || count > 3) return 1;
@@ -940,31 +779,14 @@ static int multi(kc_backend *b, const void *x, int n, int count, const kaon_line
         if (!quantizes_acts(l[i]) || !same_x(l[0], l[i])) return 1;
     }
     const int K = (int)l[0]->w.shape[1];
-    if (norm || s->quant_in_gemv) {
-        const Fp8Fuse f = {(const bf16 *)x, norm, eps, 0};
-        if (raw_ok(s, x, n, K, l[0], false, norm)) return gemv(b, s, n, K, count, l, y, 0, false, &f);
-        if (norm) return 1;
-    }
     if (quantize(b, s, (const bf16 *)x, n, K, l[0])) return -1;  // once for all of them
-    if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false, NULL);
+    if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false);
     for (int i = 0; i < count; i++)
         if (product(b, s, n, l[i], y[i])) return -1;
     return 0;
 }
 
-int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
-    return multi(b, x, n, count, l, y, NULL, 0.0f);
-}
-
-int kc_fp8_norm_linear_multi(kc_backend *b, const void *x, const float *norm, float eps, int n, int count,
-                             const kaon_linear *const *l, void *const *y) {
-    if (!fuse_on() || n != 1) return 1;
-    return multi(b, x, n, count, l, y, norm, eps);
-}
-
-// linear_silu_mul, or with norm its fused form (1 where the GEMV cannot take it).
-static int silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out,
-                    const float *norm, float eps) {
+int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
     if (gate->w.dtype != KAON_FP8_E4M3 || up->w.dtype != KAON_FP8_E4M3) return 1;
@@ -973,43 +795,16 @@ static int silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
         up->bias.data)
         return 1;
     const int K = (int)gate->w.shape[1], F = (int)gate->w.shape[0];
-    const kaon_linear *l[2] = {gate, up};
-    void *y[2] = {out, out};
-    if (norm || s->quant_in_gemv) {
-        const Fp8Fuse f = {(const bf16 *)x, norm, eps, 0};
-        if (raw_ok(s, x, n, K, gate, true, norm)) return gemv(b, s, n, K, 2, l, y, 0, true, &f);
-        if (norm) return 1;
-    }
     if (quantize(b, s, (const bf16 *)x, n, K, gate)) return -1;  // once for both
-    if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, 2, l, y, 0, true, NULL);
+    if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) {
+        const kaon_linear *l[2] = {gate, up};
+        void *y[2] = {out, out};
+        return gemv(b, s, n, K, 2, l, y, 0, true);
+    }
     // Larger batches: both products, then SiLU-and-mul (the unfused ops' roundings).
     if (kc_grow(b, (void **)&s->gu, &s->gu_cap, 2 * (size_t)n * F, sizeof(bf16), "fp8 gate/up")) return -1;
     bf16 *g = s->gu, *u = s->gu + (size_t)n * F;
     if (product(b, s, n, gate, g) || product(b, s, n, up, u)) return -1;
     kc_silu_mul(b, g, u, (size_t)n * F, (bf16 *)out);
     return b->err ? -1 : 0;
-}
-
-int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out) {
-    return silu_mul(b, x, n, gate, up, out, NULL, 0.0f);
-}
-
-int kc_fp8_norm_silu_mul(kc_backend *b, const void *x, const float *norm, float eps, int n, const kaon_linear *gate,
-                         const kaon_linear *up, void *out) {
-    if (!fuse_on() || n != 1) return 1;
-    return silu_mul(b, x, n, gate, up, out, norm, eps);
-}
-
-int kc_fp8_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res) {
-    if (!fuse_on() || n != 1) return 1;
-    kc_fp8 *s = fstate(b);
-    if (!s) return -1;
-    if (l->w.dtype != KAON_FP8_E4M3) return 1;
-    if (!fp8_ok(b, l, "linear_residual")) return -1;
-    const int K = (int)l->w.shape[1];
-    if (!quantizes_acts(l) || K % 128 || n > s->gemv_max_n) return 1;
-    Fp8Fuse f = {NULL, NULL, 0.0f, 1};
-    if (raw_ok(s, x, n, K, l, false, false)) f.xraw = (const bf16 *)x;
-    else if (quantize(b, s, (const bf16 *)x, n, K, l)) return -1;
-    return gemv(b, s, n, K, 1, &l, &res, 0, false, &f);
 }

@@ -23,22 +23,13 @@
 // multiply-adds: per 8 weights one LOP3 (the nibbles into bf16 128 + q), one HFMA2 subtracting
 // 128 + z (exact: integers below 2^8), and a quarter of an mma; products (q - z) * x are exact in
 // f32 as before, and each group's 32-column sum is multiplied by its f32 scale once (4 FFMA per
-// lane and half).
-// Persistent (as k_fp8_gemv): a tile is one DRAM round trip of work (32 KB at in 4096), so one
-// block per tile spent its life in prologue (scales, x, a barrier) and epilogue (partial sums,
-// store) with nothing in flight between blocks, and left partial waves (~44% of the memory
-// roofline at Llama-3.1-8B's shapes).
-// Now min(tiles, blocks per SM x SMs) blocks take tiles i, i + gridDim.x, ...; each tile's K is
-// split over the block's 4 or 8 warps as before (same sums, same order). A warp keeps 8 16-byte
-// loads per lane in flight in a rotating register file: register u holds the warp's chunks
-// c_lo + u, c_lo + u + U, ... of a tile and, when it consumes its last one, requests its first
-// of the block's next tile, so the next tile streams in while this one's partial sums meet in
-// shared memory; the first tile's loads are issued before kc_pdl_wait, overlapping the previous
-// kernel. x is staged in shared memory once per block (rows padded by 64 bytes so the lanes'
-// 16-byte loads are free of bank conflicts). Scales are copied (cp.async) per tile into two
-// shared slots, each tile's during the tile before it, with one barrier per tile (one slot and
-// two barriers where two do not fit). 8-warp blocks, 2 per SM, unless 4-warp ones (up to 4 per
-// SM) keep more loads in flight (few chunks per warp). Activation rows per pass: as many (<= 8) as
+// lane and half). One block serves one 16-row tile; its 4 or 8 warps split K, each keeping 8
+// 16-byte loads per lane in flight (a rotating register file: a register's next chunk is
+// requested as soon as it is consumed), the first 8 issued before kc_pdl_wait so they overlap
+// the previous kernel; scales and x are staged in shared memory once per block (x rows padded
+// by 64 bytes so the lanes' 16-byte loads are free of bank conflicts), and the warps' partial
+// sums meet in shared memory. 8-warp blocks while the grid fits one wave at 2 blocks per SM,
+// else 4-warp blocks (4 per SM) for a shorter tail. Activation rows per pass: as many (<= 8) as
 // fit T4_SMEM_MAX of shared memory; a layer where even one does not fit takes the GEMM path.
 //
 // Larger batches, and shapes the GEMV does not take (in or g not multiples of 32), dequantize
@@ -142,72 +133,34 @@ struct T4Args {
     const float2 *sz[4];      // [Mt][G][16] {scale, bf16x2 -(128 + z)}
     const float *bias[4];     // [M] or NULL
     void *y[4];               // this pass's rows of y [nv, M], bf16 or f32
-    int M[4], begin[4];       // rows of each weight; its first tile in the launch's numbering
-    int count, tiles, nsz;    // tiles: of all weights (SILU: of one); nsz: shared slots of tile scales, 1 or 2
+    int M[4], begin[4];       // rows of each weight; its first block (one block per 16-row tile)
+    int count;
     const bf16 *x;            // this pass's activation rows [nv, K] (gathered by perm), 16-byte aligned
     int K, Kc, G, g, nv, f32out, xstride;  // Kc: 64-column chunks; xstride: bf16 per row in shared memory
 };
 
-// 16 bytes global -> shared, asynchronous (L2 only); complete for this thread after t4_cp_wait.
-// Used for the scales only: they are weights, so the first tiles' copies may come before
-// kc_pdl_wait (LDGSTS, which tests/gpu/pdl_check.py allows there, as for k_fp8_gemv's ring).
-static __device__ __forceinline__ void t4_cp16(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
-}
-static __device__ __forceinline__ void t4_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// A persistent grid: block i takes the 16-row tiles i, i + gridDim.x, ... (of weight seg, or both
-// weights for SILU); in each its NW warps split the chunks of K the same way and their results
-// meet in shared memory. y [nv, M] bf16 or f32 (+ bias); SILU: y[0] = bf16(silu(bf16 g)) * bf16 u,
-// rounded as silu_and_mul after two linears. 128 registers at most: 2 blocks of 8 warps or 4 of
-// 4 per SM.
-//
-// Order of a tile (it-th of the block; slot = it % nsz of the scales and the partial sums):
-//   consume the warp's chunks (scales from slot; each register's next load may be the next tile's)
-//   t4_cp_wait (nsz 2: the next tile's scales, copied since the last barrier), partial sums -> red
-//   __syncthreads: red complete; no warp reads this slot's scales any more
-//   copy the scales of the block's tile it + nsz into the slot; threads 0..127 sum red (in warp
-//   order, as one warp did) and store
-//   nsz 1: t4_cp_wait, __syncthreads (the next tile's scales in place, red free again)
-// With two slots red is reused two tiles later, after the next barrier, which every reader of it
-// has passed; a slot's copy is waited for by its issuer before that barrier too.
+// One block: one 16-row tile of one weight (both weights for SILU), its NW warps splitting the
+// chunks of K; warp results meet in shared memory. y [nv, M] bf16 or f32 (+ bias); SILU: y[0] = bf16(silu(bf16 g))
+// * bf16 u, rounded as silu_and_mul after two linears. 128 registers at most: 2
+// blocks of 8 warps or 4 of 4 per SM.
 template <int NW, bool SILU>
 __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
     constexpr int NM = SILU ? 2 : 1, U = T4_U / NM;
     extern __shared__ __align__(16) uint8_t t4_smem[];
     kc_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
-    const int G = a.G, nsz = a.nsz, step = (int)gridDim.x;
+    int seg = 0;
+    if (!SILU) {
+#pragma unroll
+        for (int i = 1; i < 4; i++)
+            if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
+    }
+    const int rt = (int)blockIdx.x - a.begin[seg], M = a.M[seg], G = a.G;
     const int per = (a.Kc + NW - 1) / NW;
     const int c_lo = min(warp * per, a.Kc), c_hi = min(c_lo + per, a.Kc);
-    auto seg_of = [&](int tile) {
-        int s = 0;
-        if (!SILU) {
-#pragma unroll
-            for (int i = 1; i < 4; i++)
-                if (i < a.count && tile >= a.begin[i]) s = i;
-        }
-        return s;
-    };
-    auto chunk0 = [&](int tile, int m) {  // the lane's vector of chunk c_lo of a tile, weight m
-        const int s = seg_of(tile);
-        return a.w[SILU ? m : s] + ((size_t)(tile - a.begin[s]) * a.Kc + c_lo) * 32 + lane;
-    };
-    float2 *const szs = (float2 *)t4_smem;  // [nsz][NM][G][16]
-    auto stage_sz = [&](int tile, int slot) {
-        const int s = seg_of(tile);
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-            const uint4 *src = (const uint4 *)(a.sz[SILU ? m : s] + (size_t)(tile - a.begin[s]) * G * 16);
-            uint4 *dst = (uint4 *)(szs + (size_t)(slot * NM + m) * G * 16);
-            for (int i = threadIdx.x; i < G * 8; i += NW * 32) t4_cp16(dst + i, src + i);
-        }
-    };
-    int tile = blockIdx.x;  // (gridDim.x <= a.tiles)
     const uint4 *wp[NM];
 #pragma unroll
-    for (int m = 0; m < NM; m++) wp[m] = chunk0(tile, m);
+    for (int m = 0; m < NM; m++) wp[m] = a.w[SILU ? m : seg] + ((size_t)rt * a.Kc + c_lo) * 32 + lane;  // chunk cb
     // The weights are constant: the first U chunks are requested before waiting for x.
     uint4 q[U][NM];
 #pragma unroll
@@ -215,11 +168,25 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
 #pragma unroll
         for (int m = 0; m < NM; m++)
             q[u][m] = c_lo + u < c_hi ? ld_stream(wp[m] + u * 32) : make_uint4(0, 0, 0, 0);
-    for (int j = 0; j < nsz; j++)  // scales of the first tiles (slot j: the block's j-th tile)
-        if (tile + j * step < a.tiles) stage_sz(tile + j * step, j);
+    float2 *szs = (float2 *)t4_smem;  // [NM][G][16]
+    // Staging loops issue 4 loads per thread before storing any (one latency per 4, not per 1).
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        // Scales are weights: loaded before the wait, as ld_stream (the loads pdl_check allows there).
+        const uint4 *src = (const uint4 *)(a.sz[SILU ? m : seg] + (size_t)rt * G * 16);
+        uint4 *dst = (uint4 *)(szs + m * G * 16);
+        for (int i0 = threadIdx.x; i0 < G * 8; i0 += 4 * NW * 32) {
+            uint4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = i0 + j * NW * 32 < G * 8 ? ld_stream(src + i0 + j * NW * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
+        }
+    }
     kc_pdl_wait();  // x is the previous kernel's output; y may still be read by an earlier kernel
-    // x: once per block. Staging loops issue 4 loads per thread before storing any (one latency per 4).
-    bf16 *xs = (bf16 *)(t4_smem + (size_t)nsz * NM * G * 128);  // [nv][xstride], zeros past K
+    bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
     const int v8 = a.Kc * 8, nx = a.nv * v8;  // 8-column vectors per row, in all
     for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
         uint4 v[4];
@@ -234,111 +201,88 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
             if (i < nx) *(uint4 *)(xs + r * a.xstride + c8) = v[j];
         }
     }
-    t4_cp_wait();
     __syncthreads();
     const bool xon = gid < a.nv;  // lane's column of B: activation row gid
     const uint4 *xrow = (const uint4 *)(xs + (xon ? gid : 0) * a.xstride + 8 * tid);
-    float *const red0 =  // [nsz][NW][NM][4][32]: the warps' partial sums
-        (float *)(t4_smem + (size_t)nsz * NM * G * 128 + (((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
+    float acc[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
     // Group of the current half (32 columns) and halves left in it: no division in the loop.
-    const int g32 = a.g >> 5, gi0 = 2 * c_lo / g32, left0 = g32 - 2 * c_lo % g32;
-    for (int it = 0; tile < a.tiles; it++, tile += step) {
-        const int slot = it & (nsz - 1);
-        const bool more = tile + step < a.tiles;  // the block's next tile
-        const uint4 *wn[NM];
+    const int g32 = a.g >> 5;
+    int gi = 2 * c_lo / g32, left = g32 - 2 * c_lo % g32;
+    for (int cb = c_lo; cb < c_hi; cb += U) {
 #pragma unroll
-        for (int m = 0; m < NM; m++) wn[m] = more ? chunk0(tile + step, m) : wp[m];
-        const float2 *const szt = szs + (size_t)slot * NM * G * 16;
-        float acc[NM][4];
+        for (int u = 0; u < U; u++) {
+            const int c = cb + u;
+            if (c >= c_hi) break;
+            uint4 cur[NM];
 #pragma unroll
-        for (int m = 0; m < NM; m++)
+            for (int m = 0; m < NM; m++) cur[m] = q[u][m];
+            if (c + U < c_hi)  // this register's next chunk, in flight while the rest are consumed
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
-        int gi = gi0, left = left0;
-        // Register u holds chunks c_lo + u, c_lo + u + U, ... of a tile; after its last one here
-        // it requests its first of the next tile, so U loads per lane stay in flight across tiles.
-        for (int cb = c_lo; cb < c_hi; cb += U) {
+                for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = cb + u;
-                if (c >= c_hi) break;
-                uint4 cur[NM];
-#pragma unroll
-                for (int m = 0; m < NM; m++) cur[m] = q[u][m];
-                if (c + U < c_hi) {  // this register's next chunk, in flight while the rest are consumed
-#pragma unroll
-                    for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
-                } else if (more) {  // ... in the next tile: chunk c_lo + u
-#pragma unroll
-                    for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wn[m] + u * 32);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; h++) {  // 32 columns: one group
-                    const uint4 xv = xon ? xrow[8 * c + 4 * h] : make_uint4(0, 0, 0, 0);  // columns 64c + 32h + 8tid ..
-                    const float2 *sg = szt + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
-                    if (--left == 0) gi++, left = g32;
-#pragma unroll
-                    for (int m = 0; m < NM; m++) {
-                        const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
-                        const uint32_t z0 = __float_as_uint(s0.y), z1 = __float_as_uint(s1.y);
-                        float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                        for (int t = 0; t < 2; t++) {
-                            const uint32_t w = (&cur[m].x)[2 * h + t];
-                            uint32_t A[4];
-#pragma unroll
-                            for (int r = 0; r < 4; r++)  // bf16 128 + q (two nibbles), minus 128 + z: q - z exactly
-                                A[r] = t4_add(((w >> (4 * r)) & 0x000F000Fu) | 0x43004300u, r & 1 ? z1 : z0);
-                            t4_mma(d, A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
-                        }
-                        acc[m][0] = fmaf(s0.x, d[0], acc[m][0]);
-                        acc[m][1] = fmaf(s0.x, d[1], acc[m][1]);
-                        acc[m][2] = fmaf(s1.x, d[2], acc[m][2]);
-                        acc[m][3] = fmaf(s1.x, d[3], acc[m][3]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < NM; m++) wp[m] += U * 32;
-        }
-        t4_cp_wait();  // (two slots: the next tile's scales, copied by this thread since the last barrier)
-        float *const red = red0 + (size_t)slot * NW * NM * 4 * 32;
-#pragma unroll
-        for (int m = 0; m < NM; m++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) red[((warp * NM + m) * 4 + i) * 32 + lane] = acc[m][i];
-        __syncthreads();  // red complete; every warp is done with this slot's scales
-        if (tile + nsz * step < a.tiles) stage_sz(tile + nsz * step, slot);
-        if (threadIdx.x < 128) {
-            // C fragment: element i of lane l is row gid(l) (+ 8 for i >= 2), activation row 2 tid(l) + (i & 1).
-            const int l = threadIdx.x & 31, i = threadIdx.x >> 5, seg = seg_of(tile), M = a.M[seg];
-            const int row = (tile - a.begin[seg]) * 16 + (l >> 2) + (i >> 1) * 8, b = 2 * (l & 3) + (i & 1);
-            if (row < M && b < a.nv) {
-                float v[NM];
+            for (int h = 0; h < 2; h++) {  // 32 columns: one group
+                const uint4 xv = xon ? xrow[8 * c + 4 * h] : make_uint4(0, 0, 0, 0);  // columns 64c + 32h + 8tid ..
+                const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
+                if (--left == 0) gi++, left = g32;
 #pragma unroll
                 for (int m = 0; m < NM; m++) {
-                    v[m] = 0.f;
+                    const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
+                    const uint32_t z0 = __float_as_uint(s0.y), z1 = __float_as_uint(s1.y);
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                    for (int w = 0; w < NW; w++) v[m] += red[((w * NM + m) * 4 + i) * 32 + l];
-                }
-                if (SILU) {
-                    const float g = __bfloat162float(__float2bfloat16(v[0]));
-                    const float u = __bfloat162float(__float2bfloat16(v[NM - 1]));
-                    const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
-                    ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
-                } else {
-                    const float r = v[0] + (a.bias[seg] ? a.bias[seg][row] : 0.f);
-                    if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = r;
-                    else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(r);
+                    for (int t = 0; t < 2; t++) {
+                        const uint32_t w = (&cur[m].x)[2 * h + t];
+                        uint32_t A[4];
+#pragma unroll
+                        for (int r = 0; r < 4; r++)  // bf16 128 + q (two nibbles), minus 128 + z: q - z exactly
+                            A[r] = t4_add(((w >> (4 * r)) & 0x000F000Fu) | 0x43004300u, r & 1 ? z1 : z0);
+                        t4_mma(d, A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
+                    }
+                    acc[m][0] = fmaf(s0.x, d[0], acc[m][0]);
+                    acc[m][1] = fmaf(s0.x, d[1], acc[m][1]);
+                    acc[m][2] = fmaf(s1.x, d[2], acc[m][2]);
+                    acc[m][3] = fmaf(s1.x, d[3], acc[m][3]);
                 }
             }
         }
-        if (nsz == 1) {  // one slot: the next tile's scales are in place, and red free, after this barrier
-            t4_cp_wait();
-            __syncthreads();
-        }
 #pragma unroll
-        for (int m = 0; m < NM; m++) wp[m] = wn[m];
+        for (int m = 0; m < NM; m++) wp[m] += U * 32;
+    }
+    float *red = (float *)(t4_smem + (size_t)NM * G * 128 + (((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[((warp * NM + m) * 4 + i) * 32 + lane] = acc[m][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; w++) v += red[((w * NM + m) * 4 + i) * 32 + lane];
+            acc[m][i] = v;
+        }
+    // C fragment: element i of the lane is row gid (+ 8 for i >= 2), activation row 2 tid + (i & 1).
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int row = rt * 16 + gid + (i >> 1) * 8, b = 2 * tid + (i & 1);
+        if (row >= M || b >= a.nv) continue;
+        if (SILU) {
+            const float g = __bfloat162float(__float2bfloat16(acc[0][i]));
+            const float u = __bfloat162float(__float2bfloat16(acc[NM - 1][i]));
+            const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+            ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
+        } else {
+            const float v = acc[0][i] + (a.bias[seg] ? a.bias[seg][row] : 0.f);
+            if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = v;
+            else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(v);
+        }
     }
 }
 
@@ -403,20 +347,19 @@ static void t4_layout(int64_t M, int64_t K, int64_t g, bool perm, T4Layout *L) {
     L->total = end;
 }
 
-// Shared memory of a k_t4_gemv block: nsz slots of a tile's scales and zeros, nv rows of x, nsz
-// sets of the warps' partial sums (counted for 8 warps).
-static size_t t4_smem_bytes(int nm, int G, int nv, int Kc, int nsz) {
-    return (size_t)nsz * nm * G * 128 + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
-           (size_t)nsz * T4_WARPS * nm * 4 * 32 * sizeof(float);
+// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x, the warps' partial sums
+// (counted for 8 warps).
+static size_t t4_smem_bytes(int nm, int G, int nv, int Kc) {
+    return (size_t)nm * G * 128 + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
+           (size_t)T4_WARPS * nm * 4 * 32 * sizeof(float);
 }
 
-// Activation rows per k_t4_gemv pass (0: even one does not fit; those layers take the GEMM path),
-// counted with one slot: a second is used where it fits (t4_gemv).
+// Activation rows per k_t4_gemv pass (0: even one does not fit; those layers take the GEMM path).
 static int t4_pass(int nm, int64_t G, int64_t K) {
     if (G > 65536 || K > (1 << 24)) return 0;
     const int Kc = (int)((K + 63) / 64);
     for (int nv = T4_PASS; nv >= 1; nv--)
-        if (t4_smem_bytes(nm, (int)G, nv, Kc, 1) <= T4_SMEM_MAX) return nv;
+        if (t4_smem_bytes(nm, (int)G, nv, Kc) <= T4_SMEM_MAX) return nv;
     return 0;
 }
 
@@ -547,34 +490,6 @@ static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, 
     return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
 }
 
-// Blocks of k_t4_gemv<NW, SILU> with smem bytes of shared memory that fit an SM, remembered per
-// size (an occupancy query costs more than the launch; a model launches a few sizes). Needs the
-// shared-memory attribute t4_upload sets.
-template <int NW, bool SILU>
-static int t4_per_sm(size_t smem) {
-    static unsigned long long memo[16];  // smem << 8 | blocks; 0: empty
-    static unsigned next;
-    for (unsigned long long e : memo)
-        if (e && (size_t)(e >> 8) == smem) return (int)(e & 255);
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_t4_gemv<NW, SILU>, NW * 32, smem) != cudaSuccess) {
-        (void)cudaGetLastError();  // (not sticky: a later check must not find it)
-        n = 0;
-    }
-    if (n < 1) n = 1;
-    if (n > 255) n = 255;
-    memo[next++ % 16] = (unsigned long long)smem << 8 | (unsigned)n;
-    return n;
-}
-
-// The persistent grid: as many blocks as fit the SMs at once, at most one per tile.
-static unsigned t4_grid(kc_backend *b, bool silu, bool wide, size_t smem, unsigned tiles) {
-    const int per_sm = wide ? (silu ? t4_per_sm<8, true>(smem) : t4_per_sm<8, false>(smem))
-                            : (silu ? t4_per_sm<4, true>(smem) : t4_per_sm<4, false>(smem));
-    const unsigned cap = (unsigned)per_sm * (unsigned)(b->n_sm > 0 ? b->n_sm : 1);
-    return tiles < cap ? tiles : cap;
-}
-
 // k_t4_gemv over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
 static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
                    void *const *y, int f32out, bool silu) {
@@ -588,7 +503,7 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         const int nv = n - p0 < pass ? n - p0 : pass;
         T4Args a;
         memset(&a, 0, sizeof a);
-        unsigned tiles = 0;  // (a.begin: each weight's first)
+        unsigned blocks = 0;
         for (int i = 0; i < count; i++) {
             const kaon_tensor *bias = kaon_linear_bias(l[i]);
             a.w[i] = (const uint4 *)l[i]->w.data;
@@ -597,31 +512,22 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
             a.M[i] = (int)l[i]->w.shape[0];
             a.y[i] = silu ? (i == 0 ? (void *)((uint8_t *)y[0] + (size_t)p0 * a.M[0] * 2) : NULL)
                           : (void *)((uint8_t *)y[i] + (size_t)p0 * a.M[i] * es);
-            a.begin[i] = (int)tiles;
-            if (!silu || i == 0) tiles += (unsigned)((a.M[i] + 15) / 16);
+            a.begin[i] = (int)blocks;
+            if (!silu || i == 0) blocks += (unsigned)((a.M[i] + 15) / 16);
         }
         a.count = count;
         a.x = xg + (size_t)p0 * K;
         a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
         a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
-        a.tiles = (int)tiles;
-        // Two slots of tile scales (the next tile's copied while this one is consumed) where
-        // they fit beside this pass's rows of x; else one, and a second barrier per tile.
-        const size_t smem2 = t4_smem_bytes(nm, G, nv, Kc, 2);
-        a.nsz = smem2 <= T4_SMEM_MAX ? 2 : 1;
-        const size_t smem = a.nsz == 2 ? smem2 : t4_smem_bytes(nm, G, nv, Kc, 1);
-        // Persistent grids of 8-warp blocks, unless 4-warp blocks keep more loads in flight: a
-        // warp's pipeline is min(U, its chunks of a tile) deep, so with few chunks (in < 4096 at
-        // 8 warps) 4-warp blocks, up to 4 per SM, hold more. (Per SM the two are otherwise alike,
-        // and a block's tail tile takes as long either way: 8 warps, more warps per tile.)
-        const int u = T4_U / nm, per8 = (Kc + 7) / 8, per4 = (Kc + 3) / 4;
-        const unsigned g8 = t4_grid(b, silu, true, smem, tiles), g4 = t4_grid(b, silu, false, smem, tiles);
-        const bool wide = (int64_t)g8 * 8 * (per8 < u ? per8 : u) >= (int64_t)g4 * 4 * (per4 < u ? per4 : u);
+        const size_t smem = t4_smem_bytes(nm, G, nv, Kc);
+        // 8 warps while the blocks fit one wave at 2 per SM (more loads in flight per row); else
+        // 4 warps, 4 blocks per SM: finer blocks leave a shorter tail.
+        const bool wide = blocks <= 2u * (unsigned)b->n_sm;
         cudaError_t e;
-        if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(g8), dim3(256), smem, a)
-                           : kc_launch(b, k_t4_gemv<8, false>, dim3(g8), dim3(256), smem, a);
-        else e = silu ? kc_launch(b, k_t4_gemv<4, true>, dim3(g4), dim3(128), smem, a)
-                      : kc_launch(b, k_t4_gemv<4, false>, dim3(g4), dim3(128), smem, a);
+        if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(blocks), dim3(256), smem, a)
+                           : kc_launch(b, k_t4_gemv<8, false>, dim3(blocks), dim3(256), smem, a);
+        else e = silu ? kc_launch(b, k_t4_gemv<4, true>, dim3(blocks), dim3(128), smem, a)
+                      : kc_launch(b, k_t4_gemv<4, false>, dim3(blocks), dim3(128), smem, a);
         if (kc_check(b, e, "INT4 GEMV")) return -1;
     }
     return 0;

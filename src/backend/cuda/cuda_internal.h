@@ -419,13 +419,6 @@ int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, voi
 // The fused ops over FP8 layers (x quantized once, one GEMV launch): 0, -1, or 1 to decline.
 int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y);
 int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out);
-// Their batch-1 fusions (KAON_FP8_GEMV_FUSE=1; backend.h's norm_linear_multi, norm_linear_silu_mul,
-// linear_residual): 0, -1, or 1 to decline. norm: the RMSNorm's f32 weight on the device.
-int kc_fp8_norm_linear_multi(kc_backend *b, const void *x, const float *norm, float eps, int n, int count,
-                             const kaon_linear *const *l, void *const *y);
-int kc_fp8_norm_silu_mul(kc_backend *b, const void *x, const float *norm, float eps, int n, const kaon_linear *gate,
-                         const kaon_linear *up, void *out);
-int kc_fp8_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res);
 size_t kc_fp8_bytes(const kaon_tensor *host);
 void kc_fp8_destroy(kc_backend *b);
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
