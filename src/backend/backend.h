@@ -284,14 +284,19 @@ typedef struct kaon_backend_ops {
     int (*linear_silu_mul)(kaon_backend *be, const void *x, int n, const kaon_linear *gate,
                            const kaon_linear *up, void *out);
     // linear_multi and linear_silu_mul of rmsnorm(x, NULL, norm, eps) (x the residual stream,
-    // left as it is), without writing the normed rows: the same results as the two ops.
+    // left as it is), without writing the normed rows: the same results as the two ops up to
+    // rounding. A backend may take them only right after a linear_residual into x that named
+    // this norm (it prepared the norm there), and declines (1) otherwise.
     int (*norm_linear_multi)(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                              int count, const kaon_linear *const *w, void *const *y);
     int (*norm_linear_silu_mul)(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                 const kaon_linear *gate, const kaon_linear *up, void *out);
     // res += x @ w->w^T (+ bias), the product rounded to the activation dtype first: linear into
-    // a scratch, then rmsnorm's add of it into the residual stream res, as one op.
-    int (*linear_residual)(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *res);
+    // a scratch, then rmsnorm's add of it into the residual stream res, as one op. next_norm (eps):
+    // the norm of res that the next norm_linear_* call applies, which the op may prepare (the
+    // CUDA backend at batch 1: no norm kernel between the GEMVs); NULL: none follows.
+    int (*linear_residual)(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *res,
+                           const kaon_tensor *next_norm, float eps);
     // rope(q) in place, then rope(k) and v stored at their slots (k's buffer is left
     // unspecified): rope + rope + kv_write in one.
     int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,

@@ -141,9 +141,10 @@ static void scale_proj(kaon_fwd *f, const kaon_batch *b, float s) {
     if (s != 0.0f && s != 1.0f) f->op->scale(f->be, f->a.proj, (size_t)b->n_tokens * (size_t)f->c->hidden_size, s);
 }
 
-// The fused forms of norm-then-GEMV and GEMV-then-add (backend.h's norm_linear_multi,
-// norm_linear_silu_mul, linear_residual; batch 1 on the GPU): the same results, two launches
-// fewer per sublayer. Each falls back to the separate ops where the backend declines.
+// The fused forms of GEMV-then-add and norm-then-GEMV (backend.h's linear_residual,
+// norm_linear_multi, norm_linear_silu_mul; batch 1 on the GPU: the output GEMV adds into x and
+// prepares the next norm, which the next GEMVs apply, so no norm op runs between them). Each
+// falls back to the separate ops where the backend declines.
 static bool fusable_norm(const kaon_fwd *f) { return !f->pending && !f->norm_once; }
 
 static void norm_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w) {
@@ -156,10 +157,12 @@ static void norm_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w
     kaon_blk_qkv(f, b, w->wq, w->wk, w->wv);  // q, k, v
 }
 
-// proj = in @ w^T, or x += it at once where no scale or tensor-parallel sum comes between.
-static void out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in, float scale) {
-    if (!f->pending && !f->tp && (scale == 0.0f || scale == 1.0f) && f->op->linear_residual &&
-        f->op->linear_residual(f->be, in, b->n_tokens, w, f->a.x) != 1)
+// proj = in @ w^T, or x += it at once where no scale or tensor-parallel sum comes between
+// (next_norm: the norm that reads x next, NULL if no fused GEMV follows).
+static void out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in, float scale,
+                         const kaon_tensor *next_norm) {
+    if (!f->pending && !f->tp && !f->norm_once && (scale == 0.0f || scale == 1.0f) && f->op->linear_residual &&
+        f->op->linear_residual(f->be, in, b->n_tokens, w, f->a.x, next_norm, f->c->rms_norm_eps) != 1)
         return;
     kaon_blk_out(f, b, w, in);
     scale_proj(f, b, scale);
@@ -173,7 +176,7 @@ static void norm_mlp(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w
         kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
         gated_ffn(f, b, KAON_ACT_SILU, w->w_gate, w->w_up);
     }
-    out_residual(f, b, w->w_down, f->a.gate, scale);
+    out_residual(f, b, w->w_down, f->a.gate, scale, w->next_norm);
 }
 
 void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
@@ -182,8 +185,9 @@ void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_ll
     norm_qkv(f, b, w);                                                    // q, k, v of norm(x)
     if (w->q_norm) kaon_blk_qk_norm(f, b, w->q_norm, w->k_norm);          // before RoPE
     kaon_blk_attention(f, b, l, &f->m->rope[KAON_ROPE_GLOBAL], 0, scale);  // att
-    out_residual(f, b, w->wo, f->a.att, w->residual_scale);               // x += att @ wo^T
-    if (kaon_model_layer_is_moe(f->m, l)) {
+    const bool moe = kaon_model_layer_is_moe(f->m, l);
+    out_residual(f, b, w->wo, f->a.att, w->residual_scale, moe ? NULL : w->ffn_norm);  // x += att @ wo^T
+    if (moe) {
         kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
         kaon_blk_moe(f, b, l, &f->w->moe[l]);
         scale_proj(f, b, w->residual_scale);

@@ -128,6 +128,8 @@ typedef struct kaon_llama_block {
     const kaon_linear *w_gate, *w_up, *w_down;  // [ffn, dim] x2 [dim, ffn]; dense layers
     float attn_scale;      // softmax scale; 0: 1/sqrt(head_dim)
     float residual_scale;  // 0 or 1: none (Granite's residual_multiplier otherwise)
+    const kaon_tensor *next_norm;  // the norm the layer's output meets next (the next layer's
+                                   // attn_norm); NULL: none or not known
 } kaon_llama_block;
 void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w);
 // The final norm and the LM head, on the rows that need logits only (into a.logits); with

@@ -145,6 +145,7 @@ static void forward(kaon_fwd *f, const kaon_batch *b) {
             .q_norm = c->qk_norm ? &w->q_norm : NULL, .k_norm = c->qk_norm ? &w->k_norm : NULL,  // Qwen3
             .wq = &w->wq, .wk = &w->wk, .wv = &w->wv, .wo = &w->wo,
             .w_gate = &w->w_gate, .w_up = &w->w_up, .w_down = &w->w_down,
+            .next_norm = l + 1 < c->n_layers ? &w[1].attn_norm : NULL,
         };
         kaon_blk_aux(f, b, l, &w->attn_norm);  // an EAGLE-3 head's inputs
         kaon_blk_llama_layer(f, b, l, &blk);

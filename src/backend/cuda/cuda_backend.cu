@@ -842,12 +842,10 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
     return gemv_silu_plain(b, x, n, gate, up, out, NULL);
 }
 
-// The batch-1 fusions of the residual stream (backend.h): plain bf16 weights only, else 1.
-// Off unless KAON_GEMV_FUSE=1: the first version (a norm per block, one block per 8 rows) was
-// bit-exact but slower (H100, Llama-3.1-8B batch 1: 177.7 vs 185.3 tok/s; docs/PERF.md, session
-// 45); this one (persistent norm GEMVs, the residual loaded early) has not run on a GPU yet.
-static bool gemv_fuse_on(void) {
-    static const bool on = kc_env_on("KAON_GEMV_FUSE");
+// The batch-1 RMSNorm split around the GEMVs (kc_gemv_fuse; backend.h's linear_residual and
+// norm_linear_*): plain bf16 weights only, else 1. On by default; KAON_NORM_SPLIT=0 turns it off.
+static bool norm_split_on(void) {
+    static const bool on = !kc_env_off("KAON_NORM_SPLIT");
     return on;
 }
 
@@ -855,32 +853,68 @@ static bool plain_bf16(const kaon_linear *l) {
     return l && !kc_is_scaled_linear(l) && l->w.dtype == KAON_BF16 && !kaon_linear_unsupported(l);
 }
 
+// The split norm the last residual GEMV left for x and this norm, if it is still valid.
+static const kc_gemv_fuse *split_for(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int dim,
+                                     kc_gemv_fuse *f) {
+    if (!norm_split_on() || n != 1 || b->split.res != x || b->split.launch != b->n_launch || !norm ||
+        b->split.norm != (const float *)norm->data || b->split.eps != eps || b->split.dim != dim)
+        return NULL;
+    memset(f, 0, sizeof *f);
+    f->normed = 1;
+    f->parts = b->split_parts;
+    f->n_parts = b->split.n_parts;
+    f->eps = eps;
+    return f;
+}
+
 static int cuda_norm_linear_multi(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                   int count, const kaon_linear *const *l, void *const *y) {
     kc_backend *b = kc(be);
-    if (!gemv_fuse_on() || n != 1 || count < 1 || count > 4) return 1;
+    kc_gemv_fuse f;
+    if (count < 1 || count > 4 || !split_for(b, x, norm, eps, n, (int)l[0]->w.shape[1], &f)) return 1;
     for (int i = 0; i < count; i++)
         if (!plain_bf16(l[i])) return 1;
-    if (!is_vector(b, norm, l[0]->w.shape[1], "rmsnorm")) return -1;
-    const kc_gemv_fuse f = {(const float *)norm->data, eps, 0};
-    return gemv_multi_plain(b, x, n, count, l, y, &f);
+    return gemv_multi_plain(b, b->split_xg, n, count, l, y, &f);
 }
 
 static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                      const kaon_linear *gate, const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
-    if (!gemv_fuse_on() || n != 1 || !plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) ||
-        kaon_linear_bias(up))
+    kc_gemv_fuse f;
+    if (!plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) || kaon_linear_bias(up) ||
+        !split_for(b, x, norm, eps, n, (int)gate->w.shape[1], &f))
         return 1;
-    if (!is_vector(b, norm, gate->w.shape[1], "rmsnorm")) return -1;
-    const kc_gemv_fuse f = {(const float *)norm->data, eps, 0};
-    return gemv_silu_plain(b, x, n, gate, up, out, &f);
+    return gemv_silu_plain(b, b->split_xg, n, gate, up, out, &f);
 }
 
-static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res) {
-    if (!gemv_fuse_on() || !plain_bf16(l)) return 1;
-    const kc_gemv_fuse f = {NULL, 0.f, 1};
-    return gemv_multi_plain(kc(be), x, n, 1, &l, &res, &f);
+static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res,
+                                const kaon_tensor *next_norm, float eps) {
+    kc_backend *b = kc(be);
+    b->split.res = NULL;
+    if (!norm_split_on() || n != 1 || !next_norm || !plain_bf16(l)) return 1;
+    const int dim = (int)l->w.shape[0];
+    if (dim > KC_GEMV_NORM_MAX_IN) return 1;
+    if (!is_vector(b, next_norm, dim, "rmsnorm")) return -1;
+    const int blocks = (dim + KC_GEMV_ROWS - 1) / KC_GEMV_ROWS;  // the GEMV's row blocks: a sum of squares each
+    if (kc_grow(b, (void **)&b->split_xg, &b->split_xg_cap, (size_t)dim, sizeof(bf16), "split norm") ||
+        kc_grow(b, (void **)&b->split_parts, &b->split_parts_cap, (size_t)blocks, sizeof(float), "split norm"))
+        return -1;
+    kc_gemv_fuse f;
+    memset(&f, 0, sizeof f);
+    f.residual = 1;
+    f.norm = (const float *)next_norm->data;
+    f.xg = b->split_xg;
+    f.parts = b->split_parts;
+    const int rc = gemv_multi_plain(b, x, n, 1, &l, &res, &f);
+    if (rc == 0) {
+        b->split.res = res;
+        b->split.norm = f.norm;
+        b->split.eps = eps;
+        b->split.dim = dim;
+        b->split.n_parts = blocks;
+        b->split.launch = b->n_launch;
+    }
+    return rc;
 }
 
 static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
@@ -944,6 +978,8 @@ static void cuda_destroy(kaon_backend *be) {
     if (b->attn_part) cudaFree(b->attn_part);
     if (b->attn_count) cudaFree(b->attn_count);
     if (b->fuse_tmp) cudaFree(b->fuse_tmp);
+    if (b->split_xg) cudaFree(b->split_xg);
+    if (b->split_parts) cudaFree(b->split_parts);
     if (b->host_out) cudaFreeHost(b->host_out);
     kc_sampler_free(b);
     if (b->fa_mark) cudaFree(b->fa_mark);

@@ -96,6 +96,22 @@ typedef struct kc_backend {
     int32_t *fa_mark;
     size_t fa_mark_cap;
 
+    // The batch-1 RMSNorm split around the GEMVs (kc_gemv_fuse): what the last residual GEMV
+    // left for the next norm of the residual stream res (weight norm, eps): the row xg and n_parts
+    // block sums of squares. Valid for the next launch only (n_launch == launch).
+    struct {
+        const void *res;
+        const float *norm;
+        float eps;
+        int dim, n_parts;
+        uint64_t launch;
+    } split;
+    bf16 *split_xg;
+    size_t split_xg_cap;  // elements
+    float *split_parts;
+    size_t split_parts_cap;
+    uint64_t n_launch;  // kernels launched through kc_launch
+
     // Scratch for cuBLAS fallbacks of fused ops ([n, ffn] of the up projection).
     bf16 *fuse_tmp;
     size_t fuse_tmp_cap;  // elements
@@ -195,6 +211,7 @@ static inline cudaError_t kc_launch(kc_backend *b, void (*kernel)(KArgs...), dim
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = b->pdl ? 1 : 0;
+    b->n_launch++;
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
@@ -342,15 +359,21 @@ bool kc_gemv_occ_hi(int which);
 // Up to 4 weights sharing x, through the small-batch kernel; returns 1 when n or the shapes
 // do not suit it.
 #define KC_GEMV_MAX_N 8
-// What a GEMV may fuse (NULL: nothing), at batch 1 only. norm: x is the raw residual row, normed
-// in each block as kc_rmsnorm(x, NULL, norm, eps) would write it, bit for bit (in <=
-// KC_GEMV_NORM_MAX_IN: the row lives in shared memory). residual: y += bf16(x @ w^T) (bf16 y; one
-// weight; not for gemv_silu).
+// What a GEMV may fuse (NULL: nothing), at batch 1 only: an RMSNorm split around the GEMVs.
+// residual (one weight, bf16 y the residual stream): y += bf16(x @ w^T), then xg = bf16(y * norm)
+// (the next norm's weight, [out] f32) and each block's sum of y^2 into parts [out / KC_GEMV_ROWS]. normed: x
+// is such an xg, and every product is scaled by 1 / rms(y) = rsqrt(sum(parts[:n_parts]) / in +
+// eps) before its bias. The same as norm-then-GEMV up to rounding (the norm's scale applied after
+// the dot product instead of before it).
 #define KC_GEMV_NORM_MAX_IN 16384
+#define KC_GEMV_ROWS 8  // output rows per block of the small-batch GEMV (one per warp)
 typedef struct kc_gemv_fuse {
-    const float *norm;
-    float eps;
-    int residual;
+    int residual, normed;
+    const float *norm;  // residual
+    bf16 *xg;           // residual
+    float *parts;       // written by residual, read by normed
+    int n_parts;        // normed
+    float eps;          // normed
 } kc_gemv_fuse;
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out, const kc_gemv_fuse *fuse);

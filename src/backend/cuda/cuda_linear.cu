@@ -6,16 +6,17 @@
 // in L1), reads the few x rows through the read-only cache, and reduces with shuffles; a block
 // holds 8 rows. One launch can serve several weights that share x (q, k and v), and gate and
 // up can be read side by side with SiLU-and-mul applied before the one store. At batch 1 the
-// layer's RMSNorm can be folded into the GEMVs that read its output (a persistent grid whose
-// blocks each norm the row into shared memory once: one launch fewer per norm), and the output
-// GEMVs can add their product to the residual stream (kc_gemv_fuse; opt-in, KAON_GEMV_FUSE=1).
+// RMSNorm between the sublayers can be split around the GEMVs (kc_gemv_fuse): the output GEMV
+// adds its product into the residual stream and leaves the row times the next norm's weight
+// and its sums of squares; the next GEMVs read that row and scale their dot products by
+// 1 / rms, so no norm kernel runs between them.
 // Larger batches go to cuBLASLt (descriptors and the chosen algorithm cached per shape).
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define GEMV_WARPS 8
+#define GEMV_WARPS KC_GEMV_ROWS
 
 typedef struct GemvArgs {
     const bf16 *w[4];
@@ -25,65 +26,38 @@ typedef struct GemvArgs {
     int begin[4];  // first block of each weight
     int count;
     int f32out;
-    int blocks;          // row blocks of all the weights (k_gemv_norm's persistent grid)
-    const float *norm;   // k_gemv_norm: x is the raw row, normed in the prologue
-    float eps;
+    kc_gemv_fuse fuse;  // GV_RESIDUAL and GV_NORMED (kc_gemv_fuse)
 } GemvArgs;
+
+// What a GEMV does around its dot products (kc_gemv_fuse): nothing; y += product (the residual
+// stream), then xg = bf16(y * norm) and the block's sum of y^2 into parts; or x is such an xg
+// and the products are scaled by 1 / rms summed from parts.
+enum { GV_PLAIN, GV_RESIDUAL, GV_NORMED };
 
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-// xs = bf16(w * bf16(x / rms(x))) for one row of dim elements (dim % 8 == 0), bit for bit what
-// kc_rmsnorm writes: its T threads (dim / 8 rounded up to a warp, at most 1024) each sum the
-// squares of chunks t, t + T, ... of 8 elements, then a shuffle tree per warp and one over the
-// warps' sums; here each of the block's threads plays the threads t = threadIdx.x + k blockDim.x.
-// All of the block's threads must call it (it ends with __syncthreads).
-static __device__ void norm_row_to_smem(const bf16 *x, int dim, const float *__restrict__ w, float eps,
-                                        uint4 *xs) {
-    __shared__ float red[33];
-    const int nc = dim >> 3, lane = threadIdx.x & 31;
-    int T = (nc + 31) / 32 * 32;
-    T = T > 1024 ? 1024 : T;
-    const uint4 *xr = (const uint4 *)x;
-    for (int t0 = 0; t0 < T; t0 += blockDim.x) {  // T and blockDim.x are multiples of 32: warp-uniform
-        const int t = t0 + (int)threadIdx.x;
-        if (t >= T) break;
-        float ss = 0.f;
-        for (int j = t; j < nc; j += T) {
-            uint4 v = __ldcg(xr + j);
-            const bf16 *e = (const bf16 *)&v;
+// The sum of v over the block's threads, in a fixed order (the same bits every run), in every
+// thread. Every thread of the block must call it.
+static __device__ float block_sum(float v) {
+    __shared__ float red[GEMV_WARPS];
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) ss += __bfloat162float(e[i]) * __bfloat162float(e[i]);
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) red[t >> 5] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = lane < T / 32 ? red[lane] : 0.f;
-        v = warp_sum(v);
-        if (lane == 0) red[32] = v;
-    }
-    __syncthreads();
-    const float r = rsqrtf(red[32] / (float)dim + eps);
-    for (int j = threadIdx.x; j < nc; j += blockDim.x) {
-        uint4 v = __ldcg(xr + j);
-        bf16 *e = (bf16 *)&v;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            e[i] = __float2bfloat16(w[8 * j + i] * __bfloat162float(__float2bfloat16(__bfloat162float(e[i]) * r)));
-        xs[j] = v;
-    }
-    __syncthreads();
+    for (int i = 0; i < GEMV_WARPS; i++) s += red[i];
+    return s;
 }
 
-// x loads of the inner loops: the normed row in shared memory, or x through the read-only cache.
-template <bool SMEM>
-static __device__ __forceinline__ uint4 ld_x(const uint4 *p) {
-    if (SMEM) return *p;
-    return __ldg(p);
+// 1 / rms of the row whose block sums of squares a GV_RESIDUAL GEMV left in f.parts (the
+// thread's share requested now, summed by block_sum later: see k_gemv).
+static __device__ __forceinline__ float parts_share(const kc_gemv_fuse &f) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < f.n_parts; i += blockDim.x) s += __ldcg(f.parts + i);
+    return s;
 }
 
 // The weight of row block vb: a's weights take consecutive runs of blocks.
@@ -124,7 +98,7 @@ static __device__ __forceinline__ void gemv_load(const uint4 *wr, int c, uint4 (
 // One warp's dot products of the weight row wr (nc chunks of 8) with the NB rows of x at xr: the
 // lane's chunks lane, lane + 32, ..., U at a time, the first U already in wv when gemv_full;
 // acc[b] ends as the warp's total in every lane.
-template <int NB, int U, bool SMEM>
+template <int NB, int U>
 static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *xr, int nc, int lane, uint4 (&wv)[U],
                                                  float (&acc)[NB]) {
     int c = lane;
@@ -136,7 +110,7 @@ static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *x
             float s = acc[b];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                s = dot8(wv[u], ld_x<SMEM>(xb + 32 * u), s);
+                s = dot8(wv[u], __ldg(xb + 32 * u), s);
             }
             acc[b] = s;
         }
@@ -145,7 +119,7 @@ static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *x
         const uint4 w0 = ld_stream(wr + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            acc[b] = dot8(w0, ld_x<SMEM>(xr + (size_t)b * nc + c), acc[b]);
+            acc[b] = dot8(w0, __ldg(xr + (size_t)b * nc + c), acc[b]);
         }
     }
 #pragma unroll
@@ -155,9 +129,10 @@ static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *x
 // MINB: blocks per SM the register budget must allow. 1 lets ptxas keep all U loads of a lane
 // in flight with room to spare; 4 (64 registers, checked free of spills for NB <= 2) doubles the
 // warps resident per SM, so one wave covers a 4,096-row matrix (KAON_GEMV_OCC picks).
-// RESIDUAL (batch 1, one weight): y is the residual stream, y += bf16(product); its old value
-// is loaded as soon as the kernel before has finished, not after the row's last weights.
-template <int NB, int MINB = 1, bool RESIDUAL = false>
+// MODE (batch 1; GV_RESIDUAL with one weight): see GemvArgs' modes. GV_RESIDUAL loads y's old
+// value as soon as the kernel before has finished, not after the row's last weights; the other
+// two end at a block barrier, so all of their warps stay to the end.
+template <int NB, int MINB = 1, int MODE = GV_PLAIN>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     const bf16 *w;
@@ -178,65 +153,38 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     uint4 wv[U];
     if (active && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
     kc_pdl_wait();
-    if (!active) return;
-    float old[NB];
-    if (RESIDUAL && lane == 0)
-#pragma unroll
-        for (int b = 0; b < NB; b++) old[b] = __bfloat162float(((const bf16 *)y)[(size_t)b * rows + row]);
-    gemv_dots<NB, U, false>(wr, (const uint4 *)x, nc, lane, wv, acc);
-    if (lane == 0) {
-        const float bb = bias ? bias[row] : 0.f;
+    if (MODE == GV_PLAIN && !active) return;
+    float old = 0.f, ss = 0.f;
+    if (MODE == GV_RESIDUAL && active && lane == 0) old = __bfloat162float(((const bf16 *)y)[row]);
+    if (MODE == GV_NORMED) ss = parts_share(a.fuse);
+    if (active) gemv_dots<NB, U>(wr, (const uint4 *)x, nc, lane, wv, acc);
+    const float bb = active && bias ? bias[row] : 0.f;
+    if (MODE == GV_RESIDUAL) {  // linear, then rmsnorm's add: each rounded to bf16
+        float v = 0.f;
+        if (active && lane == 0) {
+            const bf16 s = __float2bfloat16(old + __bfloat162float(__float2bfloat16(acc[0] + bb)));
+            ((bf16 *)y)[row] = s;
+            v = __bfloat162float(s);
+            a.fuse.xg[row] = __float2bfloat16(v * a.fuse.norm[row]);
+        }
+        v = block_sum(v * v);
+        if (threadIdx.x == 0) a.fuse.parts[blockIdx.x] = v;
+        return;
+    }
+    float scale = 1.f;
+    if (MODE == GV_NORMED) scale = rsqrtf(block_sum(ss) / (float)in + a.fuse.eps);
+    if (active && lane == 0) {
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            if (RESIDUAL)  // linear, then rmsnorm's add: each rounded to bf16
-                ((bf16 *)y)[(size_t)b * rows + row] =
-                    __float2bfloat16(old[b] + __bfloat162float(__float2bfloat16(acc[b] + bb)));
-            else if (a.f32out) ((float *)y)[(size_t)b * rows + row] = acc[b] + bb;
-            else ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(acc[b] + bb);
+            const float v = acc[b] * scale + bb;
+            if (a.f32out) ((float *)y)[(size_t)b * rows + row] = v;
+            else ((bf16 *)y)[(size_t)b * rows + row] = __float2bfloat16(v);
         }
-    }
-}
-
-// As k_gemv<1> with x's RMSNorm folded in (a.norm, a.eps; in * 2 bytes of dynamic shared
-// memory): a persistent grid, block i taking row blocks i, i + gridDim.x, ... of a.blocks, so
-// that each block norms the row once (one launch per wave norming it again cost more than the
-// separate norm kernel saved, H100).
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
-k_gemv_norm(const bf16 *__restrict__ x, int in, GemvArgs a) {
-    extern __shared__ uint4 xs[];
-    constexpr int U = GemvU<1>::U;
-    const int lane = threadIdx.x & 31, nc = in >> 3;
-    const bf16 *w;
-    const float *bias;
-    void *y;
-    int rows, begin, row, vb = blockIdx.x;
-    const uint4 *wr;
-    uint4 wv[U];
-    // Row block vb: this warp's row, its weights, and their first loads requested.
-    auto start = [&]() {
-        gemv_pick(a, vb, w, bias, y, rows, begin);
-        row = (vb - begin) * GEMV_WARPS + (threadIdx.x >> 5);
-        wr = (const uint4 *)(w + (size_t)(row < rows ? row : 0) * in);
-        if (row < rows && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
-    };
-    kc_pdl_trigger();
-    start();
-    kc_pdl_wait();
-    norm_row_to_smem(x, in, a.norm, a.eps, xs);
-    for (;;) {
-        if (row < rows) {
-            float acc[1] = {0.f};
-            gemv_dots<1, U, true>(wr, xs, nc, lane, wv, acc);
-            if (lane == 0) ((bf16 *)y)[row] = __float2bfloat16(acc[0] + (bias ? bias[row] : 0.f));
-        }
-        vb += gridDim.x;
-        if (vb >= a.blocks) break;
-        start();
     }
 }
 
 // Gate and up rows side by side: ag[b], au[b] as gemv_dots' acc, 2U loads in flight per lane.
-template <int NB, int U, bool SMEM>
+template <int NB, int U>
 static __device__ __forceinline__ void gemv_dots2(const uint4 *gr, const uint4 *ur, const uint4 *xr, int nc, int lane,
                                                   uint4 (&gv)[U], uint4 (&uv)[U], float (&ag)[NB], float (&au)[NB]) {
     int c = lane;
@@ -250,7 +198,7 @@ static __device__ __forceinline__ void gemv_dots2(const uint4 *gr, const uint4 *
             const uint4 *xb = xr + (size_t)b * nc + c;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const uint4 xv = ld_x<SMEM>(xb + 32 * u);
+                const uint4 xv = __ldg(xb + 32 * u);
                 ag[b] = dot8(gv[u], xv, ag[b]);
                 au[b] = dot8(uv[u], xv, au[b]);
             }
@@ -260,7 +208,7 @@ static __device__ __forceinline__ void gemv_dots2(const uint4 *gr, const uint4 *
         const uint4 g0 = ld_stream(gr + c), u0 = ld_stream(ur + c);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            const uint4 x0 = ld_x<SMEM>(xr + (size_t)b * nc + c);
+            const uint4 x0 = __ldg(xr + (size_t)b * nc + c);
             ag[b] = dot8(g0, x0, ag[b]);
             au[b] = dot8(u0, x0, au[b]);
         }
@@ -281,11 +229,12 @@ static __device__ __forceinline__ bf16 silu_mul_out(float ag, float au) {
     return __float2bfloat16(s * u);
 }
 
-// out[b, r] = silu(x[b] . wg[r]) * (x[b] . wu[r]), rounded as silu_mul_out.
-template <int NB, int MINB = 1>
+// out[b, r] = silu(x[b] . wg[r]) * (x[b] . wu[r]), rounded as silu_mul_out. NORMED (batch 1):
+// x is a GV_RESIDUAL GEMV's xg, both products scaled by 1 / rms from f.parts (as GV_NORMED).
+template <int NB, int MINB = 1, bool NORMED = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
-            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out) {
+            const bf16 *__restrict__ wu, int rows, bf16 *__restrict__ out, kc_gemv_fuse f) {
     kc_pdl_trigger();
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const bool active = row < rows;
@@ -303,48 +252,13 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
         gemv_load<U>(ur, lane, uv);
     }
     kc_pdl_wait();
-    if (!active) return;
-    gemv_dots2<NB, U, false>(gr, ur, (const uint4 *)x, nc, lane, gv, uv, ag, au);
-    if (lane == 0) {
+    if (!NORMED && !active) return;
+    const float ss = NORMED ? parts_share(f) : 0.f;
+    if (active) gemv_dots2<NB, U>(gr, ur, (const uint4 *)x, nc, lane, gv, uv, ag, au);
+    const float scale = NORMED ? rsqrtf(block_sum(ss) / (float)in + f.eps) : 1.f;
+    if (active && lane == 0) {
 #pragma unroll
-        for (int b = 0; b < NB; b++) out[(size_t)b * rows + row] = silu_mul_out(ag[b], au[b]);
-    }
-}
-
-// k_gemv_silu<1> with x's RMSNorm folded in, on a persistent grid as k_gemv_norm (blocks: the
-// row blocks of wg in all).
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
-k_gemv_silu_norm(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg, const bf16 *__restrict__ wu,
-                 int rows, bf16 *__restrict__ out, const float *__restrict__ norm, float eps, int blocks) {
-    extern __shared__ uint4 xs[];
-    constexpr int U = 4;
-    const int lane = threadIdx.x & 31, nc = in >> 3;
-    int vb = blockIdx.x, row;
-    const uint4 *gr, *ur;
-    uint4 gv[U], uv[U];
-    // Row block vb: this warp's row, its gate and up weights, and their first loads requested.
-    auto start = [&]() {
-        row = vb * GEMV_WARPS + (threadIdx.x >> 5);
-        gr = (const uint4 *)(wg + (size_t)(row < rows ? row : 0) * in);
-        ur = (const uint4 *)(wu + (size_t)(row < rows ? row : 0) * in);
-        if (row < rows && gemv_full<U>(lane, nc)) {
-            gemv_load<U>(gr, lane, gv);
-            gemv_load<U>(ur, lane, uv);
-        }
-    };
-    kc_pdl_trigger();
-    start();
-    kc_pdl_wait();
-    norm_row_to_smem(x, in, norm, eps, xs);
-    for (;;) {
-        if (row < rows) {
-            float ag[1] = {0.f}, au[1] = {0.f};
-            gemv_dots2<1, U, true>(gr, ur, xs, nc, lane, gv, uv, ag, au);
-            if (lane == 0) out[row] = silu_mul_out(ag[0], au[0]);
-        }
-        vb += gridDim.x;
-        if (vb >= blocks) break;
-        start();
+        for (int b = 0; b < NB; b++) out[(size_t)b * rows + row] = silu_mul_out(ag[b] * scale, au[b] * scale);
     }
 }
 
@@ -359,28 +273,18 @@ bool kc_gemv_occ_hi(int which) {
     return (v & which) != 0;
 }
 
-// The fused extras serve batch 1 (norm: x's row in shared memory; residual: into bf16 y).
-static bool fuse_ok(const kc_gemv_fuse *f, int n, int in, int f32out) {
-    if (!f || (!f->norm && !f->residual)) return true;
-    return n == 1 && !f32out && in <= KC_GEMV_NORM_MAX_IN;
-}
-
-// The persistent norm kernels' grid: KAON_GEMV_NORM_BPS blocks per SM (default 2, read once):
-// half the register file, so the next kernel's early (PDL) blocks still find room.
-static unsigned norm_grid(kc_backend *b, int64_t blocks) {
-    static int bps = -1;
-    if (bps < 0) {
-        const char *e = getenv("KAON_GEMV_NORM_BPS");
-        bps = e && atoi(e) > 0 ? atoi(e) : 2;
-    }
-    const int64_t g = (int64_t)b->n_sm * bps;
-    return (unsigned)(blocks < g ? blocks : g);
+// The fused modes serve batch 1 (bf16 out; the residual mode one weight).
+static bool fuse_ok(const kc_gemv_fuse *f, int n, int count, int in, int f32out) {
+    if (!f) return true;
+    if (n != 1 || f32out || in > KC_GEMV_NORM_MAX_IN || (f->residual && count != 1) || f->residual == f->normed)
+        return false;
+    return f->residual ? f->norm && f->xg && f->parts : f->parts && f->n_parts > 0;
 }
 
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out, const kc_gemv_fuse *fuse) {
     if (n < 1 || n > KC_GEMV_MAX_N || count < 1 || count > 4 || in % 8 || in <= 0 || !aligned16(x) ||
-        !fuse_ok(fuse, n, in, f32out))
+        !fuse_ok(fuse, n, count, in, f32out))
         return 1;
     GemvArgs a;
     memset(&a, 0, sizeof a);
@@ -396,18 +300,13 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
         a.begin[i] = (int)blocks;
         blocks += (rows[i] + GEMV_WARPS - 1) / GEMV_WARPS;
     }
-    if (blocks > INT32_MAX / 2) return 1;
-    a.blocks = (int)blocks;
+    if (blocks > INT32_MAX / 2 || (fuse && fuse->residual && blocks > KC_GEMV_NORM_MAX_IN / GEMV_WARPS)) return 1;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
-    if (fuse && fuse->norm) {
-        a.norm = fuse->norm;
-        a.eps = fuse->eps;
-        kc_launch(b, k_gemv_norm, dim3(norm_grid(b, blocks)), block, (size_t)in * sizeof(bf16), x, in, a);
-        return kc_launched(b, "gemv (norm)");
-    }
-    if (fuse && fuse->residual) {
-        kc_launch(b, k_gemv<1, 1, true>, grid, block, 0, x, in, a);
-        return kc_launched(b, "gemv (residual)");
+    if (fuse) {
+        a.fuse = *fuse;
+        if (fuse->residual) kc_launch(b, k_gemv<1, 1, GV_RESIDUAL>, grid, block, 0, x, in, a);
+        else kc_launch(b, k_gemv<1, 1, GV_NORMED>, grid, block, 0, x, in, a);
+        return kc_launched(b, fuse->residual ? "gemv (residual)" : "gemv (normed)");
     }
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_GEMV)) {
         if (n == 1) kc_launch(b, k_gemv<1, 4>, grid, block, 0, x, in, a);
@@ -430,29 +329,30 @@ int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const 
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,
                  int rows, bf16 *out, const kc_gemv_fuse *fuse) {
     if (n < 1 || n > KC_GEMV_MAX_N || in % 8 || in <= 0 || rows <= 0 || !aligned16(x) ||
-        !aligned16(wg) || !aligned16(wu) || !fuse_ok(fuse, n, in, 0) || (fuse && fuse->residual))
+        !aligned16(wg) || !aligned16(wu) || !fuse_ok(fuse, n, 1, in, 0) || (fuse && fuse->residual))
         return 1;
     const int blocks = (rows + GEMV_WARPS - 1) / GEMV_WARPS;
     const dim3 grid((unsigned)blocks), block(GEMV_WARPS * 32);
-    if (fuse && fuse->norm) {
-        kc_launch(b, k_gemv_silu_norm, dim3(norm_grid(b, blocks)), block, (size_t)in * sizeof(bf16), x, in, wg, wu,
-                  rows, out, fuse->norm, fuse->eps, blocks);
-        return kc_launched(b, "gemv_silu (norm)");
+    kc_gemv_fuse f;
+    memset(&f, 0, sizeof f);
+    if (fuse) {
+        kc_launch(b, k_gemv_silu<1, 1, true>, grid, block, 0, x, in, wg, wu, rows, out, *fuse);
+        return kc_launched(b, "gemv_silu (normed)");
     }
     if (n <= 2 && kc_gemv_occ_hi(KC_OCC_SILU)) {
-        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out);
-        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out);
+        if (n == 1) kc_launch(b, k_gemv_silu<1, 4>, grid, block, 0, x, in, wg, wu, rows, out, f);
+        else kc_launch(b, k_gemv_silu<2, 4>, grid, block, 0, x, in, wg, wu, rows, out, f);
         return kc_launched(b, "gemv_silu");
     }
     switch (n) {
-    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out); break;
-    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out); break;
+    case 1: kc_launch(b, k_gemv_silu<1>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    case 2: kc_launch(b, k_gemv_silu<2>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    case 3: kc_launch(b, k_gemv_silu<3>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    case 4: kc_launch(b, k_gemv_silu<4>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    case 5: kc_launch(b, k_gemv_silu<5>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    case 6: kc_launch(b, k_gemv_silu<6>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    case 7: kc_launch(b, k_gemv_silu<7>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
+    default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
     }
     return kc_launched(b, "gemv_silu");
 }
