@@ -8,7 +8,7 @@ source tests/gpu/runs/run21/env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 echo "== tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "norm_split or small_vs_transformers or test_linear" 2>&1 | grep -E "passed|failed|Error|assert" | tail -8
-grep -h norm_split $OUT/*.jsonl 2>/dev/null | cut -c1-300 | head -4
+grep -h norm_split ${KAON_GPU_RESULTS:-/tmp/kaon_gpu_results}/results.jsonl 2>/dev/null | cut -c1-300 | head -4
 C=bench/configs/meta-llama__Llama-3.1-8B.json
 echo "== batch-1 decode: split (default) / KAON_NORM_SPLIT=0, twice"
 for r in 1 2; do for v in 1 0; do echo -n "split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
