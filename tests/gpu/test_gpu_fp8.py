@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_gpu import bf16, driver, out, record, rel, run_op
+from test_gpu import bf16, driver, kernel_names, out, record, rel, run_op
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ref"))
 
@@ -184,6 +184,52 @@ def test_fp8_model_cuda_vs_cpu(tmp_path):
         r = res[mode]
         assert r["rel_err"] <= 1.5 * e_q and r["top1"] >= 0.99, (mode, r, e_q)
         assert mode == "prefill" or r["vs_cuda_prefill"] <= 1.5 * e_q, (mode, r)
+
+
+def test_fp8_norm_split_vs_cpu(tmp_path):
+    """Batch-1 decode of a block-FP8 Llama with the RMSNorm split around the GEMVs (the default:
+    o_proj / down add into the residual stream and leave x * w and its sums of squares, the
+    activation quantization of qkv and gate/up applies 1 / rms) against the CPU's logits, as close
+    as the separate kernels (KAON_NORM_SPLIT=0); the residual GEMV ran, and not with it off."""
+    from fp8_files import quantize_checkpoint
+    from hf_files import write_folder
+    from tiny_models import make_config, make_weights
+    from bf16 import round_bf16
+
+    cfg = make_config("llama")
+    cfg.update(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=3, vocab_size=512)
+    cfg = dict(cfg, torch_dtype="bfloat16",
+               quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                    "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]})
+    files, _ = quantize_checkpoint(round_bf16(make_weights(cfg, 13)), lambda n: n == "lm_head.weight")
+    folder = write_folder(tmp_path / "fp8", cfg, files, "BF16", indent=None)
+    ids = np.random.default_rng().integers(0, cfg["vocab_size"], 32).tolist()
+    V = cfg["vocab_size"]
+
+    def logits(dev, chunk, env):
+        o = tmp_path / f"{dev}.f32"
+        p = subprocess.run([driver(), "logits", str(folder), dev, str(chunk), ",".join(map(str, ids)), str(o)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, **{"KAON_FP8_ACT": "1", **env}))
+        assert p.returncode == 0, p.stderr
+        return np.fromfile(o, np.float32).reshape(len(ids), V)
+
+    ref = logits("cpu", len(ids), {})
+    e_q = rel(ref, logits("cpu", len(ids), {"KAON_FP8_ACT": "0"}))  # the activation quantization's effect
+    split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, env))
+    plain, kp = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT="0")))
+    res_kernel = "void k_fp8_gemv<1, 0, false, true>("
+    assert any(k.startswith(res_kernel) for k in ks), sorted(ks)
+    assert not any(k.startswith(res_kernel) for k in kp), sorted(kp)
+    srt = np.sort(ref, -1)
+    sel = srt[:, -1] - srt[:, -2] > 0.1
+    top1 = float((split.argmax(-1) == ref.argmax(-1))[sel].mean()) if sel.any() else 1.0
+    r = dict(rel_err=rel(split, ref), rel_err_plain=rel(plain, ref), split_vs_plain=rel(split, plain), top1=top1,
+             act_quant_effect_cpu=e_q)
+    record("fp8_norm_split", **r)
+    print(json.dumps(r))
+    assert r["rel_err"] <= 1.5 * e_q and top1 >= 0.99, r
+    assert r["rel_err"] <= 1.5 * r["rel_err_plain"] + 1e-3, r
 
 
 def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):

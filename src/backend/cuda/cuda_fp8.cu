@@ -213,10 +213,22 @@ static __device__ __forceinline__ uint8_t to_e4m3(float v) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
+// 1 / rms of the row a split-norm residual GEMV left (kc_gemv_fuse: the sum of its parts), in
+// every lane of the warp; the same order in every warp and run.
+static __device__ __forceinline__ float split_rinv(const float *parts, int n_parts, int K, float eps) {
+    float s = 0.0f;
+    for (int i = threadIdx.x & 31; i < n_parts; i += 32) s += __ldcg(parts + i);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return rsqrtf(s / (float)K + eps);
+}
+
 // GROUP: one warp per (token, group of 128 columns); xs[g * n + token] (VEC128 layout).
-// s = max(amax, 1e-4) / 448, q = e4m3(x / s) (DeepSeek's act_quant; cpu_fp8.c).
+// s = max(amax, 1e-4) / 448, q = e4m3(x / s) (DeepSeek's act_quant; cpu_fp8.c). parts (n == 1,
+// else NULL): x is a split norm's x * w, scaled by 1 / rms first (kc_gemv_fuse).
 __global__ void __launch_bounds__(256) k_fp8_act_group(const bf16 *__restrict__ x, int n, int K,
-                                                        uint8_t *__restrict__ xq, float *__restrict__ xs) {
+                                                        uint8_t *__restrict__ xq, float *__restrict__ xs,
+                                                        const float *__restrict__ parts, int n_parts, float eps) {
     kc_pdl_trigger();
     kc_pdl_wait();
     const int groups = K / 128, lane = threadIdx.x & 31;
@@ -226,7 +238,12 @@ __global__ void __launch_bounds__(256) k_fp8_act_group(const bf16 *__restrict__ 
     const size_t off = (size_t)tok * K + (size_t)g * 128 + lane * 4;
     const uint2 raw = *(const uint2 *)(x + off);
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
-    const float2 v0 = __bfloat1622float2(h[0]), v1 = __bfloat1622float2(h[1]);
+    float2 v0 = __bfloat1622float2(h[0]), v1 = __bfloat1622float2(h[1]);
+    if (parts) {
+        const float r = split_rinv(parts, n_parts, K, eps);
+        v0 = make_float2(v0.x * r, v0.y * r);
+        v1 = make_float2(v1.x * r, v1.y * r);
+    }
     float amax = fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v1.x), fabsf(v1.y)));
 #pragma unroll
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -374,12 +391,18 @@ struct Fp8Args {
     const uint8_t *xq;
     const float *xs;
     int n, tok0, K, f32out;  // tokens [tok0, tok0 + 8 NT) of n
+    // RES (one weight, one token, bf16 y the residual stream): y += bf16(product), then the split
+    // norm's xg = bf16(y * norm) and the block's sum of y^2 in parts[block] (kc_gemv_fuse).
+    const float *norm;
+    bf16 *xg;
+    float *parts;
 };
 
 // y[t, row] = sum over 128-column chunks c of (w[row, c] . xq[t, c]) * sw * sx for the tokens
 // t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
 // the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
-template <int NT, int MODE, bool SILU>
+// RES: see Fp8Args (NT 1, not SILU).
+template <int NT, int MODE, bool SILU, bool RES = false>
 __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
     __shared__ float part[SILU ? 2 : 1][FP8_WARPS][NT][32][4];
     extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane]
@@ -468,6 +491,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             for (int i = 0; i < 4; i++) part[wi][warp][j][lane][i] = acc[j][i];
     }
     __syncthreads();
+    float sq = 0.0f;  // RES: this thread's y^2
     // Each thread finishes entries (j, lane, i) of the tile: the sum over the warps, the scales,
     // the bias, the store.
     for (int e = threadIdx.x; e < NT * 32 * 4; e += FP8_WARPS * 32) {
@@ -490,8 +514,28 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
         } else {
             float r = v[0];
             if (a.bias[seg]) r += a.bias[seg][row];
-            if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
+            if (RES) {  // linear, then rmsnorm's add: each rounded to bf16
+                bf16 *yr = (bf16 *)a.y[0] + row;
+                const float y = __bfloat162float(
+                    __float2bfloat16(__bfloat162float(*yr) + __bfloat162float(__float2bfloat16(r))));
+                *yr = __float2bfloat16(y);
+                a.xg[row] = __float2bfloat16(y * a.norm[row]);
+                sq = y * y;
+            } else if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
             else ((bf16 *)a.y[seg])[(size_t)tok * M + row] = __float2bfloat16(r);
+        }
+    }
+    if (RES) {  // the block's sum of squares, in a fixed order
+        __shared__ float red[FP8_WARPS];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) red[warp] = sq;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+#pragma unroll
+            for (int i = 0; i < FP8_WARPS; i++) t += red[i];
+            a.parts[blockIdx.x] = t;
         }
     }
 }
@@ -499,14 +543,15 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 // (SILU keeps two sets of partial sums in shared memory: at most 4 tiles.)
 #define FP8_SILU_MAX_N 32
 
-template <int NT, int MODE, bool SILU>
+template <int NT, int MODE, bool SILU, bool RES = false>
 static void launch_nt(kc_backend *b, unsigned blocks, const Fp8Args &a) {
     static bool sized;  // the ring is more dynamic shared memory than a kernel gets by default
     if (!sized) {
-        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8_RING_BYTES);
+        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU, RES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             FP8_RING_BYTES);
         sized = true;
     }
-    kc_launch(b, k_fp8_gemv<NT, MODE, SILU>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
+    kc_launch(b, k_fp8_gemv<NT, MODE, SILU, RES>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
 }
 
 template <int MODE, bool SILU>
@@ -547,8 +592,20 @@ static bool fp8_ok(kc_backend *b, const kaon_linear *l, const char *what) {
     return true;
 }
 
-// x [n, K] -> the state's xq / xs for layer l's activation quantization.
-static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const kaon_linear *l) {
+// Whether the batch-1 split norm (kc_gemv_fuse) can serve layer l at n tokens: its activations
+// quantized per group (the 1 / rms goes into their quantization), on the GEMV.
+static bool split_ok(const kc_fp8 *s, const kaon_linear *l, int n) {
+    return n == 1 && n <= s->gemv_max_n && l->w.shape[1] % 128 == 0 && l->w.shape[1] <= KC_GEMV_NORM_MAX_IN &&
+           l->act_quant == KAON_ACTQ_GROUP;
+}
+
+// x [n, K] -> the state's xq / xs for layer l's activation quantization. split (NULL: none; else
+// split_ok): x is a split norm's x * w, scaled by its 1 / rms before it is quantized.
+static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const kaon_linear *l,
+                    const kc_gemv_fuse *split) {
+    const float *parts = split ? split->parts : NULL;
+    const int n_parts = split ? split->n_parts : 0;
+    const float eps = split ? split->eps : 0.0f;
     const size_t groups = (size_t)(K + 127) / 128;
     if (kc_grow(b, (void **)&s->xq, &s->xq_cap, (size_t)n * K, 1, "fp8 activations") ||
         kc_grow(b, (void **)&s->xs, &s->xs_cap, (size_t)n * groups + 1, sizeof(float), "fp8 activation scales"))
@@ -556,7 +613,8 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
     if (l->act_quant == KAON_ACTQ_GROUP) {
         if (K % 128) return kc_fail(b, "cuda linear: FP8 activation groups need a multiple of 128 columns");
         const size_t warps = (size_t)n * (size_t)(K / 128);
-        kc_launch(b, k_fp8_act_group, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, x, n, K, s->xq, s->xs);
+        kc_launch(b, k_fp8_act_group, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, x, n, K, s->xq, s->xs, parts,
+                  n_parts, eps);
         return kc_launched(b, "fp8 activation groups");
     }
     unsigned *amax = (unsigned *)(s->xs + (size_t)n * groups);
@@ -574,9 +632,10 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
 }
 
 // The GEMV over count weights sharing the quantized x (SILU: gate and up into y[0]), in passes
-// of at most FP8_GEMV_MAX_N tokens.
+// of at most FP8_GEMV_MAX_N tokens. res (one weight, one token; else NULL): y[0] is the residual
+// stream, added into, and the split norm's xg and parts are written (Fp8Args' RES).
 static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_linear *const *l, void *const *y,
-                int f32out, bool silu) {
+                int f32out, bool silu, const kc_gemv_fuse *res = NULL) {
     if (silu && n > FP8_SILU_MAX_N) return kc_fail(b, "cuda fp8: fused SiLU of %d tokens", n);
     Fp8Args a;
     memset(&a, 0, sizeof a);
@@ -598,6 +657,15 @@ static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_li
         if (!silu || i == 0) blocks += (a.rows[i] + 15) / 16;
     }
     const int mode = dev_mode(l[0]);
+    if (res) {
+        if (n != 1 || count != 1 || silu || f32out) return kc_fail(b, "cuda fp8: residual GEMV of %d tokens", n);
+        a.norm = res->norm;
+        a.xg = res->xg;
+        a.parts = res->parts;
+        if (mode == MODE_BLOCK) launch_nt<1, MODE_BLOCK, false, true>(b, (unsigned)blocks, a);
+        else launch_nt<1, MODE_ROWS, false, true>(b, (unsigned)blocks, a);
+        return kc_launched(b, "fp8 gemv (residual)");
+    }
     for (int t0 = 0; t0 < n; t0 += FP8_GEMV_MAX_N) {
         a.tok0 = t0;
         const int tiles = (n - t0 < FP8_GEMV_MAX_N ? n - t0 + 7 : FP8_GEMV_MAX_N) / 8;
@@ -742,7 +810,7 @@ int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, voi
     if (!s || !fp8_ok(b, l, "linear")) return -1;
     const int K = (int)l->w.shape[1];
     if (!quantizes_acts(l)) return weight_only(b, s, x, n, l, y, f32out);
-    if (quantize(b, s, (const bf16 *)x, n, K, l)) return -1;
+    if (quantize(b, s, (const bf16 *)x, n, K, l, NULL)) return -1;
     if (n > s->gemv_max_n || K % 128) {
         const int rc = lt_matmul(b, s, n, l, y, f32out);
         if (rc <= 0) return rc;
@@ -769,7 +837,8 @@ static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *
     return gemv(b, s, n, K, 1, &l, &y, 0, false);
 }
 
-int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
+int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,
+                        const kc_gemv_fuse *split) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
     if (count < 1 || count > 3) return 1;
@@ -778,15 +847,17 @@ int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const ka
         if (!fp8_ok(b, l[i], "linear_multi")) return -1;
         if (!quantizes_acts(l[i]) || !same_x(l[0], l[i])) return 1;
     }
+    if (split && !split_ok(s, l[0], n)) return 1;
     const int K = (int)l[0]->w.shape[1];
-    if (quantize(b, s, (const bf16 *)x, n, K, l[0])) return -1;  // once for all of them
+    if (quantize(b, s, (const bf16 *)x, n, K, l[0], split)) return -1;  // once for all of them
     if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false);
     for (int i = 0; i < count; i++)
         if (product(b, s, n, l[i], y[i])) return -1;
     return 0;
 }
 
-int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out) {
+int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out,
+                    const kc_gemv_fuse *split) {
     kc_fp8 *s = fstate(b);
     if (!s) return -1;
     if (gate->w.dtype != KAON_FP8_E4M3 || up->w.dtype != KAON_FP8_E4M3) return 1;
@@ -794,8 +865,9 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
     if (!quantizes_acts(gate) || !same_x(gate, up) || gate->w.shape[0] != up->w.shape[0] || gate->bias.data ||
         up->bias.data)
         return 1;
+    if (split && !split_ok(s, gate, n)) return 1;
     const int K = (int)gate->w.shape[1], F = (int)gate->w.shape[0];
-    if (quantize(b, s, (const bf16 *)x, n, K, gate)) return -1;  // once for both
+    if (quantize(b, s, (const bf16 *)x, n, K, gate, split)) return -1;  // once for both
     if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) {
         const kaon_linear *l[2] = {gate, up};
         void *y[2] = {out, out};
@@ -807,4 +879,19 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
     if (product(b, s, n, gate, g) || product(b, s, n, up, u)) return -1;
     kc_silu_mul(b, g, u, (size_t)n * F, (bf16 *)out);
     return b->err ? -1 : 0;
+}
+
+// res += x @ l^T as one GEMV that also leaves the split norm's xg and parts (f: norm, xg, parts in;
+// n_parts out), at batch 1 where split_ok; else 1.
+int kc_fp8_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res, kc_gemv_fuse *f) {
+    kc_fp8 *s = fstate(b);
+    if (!s) return -1;
+    if (l->w.dtype != KAON_FP8_E4M3) return 1;
+    if (!fp8_ok(b, l, "linear_residual")) return -1;
+    if (!quantizes_acts(l) || !split_ok(s, l, n)) return 1;
+    const int K = (int)l->w.shape[1];
+    if (quantize(b, s, (const bf16 *)x, n, K, l, NULL)) return -1;
+    if (gemv(b, s, n, K, 1, &l, &res, 0, false, f)) return -1;
+    f->n_parts = (int)((l->w.shape[0] + 15) / 16);
+    return 0;
 }

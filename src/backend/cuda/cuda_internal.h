@@ -440,8 +440,12 @@ void kc_quant_destroy(kc_backend *b);
 int kc_fp8_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
 int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, void *y, int f32out);
 // The fused ops over FP8 layers (x quantized once, one GEMV launch): 0, -1, or 1 to decline.
-int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y);
-int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out);
+// split (NULL: none): x is a batch-1 split norm's xg (kc_gemv_fuse), quantized with its 1 / rms.
+int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,
+                        const kc_gemv_fuse *split);
+int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up, void *out,
+                    const kc_gemv_fuse *split);
+int kc_fp8_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res, kc_gemv_fuse *f);
 size_t kc_fp8_bytes(const kaon_tensor *host);
 void kc_fp8_destroy(kc_backend *b);
 int kc_int4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev);
