@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 import pytest
 
-from test_gpu import BUILD, REPO, bf16, out, record, rel, run_op
+from test_gpu import BUILD, REPO, bf16, kernel_names, out, record, rel, run_op
 
 sys.path.insert(0, str(REPO / "tests" / "ref"))
 from hf_files import write_folder  # noqa: E402
@@ -186,12 +186,13 @@ def int4_config():
     return cfg
 
 
-def kaon_logits(model, ids, device, tmp, mode):
+def kaon_logits(model, ids, device, tmp, mode, env=None):
     o = tmp / f"logits-{device}-{mode}-{len(ids)}.f32"
     cmd = [KAON, "logits", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-o", o, "--device", device]
     if mode == "decode":
         cmd.append("--decode")
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, **(env or {})))
     assert r.returncode == 0, f"kaon logits --device {device} failed: {r.stderr[-2000:]}"
     return np.fromfile(o, dtype=np.float32).reshape(len(ids), -1)
 
@@ -226,6 +227,30 @@ def test_int4_model_cuda_vs_cpu(tmp_path, fmt):
         margin = float(top[1] - top[0]) / float(np.sqrt(np.mean(lg ** 2)))
         record("int4_model_greedy", fmt=fmt, first_difference=i, relative_margin=margin)
         assert margin < 0.05, f"{fmt}: greedy ids differ at {i} (margin {margin:.3f} of rms): cpu {a} cuda {b}"
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq_act_order"])
+def test_int4_norm_split_vs_cpu(tmp_path, fmt):
+    """Batch-1 decode with the RMSNorm split around the INT4 GEMVs (the default: o_proj / down add
+    into the residual stream and leave x * w and its sums of squares, qkv and gate/up scale by
+    1 / rms) against the CPU, as close as the separate kernels (KAON_NORM_SPLIT=0); the residual
+    and normed GEMVs ran, and not with it off."""
+    cfg = int4_config()
+    qc, files, _ = quantize_checkpoint(make_weights(cfg, 5), fmt, seed=5)
+    model = write_folder(tmp_path / fmt, dict(cfg, torch_dtype="float16", quantization_config=qc), files, "F32",
+                         indent=None)
+    cpu = kaon_logits(model, IDS, "cpu", tmp_path, "decode")
+    split, ks = kernel_names(tmp_path, lambda env: kaon_logits(model, IDS, "cuda", tmp_path, "decode", env))
+    plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(model, IDS, "cuda", tmp_path, "decode",
+                                                               dict(env, KAON_NORM_SPLIT="0")))
+    for mode in (", 1>(", ", 2>("):  # T4_RESIDUAL, T4_NORMED
+        assert any(k.startswith("void k_t4_gemv<") and mode in k for k in ks), (mode, sorted(ks))
+        assert not any(k.startswith("void k_t4_gemv<") and mode in k for k in kp), (mode, sorted(kp))
+    e_split, e_plain = rel(split, cpu), rel(plain, cpu)
+    agree = float((split.argmax(-1) == cpu.argmax(-1)).mean())
+    record("int4_norm_split", fmt=fmt, rel_logits=e_split, rel_logits_plain=e_plain, argmax_agree=agree)
+    assert e_split <= 2e-2, (e_split, e_plain)
+    assert e_split <= 1.5 * e_plain + 1e-3, (e_split, e_plain)
 
 
 def test_int4_dummy_model_runs(tmp_path):

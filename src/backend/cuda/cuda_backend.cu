@@ -801,7 +801,7 @@ static int cuda_linear_multi(kaon_backend *be, const void *x, int n, int count,
     const kaon_tensor *w[4], *bias[4];
     for (int i = 0; i < count; i++)
         if (kc_is_scaled_linear(l[i]))  // INT4 (cuda_int4.cu) or FP8 (cuda_fp8.cu): fused, or 1: one linear each
-            return l[0]->w.dtype == KAON_I4 ? kc_int4_linear_multi(b, x, n, count, l, y)
+            return l[0]->w.dtype == KAON_I4 ? kc_int4_linear_multi(b, x, n, count, l, y, NULL)
                                             : kc_fp8_linear_multi(b, x, n, count, l, y, NULL);
     for (int i = 0; i < count; i++) {
         if (!is_plain(b, l[i], "linear_multi")) return -1;
@@ -830,7 +830,7 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
                                 const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
     if (kc_is_scaled_linear(gate) || kc_is_scaled_linear(up))  // INT4 / FP8: fused; or 1: two linears and silu_and_mul
-        return gate && gate->w.dtype == KAON_I4 ? kc_int4_linear_silu_mul(b, x, n, gate, up, out)
+        return gate && gate->w.dtype == KAON_I4 ? kc_int4_linear_silu_mul(b, x, n, gate, up, out, NULL)
                                                 : kc_fp8_silu_mul(b, x, n, gate, up, out, NULL);
     if (!is_plain(b, gate, "linear_silu_mul") || !is_plain(b, up, "linear_silu_mul")) return -1;
     if (kaon_linear_bias(gate) || kaon_linear_bias(up)) return 1;  // the fused kernels add no bias
@@ -843,8 +843,8 @@ static int cuda_linear_silu_mul(kaon_backend *be, const void *x, int n, const ka
 }
 
 // The batch-1 RMSNorm split around the GEMVs (kc_gemv_fuse; backend.h's linear_residual and
-// norm_linear_*): plain bf16 weights (cuda_linear.cu) or FP8 ones with per-group activations
-// (cuda_fp8.cu), else 1. On by default; KAON_NORM_SPLIT=0 turns it off.
+// norm_linear_*): plain bf16 weights (cuda_linear.cu), FP8 ones with per-group activations
+// (cuda_fp8.cu) or INT4 ones (cuda_int4.cu), else 1. On by default; KAON_NORM_SPLIT=0 turns it off.
 static bool norm_split_on(void) {
     static const bool on = !kc_env_off("KAON_NORM_SPLIT");
     return on;
@@ -855,6 +855,7 @@ static bool plain_bf16(const kaon_linear *l) {
 }
 
 static bool fp8_layer(const kaon_linear *l) { return l && kc_is_scaled_linear(l) && l->w.dtype == KAON_FP8_E4M3; }
+static bool int4_layer(const kaon_linear *l) { return l && kc_is_scaled_linear(l) && l->w.dtype == KAON_I4; }
 
 // The split norm the last residual GEMV left for x and this norm, if it is still valid.
 static const kc_gemv_fuse *split_for(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int dim,
@@ -876,6 +877,7 @@ static int cuda_norm_linear_multi(kaon_backend *be, const void *x, const kaon_te
     kc_gemv_fuse f;
     if (count < 1 || count > 4 || !split_for(b, x, norm, eps, n, (int)l[0]->w.shape[1], &f)) return 1;
     if (fp8_layer(l[0])) return kc_fp8_linear_multi(b, b->split_xg, n, count, l, y, &f);
+    if (int4_layer(l[0])) return kc_int4_linear_multi(b, b->split_xg, n, count, l, y, &f);
     for (int i = 0; i < count; i++)
         if (!plain_bf16(l[i])) return 1;
     return gemv_multi_plain(b, b->split_xg, n, count, l, y, &f);
@@ -887,6 +889,7 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
     kc_gemv_fuse f;
     if (!split_for(b, x, norm, eps, n, (int)gate->w.shape[1], &f)) return 1;
     if (fp8_layer(gate)) return kc_fp8_silu_mul(b, b->split_xg, n, gate, up, out, &f);
+    if (int4_layer(gate)) return kc_int4_linear_silu_mul(b, b->split_xg, n, gate, up, out, &f);
     if (!plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) || kaon_linear_bias(up)) return 1;
     return gemv_silu_plain(b, b->split_xg, n, gate, up, out, &f);
 }
@@ -895,7 +898,7 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
                                 const kaon_tensor *next_norm, float eps) {
     kc_backend *b = kc(be);
     b->split.res = NULL;
-    if (!norm_split_on() || n != 1 || !next_norm || !(plain_bf16(l) || fp8_layer(l))) return 1;
+    if (!norm_split_on() || n != 1 || !next_norm || !(plain_bf16(l) || fp8_layer(l) || int4_layer(l))) return 1;
     const int dim = (int)l->w.shape[0];
     if (dim > KC_GEMV_NORM_MAX_IN) return 1;
     if (!is_vector(b, next_norm, dim, "rmsnorm")) return -1;
@@ -910,7 +913,9 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
     f.xg = b->split_xg;
     f.parts = b->split_parts;
     f.n_parts = blocks;
-    const int rc = fp8_layer(l) ? kc_fp8_linear_residual(b, x, n, l, res, &f) : gemv_multi_plain(b, x, n, 1, &l, &res, &f);
+    const int rc = fp8_layer(l)    ? kc_fp8_linear_residual(b, x, n, l, res, &f)
+                   : int4_layer(l) ? kc_int4_linear_residual(b, x, n, l, res, &f)
+                                   : gemv_multi_plain(b, x, n, 1, &l, &res, &f);
     if (rc == 0) {
         b->split.res = res;
         b->split.norm = f.norm;

@@ -137,13 +137,19 @@ struct T4Args {
     int count;
     const bf16 *x;            // this pass's activation rows [nv, K] (gathered by perm), 16-byte aligned
     int K, Kc, G, g, nv, f32out, xstride;  // Kc: 64-column chunks; xstride: bf16 per row in shared memory
+    kc_gemv_fuse fuse;  // MODE T4_RESIDUAL / T4_NORMED: the batch-1 split norm (kc_gemv_fuse)
 };
+
+// What k_t4_gemv does around its products at batch 1 (kc_gemv_fuse): nothing; y += product (the
+// residual stream, one weight), then xg = bf16(y * norm) and the tile's sum of y^2 into parts; or x
+// is such an xg and the products are scaled by 1 / rms summed from parts.
+enum { T4_PLAIN, T4_RESIDUAL, T4_NORMED };
 
 // One block: one 16-row tile of one weight (both weights for SILU), its NW warps splitting the
 // chunks of K; warp results meet in shared memory. y [nv, M] bf16 or f32 (+ bias); SILU: y[0] = bf16(silu(bf16 g))
 // * bf16 u, rounded as silu_and_mul after two linears. 128 registers at most: 2
-// blocks of 8 warps or 4 of 4 per SM.
-template <int NW, bool SILU>
+// blocks of 8 warps or 4 of 4 per SM. MODE: see T4_PLAIN (not T4_RESIDUAL with SILU).
+template <int NW, bool SILU, int MODE = T4_PLAIN>
 __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
     constexpr int NM = SILU ? 2 : 1, U = T4_U / NM;
     extern __shared__ __align__(16) uint8_t t4_smem[];
@@ -186,6 +192,9 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
         }
     }
     kc_pdl_wait();  // x is the previous kernel's output; y may still be read by an earlier kernel
+    float ss = 0.f;  // T4_NORMED: warp 0's share of the sum of squares, requested beside x
+    if (MODE == T4_NORMED && warp == 0)
+        for (int i = lane; i < a.fuse.n_parts; i += 32) ss += __ldcg(a.fuse.parts + i);
     bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
     const int v8 = a.Kc * 8, nx = a.nv * v8;  // 8-column vectors per row, in all
     for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
@@ -268,21 +277,40 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
             for (int w = 0; w < NW; w++) v += red[((w * NM + m) * 4 + i) * 32 + lane];
             acc[m][i] = v;
         }
+    float scale = 1.f;
+    if (MODE == T4_NORMED) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        scale = rsqrtf(ss / (float)a.K + a.fuse.eps);
+    }
+    float sq = 0.f;  // T4_RESIDUAL: the lane's y^2
     // C fragment: element i of the lane is row gid (+ 8 for i >= 2), activation row 2 tid + (i & 1).
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int row = rt * 16 + gid + (i >> 1) * 8, b = 2 * tid + (i & 1);
         if (row >= M || b >= a.nv) continue;
         if (SILU) {
-            const float g = __bfloat162float(__float2bfloat16(acc[0][i]));
-            const float u = __bfloat162float(__float2bfloat16(acc[NM - 1][i]));
+            const float g = __bfloat162float(__float2bfloat16(acc[0][i] * scale));
+            const float u = __bfloat162float(__float2bfloat16(acc[NM - 1][i] * scale));
             const float sl = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
             ((bf16 *)a.y[0])[(size_t)b * M + row] = __float2bfloat16(sl * u);
         } else {
-            const float v = acc[0][i] + (a.bias[seg] ? a.bias[seg][row] : 0.f);
-            if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = v;
+            const float v = acc[0][i] * scale + (a.bias[seg] ? a.bias[seg][row] : 0.f);
+            if (MODE == T4_RESIDUAL) {  // linear, then rmsnorm's add: each rounded to bf16
+                bf16 *yr = (bf16 *)a.y[0] + row;
+                const float y =
+                    __bfloat162float(__float2bfloat16(__bfloat162float(*yr) + __bfloat162float(__float2bfloat16(v))));
+                *yr = __float2bfloat16(y);
+                a.fuse.xg[row] = __float2bfloat16(y * a.fuse.norm[row]);
+                sq += y * y;
+            } else if (a.f32out) ((float *)a.y[seg])[(size_t)b * M + row] = v;
             else ((bf16 *)a.y[seg])[(size_t)b * M + row] = __float2bfloat16(v);
         }
+    }
+    if (MODE == T4_RESIDUAL) {  // the tile's sum of squares (warp 0 holds the tile), a fixed order
+#pragma unroll
+        for (int o = 16; o; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) a.fuse.parts[blockIdx.x] = sq;
     }
 }
 
@@ -491,8 +519,9 @@ static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, 
 }
 
 // k_t4_gemv over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
+// fuse (n 1; NULL: none): the split norm's residual (one weight, y[0] the residual stream) or normed mode.
 static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
-                   void *const *y, int f32out, bool silu) {
+                   void *const *y, int f32out, bool silu, const kc_gemv_fuse *fuse = NULL) {
     const int K = (int)l[0]->w.shape[1], G = (int)l[0]->scale.shape[1], Kc = (K + 63) / 64, nm = silu ? 2 : 1;
     const int pass = t4_pass(nm, G, K);
     if (pass < 1) return kc_fail(b, "cuda INT4 GEMV: in %d, %d groups do not fit shared memory", K, G);
@@ -524,8 +553,16 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         // 4 warps, 4 blocks per SM: finer blocks leave a shorter tail.
         const bool wide = blocks <= 2u * (unsigned)b->n_sm;
         cudaError_t e;
-        if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(blocks), dim3(256), smem, a)
-                           : kc_launch(b, k_t4_gemv<8, false>, dim3(blocks), dim3(256), smem, a);
+        if (fuse) {
+            a.fuse = *fuse;
+            if (fuse->residual) e = wide ? kc_launch(b, k_t4_gemv<8, false, T4_RESIDUAL>, dim3(blocks), dim3(256), smem, a)
+                                         : kc_launch(b, k_t4_gemv<4, false, T4_RESIDUAL>, dim3(blocks), dim3(128), smem, a);
+            else if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true, T4_NORMED>, dim3(blocks), dim3(256), smem, a)
+                                    : kc_launch(b, k_t4_gemv<8, false, T4_NORMED>, dim3(blocks), dim3(256), smem, a);
+            else e = silu ? kc_launch(b, k_t4_gemv<4, true, T4_NORMED>, dim3(blocks), dim3(128), smem, a)
+                          : kc_launch(b, k_t4_gemv<4, false, T4_NORMED>, dim3(blocks), dim3(128), smem, a);
+        } else if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(blocks), dim3(256), smem, a)
+                                  : kc_launch(b, k_t4_gemv<8, false>, dim3(blocks), dim3(256), smem, a);
         else e = silu ? kc_launch(b, k_t4_gemv<4, true>, dim3(blocks), dim3(128), smem, a)
                       : kc_launch(b, k_t4_gemv<4, false>, dim3(blocks), dim3(128), smem, a);
         if (kc_check(b, e, "INT4 GEMV")) return -1;
@@ -596,8 +633,9 @@ static bool i4_gemv_pair(const kaon_linear *a, const kaon_linear *b) {
            a->scale.shape[1] == b->scale.shape[1];
 }
 
-int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y) {
-    if (count < 1 || count > 4 || n <= 0 || n > I4_GEMV_MAX_N) return 1;
+int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,
+                         const kc_gemv_fuse *split) {
+    if (count < 1 || count > 4 || n <= 0 || n > I4_GEMV_MAX_N || (split && n != 1)) return 1;
     for (int i = 0; i < count; i++)
         if (!i4_gemv_pair(l[0], l[i])) return 1;
     if (t4_pass(1, l[0]->scale.shape[1], l[0]->w.shape[1]) < 1) return 1;
@@ -605,12 +643,12 @@ int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const k
         if (i4_check(b, l[i], "linear_multi", true)) return -1;
     kc_int4 *s = istate(b);
     if (!s) return -1;
-    return t4_gemv(b, s, x, n, count, l, y, 0, false);
+    return t4_gemv(b, s, x, n, count, l, y, 0, false, split);
 }
 
 int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
-                            void *out) {
-    if (n <= 0 || n > I4_GEMV_MAX_N || !i4_gemv_pair(gate, up) || gate->w.shape[0] != up->w.shape[0] ||
+                            void *out, const kc_gemv_fuse *split) {
+    if (n <= 0 || n > I4_GEMV_MAX_N || (split && n != 1) || !i4_gemv_pair(gate, up) || gate->w.shape[0] != up->w.shape[0] ||
         kaon_linear_bias(gate) || kaon_linear_bias(up) ||
         t4_pass(2, gate->scale.shape[1], gate->w.shape[1]) < 1)
         return 1;
@@ -619,5 +657,19 @@ int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_line
     if (!s) return -1;
     const kaon_linear *l[2] = {gate, up};
     void *y[2] = {out, NULL};
-    return t4_gemv(b, s, x, n, 2, l, y, 0, true);
+    return t4_gemv(b, s, x, n, 2, l, y, 0, true, split);
+}
+
+// res += x @ l^T on the GEMV, also leaving the split norm's xg and parts (f: norm, xg, parts in;
+// n_parts out), at batch 1; else 1.
+int kc_int4_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res, kc_gemv_fuse *f) {
+    if (n != 1 || !i4_gemv_pair(l, l) || t4_pass(1, l->scale.shape[1], l->w.shape[1]) < 1 ||
+        l->w.shape[1] > KC_GEMV_NORM_MAX_IN)
+        return 1;
+    if (i4_check(b, l, "linear_residual", true)) return -1;
+    kc_int4 *s = istate(b);
+    if (!s) return -1;
+    if (t4_gemv(b, s, x, n, 1, &l, &res, 0, false, f)) return -1;
+    f->n_parts = (int)((l->w.shape[0] + 15) / 16);
+    return 0;
 }

@@ -453,9 +453,12 @@ int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, vo
 size_t kc_int4_bytes(const kaon_tensor *host);
 // The fused ops for INT4 layers (n <= 32, same width and group, no act-order, no bias for
 // silu): one GEMV launch; 1 when declined (the caller runs the layers one at a time).
-int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y);
+// split (NULL: none): x is a batch-1 split norm's xg (kc_gemv_fuse), the products scaled by its 1 / rms.
+int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,
+                         const kc_gemv_fuse *split);
 int kc_int4_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate, const kaon_linear *up,
-                            void *out);
+                            void *out, const kc_gemv_fuse *split);
+int kc_int4_linear_residual(kc_backend *b, const void *x, int n, const kaon_linear *l, void *res, kc_gemv_fuse *f);
 void kc_int4_destroy(kc_backend *b);
 // Whether l is a layer of those two formats (the ops send it to their linear).
 static inline bool kc_is_scaled_linear(const kaon_linear *l) {

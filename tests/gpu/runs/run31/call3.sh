@@ -1,6 +1,7 @@
 # Session 48, call 3 (any one GPU): the split norm for block-FP8 layers (residual FP8 GEMV, 1 / rms in
-# the per-group activation quantization): FP8 tests, FP8 and bf16 batch-1 A/B (KAON_NORM_SPLIT=0),
-# the FP8 split trace; on an H200 also issue 22's prefill-8k and 64 / 256 in flight figures.
+# the per-group activation quantization) and INT4 ones (residual / normed k_t4_gemv): their tests,
+# FP8 / W4A16 / bf16 batch-1 A/B (KAON_NORM_SPLIT=0), the FP8 split trace; on an H200 also issue
+# 22's prefill-8k and 64 / 256 in flight figures.
 export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check" /tmp/build_stdout.txt | head -2
 source tests/gpu/runs/run21/env.sh
@@ -9,6 +10,8 @@ R=${KAON_GPU_RESULTS:-/tmp/kaon_gpu_results}
 echo "== tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py 2>&1 | grep -E "passed|failed|Error|assert" | tail -8
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "norm_split" 2>&1 | grep -E "passed|failed|Error|assert" | tail -4
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_int4.py -k "norm_split or model or fused" 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
+grep -h '"int4_norm_split"' $R/results.jsonl 2>/dev/null | cut -c1-300 | head -2
 grep -h '"fp8_norm_split"\|"fp8_model"' $R/results.jsonl 2>/dev/null | cut -c1-400 | head -4
 C=bench/configs/meta-llama__Llama-3.1-8B.json
 C8=bench/configs/llama-3.1-8b-fp8-block.json
@@ -17,6 +20,8 @@ for r in 1 2; do for v in 1 0; do echo -n "fp8 split=$v: "; KAON_NORM_SPLIT=$v t
     --kaon build-gpu/kaon --config $C8 --tokens 256 2>&1 | grep -E "^decode"; done; done
 for v in 1 0; do echo -n "bf16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
     --kaon build-gpu/kaon --tokens 256 2>&1 | grep -E "^decode"; done
+for v in 1 0; do echo -n "W4A16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
+    --kaon build-gpu/kaon --config bench/configs/llama-3.1-8b-awq-g128.json --tokens 256 2>&1 | grep -E "^decode"; done
 echo "== trace, FP8 split"
 OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C8 0 64 1 16 | head -16
 grep -q H200 /tmp/gpu.txt || { find $OUT -type f -delete; exit 0; }
