@@ -24,6 +24,8 @@ for v in 1 0; do echo -n "W4A16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 pytho
     --kaon build-gpu/kaon --config bench/configs/llama-3.1-8b-awq-g128.json --tokens 256 2>&1 | grep -E "^decode"; done
 echo "== trace, FP8 split"
 OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C8 0 64 1 16 | head -16
+echo "== trace, bf16, 64 sequences at 1,024 tokens of context (wall vs kernels: the host's share)"
+OUT=$OUT timeout 90 bash tests/gpu/trace_decode.sh $C 0 1024 64 16 | head -14
 grep -q H200 /tmp/gpu.txt || { find $OUT -type f -delete; exit 0; }
 echo "== prefill 8192"
 timeout 90 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C --batch-sizes 1 --input-len 8192 \
