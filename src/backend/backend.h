@@ -297,6 +297,13 @@ typedef struct kaon_backend_ops {
     // CUDA backend at batch 1: no norm kernel between the GEMVs); NULL: none follows.
     int (*linear_residual)(kaon_backend *be, const void *x, int n, const kaon_linear *w, void *res,
                            const kaon_tensor *next_norm, float eps);
+    // norm_linear_multi of q, k, v (w[3]: wq, wk, wv), then rope_kv_write of them, as one op (k's
+    // and v's buffers are left unspecified). As norm_linear_multi: taken only right after a
+    // linear_residual that prepared this norm; declines (1) otherwise.
+    int (*norm_qkv_rope_kv_write)(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
+                                  const kaon_linear *const *w, void *q, void *k, void *v, kaon_kv_layer *kv,
+                                  const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
+                                  const kaon_rope *rope);
     // rope(q) in place, then rope(k) and v stored at their slots (k's buffer is left
     // unspecified): rope + rope + kv_write in one.
     int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,

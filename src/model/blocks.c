@@ -68,6 +68,7 @@ void kaon_blk_attention_sinks(kaon_fwd *f, const kaon_batch *b, int l, const kao
     else op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, f->a.att);
 }
 
+
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
     f->op->linear(f->be, in, b->n_tokens, w, f->a.proj);
     // A row-parallel layer left this rank's partial sums: every rank gets their total.
@@ -179,12 +180,30 @@ static void norm_mlp(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w
     out_residual(f, b, w->w_down, f->a.gate, scale, w->next_norm);
 }
 
+// norm, q / k / v, RoPE and the KV write as one backend op (norm_qkv_rope_kv_write, batch 1 on
+// the GPU after a prepared norm), then the attention: false where the op declines, nothing run.
+static bool fused_qkv_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w,
+                                const kaon_rope *rope, float scale) {
+    const kaon_backend_ops *op = f->op;
+    if (!fusable_norm(f) || w->q_norm || !op->norm_qkv_rope_kv_write) return false;
+    const int nh = f->c->n_heads, nkv = f->c->n_kv_heads, hd = f->c->head_dim;
+    const kaon_linear *ws[3] = {w->wq, w->wk, w->wv};
+    if (op->norm_qkv_rope_kv_write(f->be, f->a.x, w->attn_norm, f->c->rms_norm_eps, b->n_tokens, ws, f->a.q, f->a.k,
+                                   f->a.v, &f->kv[l], &b->attn, nh, nkv, hd, rope) == 1)
+        return false;
+    op->attention(f->be, f->a.q, &f->kv[l], &b->attn, nh, nkv, hd, scale, 0, f->a.att);
+    return true;
+}
+
 void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
     const kaon_model_config *c = f->c;
     const float scale = w->attn_scale > 0 ? w->attn_scale : 1.0f / sqrtf((float)c->head_dim);
-    norm_qkv(f, b, w);                                                    // q, k, v of norm(x)
-    if (w->q_norm) kaon_blk_qk_norm(f, b, w->q_norm, w->k_norm);          // before RoPE
-    kaon_blk_attention(f, b, l, &f->m->rope[KAON_ROPE_GLOBAL], 0, scale);  // att
+    const kaon_rope *rope = &f->m->rope[KAON_ROPE_GLOBAL];
+    if (!fused_qkv_attention(f, b, l, w, rope, scale)) {
+        norm_qkv(f, b, w);                                            // q, k, v of norm(x)
+        if (w->q_norm) kaon_blk_qk_norm(f, b, w->q_norm, w->k_norm);  // before RoPE
+        kaon_blk_attention(f, b, l, rope, 0, scale);                  // att
+    }
     const bool moe = kaon_model_layer_is_moe(f->m, l);
     out_residual(f, b, w->wo, f->a.att, w->residual_scale, moe ? NULL : w->ffn_norm);  // x += att @ wo^T
     if (moe) {

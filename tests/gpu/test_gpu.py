@@ -797,16 +797,20 @@ def kernel_names(tmp, run):
     return out, {line.split(",", 7)[7] for line in csv.read_text().splitlines() if line.count(",") >= 7}
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "llama3.1-8b-2layers"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen2-hd128", "qwen3", "llama3.1-8b-2layers"])
 def test_norm_split_vs_transformers(tmp_path, name):
     """Batch-1 decode with the RMSNorm split around the GEMVs (the default: the output GEMVs add
     into the residual stream and leave x * w and its sums of squares, the next GEMVs scale by
-    1 / rms) against transformers, as close as the separate ops (KAON_NORM_SPLIT=0), and the
+    1 / rms; with 128-wide heads and no q/k norm the qkv GEMV also rotates q and k and writes the
+    KV cache) against transformers, as close as the separate ops (KAON_NORM_SPLIT=0), and the
     split kernels did run (and not with it off)."""
     if name in BIG and os.environ.get("KAON_GPU_SKIP_BIG") == "1":
         pytest.skip("KAON_GPU_SKIP_BIG=1")
     import torch
-    cfg = SMALL[name] if name in SMALL else BIG[name]()
+    if name == "qwen2-hd128":  # q / k / v biases, 128-wide heads: the fused RoPE and KV write
+        cfg = dict(SMALL["qwen2"], num_attention_heads=4, num_key_value_heads=2)
+    else:
+        cfg = SMALL[name] if name in SMALL else BIG[name]()
     folder = tmp_path / name
     model = build_hf(folder, cfg, init_std=0.02)
     V = cfg["vocab_size"]
@@ -817,7 +821,10 @@ def test_norm_split_vs_transformers(tmp_path, name):
     split, ks = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
     plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
                                                                dict(env, KAON_NORM_SPLIT="0")))
-    split_kernels = ("void k_gemv<1, 1, 1>(", "void k_gemv<1, 1, 2>(", "void k_gemv_silu<1, 1, true>(")
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    rope_fused = hd == 128 and name != "qwen3"  # Qwen3's q / k norms come between the GEMV and RoPE
+    split_kernels = ("void k_gemv<1, 1, 1>(", "k_gemv_qkv_rope(" if rope_fused else "void k_gemv<1, 1, 2>(",
+                     "void k_gemv_silu<1, 1, true>(")
     for kern in split_kernels:
         assert any(k.startswith(kern) for k in ks), (kern, sorted(ks))
         assert not any(k.startswith(kern) for k in kp), (kern, sorted(kp))

@@ -894,6 +894,40 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
     return gemv_silu_plain(b, b->split_xg, n, gate, up, out, &f);
 }
 
+static int cuda_norm_qkv_rope_kv_write(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
+                                       const kaon_linear *const *w, void *q, void *k, void *v, kaon_kv_layer *kv,
+                                       const kaon_attn_meta *m, int nh, int nkv, int hd, const kaon_rope *rope) {
+    (void)k, (void)v;
+    static const bool on = !kc_env_off("KAON_QKV_ROPE");  // 0: the qkv GEMV and rope_kv_write apart (A/B)
+    kc_backend *b = kc(be);
+    kc_gemv_fuse f;
+    if (!on || !kv || !kv->k || !kv->v || kv->dtype == KAON_KV_FP8 || !m || m->n_tokens != 1 || hd != 128 || !rope ||
+        rope->rot_dim != 128 || rope->interleaved || !split_for(b, x, norm, eps, n, (int)w[0]->w.shape[1], &f))
+        return 1;
+    const bf16 *ws[3];
+    const float *bs[3];
+    const int64_t rows[3] = {(int64_t)nh * hd, (int64_t)nkv * hd, (int64_t)nkv * hd};
+    for (int i = 0; i < 3; i++) {
+        if (!plain_bf16(w[i]) || w[i]->w.shape[0] != rows[i] || w[i]->w.shape[1] != w[0]->w.shape[1]) return 1;
+        const kaon_tensor *bias = kaon_linear_bias(w[i]);
+        if (!is_matrix(b, &w[i]->w, "linear") || (bias && !is_vector(b, bias, rows[i], "linear bias"))) return -1;
+        ws[i] = (const bf16 *)w[i]->w.data;
+        bs[i] = bias ? (const float *)bias->data : NULL;
+    }
+    if (rope_sync(b, rope, hd)) return -1;
+    QkvRope r;
+    r.pos = kc_dev_i32(b, m->positions, 1);
+    r.slot = kc_dev_i32(b, m->slot_mapping, 1);
+    if (!r.pos || !r.slot) return -1;
+    r.kcache = (bf16 *)kv->k;
+    r.vcache = (bf16 *)kv->v;
+    r.n_slots = cache_slots(b, kv, nkv, hd);
+    r.inv_freq = b->d_inv_freq;
+    r.nh = nh;
+    r.nkv = nkv;
+    return kc_gemv_qkv_rope(b, b->split_xg, (int)w[0]->w.shape[1], ws, bs, (bf16 *)q, &f, &r);
+}
+
 static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res,
                                 const kaon_tensor *next_norm, float eps) {
     kc_backend *b = kc(be);
@@ -1043,6 +1077,7 @@ static kaon_backend_ops make_ops(void) {
     o.norm_linear_multi = cuda_norm_linear_multi;
     o.norm_linear_silu_mul = cuda_norm_linear_silu_mul;
     o.linear_residual = cuda_linear_residual;
+    o.norm_qkv_rope_kv_write = cuda_norm_qkv_rope_kv_write;
     o.rope_kv_write = cuda_rope_kv_write;
     o.mla_prep = cuda_mla_prep;
     o.mla_expanded_prefill = true;

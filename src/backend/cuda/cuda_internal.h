@@ -375,6 +375,18 @@ typedef struct kc_gemv_fuse {
     int n_parts;        // normed
     float eps;          // normed
 } kc_gemv_fuse;
+// RoPE and the KV write of kc_gemv_qkv_rope (128-wide heads, full NeoX rotary, a bf16 cache).
+typedef struct QkvRope {
+    bf16 *kcache, *vcache;     // [slots, nkv, 128]
+    const int32_t *pos, *slot;  // the token's position and cache slot (device, one each)
+    int64_t n_slots;
+    const float *inv_freq;     // [64]
+    int nh, nkv;
+} QkvRope;
+// q, k, v GEMVs of a split norm's xg (fuse: normed) with the rotation and the KV write in their
+// epilogue: q rotated into q, k and v into their cache rows; 1 where the shapes do not suit.
+int kc_gemv_qkv_rope(kc_backend *b, const bf16 *x, int in, const bf16 *const *w, const float *const *bias, bf16 *q,
+                     const kc_gemv_fuse *fuse, const QkvRope *r);
 int kc_gemv_multi(kc_backend *b, const bf16 *x, int n, int in, int count, const bf16 *const *w,
                   const int *rows, const float *const *bias, void *const *y, int f32out, const kc_gemv_fuse *fuse);
 int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, const bf16 *wu,

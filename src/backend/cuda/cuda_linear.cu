@@ -262,6 +262,60 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
     }
 }
 
+// The qkv GEMV of a split norm (GV_NORMED; a.w = q, k, v) with RoPE and the KV write in its
+// epilogue, at batch 1 for 128-wide heads with full NeoX rotary (Llama, Mistral, Qwen2): q is
+// rotated in place, k rotated into its cache row, v copied to its own. A q or k block's 8 warps
+// take 4 rotary pairs (rows j and j + 64 of one head), so a pair meets in shared memory; v blocks
+// take 8 consecutive rows. Values are rounded to bf16 as the GEMV's output before the rotation,
+// whose arithmetic is rope_kv_write's (rope128_pairs).
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 1)
+k_gemv_qkv_rope(const bf16 *__restrict__ x, int in, GemvArgs a, QkvRope r) {
+    __shared__ float vals[GEMV_WARPS];
+    const bf16 *w;
+    const float *bias;
+    void *y;
+    int rows, begin;
+    gemv_pick(a, blockIdx.x, w, bias, y, rows, begin);
+    kc_pdl_trigger();
+    const int seg = (int)blockIdx.x >= a.begin[2] ? 2 : (int)blockIdx.x >= a.begin[1] ? 1 : 0;
+    const int lb = (int)blockIdx.x - begin, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = (lb & 15) * 4 + (warp >> 1);  // q, k: the warp's rotary pair in its head
+    const int row = seg == 2 ? lb * GEMV_WARPS + warp : (lb >> 4) * 128 + j + (warp & 1) * 64;
+    const int nc = in >> 3;
+    const uint4 *wr = (const uint4 *)(w + (size_t)row * in);
+    constexpr int U = GemvU<1>::U;
+    uint4 wv[U];
+    if (gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    const float pos = (float)ld_meta(r.pos);
+    const int64_t slot = ld_meta(r.slot);
+    kc_pdl_wait();
+    const float ss = parts_share(a.fuse);
+    float acc[1] = {0.f};
+    gemv_dots<1, U>(wr, (const uint4 *)x, nc, lane, wv, acc);
+    const float scale = rsqrtf(block_sum(ss) / (float)in + a.fuse.eps);
+    const float v = __bfloat162float(__float2bfloat16(acc[0] * scale + (bias ? bias[row] : 0.f)));
+    const bool cached = slot >= 0 && slot < r.n_slots;
+    const size_t crow = (size_t)slot * r.nkv * 128;
+    if (seg == 2) {
+        if (lane == 0 && cached) r.vcache[crow + row] = __float2bfloat16(v);
+        return;
+    }
+    if (lane == 0) vals[warp] = v;
+    __syncthreads();
+    if (lane != 0 || (warp & 1)) return;
+    const float lo = vals[warp], hi = vals[warp + 1];
+    float sn, cs;
+    sincosf(pos * r.inv_freq[j], &sn, &cs);
+    const bf16 rlo = __float2bfloat16(lo * cs - hi * sn), rhi = __float2bfloat16(lo * sn + hi * cs);
+    if (seg == 0) {
+        ((bf16 *)y)[row] = rlo;
+        ((bf16 *)y)[row + 64] = rhi;
+    } else if (cached) {
+        r.kcache[crow + row] = rlo;
+        r.kcache[crow + row + 64] = rhi;
+    }
+}
+
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 bool kc_gemv_occ_hi(int which) {
@@ -355,6 +409,29 @@ int kc_gemv_silu(kc_backend *b, const bf16 *x, int n, int in, const bf16 *wg, co
     default: kc_launch(b, k_gemv_silu<8>, grid, block, 0, x, in, wg, wu, rows, out, f); break;
     }
     return kc_launched(b, "gemv_silu");
+}
+
+int kc_gemv_qkv_rope(kc_backend *b, const bf16 *x, int in, const bf16 *const *w, const float *const *bias, bf16 *q,
+                     const kc_gemv_fuse *fuse, const QkvRope *r) {
+    if (!fuse || !fuse->normed || in % 8 || in > KC_GEMV_NORM_MAX_IN || !aligned16(x) || r->nh <= 0 || r->nkv <= 0)
+        return 1;
+    GemvArgs a;
+    memset(&a, 0, sizeof a);
+    a.count = 3;
+    a.fuse = *fuse;
+    const int rows[3] = {r->nh * 128, r->nkv * 128, r->nkv * 128};
+    int blocks = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!aligned16(w[i])) return 1;
+        a.w[i] = w[i];
+        a.bias[i] = bias[i];
+        a.y[i] = i == 0 ? (void *)q : NULL;
+        a.rows[i] = rows[i];
+        a.begin[i] = blocks;
+        blocks += rows[i] / GEMV_WARPS;
+    }
+    kc_launch(b, k_gemv_qkv_rope, dim3((unsigned)blocks), dim3(GEMV_WARPS * 32), 0, x, in, a, *r);
+    return kc_launched(b, "gemv (qkv, rope, kv write)");
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------

@@ -15,15 +15,17 @@ grep -h '"int4_norm_split"' $R/results.jsonl 2>/dev/null | cut -c1-300 | head -2
 grep -h '"fp8_norm_split"\|"fp8_model"' $R/results.jsonl 2>/dev/null | cut -c1-400 | head -4
 C=bench/configs/meta-llama__Llama-3.1-8B.json
 C8=bench/configs/llama-3.1-8b-fp8-block.json
-echo "== batch-1 decode, FP8 block: split (default) / KAON_NORM_SPLIT=0, twice; then bf16 once"
+echo "== batch-1 decode, FP8 block: split (default) / KAON_NORM_SPLIT=0, twice; bf16 with the qkv RoPE fusion off too, twice"
 for r in 1 2; do for v in 1 0; do echo -n "fp8 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
     --kaon build-gpu/kaon --config $C8 --tokens 256 2>&1 | grep -E "^decode"; done; done
-for v in 1 0; do echo -n "bf16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
-    --kaon build-gpu/kaon --tokens 256 2>&1 | grep -E "^decode"; done
+for r in 1 2; do for v in "KAON_NORM_SPLIT=1" "KAON_QKV_ROPE=0" "KAON_NORM_SPLIT=0"; do echo -n "bf16 $v: "; env $v \
+    timeout 60 python3 bench/gpu_decode.py --kaon build-gpu/kaon --tokens 256 2>&1 | grep -E "^decode"; done; done
 for v in 1 0; do echo -n "W4A16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
     --kaon build-gpu/kaon --config bench/configs/llama-3.1-8b-awq-g128.json --tokens 256 2>&1 | grep -E "^decode"; done
 echo "== trace, FP8 split"
 OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C8 0 64 1 16 | head -16
+echo "== trace, bf16 split + qkv RoPE"
+OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C 0 64 1 16 | head -12
 echo "== trace, bf16, 64 sequences at 1,024 tokens of context (wall vs kernels: the host's share)"
 OUT=$OUT timeout 90 bash tests/gpu/trace_decode.sh $C 0 1024 64 16 | head -14
 grep -q H200 /tmp/gpu.txt || { find $OUT -type f -delete; exit 0; }
