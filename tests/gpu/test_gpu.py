@@ -818,7 +818,8 @@ def test_norm_split_vs_transformers(tmp_path, name):
     ref = hf_logits(model, ids)
     del model
     torch.cuda.empty_cache()
-    split, ks = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
+    split, ks = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
+                                                               dict(env, KAON_QKV_ROPE="1")))
     plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
                                                                dict(env, KAON_NORM_SPLIT="0")))
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]

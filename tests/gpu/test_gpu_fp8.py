@@ -216,7 +216,7 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
 
     ref = logits("cpu", len(ids), {})
     e_q = rel(ref, logits("cpu", len(ids), {"KAON_FP8_ACT": "0"}))  # the activation quantization's effect
-    split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, env))
+    split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT_QUANT="1")))
     plain, kp = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT="0")))
     res_kernel = "void k_fp8_gemv<1, 0, false, true>("
     assert any(k.startswith(res_kernel) for k in ks), sorted(ks)

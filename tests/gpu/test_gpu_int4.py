@@ -240,7 +240,8 @@ def test_int4_norm_split_vs_cpu(tmp_path, fmt):
     model = write_folder(tmp_path / fmt, dict(cfg, torch_dtype="float16", quantization_config=qc), files, "F32",
                          indent=None)
     cpu = kaon_logits(model, IDS, "cpu", tmp_path, "decode")
-    split, ks = kernel_names(tmp_path, lambda env: kaon_logits(model, IDS, "cuda", tmp_path, "decode", env))
+    split, ks = kernel_names(tmp_path, lambda env: kaon_logits(model, IDS, "cuda", tmp_path, "decode",
+                                                               dict(env, KAON_NORM_SPLIT_QUANT="1")))
     plain, kp = kernel_names(tmp_path, lambda env: kaon_logits(model, IDS, "cuda", tmp_path, "decode",
                                                                dict(env, KAON_NORM_SPLIT="0")))
     for mode in (", 1>(", ", 2>("):  # T4_RESIDUAL, T4_NORMED

@@ -850,12 +850,22 @@ static bool norm_split_on(void) {
     return on;
 }
 
+// The FP8 and INT4 forms (KAON_NORM_SPLIT_QUANT=0 off; KAON_NORM_SPLIT=0 turns them off too).
+static bool norm_split_quant_on(void) {
+    static const bool on = !kc_env_off("KAON_NORM_SPLIT_QUANT");
+    return on;
+}
+
 static bool plain_bf16(const kaon_linear *l) {
     return l && !kc_is_scaled_linear(l) && l->w.dtype == KAON_BF16 && !kaon_linear_unsupported(l);
 }
 
-static bool fp8_layer(const kaon_linear *l) { return l && kc_is_scaled_linear(l) && l->w.dtype == KAON_FP8_E4M3; }
-static bool int4_layer(const kaon_linear *l) { return l && kc_is_scaled_linear(l) && l->w.dtype == KAON_I4; }
+static bool fp8_layer(const kaon_linear *l) {
+    return l && kc_is_scaled_linear(l) && l->w.dtype == KAON_FP8_E4M3 && norm_split_quant_on();
+}
+static bool int4_layer(const kaon_linear *l) {
+    return l && kc_is_scaled_linear(l) && l->w.dtype == KAON_I4 && norm_split_quant_on();
+}
 
 // The split norm the last residual GEMV left for x and this norm, if it is still valid.
 static const kc_gemv_fuse *split_for(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int dim,

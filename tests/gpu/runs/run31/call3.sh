@@ -16,17 +16,17 @@ grep -h '"fp8_norm_split"\|"fp8_model"' $R/results.jsonl 2>/dev/null | cut -c1-4
 C=bench/configs/meta-llama__Llama-3.1-8B.json
 C8=bench/configs/llama-3.1-8b-fp8-block.json
 echo "== batch-1 decode, FP8 block: split (default) / KAON_NORM_SPLIT=0, twice; bf16 with the qkv RoPE fusion off too, twice"
-for r in 1 2; do for v in 1 0; do echo -n "fp8 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
+for r in 1 2; do for v in 1 0; do echo -n "fp8 split=$v: "; KAON_NORM_SPLIT_QUANT=1 KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
     --kaon build-gpu/kaon --config $C8 --tokens 256 2>&1 | grep -E "^decode"; done; done
-for r in 1 2; do for v in "KAON_NORM_SPLIT=1" "KAON_QKV_ROPE=0" "KAON_NORM_SPLIT=0"; do echo -n "bf16 $v: "; env $v \
+for r in 1 2; do for v in "KAON_QKV_ROPE=1" "KAON_QKV_ROPE=0" "KAON_NORM_SPLIT=0"; do echo -n "bf16 $v: "; env $v \
     timeout 60 python3 bench/gpu_decode.py --kaon build-gpu/kaon --tokens 256 2>&1 | grep -E "^decode"; done; done
-for v in 1 0; do echo -n "W4A16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
+for v in 1 0; do echo -n "W4A16 split=$v: "; KAON_NORM_SPLIT_QUANT=1 KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \
     --kaon build-gpu/kaon --config bench/configs/llama-3.1-8b-awq-g128.json --tokens 256 2>&1 | grep -E "^decode"; done
 if ! grep -q H200 /tmp/gpu.txt; then
 echo "== trace, FP8 split"
-OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C8 0 64 1 16 | head -16
+KAON_NORM_SPLIT_QUANT=1 OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C8 0 64 1 16 | head -16
 echo "== trace, bf16 split + qkv RoPE"
-OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C 0 64 1 16 | head -12
+KAON_QKV_ROPE=1 OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $C 0 64 1 16 | head -12
 echo "== trace, bf16, 64 sequences at 1,024 tokens of context (wall vs kernels: the host's share)"
 OUT=$OUT timeout 90 bash tests/gpu/trace_decode.sh $C 0 1024 64 16 | head -14
 find $OUT -type f -delete; exit 0
