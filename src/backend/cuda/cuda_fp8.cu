@@ -217,7 +217,13 @@ static __device__ __forceinline__ uint8_t to_e4m3(float v) {
 // every lane of the warp; the same order in every warp and run.
 static __device__ __forceinline__ float split_rinv(const float *parts, int n_parts, int K, float eps) {
     float s = 0.0f;
-    for (int i = threadIdx.x & 31; i < n_parts; i += 32) s += __ldcg(parts + i);
+    for (int i0 = threadIdx.x & 31; i0 < n_parts; i0 += 32 * 8) {  // 8 loads in flight per lane
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = i0 + 32 * u < n_parts ? __ldcg(parts + i0 + 32 * u) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; u++) s += v[u];
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return rsqrtf(s / (float)K + eps);
@@ -416,6 +422,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
     const int nch = K / 128;
     const int r0 = min(m0 + g, M - 1), r1 = min(m0 + g + 8, M - 1);  // rows past M: loaded, never stored
     const int lane_off = t * 16;
+    float old_y = 0.0f;  // RES: the residual stream's value at the row this thread finishes (NT 1)
     for (int wi = 0; wi < (SILU ? 2 : 1); wi++) {
         const uint8_t *w = a.w[SILU ? wi : seg];
         const float *ws = a.ws[SILU ? wi : seg];
@@ -443,6 +450,10 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 #pragma unroll
         for (int i = 0; i < FP8_STAGES - 1; i++) issue(i);
         kc_pdl_wait();  // xq and xs come from the kernel before
+        if (RES && threadIdx.x < 128) {  // requested now, not after the last chunk (the epilogue's entry e)
+            const int e = threadIdx.x, row = m0 + (e >> 4) + ((e & 3) >= 2 ? 8 : 0);
+            if (row < M && (e & 13) == 0) old_y = __bfloat162float(((const bf16 *)a.y[0])[row]);
+        }
         for (int i = 0;; i++) {
             const int c = warp + i * FP8_WARPS;
             if (c >= nch) break;
@@ -515,10 +526,8 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             float r = v[0];
             if (a.bias[seg]) r += a.bias[seg][row];
             if (RES) {  // linear, then rmsnorm's add: each rounded to bf16
-                bf16 *yr = (bf16 *)a.y[0] + row;
-                const float y = __bfloat162float(
-                    __float2bfloat16(__bfloat162float(*yr) + __bfloat162float(__float2bfloat16(r))));
-                *yr = __float2bfloat16(y);
+                const float y = __bfloat162float(__float2bfloat16(old_y + __bfloat162float(__float2bfloat16(r))));
+                ((bf16 *)a.y[0])[row] = __float2bfloat16(y);
                 a.xg[row] = __float2bfloat16(y * a.norm[row]);
                 sq = y * y;
             } else if (a.f32out) ((float *)a.y[seg])[(size_t)tok * M + row] = r;
