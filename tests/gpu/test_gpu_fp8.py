@@ -132,7 +132,9 @@ def test_fp8_linear_multi_and_silu(tmp_path, mode, sb0, sb1, act, act_scale):
         assert e < 1e-2, (n, e)
 
 
-def test_fp8_model_cuda_vs_cpu(tmp_path):
+def block_fp8_llama(tmp_path, seed):
+    """A tiny 3-layer Llama whose matrices but the head are 128 x 128 block FP8 (DeepSeek's
+    convert): (folder, config)."""
     from fp8_files import quantize_checkpoint
     from hf_files import write_folder
     from tiny_models import make_config, make_weights
@@ -144,9 +146,12 @@ def test_fp8_model_cuda_vs_cpu(tmp_path):
     cfg = dict(cfg, torch_dtype="bfloat16",
                quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                     "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]})
-    w = round_bf16(make_weights(cfg, 11))
-    files, _ = quantize_checkpoint(w, lambda n: n == "lm_head.weight")
-    folder = write_folder(tmp_path / "fp8", cfg, files, "BF16", indent=None)
+    files, _ = quantize_checkpoint(round_bf16(make_weights(cfg, seed)), lambda n: n == "lm_head.weight")
+    return write_folder(tmp_path / "fp8", cfg, files, "BF16", indent=None), cfg
+
+
+def test_fp8_model_cuda_vs_cpu(tmp_path):
+    folder, cfg = block_fp8_llama(tmp_path, 11)
     rng = np.random.default_rng(5)
     ids = rng.integers(0, cfg["vocab_size"], 40).tolist()
     V = cfg["vocab_size"]
@@ -191,19 +196,7 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     o_proj / down add into the residual stream and leave x * w and its sums of squares, the
     activation quantization of qkv and gate/up applies 1 / rms) against the CPU's logits, as close
     as the separate kernels (KAON_NORM_SPLIT=0); the residual GEMV ran, and not with it off."""
-    from fp8_files import quantize_checkpoint
-    from hf_files import write_folder
-    from tiny_models import make_config, make_weights
-    from bf16 import round_bf16
-
-    cfg = make_config("llama")
-    cfg.update(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-               num_hidden_layers=3, vocab_size=512)
-    cfg = dict(cfg, torch_dtype="bfloat16",
-               quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                    "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]})
-    files, _ = quantize_checkpoint(round_bf16(make_weights(cfg, 13)), lambda n: n == "lm_head.weight")
-    folder = write_folder(tmp_path / "fp8", cfg, files, "BF16", indent=None)
+    folder, cfg = block_fp8_llama(tmp_path, 13)
     ids = np.random.default_rng().integers(0, cfg["vocab_size"], 32).tolist()
     V = cfg["vocab_size"]
 

@@ -15,4 +15,5 @@ python3 bench/roofline.py $C --prefill $OUT/p8k.json | head -1
 C8=bench/configs/llama-3.1-8b-fp8-block.json
 for v in "KAON_NORM_SPLIT=1" "KAON_FP8_UP_PREFETCH=1" "KAON_NORM_SPLIT=0"; do echo -n "fp8 $v: "; env $v timeout 60 \
     python3 bench/gpu_decode.py --kaon build-gpu/kaon --config $C8 --tokens 256 2>&1 | grep -E "^decode"; done
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py -k "model or norm_split" 2>&1 | grep -E "passed|failed|Error|assert" | tail -3
 find $OUT -type f -delete
