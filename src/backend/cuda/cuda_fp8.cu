@@ -402,7 +402,6 @@ struct Fp8Args {
     const float *norm;
     bf16 *xg;
     float *parts;
-    int up_prefetch;  // SILU: up's rows requested into L2 before gate is streamed (KAON_FP8_UP_PREFETCH=1)
 };
 
 // y[t, row] = sum over 128-column chunks c of (w[row, c] . xq[t, c]) * sw * sx for the tokens
@@ -424,13 +423,6 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
     const int r0 = min(m0 + g, M - 1), r1 = min(m0 + g + 8, M - 1);  // rows past M: loaded, never stored
     const int lane_off = t * 16;
     float old_y = 0.0f;  // RES: the residual stream's value at the row this thread finishes (NT 1)
-    // SILU streams gate, then up, each with its own ring prologue: up's first chunks would wait a
-    // whole memory round trip after gate's last. Requested into L2 now, they arrive during gate.
-    if (SILU && a.up_prefetch && t == 0)
-        for (int c = warp; c < nch; c += FP8_WARPS) {
-            prefetch_l2(a.w[1] + (size_t)r0 * K + (size_t)c * 128);
-            prefetch_l2(a.w[1] + (size_t)r1 * K + (size_t)c * 128);
-        }
     for (int wi = 0; wi < (SILU ? 2 : 1); wi++) {
         const uint8_t *w = a.w[SILU ? wi : seg];
         const float *ws = a.ws[SILU ? wi : seg];
@@ -663,8 +655,6 @@ static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_li
     a.K = K;
     a.f32out = f32out;
     a.ws_cols = (K + 127) / 128;
-    static const int up_prefetch = kc_env_on("KAON_FP8_UP_PREFETCH");  // unmeasured: off
-    a.up_prefetch = silu && up_prefetch;
     int blocks = 0;
     for (int i = 0; i < count; i++) {
         a.w[i] = (const uint8_t *)l[i]->w.data;
