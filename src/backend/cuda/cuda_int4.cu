@@ -149,7 +149,7 @@ enum { T4_PLAIN, T4_RESIDUAL, T4_NORMED };
 // chunks of K; warp results meet in shared memory. y [nv, M] bf16 or f32 (+ bias); SILU: y[0] = bf16(silu(bf16 g))
 // * bf16 u, rounded as silu_and_mul after two linears. 128 registers at most: 2
 // blocks of 8 warps or 4 of 4 per SM. MODE: see T4_PLAIN (not T4_RESIDUAL with SILU).
-template <int NW, bool SILU, int MODE = T4_PLAIN>
+template <int NW, bool SILU, int MODE = T4_PLAIN, bool XG = false>
 __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
     constexpr int NM = SILU ? 2 : 1, U = T4_U / NM;
     extern __shared__ __align__(16) uint8_t t4_smem[];
@@ -191,12 +191,13 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                 if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
         }
     }
+    if (XG) __syncthreads();  // the scales; x needs no staging (read below through L1)
     kc_pdl_wait();  // x is the previous kernel's output; y may still be read by an earlier kernel
     float ss = 0.f;  // T4_NORMED: warp 0's share of the sum of squares, requested beside x
     if (MODE == T4_NORMED && warp == 0)
         for (int i = lane; i < a.fuse.n_parts; i += 32) ss += __ldcg(a.fuse.parts + i);
     bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
-    const int v8 = a.Kc * 8, nx = a.nv * v8;  // 8-column vectors per row, in all
+    const int v8 = a.Kc * 8, nx = XG ? 0 : a.nv * v8;  // 8-column vectors per row, in all
     for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
         uint4 v[4];
 #pragma unroll
@@ -210,9 +211,10 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
             if (i < nx) *(uint4 *)(xs + r * a.xstride + c8) = v[j];
         }
     }
-    __syncthreads();
+    if (!XG) __syncthreads();
     const bool xon = gid < a.nv;  // lane's column of B: activation row gid
-    const uint4 *xrow = (const uint4 *)(xs + (xon ? gid : 0) * a.xstride + 8 * tid);
+    const uint4 *xrow = XG ? (const uint4 *)(a.x + (size_t)(xon ? gid : 0) * a.K + 8 * tid)
+                           : (const uint4 *)(xs + (xon ? gid : 0) * a.xstride + 8 * tid);
     float acc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++)
@@ -232,9 +234,15 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
             if (c + U < c_hi)  // this register's next chunk, in flight while the rest are consumed
 #pragma unroll
                 for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
+            uint4 xh[2];  // columns 64c + 32h + 8tid .. of both halves, requested together
+#pragma unroll
+            for (int h = 0; h < 2; h++)  // (from global memory (XG): 0 past K, as in shared memory)
+                xh[h] = !xon ? make_uint4(0, 0, 0, 0)
+                        : !XG ? xrow[8 * c + 4 * h]
+                        : 64 * c + 32 * h < a.K ? __ldg(xrow + 8 * c + 4 * h) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int h = 0; h < 2; h++) {  // 32 columns: one group
-                const uint4 xv = xon ? xrow[8 * c + 4 * h] : make_uint4(0, 0, 0, 0);  // columns 64c + 32h + 8tid ..
+                const uint4 xv = xh[h];
                 const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
                 if (--left == 0) gi++, left = g32;
 #pragma unroll
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
 #pragma unroll
         for (int m = 0; m < NM; m++) wp[m] += U * 32;
     }
-    float *red = (float *)(t4_smem + (size_t)NM * G * 128 + (((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
+    float *red = (float *)(t4_smem + (size_t)NM * G * 128 + (XG ? 0 : ((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -418,6 +426,19 @@ size_t kc_int4_bytes(const kaon_tensor *host) {
     return al256(Mt * Kc * 512) + 3 * 256 + Mt * 16 * G32 * 4 + 16 * G32 * 8;
 }
 
+// Every k_t4_gemv instance of NW warps may use T4_SMEM_MAX of shared memory: 0, or -1 + recorded error.
+template <int NW, bool XG>
+static int t4_allow_smem(kc_backend *b) {
+    const void *f[5] = {(const void *)k_t4_gemv<NW, false, T4_PLAIN, XG>, (const void *)k_t4_gemv<NW, true, T4_PLAIN, XG>,
+                        (const void *)k_t4_gemv<NW, false, T4_RESIDUAL, XG>,
+                        (const void *)k_t4_gemv<NW, false, T4_NORMED, XG>, (const void *)k_t4_gemv<NW, true, T4_NORMED, XG>};
+    for (const void *k : f)
+        if (kc_check(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, T4_SMEM_MAX),
+                     "INT4 GEMV shared memory"))
+            return -1;
+    return 0;
+}
+
 // The tiled layout's upload: nibbles reordered on the device, scale + zero pairs on the host.
 static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
     const int64_t M = host->w.shape[0], K = host->w.shape[1];
@@ -473,11 +494,8 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
     if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
     if (tmp) cudaFree(tmp);
     free(hsz);
-    for (int i = 0; i < 4 && !rc; i++)  // (per device: each upload sets it)
-        rc = kc_check(b, cudaFuncSetAttribute(i == 0 ? k_t4_gemv<8, false> : i == 1 ? k_t4_gemv<8, true>
-                                              : i == 2 ? k_t4_gemv<4, false> : k_t4_gemv<4, true>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T4_SMEM_MAX),
-                      "INT4 GEMV shared memory");
+    if (!rc) rc = t4_allow_smem<8, false>(b) || t4_allow_smem<4, false>(b) || t4_allow_smem<8, true>(b) ||
+                  t4_allow_smem<4, true>(b);  // (per device: each upload sets it)
     if (rc) {
         cudaFree(dst);
         return -1;
@@ -518,6 +536,35 @@ static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, 
     return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
 }
 
+// Whether k_t4_gemv reads x through L1 as it goes (default) rather than staging it in shared
+// memory first (KAON_T4_X=smem, for an A/B): staging costs every block an L2 round trip and a
+// barrier after the PDL wait, while its first weights wait in registers.
+static bool t4_x_direct(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_T4_X");
+        v = !(e && !strcmp(e, "smem"));
+    }
+    return v;
+}
+
+template <int NW, bool XG>
+static cudaError_t t4_launch_nw(kc_backend *b, bool silu, int mode, unsigned blocks, size_t smem, const T4Args &a) {
+    const dim3 grid(blocks), block(NW * 32);
+    if (mode == T4_RESIDUAL) return kc_launch(b, k_t4_gemv<NW, false, T4_RESIDUAL, XG>, grid, block, smem, a);
+    if (mode == T4_NORMED)
+        return silu ? kc_launch(b, k_t4_gemv<NW, true, T4_NORMED, XG>, grid, block, smem, a)
+                    : kc_launch(b, k_t4_gemv<NW, false, T4_NORMED, XG>, grid, block, smem, a);
+    return silu ? kc_launch(b, k_t4_gemv<NW, true, T4_PLAIN, XG>, grid, block, smem, a)
+                : kc_launch(b, k_t4_gemv<NW, false, T4_PLAIN, XG>, grid, block, smem, a);
+}
+
+template <bool XG>
+static cudaError_t t4_launch(kc_backend *b, bool wide, bool silu, int mode, unsigned blocks, size_t smem,
+                             const T4Args &a) {
+    return wide ? t4_launch_nw<8, XG>(b, silu, mode, blocks, smem, a) : t4_launch_nw<4, XG>(b, silu, mode, blocks, smem, a);
+}
+
 // k_t4_gemv over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
 // fuse (n 1; NULL: none): the split norm's residual (one weight, y[0] the residual stream) or normed mode.
 static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, const kaon_linear *const *l,
@@ -548,23 +595,15 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         a.x = xg + (size_t)p0 * K;
         a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
         a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
-        const size_t smem = t4_smem_bytes(nm, G, nv, Kc);
+        const bool xg_direct = t4_x_direct();
+        const size_t smem = t4_smem_bytes(nm, G, xg_direct ? 0 : nv, Kc);
         // 8 warps while the blocks fit one wave at 2 per SM (more loads in flight per row); else
         // 4 warps, 4 blocks per SM: finer blocks leave a shorter tail.
         const bool wide = blocks <= 2u * (unsigned)b->n_sm;
-        cudaError_t e;
-        if (fuse) {
-            a.fuse = *fuse;
-            if (fuse->residual) e = wide ? kc_launch(b, k_t4_gemv<8, false, T4_RESIDUAL>, dim3(blocks), dim3(256), smem, a)
-                                         : kc_launch(b, k_t4_gemv<4, false, T4_RESIDUAL>, dim3(blocks), dim3(128), smem, a);
-            else if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true, T4_NORMED>, dim3(blocks), dim3(256), smem, a)
-                                    : kc_launch(b, k_t4_gemv<8, false, T4_NORMED>, dim3(blocks), dim3(256), smem, a);
-            else e = silu ? kc_launch(b, k_t4_gemv<4, true, T4_NORMED>, dim3(blocks), dim3(128), smem, a)
-                          : kc_launch(b, k_t4_gemv<4, false, T4_NORMED>, dim3(blocks), dim3(128), smem, a);
-        } else if (wide) e = silu ? kc_launch(b, k_t4_gemv<8, true>, dim3(blocks), dim3(256), smem, a)
-                                  : kc_launch(b, k_t4_gemv<8, false>, dim3(blocks), dim3(256), smem, a);
-        else e = silu ? kc_launch(b, k_t4_gemv<4, true>, dim3(blocks), dim3(128), smem, a)
-                      : kc_launch(b, k_t4_gemv<4, false>, dim3(blocks), dim3(128), smem, a);
+        const int mode = !fuse ? T4_PLAIN : fuse->residual ? T4_RESIDUAL : T4_NORMED;
+        if (fuse) a.fuse = *fuse;
+        const cudaError_t e = xg_direct ? t4_launch<true>(b, wide, silu, mode, blocks, smem, a)
+                                        : t4_launch<false>(b, wide, silu, mode, blocks, smem, a);
         if (kc_check(b, e, "INT4 GEMV")) return -1;
     }
     return 0;
