@@ -536,16 +536,28 @@ static const bf16 *i4_x(kc_backend *b, kc_int4 *s, const void *x, int n, int K, 
     return kc_check(b, e, "INT4 gather") ? NULL : (const bf16 *)s->xg;
 }
 
-// Whether k_t4_gemv reads x through L1 as it goes (default) rather than staging it in shared
-// memory first (KAON_T4_X=smem, for an A/B): staging costs every block an L2 round trip and a
-// barrier after the PDL wait, while its first weights wait in registers.
-static bool t4_x_direct(void) {
+// Whether k_t4_gemv reads x through L1 as it goes rather than staging it in shared memory first:
+// for passes of several rows (staging nv rows costs every block L2 round trips and a barrier
+// after the PDL wait: 16.1 vs 27.7 us at 8 rows of 14336 x 4096 on the H100), not for one (in
+// batch-1 decode staging was 1.7% faster there). KAON_T4_X=smem or global forces one (A/B).
+static bool t4_x_direct(int nv) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("KAON_T4_X");
-        v = !(e && !strcmp(e, "smem"));
+        v = e && !strcmp(e, "smem") ? 0 : e && !strcmp(e, "global") ? 1 : 2;
     }
-    return v;
+    return v == 2 ? nv > 1 : v == 1;
+}
+
+// Warps per block: 8 while the blocks fit one wave at 2 per SM (more loads in flight per row),
+// else 4, 4 blocks per SM (a shorter tail); KAON_T4_NW=4 or 8 forces one (A/B).
+static bool t4_wide(unsigned blocks, int n_sm) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KAON_T4_NW");
+        v = e ? atoi(e) : 0;
+    }
+    return v == 8 || (v != 4 && blocks <= 2u * (unsigned)n_sm);
 }
 
 template <int NW, bool XG>
@@ -595,11 +607,8 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         a.x = xg + (size_t)p0 * K;
         a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
         a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
-        const bool xg_direct = t4_x_direct();
+        const bool xg_direct = t4_x_direct(nv), wide = t4_wide(blocks, b->n_sm);
         const size_t smem = t4_smem_bytes(nm, G, xg_direct ? 0 : nv, Kc);
-        // 8 warps while the blocks fit one wave at 2 per SM (more loads in flight per row); else
-        // 4 warps, 4 blocks per SM: finer blocks leave a shorter tail.
-        const bool wide = blocks <= 2u * (unsigned)b->n_sm;
         const int mode = !fuse ? T4_PLAIN : fuse->residual ? T4_RESIDUAL : T4_NORMED;
         if (fuse) a.fuse = *fuse;
         const cudaError_t e = xg_direct ? t4_launch<true>(b, wide, silu, mode, blocks, smem, a)
