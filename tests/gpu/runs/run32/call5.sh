@@ -1,0 +1,19 @@
+# Session 49, call 5 (any one GPU): k_t4_gemv without the per-weight zero subtraction (bf16 128 + q
+# straight into the mma, summed over the group, then s * (d - (128 + z) * sum x)): INT4 tests, the
+# GEMV alone, W4A16 batch 1 against the previous kernel (the caller puts its cuda_int4.cu in alt/),
+# alternating, and the trace.
+nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
+export KAON_NINJA_JOBS=16
+tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check" /tmp/build_stdout.txt | head -2
+source tests/gpu/runs/run21/env.sh
+cp build-gpu/kaon /tmp/kaon-head
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_int4.py 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
+timeout 60 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_int4.py -k bandwidth 2>&1 | grep -E "INT4 GEMV" | grep -v "n=4"
+cp src/backend/cuda/cuda_int4.cu /tmp/head_int4.cu && cp alt/cuda_int4.cu src/backend/cuda/ && ninja -C build-gpu kaon > /tmp/alt_build.txt 2>&1 \
+    && cp build-gpu/kaon /tmp/kaon-alt; echo "alt build rc=$?"; cp /tmp/head_int4.cu src/backend/cuda/cuda_int4.cu
+CA=bench/configs/llama-3.1-8b-awq-g128.json
+for r in 1 2; do for v in head alt; do echo -n "W4A16 $v: "; timeout 60 python3 bench/gpu_decode.py \
+    --kaon /tmp/kaon-$v --config $CA --tokens 256 2>&1 | grep -E "^decode"; done; done
+echo "== trace, W4A16 (head)"
+KAON_BUILD=/tmp/none OUT=$OUT timeout 60 bash -c "mkdir -p /tmp/none && cp /tmp/kaon-head /tmp/none/kaon && bash tests/gpu/trace_decode.sh $CA 0 64 1 16" | head -9
+find $OUT -type f -delete
