@@ -2,8 +2,8 @@
 // math of k_t4_gemv (cuda_int4.cu), run on the host without a GPU: random layers are repacked
 // word by word as k_t4_repack does; t4_word (k_t4_dequant's inverse) must find every nibble;
 // then each lane of each warp is emulated as the kernel runs it (nibble pairs into bf16
-// 128 + q, x from the padded shared rows, the group's products summed and then corrected by
-// (128 + z) times the sum of x, the group counter, the split of chunks over 4 or 8 warps) and the products are formed by mma.m16n8k16 written out
+// 128 + q, minus the pair's 128 + z, x from the padded shared rows, the group counter, the
+// split of chunks over 4 or 8 warps) and the products are formed by mma.m16n8k16 written out
 // from the PTX ISA's fragment tables (A row-major 16x16, B col 16x8, C 16x8, per lane
 // gid = lane / 4, tid = lane % 4), against an f64 reference of (q - z) * s * x.
 // The warp-level parts (loads, shared memory, launches) are covered on the GPU by
@@ -78,48 +78,33 @@ static void check_layer(int M, int K, int g, int nv, bool zero, int NW) {
         for (int k = 0; k < K; k++) xs[(size_t)r * xstride + k] = (uint16_t)f2bf_trunc(x[(size_t)r * K + k]);
     std::vector<double> y((size_t)nv * M, 0.0);
     const int per = (Kc + NW - 1) / NW;
+    int inexact = 0;
     for (int rt = 0; rt < Mt; rt++) {
         std::vector<float> sum(32 * 4, 0.f);
         for (int warp = 0; warp < NW; warp++) {
             const int c_lo = warp * per < Kc ? warp * per : Kc, c_hi = c_lo + per < Kc ? c_lo + per : Kc;
-            float acc[32][4] = {}, d[32][4] = {}, X[8] = {};  // X: per activation row
+            float acc[32][4] = {};
             const int g32 = g >> 5;
             int gc = 2 * c_lo / g32, left = g32 - 2 * c_lo % g32;
-            auto flush = [&]() {  // s * (d - (128 + z) X) per row of the group
-                const int gi = gc < G - 1 ? gc : G - 1;
-                for (int lane = 0; lane < 32; lane++) {
-                    const int gid = lane >> 2, tid = lane & 3;
-                    for (int i = 0; i < 4; i++) {
-                        const int r = gid + 8 * (i >> 1), b = 2 * tid + (i & 1);
-                        const float sc = ps[((size_t)rt * G + gi) * 16 + r];
-                        const float nz = bf2f(fbits(pz[((size_t)rt * G + gi) * 16 + r]) >> 16);  // -(128 + z)
-                        acc[lane][i] = fmaf(sc, fmaf(nz, b < nv ? X[b] : 0.f, d[lane][i]), acc[lane][i]);
-                        d[lane][i] = 0.f;
-                    }
-                }
-                for (auto &v : X) v = 0.f;
-            };
             for (int c = c_lo; c < c_hi; c++)
                 for (int h = 0; h < 2; h++) {
-                    CHECK((gc < G - 1 ? gc : G - 1) == ((64 * c + 32 * h) / g < G - 1 ? (64 * c + 32 * h) / g : G - 1));
-                    for (int b = 0; b < nv; b++) {  // the half's sum, in the kernel's order (4 lanes of 8)
-                        float part[4];
-                        for (int l = 0; l < 4; l++) {
-                            float sum = 0.f;
-                            for (int e = 0; e < 4; e++) {
-                                const uint16_t *v = &xs[(size_t)b * xstride + 64 * c + 32 * h + 8 * l + 2 * e];
-                                sum += bf2f(v[0]) + bf2f(v[1]);
-                            }
-                            part[l] = sum;
-                        }
-                        X[b] += (part[0] + part[1]) + (part[2] + part[3]);
-                    }
+                    const int gi = gc < G - 1 ? gc : G - 1;
+                    CHECK(gi == ((64 * c + 32 * h) / g < G - 1 ? (64 * c + 32 * h) / g : G - 1));
+                    if (--left == 0) gc++, left = g32;
+                    float d[32][4] = {};
                     for (int tt = 0; tt < 2; tt++) {
                         uint32_t A[32][4], B[32][2];
                         for (int lane = 0; lane < 32; lane++) {
                             const int gid = lane >> 2, tid = lane & 3;
                             const uint32_t wd = t[(((size_t)rt * Kc + c) * 32 + lane) * 4 + 2 * h + tt];
-                            for (int r = 0; r < 4; r++) A[lane][r] = ((wd >> (4 * r)) & 0x000F000Fu) | 0x43004300u;
+                            const uint32_t z0 = fbits(pz[((size_t)rt * G + gi) * 16 + gid]);
+                            const uint32_t z1 = fbits(pz[((size_t)rt * G + gi) * 16 + gid + 8]);
+                            for (int r = 0; r < 4; r++) {  // lop3 then fma.rn.bf16x2 (v * 1 + nz)
+                                const uint32_t v = ((wd >> (4 * r)) & 0x000F000Fu) | 0x43004300u, nz = r & 1 ? z1 : z0;
+                                const float lo = bf2f(v) + bf2f(nz), hi = bf2f(v >> 16) + bf2f(nz >> 16);
+                                inexact += bf2f(f2bf_trunc(lo)) != lo || bf2f(f2bf_trunc(hi)) != hi;
+                                A[lane][r] = f2bf_trunc(lo) | f2bf_trunc(hi) << 16;
+                            }
                             const bool xon = gid < nv;
                             const uint16_t *xr = &xs[(size_t)(xon ? gid : 0) * xstride + 8 * tid + 64 * c + 32 * h];
                             uint32_t xw[4];
@@ -139,13 +124,18 @@ static void check_layer(int M, int K, int g, int nv, bool zero, int NW) {
                                     const uint32_t rb = B[4 * n + (kk % 8) / 2][kk >= 8];
                                     acc_mn += (double)bf2f(kk % 2 ? ra >> 16 : ra) * bf2f(kk % 2 ? rb >> 16 : rb);
                                 }
-                                float &dd = d[4 * (row % 8) + n / 2][2 * (row >= 8) + n % 2];
-                                dd = (float)((double)dd + acc_mn);  // (the tensor core's f32 accumulation)
+                                d[4 * (row % 8) + n / 2][2 * (row >= 8) + n % 2] += (float)acc_mn;
                             }
                     }
-                    if (--left == 0) flush(), gc++, left = g32;
+                    for (int lane = 0; lane < 32; lane++) {
+                        const int gid = lane >> 2;
+                        const float s0 = ps[((size_t)rt * G + gi) * 16 + gid], s1 = ps[((size_t)rt * G + gi) * 16 + gid + 8];
+                        acc[lane][0] = fmaf(s0, d[lane][0], acc[lane][0]);
+                        acc[lane][1] = fmaf(s0, d[lane][1], acc[lane][1]);
+                        acc[lane][2] = fmaf(s1, d[lane][2], acc[lane][2]);
+                        acc[lane][3] = fmaf(s1, d[lane][3], acc[lane][3]);
+                    }
                 }
-            if (left != g32) flush();
             for (int l = 0; l < 32; l++)
                 for (int i = 0; i < 4; i++) sum[l * 4 + i] += acc[l][i];
         }
@@ -155,6 +145,7 @@ static void check_layer(int M, int K, int g, int nv, bool zero, int NW) {
                 if (row < M && b < nv) y[(size_t)b * M + row] = sum[lane * 4 + i];
             }
     }
+    CHECK(inexact == 0);
     double num = 0.0, den = 0.0;
     for (int b = 0; b < nv; b++)
         for (int m = 0; m < M; m++) {

@@ -120,6 +120,13 @@ static __device__ __forceinline__ void t4_mma(float (&d)[4], const uint32_t (&A)
         : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(b0), "r"(b1));
 }
 
+// a * 1 + c on two bf16 (exact here: integers below 2^8).
+static __device__ __forceinline__ uint32_t t4_add(uint32_t a, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+    return d;
+}
+
 // Up to 4 weights of one width sharing x (q, k, v), or SILU: gate (0) and up (1).
 struct T4Args {
     const uint4 *w[4];        // tiled nibbles (see the top comment)
@@ -184,72 +191,38 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                 if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
         }
     }
+    if (XG) __syncthreads();  // the scales; x needs no staging (read below through L1)
     kc_pdl_wait();  // x is the previous kernel's output; y may still be read by an earlier kernel
     float ss = 0.f;  // T4_NORMED: warp 0's share of the sum of squares, requested beside x
     if (MODE == T4_NORMED && warp == 0)
         for (int i = lane; i < a.fuse.n_parts; i += 32) ss += __ldcg(a.fuse.parts + i);
-    // One pass over x: the sum of each row's 32-column halves into xsum (the zero points' term,
-    // below) and, unless XG, the rows themselves into xs. A warp takes 32 consecutive 8-column
-    // vectors at a time, so a half is 4 consecutive lanes.
-    const size_t xs_bytes = XG ? 0 : ((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15;
     bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
-    float *xsum = (float *)(t4_smem + (size_t)NM * G * 128 + xs_bytes);  // [nv][2 Kc]
-    const int v8 = a.Kc * 8, nx = a.nv * v8;  // 8-column vectors per row, in all
-    for (int i0 = warp * 32; i0 < nx; i0 += 4 * NW * 32) {  // (warp-uniform: the shuffles below)
+    const int v8 = a.Kc * 8, nx = XG ? 0 : a.nv * v8;  // 8-column vectors per row, in all
+    for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
         uint4 v[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int i = i0 + j * NW * 32 + lane, r = i / v8, c8 = (i - r * v8) * 8;
+            const int i = i0 + j * NW * 32, r = i / v8, c8 = (i - r * v8) * 8;
             v[j] = i < nx && c8 < a.K ? *(const uint4 *)(a.x + (size_t)r * a.K + c8) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int i = i0 + j * NW * 32 + lane, r = i / v8, c8 = (i - r * v8) * 8;
-            if (!XG && i < nx) *(uint4 *)(xs + r * a.xstride + c8) = v[j];
-            float sum = 0.f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)(&v[j].x + e));
-                sum += f.x + f.y;
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (i < nx && (lane & 3) == 0) xsum[r * 2 * a.Kc + c8 / 32] = sum;
+            const int i = i0 + j * NW * 32, r = i / v8, c8 = (i - r * v8) * 8;
+            if (i < nx) *(uint4 *)(xs + r * a.xstride + c8) = v[j];
         }
     }
-    __syncthreads();
+    if (!XG) __syncthreads();
     const bool xon = gid < a.nv;  // lane's column of B: activation row gid
     const uint4 *xrow = XG ? (const uint4 *)(a.x + (size_t)(xon ? gid : 0) * a.K + 8 * tid)
                            : (const uint4 *)(xs + (xon ? gid : 0) * a.xstride + 8 * tid);
-    // The lane's C columns: activation rows 2 tid and 2 tid + 1 (their half sums; -1: none).
-    const int xb0 = 2 * tid < a.nv ? 2 * tid * 2 * a.Kc : -1, xb1 = 2 * tid + 1 < a.nv ? (2 * tid + 1) * 2 * a.Kc : -1;
-    float acc[NM][4], d[NM][4];
+    float acc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[m][i] = d[m][i] = 0.f;
-    // The mma multiplies x by 128 + q (one LOP3 per two weights, no subtraction) and keeps
-    // summing over the whole group; when a group (or the warp's part of it) ends, its rows take
-    // s * (d - (128 + z) * X), X the sum of x over the same columns: q - z times x, exactly as
-    // far as f32 carries the larger sum (a few bits of 24; the output is bf16).
-    float X0 = 0.f, X1 = 0.f;
-    const int g32 = a.g >> 5;  // halves per group
-    int gi = 2 * c_lo / g32, left = g32 - 2 * c_lo % g32;  // the current half's group and halves left in it
-    auto flush = [&]() {
-        const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-            const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
-            const float nz0 = __uint_as_float(__float_as_uint(s0.y) << 16), nz1 = __uint_as_float(__float_as_uint(s1.y) << 16);
-            acc[m][0] = fmaf(s0.x, fmaf(nz0, X0, d[m][0]), acc[m][0]);  // nz = -(128 + z)
-            acc[m][1] = fmaf(s0.x, fmaf(nz0, X1, d[m][1]), acc[m][1]);
-            acc[m][2] = fmaf(s1.x, fmaf(nz1, X0, d[m][2]), acc[m][2]);
-            acc[m][3] = fmaf(s1.x, fmaf(nz1, X1, d[m][3]), acc[m][3]);
-#pragma unroll
-            for (int i = 0; i < 4; i++) d[m][i] = 0.f;
-        }
-        X0 = X1 = 0.f;
-    };
+        for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+    // Group of the current half (32 columns) and halves left in it: no division in the loop.
+    const int g32 = a.g >> 5;
+    int gi = 2 * c_lo / g32, left = g32 - 2 * c_lo % g32;
     for (int cb = c_lo; cb < c_hi; cb += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -268,31 +241,35 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                         : !XG ? xrow[8 * c + 4 * h]
                         : 64 * c + 32 * h < a.K ? __ldg(xrow + 8 * c + 4 * h) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int h = 0; h < 2; h++) {  // 32 columns
+            for (int h = 0; h < 2; h++) {  // 32 columns: one group
                 const uint4 xv = xh[h];
-                if (xb0 >= 0) X0 += xsum[xb0 + 2 * c + h];
-                if (xb1 >= 0) X1 += xsum[xb1 + 2 * c + h];
+                const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
+                if (--left == 0) gi++, left = g32;
 #pragma unroll
-                for (int m = 0; m < NM; m++)
+                for (int m = 0; m < NM; m++) {
+                    const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
+                    const uint32_t z0 = __float_as_uint(s0.y), z1 = __float_as_uint(s1.y);
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                     for (int t = 0; t < 2; t++) {
                         const uint32_t w = (&cur[m].x)[2 * h + t];
                         uint32_t A[4];
 #pragma unroll
-                        for (int r = 0; r < 4; r++) A[r] = ((w >> (4 * r)) & 0x000F000Fu) | 0x43004300u;  // bf16 128 + q
-                        t4_mma(d[m], A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
+                        for (int r = 0; r < 4; r++)  // bf16 128 + q (two nibbles), minus 128 + z: q - z exactly
+                            A[r] = t4_add(((w >> (4 * r)) & 0x000F000Fu) | 0x43004300u, r & 1 ? z1 : z0);
+                        t4_mma(d, A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
                     }
-                if (--left == 0) {
-                    flush();
-                    gi++, left = g32;
+                    acc[m][0] = fmaf(s0.x, d[0], acc[m][0]);
+                    acc[m][1] = fmaf(s0.x, d[1], acc[m][1]);
+                    acc[m][2] = fmaf(s1.x, d[2], acc[m][2]);
+                    acc[m][3] = fmaf(s1.x, d[3], acc[m][3]);
                 }
             }
         }
 #pragma unroll
         for (int m = 0; m < NM; m++) wp[m] += U * 32;
     }
-    if (left != g32) flush();  // the warp's range ended inside a group
-    float *red = xsum + (((size_t)a.nv * 2 * a.Kc + 3) & ~(size_t)3);
+    float *red = (float *)(t4_smem + (size_t)NM * G * 128 + (XG ? 0 : ((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -406,11 +383,11 @@ static void t4_layout(int64_t M, int64_t K, int64_t g, bool perm, T4Layout *L) {
     L->total = end;
 }
 
-// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x (none when read through
-// L1: xrows 0), x's half sums of nv rows, the warps' partial sums (counted for 8 warps).
-static size_t t4_smem_bytes(int nm, int G, int nv, int xrows, int Kc) {
-    return (size_t)nm * G * 128 + (((size_t)xrows * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
-           (((size_t)nv * 2 * Kc + 3) & ~(size_t)3) * sizeof(float) + (size_t)T4_WARPS * nm * 4 * 32 * sizeof(float);
+// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x, the warps' partial sums
+// (counted for 8 warps).
+static size_t t4_smem_bytes(int nm, int G, int nv, int Kc) {
+    return (size_t)nm * G * 128 + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
+           (size_t)T4_WARPS * nm * 4 * 32 * sizeof(float);
 }
 
 // Activation rows per k_t4_gemv pass (0: even one does not fit; those layers take the GEMM path).
@@ -418,7 +395,7 @@ static int t4_pass(int nm, int64_t G, int64_t K) {
     if (G > 65536 || K > (1 << 24)) return 0;
     const int Kc = (int)((K + 63) / 64);
     for (int nv = T4_PASS; nv >= 1; nv--)
-        if (t4_smem_bytes(nm, (int)G, nv, nv, Kc) <= T4_SMEM_MAX) return nv;
+        if (t4_smem_bytes(nm, (int)G, nv, Kc) <= T4_SMEM_MAX) return nv;
     return 0;
 }
 
@@ -631,7 +608,7 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
         a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
         const bool xg_direct = t4_x_direct(nv), wide = t4_wide(blocks, b->n_sm);
-        const size_t smem = t4_smem_bytes(nm, G, nv, xg_direct ? 0 : nv, Kc);
+        const size_t smem = t4_smem_bytes(nm, G, xg_direct ? 0 : nv, Kc);
         const int mode = !fuse ? T4_PLAIN : fuse->residual ? T4_RESIDUAL : T4_NORMED;
         if (fuse) a.fuse = *fuse;
         const cudaError_t e = xg_direct ? t4_launch<true>(b, wide, silu, mode, blocks, smem, a)
