@@ -68,7 +68,6 @@ void kaon_blk_attention_sinks(kaon_fwd *f, const kaon_batch *b, int l, const kao
     else op->attention(f->be, f->a.q, kv, &b->attn, nh, nkv, hd, scale, window, f->a.att);
 }
 
-
 void kaon_blk_out(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in) {
     f->op->linear(f->be, in, b->n_tokens, w, f->a.proj);
     // A row-parallel layer left this rank's partial sums: every rank gets their total.
