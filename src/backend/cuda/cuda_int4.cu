@@ -228,12 +228,9 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
         for (int u = 0; u < U; u++) {
             const int c = cb + u;
             if (c >= c_hi) break;
-            uint4 cur[NM];
-#pragma unroll
-            for (int m = 0; m < NM; m++) cur[m] = q[u][m];
-            if (c + U < c_hi)  // this register's next chunk, in flight while the rest are consumed
-#pragma unroll
-                for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
+            // q[u] is consumed in place and then refilled (below), not copied out first: with a
+            // copy ptxas moved the refill's registers back into q[u] within the same step, which
+            // waited for the load just issued, leaving one load in flight per warp (SASS, sm_90a).
             uint4 xh[2];  // columns 64c + 32h + 8tid .. of both halves, requested together
 #pragma unroll
             for (int h = 0; h < 2; h++)  // (from global memory (XG): 0 past K, as in shared memory)
@@ -252,7 +249,7 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                     float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                     for (int t = 0; t < 2; t++) {
-                        const uint32_t w = (&cur[m].x)[2 * h + t];
+                        const uint32_t w = (&q[u][m].x)[2 * h + t];
                         uint32_t A[4];
 #pragma unroll
                         for (int r = 0; r < 4; r++)  // bf16 128 + q (two nibbles), minus 128 + z: q - z exactly
@@ -265,6 +262,9 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                     acc[m][3] = fmaf(s1.x, d[3], acc[m][3]);
                 }
             }
+            if (c + U < c_hi)  // this register's next chunk, in flight while the others are consumed
+#pragma unroll
+                for (int m = 0; m < NM; m++) q[u][m] = ld_stream(wp[m] + (u + U) * 32);
         }
 #pragma unroll
         for (int m = 0; m < NM; m++) wp[m] += U * 32;
