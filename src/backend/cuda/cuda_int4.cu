@@ -25,9 +25,10 @@
 // f32 as before, and each group's 32-column sum is multiplied by its f32 scale once (4 FFMA per
 // lane and half). One block serves one 16-row tile; its 4 or 8 warps split K, each keeping 8
 // 16-byte loads per lane in flight (a rotating register file: a register's next chunk is
-// requested as soon as it is consumed), the first 8 issued before kc_pdl_wait so they overlap
-// the previous kernel; scales and x are staged in shared memory once per block (x rows padded
-// by 64 bytes so the lanes' 16-byte loads are free of bank conflicts), and the warps' partial
+// requested right after it is consumed, in place), the first 8 issued before kc_pdl_wait so they
+// overlap the previous kernel; scales (and x, for one activation row) are staged in shared
+// memory once per block (x rows padded by 64 bytes so the lanes' 16-byte loads are free of bank
+// conflicts; with more rows x is read through L1: t4_x_direct), and the warps' partial
 // sums meet in shared memory. 8-warp blocks while the grid fits one wave at 2 blocks per SM,
 // else 4-warp blocks (4 per SM) for a shorter tail. Activation rows per pass: as many (<= 8) as
 // fit T4_SMEM_MAX of shared memory; a layer where even one does not fit takes the GEMM path.
