@@ -1,11 +1,22 @@
-# Session 49, call 7 (any one GPU, <= 150 s): k_t4_gemv refilling q[u] after consuming it in place
-# (HEAD's SASS moved each refill back within its own step, waiting on it: ~1 load in flight per
-# warp); W4A16 batch 1 (calls 3-6 on H100: 349-359 tok/s), INT4 tests, batch 1 again.
+# Session 49's fix, first call of the next session (any one GPU, ~280 s): k_t4_gemv refilling q[u]
+# after consuming it in place (before: ptxas moved each refill back within its own step, waiting on
+# it, so about one load per matrix was in flight per warp; found in the SASS, never run). The
+# caller puts the previous kernel (git show 43edf4a:src/backend/cuda/cuda_int4.cu) in alt/.
+# INT4 tests, the GEMV alone, W4A16 batch 1 head / alt alternating, the trace.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
-tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc" /tmp/build_stdout.txt | head -1
+tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check" /tmp/build_stdout.txt | head -2
 source tests/gpu/runs/run21/env.sh
+cp build-gpu/kaon /tmp/kaon-head
 CA=bench/configs/llama-3.1-8b-awq-g128.json
-echo -n "W4A16: "; timeout 25 python3 bench/gpu_decode.py --kaon build-gpu/kaon --config $CA --tokens 256 2>&1 | grep -E "^decode" | tee $OUT/w4.txt
-timeout 45 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_gpu_int4.py -k "model or norm_split or fused" 2>&1 | grep -E "passed|failed|Error|assert" | tail -3 | tee $OUT/tests.txt
-echo -n "W4A16: "; timeout 25 python3 bench/gpu_decode.py --kaon build-gpu/kaon --config $CA --tokens 256 2>&1 | grep -E "^decode"
+echo -n "W4A16 head: "; timeout 30 python3 bench/gpu_decode.py --kaon /tmp/kaon-head --config $CA --tokens 256 2>&1 | grep -E "^decode"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_int4.py 2>&1 | grep -E "passed|failed|Error|assert" | tail -4
+timeout 40 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_int4.py -k bandwidth 2>&1 | grep -E "INT4 GEMV" | grep -v "n=4"
+cp src/backend/cuda/cuda_int4.cu /tmp/head_int4.cu && cp alt/cuda_int4.cu src/backend/cuda/ && ninja -C build-gpu kaon > /tmp/alt_build.txt 2>&1 \
+    && cp build-gpu/kaon /tmp/kaon-alt; echo "alt build rc=$?"; cp /tmp/head_int4.cu src/backend/cuda/cuda_int4.cu
+for r in 1 2; do for v in head alt; do echo -n "W4A16 $v: "; timeout 30 python3 bench/gpu_decode.py \
+    --kaon /tmp/kaon-$v --config $CA --tokens 256 2>&1 | grep -E "^decode"; done; done
+echo "== trace, W4A16 (head)"
+mkdir -p /tmp/kh && cp /tmp/kaon-head /tmp/kh/kaon
+KAON_BUILD=/tmp/kh OUT=$OUT timeout 60 bash tests/gpu/trace_decode.sh $CA 0 64 1 16 | head -9
+find $OUT -type f -delete
