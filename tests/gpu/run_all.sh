@@ -94,6 +94,9 @@ if want build || [ ! -x "$BUILD/kaon" ]; then
     # Loads a kernel issues before its PDL wait (a race: see tests/gpu/pdl_check.py).
     python3 tests/gpu/pdl_check.py "$BUILD" >> "$OUT/build.log" 2>&1
     note "pdl_check rc=$? ($(tail -n 1 "$OUT/build.log"))"
+    # Prefetches the compiler turned into waits (tests/gpu/prefetch_check.py).
+    python3 tests/gpu/prefetch_check.py "$BUILD" >> "$OUT/build.log" 2>&1
+    note "prefetch_check rc=$? ($(tail -n 1 "$OUT/build.log"))"
 fi
 
 pytest_section() {  # name, timeout, pytest -k expression

@@ -2,7 +2,7 @@
 # on by default) with a batch-1 A/B against KAON_NORM_SPLIT=0, and the FP8 norm-split test on fixed ids.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt; grep -q H200 /tmp/gpu.txt || exit 0
 export KAON_NINJA_JOBS=16
-tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check" /tmp/build_stdout.txt | head -2
+tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check|prefetch_check" /tmp/build_stdout.txt | head -3
 source tests/gpu/runs/run21/env.sh
 C=bench/configs/meta-llama__Llama-3.1-8B.json
 for v in 1 0 1; do echo -n "bf16 split=$v: "; KAON_NORM_SPLIT=$v timeout 60 python3 bench/gpu_decode.py \

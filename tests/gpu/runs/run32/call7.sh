@@ -5,7 +5,7 @@
 # INT4 tests, the GEMV alone, W4A16 batch 1 head / alt alternating, the trace.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
-tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check" /tmp/build_stdout.txt | head -2
+tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|pdl_check|prefetch_check" /tmp/build_stdout.txt | head -3
 source tests/gpu/runs/run21/env.sh
 cp build-gpu/kaon /tmp/kaon-head
 CA=bench/configs/llama-3.1-8b-awq-g128.json
