@@ -12,19 +12,11 @@ printed. Exit 1 when there is one.
 
   pdl_check.py BUILD_DIR    (needs cuobjdump: $CUOBJDUMP, else on PATH / in /usr/local/cuda/bin)
 """
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-
-def cuobjdump():
-    for c in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
-        if c and Path(c).exists():
-            return c
-    sys.exit("pdl_check: no cuobjdump (set CUOBJDUMP)")
+from sass_dump import cuda_objects, sass
 
 
 def early_loads(sass):
@@ -43,13 +35,9 @@ def early_loads(sass):
 
 def main():
     build = Path(sys.argv[1] if len(sys.argv) > 1 else "build-gpu")
-    objs = sorted(build.glob("**/backend/cuda/*.cu.o"))
-    if not objs:
-        sys.exit(f"pdl_check: no CUDA objects under {build}")
-    tool, found = cuobjdump(), 0
+    objs, found = cuda_objects(build, "pdl_check"), 0
     for o in objs:
-        sass = subprocess.run([tool, "-sass", str(o)], capture_output=True, text=True).stdout
-        for name, bad in early_loads(sass):
+        for name, bad in early_loads(sass(o, "pdl_check")):
             found += 1
             print(f"{o.name}: {name}: {len(bad)} load(s) before the PDL wait: {bad[:3]}")
     print(f"pdl_check: {len(objs)} objects, {found} kernel(s) with loads before the wait")

@@ -13,21 +13,13 @@ relocates the value for the next iteration). Exit 1 when there is one.
   prefetch_check.py BUILD_DIR | OBJECT.o ... | SASS.txt ...
       (needs cuobjdump for objects: $CUOBJDUMP, else on PATH / in /usr/local/cuda/bin)
 """
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from sass_dump import cuda_objects, sass
+
 INS = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+([^;]+);")
-
-
-def cuobjdump():
-    for c in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
-        if c and Path(c).exists():
-            return c
-    sys.exit("prefetch_check: no cuobjdump (set CUOBJDUMP)")
 
 
 def unpredicated(text):
@@ -81,26 +73,17 @@ def relocated_loads(sass):
             yield name, hits
 
 
-def sass_of(paths):
-    for p in paths:
-        if p.suffix == ".o":
-            yield p.name, subprocess.run([cuobjdump(), "-sass", str(p)], capture_output=True, text=True).stdout
-        else:
-            yield p.name, p.read_text()
-
-
 def main():
     args = [Path(a) for a in sys.argv[1:]] or [Path("build-gpu")]
     paths = []
     for a in args:
-        paths += sorted(a.glob("**/backend/cuda/*.cu.o")) if a.is_dir() else [a]
-    if not paths:
-        sys.exit(f"prefetch_check: no CUDA objects in {' '.join(map(str, args))}")
+        paths += cuda_objects(a, "prefetch_check") if a.is_dir() else [a]
     found = 0
-    for label, sass in sass_of(paths):
-        for name, hits in relocated_loads(sass):
+    for p in paths:
+        text = sass(p, "prefetch_check") if p.suffix == ".o" else p.read_text()
+        for name, hits in relocated_loads(text):
             found += 1
-            print(f"{label}: {name}: {len(hits)} load(s) moved within their own iteration: {hits[:3]}")
+            print(f"{p.name}: {name}: {len(hits)} load(s) moved within their own iteration: {hits[:3]}")
     print(f"prefetch_check: {len(paths)} objects, {found} kernel(s) with prefetches turned into waits")
     return 1 if found else 0
 
