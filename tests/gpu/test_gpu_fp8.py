@@ -15,6 +15,7 @@ values, and this random model amplifies that to about the size of the quantizati
 bound is relative to that effect, with top-1 agreement."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -213,9 +214,9 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     e_q = rel(ref, logits("cpu", len(ids), {"KAON_FP8_ACT": "0"}))  # the activation quantization's effect
     split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT_QUANT="1")))
     plain, kp = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT="0")))
-    res_kernel = "void k_fp8_gemv<1, 0, false, true>("
-    assert any(k.startswith(res_kernel) for k in ks), sorted(ks)
-    assert not any(k.startswith(res_kernel) for k in kp), sorted(kp)
+    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES[, MIX]>
+    assert any(res_kernel.match(k) for k in ks), sorted(ks)
+    assert not any(res_kernel.match(k) for k in kp), sorted(kp)
     srt = np.sort(ref, -1)
     sel = srt[:, -1] - srt[:, -2] > 0.1
     top1 = float((split.argmax(-1) == ref.argmax(-1))[sel].mean()) if sel.any() else 1.0
@@ -225,6 +226,28 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     print(json.dumps(r))
     assert r["rel_err"] <= 1.5 * e_q and top1 >= 0.99, r
     assert r["rel_err"] <= 1.5 * r["rel_err_plain"] + 1e-3, r
+
+
+def test_fp8_silu_mix_same_logits(tmp_path):
+    """KAON_FP8_SILU_MIX=1 (gate's and up's chunks in one ring stream) changes only when bytes
+    arrive, not the arithmetic: batch-1 decode logits bit-equal to the default's, and the mixed
+    kernel ran."""
+    folder, cfg = block_fp8_llama(tmp_path, 11)
+    ids = np.random.default_rng(5).integers(0, cfg["vocab_size"], 24).tolist()
+
+    def logits(env):
+        o = tmp_path / "cuda.f32"
+        p = subprocess.run([driver(), "logits", str(folder), "cuda", "1", ",".join(map(str, ids)), str(o)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, KAON_FP8_ACT="1", **env))
+        assert p.returncode == 0, p.stderr
+        return np.fromfile(o, np.float32).reshape(len(ids), cfg["vocab_size"])
+
+    mix, km = kernel_names(tmp_path, lambda env: logits(dict(env, KAON_FP8_SILU_MIX="1")))
+    base, kb = kernel_names(tmp_path, lambda env: logits(env))
+    mixed = re.compile(r"void k_fp8_gemv<1, 0, true, false, true>")
+    assert any(mixed.match(k) for k in km), sorted(km)
+    assert not any(mixed.match(k) for k in kb), sorted(kb)
+    assert np.array_equal(mix, base), float(np.abs(mix - base).max())
 
 
 def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):
