@@ -121,6 +121,14 @@ static __device__ __forceinline__ void t4_mma(float (&d)[4], const uint32_t (&A)
         : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(b0), "r"(b1));
 }
 
+// (w & 0x000F000F) | 0x43004300: two nibbles as bf16 128 + q, in one LOP3 (written as C, ptxas
+// emitted an AND and an OR: one immediate per instruction).
+static __device__ __forceinline__ uint32_t t4_nibbles(uint32_t w) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x000F000F), "r"(0x43004300u));  // (a & b) | c
+    return d;
+}
+
 // a * 1 + c on two bf16 (exact here: integers below 2^8).
 static __device__ __forceinline__ uint32_t t4_add(uint32_t a, uint32_t c) {
     uint32_t d;
@@ -254,7 +262,7 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                         uint32_t A[4];
 #pragma unroll
                         for (int r = 0; r < 4; r++)  // bf16 128 + q (two nibbles), minus 128 + z: q - z exactly
-                            A[r] = t4_add(((w >> (4 * r)) & 0x000F000Fu) | 0x43004300u, r & 1 ? z1 : z0);
+                            A[r] = t4_add(t4_nibbles(w >> (4 * r)), r & 1 ? z1 : z0);
                         t4_mma(d, A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
                     }
                     acc[m][0] = fmaf(s0.x, d[0], acc[m][0]);
