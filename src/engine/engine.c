@@ -71,6 +71,11 @@ static int alloc_step_buffers(kaon_engine *e) {
         !e->waiting || !e->running || !e->sched || !e->smp_rows || !e->smp_of_sched || !e->smp_ids ||
         !e->smp_lps || !e->host_rows)
         return kaon_set_error("engine: out of memory for step buffers");
+    const char *ar = getenv("KAON_ADMIT_RATIO");
+    e->admit_fixed = ar && *ar;
+    e->admit_ratio = e->admit_fixed ? atof(ar) : KAON_ADMIT_RATIO_START;
+    if (!(e->admit_ratio >= 0.0)) e->admit_ratio = 0.0;
+    if (e->admit_ratio > 1.0) e->admit_ratio = 1.0;
     const char *ds = getenv("KAON_DEVICE_SAMPLING");
     e->device_sampling = kaon_runner_can_sample(e->runner) && !(ds && !strcmp(ds, "0"));
     // Touched now, so the footprint does not grow when many sequences first need logits.

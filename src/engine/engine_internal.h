@@ -17,6 +17,18 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
+// Admission (scheduler.c): a waiting sequence is admitted only while the free KV blocks of its
+// pool part cover what it and every running sequence there are estimated to still need: the
+// rest of the prompt plus ratio x the tokens left to max_tokens (else to the context; clipped
+// at KAON_ADMIT_CLIP). The ratio starts at START, falls by DECAY a step down to MIN, and goes
+// back to 1 after a preemption (SGLang's new-token-ratio estimate). Admitting by the prompt
+// alone let 3,000 requests of 1,000 + 1,000 tokens preempt ~1,400 times and recompute 41% more
+// prompt tokens (PERF.md, session 50).
+#define KAON_ADMIT_RATIO_START 0.7
+#define KAON_ADMIT_RATIO_MIN 0.1
+#define KAON_ADMIT_RATIO_DECAY 0.001
+#define KAON_ADMIT_CLIP 4096
+
 enum seq_status { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
 // One output record in a request's queue; owns what its kaon_output points to.
@@ -115,6 +127,10 @@ struct kaon_engine {
     size_t kv_per_token;  // KV cache bytes per token (all layers)
     bool prefix_caching;
     int dp_size;          // data-parallel attention ranks (1: off); the pool has one part per rank
+    // Admission's estimate of the share of a running sequence's remaining max_tokens it will
+    // still generate (scheduler.c): adapts between steps; fixed by KAON_ADMIT_RATIO (0: off).
+    double admit_ratio;
+    bool admit_fixed;
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv;

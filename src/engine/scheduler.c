@@ -175,6 +175,38 @@ static int pick_dp_rank(kaon_engine *e, const seq *s) {
     return best;
 }
 
+// Blocks s is estimated to still need beyond those it holds (see KAON_ADMIT_RATIO_START).
+static int future_blocks(const kaon_engine *e, const seq *s) {
+    int cap = e->max_model_len;
+    const int max_tokens = s->req->sp.max_tokens;
+    if (max_tokens > 0 && s->req->n_prompt + max_tokens < cap) cap = s->req->n_prompt + max_tokens;
+    int left = cap - s->n_tokens;
+    if (left < 0) left = 0;
+    if (left > KAON_ADMIT_CLIP) left = KAON_ADMIT_CLIP;
+    const int64_t upto = (int64_t)s->n_tokens + (int64_t)(e->admit_ratio * left + 0.999);
+    const int64_t need = (upto + e->block_size - 1) / e->block_size - s->n_blocks;
+    return need > 0 ? (int)need : 0;
+}
+
+// Whether the free blocks of s's pool part cover s's estimated needs and those of the running
+// sequences there (reserve: theirs, computed once per part and step). Nothing running: yes.
+static bool admission_fits(kaon_engine *e, const seq *s, int *reserve_rank, int64_t *reserve) {
+    if (e->admit_ratio <= 0.0) return true;
+    if (*reserve_rank != s->dp_rank) {
+        int64_t r = 0;
+        int n = 0;
+        for (int i = 0; i < e->n_running; i++)
+            if (e->running[i]->dp_rank == s->dp_rank) r += future_blocks(e, e->running[i]), n++;
+        if (n == 0) return true;
+        *reserve_rank = s->dp_rank;
+        *reserve = r;
+    }
+    const int64_t need = *reserve + future_blocks(e, s);
+    if (need > kaon_kv_part_n_free(e->pool, s->dp_rank)) return false;
+    *reserve = need;
+    return true;
+}
+
 int kaon_sched_step(kaon_engine *e) {
     int budget = e->opts.max_num_batched_tokens, total = 0, rows = 0;
     bool preempted = false;
@@ -206,12 +238,18 @@ int kaon_sched_step(kaon_engine *e) {
         rows += s->want_prompt_lp && s->n_computed < s->req->n_prompt ? n : 1 + s->n_draft;
     }
     double now = kaon_now();
+    int reserve_rank = -1;
+    int64_t reserve = 0;
     for (int i = 0; !preempted && i < e->n_waiting && budget > 0 &&
                     e->n_running < e->opts.max_num_seqs && rows < e->max_logits;) {
         seq *s = e->waiting[i];
         if (gated(s)) { i++; continue; }
         if (e->dp_size > 1 && s->n_blocks == 0) s->dp_rank = pick_dp_rank(e, s);
         match_prefix(e, s);
+        if (!admission_fits(e, s, &reserve_rank, &reserve)) {
+            kaon_sched_release(e, s);  // give back the prefix hits
+            break;
+        }
         int n = s->n_tokens - s->n_computed;
         if (n > budget) n = budget;
         if (s->want_prompt_lp) {
@@ -233,5 +271,9 @@ int kaon_sched_step(kaon_engine *e) {
         total += n;
         rows += s->want_prompt_lp ? n : 1;
     }
+    if (!e->admit_fixed)
+        e->admit_ratio = preempted ? 1.0
+                         : e->admit_ratio - KAON_ADMIT_RATIO_DECAY > KAON_ADMIT_RATIO_MIN ? e->admit_ratio - KAON_ADMIT_RATIO_DECAY
+                                                                                         : KAON_ADMIT_RATIO_MIN;
     return total;
 }
