@@ -214,7 +214,7 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     e_q = rel(ref, logits("cpu", len(ids), {"KAON_FP8_ACT": "0"}))  # the activation quantization's effect
     split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT_QUANT="1")))
     plain, kp = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT="0")))
-    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES[, MIX]>
+    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES, MIX, QX>
     assert any(res_kernel.match(k) for k in ks), sorted(ks)
     assert not any(res_kernel.match(k) for k in kp), sorted(kp)
     srt = np.sort(ref, -1)
@@ -244,10 +244,32 @@ def test_fp8_silu_mix_same_logits(tmp_path):
 
     mix, km = kernel_names(tmp_path, lambda env: logits(dict(env, KAON_FP8_SILU_MIX="1")))
     base, kb = kernel_names(tmp_path, lambda env: logits(env))
-    mixed = re.compile(r"void k_fp8_gemv<1, 0, true, false, true>")
+    mixed = re.compile(r"void k_fp8_gemv<1, 0, true, false, true, false>")
     assert any(mixed.match(k) for k in km), sorted(km)
     assert not any(mixed.match(k) for k in kb), sorted(kb)
     assert np.array_equal(mix, base), float(np.abs(mix - base).max())
+
+
+def test_fp8_qx_same_logits(tmp_path):
+    """KAON_FP8_QX=1: the batch-1 GEMVs of inputs up to 4,096 wide (here all: qkv, o_proj,
+    gate/up, down) quantize their activation row themselves with k_fp8_act_group's arithmetic:
+    decode logits bit-equal to the default's, and the QX kernels ran (not without the switch)."""
+    folder, cfg = block_fp8_llama(tmp_path, 11)
+    ids = np.random.default_rng(5).integers(0, cfg["vocab_size"], 24).tolist()
+
+    def logits(env):
+        o = tmp_path / "cuda.f32"
+        p = subprocess.run([driver(), "logits", str(folder), "cuda", "1", ",".join(map(str, ids)), str(o)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, KAON_FP8_ACT="1", **env))
+        assert p.returncode == 0, p.stderr
+        return np.fromfile(o, np.float32).reshape(len(ids), cfg["vocab_size"])
+
+    qx, kq = kernel_names(tmp_path, lambda env: logits(dict(env, KAON_FP8_QX="1")))
+    base, kb = kernel_names(tmp_path, lambda env: logits(env))
+    own = re.compile(r"void k_fp8_gemv<1, 0, (true|false), (true|false), false, true>")
+    assert sum(bool(own.match(k)) for k in kq) >= 3, sorted(kq)  # qkv, o_proj, gate/up
+    assert not any(own.match(k) for k in kb), sorted(kb)
+    assert np.array_equal(qx, base), float(np.abs(qx - base).max())
 
 
 def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):
