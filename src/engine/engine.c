@@ -74,6 +74,7 @@ static int alloc_step_buffers(kaon_engine *e) {
     const char *ar = getenv("KAON_ADMIT_RATIO");
     e->admit_fixed = ar && *ar;
     e->admit_ratio = e->admit_fixed ? atof(ar) : KAON_ADMIT_RATIO_START;
+    e->admit_floor = 0.0;
     if (!(e->admit_ratio >= 0.0)) e->admit_ratio = 0.0;
     if (e->admit_ratio > 1.0) e->admit_ratio = 1.0;
     const char *ds = getenv("KAON_DEVICE_SAMPLING");
@@ -718,6 +719,7 @@ static void retire(kaon_engine *e, seq *s, out_item *it) {
     kaon_sched_remove(e, s);
     s->status = SEQ_DONE;
     r->n_done++;
+    if (s->finish == KAON_FINISH_STOP || s->finish == KAON_FINISH_LENGTH) kaon_sched_finished(e, s);
     switch (s->finish) {
     case KAON_FINISH_STOP: e->stats.finished_stop++; break;
     case KAON_FINISH_LENGTH: e->stats.finished_length++; break;

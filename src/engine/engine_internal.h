@@ -20,10 +20,12 @@
 // Admission (scheduler.c): a waiting sequence is admitted only while the free KV blocks of its
 // pool part cover what it and every running sequence there are estimated to still need: the
 // rest of the prompt plus ratio x the tokens left to max_tokens (else to the context; clipped
-// at KAON_ADMIT_CLIP). The ratio starts at START, falls by DECAY a step down to MIN, and goes
-// back to 1 after a preemption (SGLang's new-token-ratio estimate). Admitting by the prompt
-// alone let 3,000 requests of 1,000 + 1,000 tokens preempt ~1,400 times and recompute 41% more
-// prompt tokens (PERF.md, session 50).
+// at KAON_ADMIT_CLIP). The ratio starts at START, falls by DECAY a step down to a floor, and
+// goes back to 1 after a preemption (SGLang's new-token-ratio estimate). The floor is MIN or,
+// when higher, the share of that remainder finished sequences really generated (a running
+// average, weight 1 / 16): requests that run to max_tokens (ignore_eos) stop the cycle of
+// decay and preemption. Admitting by the prompt alone let 3,000 requests of 1,000 + 1,000
+// tokens preempt ~1,400 times and recompute 41% more prompt tokens (PERF.md, session 50).
 #define KAON_ADMIT_RATIO_START 0.7
 #define KAON_ADMIT_RATIO_MIN 0.1
 #define KAON_ADMIT_RATIO_DECAY 0.001
@@ -130,6 +132,7 @@ struct kaon_engine {
     // Admission's estimate of the share of a running sequence's remaining max_tokens it will
     // still generate (scheduler.c): adapts between steps; fixed by KAON_ADMIT_RATIO (0: off).
     double admit_ratio;
+    double admit_floor;  // the finished sequences' share (see KAON_ADMIT_RATIO_START)
     bool admit_fixed;
 
     pthread_mutex_t mu;
@@ -194,6 +197,7 @@ void kaon_engine_expert_stats_free(kaon_engine *e);
 // scheduler.c
 int kaon_sched_step(kaon_engine *e);      // fills e->sched; returns scheduled token count
 void kaon_sched_release(kaon_engine *e, seq *s);
+void kaon_sched_finished(kaon_engine *e, const seq *s);  // a sequence ended (stop or length): admission learns its share
 void kaon_sched_waiting_insert(kaon_engine *e, seq *s);
 void kaon_sched_remove(kaon_engine *e, seq *s);
 // Grows s's blocks to hold positions [0, upto) for drafts: only from the free pool while a block

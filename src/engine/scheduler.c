@@ -175,14 +175,25 @@ static int pick_dp_rank(kaon_engine *e, const seq *s) {
     return best;
 }
 
-// Blocks s is estimated to still need beyond those it holds (see KAON_ADMIT_RATIO_START).
-static int future_blocks(const kaon_engine *e, const seq *s) {
+// Tokens s may still add past its first `from`: to its max_tokens, else to the context; clipped.
+static int tokens_left(const kaon_engine *e, const seq *s, int from) {
     int cap = e->max_model_len;
     const int max_tokens = s->req->sp.max_tokens;
     if (max_tokens > 0 && s->req->n_prompt + max_tokens < cap) cap = s->req->n_prompt + max_tokens;
-    int left = cap - s->n_tokens;
-    if (left < 0) left = 0;
-    if (left > KAON_ADMIT_CLIP) left = KAON_ADMIT_CLIP;
+    const int left = cap - from;
+    return left < 0 ? 0 : left > KAON_ADMIT_CLIP ? KAON_ADMIT_CLIP : left;
+}
+
+void kaon_sched_finished(kaon_engine *e, const seq *s) {
+    const int left = tokens_left(e, s, s->req->n_prompt);
+    if (left <= 0) return;
+    const double share = s->n_out >= left ? 1.0 : (double)s->n_out / left;
+    e->admit_floor += (share - e->admit_floor) / 16.0;
+}
+
+// Blocks s is estimated to still need beyond those it holds (see KAON_ADMIT_RATIO_START).
+static int future_blocks(const kaon_engine *e, const seq *s) {
+    const int left = tokens_left(e, s, s->n_tokens);
     const int64_t upto = (int64_t)s->n_tokens + (int64_t)(e->admit_ratio * left + 0.999);
     const int64_t need = (upto + e->block_size - 1) / e->block_size - s->n_blocks;
     return need > 0 ? (int)need : 0;
@@ -271,9 +282,10 @@ int kaon_sched_step(kaon_engine *e) {
         total += n;
         rows += s->want_prompt_lp ? n : 1;
     }
-    if (!e->admit_fixed)
-        e->admit_ratio = preempted ? 1.0
-                         : e->admit_ratio - KAON_ADMIT_RATIO_DECAY > KAON_ADMIT_RATIO_MIN ? e->admit_ratio - KAON_ADMIT_RATIO_DECAY
-                                                                                         : KAON_ADMIT_RATIO_MIN;
+    if (!e->admit_fixed) {
+        const double floor = e->admit_floor > KAON_ADMIT_RATIO_MIN ? e->admit_floor : KAON_ADMIT_RATIO_MIN;
+        const double next = e->admit_ratio - KAON_ADMIT_RATIO_DECAY;
+        e->admit_ratio = preempted ? 1.0 : next > floor ? next : floor;
+    }
     return total;
 }
