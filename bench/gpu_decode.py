@@ -73,14 +73,16 @@ def bytes_per_token(cfg, ctx, int4_bytes="kaon"):
     """Weight bytes a batch-1 decode step reads, and the KV bytes of ctx cached positions
     (roofline.step_bytes: quantized linears at their checkpoint format's bytes). INT4 configs with
     int4_bytes "kaon": the dense linears at what kaon reads instead, half a byte per weight plus
-    an f32 scale and an f32 zero per group of g (the checkpoint: f16 scale + 4-bit zero)."""
+    8 bytes per row and group of g (an f32 scale and a zero, symmetric formats too), or 4 with
+    KAON_T4_SZ16=1 (an f16 scale and a bf16 zero; the checkpoint: f16 scale + 4-bit zero)."""
     w, kv = roofline.step_bytes(cfg, 1)
     fmt = int4_format(cfg)
     if fmt and int4_bytes == "kaon":
-        g, zero = fmt
+        g, _ = fmt
         s = roofline.shape(cfg)
         lin = s["layers"] * s["attn"] + (s["layers"] - s["moe_layers"]) * s["dense_mlp"]
-        w += lin * (0.5 + (4 + (4 if zero else 0)) / g - roofline.quant_elem_bytes(cfg))
+        per_group = 4 if os.environ.get("KAON_T4_SZ16") == "1" else 8
+        w += lin * (0.5 + per_group / g - roofline.quant_elem_bytes(cfg))
     return w, kv * ctx
 
 

@@ -256,6 +256,27 @@ def test_int4_norm_split_vs_cpu(tmp_path, fmt):
     assert e_split <= 1.5 * e_plain + 1e-3, (e_split, e_plain)
 
 
+@pytest.mark.parametrize("fmt", ["awq", "ct_sym"])  # f16 and bf16 checkpoint scales
+def test_int4_sz16_same_logits(tmp_path, fmt):
+    """KAON_T4_SZ16=1 (each row-group's scale as f16 and zero in one u32, where f16 holds every
+    scale): the GEMVs and the GEMM path's dequantization read the same scale and zero values, so
+    logits are bit-equal to the default's (decode, short prefill on the GEMV, long prefill on
+    the GEMM); the compact GEMV kernels ran, and not without the switch."""
+    cfg = int4_config()
+    qc, files, _ = quantize_checkpoint(make_weights(cfg, 6), fmt, seed=6)
+    model = write_folder(tmp_path / fmt, dict(cfg, torch_dtype="float16", quantization_config=qc), files, "F32",
+                         indent=None)
+    compact = re.compile(r"void k_t4_gemv<\d+, (true|false), \d, (true|false), true>")  # <NW, SILU, MODE, XG, SZ16>
+    for ids, mode in ((IDS, "decode"), (IDS, "prefill"), (LONG, "prefill")):
+        c16, kc = kernel_names(tmp_path, lambda env: kaon_logits(model, ids, "cuda", tmp_path, mode,
+                                                                 dict(env, KAON_T4_SZ16="1")))
+        base, kb = kernel_names(tmp_path, lambda env: kaon_logits(model, ids, "cuda", tmp_path, mode, env))
+        if ids is IDS:
+            assert any(compact.match(k) for k in kc), (mode, sorted(kc))
+        assert not any(compact.match(k) for k in kb), (mode, sorted(kb))
+        assert np.array_equal(c16, base), (fmt, mode, float(np.abs(c16 - base).max()))
+
+
 def test_int4_dummy_model_runs(tmp_path):
     # --load-format dummy with an AWQ config: INT4 layers made on the device, a few greedy tokens.
     cfg = dict(int4_config(), quantization_config=FORMATS["awq"][0], torch_dtype="float16")

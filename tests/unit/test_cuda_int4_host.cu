@@ -163,7 +163,28 @@ static void check_layer(int M, int K, int g, int nv, bool zero, int NW) {
     CHECK(rel < 1e-6);
 }
 
+// The compact row-group (t4_sz16): f16-exact scales and every zero come back as the float2
+// form holds them (the same scale, the same bf16x2 -(128 + z) bits); t4_sz16_exact refuses the
+// scales f16 would round.
+static void check_sz16() {
+    int bad = 0;
+    for (int i = 0; i < 20000; i++) {
+        const float s = __half2float(__float2half_rn((float)(rnd() % 100000 + 1) * 1e-6f));  // f16 values
+        const float z = (float)((int)(rnd() % 255) - 127);
+        const uint32_t w = t4_sz16(s, z);
+        bad += !t4_sz16_exact(s) || t4_sz16_scale(w) != s || t4_sz16_nz(w) != fbits(t4_nz(z));
+    }
+    CHECK(bad == 0);
+    CHECK(!t4_sz16_exact(0.1f));      // 0.1 is not an f16 value
+    CHECK(!t4_sz16_exact(1e-9f));     // below f16's subnormals
+    CHECK(!t4_sz16_exact(70000.f));   // past f16's range
+    CHECK(t4_sz16_exact(0.0f) && t4_sz16_exact(0.5f) && t4_sz16_exact(0.00390625f));
+    // bf16 checkpoint scales: f16 holds those from 2^-14 up (8 of f16's 11 significant bits)
+    CHECK(t4_sz16_exact(bf2f(f2bf_trunc(0.0123f))));
+}
+
 int main() {
+    check_sz16();
     // (M, K, g, nv, zero): the GPU tests' shapes (partial last group, K % 64 == 32, rows not a
     // multiple of 16), groups 32..256, up to 8 activation rows, and one long row (14336).
     const int cases[][5] = {{200, 512, 128, 1, 1}, {136, 256, 32, 3, 0}, {96, 352, 128, 8, 1}, {48, 96, 32, 5, 1},

@@ -14,6 +14,9 @@
 //                           bf16: one 16-byte shared-memory load per half.
 //   sz     float2 [Mt, G, 16]  {scale, bf16x2 -(128 + z)} per row and group (z 8 when the
 //                           format has none): a group's pairs of a tile are 128 contiguous bytes.
+//                           KAON_T4_SZ16=1: u32 [Mt, G, 16] instead, f16 scale | bf16 -(128 + z)
+//                           << 16 (t4_sz16; layers whose scales f16 holds exactly, else float2),
+//                           half the bytes: 4 per group of 128 weights (64 bytes) instead of 8.
 //   perm   i32 [in]         only for GPTQ act-order (x is gathered by it)
 //
 // Why the tiled GEMV (k_t4_gemv, n <= 32 in passes of up to 8 rows): decode reads each weight
@@ -139,7 +142,7 @@ static __device__ __forceinline__ uint32_t t4_add(uint32_t a, uint32_t c) {
 // Up to 4 weights of one width sharing x (q, k, v), or SILU: gate (0) and up (1).
 struct T4Args {
     const uint4 *w[4];        // tiled nibbles (see the top comment)
-    const float2 *sz[4];      // [Mt][G][16] {scale, bf16x2 -(128 + z)}
+    const void *sz[4];        // [Mt][G][16] float2 {scale, bf16x2 -(128 + z)}, or u32 t4_sz16 (SZ16)
     const float *bias[4];     // [M] or NULL
     void *y[4];               // this pass's rows of y [nv, M], bf16 or f32
     int M[4], begin[4];       // rows of each weight; its first block (one block per 16-row tile)
@@ -157,10 +160,11 @@ enum { T4_PLAIN, T4_RESIDUAL, T4_NORMED };
 // One block: one 16-row tile of one weight (both weights for SILU), its NW warps splitting the
 // chunks of K; warp results meet in shared memory. y [nv, M] bf16 or f32 (+ bias); SILU: y[0] = bf16(silu(bf16 g))
 // * bf16 u, rounded as silu_and_mul after two linears. 128 registers at most: 2
-// blocks of 8 warps or 4 of 4 per SM. MODE: see T4_PLAIN (not T4_RESIDUAL with SILU).
-template <int NW, bool SILU, int MODE = T4_PLAIN, bool XG = false>
+// blocks of 8 warps or 4 of 4 per SM. MODE: see T4_PLAIN (not T4_RESIDUAL with SILU). SZ16: the
+// compact scale + zero words (4 bytes a row-group; an f16 -> f32 conversion and a PRMT each).
+template <int NW, bool SILU, int MODE = T4_PLAIN, bool XG = false, bool SZ16 = false>
 __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a) {
-    constexpr int NM = SILU ? 2 : 1, U = T4_U / NM;
+    constexpr int NM = SILU ? 2 : 1, U = T4_U / NM, SZB = SZ16 ? 4 : 8;  // SZB: bytes of a row-group
     extern __shared__ __align__(16) uint8_t t4_smem[];
     kc_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
@@ -183,21 +187,22 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
 #pragma unroll
         for (int m = 0; m < NM; m++)
             q[u][m] = c_lo + u < c_hi ? ld_stream(wp[m] + u * 32) : make_uint4(0, 0, 0, 0);
-    float2 *szs = (float2 *)t4_smem;  // [NM][G][16]
+    uint8_t *szs = t4_smem;  // [NM][G][16] row-groups of SZB bytes
     // Staging loops issue 4 loads per thread before storing any (one latency per 4, not per 1).
 #pragma unroll
     for (int m = 0; m < NM; m++) {
         // Scales are weights: loaded before the wait, as ld_stream (the loads pdl_check allows there).
-        const uint4 *src = (const uint4 *)(a.sz[SILU ? m : seg] + (size_t)rt * G * 16);
-        uint4 *dst = (uint4 *)(szs + m * G * 16);
-        for (int i0 = threadIdx.x; i0 < G * 8; i0 += 4 * NW * 32) {
+        const uint4 *src = (const uint4 *)((const uint8_t *)a.sz[SILU ? m : seg] + (size_t)rt * G * 16 * SZB);
+        uint4 *dst = (uint4 *)(szs + (size_t)m * G * 16 * SZB);
+        const int nvec = G * SZB;  // 16-byte vectors of the tile's row-groups
+        for (int i0 = threadIdx.x; i0 < nvec; i0 += 4 * NW * 32) {
             uint4 v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                v[j] = i0 + j * NW * 32 < G * 8 ? ld_stream(src + i0 + j * NW * 32) : make_uint4(0, 0, 0, 0);
+                v[j] = i0 + j * NW * 32 < nvec ? ld_stream(src + i0 + j * NW * 32) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                if (i0 + j * NW * 32 < G * 8) dst[i0 + j * NW * 32] = v[j];
+                if (i0 + j * NW * 32 < nvec) dst[i0 + j * NW * 32] = v[j];
         }
     }
     if (XG) __syncthreads();  // the scales; x needs no staging (read below through L1)
@@ -205,7 +210,7 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
     float ss = 0.f;  // T4_NORMED: warp 0's share of the sum of squares, requested beside x
     if (MODE == T4_NORMED && warp == 0)
         for (int i = lane; i < a.fuse.n_parts; i += 32) ss += __ldcg(a.fuse.parts + i);
-    bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 128);  // [nv][xstride], zeros past K
+    bf16 *xs = (bf16 *)(t4_smem + (size_t)NM * G * 16 * SZB);  // [nv][xstride], zeros past K
     const int v8 = a.Kc * 8, nx = XG ? 0 : a.nv * v8;  // 8-column vectors per row, in all
     for (int i0 = threadIdx.x; i0 < nx; i0 += 4 * NW * 32) {
         uint4 v[4];
@@ -249,12 +254,24 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
 #pragma unroll
             for (int h = 0; h < 2; h++) {  // 32 columns: one group
                 const uint4 xv = xh[h];
-                const float2 *sg = szs + min(gi, G - 1) * 16 + gid;  // (padding columns past K: x is 0)
+                // row-group gid of this group (padding columns past K: x is 0)
+                const uint8_t *sgb = szs + (size_t)(min(gi, G - 1) * 16 + gid) * SZB;
                 if (--left == 0) gi++, left = g32;
 #pragma unroll
                 for (int m = 0; m < NM; m++) {
-                    const float2 s0 = sg[m * G * 16], s1 = sg[m * G * 16 + 8];
-                    const uint32_t z0 = __float_as_uint(s0.y), z1 = __float_as_uint(s1.y);
+                    float s0, s1;  // rows gid and gid + 8: scale, and bf16x2 -(128 + z)
+                    uint32_t z0, z1;
+                    if constexpr (SZ16) {
+                        const uint32_t *sg = (const uint32_t *)sgb + m * G * 16;
+                        const uint32_t w0 = sg[0], w1 = sg[8];
+                        s0 = t4_sz16_scale(w0), s1 = t4_sz16_scale(w1);
+                        z0 = t4_sz16_nz(w0), z1 = t4_sz16_nz(w1);
+                    } else {
+                        const float2 *sg = (const float2 *)sgb + m * G * 16;
+                        const float2 p0 = sg[0], p1 = sg[8];
+                        s0 = p0.x, s1 = p1.x;
+                        z0 = __float_as_uint(p0.y), z1 = __float_as_uint(p1.y);
+                    }
                     float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                     for (int t = 0; t < 2; t++) {
@@ -265,10 +282,10 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
                             A[r] = t4_add(t4_nibbles(w >> (4 * r)), r & 1 ? z1 : z0);
                         t4_mma(d, A, (&xv.x)[2 * t], (&xv.x)[2 * t + 1]);
                     }
-                    acc[m][0] = fmaf(s0.x, d[0], acc[m][0]);
-                    acc[m][1] = fmaf(s0.x, d[1], acc[m][1]);
-                    acc[m][2] = fmaf(s1.x, d[2], acc[m][2]);
-                    acc[m][3] = fmaf(s1.x, d[3], acc[m][3]);
+                    acc[m][0] = fmaf(s0, d[0], acc[m][0]);
+                    acc[m][1] = fmaf(s0, d[1], acc[m][1]);
+                    acc[m][2] = fmaf(s1, d[2], acc[m][2]);
+                    acc[m][3] = fmaf(s1, d[3], acc[m][3]);
                 }
             }
             if (c + U < c_hi)  // this register's next chunk, in flight while the others are consumed
@@ -278,7 +295,7 @@ __global__ void __launch_bounds__(NW * 32, 8 / NW * 2) k_t4_gemv(const T4Args a)
 #pragma unroll
         for (int m = 0; m < NM; m++) wp[m] += U * 32;
     }
-    float *red = (float *)(t4_smem + (size_t)NM * G * 128 + (XG ? 0 : ((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
+    float *red = (float *)(t4_smem + (size_t)NM * G * 16 * SZB + (XG ? 0 : ((size_t)a.nv * a.xstride * 2 + 15) & ~(size_t)15));
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -338,9 +355,10 @@ __global__ void k_t4_repack(const uint8_t *__restrict__ src, int64_t M, int K, i
         dst[i] = t4_repack_word(src, M, K, Kc, i);
 }
 
-// out [cnt, K] bf16 = (q - z) * s of rows row0 .. row0 + cnt - 1 of the tiled layout.
-__global__ void k_t4_dequant(const uint32_t *__restrict__ w, const float2 *__restrict__ sz, int K, int Kc, int G, int g,
-                             int64_t row0, int64_t cnt, bf16 *__restrict__ out) {
+// out [cnt, K] bf16 = (q - z) * s of rows row0 .. row0 + cnt - 1 of the tiled layout (sz16: the
+// compact row-groups).
+__global__ void k_t4_dequant(const uint32_t *__restrict__ w, const void *__restrict__ szv, bool sz16, int K, int Kc,
+                             int G, int g, int64_t row0, int64_t cnt, bf16 *__restrict__ out) {
     kc_pdl_trigger();
     kc_pdl_wait();  // out may still be read by the GEMM before
     const int64_t total = cnt * K;
@@ -349,9 +367,17 @@ __global__ void k_t4_dequant(const uint32_t *__restrict__ w, const float2 *__res
         const int k = (int)(i % K);
         int slot;
         const uint32_t q = (w[t4_word(m, k, Kc, &slot)] >> (4 * slot)) & 15u;
-        const float2 e = sz[((m >> 4) * G + k / g) * 16 + (m & 15)];
-        const float z = -__uint_as_float(__float_as_uint(e.y) << 16) - 128.f;
-        out[i] = __float2bfloat16(((float)q - z) * e.x);
+        const size_t at = ((m >> 4) * G + k / g) * 16 + (m & 15);
+        float sc, nzf;  // the scale, and -(128 + z) as the float2 form's bits
+        if (sz16) {
+            const uint32_t e = ((const uint32_t *)szv)[at];
+            sc = t4_sz16_scale(e), nzf = __uint_as_float(t4_sz16_nz(e));
+        } else {
+            const float2 e = ((const float2 *)szv)[at];
+            sc = e.x, nzf = e.y;
+        }
+        const float z = -__uint_as_float(__float_as_uint(nzf) << 16) - 128.f;
+        out[i] = __float2bfloat16(((float)q - z) * sc);
     }
 }
 
@@ -365,7 +391,23 @@ __global__ void k_t4_dummy_sz(float2 *__restrict__ sz, size_t n, uint64_t seed, 
     }
 }
 
+// The same dummy values in the compact form: each scale rounded to f16 first (so f16 holds it).
+__global__ void k_t4_dummy_sz16(uint32_t *__restrict__ sz, size_t n, uint64_t seed, float base, int zero) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t r = i4_mix((seed ^ 0x5CA1Eull) * 0x632BE59BD9B4E019ull + i);
+        const float s = __half2float(__float2half_rn(base * (0.5f + (float)(r >> 40) * (1.0f / 16777216.0f))));
+        sz[i] = t4_sz16(s, zero ? (float)(r & 15u) : 8.f);
+    }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
+
+// KAON_T4_SZ16=1: upload INT4 layers' scales and zeros in the compact form where f16 holds every
+// scale exactly (t4_sz16). Off by default until measured.
+static bool t4_sz16_on(void) {
+    static const bool on = kc_env_on("KAON_T4_SZ16");
+    return on;
+}
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -381,21 +423,22 @@ typedef struct T4Layout {
     size_t w_bytes, sz_off, sz_bytes, p_off, total;  // p_off 0: absent
 } T4Layout;
 
-static void t4_layout(int64_t M, int64_t K, int64_t g, bool perm, T4Layout *L) {
+// szb: bytes of a row-group's scale and zero (8, or 4 in the compact form).
+static void t4_layout(int64_t M, int64_t K, int64_t g, bool perm, int szb, T4Layout *L) {
     L->M = M, L->K = K, L->g = g, L->G = (K + g - 1) / g, L->Mt = (M + 15) / 16, L->Kc = (K + 63) / 64;
     L->w_bytes = (size_t)L->Mt * (size_t)L->Kc * 512;
     L->sz_off = al256(L->w_bytes);
-    L->sz_bytes = (size_t)L->Mt * 16 * (size_t)L->G * sizeof(float2);
+    L->sz_bytes = (size_t)L->Mt * 16 * (size_t)L->G * (size_t)szb;
     size_t end = L->sz_off + al256(L->sz_bytes);
     L->p_off = perm ? end : 0;
     if (perm) end += al256(sizeof(int32_t) * (size_t)K);
     L->total = end;
 }
 
-// Shared memory of a k_t4_gemv block: scales and zeros, nv rows of x, the warps' partial sums
-// (counted for 8 warps).
-static size_t t4_smem_bytes(int nm, int G, int nv, int Kc) {
-    return (size_t)nm * G * 128 + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
+// Shared memory of a k_t4_gemv block: scales and zeros (szb bytes a row-group), nv rows of x, the
+// warps' partial sums (counted for 8 warps).
+static size_t t4_smem_bytes(int nm, int G, int nv, int Kc, int szb = 8) {
+    return (size_t)nm * G * 16 * szb + (((size_t)nv * (Kc * 64 + 32) * 2 + 15) & ~(size_t)15) +
            (size_t)T4_WARPS * nm * 4 * 32 * sizeof(float);
 }
 
@@ -436,11 +479,13 @@ size_t kc_int4_bytes(const kaon_tensor *host) {
 }
 
 // Every k_t4_gemv instance of NW warps may use T4_SMEM_MAX of shared memory: 0, or -1 + recorded error.
-template <int NW, bool XG>
+template <int NW, bool XG, bool SZ16>
 static int t4_allow_smem(kc_backend *b) {
-    const void *f[5] = {(const void *)k_t4_gemv<NW, false, T4_PLAIN, XG>, (const void *)k_t4_gemv<NW, true, T4_PLAIN, XG>,
-                        (const void *)k_t4_gemv<NW, false, T4_RESIDUAL, XG>,
-                        (const void *)k_t4_gemv<NW, false, T4_NORMED, XG>, (const void *)k_t4_gemv<NW, true, T4_NORMED, XG>};
+    const void *f[5] = {(const void *)k_t4_gemv<NW, false, T4_PLAIN, XG, SZ16>,
+                        (const void *)k_t4_gemv<NW, true, T4_PLAIN, XG, SZ16>,
+                        (const void *)k_t4_gemv<NW, false, T4_RESIDUAL, XG, SZ16>,
+                        (const void *)k_t4_gemv<NW, false, T4_NORMED, XG, SZ16>,
+                        (const void *)k_t4_gemv<NW, true, T4_NORMED, XG, SZ16>};
     for (const void *k : f)
         if (kc_check(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, T4_SMEM_MAX),
                      "INT4 GEMV shared memory"))
@@ -452,26 +497,32 @@ static int t4_allow_smem(kc_backend *b) {
 static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_t seed, kaon_linear *dev) {
     const int64_t M = host->w.shape[0], K = host->w.shape[1];
     const bool zero = host->zero.data != NULL, perm = !dummy && host->perm.data != NULL;
-    T4Layout L;
-    t4_layout(M, K, host->scale_block[1], perm, &L);
-    const size_t MG = (size_t)M * (size_t)L.G, raw = (size_t)M * (size_t)K / 2;
+    const int64_t G = (K + host->scale_block[1] - 1) / host->scale_block[1];
+    const size_t MG = (size_t)M * (size_t)G, raw = (size_t)M * (size_t)K / 2;
     if (!dummy && (host->w.nbytes < raw || host->scale.nbytes < MG * 4 || (zero && host->zero.nbytes < MG * 4)))
         return kc_fail(b, "cuda upload: INT4 layer data is short");
-    float2 *hsz = NULL;
-    if (!dummy) {  // {scale, bf16x2 -(128 + z)}; padding rows: scale 0
-        const float *sc = (const float *)host->scale.data, *z = zero ? (const float *)host->zero.data : NULL;
+    const float *sc = dummy ? NULL : (const float *)host->scale.data, *z = zero && !dummy ? (const float *)host->zero.data : NULL;
+    // The compact form where asked for and f16 holds every scale (dummy scales are made so).
+    bool c16 = t4_sz16_on();
+    for (size_t i = 0; c16 && sc && i < MG; i++) c16 = t4_sz16_exact(sc[i]);
+    T4Layout L;
+    t4_layout(M, K, host->scale_block[1], perm, c16 ? 4 : 8, &L);
+    void *hsz = NULL;
+    if (!dummy) {  // {scale, bf16x2 -(128 + z)} (or t4_sz16); padding rows: scale 0
         if (z)  // the GEMV's exact bf16 subtraction needs integer zeros (every format packs them)
             for (size_t i = 0; i < MG; i++)
                 if (!(z[i] >= -127.f && z[i] <= 127.f) || z[i] != (float)(int)z[i])
                     return kc_fail(b, "cuda upload: INT4 zero point %g is not an integer in [-127, 127]", (double)z[i]);
-        hsz = (float2 *)malloc(L.sz_bytes);
+        hsz = malloc(L.sz_bytes);
         if (!hsz) return kc_fail(b, "cuda upload: out of host memory");
         for (int64_t rt = 0; rt < L.Mt; rt++)
             for (int64_t gi = 0; gi < L.G; gi++)
                 for (int r = 0; r < 16; r++) {
                     const int64_t m = rt * 16 + r;
                     const float s = m < M ? sc[m * L.G + gi] : 0.f, zz = m < M && z ? z[m * L.G + gi] : 8.f;
-                    hsz[(rt * L.G + gi) * 16 + r] = make_float2(s, t4_nz(zz));
+                    const size_t at = (size_t)(rt * L.G + gi) * 16 + r;
+                    if (c16) ((uint32_t *)hsz)[at] = t4_sz16(s, zz);
+                    else ((float2 *)hsz)[at] = make_float2(s, t4_nz(zz));
                 }
     }
     uint8_t *dst = NULL, *tmp = NULL;
@@ -483,8 +534,12 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
     if (dummy) {
         const float base = 1.0f / sqrtf((float)K) / 8.0f;
         k_i4_dummy<<<grid_for((int64_t)(L.w_bytes / 8), 256, 4096), 256, 0, b->stream>>>(dst, L.w_bytes, seed);
-        k_t4_dummy_sz<<<grid_for(L.Mt * 16 * L.G, 256, 4096), 256, 0, b->stream>>>(
-            (float2 *)(dst + L.sz_off), (size_t)L.Mt * 16 * (size_t)L.G, seed, base, zero);
+        if (c16)
+            k_t4_dummy_sz16<<<grid_for(L.Mt * 16 * L.G, 256, 4096), 256, 0, b->stream>>>(
+                (uint32_t *)(dst + L.sz_off), (size_t)L.Mt * 16 * (size_t)L.G, seed, base, zero);
+        else
+            k_t4_dummy_sz<<<grid_for(L.Mt * 16 * L.G, 256, 4096), 256, 0, b->stream>>>(
+                (float2 *)(dst + L.sz_off), (size_t)L.Mt * 16 * (size_t)L.G, seed, base, zero);
         rc = kc_launched(b, "INT4 dummy weights");
     } else {
         rc = kc_check(b, cudaMalloc((void **)&tmp, raw), "INT4 upload");
@@ -503,8 +558,11 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
     if (kc_check(b, cudaStreamSynchronize(b->stream), "INT4 upload")) rc = -1;
     if (tmp) cudaFree(tmp);
     free(hsz);
-    if (!rc) rc = t4_allow_smem<8, false>(b) || t4_allow_smem<4, false>(b) || t4_allow_smem<8, true>(b) ||
-                  t4_allow_smem<4, true>(b);  // (per device: each upload sets it)
+    if (!rc)  // (per device: each upload sets it)
+        rc = c16 ? t4_allow_smem<8, false, true>(b) || t4_allow_smem<4, false, true>(b) ||
+                       t4_allow_smem<8, true, true>(b) || t4_allow_smem<4, true, true>(b)
+                 : t4_allow_smem<8, false, false>(b) || t4_allow_smem<4, false, false>(b) ||
+                       t4_allow_smem<8, true, false>(b) || t4_allow_smem<4, true, false>(b);
     if (rc) {
         cudaFree(dst);
         return -1;
@@ -514,6 +572,7 @@ static int t4_upload(kc_backend *b, const kaon_linear *host, bool dummy, uint64_
     dev->w.data = dst;
     dev->w.nbytes = L.total;
     dev->scale = host->scale;
+    dev->scale.dtype = c16 ? KAON_F16 : KAON_F32;  // which form the row-groups are in (t4_gemv, i4_gemm)
     dev->scale.data = dst + L.sz_off;
     dev->scale.nbytes = L.sz_bytes;
     memset(&dev->zero, 0, sizeof dev->zero);
@@ -569,21 +628,22 @@ static bool t4_wide(unsigned blocks, int n_sm) {
     return v == 8 || (v != 4 && blocks <= 2u * (unsigned)n_sm);
 }
 
-template <int NW, bool XG>
+template <int NW, bool XG, bool SZ16>
 static cudaError_t t4_launch_nw(kc_backend *b, bool silu, int mode, unsigned blocks, size_t smem, const T4Args &a) {
     const dim3 grid(blocks), block(NW * 32);
-    if (mode == T4_RESIDUAL) return kc_launch(b, k_t4_gemv<NW, false, T4_RESIDUAL, XG>, grid, block, smem, a);
+    if (mode == T4_RESIDUAL) return kc_launch(b, k_t4_gemv<NW, false, T4_RESIDUAL, XG, SZ16>, grid, block, smem, a);
     if (mode == T4_NORMED)
-        return silu ? kc_launch(b, k_t4_gemv<NW, true, T4_NORMED, XG>, grid, block, smem, a)
-                    : kc_launch(b, k_t4_gemv<NW, false, T4_NORMED, XG>, grid, block, smem, a);
-    return silu ? kc_launch(b, k_t4_gemv<NW, true, T4_PLAIN, XG>, grid, block, smem, a)
-                : kc_launch(b, k_t4_gemv<NW, false, T4_PLAIN, XG>, grid, block, smem, a);
+        return silu ? kc_launch(b, k_t4_gemv<NW, true, T4_NORMED, XG, SZ16>, grid, block, smem, a)
+                    : kc_launch(b, k_t4_gemv<NW, false, T4_NORMED, XG, SZ16>, grid, block, smem, a);
+    return silu ? kc_launch(b, k_t4_gemv<NW, true, T4_PLAIN, XG, SZ16>, grid, block, smem, a)
+                : kc_launch(b, k_t4_gemv<NW, false, T4_PLAIN, XG, SZ16>, grid, block, smem, a);
 }
 
-template <bool XG>
+template <bool XG, bool SZ16>
 static cudaError_t t4_launch(kc_backend *b, bool wide, bool silu, int mode, unsigned blocks, size_t smem,
                              const T4Args &a) {
-    return wide ? t4_launch_nw<8, XG>(b, silu, mode, blocks, smem, a) : t4_launch_nw<4, XG>(b, silu, mode, blocks, smem, a);
+    return wide ? t4_launch_nw<8, XG, SZ16>(b, silu, mode, blocks, smem, a)
+                : t4_launch_nw<4, XG, SZ16>(b, silu, mode, blocks, smem, a);
 }
 
 // k_t4_gemv over count layers of one width, group and perm (silu: gate l[0], up l[1], y[0] out).
@@ -604,7 +664,7 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         for (int i = 0; i < count; i++) {
             const kaon_tensor *bias = kaon_linear_bias(l[i]);
             a.w[i] = (const uint4 *)l[i]->w.data;
-            a.sz[i] = (const float2 *)l[i]->scale.data;
+            a.sz[i] = l[i]->scale.data;
             a.bias[i] = bias ? (const float *)bias->data : NULL;
             a.M[i] = (int)l[i]->w.shape[0];
             a.y[i] = silu ? (i == 0 ? (void *)((uint8_t *)y[0] + (size_t)p0 * a.M[0] * 2) : NULL)
@@ -617,11 +677,15 @@ static int t4_gemv(kc_backend *b, kc_int4 *s, const void *x, int n, int count, c
         a.K = K, a.Kc = Kc, a.G = G, a.g = (int)l[0]->scale_block[1];
         a.nv = nv, a.f32out = f32out, a.xstride = Kc * 64 + 32;
         const bool xg_direct = t4_x_direct(nv), wide = t4_wide(blocks, b->n_sm);
-        const size_t smem = t4_smem_bytes(nm, G, xg_direct ? 0 : nv, Kc);
+        const bool c16 = l[0]->scale.dtype == KAON_F16;  // (every layer of a launch: i4_gemv_pair)
+        const size_t smem = t4_smem_bytes(nm, G, xg_direct ? 0 : nv, Kc, c16 ? 4 : 8);
         const int mode = !fuse ? T4_PLAIN : fuse->residual ? T4_RESIDUAL : T4_NORMED;
         if (fuse) a.fuse = *fuse;
-        const cudaError_t e = xg_direct ? t4_launch<true>(b, wide, silu, mode, blocks, smem, a)
-                                        : t4_launch<false>(b, wide, silu, mode, blocks, smem, a);
+        const cudaError_t e =
+            c16 ? (xg_direct ? t4_launch<true, true>(b, wide, silu, mode, blocks, smem, a)
+                             : t4_launch<false, true>(b, wide, silu, mode, blocks, smem, a))
+                : (xg_direct ? t4_launch<true, false>(b, wide, silu, mode, blocks, smem, a)
+                             : t4_launch<false, false>(b, wide, silu, mode, blocks, smem, a));
         if (kc_check(b, e, "INT4 GEMV")) return -1;
     }
     return 0;
@@ -647,7 +711,8 @@ static int i4_gemm(kc_backend *b, kc_int4 *s, const void *x, int n, const kaon_l
     for (int r0 = 0; r0 < M; r0 += chunk) {
         const int cnt = M - r0 < chunk ? M - r0 : chunk;
         cudaError_t e = kc_launch(b, k_t4_dequant, dim3(grid_for((int64_t)cnt * K, 256, 65535)), dim3(256), 0,
-                        (const uint32_t *)l->w.data, (const float2 *)l->scale.data, K, (K + 63) / 64, G, g,
+                        (const uint32_t *)l->w.data, (const void *)l->scale.data, l->scale.dtype == KAON_F16, K,
+                        (K + 63) / 64, G, g,
                         (int64_t)r0, (int64_t)cnt, (bf16 *)s->deq);
         if (kc_check(b, e, "INT4 dequantize")) return -1;
         const float *bc = bias && !f32out ? bias + r0 : NULL;
@@ -687,7 +752,7 @@ static bool i4_gemv_pair(const kaon_linear *a, const kaon_linear *b) {
             l->scale_block[1] % 32 || ((uintptr_t)l->w.data & 15) || l->w.shape[0] > INT32_MAX)
             return false;
     return a->w.shape[1] == b->w.shape[1] && a->scale_block[1] == b->scale_block[1] &&
-           a->scale.shape[1] == b->scale.shape[1];
+           a->scale.shape[1] == b->scale.shape[1] && a->scale.dtype == b->scale.dtype;
 }
 
 int kc_int4_linear_multi(kc_backend *b, const void *x, int n, int count, const kaon_linear *const *l, void *const *y,

@@ -4,6 +4,7 @@
 #ifndef KAON_CUDA_INT4_LAYOUT_CUH
 #define KAON_CUDA_INT4_LAYOUT_CUH
 
+#include <cuda_fp16.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -47,6 +48,35 @@ static __host__ __device__ __forceinline__ float t4_nz(float z) {
     float r;
     memcpy(&r, &u, 4);
     return r;
+}
+
+// The compact form of a row-group's pair (KAON_T4_SZ16): one u32, the scale as f16 in the low
+// half (only for scales f16 holds exactly: t4_sz16_exact) and bf16 -(128 + z) in the high half.
+static __host__ __device__ __forceinline__ bool t4_sz16_exact(float s) {
+    return __half2float(__float2half_rn(s)) == s;
+}
+static __host__ __device__ __forceinline__ uint32_t t4_sz16(float s, float z) {
+    const __half h = __float2half_rn(s);
+    unsigned short hb;
+    memcpy(&hb, &h, 2);
+    const float nz = t4_nz(z);
+    uint32_t u;
+    memcpy(&u, &nz, 4);
+    return (uint32_t)hb | (u & 0xFFFF0000u);
+}
+// Its scale, and its bf16x2 -(128 + z) (the high half in both halves): what the float2 form holds.
+static __host__ __device__ __forceinline__ float t4_sz16_scale(uint32_t w) {
+    const unsigned short hb = (unsigned short)(w & 0xFFFFu);
+    __half h;
+    memcpy(&h, &hb, 2);
+    return __half2float(h);
+}
+static __host__ __device__ __forceinline__ uint32_t t4_sz16_nz(uint32_t w) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(w, 0u, 0x3232);  // one PRMT
+#else
+    return (w & 0xFFFF0000u) | (w >> 16);
+#endif
 }
 
 #endif
