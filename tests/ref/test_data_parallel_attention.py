@@ -64,9 +64,11 @@ def test_batched_chunked_prefix_greedy_ids(kaon_bin, models, tmp_path, name, d):
     assert st["prefix_hit_tokens"] >= 4 * 16, st
 
 
-def test_preemption_within_a_rank(kaon_bin, models, tmp_path):
+def test_preemption_within_a_rank(kaon_bin, models, tmp_path, monkeypatch):
     # A pool so small that each rank's part holds about two sequences: the newest sequence of
-    # the rank that ran dry is preempted, recomputed later, and the ids do not change.
+    # the rank that ran dry is preempted, recomputed later, and the ids do not change (admitting
+    # by the prompt alone, KAON_ADMIT_RATIO=0, so that the part runs dry).
+    monkeypatch.setenv("KAON_ADMIT_RATIO", "0")
     ps = prompts(8, seed=7)
     extra = ["--max-num-seqs", "8", "--max-num-batched-tokens", "32", "--block-size", "4", "--no-prefix-caching",
              "--kv-cache-memory", "0.23", "--max-model-len", "60"]  # 52 blocks of 4 tokens

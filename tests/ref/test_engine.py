@@ -101,7 +101,8 @@ def test_chunked_prefill(kaon_bin, tiny, tmp_path, chunk):
     assert longest > chunk  # at least one prompt had to be split
 
 
-def test_preemption(kaon_bin, tiny, tmp_path):
+def test_preemption(kaon_bin, tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("KAON_ADMIT_RATIO", "0")  # admit by the prompt alone, so the pool runs dry
     prompts = make_prompts()
     alone, _ = generate(kaon_bin, tiny, tmp_path, prompts, GREEDY + ["--max-num-seqs", "1"], name="alone")
     # 48 blocks of 16 tokens hold only a few sequences at once.

@@ -41,10 +41,12 @@ GREEDY = DEV + ["--temp", "0", "--max-tokens", "24", "--ignore-eos"]
 
 
 @pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted"])
-def test_greedy_same_with_drafts(kaon_bin, tiny, tmp_path, layout):
+def test_greedy_same_with_drafts(kaon_bin, tiny, tmp_path, layout, monkeypatch):
     """Against a plain run of the same layout (on the CPU every layout gives the alone run's ids
     anyway: test_engine.py; on a GPU the plain runs' own batch dependence stays out of it)."""
     prompts = loop_prompts()
+    if layout == "preempted":
+        monkeypatch.setenv("KAON_ADMIT_RATIO", "0")  # admit by the prompt alone, so the pool runs dry
     extra = {"alone": ["--max-num-seqs", "1"],
              "batched": ["--max-num-seqs", "64", "--no-prefix-caching"],
              "chunked": ["--max-num-seqs", "8", "--max-num-batched-tokens", "13"],
@@ -239,8 +241,10 @@ def same_or_near_ties(exe, model, tmp_path, prompts, a, b, gap=0.02, min_same=0.
 
 
 @pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted", "prefix"])
-def test_mtp_greedy_same(kaon_bin, tiny_v3_mtp, tmp_path, layout):
+def test_mtp_greedy_same(kaon_bin, tiny_v3_mtp, tmp_path, layout, monkeypatch):
     prompts = loop_prompts(n=24, seed=5)
+    if layout == "preempted":
+        monkeypatch.setenv("KAON_ADMIT_RATIO", "0")  # admit by the prompt alone, so the pool runs dry
     if layout == "prefix":  # shared prefixes of whole blocks: later prompts reuse the MTP layer's cache too
         prompts = [prompts[0] * 4 + p for p in prompts]
     extra = {"alone": ["--max-num-seqs", "1"],
@@ -409,9 +413,11 @@ EAGLE3_KV_BYTES = 2 * 32 * 5 * 4
 
 
 @pytest.mark.parametrize("layout", ["alone", "batched", "chunked", "preempted", "prefix"])
-def test_eagle3_greedy_same(kaon_bin, tiny_eagle3, tmp_path, layout):
+def test_eagle3_greedy_same(kaon_bin, tiny_eagle3, tmp_path, layout, monkeypatch):
     target, head = tiny_eagle3
     prompts = loop_prompts(n=24, seed=5)
+    if layout == "preempted":
+        monkeypatch.setenv("KAON_ADMIT_RATIO", "0")  # admit by the prompt alone, so the pool runs dry
     if layout == "prefix":
         prompts = [prompts[0] * 4 + p for p in prompts]
     extra = {"alone": ["--max-num-seqs", "1"],
