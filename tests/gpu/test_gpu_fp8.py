@@ -228,10 +228,9 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     assert r["rel_err"] <= 1.5 * r["rel_err_plain"] + 1e-3, r
 
 
-def test_fp8_silu_mix_same_logits(tmp_path):
-    """KAON_FP8_SILU_MIX=1 (gate's and up's chunks in one ring stream) changes only when bytes
-    arrive, not the arithmetic: batch-1 decode logits bit-equal to the default's, and the mixed
-    kernel ran."""
+def switch_same_logits(tmp_path, switch, kernel):
+    """Batch-1 decode of the tiny block-FP8 Llama with env switch=1 and without: logits bit-equal,
+    and the kernel names kernel (a regex) matches ran only with it; the names matched."""
     folder, cfg = block_fp8_llama(tmp_path, 11)
     ids = np.random.default_rng(5).integers(0, cfg["vocab_size"], 24).tolist()
 
@@ -242,34 +241,27 @@ def test_fp8_silu_mix_same_logits(tmp_path):
         assert p.returncode == 0, p.stderr
         return np.fromfile(o, np.float32).reshape(len(ids), cfg["vocab_size"])
 
-    mix, km = kernel_names(tmp_path, lambda env: logits(dict(env, KAON_FP8_SILU_MIX="1")))
-    base, kb = kernel_names(tmp_path, lambda env: logits(env))
-    mixed = re.compile(r"void k_fp8_gemv<1, 0, true, false, true, false>")
-    assert any(mixed.match(k) for k in km), sorted(km)
-    assert not any(mixed.match(k) for k in kb), sorted(kb)
-    assert np.array_equal(mix, base), float(np.abs(mix - base).max())
+    on, k_on = kernel_names(tmp_path, lambda env: logits(dict(env, **{switch: "1"})))
+    base, k_base = kernel_names(tmp_path, lambda env: logits(env))
+    rx = re.compile(kernel)
+    assert not any(rx.match(k) for k in k_base), sorted(k_base)
+    assert np.array_equal(on, base), float(np.abs(on - base).max())
+    return {k for k in k_on if rx.match(k)}
+
+
+def test_fp8_silu_mix_same_logits(tmp_path):
+    """KAON_FP8_SILU_MIX=1 (gate's and up's chunks in one ring stream) changes only when bytes
+    arrive, not the arithmetic: batch-1 decode logits bit-equal to the default's, and the mixed
+    kernel ran."""
+    assert switch_same_logits(tmp_path, "KAON_FP8_SILU_MIX", r"void k_fp8_gemv<1, 0, true, false, true, false>")
 
 
 def test_fp8_qx_same_logits(tmp_path):
     """KAON_FP8_QX=1: the batch-1 GEMVs of inputs up to 4,096 wide (here all: qkv, o_proj,
     gate/up, down) quantize their activation row themselves with k_fp8_act_group's arithmetic:
     decode logits bit-equal to the default's, and the QX kernels ran (not without the switch)."""
-    folder, cfg = block_fp8_llama(tmp_path, 11)
-    ids = np.random.default_rng(5).integers(0, cfg["vocab_size"], 24).tolist()
-
-    def logits(env):
-        o = tmp_path / "cuda.f32"
-        p = subprocess.run([driver(), "logits", str(folder), "cuda", "1", ",".join(map(str, ids)), str(o)],
-                           capture_output=True, text=True, timeout=600, env=dict(os.environ, KAON_FP8_ACT="1", **env))
-        assert p.returncode == 0, p.stderr
-        return np.fromfile(o, np.float32).reshape(len(ids), cfg["vocab_size"])
-
-    qx, kq = kernel_names(tmp_path, lambda env: logits(dict(env, KAON_FP8_QX="1")))
-    base, kb = kernel_names(tmp_path, lambda env: logits(env))
-    own = re.compile(r"void k_fp8_gemv<1, 0, (true|false), (true|false), false, true>")
-    assert sum(bool(own.match(k)) for k in kq) >= 3, sorted(kq)  # qkv, o_proj, gate/up
-    assert not any(own.match(k) for k in kb), sorted(kb)
-    assert np.array_equal(qx, base), float(np.abs(qx - base).max())
+    ran = switch_same_logits(tmp_path, "KAON_FP8_QX", r"void k_fp8_gemv<1, 0, (true|false), (true|false), false, true>")
+    assert len(ran) >= 3, sorted(ran)  # the plain (qkv), SiLU (gate/up) and residual (o_proj, down) instances
 
 
 def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):
