@@ -739,7 +739,10 @@ static void admit_inbox(kaon_engine *e) {
         for (int i = 0; i < r->n_seqs; i++) {
             seq *s = &r->seqs[i];
             s->order = e->next_order++;
-            if (e->n_waiting == e->cap_waiting) {
+            // Room in the waiting queue for every live sequence, running ones included: a
+            // preemption moves a running sequence back there and must not fail (nor write past
+            // the queue, as it did when arrivals had spread over steps and 2,000+ sequences lived).
+            if (e->n_waiting + e->n_running >= e->cap_waiting) {
                 int cap = e->cap_waiting * 2;
                 seq **w = realloc(e->waiting, sizeof(seq *) * (size_t)cap);
                 if (!w) {  // cannot queue: fail this seq

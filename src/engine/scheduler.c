@@ -12,6 +12,7 @@ static bool before(const seq *a, const seq *b) {
     return a->order < b->order;
 }
 
+// (The queue has room: admit_inbox keeps it as large as the live sequences.)
 void kaon_sched_waiting_insert(kaon_engine *e, seq *s) {
     int lo = 0, hi = e->n_waiting;
     while (lo < hi) {
