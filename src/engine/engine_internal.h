@@ -17,7 +17,8 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
-// Admission (scheduler.c): a waiting sequence is admitted only while the free KV blocks of its
+// Admission (scheduler.c; opt-in: KAON_ADMIT_RATIO=adaptive, or a fixed ratio; off, a sequence is
+// admitted when its next chunk's blocks are free): a waiting sequence is admitted only while the free KV blocks of its
 // pool part cover what it and every running sequence there are estimated to still need: the
 // rest of the prompt plus ratio x the tokens left to max_tokens (else to the context; clipped
 // at KAON_ADMIT_CLIP). The ratio starts at START, falls by DECAY a step down to a floor, and
