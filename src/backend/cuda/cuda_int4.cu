@@ -451,11 +451,18 @@ static int t4_pass(int nm, int64_t G, int64_t K) {
     return 0;
 }
 
+// An INT4 layer, host or device copy: a device copy in the compact form (KAON_T4_SZ16) marks its
+// row-groups with an F16 scale dtype, which kaon_linear_is_int4 (host layouts only) refuses.
+static bool i4_layer(const kaon_linear *l) {
+    return l && l->w.dtype == KAON_I4 && l->scale.data && (l->scale.dtype == KAON_F32 || l->scale.dtype == KAON_F16) &&
+           l->scale_block[0] == 1 && l->scale_block[1] > 0;
+}
+
 // The layer's own checks (host or device copy): 0, or -1 + recorded error.
 static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool check_bias) {
     const kaon_tensor *w = &l->w, *sc = &l->scale, *zt = &l->zero, *pt = &l->perm;
     const kaon_tensor *bias = check_bias ? kaon_linear_bias(l) : NULL;  // (upload: the bias is its own weight)
-    if (!kaon_linear_is_int4(l) || w->ndim != 2) return kc_fail(b, "cuda %s: bad INT4 layer", what);
+    if (!i4_layer(l) || w->ndim != 2) return kc_fail(b, "cuda %s: bad INT4 layer", what);
     const int64_t M = w->shape[0], K = w->shape[1], g = l->scale_block[1], G = (K + g - 1) / g;
     if (M <= 0 || K <= 0 || K % 2 || M > INT32_MAX || K > INT32_MAX / 4)
         return kc_fail(b, "cuda %s: INT4 weight [%lld, %lld] is not whole", what, (long long)M, (long long)K);
@@ -748,7 +755,7 @@ int kc_int4_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, vo
 // one group size, zeros alike, no act-order (each layer would gather x its own way).
 static bool i4_gemv_pair(const kaon_linear *a, const kaon_linear *b) {
     for (const kaon_linear *l : {a, b})
-        if (!l || !kaon_linear_is_int4(l) || !l->w.data || l->w.ndim != 2 || l->perm.data || l->w.shape[1] % 32 ||
+        if (!i4_layer(l) || !l->w.data || l->w.ndim != 2 || l->perm.data || l->w.shape[1] % 32 ||
             l->scale_block[1] % 32 || ((uintptr_t)l->w.data & 15) || l->w.shape[0] > INT32_MAX)
             return false;
     return a->w.shape[1] == b->w.shape[1] && a->scale_block[1] == b->scale_block[1] &&
