@@ -71,11 +71,11 @@ static int alloc_step_buffers(kaon_engine *e) {
         !e->waiting || !e->running || !e->sched || !e->smp_rows || !e->smp_of_sched || !e->smp_ids ||
         !e->smp_lps || !e->host_rows)
         return kaon_set_error("engine: out of memory for step buffers");
-    // Admission's estimate (scheduler.c): off (0) unless KAON_ADMIT_RATIO is "adaptive" or a
-    // fixed ratio: on a small pool it held back requests that fit (CI, session 50).
+    // Admission's estimate (scheduler.c): adaptive unless KAON_ADMIT_RATIO fixes a ratio (0: off,
+    // admit by the prompt alone).
     const char *ar = getenv("KAON_ADMIT_RATIO");
-    e->admit_fixed = !(ar && !strcmp(ar, "adaptive"));
-    e->admit_ratio = e->admit_fixed ? (ar && *ar ? atof(ar) : 0.0) : KAON_ADMIT_RATIO_START;
+    e->admit_fixed = ar && *ar && strcmp(ar, "adaptive");
+    e->admit_ratio = e->admit_fixed ? atof(ar) : KAON_ADMIT_RATIO_START;
     e->admit_floor = 0.0;
     if (!(e->admit_ratio >= 0.0)) e->admit_ratio = 0.0;
     if (e->admit_ratio > 1.0) e->admit_ratio = 1.0;

@@ -17,7 +17,7 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
-// Admission (scheduler.c; opt-in: KAON_ADMIT_RATIO=adaptive, or a fixed ratio; off, a sequence is
+// Admission (scheduler.c; KAON_ADMIT_RATIO=R fixes the ratio, 0 turns it off: a sequence is then
 // admitted when its next chunk's blocks are free): a waiting sequence is admitted only while the free KV blocks of its
 // pool part cover what it and every running sequence there are estimated to still need: the
 // rest of the prompt plus ratio x the tokens left to max_tokens (else to the context; clipped
@@ -27,7 +27,11 @@
 // average, weight 1 / 16): requests that run to max_tokens (ignore_eos) stop the cycle of
 // decay and preemption. Admitting by the prompt alone let 3,000 requests of 1,000 + 1,000
 // tokens preempt ~1,400 times and recompute 41% more prompt tokens (PERF.md, session 50).
+// The estimated growth is counted up to GROWTH_CAP of the part's blocks: the rest stays for
+// prompts, so a small pool with long max_tokens still starts every request that fits by its
+// prompt (and preempts later, as without the estimate).
 #define KAON_ADMIT_RATIO_START 0.7
+#define KAON_ADMIT_GROWTH_CAP 0.5
 #define KAON_ADMIT_RATIO_MIN 0.1
 #define KAON_ADMIT_RATIO_DECAY 0.001
 #define KAON_ADMIT_CLIP 4096

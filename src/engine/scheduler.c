@@ -192,30 +192,43 @@ void kaon_sched_finished(kaon_engine *e, const seq *s) {
     e->admit_floor += (share - e->admit_floor) / 16.0;
 }
 
-// Blocks s is estimated to still need beyond those it holds (see KAON_ADMIT_RATIO_START).
-static int future_blocks(const kaon_engine *e, const seq *s) {
+// What admission counts for one pool part: the blocks the known tokens still need (the rest of the
+// prompts) and the estimated growth (see KAON_ADMIT_RATIO_START).
+typedef struct {
+    int rank;  // the part summed (-1: none yet this step)
+    int64_t known, growth;
+} admit_need;
+
+// Adds the blocks s needs beyond those it holds: its known tokens', and ratio x the tokens left.
+static void add_need(const kaon_engine *e, const seq *s, admit_need *a) {
+    const int bs = e->block_size;
     const int left = tokens_left(e, s, s->n_tokens);
+    const int64_t known = ((int64_t)s->n_tokens + bs - 1) / bs - s->n_blocks;
     const int64_t upto = (int64_t)s->n_tokens + (int64_t)(e->admit_ratio * left + 0.999);
-    const int64_t need = (upto + e->block_size - 1) / e->block_size - s->n_blocks;
-    return need > 0 ? (int)need : 0;
+    const int64_t total = (upto + bs - 1) / bs - s->n_blocks;
+    const int64_t k = known > 0 ? known : 0;
+    a->known += k;
+    a->growth += total > k ? total - k : 0;
 }
 
-// Whether the free blocks of s's pool part cover s's estimated needs and those of the running
-// sequences there (reserve: theirs, computed once per part and step). Nothing running: yes.
-static bool admission_fits(kaon_engine *e, const seq *s, int *reserve_rank, int64_t *reserve) {
+// Whether the free blocks of s's pool part cover the known needs of s and of the running
+// sequences there plus their estimated growth, the growth counted up to KAON_ADMIT_GROWTH_CAP of
+// the part (summed once per part and step). Nothing running: yes.
+static bool admission_fits(kaon_engine *e, const seq *s, admit_need *a) {
     if (e->admit_ratio <= 0.0) return true;
-    if (*reserve_rank != s->dp_rank) {
-        int64_t r = 0;
+    if (a->rank != s->dp_rank) {
+        admit_need r = {s->dp_rank, 0, 0};
         int n = 0;
         for (int i = 0; i < e->n_running; i++)
-            if (e->running[i]->dp_rank == s->dp_rank) r += future_blocks(e, e->running[i]), n++;
+            if (e->running[i]->dp_rank == s->dp_rank) add_need(e, e->running[i], &r), n++;
         if (n == 0) return true;
-        *reserve_rank = s->dp_rank;
-        *reserve = r;
+        *a = r;
     }
-    const int64_t need = *reserve + future_blocks(e, s);
-    if (need > kaon_kv_part_n_free(e->pool, s->dp_rank)) return false;
-    *reserve = need;
+    admit_need with = *a;
+    add_need(e, s, &with);
+    const int64_t cap = (int64_t)(KAON_ADMIT_GROWTH_CAP * kaon_kv_part_n_blocks(e->pool, s->dp_rank));
+    if (with.known + (with.growth < cap ? with.growth : cap) > kaon_kv_part_n_free(e->pool, s->dp_rank)) return false;
+    *a = with;
     return true;
 }
 
@@ -250,15 +263,14 @@ int kaon_sched_step(kaon_engine *e) {
         rows += s->want_prompt_lp && s->n_computed < s->req->n_prompt ? n : 1 + s->n_draft;
     }
     double now = kaon_now();
-    int reserve_rank = -1;
-    int64_t reserve = 0;
+    admit_need need = {-1, 0, 0};
     for (int i = 0; !preempted && i < e->n_waiting && budget > 0 &&
                     e->n_running < e->opts.max_num_seqs && rows < e->max_logits;) {
         seq *s = e->waiting[i];
         if (gated(s)) { i++; continue; }
         if (e->dp_size > 1 && s->n_blocks == 0) s->dp_rank = pick_dp_rank(e, s);
         match_prefix(e, s);
-        if (!admission_fits(e, s, &reserve_rank, &reserve)) {
+        if (!admission_fits(e, s, &need)) {
             kaon_sched_release(e, s);  // give back the prefix hits
             break;
         }
