@@ -1,5 +1,4 @@
-# Session 51, call 3 (any GPU, <= 520 s): call 1's KAON_T4_SZ16 check (its tests, a W4A16 batch-1 A/B)
-# and call 2's FP8 serving A/B of the admission default, in one start (the budget had room for one);
+# Session 51, call 3 (any GPU, ~160 s): call 1's KAON_T4_SZ16 check (its tests, a W4A16 batch-1 A/B);
 # KAON_FP8_QX in its one-round-trip form (3cab79e): its bit-equality test and a batch-1 A/B.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
@@ -13,10 +12,4 @@ C8=bench/configs/llama-3.1-8b-fp8-block.json
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py -k "qx or mix" 2>&1 | grep -E "passed|failed|Error|assert" | tail -4
 for r in 1 2; do for v in 0 1; do echo -n "FP8 qx=$v: "; KAON_FP8_QX=$v timeout 30 python3 bench/gpu_decode.py \
     --config $C8 --kaon build-gpu/kaon --tokens 256 2>&1 | grep -E "^decode"; done; done
-for v in adaptive 0; do echo "== FP8 serving, 1000 x 1000/1000, fp8 KV, KAON_ADMIT_RATIO=$v"
-    KAON_ADMIT_RATIO=$v timeout 170 python3 bench/gpu_throughput.py --kaon build-gpu/kaon --config $C8 --kv-cache-dtype fp8 \
-        --requests 1000 --prompt 1000 --output 1000 > /tmp/tp_$v.txt 2>&1
-    grep -E "requests \(|failed" /tmp/tp_$v.txt | tail -2
-    grep -o '"steps\\": [0-9]*, \\"preemptions\\": [0-9]*\|prompt_tokens_computed\\": [0-9]*' /tmp/tp_$v.txt | head -2
-done
 find $OUT -type f -delete
