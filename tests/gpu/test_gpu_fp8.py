@@ -214,7 +214,7 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     e_q = rel(ref, logits("cpu", len(ids), {"KAON_FP8_ACT": "0"}))  # the activation quantization's effect
     split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT_QUANT="1")))
     plain, kp = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT="0")))
-    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES, MIX, QX>
+    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES[, MIX]>
     assert any(res_kernel.match(k) for k in ks), sorted(ks)
     assert not any(res_kernel.match(k) for k in kp), sorted(kp)
     srt = np.sort(ref, -1)
@@ -253,15 +253,7 @@ def test_fp8_silu_mix_same_logits(tmp_path):
     """KAON_FP8_SILU_MIX=1 (gate's and up's chunks in one ring stream) changes only when bytes
     arrive, not the arithmetic: batch-1 decode logits bit-equal to the default's, and the mixed
     kernel ran."""
-    assert switch_same_logits(tmp_path, "KAON_FP8_SILU_MIX", r"void k_fp8_gemv<1, 0, true, false, true, false>")
-
-
-def test_fp8_qx_same_logits(tmp_path):
-    """KAON_FP8_QX=1: the batch-1 GEMVs of inputs up to 4,096 wide (here all: qkv, o_proj,
-    gate/up, down) quantize their activation row themselves with k_fp8_act_group's arithmetic:
-    decode logits bit-equal to the default's, and the QX kernels ran (not without the switch)."""
-    ran = switch_same_logits(tmp_path, "KAON_FP8_QX", r"void k_fp8_gemv<1, 0, (true|false), (true|false), false, true>")
-    assert len(ran) >= 3, sorted(ran)  # the plain (qkv), SiLU (gate/up) and residual (o_proj, down) instances
+    assert switch_same_logits(tmp_path, "KAON_FP8_SILU_MIX", r"void k_fp8_gemv<1, 0, true, false, true>")
 
 
 def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):

@@ -29,10 +29,6 @@
 #define FP8_WARPS 8           // warps per GEMV block: they split K
 #define FP8_STAGES 6          // ring slots of 2 KB per warp (cp.async pipeline depth)
 #define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * 2048)
-// QX: a batch-1 GEMV that quantizes its own activation row (KAON_FP8_QX=1) keeps the e4m3 codes and
-// group scales of up to FP8_QX_MAX_K columns after its ring (two blocks still fit an SM).
-#define FP8_QX_MAX_K 4096
-#define FP8_QX_BYTES (FP8_QX_MAX_K + FP8_QX_MAX_K / 128 * 4)
 #define FP8_GEMV_MAX_N 64     // 8 tiles of 8 tokens; larger batches go to cuBLASLt
 #define FP8_DEQ_CAP (64 << 20)  // elements of the bf16 scratch of weight-only layers
 #define FP8_LT_CACHE 32
@@ -233,29 +229,9 @@ static __device__ __forceinline__ float split_rinv(const float *parts, int n_par
     return rsqrtf(s / (float)K + eps);
 }
 
-// One warp quantizes a group of 128 columns, lane l holding columns 4 l .. 4 l + 3 in raw (bf16),
-// scaled by r: lane l's 4 codes at q + 4 l, the group's scale returned to every lane.
-// s = max(amax, 1e-4) / 448, q = e4m3(x / s) (DeepSeek's act_quant; cpu_fp8.c).
-static __device__ __forceinline__ float quantize_group(uint2 raw, bool scaled, float r, uint8_t *__restrict__ q) {
-    const int lane = threadIdx.x & 31;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
-    float2 v0 = __bfloat1622float2(h[0]), v1 = __bfloat1622float2(h[1]);
-    if (scaled) {
-        v0 = make_float2(v0.x * r, v0.y * r);
-        v1 = make_float2(v1.x * r, v1.y * r);
-    }
-    float amax = fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v1.x), fabsf(v1.y)));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
-    *(uint32_t *)(q + lane * 4) = (uint32_t)to_e4m3(__fdiv_rn(v0.x, s)) | (uint32_t)to_e4m3(__fdiv_rn(v0.y, s)) << 8 |
-                                  (uint32_t)to_e4m3(__fdiv_rn(v1.x, s)) << 16 |
-                                  (uint32_t)to_e4m3(__fdiv_rn(v1.y, s)) << 24;
-    return s;
-}
-
-// GROUP: one warp per (token, group of 128 columns); xs[g * n + token] (VEC128 layout). parts
-// (n == 1, else NULL): x is a split norm's x * w, scaled by 1 / rms first (kc_gemv_fuse).
+// GROUP: one warp per (token, group of 128 columns); xs[g * n + token] (VEC128 layout).
+// s = max(amax, 1e-4) / 448, q = e4m3(x / s) (DeepSeek's act_quant; cpu_fp8.c). parts (n == 1,
+// else NULL): x is a split norm's x * w, scaled by 1 / rms first (kc_gemv_fuse).
 __global__ void __launch_bounds__(256) k_fp8_act_group(const bf16 *__restrict__ x, int n, int K,
                                                         uint8_t *__restrict__ xq, float *__restrict__ xs,
                                                         const float *__restrict__ parts, int n_parts, float eps) {
@@ -265,9 +241,22 @@ __global__ void __launch_bounds__(256) k_fp8_act_group(const bf16 *__restrict__ 
     const int item = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (item >= n * groups) return;
     const int tok = item / groups, g = item % groups;
-    const size_t off = (size_t)tok * K + (size_t)g * 128;
-    const float r = parts ? split_rinv(parts, n_parts, K, eps) : 1.0f;
-    const float s = quantize_group(*(const uint2 *)(x + off + lane * 4), parts != NULL, r, xq + off);
+    const size_t off = (size_t)tok * K + (size_t)g * 128 + lane * 4;
+    const uint2 raw = *(const uint2 *)(x + off);
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
+    float2 v0 = __bfloat1622float2(h[0]), v1 = __bfloat1622float2(h[1]);
+    if (parts) {
+        const float r = split_rinv(parts, n_parts, K, eps);
+        v0 = make_float2(v0.x * r, v0.y * r);
+        v1 = make_float2(v1.x * r, v1.y * r);
+    }
+    float amax = fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v1.x), fabsf(v1.y)));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+    const uint32_t q = (uint32_t)to_e4m3(__fdiv_rn(v0.x, s)) | (uint32_t)to_e4m3(__fdiv_rn(v0.y, s)) << 8 |
+                       (uint32_t)to_e4m3(__fdiv_rn(v1.x, s)) << 16 | (uint32_t)to_e4m3(__fdiv_rn(v1.y, s)) << 24;
+    *(uint32_t *)(xq + off) = q;
     if (lane == 0) xs[(size_t)g * n + tok] = s;
 }
 
@@ -413,29 +402,16 @@ struct Fp8Args {
     const float *norm;
     bf16 *xg;
     float *parts;
-    // QX (one token, MODE_BLOCK, K <= FP8_QX_MAX_K): the bf16 row the block quantizes itself
-    // instead of xq / xs; qparts (else NULL): a split norm's parts, x scaled by 1 / rms first.
-    const bf16 *xb;
-    const float *qparts;
-    int qn_parts;
-    float qeps;
 };
 
 // y[t, row] = sum over 128-column chunks c of (w[row, c] . xq[t, c]) * sw * sx for the tokens
 // t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
 // the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
 // RES: see Fp8Args (NT 1, not SILU). MIX (SILU): gate and up share one ring stream (below).
-// QX (NT 1, MODE_BLOCK): after the PDL wait each warp quantizes the activation groups of its own
-// chunks into shared memory (k_fp8_act_group's arithmetic: the same codes and scales), so no
-// quantization kernel runs between the producer and this GEMV; the ring's first chunks are in
-// flight meanwhile.
-template <int NT, int MODE, bool SILU, bool RES = false, bool MIX = false, bool QX = false>
+template <int NT, int MODE, bool SILU, bool RES = false, bool MIX = false>
 __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
-    static_assert(!QX || (NT == 1 && MODE == MODE_BLOCK), "QX: one token, block scales");
     __shared__ float part[SILU ? 2 : 1][FP8_WARPS][NT][32][4];
-    extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane], then QX's codes and scales
-    uint8_t *qx_codes = (uint8_t *)(ring_all + FP8_WARPS * FP8_STAGES * 128);
-    float *qx_scales = (float *)(qx_codes + FP8_QX_MAX_K);
+    extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane]
     kc_pdl_trigger();
     int seg = 0;
     if (!SILU)
@@ -487,29 +463,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
         };
 #pragma unroll
         for (int i = 0; i < FP8_STAGES - 1; i++) issue(i);
-        kc_pdl_wait();  // xq and xs (QX: xb and qparts) come from the kernel before
-        if (QX && w0i == 0) {
-            // Every load first, the warp's groups and the split norm's parts: one L2 round trip,
-            // under the ring's first chunks (a load per group in turn, then a block barrier, cost
-            // ~7 us per gate/up GEMV on the H100: session 51). A warp reads only its own groups'
-            // codes (chunk c = warp + k FP8_WARPS), so a warp barrier is enough.
-            constexpr int QG = FP8_QX_MAX_K / 128 / FP8_WARPS;
-            uint2 raw[QG];
-#pragma unroll
-            for (int u = 0; u < QG; u++) {
-                const int gq = warp + u * FP8_WARPS;
-                raw[u] = gq < nch ? *(const uint2 *)(a.xb + (size_t)gq * 128 + lane * 4) : make_uint2(0, 0);
-            }
-            const float r = a.qparts ? split_rinv(a.qparts, a.qn_parts, K, a.qeps) : 1.0f;
-#pragma unroll
-            for (int u = 0; u < QG; u++) {
-                const int gq = warp + u * FP8_WARPS;
-                if (gq >= nch) break;
-                const float sq = quantize_group(raw[u], a.qparts != NULL, r, qx_codes + gq * 128);
-                if (lane == 0) qx_scales[gq] = sq;
-            }
-            __syncwarp();
-        }
+        kc_pdl_wait();  // xq and xs come from the kernel before
         if (RES && threadIdx.x < 128) {  // requested now, not after the last chunk (the epilogue's entry e)
             const int e = threadIdx.x, row = m0 + (e >> 4) + ((e & 3) >= 2 ? 8 : 0);
             if (row < M && (e & 13) == 0) old_y = __bfloat162float(((const bf16 *)a.y[0])[row]);
@@ -536,8 +490,7 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                     const int tok = tok0 + j * 8 + g;
                     uint4 xv[2];
                     if (tok < n) {
-                        const uint8_t *xp = QX ? qx_codes + c * 128 + lane_off
-                                               : a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
+                        const uint8_t *xp = a.xq + (size_t)tok * K + (size_t)c * 128 + lane_off;
                         xv[0] = *(const uint4 *)xp;
                         xv[1] = *(const uint4 *)(xp + 64);
                     } else {
@@ -547,8 +500,8 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                     chunk_mma(cc, wv, xv);
                     if (MODE == MODE_BLOCK) {
                         const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
-                        const float s0 = t0 < n ? sw * (QX ? qx_scales[c] : a.xs[(size_t)c * n + t0]) : 0.0f;
-                        const float s1 = t1 < n ? sw * (QX ? qx_scales[c] : a.xs[(size_t)c * n + t1]) : 0.0f;
+                        const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
+                        const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
                         acc[s][j][0] = fmaf(cc[0], s0, acc[s][j][0]);
                         acc[s][j][1] = fmaf(cc[1], s1, acc[s][j][1]);
                         acc[s][j][2] = fmaf(cc[2], s0, acc[s][j][2]);
@@ -619,16 +572,15 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 // (SILU keeps two sets of partial sums in shared memory: at most 4 tiles.)
 #define FP8_SILU_MAX_N 32
 
-template <int NT, int MODE, bool SILU, bool RES = false, bool MIX = false, bool QX = false>
+template <int NT, int MODE, bool SILU, bool RES = false, bool MIX = false>
 static void launch_nt(kc_backend *b, unsigned blocks, const Fp8Args &a) {
-    constexpr int smem = FP8_RING_BYTES + (QX ? FP8_QX_BYTES : 0);
     static bool sized;  // the ring is more dynamic shared memory than a kernel gets by default
     if (!sized) {
-        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU, RES, MIX, QX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             smem);
+        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU, RES, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             FP8_RING_BYTES);
         sized = true;
     }
-    kc_launch(b, k_fp8_gemv<NT, MODE, SILU, RES, MIX, QX>, dim3(blocks), dim3(FP8_WARPS * 32), smem, a);
+    kc_launch(b, k_fp8_gemv<NT, MODE, SILU, RES, MIX>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
 }
 
 // KAON_FP8_SILU_MIX=1: the one-tile gate/up GEMV streams gate's and up's chunks in one ring
@@ -660,14 +612,6 @@ static void launch_gemv(kc_backend *b, int tiles, unsigned blocks, const Fp8Args
 }
 
 // ---- host side --------------------------------------------------------------------------------
-
-// KAON_FP8_QX=1: batch-1 GEMVs of block-FP8 layers with per-group activations (K <= 4,096:
-// qkv, o_proj, gate/up) quantize their activation row themselves (QX in k_fp8_gemv): no
-// k_fp8_act_group launch before them. Off by default until measured.
-static bool qx_on(void) {
-    static const bool on = kc_env_on("KAON_FP8_QX");
-    return on;
-}
 
 static bool quantizes_acts(const kaon_linear *l) { return l->act_quant != KAON_ACTQ_NONE; }
 
@@ -731,20 +675,11 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
     return kc_launched(b, "fp8 activation rows");
 }
 
-// Whether a GEMV of layer l at n tokens quantizes its activations itself (QX, KAON_FP8_QX).
-static bool qx_ok(const kaon_linear *l, int n, const void *x) {
-    const int64_t K = l->w.shape[1];
-    return qx_on() && n == 1 && l->act_quant == KAON_ACTQ_GROUP && dev_mode(l) == MODE_BLOCK && K % 128 == 0 &&
-           K <= FP8_QX_MAX_K && ((uintptr_t)x & 7) == 0;
-}
-
 // The GEMV over count weights sharing the quantized x (SILU: gate and up into y[0]), in passes
 // of at most FP8_GEMV_MAX_N tokens. res (one weight, one token; else NULL): y[0] is the residual
-// stream, added into, and the split norm's xg and parts are written (Fp8Args' RES). qx (one
-// token, qx_ok; else NULL): the bf16 row the kernel quantizes itself, with qsplit's 1 / rms.
+// stream, added into, and the split norm's xg and parts are written (Fp8Args' RES).
 static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_linear *const *l, void *const *y,
-                int f32out, bool silu, const kc_gemv_fuse *res = NULL, const bf16 *qx = NULL,
-                const kc_gemv_fuse *qsplit = NULL) {
+                int f32out, bool silu, const kc_gemv_fuse *res = NULL) {
     if (silu && n > FP8_SILU_MAX_N) return kc_fail(b, "cuda fp8: fused SiLU of %d tokens", n);
     Fp8Args a;
     memset(&a, 0, sizeof a);
@@ -766,28 +701,14 @@ static int gemv(kc_backend *b, kc_fp8 *s, int n, int K, int count, const kaon_li
         if (!silu || i == 0) blocks += (a.rows[i] + 15) / 16;
     }
     const int mode = dev_mode(l[0]);
-    if (qx) {
-        if (n != 1 || mode != MODE_BLOCK || K > FP8_QX_MAX_K) return kc_fail(b, "cuda fp8: QX GEMV of %d tokens", n);
-        a.xb = qx;
-        a.qparts = qsplit ? qsplit->parts : NULL;
-        a.qn_parts = qsplit ? qsplit->n_parts : 0;
-        a.qeps = qsplit ? qsplit->eps : 0.0f;
-        a.tok0 = 0;
-    }
     if (res) {
         if (n != 1 || count != 1 || silu || f32out) return kc_fail(b, "cuda fp8: residual GEMV of %d tokens", n);
         a.norm = res->norm;
         a.xg = res->xg;
         a.parts = res->parts;
-        if (qx) launch_nt<1, MODE_BLOCK, false, true, false, true>(b, (unsigned)blocks, a);
-        else if (mode == MODE_BLOCK) launch_nt<1, MODE_BLOCK, false, true>(b, (unsigned)blocks, a);
+        if (mode == MODE_BLOCK) launch_nt<1, MODE_BLOCK, false, true>(b, (unsigned)blocks, a);
         else launch_nt<1, MODE_ROWS, false, true>(b, (unsigned)blocks, a);
         return kc_launched(b, "fp8 gemv (residual)");
-    }
-    if (qx) {
-        if (silu) launch_nt<1, MODE_BLOCK, true, false, false, true>(b, (unsigned)blocks, a);
-        else launch_nt<1, MODE_BLOCK, false, false, false, true>(b, (unsigned)blocks, a);
-        return kc_launched(b, "fp8 gemv (own quantization)");
     }
     for (int t0 = 0; t0 < n; t0 += FP8_GEMV_MAX_N) {
         a.tok0 = t0;
@@ -972,8 +893,6 @@ int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const ka
     }
     if (split && !split_ok(s, l[0], n)) return 1;
     const int K = (int)l[0]->w.shape[1];
-    if (qx_ok(l[0], n, x) && n <= s->gemv_max_n)
-        return gemv(b, s, n, K, count, l, y, 0, false, NULL, (const bf16 *)x, split);
     if (quantize(b, s, (const bf16 *)x, n, K, l[0], split)) return -1;  // once for all of them
     if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false);
     for (int i = 0; i < count; i++)
@@ -992,11 +911,6 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
         return 1;
     if (split && !split_ok(s, gate, n)) return 1;
     const int K = (int)gate->w.shape[1], F = (int)gate->w.shape[0];
-    if (qx_ok(gate, n, x) && n <= s->gemv_max_n) {
-        const kaon_linear *l[2] = {gate, up};
-        void *y[2] = {out, out};
-        return gemv(b, s, n, K, 2, l, y, 0, true, NULL, (const bf16 *)x, split);
-    }
     if (quantize(b, s, (const bf16 *)x, n, K, gate, split)) return -1;  // once for both
     if (n <= FP8_SILU_MAX_N && n <= s->gemv_max_n && K % 128 == 0) {
         const kaon_linear *l[2] = {gate, up};
@@ -1020,9 +934,8 @@ int kc_fp8_linear_residual(kc_backend *b, const void *x, int n, const kaon_linea
     if (!fp8_ok(b, l, "linear_residual")) return -1;
     if (!quantizes_acts(l) || !split_ok(s, l, n)) return 1;
     const int K = (int)l->w.shape[1];
-    const bool qx = qx_ok(l, n, x);
-    if (!qx && quantize(b, s, (const bf16 *)x, n, K, l, NULL)) return -1;
-    if (gemv(b, s, n, K, 1, &l, &res, 0, false, f, qx ? (const bf16 *)x : NULL)) return -1;
+    if (quantize(b, s, (const bf16 *)x, n, K, l, NULL)) return -1;
+    if (gemv(b, s, n, K, 1, &l, &res, 0, false, f)) return -1;
     f->n_parts = (int)((l->w.shape[0] + 15) / 16);
     return 0;
 }
