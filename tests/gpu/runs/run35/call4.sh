@@ -1,5 +1,6 @@
-# Session 51, call 4 (any GPU, <= 320 s; right after call 3, on its warm machine): call 2's FP8
-# serving A/B of the admission default (1,000 requests) against KAON_ADMIT_RATIO=0.
+# Session 51, call 4 (any GPU, ~330 s): FP8 serving at 1,000 requests, the admission default against
+# KAON_ADMIT_RATIO=0, each stopped after 120 s with its figure so far (--time-limit) when it has not
+# finished. Run it from the repository root (not .snap) so a warm machine keeps the build.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc" /tmp/build_stdout.txt | head -1
@@ -8,7 +9,7 @@ C8=bench/configs/llama-3.1-8b-fp8-block.json
 for v in adaptive 0; do echo "== FP8 serving, 1000 x 1000/1000, fp8 KV, KAON_ADMIT_RATIO=$v"
     KAON_ADMIT_RATIO=$v timeout 150 python3 bench/gpu_throughput.py --kaon build-gpu/kaon --config $C8 --kv-cache-dtype fp8 \
         --requests 1000 --prompt 1000 --output 1000 > /tmp/tp_$v.txt 2>&1
-    grep -E "requests \(|failed" /tmp/tp_$v.txt | tail -2
+    grep -E "requests \(|PARTIAL|failed" /tmp/tp_$v.txt | tail -2
     grep -o '"steps\\": [0-9]*, \\"preemptions\\": [0-9]*\|prompt_tokens_computed\\": [0-9]*' /tmp/tp_$v.txt | head -2
 done
 find $OUT -type f -delete
