@@ -5,6 +5,7 @@
 #
 #   tests/gpu/trace_decode.sh CONFIG [LAYERS] [PROMPT_LEN] [BATCH] [STEPS]
 # LAYERS 0 keeps the config's layer count; BATCH > 1 runs `kaon bench latency` with that batch.
+# TRACE_EXTRA: more arguments for the run (e.g. "--kv-cache-dtype fp8").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kaon_gpu_out}
@@ -29,10 +30,10 @@ n=$((STEPS + 8))
 ids=$(python3 -c "print(','.join(str(1000 + i * 7919 % 30000) for i in range($PLEN)))")
 if [ "$BATCH" -gt 1 ]; then
     cmd=("$B" bench latency --device cuda --load-format dummy -m "$cut" --batch-sizes "$BATCH" --input-len "$PLEN"
-         --output-len $n --num-iters 1 --num-iters-warmup 0 --quiet)
+         --output-len $n --num-iters 1 --num-iters-warmup 0 --quiet ${TRACE_EXTRA:-})
 else
     cmd=("$B" run --device cuda --load-format dummy -m "$cut" --prompt-ids "$ids" -n $n --temp 0 --ignore-eos
-         --print-ids --ctx-size $((PLEN + n + 32)))
+         --print-ids --ctx-size $((PLEN + n + 32)) ${TRACE_EXTRA:-})
 fi
 KAON_TRACE_OUT=/tmp/trace_$tag.csv CUDA_INJECTION64_PATH=$lib timeout 300 "${cmd[@]}" > "$OUT/trace_$tag.log" 2>&1
 echo "run rc=$? ($tag)"
