@@ -41,17 +41,21 @@ def run_limited(cmd, limit):
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     last, text = {}, []
 
+    def take(line):
+        m = PROGRESS.search(line)
+        if m:
+            last.update(done=int(m.group(1)), generated=int(m.group(3)), output_tok_s=float(m.group(4)))
+
     def read():
         buf = ""
         for ch in iter(lambda: p.stderr.read(1), ""):
             text.append(ch)
             if ch in "\r\n":
-                m = PROGRESS.search(buf)
-                if m:
-                    last.update(done=int(m.group(1)), generated=int(m.group(3)), output_tok_s=float(m.group(4)))
+                take(buf)
                 buf = ""
             else:
                 buf += ch
+        take(buf)  # a progress line is ended by the next one's "\r": the last one, by the kill
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()

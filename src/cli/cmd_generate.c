@@ -309,8 +309,11 @@ int kaon_cmd_generate(int argc, char **argv) {
             }
             if (jobs[i].done) done++;
             else if (first_open < 0) first_open = i;
+            // Drawn within the pass: while the engine outpaces this loop, one pass over thousands
+            // of requests takes seconds, and a run stopped early (bench --time-limit) reads the
+            // last line drawn.
+            if (!quiet && kaon_now() - last_draw > 0.2) { progress(done, n, toks, t0); last_draw = kaon_now(); }
         }
-        if (!quiet && kaon_now() - last_draw > 0.2) { progress(done, n, toks, t0); last_draw = kaon_now(); }
         if (!progressed && first_open >= 0) {
             kaon_output o;
             if (kaon_request_next(jobs[first_open].req, &o, 20) == 1) {
