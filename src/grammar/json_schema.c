@@ -363,14 +363,26 @@ static int format_body(js_conv *c, const char *fmt, gbnf_text *b) {
     } else if (!strcmp(fmt, "uuid")) {
         gbnf_puts(b, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
                      "[0-9a-fA-F]{12} \"\\\"\"");
-    } else if (!strcmp(fmt, "email")) {  // a simple address: local@label(.label)+
-        int local = 64, label = 61;
-        if (c->str_cap) {
-            if (local > c->str_cap / 2) local = c->str_cap / 2 > 1 ? c->str_cap / 2 : 1;
-            if (label > c->str_cap / 8) label = c->str_cap / 8;
+    } else if (!strcmp(fmt, "email")) {
+        // local@label(.label){1,4} within RFC 5321's limits: local part <= 64, the whole address
+        // <= 254, so 5 labels of <= 37 (64 + 1 + 5 * 37 + 4 = 254; a model filling every part to
+        // its bound used to write 384 characters, an address no mail system takes). A
+        // max_string_length below 254 shrinks the parts to fit it.
+        int total = 254, local = 64;
+        if (c->str_cap && c->str_cap < total) {
+            total = c->str_cap;
+            if (local > total / 2) local = total / 2;
         }
-        gbnf_printf(b, "\"\\\"\" [a-zA-Z0-9._+\\-]{1,%d} \"@\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])? "
-                       "(\".\" [a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])?){1,4} \"\\\"\"", local, label, label);
+        int label = (total - local - 1 - 4) / 5;
+        if (label < 1) label = 1;
+        if (local > total - 5 - 5 * label) local = total - 5 - 5 * label;
+        if (local < 1) local = 1;  // caps below 11 (a@b.c.d.e.f) are exceeded by the longest form
+        char lab[96];
+        if (label >= 2)
+            snprintf(lab, sizeof lab, "[a-zA-Z0-9]([a-zA-Z0-9\\-]{0,%d} [a-zA-Z0-9])?", label - 2);
+        else
+            snprintf(lab, sizeof lab, "[a-zA-Z0-9]");
+        gbnf_printf(b, "\"\\\"\" [a-zA-Z0-9._+\\-]{1,%d} \"@\" %s (\".\" %s){1,4} \"\\\"\"", local, lab, lab);
     } else if (!strcmp(fmt, "ipv4")) {
         gbnf_puts(b, "\"\\\"\" ");
         for (int i = 0; i < 4; i++) {

@@ -316,10 +316,48 @@ static void test_string_cap(void) {
     }
 }
 
+// Email addresses stay within RFC 5321: local part <= 64, the whole address <= 254 (5 labels of
+// <= 37); a max_string_length below that shrinks them to it.
+static void test_email_bounds(void) {
+    char local64[65], label37[38], label38[39], text[600];
+    memset(local64, 'a', 64), local64[64] = 0;
+    memset(label37, 'b', 37), label37[37] = 0;
+    memset(label38, 'b', 38), label38[38] = 0;
+    struct {
+        int cap;
+        const char *local, *label;
+        int labels;
+        bool ok;
+    } cases[] = {
+        {0, local64, label37, 5, true},  {0, local64, label38, 2, false}, {0, "x", "b", 6, false},
+        {0, "x", "b", 1, false},         {0, "a.b+c", "ex-1", 3, true},   {40, local64, "b", 2, false},
+        {40, "aaaa", "bbb", 5, true},    {40, "a", "bbbb", 2, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kaon_json_schema_opts o = {.max_string_length = cases[i].cap};
+        const char *schema = "{\"type\":\"string\",\"format\":\"email\"}";
+        gbnf_text t = {0};
+        CHECK(kaon_json_schema_to_gbnf(schema, strlen(schema), "root", &o, &t) == 0);
+        kaon_grammar *g = kaon_grammar_parse(t.s, t.len, "root");
+        CHECK(g != NULL);
+        int n = snprintf(text, sizeof text, "\"%s@", cases[i].local);
+        for (int k = 0; k < cases[i].labels; k++) n += snprintf(text + n, sizeof text - n, "%s%s", k ? "." : "", cases[i].label);
+        snprintf(text + n, sizeof text - n, "\"");
+        if (g) {
+            bool ok = accepts(g, text);
+            if (ok != cases[i].ok) fprintf(stderr, "email case %zu (%d chars): %s\n", i, n - 1, ok ? "accepted" : "rejected");
+            CHECK(ok == cases[i].ok);
+        }
+        kaon_grammar_free(g);
+        gbnf_text_free(&t);
+    }
+}
+
 int main(void) {
     test_cases();
     test_ref_depth();
     test_string_cap();
+    test_email_bounds();
     test_errors();
     test_any();
     if (kaon_test_failures) fprintf(stderr, "%d failures\n", kaon_test_failures);
