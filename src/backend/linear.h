@@ -85,10 +85,14 @@ static inline int kaon_linear_is_int8(const kaon_linear *l) {
 //   perm  I32 [in] when the checkpoint's groups were not contiguous (act-order): w's columns
 //         were reordered so they are, and x is gathered by perm before the product.
 // w[m, k] = (q[m, k] - zero[m, k / g]) * scale[m, k / g], formed in f32.
-static inline int kaon_linear_is_int4(const kaon_linear *l) {
-    return l && l->w.dtype == KAON_I4 && l->scale.data && l->scale.dtype == KAON_F32 &&
-           l->scale_block[0] == 1 && l->scale_block[1] > 0;
+// allow_f16: a CUDA device copy in the compact form (KAON_T4_SZ16) marks its row-groups with an
+// F16 scale dtype; host layouts (every CPU path) hold F32 scales only.
+static inline int kaon_linear_is_int4_scaled(const kaon_linear *l, int allow_f16) {
+    return l && l->w.dtype == KAON_I4 && l->scale.data &&
+           (l->scale.dtype == KAON_F32 || (allow_f16 && l->scale.dtype == KAON_F16)) && l->scale_block[0] == 1 &&
+           l->scale_block[1] > 0;
 }
+static inline int kaon_linear_is_int4(const kaon_linear *l) { return kaon_linear_is_int4_scaled(l, 0); }
 
 // MXFP4 layout, the one HF/OpenAI MXFP4 checkpoints (gpt-oss: *_blocks + *_scales) are
 // repacked into at load (model/mxfp4_weights.c), GGUF's MXFP4 blocks, so kernels repack from one:

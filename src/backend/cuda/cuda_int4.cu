@@ -451,12 +451,8 @@ static int t4_pass(int nm, int64_t G, int64_t K) {
     return 0;
 }
 
-// An INT4 layer, host or device copy: a device copy in the compact form (KAON_T4_SZ16) marks its
-// row-groups with an F16 scale dtype, which kaon_linear_is_int4 (host layouts only) refuses.
-static bool i4_layer(const kaon_linear *l) {
-    return l && l->w.dtype == KAON_I4 && l->scale.data && (l->scale.dtype == KAON_F32 || l->scale.dtype == KAON_F16) &&
-           l->scale_block[0] == 1 && l->scale_block[1] > 0;
-}
+// An INT4 layer, host or device copy (F16 scale dtype: the compact form's device copy).
+static bool i4_layer(const kaon_linear *l) { return kaon_linear_is_int4_scaled(l, 1); }
 
 // The layer's own checks (host or device copy): 0, or -1 + recorded error.
 static int i4_check(kc_backend *b, const kaon_linear *l, const char *what, bool check_bias) {
