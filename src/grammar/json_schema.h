@@ -24,9 +24,9 @@ typedef struct kaon_json_schema_opts {
     // n > 0: strings without maxLength (and free-form keys and values) hold at most n
     // characters, as integers hold at most 15 digits, so a model at temperature 0 cannot loop
     // inside one forever; email addresses (<= 254 characters, RFC 5321) shrink to it (local
-    // part <= min(64, n / 2), the 5 labels share the rest). 0 (the default, KAON_JSON_SCHEMA_MAX_STRING) or < 0: no
-    // limit: a cap would refuse valid long fields (a summary, an answer), which users of
-    // vLLM or llama.cpp do not expect; it is an opt-in.
+    // part <= min(64, n / 2), the 5 labels share the rest). 0 (the default,
+    // KAON_JSON_SCHEMA_MAX_STRING) or < 0: no limit: a cap would refuse valid long fields (a
+    // summary, an answer), which users of vLLM or llama.cpp do not expect; it is an opt-in.
     int max_string_length;
 } kaon_json_schema_opts;
 
