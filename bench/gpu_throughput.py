@@ -44,7 +44,8 @@ def run_limited(cmd, limit):
     def take(line):
         m = PROGRESS.search(line)
         if m:
-            last.update(done=int(m.group(1)), generated=int(m.group(3)), output_tok_s=float(m.group(4)))
+            last.update(done=int(m.group(1)), generated=int(m.group(3)), output_tok_s=float(m.group(4)),
+                        progress=line.strip())
 
     def read():
         buf = ""
@@ -109,6 +110,7 @@ def main():
                                           wall_s=time.time() - t0, **part)))
                     print(f"{n} requests: PARTIAL, stopped after {a.time_limit:.0f} s: {part.get('done', 0)} finished, "
                           f"{part.get('generated', 0)} tokens, {part.get('output_tok_s', 0):.0f} output tok/s so far")
+                    print(f"  last progress line: {part.get('progress', '')}")
                     continue
             else:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)

@@ -165,14 +165,20 @@ static int parse_prompt(const cJSON *j, const kaon_tokenizer *tok, job *jb, int 
     return 0;
 }
 
-static void progress(int done, int total, uint64_t toks, double t0) {
+// The step split (steps that computed prompt tokens against decode-only steps, with their wall
+// time) says where a long run's time goes while it runs.
+static void progress(kaon_engine *e, int done, int total, uint64_t toks, double t0) {
     double dt = kaon_now() - t0;
     int w = 30, fill = total ? done * w / total : w;
     char bar[64];
     for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
     bar[w] = 0;
-    fprintf(stderr, "\r[%s] %d/%d requests, %llu tokens, %.1f tok/s ", bar, done, total,
-            (unsigned long long)toks, dt > 0 ? toks / dt : 0.0);
+    kaon_engine_stats st;
+    kaon_engine_get_stats(e, &st);
+    fprintf(stderr, "\r[%s] %d/%d requests, %llu tokens, %.1f tok/s; steps: %llu prefill %.1f s, %llu decode %.1f s ",
+            bar, done, total, (unsigned long long)toks, dt > 0 ? toks / dt : 0.0,
+            (unsigned long long)st.prefill_steps, st.prefill_step_seconds,
+            (unsigned long long)(st.steps - st.prefill_steps), st.decode_step_seconds);
 }
 
 static void collect(job *jb, const kaon_output *o) {
@@ -312,7 +318,7 @@ int kaon_cmd_generate(int argc, char **argv) {
             // Drawn within the pass: while the engine outpaces this loop, one pass over thousands
             // of requests takes seconds, and a run stopped early (bench --time-limit) reads the
             // last line drawn.
-            if (!quiet && kaon_now() - last_draw > 0.2) { progress(done, n, toks, t0); last_draw = kaon_now(); }
+            if (!quiet && kaon_now() - last_draw > 0.2) { progress(e, done, n, toks, t0); last_draw = kaon_now(); }
         }
         if (!progressed && first_open >= 0) {
             kaon_output o;
@@ -324,7 +330,7 @@ int kaon_cmd_generate(int argc, char **argv) {
         }
     }
     double dt = kaon_now() - t0;
-    if (!quiet) { progress(done, n, toks, t0); fputc('\n', stderr); }
+    if (!quiet) { progress(e, done, n, toks, t0); fputc('\n', stderr); }
     FILE *out = !strcmp(out_path, "-") ? stdout : fopen(out_path, "w");
     if (!out) { kaon_cli_fail("cannot write %s", out_path); goto out; }
     for (int i = 0; i < n; i++) {
@@ -356,12 +362,14 @@ int kaon_cmd_generate(int argc, char **argv) {
     fprintf(stderr, "kaon-stats: {\"steps\": %llu, \"preemptions\": %llu, \"prefix_hit_tokens\": %llu, "
             "\"prefix_query_tokens\": %llu, \"prompt_tokens_computed\": %llu, \"generation_tokens\": %llu, "
             "\"kv_blocks_used\": %d, \"seconds\": %.3f, \"spec_drafts\": %llu, \"spec_draft_tokens\": %llu, "
-            "\"spec_accepted_tokens\": %llu}\n",
+            "\"spec_accepted_tokens\": %llu, \"prefill_steps\": %llu, \"prefill_step_seconds\": %.3f, "
+            "\"decode_step_seconds\": %.3f}\n",
             (unsigned long long)st.steps, (unsigned long long)st.preemptions,
             (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.prefix_queries_tokens,
             (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens,
             st.kv_blocks_used, dt, (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_draft_tokens,
-            (unsigned long long)st.spec_accepted_tokens);
+            (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.prefill_steps,
+            st.prefill_step_seconds, st.decode_step_seconds);
     if (eo.expert_stats) print_expert_load(e);
     rc = 0;
 out:

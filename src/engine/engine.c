@@ -1111,8 +1111,15 @@ static void step_process(kaon_engine *e, const step_plan *p, const step_result *
 }
 
 // Under e->mu: counts, then each sequence's output to its request (or its retirement).
-static void step_publish(kaon_engine *e, const step_plan *p, const step_result *res, step_outputs *o) {
+static void step_publish(kaon_engine *e, const step_plan *p, const step_result *res, step_outputs *o,
+                         double seconds) {
     e->stats.steps++;
+    if (o->prompt_tokens) {
+        e->stats.prefill_steps++;
+        e->stats.prefill_step_seconds += seconds;
+    } else {
+        e->stats.decode_step_seconds += seconds;
+    }
     e->stats.constraint_masks = e->constraint_masks;
     e->stats.constraint_mask_seconds = e->constraint_mask_seconds;
     e->stats.spec_drafts = e->spec_drafts;
@@ -1150,6 +1157,7 @@ static void *engine_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&e->mu);
+        const double t_step = kaon_now();
         step_result res = {.rc = step_prepare(e, &plan)};
         if (res.rc) snprintf(res.err, sizeof res.err, "step planning failed: %s", kaon_last_error());
         else step_execute(e, &plan, &res);
@@ -1157,8 +1165,9 @@ static void *engine_main(void *arg) {
         // A draft model proposes for the next step (its failure only leaves no drafts).
         if (!res.rc && kaon_spec_has_draft_model(&e->spec) && kaon_spec_model_propose(e, &plan.batch))
             KAON_WARN("engine: the draft model failed: %s", kaon_last_error());
+        const double step_seconds = kaon_now() - t_step;
         pthread_mutex_lock(&e->mu);
-        step_publish(e, &plan, &res, &out);
+        step_publish(e, &plan, &res, &out, step_seconds);
     }
     // Shutdown: everything still here ends as aborted.
     admit_inbox(e);
