@@ -68,7 +68,8 @@ def run_limited(cmd, limit):
         p.kill()
         p.wait()
         reader.join(5)
-        return None, dict(last, stopped_after_s=limit)
+        warns = [l for l in "".join(text).replace("\r", "\n").splitlines() if l.startswith("kaon warn")]
+        return None, dict(last, stopped_after_s=limit, warnings=warns[:8])
 
 
 def main():
@@ -111,6 +112,8 @@ def main():
                     print(f"{n} requests: PARTIAL, stopped after {a.time_limit:.0f} s: {part.get('done', 0)} finished, "
                           f"{part.get('generated', 0)} tokens, {part.get('output_tok_s', 0):.0f} output tok/s so far")
                     print(f"  last progress line: {part.get('progress', '')}")
+                    for w in part.get("warnings", []):
+                        print(f"  {w}")
                     continue
             else:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)

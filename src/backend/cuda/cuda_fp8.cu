@@ -26,6 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+extern "C" {
+#include "util/log.h"
+}
+
 #define FP8_WARPS 8           // warps per GEMV block: they split K
 #define FP8_STAGES 6          // ring slots of 2 KB per warp (cp.async pipeline depth)
 #define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * 2048)
@@ -797,7 +801,18 @@ static int lt_matmul(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], mode = dev_mode(l);
     if (M % 8 || (f32out && l->bias.data)) return 1;
     fp8_gemm *g = lt_get(b, s, M, n, K, mode, f32out);
-    if (!g) return 1;
+    if (!g) {
+        // The GEMV re-reads the whole weight for every 64 tokens: fine for a few, ruinous for a
+        // prefill chunk. Said (a few times) so a slow large batch has a visible cause.
+        static int warned;
+        if (n > FP8_GEMV_MAX_N && warned < 8) {
+            warned++;
+            KAON_WARN("cuda fp8: %d x %d x %d %s: the GEMV runs it in %d passes", M, n, K,
+                      b->capturing ? "first seen while recording a graph" : "has no cuBLASLt algorithm",
+                      (n + FP8_GEMV_MAX_N - 1) / FP8_GEMV_MAX_N);
+        }
+        return 1;
+    }
     const void *sa = l->scale.data, *sb = s->xs;
     cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
     cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
