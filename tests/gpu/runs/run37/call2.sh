@@ -1,7 +1,7 @@
-# Session 53, call 2 (any GPU, ~300 s; from the repository root): whether FP8 batches of more than
+# Session 53, call 2 (any GPU, ~230 s; from the repository root): whether FP8 batches of more than
 # 64 tokens fall back to the GEMV (cuda_fp8.cu now warns, naming the shape, when cuBLASLt gives no
 # algorithm), at batch sizes 448..451 (decode) and their prefills, then the 3,000-request run with
-# its step split after 150 s.
+# its step split after 90 s.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc" /tmp/build_stdout.txt | head -1
@@ -11,8 +11,8 @@ echo "== bench latency, FP8 block + FP8 KV, batches 1 448 449 450 451, 17 in / 8
 timeout 90 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C8 --kv-cache-dtype fp8 \
     --batch-sizes 1,448,449,450,451 --input-len 17 --output-len 8 --num-iters 2 --num-iters-warmup 1 > /tmp/lat.txt 2>&1
 echo "rc=$?"; grep -vi "^kaon info" /tmp/lat.txt | tail -14
-echo "== FP8 serving, 3000 x 1000/1000, fp8 KV, 150 s"
-timeout 190 python3 bench/gpu_throughput.py --time-limit 150 --kaon build-gpu/kaon --config $C8 --kv-cache-dtype fp8 \
+echo "== FP8 serving, 3000 x 1000/1000, fp8 KV, 90 s"
+timeout 120 python3 bench/gpu_throughput.py --time-limit 90 --kaon build-gpu/kaon --config $C8 --kv-cache-dtype fp8 \
     --requests 3000 --prompt 1000 --output 1000 > /tmp/tp3000.txt 2>&1
 grep -E "requests|PARTIAL|failed|last progress|warn" /tmp/tp3000.txt | tail -12
 find $OUT -type f -delete
