@@ -10,7 +10,7 @@ C8=bench/configs/llama-3.1-8b-fp8-block.json
 echo "== bench latency, FP8 block + FP8 KV, batches 1 448 449 450 451, 17 in / 8 out"
 timeout 90 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C8 --kv-cache-dtype fp8 \
     --batch-sizes 1,448,449,450,451 --input-len 17 --output-len 8 --num-iters 2 --num-iters-warmup 1 > /tmp/lat.txt 2>&1
-echo "rc=$?"; grep -vi "^kaon info" /tmp/lat.txt | tail -14
+echo "rc=$?"; tr '\r' '\n' < /tmp/lat.txt | grep -vE "^kaon info|^batch|^\s*$" | tail -16
 echo "== FP8 serving, 3000 x 1000/1000, fp8 KV, 90 s"
 timeout 120 python3 bench/gpu_throughput.py --time-limit 90 --kaon build-gpu/kaon --config $C8 --kv-cache-dtype fp8 \
     --requests 3000 --prompt 1000 --output 1000 > /tmp/tp3000.txt 2>&1
