@@ -35,12 +35,13 @@ extern "C" {
 #define FP8_RING_BYTES (FP8_WARPS * FP8_STAGES * 2048)
 #define FP8_GEMV_MAX_N 64     // 8 tiles of 8 tokens; larger batches go to cuBLASLt
 #define FP8_DEQ_CAP (64 << 20)  // elements of the bf16 scratch of weight-only layers
-#define FP8_LT_CACHE 32
+#define FP8_LT_CACHE 128  // a serving run's decode batches change size step by step: 4-5 shapes each
 
 enum { MODE_BLOCK = 0, MODE_ROWS = 1 };
 
 typedef struct fp8_gemm {
-    int m, n, k, mode, f32out, valid;
+    int m, n, k, mode, f32out;
+    int valid;  // 1: an algorithm; -1: cuBLASLt has none (remembered, so it is not asked every step)
     uint64_t last_use;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -77,7 +78,10 @@ static kc_fp8 *fstate(kc_backend *b) {
 }
 
 static void lt_destroy(fp8_gemm *g) {
-    if (!g->valid) return;
+    if (g->valid != 1) {
+        g->valid = 0;
+        return;
+    }
     cublasLtMatrixLayoutDestroy(g->a);
     cublasLtMatrixLayoutDestroy(g->b);
     cublasLtMatrixLayoutDestroy(g->c);
@@ -736,7 +740,7 @@ static fp8_gemm *lt_get(kc_backend *b, kc_fp8 *s, int m, int n, int k, int mode,
         fp8_gemm *g = &s->lt[i];
         if (g->valid && g->m == m && g->n == n && g->k == k && g->mode == mode && g->f32out == f32out) {
             g->last_use = ++s->tick;
-            return g;
+            return g->valid == 1 ? g : NULL;
         }
     }
     if (b->capturing) return NULL;  // the GEMV takes shapes first seen while recording
@@ -793,6 +797,9 @@ fail:
     if (g->c) cublasLtMatrixLayoutDestroy(g->c);
     if (g->op) cublasLtMatmulDescDestroy(g->op);
     memset(g, 0, sizeof *g);
+    g->m = m, g->n = n, g->k = k, g->mode = mode, g->f32out = f32out;
+    g->valid = -1;
+    g->last_use = ++s->tick;
     return NULL;
 }
 
