@@ -161,6 +161,10 @@ STAT(finished_abort)
 STAT(finished_error)
 STAT(kv_blocks_total)
 STAT(steps)
+STAT(prefill_steps)
+STAT(prefill_step_seconds)
+STAT(decode_step_seconds)
+static double stat_decode_steps(const kaon_engine_stats *s) { return (double)(s->steps - s->prefill_steps); }
 STAT(constraint_masks)
 STAT(constraint_mask_seconds)
 STAT(spec_drafts)
@@ -224,6 +228,15 @@ static void engine_series(kaon_sbuf *b, const char *model, const engine_view *v)
                   stat_kv_blocks_total);
     engine_metric(b, "kaon:engine_steps_total", "counter", "Number of engine steps run.", model, v,
                   stat_steps);
+    // Steps that computed prompt tokens (prefill alone or mixed with decodes) against decode-only
+    // ones, and their wall time: where a server's time goes.
+    head(b, "kaon:engine_steps_by_kind_total", "counter", "Engine steps, by whether they computed prompt tokens.");
+    engine_samples(b, "kaon:engine_steps_by_kind_total", model, "kind=\"prefill\"", v, stat_prefill_steps);
+    engine_samples(b, "kaon:engine_steps_by_kind_total", model, "kind=\"decode\"", v, stat_decode_steps);
+    head(b, "kaon:engine_step_seconds_total", "counter",
+         "Wall time of engine steps (plan, forward, sampling, outputs), by kind.");
+    engine_samples(b, "kaon:engine_step_seconds_total", model, "kind=\"prefill\"", v, stat_prefill_step_seconds);
+    engine_samples(b, "kaon:engine_step_seconds_total", model, "kind=\"decode\"", v, stat_decode_step_seconds);
     engine_metric(b, "kaon:structured_output_masks_total", "counter",
                   "Token masks computed for structured outputs (one per constrained token).", model,
                   v, stat_constraint_masks);

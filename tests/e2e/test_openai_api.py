@@ -270,6 +270,10 @@ def test_metrics_move(server, client):
     prompt_before = metric(before, "kaon:prompt_tokens_total") or 0
     e2e_before = metric(before, "kaon:e2e_request_latency_seconds_count") or 0
     ttft_before = metric(before, "kaon:time_to_first_token_seconds_count") or 0
+    psteps_before = metric(before, "kaon:engine_steps_by_kind_total", kind="prefill") or 0
+    dsteps_before = metric(before, "kaon:engine_steps_by_kind_total", kind="decode") or 0
+    psec_before = metric(before, "kaon:engine_step_seconds_total", kind="prefill") or 0
+    dsec_before = metric(before, "kaon:engine_step_seconds_total", kind="decode") or 0
     used = 0
     prompt_used = 0
     for i in range(3):
@@ -292,6 +296,14 @@ def test_metrics_move(server, client):
     assert metric(after, "kaon:num_preemptions_total") is not None
     assert metric(after, "kaon:inter_token_latency_seconds_count") > 0
     assert metric(after, "kaon:request_queue_time_seconds_count") > 0
+    # One prefill step per request at least (each prompt is new text), and the 4 further tokens of
+    # each come from steps that compute no prompt token; both kinds took time.
+    psteps = metric(after, "kaon:engine_steps_by_kind_total", kind="prefill") - psteps_before
+    dsteps = metric(after, "kaon:engine_steps_by_kind_total", kind="decode") - dsteps_before
+    assert psteps >= 3 and dsteps >= 4
+    assert psteps + dsteps == metric(after, "kaon:engine_steps_total") - metric(before, "kaon:engine_steps_total")
+    assert metric(after, "kaon:engine_step_seconds_total", kind="prefill") > psec_before
+    assert metric(after, "kaon:engine_step_seconds_total", kind="decode") > dsec_before
 
 
 def test_client_disconnect_aborts(server):
