@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import random
+import re
 import shlex
 import ssl
 import subprocess
@@ -321,6 +322,34 @@ async def http_json(method, url, body=None, headers=None):
         return await r.json()
     finally:
         r.close()
+
+
+async def server_steps(base, headers):
+    """kaon's step counters from /metrics (steps and their wall time, prefill-carrying and
+    decode-only, and preemptions), or None from a server without them (vLLM, llama.cpp)."""
+    try:
+        r = await http_request("GET", base + "/metrics", None, headers)
+        try:
+            text = (await r.read()).decode("utf-8", "replace") if r.status == 200 else ""
+        finally:
+            r.close()
+    except Exception:  # noqa: BLE001 -- no metrics: nothing to report
+        return None
+    want = {("kaon:engine_steps_by_kind_total", "prefill"): "prefill_steps",
+            ("kaon:engine_steps_by_kind_total", "decode"): "decode_steps",
+            ("kaon:engine_step_seconds_total", "prefill"): "prefill_step_s",
+            ("kaon:engine_step_seconds_total", "decode"): "decode_step_s",
+            ("kaon:num_preemptions_total", None): "preemptions"}
+    got = {}
+    for line in text.splitlines():
+        m = re.match(r'([\w:]+)\{([^}]*)\} (\S+)$', line)
+        if not m or "engine=" in m.group(2):  # the total sample only, not each replica's
+            continue
+        kind = re.search(r'kind="(\w+)"', m.group(2))
+        key = want.get((m.group(1), kind.group(1) if kind else None))
+        if key:
+            got[key] = float(m.group(3))
+    return got if len(got) == len(want) else None
 
 
 # ---- one streaming request ------------------------------------------------------------------
@@ -673,6 +702,12 @@ def print_run(r, metrics, percentiles):
         for p in percentiles:
             word = str(int(p)) if int(p) == p else str(p)
             row(f"P{word} {short} (ms):", r[f"p{word}_{m}_ms"])
+    st = r.get("server_steps")
+    if st:
+        print("{:-^60}".format("Server steps (kaon /metrics)"))
+        row("Prefill-carrying steps / seconds:", f"{st['prefill_steps']:.0f} / {st['prefill_step_s']:.2f}", "{:<10}")
+        row("Decode-only steps / seconds:", f"{st['decode_steps']:.0f} / {st['decode_step_s']:.2f}", "{:<10}")
+        row("Preemptions:", st["preemptions"], "{:<10.0f}")
     print("=" * 60)
     if r["output_tokens_counted_from_chunks"]:
         print(f"note: {r['output_tokens_counted_from_chunks']} requests had no usage; their output tokens are chunk counts")
@@ -844,11 +879,15 @@ async def amain(a):
         if warm:
             await run_level(a, url, a.model, headers, warm, c, random.Random(a.seed),
                             f"warm-up c={c}")
+        steps0 = await server_steps(base, headers)
         outputs, duration = await run_level(a, url, a.model, headers, prompts, c,
                                             random.Random(a.seed + 1), f"c={c if c else 'inf'}")
+        steps1 = await server_steps(base, headers) if steps0 else None
         r = {"max_concurrency": c, "request_rate": a.request_rate if not math.isinf(a.request_rate) else "inf",
              "burstiness": a.burstiness, "num_prompts": len(prompts)}
         r.update(calculate_metrics(outputs, duration, percentiles, goodput, metrics))
+        if steps1:  # where the server's time went during this level
+            r["server_steps"] = {k: steps1[k] - steps0[k] for k in steps1}
         r["output_throughput_per_gpu"] = r["output_throughput"] / max(a.num_gpus, 1)
         if a.save_detailed:
             r["input_lens"] = [o.prompt_len for o in outputs]

@@ -21,9 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeServer:
-    def __init__(self, plan=None, tokenizer=True):
+    def __init__(self, plan=None, tokenizer=True, metrics=False):
         self.plan = plan or (lambda k, body: {})
         self.tokenizer = tokenizer
+        self.metrics = metrics  # serve kaon's step counters: per request 1 prefill + 2 decode steps
         self.lock = threading.Lock()
         self.count = 0
         self.requests = []
@@ -55,6 +56,22 @@ class FakeServer:
             def do_GET(self):
                 if self.path == "/v1/models":
                     return self._json(200, {"object": "list", "data": [{"id": "fake-model", "owned_by": "fake"}]})
+                if self.path == "/metrics" and outer.metrics:
+                    n = outer.count
+                    m = 'model_name="fake-model"'
+                    lines = [f'kaon:engine_steps_by_kind_total{{{m},kind="prefill"}} {n}',
+                             f'kaon:engine_steps_by_kind_total{{{m},kind="prefill",engine="0"}} 999',
+                             f'kaon:engine_steps_by_kind_total{{{m},kind="decode"}} {2 * n}',
+                             f'kaon:engine_step_seconds_total{{{m},kind="prefill"}} {0.25 * n}',
+                             f'kaon:engine_step_seconds_total{{{m},kind="decode"}} {0.125 * n}',
+                             f'kaon:num_preemptions_total{{{m}}} {n // 3}']
+                    data = ("\n".join(lines) + "\n").encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 self._json(404, {"error": {"message": "not found"}})
 
             def do_POST(self):

@@ -28,8 +28,8 @@ def run(server, tmp_path, *extra):
 def fake():
     servers = []
 
-    def make(plan=None, tokenizer=True):
-        s = FakeServer(plan, tokenizer)
+    def make(plan=None, tokenizer=True, metrics=False):
+        s = FakeServer(plan, tokenizer, metrics)
         servers.append(s)
         return s
     yield make
@@ -119,6 +119,17 @@ def test_stream_timings(fake, tmp_path):
     for body in s.requests:
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
         assert body["ignore_eos"] is True and body["max_tokens"] == 6 and len(body["prompt"]) == 12
+
+
+def test_server_steps_from_kaon_metrics(fake, tmp_path):
+    """A kaon server's step counters over the level (after - before; replicas' samples skipped);
+    a server without them (vLLM, llama.cpp) leaves the key out."""
+    r = run(fake(metrics=True), tmp_path, "--prompt-format", "ids", "--random-vocab-size", "1000")
+    assert r["completed"] == 6
+    assert r["server_steps"] == {"prefill_steps": 6, "decode_steps": 12, "prefill_step_s": 1.5,
+                                 "decode_step_s": 0.75, "preemptions": 2}
+    r = run(fake(), tmp_path, "--prompt-format", "ids", "--random-vocab-size", "1000")
+    assert r["completed"] == 6 and "server_steps" not in r
 
 
 def test_failures_are_counted_and_goodput(fake, tmp_path):
