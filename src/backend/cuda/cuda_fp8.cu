@@ -57,6 +57,12 @@ struct kc_fp8 {
     size_t deq_cap;
     bf16 *gu;     // large batches of gate/up: both outputs before SiLU-and-mul
     size_t gu_cap;
+    float *xs_pad;  // a padded product's activation scales [in/128, n rounded up to 16]
+    size_t xs_pad_cap;
+    void *y_pad;    // and its output [n rounded up, out], of which the first n rows are kept
+    size_t y_pad_cap;  // bytes (bf16 or f32 rows)
+    int pad;        // KAON_FP8_PAD: 0 never pad (the GEMV takes such shapes), 1 where cuBLASLt has
+                    // no algorithm for n (default), 2 ("force") every n > 64 not a multiple of 16 (tests)
     fp8_gemm lt[FP8_LT_CACHE];
     uint64_t tick;
     int gemv_max_n;  // KAON_FP8_GEMV_MAX_N
@@ -73,6 +79,8 @@ static kc_fp8 *fstate(kc_backend *b) {
     s->gemv_max_n = e && *e ? atoi(e) : FP8_GEMV_MAX_N;
     if (s->gemv_max_n < 0) s->gemv_max_n = 0;
     if (s->gemv_max_n > FP8_GEMV_MAX_N) s->gemv_max_n = FP8_GEMV_MAX_N;
+    const char *pe = getenv("KAON_FP8_PAD");
+    s->pad = !pe || !*pe ? 1 : !strcmp(pe, "force") ? 2 : atoi(pe) != 0;
     b->fp8 = s;
     return s;
 }
@@ -97,6 +105,8 @@ void kc_fp8_destroy(kc_backend *b) {
     if (s->xs) cudaFree(s->xs);
     if (s->deq) cudaFree(s->deq);
     if (s->gu) cudaFree(s->gu);
+    if (s->xs_pad) cudaFree(s->xs_pad);
+    if (s->y_pad) cudaFree(s->y_pad);
     free(s);
     b->fp8 = NULL;
 }
@@ -659,7 +669,8 @@ static int quantize(kc_backend *b, kc_fp8 *s, const bf16 *x, int n, int K, const
     const int n_parts = split ? split->n_parts : 0;
     const float eps = split ? split->eps : 0.0f;
     const size_t groups = (size_t)(K + 127) / 128;
-    if (kc_grow(b, (void **)&s->xq, &s->xq_cap, (size_t)n * K, 1, "fp8 activations") ||
+    // Rows up to a multiple of 16: a padded cuBLASLt product (lt_matmul) reads them.
+    if (kc_grow(b, (void **)&s->xq, &s->xq_cap, (size_t)((n + 15) & ~15) * K, 1, "fp8 activations") ||
         kc_grow(b, (void **)&s->xs, &s->xs_cap, (size_t)n * groups + 1, sizeof(float), "fp8 activation scales"))
         return -1;
     if (l->act_quant == KAON_ACTQ_GROUP) {
@@ -803,11 +814,58 @@ fail:
     return NULL;
 }
 
-// 1 when cuBLASLt has no algorithm for the shape (the GEMV then runs it).
+// The padded product: cuBLASLt over n rounded up to 16 tokens (rows past n of xq hold finite
+// codes from earlier steps; their outputs are dropped), the VEC128 scales copied to the padded
+// stride, the output through a scratch whose first n rows are copied to y. 1 when even that shape
+// has no algorithm.
+static int lt_matmul_padded(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int f32out) {
+    const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], mode = dev_mode(l), np = (n + 15) & ~15;
+    // The activation scales: [in/128, n] (BLOCK, VEC128) or one per token (ROWS, OUTER_VEC).
+    const size_t groups = mode == MODE_BLOCK ? (size_t)(K + 127) / 128 : 1;
+    const size_t esz = f32out ? sizeof(float) : sizeof(bf16);
+    if (!s->pad || np == n || b->capturing) return 1;
+    fp8_gemm *g = lt_get(b, s, M, np, K, mode, f32out);
+    if (!g) return 1;
+    if (kc_grow(b, (void **)&s->xs_pad, &s->xs_pad_cap, groups * np, sizeof(float), "fp8 padded scales") ||
+        kc_grow(b, &s->y_pad, &s->y_pad_cap, (size_t)np * M * esz, 1, "fp8 padded output") ||
+        kc_check(b, cudaMemcpy2DAsync(s->xs_pad, (size_t)np * sizeof(float), s->xs, (size_t)n * sizeof(float),
+                                      (size_t)n * sizeof(float), groups, cudaMemcpyDeviceToDevice, b->stream),
+                 "fp8 padded scales"))
+        return -1;
+    static int said;
+    if (!said && s->pad == 1) {
+        said = 1;
+        KAON_INFO("cuda fp8: cuBLASLt has no algorithm for %d x %d x %d; such products run padded to %d tokens",
+                  M, n, K, np);
+    }
+    const void *sa = l->scale.data, *sb = s->xs_pad;
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t st = cublasLtMatmul(b->lt, g->op, &alpha, l->w.data, g->a, s->xq, g->b, &beta, s->y_pad,
+                                             g->c, s->y_pad, g->c, &g->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return kc_fail(b, "cuBLASLt FP8 matmul %d x %d x %d failed (status %d)", M, np, K, (int)st);
+    if (kc_check(b, cudaMemcpyAsync(y, s->y_pad, (size_t)n * M * esz, cudaMemcpyDeviceToDevice, b->stream),
+                 "fp8 padded output"))
+        return -1;
+    if (l->bias.data) kc_add_bias(b, (bf16 *)y, (const float *)l->bias.data, n, M);
+    return 0;
+}
+
+// 1 when cuBLASLt has no algorithm for the shape, padded or not (the GEMV then runs it).
 static int lt_matmul(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int f32out) {
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], mode = dev_mode(l);
     if (M % 8 || (f32out && l->bias.data)) return 1;
+    if (s->pad == 2 && n > FP8_GEMV_MAX_N) {
+        const int rc = lt_matmul_padded(b, s, n, l, y, f32out);
+        if (rc <= 0) return rc;
+    }
     fp8_gemm *g = lt_get(b, s, M, n, K, mode, f32out);
+    if (!g && n > FP8_GEMV_MAX_N) {
+        const int rc = lt_matmul_padded(b, s, n, l, y, f32out);
+        if (rc <= 0) return rc;
+    }
     if (!g) {
         // The GEMV re-reads the whole weight for every 64 tokens: fine for a few, ruinous for a
         // prefill chunk. Said (a few times) so a slow large batch has a visible cause.
