@@ -11,9 +11,9 @@ C8=bench/configs/llama-3.1-8b-fp8-block.json
 echo "== padded FP8 products (KAON_FP8_PAD=force) against the CPU"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fp8.py -k "padded" 2>&1 | grep -E "passed|failed|Error|assert" | tail -4
 for pad in 0 1; do echo "== bench latency, FP8 block + FP8 KV, KAON_FP8_PAD=$pad, batches 1,448,449,450,451, 17 in / 8 out"
-    KAON_FP8_PAD=$pad timeout 80 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C8 --kv-cache-dtype fp8 \
+    KAON_LOG=info KAON_FP8_PAD=$pad timeout 80 build-gpu/kaon bench latency --device cuda --load-format dummy -m $C8 --kv-cache-dtype fp8 \
         --batch-sizes 1,448,449,450,451 --input-len 17 --output-len 8 --num-iters 2 --num-iters-warmup 1 > /tmp/lat$pad.txt 2>&1
-    echo "rc=$?"; tr '\r' '\n' < /tmp/lat$pad.txt | grep -vE "^kaon info: (cuda|engine|model|memory)|^batch|^\s*$" | tail -12
+    echo "rc=$?"; tr '\r' '\n' < /tmp/lat$pad.txt | grep -E "fp8|^ +batch|^ +[0-9]+ " | head -16
 done
 echo "== FP8 serving, 3000 x 1000/1000, fp8 KV, 90 s"
 timeout 120 python3 bench/gpu_throughput.py --time-limit 90 --kaon build-gpu/kaon --config $C8 --kv-cache-dtype fp8 \
