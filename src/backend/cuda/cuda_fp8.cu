@@ -814,6 +814,20 @@ fail:
     return NULL;
 }
 
+// cuBLASLt's product with plan g: the layer's weight and scales against the quantized activations
+// (xq and their scales sb), into out.
+static int lt_run(kc_backend *b, fp8_gemm *g, const kaon_linear *l, const float *sb, void *out) {
+    const void *sa = l->scale.data;
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t st = cublasLtMatmul(b->lt, g->op, &alpha, l->w.data, g->a, b->fp8->xq, g->b, &beta, out,
+                                             g->c, out, g->c, &g->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return kc_fail(b, "cuBLASLt FP8 matmul %d x %d x %d failed (status %d)", g->m, g->n, g->k, (int)st);
+    return 0;
+}
+
 // The padded product: cuBLASLt over n rounded up to 16 tokens (rows past n of xq hold finite
 // codes from earlier steps; their outputs are dropped), the VEC128 scales copied to the padded
 // stride, the output through a scratch whose first n rows are copied to y. 1 when even that shape
@@ -838,14 +852,7 @@ static int lt_matmul_padded(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *
         KAON_INFO("cuda fp8: cuBLASLt has no algorithm for %d x %d x %d; such products run padded to %d tokens",
                   M, n, K, np);
     }
-    const void *sa = l->scale.data, *sb = s->xs_pad;
-    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
-    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
-    const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t st = cublasLtMatmul(b->lt, g->op, &alpha, l->w.data, g->a, s->xq, g->b, &beta, s->y_pad,
-                                             g->c, s->y_pad, g->c, &g->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return kc_fail(b, "cuBLASLt FP8 matmul %d x %d x %d failed (status %d)", M, np, K, (int)st);
+    if (lt_run(b, g, l, s->xs_pad, s->y_pad)) return -1;
     if (kc_check(b, cudaMemcpyAsync(y, s->y_pad, (size_t)n * M * esz, cudaMemcpyDeviceToDevice, b->stream),
                  "fp8 padded output"))
         return -1;
@@ -878,14 +885,7 @@ static int lt_matmul(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void
         }
         return 1;
     }
-    const void *sa = l->scale.data, *sb = s->xs;
-    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
-    cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
-    const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t st = cublasLtMatmul(b->lt, g->op, &alpha, l->w.data, g->a, s->xq, g->b, &beta, y, g->c, y,
-                                             g->c, &g->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return kc_fail(b, "cuBLASLt FP8 matmul %d x %d x %d failed (status %d)", M, n, K, (int)st);
+    if (lt_run(b, g, l, s->xs, y)) return -1;
     if (l->bias.data) kc_add_bias(b, (bf16 *)y, (const float *)l->bias.data, n, M);
     return 0;
 }
