@@ -148,14 +148,19 @@ def prefill_flops(cfg, tokens):
     return 2 * mats * tokens + 2 * head + attn
 
 
-def serving_roofline(cfg, requests, in_flight, prompt, output, bw, kv_elem=None):
-    """Output tok/s of `requests` requests of prompt + output tokens, in_flight at a time, if every
-    prompt ran at PREFILL_FLOPS and every decode step streamed its weights and the contexts in
-    flight (half-way through their outputs on average) at bw bytes/s."""
+def serving_seconds(cfg, requests, in_flight, prompt, output, bw, kv_elem=None):
+    """The roofline's time for `requests` requests of prompt + output tokens, in_flight at a time:
+    (prefill seconds, every prompt at PREFILL_FLOPS; decode seconds, every step streaming its
+    weights and the contexts in flight, half-way through their outputs on average, at bw bytes/s)."""
     w, kv_tok = step_bytes(cfg, in_flight, kv_elem=kv_elem)
     step = (w + in_flight * kv_tok * (prompt + output / 2)) / bw
     prefill = 2 * active_params(cfg) * prompt * requests / PREFILL_FLOPS
-    return requests * output / (requests / in_flight * output * step + prefill)
+    return prefill, requests / in_flight * output * step
+
+
+def serving_roofline(cfg, requests, in_flight, prompt, output, bw, kv_elem=None):
+    """Output tok/s of those requests at the roofline (serving_seconds)."""
+    return requests * output / sum(serving_seconds(cfg, requests, in_flight, prompt, output, bw, kv_elem))
 
 
 def serve_levels(cfg, result, bw, kv_elem=None):
@@ -166,10 +171,15 @@ def serve_levels(cfg, result, bw, kv_elem=None):
         if not n:
             continue
         c = min(int(r["max_concurrency"] or n), n)
-        roof = serving_roofline(cfg, n, c, r["total_input_tokens"] / n, r["total_output_tokens"] / n, bw, kv_elem)
-        rows.append(dict(concurrency=c, requests=n, failed=r["failed"], output_tok_s=r["output_throughput"],
-                         roofline_tok_s=roof, fraction=r["output_throughput"] / roof,
-                         ttft_p50_ms=r["median_ttft_ms"], ttft_p99_ms=r["p99_ttft_ms"], tpot_p50_ms=r["median_tpot_ms"]))
+        pre, dec = serving_seconds(cfg, n, c, r["total_input_tokens"] / n, r["total_output_tokens"] / n, bw, kv_elem)
+        roof = r["total_output_tokens"] / (pre + dec)
+        row = dict(concurrency=c, requests=n, failed=r["failed"], output_tok_s=r["output_throughput"],
+                   roofline_tok_s=roof, fraction=r["output_throughput"] / roof,
+                   ttft_p50_ms=r["median_ttft_ms"], ttft_p99_ms=r["p99_ttft_ms"], tpot_p50_ms=r["median_tpot_ms"],
+                   roofline_prefill_s=pre, roofline_decode_s=dec)
+        if r.get("server_steps"):  # kaon's own split of the level's steps, beside the roofline's
+            row["server_steps"] = r["server_steps"]
+        rows.append(row)
     return rows
 
 
