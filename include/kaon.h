@@ -235,10 +235,6 @@ typedef struct kaon_engine_stats {
     uint64_t prompt_tokens, generation_tokens;
     uint64_t finished_stop, finished_length, finished_abort, finished_error;
     uint64_t steps;
-    // Wall time of the steps (plan, forward, sampling, outputs): those that computed prompt
-    // tokens (pure prefill or mixed with decodes) and the rest. Tells a slow mix from slow decode.
-    uint64_t prefill_steps;
-    double prefill_step_seconds, decode_step_seconds;
     // Output constraints (structured outputs): masks computed and the time they took.
     uint64_t constraint_masks;
     double constraint_mask_seconds;

@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "cli/load.h"
+#include "engine/step_times.h"
 #include "kaon.h"
 #include "tokenizer/tokenizer.h"
 #include "util/timer.h"
@@ -173,12 +174,12 @@ static void progress(kaon_engine *e, int done, int total, uint64_t toks, double 
     char bar[64];
     for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
     bar[w] = 0;
-    kaon_engine_stats st;
-    kaon_engine_get_stats(e, &st);
+    kaon_step_times st;
+    kaon_engine_step_times(e, &st);
     fprintf(stderr, "\r[%s] %d/%d requests, %llu tokens, %.1f tok/s; steps: %llu prefill %.1f s, %llu decode %.1f s ",
             bar, done, total, (unsigned long long)toks, dt > 0 ? toks / dt : 0.0,
-            (unsigned long long)st.prefill_steps, st.prefill_step_seconds,
-            (unsigned long long)(st.steps - st.prefill_steps), st.decode_step_seconds);
+            (unsigned long long)st.prefill_steps, st.prefill_seconds, (unsigned long long)st.decode_steps,
+            st.decode_seconds);
 }
 
 static void collect(job *jb, const kaon_output *o) {
@@ -355,6 +356,8 @@ int kaon_cmd_generate(int argc, char **argv) {
     if (out != stdout) fclose(out);
     kaon_engine_stats st;
     kaon_engine_get_stats(e, &st);
+    kaon_step_times stt;
+    kaon_engine_step_times(e, &stt);
     uint64_t prompt_sum = 0;
     for (int i = 0; i < n; i++) prompt_sum += (uint64_t)jobs[i].prompt_tokens;
     fprintf(stderr, "kaon: generate: %d requests, %llu prompt + %llu generated tokens in %.2f s "
@@ -368,8 +371,8 @@ int kaon_cmd_generate(int argc, char **argv) {
             (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.prefix_queries_tokens,
             (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens,
             st.kv_blocks_used, dt, (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_draft_tokens,
-            (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.prefill_steps,
-            st.prefill_step_seconds, st.decode_step_seconds);
+            (unsigned long long)st.spec_accepted_tokens, (unsigned long long)stt.prefill_steps,
+            stt.prefill_seconds, stt.decode_seconds);
     if (eo.expert_stats) print_expert_load(e);
     rc = 0;
 out:

@@ -668,6 +668,12 @@ void kaon_engine_get_stats(kaon_engine *e, kaon_engine_stats *s) {
     s->prefix_hit_rate = s->prefix_queries_tokens ? (double)s->prefix_hit_tokens / s->prefix_queries_tokens : 0;
 }
 
+void kaon_engine_step_times(kaon_engine *e, kaon_step_times *t) {
+    pthread_mutex_lock(&e->mu);
+    *t = e->step_times;
+    pthread_mutex_unlock(&e->mu);
+}
+
 size_t kaon_engine_cached_prefix(kaon_engine *e, const int32_t *ids, size_t n) {
     // As match_prefix sees it: full blocks only, and one token is always left to compute.
     if (!e || !ids || n < 2 || !e->prefix_caching || !e->pool) return 0;
@@ -1115,10 +1121,11 @@ static void step_publish(kaon_engine *e, const step_plan *p, const step_result *
                          double seconds) {
     e->stats.steps++;
     if (o->prompt_tokens) {
-        e->stats.prefill_steps++;
-        e->stats.prefill_step_seconds += seconds;
+        e->step_times.prefill_steps++;
+        e->step_times.prefill_seconds += seconds;
     } else {
-        e->stats.decode_step_seconds += seconds;
+        e->step_times.decode_steps++;
+        e->step_times.decode_seconds += seconds;
     }
     e->stats.constraint_masks = e->constraint_masks;
     e->stats.constraint_mask_seconds = e->constraint_mask_seconds;

@@ -14,6 +14,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "kaon.h"
+#include "engine/step_times.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -148,6 +149,7 @@ struct kaon_engine {
     struct kaon_request *inbox_head, *inbox_tail;  // submitted, not yet admitted
     struct kaon_request *live;                     // every request not yet freed
     kaon_engine_stats stats;
+    kaon_step_times step_times;  // engine/step_times.h
     uint64_t constraint_masks;       // engine thread only; published into stats each step
     double constraint_mask_seconds;
     kaon_spec_config spec;           // speculative decoding (method KAON_SPEC_OFF: none)

@@ -367,6 +367,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, kaon_server *s) 
     char *text = kaon_metrics_render(&s->metrics, have ? &st : NULL, have ? per : NULL,
                                      have ? s->replicas.n : 0, s->model_name, &len);
     if (have) {
+        text = kaon_metrics_append_step_times(text, &len, s->replicas.e, s->replicas.n, s->model_name);
         text = kaon_metrics_append_expert_load(text, &len, s->replicas.e, s->replicas.n, s->model_name);
         text = kaon_metrics_append_ranks(text, &len, s->replicas.e, s->replicas.n, s->model_name);
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/ranks.h"
+#include "engine/step_times.h"
 #include "server/sse.h"
 
 const double kaon_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
@@ -161,10 +162,6 @@ STAT(finished_abort)
 STAT(finished_error)
 STAT(kv_blocks_total)
 STAT(steps)
-STAT(prefill_steps)
-STAT(prefill_step_seconds)
-STAT(decode_step_seconds)
-static double stat_decode_steps(const kaon_engine_stats *s) { return (double)(s->steps - s->prefill_steps); }
 STAT(constraint_masks)
 STAT(constraint_mask_seconds)
 STAT(spec_drafts)
@@ -228,15 +225,6 @@ static void engine_series(kaon_sbuf *b, const char *model, const engine_view *v)
                   stat_kv_blocks_total);
     engine_metric(b, "kaon:engine_steps_total", "counter", "Number of engine steps run.", model, v,
                   stat_steps);
-    // Steps that computed prompt tokens (prefill alone or mixed with decodes) against decode-only
-    // ones, and their wall time: where a server's time goes.
-    head(b, "kaon:engine_steps_by_kind_total", "counter", "Engine steps, by whether they computed prompt tokens.");
-    engine_samples(b, "kaon:engine_steps_by_kind_total", model, "kind=\"prefill\"", v, stat_prefill_steps);
-    engine_samples(b, "kaon:engine_steps_by_kind_total", model, "kind=\"decode\"", v, stat_decode_steps);
-    head(b, "kaon:engine_step_seconds_total", "counter",
-         "Wall time of engine steps (plan, forward, sampling, outputs), by kind.");
-    engine_samples(b, "kaon:engine_step_seconds_total", model, "kind=\"prefill\"", v, stat_prefill_step_seconds);
-    engine_samples(b, "kaon:engine_step_seconds_total", model, "kind=\"decode\"", v, stat_decode_step_seconds);
     engine_metric(b, "kaon:structured_output_masks_total", "counter",
                   "Token masks computed for structured outputs (one per constrained token).", model,
                   v, stat_constraint_masks);
@@ -346,6 +334,44 @@ char *kaon_metrics_append_expert_load(char *text, size_t *len, kaon_engine *cons
         }
     }
     free(c);
+    return take_appended(&b, text, len);
+}
+
+char *kaon_metrics_append_step_times(char *text, size_t *len, kaon_engine *const *engines, int n_engines,
+                                     const char *model) {
+    if (!text || n_engines < 1) return text;
+    enum { CAP = 64 };
+    kaon_step_times per[CAP], sum = {0};
+    if (n_engines > CAP) n_engines = CAP;
+    for (int i = 0; i < n_engines; i++) {
+        kaon_engine_step_times(engines[i], &per[i]);
+        sum.prefill_steps += per[i].prefill_steps;
+        sum.decode_steps += per[i].decode_steps;
+        sum.prefill_seconds += per[i].prefill_seconds;
+        sum.decode_seconds += per[i].decode_seconds;
+    }
+    kaon_sbuf b = {0};
+    kaon_sbuf_append(&b, text, *len);
+    if (!model) model = "";
+    static const char *const names[2] = {"kaon:engine_steps_by_kind_total", "kaon:engine_step_seconds_total"};
+    static const char *const helps[2] = {
+        "Engine steps, by whether they computed prompt tokens (prefill, alone or mixed with decodes) or only decoded.",
+        "Wall time of engine steps (plan, forward, sampling, outputs), by kind."};
+    for (int k = 0; k < 2; k++) {
+        head(&b, names[k], "counter", helps[k]);
+        // The total first, then each data-parallel replica's under engine="i".
+        for (int i = -1; i < (n_engines > 1 ? n_engines : 0); i++) {
+            const kaon_step_times *t = i < 0 ? &sum : &per[i];
+            for (int pre = 1; pre >= 0; pre--) {
+                char lab[64];
+                if (i < 0) snprintf(lab, sizeof lab, "kind=\"%s\"", pre ? "prefill" : "decode");
+                else snprintf(lab, sizeof lab, "kind=\"%s\",engine=\"%d\"", pre ? "prefill" : "decode", i);
+                const double v = k == 0 ? (double)(pre ? t->prefill_steps : t->decode_steps)
+                                        : (pre ? t->prefill_seconds : t->decode_seconds);
+                sample(&b, names[k], model, lab, v);
+            }
+        }
+    }
     return take_appended(&b, text, len);
 }
 

@@ -58,6 +58,11 @@ void kaon_metrics_count_status(kaon_metrics *m, int status);
 char *kaon_metrics_render(kaon_metrics *m, const kaon_engine_stats *stats,
                           const kaon_engine_stats *per, int n_engines, const char *model_name,
                           size_t *len);
+// Appends kaon:engine_steps_by_kind_total and kaon:engine_step_seconds_total{kind="prefill|decode"}
+// (engine/step_times.h), summed over the n_engines replicas and then each one's (engine="i" when
+// there are several), to text (malloc'd); returns the new text (text itself when out of memory).
+char *kaon_metrics_append_step_times(char *text, size_t *len, kaon_engine *const *engines, int n_engines,
+                                     const char *model_name);
 // Appends kaon:moe_expert_tokens_total{layer, expert} (engines created with expert_stats),
 // summed over the n_engines replicas, to text (malloc'd, from kaon_metrics_render); returns the
 // new text (text itself when there is nothing to add or memory runs out).

@@ -104,9 +104,6 @@ void kaon_replicas_stats(kaon_replicas *r, kaon_engine_stats *t, kaon_engine_sta
         t->finished_abort += s.finished_abort;
         t->finished_error += s.finished_error;
         t->steps += s.steps;
-        t->prefill_steps += s.prefill_steps;
-        t->prefill_step_seconds += s.prefill_step_seconds;
-        t->decode_step_seconds += s.decode_step_seconds;
         t->constraint_masks += s.constraint_masks;
         t->constraint_mask_seconds += s.constraint_mask_seconds;
         t->spec_drafts += s.spec_drafts;

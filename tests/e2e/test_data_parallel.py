@@ -145,6 +145,13 @@ def test_concurrent_requests_spread(dp_server):
     assert not errors, errors
     d = delta(finished(dp_server), before)
     assert sum(d) == 8 and min(d) >= 3, f"requests per replica: {d}"
+    # Both replicas ran prefill and decode steps; the unlabelled sample is their sum.
+    m = dp_server.metrics()
+    for name in ("kaon:engine_steps_by_kind_total", "kaon:engine_step_seconds_total"):
+        for kind in ("prefill", "decode"):
+            v = samples(m, name, kind=kind)
+            assert v["0"] > 0 and v["1"] > 0, (name, kind, v)
+            assert v[None] == pytest.approx(v["0"] + v["1"]), (name, kind, v)
 
 
 def chat_body(system, question, **kw):
