@@ -830,9 +830,11 @@ static int lt_run(kc_backend *b, fp8_gemm *g, const kaon_linear *l, const float 
 
 // The padded product: cuBLASLt over n rounded up to 16 tokens (rows past n of xq hold finite
 // codes from earlier steps; their outputs are dropped), the VEC128 scales copied to the padded
-// stride, the output through a scratch whose first n rows are copied to y. 1 when even that shape
-// has no algorithm.
-static int lt_matmul_padded(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int f32out) {
+// stride. y_rows: the rows y has room for; where that is the padded count the product writes y
+// itself, else a scratch whose first n rows are copied to y. 1 when even that shape has no
+// algorithm.
+static int lt_matmul_padded(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int y_rows,
+                            int f32out) {
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], mode = dev_mode(l), np = (n + 15) & ~15;
     // The activation scales: [in/128, n] (BLOCK, VEC128) or one per token (ROWS, OUTER_VEC).
     const size_t groups = mode == MODE_BLOCK ? (size_t)(K + 127) / 128 : 1;
@@ -840,8 +842,9 @@ static int lt_matmul_padded(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *
     if (!s->pad || np == n || b->capturing) return 1;
     fp8_gemm *g = lt_get(b, s, M, np, K, mode, f32out);
     if (!g) return 1;
+    const bool in_place = y_rows >= np;
     if (kc_grow(b, (void **)&s->xs_pad, &s->xs_pad_cap, groups * np, sizeof(float), "fp8 padded scales") ||
-        kc_grow(b, &s->y_pad, &s->y_pad_cap, (size_t)np * M * esz, 1, "fp8 padded output") ||
+        (!in_place && kc_grow(b, &s->y_pad, &s->y_pad_cap, (size_t)np * M * esz, 1, "fp8 padded output")) ||
         kc_check(b, cudaMemcpy2DAsync(s->xs_pad, (size_t)np * sizeof(float), s->xs, (size_t)n * sizeof(float),
                                       (size_t)n * sizeof(float), groups, cudaMemcpyDeviceToDevice, b->stream),
                  "fp8 padded scales"))
@@ -852,22 +855,23 @@ static int lt_matmul_padded(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *
         KAON_INFO("cuda fp8: cuBLASLt has no algorithm for %d x %d x %d; such products run padded to %d tokens",
                   M, n, K, np);
     }
-    if (lt_run(b, g, l, s->xs_pad, s->y_pad)) return -1;
-    if (kc_check(b, cudaMemcpyAsync(y, s->y_pad, (size_t)n * M * esz, cudaMemcpyDeviceToDevice, b->stream),
-                 "fp8 padded output"))
+    if (lt_run(b, g, l, s->xs_pad, in_place ? y : s->y_pad)) return -1;
+    if (!in_place && kc_check(b, cudaMemcpyAsync(y, s->y_pad, (size_t)n * M * esz, cudaMemcpyDeviceToDevice, b->stream),
+                              "fp8 padded output"))
         return -1;
     if (l->bias.data) kc_add_bias(b, (bf16 *)y, (const float *)l->bias.data, n, M);
     return 0;
 }
 
-// 1 when cuBLASLt has no algorithm for the shape, padded or not (the GEMV then runs it).
-static int lt_matmul(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int f32out) {
+// 1 when cuBLASLt has no algorithm for the shape, padded or not (the GEMV then runs it). y_rows:
+// the rows y has room for (>= n).
+static int lt_matmul(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int y_rows, int f32out) {
     const int M = (int)l->w.shape[0], K = (int)l->w.shape[1], mode = dev_mode(l);
     if (M % 8 || (f32out && l->bias.data)) return 1;
     // Forced padding (KAON_FP8_PAD=force) skips the plan for n itself where n is not a multiple of 16.
     fp8_gemm *g = s->pad == 2 && n > FP8_GEMV_MAX_N && n % 16 ? NULL : lt_get(b, s, M, n, K, mode, f32out);
     if (!g && n > FP8_GEMV_MAX_N) {
-        const int rc = lt_matmul_padded(b, s, n, l, y, f32out);
+        const int rc = lt_matmul_padded(b, s, n, l, y, y_rows, f32out);
         if (rc <= 0) return rc;
     }
     if (!g) {
@@ -933,7 +937,7 @@ int kc_fp8_linear(kc_backend *b, const void *x, int n, const kaon_linear *l, voi
     if (!quantizes_acts(l)) return weight_only(b, s, x, n, l, y, f32out);
     if (quantize(b, s, (const bf16 *)x, n, K, l, NULL)) return -1;
     if (n > s->gemv_max_n || K % 128) {
-        const int rc = lt_matmul(b, s, n, l, y, f32out);
+        const int rc = lt_matmul(b, s, n, l, y, n, f32out);
         if (rc <= 0) return rc;
     }
     if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
@@ -947,11 +951,11 @@ static bool same_x(const kaon_linear *a, const kaon_linear *b) {
 }
 
 // The product of one layer with the activations quantized already: cuBLASLt for large batches,
-// else (or where it has no algorithm) the GEMV.
-static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y) {
+// else (or where it has no algorithm) the GEMV. y_rows: the rows y has room for (>= n).
+static int product(kc_backend *b, kc_fp8 *s, int n, const kaon_linear *l, void *y, int y_rows) {
     const int K = (int)l->w.shape[1];
     if (n > s->gemv_max_n || K % 128) {
-        const int rc = lt_matmul(b, s, n, l, y, 0);
+        const int rc = lt_matmul(b, s, n, l, y, y_rows, 0);
         if (rc <= 0) return rc;
     }
     if (K % 128) return kc_fail(b, "cuda linear: FP8 layer of %d columns has no kernel (a multiple of 128 has)", K);
@@ -973,7 +977,7 @@ int kc_fp8_linear_multi(kc_backend *b, const void *x, int n, int count, const ka
     if (quantize(b, s, (const bf16 *)x, n, K, l[0], split)) return -1;  // once for all of them
     if (n <= s->gemv_max_n && K % 128 == 0) return gemv(b, s, n, K, count, l, y, 0, false);
     for (int i = 0; i < count; i++)
-        if (product(b, s, n, l[i], y[i])) return -1;
+        if (product(b, s, n, l[i], y[i], n)) return -1;
     return 0;
 }
 
@@ -994,10 +998,12 @@ int kc_fp8_silu_mul(kc_backend *b, const void *x, int n, const kaon_linear *gate
         void *y[2] = {out, out};
         return gemv(b, s, n, K, 2, l, y, 0, true);
     }
-    // Larger batches: both products, then SiLU-and-mul (the unfused ops' roundings).
-    if (kc_grow(b, (void **)&s->gu, &s->gu_cap, 2 * (size_t)n * F, sizeof(bf16), "fp8 gate/up")) return -1;
-    bf16 *g = s->gu, *u = s->gu + (size_t)n * F;
-    if (product(b, s, n, gate, g) || product(b, s, n, up, u)) return -1;
+    // Larger batches: both products, then SiLU-and-mul (the unfused ops' roundings). Each half of
+    // the scratch holds n rounded up to 16 rows, so a padded product writes it in place.
+    const int np = (n + 15) & ~15;
+    if (kc_grow(b, (void **)&s->gu, &s->gu_cap, 2 * (size_t)np * F, sizeof(bf16), "fp8 gate/up")) return -1;
+    bf16 *g = s->gu, *u = s->gu + (size_t)np * F;
+    if (product(b, s, n, gate, g, np) || product(b, s, n, up, u, np)) return -1;
     kc_silu_mul(b, g, u, (size_t)n * F, (bf16 *)out);
     return b->err ? -1 : 0;
 }
