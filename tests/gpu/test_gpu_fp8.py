@@ -127,6 +127,12 @@ def test_fp8_linear_f32_logits(tmp_path, mode, sb0, sb1, act, act_scale):
         assert rel(g, c) < 1e-3, (mode, n, rel(g, c))
 
 
+def silu_arrays(rng, x, rows, cols, sb0, sb1):
+    """The fp8silu op's inputs: x and random gate / up codes and scales of [rows, cols]."""
+    return dict(x=x, wg=codes(rng, (rows, cols)), wu=codes(rng, (rows, cols)),
+                sg=scales(rng, rows, cols, sb0, sb1 or cols), su=scales(rng, rows, cols, sb0, sb1 or cols))
+
+
 @pytest.mark.parametrize("mode,sb0,sb1,act,act_scale", [MODES[0], MODES[1]])
 def test_fp8_linear_multi_and_silu(tmp_path, mode, sb0, sb1, act, act_scale):
     rng = np.random.default_rng()
@@ -146,8 +152,7 @@ def test_fp8_linear_multi_and_silu(tmp_path, mode, sb0, sb1, act, act_scale):
             e = rel(out(tmp_path / "multi/gpu", f"out{k}_{n}", (n, r)), out(tmp_path / "multi/cpu", f"out{k}_{n}", (n, r)))
             assert e < 5e-3, (n, k, e)
     rows = 768
-    sarr = dict(x=x, wg=codes(rng, (rows, cols)), wu=codes(rng, (rows, cols)),
-                sg=scales(rng, rows, cols, sb0, sb1 or cols), su=scales(rng, rows, cols, sb0, sb1 or cols))
+    sarr = silu_arrays(rng, x, rows, cols, sb0, sb1)
     g, _ = both(tmp_path / "silu", "fp8silu", dict(params, out=rows), sarr)
     assert json.loads(g) == [0] * len(ns)  # fused GEMV up to 32 tokens, two products + SiLU above
     for n in ns:
@@ -162,9 +167,7 @@ def test_fp8_silu_padded(tmp_path, mode, sb0, sb1, act, act_scale):
     the padding rows of gate do not spill into up."""
     rng = np.random.default_rng()
     cols, rows, ns = 1024, 768, [65, 100, 333]
-    x = bf16(rng.standard_normal((max(ns), cols)))
-    arrays = dict(x=x, wg=codes(rng, (rows, cols)), wu=codes(rng, (rows, cols)),
-                  sg=scales(rng, rows, cols, sb0, sb1 or cols), su=scales(rng, rows, cols, sb0, sb1 or cols))
+    arrays = silu_arrays(rng, bf16(rng.standard_normal((max(ns), cols))), rows, cols, sb0, sb1)
     params = dict(ns=",".join(map(str, ns)), act=act, act_scale=act_scale, out=rows, sb0=sb0, sb1=sb1 or cols,
                   **{"in": cols})
     g = run_op(tmp_path / "gpu", "fp8silu", params, arrays, env={"KAON_FP8_PAD": "force"})
