@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-QT = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
+QT = {"F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
 LLAMA_CPP_Q4_0_TG = 333.0  # tok/s, ANCHORS.md
 
 
@@ -36,6 +36,8 @@ def block_pool(rng, qname, n_blocks):
     weights of about +-0.1, centred): 2^18 random blocks repeated (generating is the slow part)."""
     t, _, bsz = QT[qname]
     base = min(n_blocks, 1 << 18)
+    if t == 1:  # F16: values, not blocks
+        return np.resize((rng.standard_normal(base) * 0.02).astype(np.float16).view(np.uint8), n_blocks * bsz)
     raw = rng.integers(0, 256, (base, bsz), dtype=np.uint8)
     d = rng.uniform(0.5, 1.0, base)
 
@@ -73,6 +75,22 @@ def role_bytes(shapes, types):
     return {k: r * c // QT[types[k]][1] * QT[types[k]][2] for k, (r, c) in shapes.items()}
 
 
+def add_synthetic_vocab(w, V):
+    """A SentencePiece (`llama`) vocabulary of V pieces, so that llama.cpp loads the file too (it
+    needs tokenizer.ggml.model): <unk>, <s>, </s>, the 256 byte pieces, then plain pieces t<id>.
+    The benchmarks feed token ids, so the pieces' text never matters."""
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    toks += [f"t{i}" for i in range(len(toks), V)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(V - 259)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (V - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+
 def write_gguf(path, cfg, shapes, types, seed=0):
     """A llama GGUF of random blocks shaped by an HF config.json dict."""
     import gguf
@@ -108,8 +126,7 @@ def write_gguf(path, cfg, shapes, types, seed=0):
     w.add_rope_freq_base(cfg.get("rope_theta", 500000.0))
     w.add_rope_dimension_count(hd)
     w.add_vocab_size(V)
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    add_synthetic_vocab(w, V)
 
     def mat(name, role):
         a = raw(role)
@@ -153,9 +170,9 @@ def copy_bandwidth():
         return 4.30e12
 
 
-def run_kaon(kaon, model, prompt_len, n_new, env_extra=None):
+def run_kaon(kaon, model, prompt_len, n_new, env_extra=None, device="cuda"):
     ids = ",".join(str(1000 + (i * 7919) % 30000) for i in range(prompt_len))
-    cmd = [kaon, "run", "--device", "cuda", "-m", str(model), "--prompt-ids", ids, "-n", str(n_new), "--temp", "0",
+    cmd = [kaon, "run", "--device", device, "-m", str(model), "--prompt-ids", ids, "-n", str(n_new), "--temp", "0",
            "--ignore-eos", "--print-ids", "--ctx-size", str(prompt_len + n_new + 16)]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env_extra or {})), timeout=900)
