@@ -44,29 +44,28 @@ def write_file(folder, name, cfg, qtype):
     return path
 
 
-def llama_env(bin_dir):
-    return dict(os.environ, LD_LIBRARY_PATH=f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+def run_llama(bin_dir, tool, args):
+    """One llama.cpp tool from bin_dir (its libraries found there too); its stdout."""
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    p = subprocess.run([str(Path(bin_dir) / tool), *args], capture_output=True, text=True, env=env, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"{tool} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p.stdout
 
 
 def llama_bench_tg(bin_dir, model, tokens, reps, ngl):
-    cmd = [str(Path(bin_dir) / "llama-bench"), "-m", str(model), "-ngl", str(ngl), "-fa", "on", "-p", "0",
-           "-n", str(tokens), "-r", str(reps), "-o", "json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=llama_env(bin_dir), timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({p.returncode}): {p.stderr[-2000:]}")
-    row = [r for r in json.loads(p.stdout) if r["n_gen"] > 0][0]
+    out = run_llama(bin_dir, "llama-bench", ["-m", str(model), "-ngl", str(ngl), "-fa", "on", "-p", "0",
+                                             "-n", str(tokens), "-r", str(reps), "-o", "json"])
+    row = [r for r in json.loads(out) if r["n_gen"] > 0][0]
     return dict(tok_s=row["avg_ts"], runs=row.get("samples_ts"), commit=row.get("build_commit"),
                 gpu=row.get("gpu_info"))
 
 
 def llama_batched(bin_dir, model, seqs, prompt, tokens, ngl):
-    cmd = [str(Path(bin_dir) / "llama-batched-bench"), "-m", str(model), "-ngl", str(ngl), "-fa", "on",
-           "-c", str(seqs * (prompt + tokens)), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(tokens),
-           "-npl", str(seqs), "--output-format", "jsonl"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=llama_env(bin_dir), timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError(f"llama-batched-bench failed ({p.returncode}): {p.stderr[-2000:]}")
-    rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{") and '"speed_tg"' in ln]
+    out = run_llama(bin_dir, "llama-batched-bench", [
+        "-m", str(model), "-ngl", str(ngl), "-fa", "on", "-c", str(seqs * (prompt + tokens)), "-b", "2048", "-ub", "512",
+        "-npp", str(prompt), "-ntg", str(tokens), "-npl", str(seqs), "--output-format", "jsonl"])
+    rows = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{") and '"speed_tg"' in ln]
     r = [x for x in rows if x["pl"] == seqs][-1]
     return dict(tok_s=r["speed_tg"], prefill_tok_s=r["speed_pp"], t_tg=r["t_tg"])
 
