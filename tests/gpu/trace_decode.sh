@@ -27,6 +27,10 @@ if int(sys.argv[2]) > 0:
 json.dump(c, open(sys.argv[3], "w"))
 PY
 n=$((STEPS + 8))
+# Batched: the prompts' prefill takes about BATCH x PROMPT_LEN / 8,192 steps, and a sequence starts
+# decoding when its own prefill ends; enough new tokens that the last STEPS steps decode them all
+# together (with only STEPS + 8 the traced steps were the run's tail of a few sequences).
+[ "$BATCH" -gt 1 ] && n=$((n + 2 * ((BATCH * PLEN + 8191) / 8192)))
 ids=$(python3 -c "print(','.join(str(1000 + i * 7919 % 30000) for i in range($PLEN)))")
 if [ "$BATCH" -gt 1 ]; then
     cmd=("$B" bench latency --device cuda --load-format dummy -m "$cut" --batch-sizes "$BATCH" --input-len "$PLEN"
