@@ -39,6 +39,6 @@ else
     cmd=("$B" run --device cuda --load-format dummy -m "$cut" --prompt-ids "$ids" -n $n --temp 0 --ignore-eos
          --print-ids --ctx-size $((PLEN + n + 32)) ${TRACE_EXTRA:-})
 fi
-KAON_TRACE_OUT=/tmp/trace_$tag.csv CUDA_INJECTION64_PATH=$lib timeout 300 "${cmd[@]}" > "$OUT/trace_$tag.log" 2>&1
+KAON_TRACE_MARK=1 KAON_TRACE_OUT=/tmp/trace_$tag.csv CUDA_INJECTION64_PATH=$lib timeout 300 "${cmd[@]}" > "$OUT/trace_$tag.log" 2>&1
 echo "run rc=$? ($tag)"
 python3 tests/gpu/trace_table.py "/tmp/trace_$tag.csv" "$STEPS" | tee "$OUT/trace_$tag.txt"

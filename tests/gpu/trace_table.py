@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per-step kernel times from tests/gpu/kernel_trace.c's CSV.
 
-Steps end at each k_sample kernel; the last STEPS whole steps are averaged. A kernel's
+Steps end at each k_sample kernel, or before each k_step_mark where the run marked its steps
+(KAON_TRACE_MARK=1); the last STEPS whole steps are averaged. A kernel's
 exclusive time is what it adds to the stream's busy time (from the later of its start and
 the previous kernel's end, to its end): with PDL a kernel starts early and waits, and that
 wait is the previous kernel's time, not its own. Idle is the step's wall time no kernel ran.
@@ -40,7 +41,11 @@ def load(path):
 def main():
     ks = load(sys.argv[1])
     want = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    ends = [i for i, k in enumerate(ks) if k[2].startswith("k_sample")]
+    # Steps end at each k_sample, or, where the run marked its steps (KAON_TRACE_MARK=1: an empty
+    # k_step_mark kernel starts each step; batched steps do not launch one k_sample each), before each mark.
+    marks = [i for i, k in enumerate(ks) if k[2].startswith("k_step_mark")]
+    ends = [i - 1 for i in marks if i > 0] if len(marks) > 1 else \
+        [i for i, k in enumerate(ks) if k[2].startswith("k_sample")]
     if want == 0:
         k = int(sys.argv[3]) if len(sys.argv) > 3 else 1
         if not 1 <= k <= len(ends):
