@@ -1150,6 +1150,32 @@ def test_quant_greedy_gpu_equals_cpu(tmp_path, name):
 
 
 @pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),
+                                         ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14))])
+def test_quant_fused_norm_bit_equal(tmp_path, name, qtypes):
+    """The residual add in the quantized GEMV's epilogue and RMSNorm inside the activations'
+    quantization (kc_quant_linear_residual, kc_quant_norm_linear_*) give the separate ops' logits
+    bit for bit (KAON_QUANT_FUSE=0), one token per step (n = 1) and in chunks of 5 (one GEMV pass
+    of 8 rows); the debug log says the fused forms ran, and only when on."""
+    rng = np.random.default_rng()
+    shape = dict(dim=512, ffn=1536, vocab=32000, layers=4, heads=8, kv_heads=2)
+    V = shape["vocab"]
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, shape, qtypes, rng)
+    ids = ",".join(map(str, rng.integers(3, V, 12).tolist()))
+    for chunk in (1, 5):
+        got = {}
+        for fuse in ("1", "0"):
+            o = tmp_path / f"fuse{fuse}_{chunk}.f32"
+            p = subprocess.run([driver(), "logits", str(path), "cuda", str(chunk), ids, str(o)], capture_output=True,
+                               text=True, timeout=600, env=dict(os.environ, KAON_QUANT_FUSE=fuse, KAON_LOG="debug"))
+            assert p.returncode == 0, p.stderr
+            assert ("RMSNorm fused into the quantized GEMVs" in p.stderr) == (fuse == "1"), p.stderr[-2000:]
+            got[fuse] = np.fromfile(o, np.float32).reshape(-1, V)
+        assert got["1"].shape == (12, V)
+        assert np.array_equal(got["1"], got["0"]), (chunk, float(np.abs(got["1"] - got["0"]).max()))
+
+
+@pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),
                                          ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14)),
                                          ("q5-q2k-q3k-iq4xs", dict(embd=6, attn=13, ffn=10, down=11, out=23)),
                                          ("q5_1-iq4nl-q5k", dict(embd=20, attn=7, ffn=13, down=20, out=14))])

@@ -888,11 +888,29 @@ static const kc_gemv_fuse *split_for(kc_backend *b, const void *x, const kaon_te
     return f;
 }
 
+// GGUF-quantized weights (cuda_quant.cu): the norm in the activations' quantization, else 1.
+static bool quant_layer(const kaon_linear *l) {
+    return l && !kc_is_scaled_linear(l) && !kaon_linear_unsupported(l);
+}
+
+static int quant_norm_linear_multi(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int count,
+                                   const kaon_linear *const *l, void *const *y) {
+    const kaon_tensor *w[4], *bias[4];
+    for (int i = 0; i < count; i++) {
+        if (!quant_layer(l[i])) return 1;
+        w[i] = &l[i]->w;
+        bias[i] = kaon_linear_bias(l[i]);
+    }
+    return kc_quant_norm_linear_multi(b, x, norm, eps, n, count, w, bias, y);
+}
+
 static int cuda_norm_linear_multi(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                   int count, const kaon_linear *const *l, void *const *y) {
     kc_backend *b = kc(be);
     kc_gemv_fuse f;
-    if (count < 1 || count > 4 || !split_for(b, x, norm, eps, n, (int)l[0]->w.shape[1], &f)) return 1;
+    if (count < 1 || count > 4) return 1;
+    if (!split_for(b, x, norm, eps, n, (int)l[0]->w.shape[1], &f))
+        return quant_norm_linear_multi(b, x, norm, eps, n, count, l, y);
     if (fp8_layer(l[0])) return kc_fp8_linear_multi(b, b->split_xg, n, count, l, y, &f);
     if (int4_layer(l[0])) return kc_int4_linear_multi(b, b->split_xg, n, count, l, y, &f);
     for (int i = 0; i < count; i++)
@@ -904,7 +922,10 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
                                      const kaon_linear *gate, const kaon_linear *up, void *out) {
     kc_backend *b = kc(be);
     kc_gemv_fuse f;
-    if (!split_for(b, x, norm, eps, n, (int)gate->w.shape[1], &f)) return 1;
+    if (!split_for(b, x, norm, eps, n, (int)gate->w.shape[1], &f))
+        return quant_layer(gate) && quant_layer(up) && !kaon_linear_bias(gate) && !kaon_linear_bias(up)
+                   ? kc_quant_norm_linear_silu_mul(b, x, norm, eps, n, &gate->w, &up->w, out)
+                   : 1;
     if (fp8_layer(gate)) return kc_fp8_silu_mul(b, b->split_xg, n, gate, up, out, &f);
     if (int4_layer(gate)) return kc_int4_linear_silu_mul(b, b->split_xg, n, gate, up, out, &f);
     if (!plain_bf16(gate) || !plain_bf16(up) || kaon_linear_bias(gate) || kaon_linear_bias(up)) return 1;
@@ -949,6 +970,10 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
                                 const kaon_tensor *next_norm, float eps) {
     kc_backend *b = kc(be);
     b->split.res = NULL;
+    if (quant_layer(l)) {  // GGUF-quantized (cuda_quant.cu): the add in the GEMV's epilogue, or 1
+        const int q = kc_quant_linear_residual(b, x, n, &l->w, kaon_linear_bias(l), res);
+        if (q != 1) return q;
+    }
     if (!norm_split_on() || n != 1 || !next_norm || !(plain_bf16(l) || fp8_layer(l) || int4_layer(l))) return 1;
     const int dim = (int)l->w.shape[0];
     if (dim > KC_GEMV_NORM_MAX_IN) return 1;

@@ -176,6 +176,22 @@ static __device__ __forceinline__ int ld_meta(const int32_t *p) {
 }
 
 // Warms L2 with the 128-byte line at p (no register result; L2 stays coherent with later writes).
+// The sum of v over the block (red: 33 floats of shared memory), every thread gets it. Its order
+// is part of RMSNorm's result: cuda_kernels.cu's k_rmsnorm and cuda_quant.cu's k_qact_norm sum
+// with it so that the two round alike.
+static __device__ __forceinline__ float kc_block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();  // red may still be read from an earlier call
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : 0.f;
+    if (w == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) red[32] = v;
+    __syncthreads();
+    return red[32];
+}
 static __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // A weight load that streams past L1 (each weight is read once per step).
@@ -439,6 +455,17 @@ int kc_quant_linear_multi(kc_backend *b, const void *x, int n, int count, const 
                           const kaon_tensor *const *bias, void *const *y);
 int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_tensor *wg, const kaon_tensor *wu,
                              void *out);
+// Small batches (n <= 64) of a decode step, where the residual stream needs no separate op:
+// res += x @ w^T (+ bias) with the add in the GEMV's epilogue, rounded as the next RMSNorm's add
+// would round it; and RMSNorm fused into the activation quantization of the linears that read
+// its output (k_rmsnorm's arithmetic, so the products are those of the separate ops, bit for bit).
+// 1 where they do not apply (not every weight quantized, a larger batch, KAON_QUANT_FUSE=0).
+int kc_quant_linear_residual(kc_backend *b, const void *x, int n, const kaon_tensor *w, const kaon_tensor *bias,
+                             void *res);
+int kc_quant_norm_linear_multi(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int count,
+                               const kaon_tensor *const *w, const kaon_tensor *const *bias, void *const *y);
+int kc_quant_norm_linear_silu_mul(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n,
+                                  const kaon_tensor *wg, const kaon_tensor *wu, void *out);
 // Every row of a quantized matrix into out (bf16 [rows, cols], device): 0, -1, or 1 when w is
 // not a quantized matrix.
 int kc_quant_dequant(kc_backend *b, const kaon_tensor *w, bf16 *out);

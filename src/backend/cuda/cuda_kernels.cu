@@ -56,20 +56,6 @@ void kc_get_rows(kc_backend *b, const bf16 *x, const int32_t *d_idx, int n, int 
 
 // ---- RMSNorm -------------------------------------------------------------------------------
 
-static __device__ __forceinline__ float block_sum(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();  // red may still be read from an earlier call
-    if (l == 0) red[w] = v;
-    __syncthreads();
-    v = l < nw ? red[l] : 0.f;
-    if (w == 0)
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x == 0) red[32] = v;
-    __syncthreads();
-    return red[32];
-}
-
 // One block per row. x += add (rounded to bf16, stored back), then
 // out = bf16(w * bf16(x / rms(x))). out may be x.
 template <bool VEC, bool ONCE>
@@ -106,7 +92,7 @@ __global__ void k_rmsnorm(bf16 *__restrict__ x, const bf16 *__restrict__ add,
             ss += v * v;
         }
     }
-    const float r = rsqrtf(block_sum(ss, red) / (float)dim + eps);
+    const float r = rsqrtf(kc_block_sum(ss, red) / (float)dim + eps);
     if (VEC) {
         for (int j = threadIdx.x; j < dim / 8; j += blockDim.x) {
             uint4 xv = ((const uint4 *)xr)[j];
@@ -352,7 +338,7 @@ k_mla_prep(const bf16 *__restrict__ kva, const float *__restrict__ w, float eps,
 #pragma unroll
         for (int k = 0; k < 8; k++) ss += bf(e[k]) * bf(e[k]);
     }
-    const float r = rsqrtf(block_sum(ss, red) / (float)kvl + eps);
+    const float r = rsqrtf(kc_block_sum(ss, red) / (float)kvl + eps);
     if (!write) return;
     bf16 *dst = cache + (size_t)s * row;
     for (int j = tid; j < kvl / 8; j += blockDim.x) {

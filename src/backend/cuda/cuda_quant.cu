@@ -17,6 +17,8 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_quant_formats.cuh"
 
+#include "util/log.h"
+
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,10 +130,48 @@ __global__ void k_qrepack_q6k(const uint8_t *__restrict__ src, size_t n_blocks, 
 
 // ---- activation quantization ------------------------------------------------------------------
 
-// x [n, K] bf16 -> 8-bit blocks of 32 (total = n * K / 32 blocks, flat), unit-major for units
-// of bpu blocks (XRow). Four lanes per block, 8 values each. The CPU's numbers: d = amax / 127
-// (IEEE division), id = 1 / d (0 when d = 0), q = clamp(round-half-even(x * id), -127, 127),
-// s = d * sum(q).
+// Values part * 8 .. part * 8 + 7 of 32-block b of activation row r (four consecutive lanes
+// hold a block's four parts; every lane of the warp calls it) into the unit-major layout for
+// units of bpu blocks (XRow), with the CPU's numbers: d = amax / 127 (IEEE division), id = 1 / d
+// (0 when d = 0), q = clamp(round-half-even(x * id), -127, 127), s = d * sum(q). ok: whether
+// this lane's part exists (lanes past the data pass zeros and store nothing).
+static __device__ __forceinline__ void qact_store(const float *v, bool ok, int r, int b, int part, int nb32,
+                                                  int bpu, int8_t *__restrict__ xq, float2 *__restrict__ xds,
+                                                  int *__restrict__ xsum) {
+    float amax = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
+    int ps = 0;
+    unsigned w0 = 0, w1 = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float q = rintf(__fmul_rn(v[e], id));
+        q = fminf(fmaxf(q, -127.f), 127.f);
+        const int qi = (int)q;
+        ps += qi;
+        const unsigned byte = (unsigned)(qi & 0xFF) << (8 * (e & 3));
+        if (e < 4) w0 |= byte;
+        else w1 |= byte;
+    }
+    const int s01 = ps + __shfl_xor_sync(0xffffffffu, ps, 1);  // lanes 0-1: values 0..15; 2-3: 16..31
+    const int tot = s01 + __shfl_xor_sync(0xffffffffu, s01, 2);
+    if (!ok) return;
+    // Block b of row r: unit u = b / bpu, k = b % bpu; values 16h .. 16h+15 are chunk 2k + h.
+    int8_t *xr = xq + (size_t)r * nb32 * 32;
+    *(uint2 *)(xr + xq_off(b, nb32, bpu, part >> 1) + 8 * (part & 1)) = make_uint2(w0, w1);
+    if (part == 0) {
+        const size_t m = (size_t)r * nb32 + (size_t)xds_idx(b, nb32, bpu);
+        xds[m] = make_float2(d, __fmul_rn(d, (float)tot));
+        xsum[m] = (int)(((unsigned)s01 & 0xFFFFu) | ((unsigned)(tot - s01) << 16));
+    }
+}
+
+// x [n, K] bf16 -> 8-bit blocks of 32 (total = n * K / 32 blocks, flat; qact_store). Four lanes
+// per block, 8 values each.
 template <bool VEC>
 __global__ void __launch_bounds__(256) k_qact(const bf16 *__restrict__ x, int total, int nb32, int bpu,
                                               int8_t *__restrict__ xq, float2 *__restrict__ xds,
@@ -155,36 +195,45 @@ __global__ void __launch_bounds__(256) k_qact(const bf16 *__restrict__ x, int to
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = ok ? __bfloat162float(x[(size_t)g * 32 + part * 8 + e]) : 0.f;
     }
-    float amax = 0.f;
+    qact_store(v, ok, g / nb32, g % nb32, part, nb32, bpu, xq, xds, xsum);
+}
+
+// RMSNorm, then the quantization above, in one launch: one block per row of x [n, dim], thread j
+// of the row's dim / 8 groups of 8 values (dim a multiple of 32: four threads per block of 32).
+// The norm's numbers are k_rmsnorm<true, false>'s (the same per-thread sums in the same order, the
+// same block sum): out = bf16(w * bf16(x / rms(x))), which is then quantized as k_qact would.
+__global__ void k_qact_norm(const bf16 *__restrict__ x, const float *__restrict__ w, float eps, int dim, int bpu,
+                            int8_t *__restrict__ xq, float2 *__restrict__ xds, int *__restrict__ xsum) {
+    __shared__ float red[33];
+    kc_pdl_trigger();
+    kc_pdl_wait();
+    const int row = blockIdx.x, groups = dim / 8, nb32 = dim / 32;
+    const uint4 *xr = (const uint4 *)(x + (size_t)row * dim);
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < groups; j += blockDim.x) {
+        const uint4 xv = xr[j];
+        const bf16 *xe = (const bf16 *)&xv;
 #pragma unroll
-    for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[e]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
-    int ps = 0;
-    unsigned w0 = 0, w1 = 0;
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        float r = rintf(__fmul_rn(v[e], id));
-        r = fminf(fmaxf(r, -127.f), 127.f);
-        const int q = (int)r;
-        ps += q;
-        const unsigned byte = (unsigned)(q & 0xFF) << (8 * (e & 3));
-        if (e < 4) w0 |= byte;
-        else w1 |= byte;
+        for (int e = 0; e < 8; e++) ss += __bfloat162float(xe[e]) * __bfloat162float(xe[e]);
     }
-    const int s01 = ps + __shfl_xor_sync(0xffffffffu, ps, 1);  // lanes 0-1: values 0..15; 2-3: 16..31
-    const int tot = s01 + __shfl_xor_sync(0xffffffffu, s01, 2);
-    if (!ok) return;
-    // Block b of row r: unit u = b / bpu, k = b % bpu; values 16h .. 16h+15 are chunk 2k + h.
-    const int r = g / nb32, b = g % nb32;
-    int8_t *xr = xq + (size_t)r * nb32 * 32;
-    *(uint2 *)(xr + xq_off(b, nb32, bpu, part >> 1) + 8 * (part & 1)) = make_uint2(w0, w1);
-    if (part == 0) {
-        const size_t m = (size_t)r * nb32 + (size_t)xds_idx(b, nb32, bpu);
-        xds[m] = make_float2(d, __fmul_rn(d, (float)tot));
-        xsum[m] = (int)(((unsigned)s01 & 0xFFFFu) | ((unsigned)(tot - s01) << 16));
+    const float r = rsqrtf(kc_block_sum(ss, red) / (float)dim + eps);
+    for (int j0 = 0; j0 < groups; j0 += blockDim.x) {  // every lane takes part (qact_store shuffles)
+        const int j = j0 + (int)threadIdx.x;
+        const bool ok = j < groups;
+        float v[8];
+        if (ok) {
+            const uint4 xv = xr[j];
+            const bf16 *xe = (const bf16 *)&xv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float nx = __bfloat162float(__float2bfloat16(__bfloat162float(xe[e]) * r));
+                v[e] = __bfloat162float(__float2bfloat16(w[8 * j + e] * nx));
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = 0.f;
+        }
+        qact_store(v, ok, row, j >> 2, j & 3, nb32, bpu, xq, xds, xsum);
     }
 }
 
@@ -196,6 +245,7 @@ struct QArgs {
     void *y[4];                  // [nvalid, rows] bf16, or f32 when f32out
     int rows[4], begin[4];       // rows of each weight; its first block
     int count, K, nvalid, f32out;
+    int residual;                // y[0] is the residual stream (bf16): y += the product
     const int8_t *xq;            // this pass's activation rows
     const float2 *xds;
     const int *xsum;
@@ -316,8 +366,15 @@ __global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a) {
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 if (b >= a.nvalid) break;
-                if (a.f32out) ((float *)a.y[seg])[(size_t)b * rows + row] = acc[r][b] + bb;
-                else ((bf16 *)a.y[seg])[(size_t)b * rows + row] = __float2bfloat16(acc[r][b] + bb);
+                if (a.f32out) {
+                    ((float *)a.y[seg])[(size_t)b * rows + row] = acc[r][b] + bb;
+                } else if (a.residual) {  // as the next RMSNorm would add the product: bf16 + bf16
+                    bf16 *res = (bf16 *)a.y[seg] + (size_t)b * rows + row;
+                    const float p = __bfloat162float(__float2bfloat16(acc[r][b] + bb));
+                    *res = __float2bfloat16(__bfloat162float(*res) + p);
+                } else {
+                    ((bf16 *)a.y[seg])[(size_t)b * rows + row] = __float2bfloat16(acc[r][b] + bb);
+                }
             }
         }
     }
@@ -471,9 +528,15 @@ static int q_bpu(kaon_dtype t) {
     return bpu;
 }
 
-// (bpu: activation blocks per unit of the weight format, q_bpu.)
+// An RMSNorm the activation quantization applies first (k_qact_norm): weight and eps.
+typedef struct QNorm {
+    const float *w;
+    float eps;
+} QNorm;
+
+// (bpu: activation blocks per unit of the weight format, q_bpu; nrm: x is normed first, or NULL.)
 static int q_act(kc_backend *b, const void *x, int n, int K, int bpu, const int8_t **xq, const float2 **xds,
-                 const int **xsum) {
+                 const int **xsum, const QNorm *nrm = NULL) {
     kc_quant *s = qstate(b);
     if (!s) return -1;
     const size_t nblk = (size_t)n * (size_t)(K / 32);
@@ -485,6 +548,15 @@ static int q_act(kc_backend *b, const void *x, int n, int K, int bpu, const int8
     *xq = (const int8_t *)base;
     *xds = (const float2 *)(base + o_ds);
     *xsum = (const int *)(base + o_sum);
+    if (nrm) {  // k_rmsnorm's block size (kc_rmsnorm), so that the block sum is the same
+        int threads = ((K / 8 + 31) / 32) * 32;
+        if (threads > 1024) threads = 1024;
+        return kc_check(b,
+                        kc_launch(b, k_qact_norm, dim3((unsigned)n), dim3((unsigned)threads), 0, (const bf16 *)x,
+                                  nrm->w, nrm->eps, K, bpu, (int8_t *)base, (float2 *)(base + o_ds),
+                                  (int *)(base + o_sum)),
+                        "norm and quantize activations");
+    }
     const int total = (int)nblk, threads = 256;
     const unsigned grid = (unsigned)((total * 4 + threads - 1) / threads);
     cudaError_t e = ((uintptr_t)x & 15) == 0
@@ -536,11 +608,12 @@ static cudaError_t q_launch(kc_backend *b, kaon_dtype t, int nb, bool silu, unsi
 }
 
 // The GEMV passes over quantized activations (quantized already): count weights of format t
-// (silu: count = 2, gate and up), activation rows [0, n) in passes of at most 8.
+// (silu: count = 2, gate and up), activation rows [0, n) in passes of at most 8; residual: y[0]
+// (one weight, bf16) is added to, not written.
 static int q_gemv_passes(kc_backend *b, kaon_dtype t, int n, int K, int count,
                          const uint8_t *const *qp, const uint8_t *const *ap, const int *rows,
                          const float *const *bias, void *const *y, int f32out, bool silu,
-                         const int8_t *xq, const float2 *xds, const int *xsum) {
+                         const int8_t *xq, const float2 *xds, const int *xsum, int residual = 0) {
     const int nb32 = K / 32;
     const size_t es = f32out ? 4 : 2;
     for (int b0 = 0; b0 < n; b0 += QGEMV_PASS) {
@@ -553,6 +626,7 @@ static int q_gemv_passes(kc_backend *b, kaon_dtype t, int n, int K, int count,
         a.K = K;
         a.nvalid = nv;
         a.f32out = f32out;
+        a.residual = residual;
         a.xq = xq + (size_t)b0 * K;
         a.xds = xds + (size_t)b0 * nb32;
         a.xsum = xsum + (size_t)b0 * nb32;
@@ -607,7 +681,7 @@ static int q_gemm_deq(kc_backend *b, const void *x, int n, const kaon_tensor *w,
 
 // Up to 4 quantized weights of width K sharing x: x quantized once, one GEMV launch per format.
 static int q_linear_set(kc_backend *b, const void *x, int n, int count, const kaon_tensor *const *w,
-                        const float *const *bias, void *const *y, int f32out) {
+                        const float *const *bias, void *const *y, int f32out, const QNorm *nrm = NULL) {
     const int K = (int)w[0]->shape[1];
     if (n > KC_QGEMV_MAX_N) {
         for (int i = 0; i < count; i++)
@@ -623,7 +697,7 @@ static int q_linear_set(kc_backend *b, const void *x, int n, int count, const ka
         if (done[i]) continue;
         if (q_bpu(w[i]->dtype) != bpu) {
             bpu = q_bpu(w[i]->dtype);
-            if (q_act(b, x, n, K, bpu, &xq, &xds, &xsum)) return -1;
+            if (q_act(b, x, n, K, bpu, &xq, &xds, &xsum, nrm)) return -1;
         }
         const uint8_t *qp[4], *ap[4];
         const float *bs[4];
@@ -687,6 +761,22 @@ int kc_quant_linear_multi(kc_backend *b, const void *x, int n, int count, const 
     return 0;
 }
 
+// out = silu(x @ wg^T) * (x @ wu^T) on the GEMV (wg, wu quantized, one format; n <= 64), x normed
+// first where nrm is given.
+static int q_silu_gemv(kc_backend *b, const void *x, int n, const kaon_tensor *wg, const kaon_tensor *wu, void *out,
+                       const QNorm *nrm) {
+    const uint8_t *qp[2], *ap[2];
+    if (!qmat(b, wg, "gate", &qp[0], &ap[0]) || !qmat(b, wu, "up", &qp[1], &ap[1])) return -1;
+    const int rows = (int)wg->shape[0], K = (int)wg->shape[1];
+    const int8_t *xq;
+    const float2 *xds;
+    const int *xsum;
+    if (q_act(b, x, n, K, q_bpu(wg->dtype), &xq, &xds, &xsum, nrm)) return -1;
+    const int rr[2] = {rows, rows};
+    void *ys[2] = {out, NULL};
+    return q_gemv_passes(b, wg->dtype, n, K, 2, qp, ap, rr, NULL, ys, 0, true, xq, xds, xsum) ? -1 : 0;
+}
+
 int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_tensor *wg, const kaon_tensor *wu,
                              void *out) {
     if (!is_qt(wg) && !is_qt(wu)) return 1;
@@ -694,24 +784,69 @@ int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_ten
     if (wg->shape[0] != wu->shape[0] || wg->shape[1] != wu->shape[1])
         return kc_fail(b, "cuda linear_silu_mul: gate and up shapes differ");
     if (n <= 0) return 0;
-    const int rows = (int)wg->shape[0], K = (int)wg->shape[1];
-    if (n <= KC_QGEMV_MAX_N && wg->dtype == wu->dtype) {
-        const uint8_t *qp[2], *ap[2];
-        if (!qmat(b, wg, "gate", &qp[0], &ap[0]) || !qmat(b, wu, "up", &qp[1], &ap[1])) return -1;
-        const int8_t *xq;
-        const float2 *xds;
-        const int *xsum;
-        if (q_act(b, x, n, K, q_bpu(wg->dtype), &xq, &xds, &xsum)) return -1;
-        const int rr[2] = {rows, rows};
-        void *ys[2] = {out, NULL};
-        return q_gemv_passes(b, wg->dtype, n, K, 2, qp, ap, rr, NULL, ys, 0, true, xq, xds, xsum) ? -1 : 0;
-    }
+    const int rows = (int)wg->shape[0];
+    if (n <= KC_QGEMV_MAX_N && wg->dtype == wu->dtype) return q_silu_gemv(b, x, n, wg, wu, out, NULL);
     // Formats differ (or a large batch): gate into out, up into scratch, then silu(out) * up.
     kc_quant *s = qstate(b);
     if (!s || kc_grow(b, &s->up, &s->up_cap, (size_t)n * rows * sizeof(bf16), 1, "quantized scratch")) return -1;
     if (any_linear(b, x, n, wg, NULL, out, 0) || any_linear(b, x, n, wu, NULL, s->up, 0)) return -1;
     kc_silu_mul(b, (const bf16 *)out, (const bf16 *)s->up, (size_t)n * rows, (bf16 *)out);
     return b->err ? -1 : 0;
+}
+
+// ---- the residual stream's ops, fused (small batches) ---------------------------------------------
+
+static bool fuse_on(void) {
+    static const bool on = !kc_env_off("KAON_QUANT_FUSE");  // 0: the separate ops (A/B, bit-equal)
+    return on;
+}
+
+// Whether the fused forms take these: every weight a quantized matrix of width K, a GEMV batch,
+// a row of x that the 16-byte loads of k_qact_norm may read.
+static bool fusable(const void *x, int n, int count, const kaon_tensor *const *w) {
+    if (!fuse_on() || n < 1 || n > KC_QGEMV_MAX_N || ((uintptr_t)x & 15)) return false;
+    for (int i = 0; i < count; i++)
+        if (!is_qt(w[i]) || w[i]->ndim != 2 || w[i]->shape[1] != w[0]->shape[1] || w[i]->shape[1] % 32) return false;
+    static bool said;  // (tests/gpu/test_gpu.py looks for this line to know the fused forms ran)
+    if (!said) KAON_DEBUG("cuda quant: residual add and RMSNorm fused into the quantized GEMVs");
+    said = true;
+    return true;
+}
+
+int kc_quant_linear_residual(kc_backend *b, const void *x, int n, const kaon_tensor *w, const kaon_tensor *bias,
+                             void *res) {
+    if (!fusable(x, n, 1, &w)) return 1;
+    const uint8_t *qp, *ap;
+    if (!qmat(b, w, "linear_residual", &qp, &ap) || !fvec(b, bias, w->shape[0], "linear bias")) return -1;
+    const int K = (int)w->shape[1], rows = (int)w->shape[0];
+    const int8_t *xq;
+    const float2 *xds;
+    const int *xsum;
+    if (q_act(b, x, n, K, q_bpu(w->dtype), &xq, &xds, &xsum)) return -1;
+    const float *bs = bias ? (const float *)bias->data : NULL;
+    return q_gemv_passes(b, w->dtype, n, K, 1, &qp, &ap, &rows, &bs, &res, 0, false, xq, xds, xsum, 1) ? -1 : 0;
+}
+
+int kc_quant_norm_linear_multi(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int count,
+                               const kaon_tensor *const *w, const kaon_tensor *const *bias, void *const *y) {
+    if (count < 1 || count > 4 || !fusable(x, n, count, w)) return 1;
+    if (!fvec(b, norm, w[0]->shape[1], "rmsnorm")) return -1;
+    const float *bs[4];
+    for (int i = 0; i < count; i++) {
+        if (!fvec(b, bias ? bias[i] : NULL, w[i]->shape[0], "linear bias")) return -1;
+        bs[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
+    }
+    const QNorm nrm = {(const float *)norm->data, eps};
+    return q_linear_set(b, x, n, count, w, bs, y, 0, &nrm) ? -1 : 0;
+}
+
+int kc_quant_norm_linear_silu_mul(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n,
+                                  const kaon_tensor *wg, const kaon_tensor *wu, void *out) {
+    const kaon_tensor *w[2] = {wg, wu};
+    if (!fusable(x, n, 2, w) || wg->dtype != wu->dtype || wg->shape[0] != wu->shape[0]) return 1;
+    if (!fvec(b, norm, wg->shape[1], "rmsnorm")) return -1;
+    const QNorm nrm = {(const float *)norm->data, eps};
+    return q_silu_gemv(b, x, n, wg, wu, out, &nrm);
 }
 
 // Bytes kc_quant_upload's copy of host takes; 0 when it would not keep host quantized.
