@@ -17,11 +17,13 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_quant_formats.cuh"
 
-#include "util/log.h"
-
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
+
+extern "C" {
+#include "util/log.h"
+}
 
 #define QW_WARPS 4           // warps per block of the GEMV
 #define QGEMV_PASS 8         // activation rows per GEMV pass

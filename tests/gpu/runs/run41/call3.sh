@@ -5,7 +5,7 @@
 # batched traces with the step marker (KAON_TRACE_MARK): bf16 64 x 576, FP8 483 x 1,500 with FP8 KV.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
-tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc" /tmp/build_stdout.txt | head -1
+tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|error" /tmp/build_stdout.txt | head -8
 source tests/gpu/runs/run21/env.sh
 echo "== test_gpu.py: fused norm, quantized linears, GGUF logits, Q4_0 greedy"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py \
