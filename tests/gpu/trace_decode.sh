@@ -41,4 +41,6 @@ else
 fi
 KAON_TRACE_MARK=1 KAON_TRACE_OUT=/tmp/trace_$tag.csv CUDA_INJECTION64_PATH=$lib timeout 300 "${cmd[@]}" > "$OUT/trace_$tag.log" 2>&1
 echo "run rc=$? ($tag)"
-python3 tests/gpu/trace_table.py "/tmp/trace_$tag.csv" "$STEPS" | tee "$OUT/trace_$tag.txt"
+# Batched: the steps in which all BATCH sequences decode (the mark's grid is a step's tokens).
+tok=0; [ "$BATCH" -gt 1 ] && tok=$BATCH
+TRACE_TOKENS=$tok python3 tests/gpu/trace_table.py "/tmp/trace_$tag.csv" "$STEPS" | tee "$OUT/trace_$tag.txt"

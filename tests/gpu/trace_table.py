@@ -2,7 +2,8 @@
 """Per-step kernel times from tests/gpu/kernel_trace.c's CSV.
 
 Steps end at each k_sample kernel, or before each k_step_mark where the run marked its steps
-(KAON_TRACE_MARK=1); the last STEPS whole steps are averaged. A kernel's
+(KAON_TRACE_MARK=1); the last STEPS whole steps are averaged (with TRACE_TOKENS=N, the last STEPS
+marked steps of N tokens). A kernel's
 exclusive time is what it adds to the stream's busy time (from the later of its start and
 the previous kernel's end, to its end): with PDL a kernel starts early and waits, and that
 wait is the previous kernel's time, not its own. Idle is the step's wall time no kernel ran.
@@ -12,6 +13,7 @@ first step, is a run's prefill).
   trace_table.py TRACE.csv [STEPS [K]]
 """
 import collections
+import os
 import sys
 
 
@@ -43,9 +45,19 @@ def main():
     want = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     # Steps end at each k_sample, or, where the run marked its steps (KAON_TRACE_MARK=1: an empty
     # k_step_mark kernel starts each step; batched steps do not launch one k_sample each), before each mark.
-    marks = [i for i, k in enumerate(ks) if k[2].startswith("k_step_mark")]
-    ends = [i - 1 for i in marks if i > 0] if len(marks) > 1 else \
+    marks = [i for i, k in enumerate(ks) if k[2].startswith("k_step_mark") and i > 0]
+    ends = [i - 1 for i in marks] if len(marks) > 1 else \
         [i for i, k in enumerate(ks) if k[2].startswith("k_sample")]
+    # TRACE_TOKENS=N (marked runs; the mark's grid is the step's token count): only the steps of N
+    # tokens, e.g. the decode-only steps where all N sequences of a batch decode together.
+    size = int(os.environ.get("TRACE_TOKENS", "0"))
+    if size and len(marks) > 1:
+        pairs = [(a, b) for a, b, m in zip(ends, ends[1:], marks) if ks[m][2].endswith(f"[{size}x1]")]
+        pairs = pairs[-want:] if want else pairs
+        if not pairs:
+            sys.exit(f"no marked step of {size} tokens")
+    else:
+        pairs = None
     if want == 0:
         k = int(sys.argv[3]) if len(sys.argv) > 3 else 1
         if not 1 <= k <= len(ends):
@@ -54,12 +66,14 @@ def main():
         ends = [0 if k == 1 else ends[k - 2] + 1, ends[k - 1] + 1]
     elif len(ends) < 2:
         sys.exit("fewer than two k_sample kernels: no whole step")
-    ends = ends[-(want + 1):] if want else ends
-    steps = len(ends) - 1
+    if pairs is None:
+        ends = ends[-(want + 1):] if want else ends
+        pairs = list(zip(ends, ends[1:]))
+    steps = len(pairs)
     excl = collections.defaultdict(float)
     count = collections.Counter()
     wall = busy = 0.0
-    for a, b in zip(ends, ends[1:]):
+    for a, b in pairs:
         wall += (ks[b][1] - ks[a][1]) / 1e3
         prev_end = ks[a][1]
         for s, e, name in ks[a + 1:b + 1]:

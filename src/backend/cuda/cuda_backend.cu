@@ -203,7 +203,8 @@ static size_t al4(size_t n) { return (n + 3) & ~(size_t)3; }
 
 // An empty kernel at the start of every step, for kernel traces only (KAON_TRACE_MARK=1;
 // tests/gpu/trace_decode.sh): tests/gpu/trace_table.py splits steps at it, where counting the
-// sampling kernels miscounts batched steps.
+// sampling kernels miscounts batched steps. Its grid is the step's token count (at most 65,535),
+// so that the table can pick the steps of one size (a batch's decode-only steps).
 __global__ void k_step_mark(void) {}
 
 static int cuda_begin_step(kaon_backend *be, const int32_t *tokens, const kaon_attn_meta *m,
@@ -213,7 +214,7 @@ static int cuda_begin_step(kaon_backend *be, const int32_t *tokens, const kaon_a
     const int T = m ? m->n_tokens : 0, S = m ? m->n_seqs : 0, MB = m ? m->max_blocks : 0;
     if (T < 0 || S < 0 || MB < 0 || n_rows < 0) return kc_fail(b, "cuda: bad step sizes");
     static const bool mark = kc_env_on("KAON_TRACE_MARK");
-    if (mark) k_step_mark<<<1, 1, 0, b->stream>>>();
+    if (mark) k_step_mark<<<T < 1 ? 1 : T > 65535 ? 65535 : T, 1, 0, b->stream>>>();
     const size_t tab = (size_t)S * (size_t)MB;
     const size_t o_pos = al4((size_t)T), o_seq = o_pos + al4((size_t)T);
     const size_t o_slot = o_seq + al4((size_t)T), o_rows = o_slot + al4((size_t)T);
