@@ -175,7 +175,6 @@ static __device__ __forceinline__ int ld_meta(const int32_t *p) {
     return r;
 }
 
-// Warms L2 with the 128-byte line at p (no register result; L2 stays coherent with later writes).
 // The sum of v over the block (red: 33 floats of shared memory), every thread gets it. Its order
 // is part of RMSNorm's result: cuda_kernels.cu's k_rmsnorm and cuda_quant.cu's k_qact_norm sum
 // with it so that the two round alike.
@@ -192,6 +191,8 @@ static __device__ __forceinline__ float kc_block_sum(float v, float *red) {
     __syncthreads();
     return red[32];
 }
+
+// Warms L2 with the 128-byte line at p (no register result; L2 stays coherent with later writes).
 static __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // A weight load that streams past L1 (each weight is read once per step).
