@@ -344,6 +344,16 @@ static int decode_any(kc_backend *b, const bf16 *q, const KT *kcache, const KT *
     // Enough (token, kv head, range) blocks for four waves of 4-warp blocks; the ranges in use
     // shrink with the context inside the kernel.
     int64_t want = (4LL * b->n_sm + (int64_t)T * nkv - 1) / ((int64_t)T * nkv);
+    // A few tokens on the tensor-core kernel (one block of 132 KB per SM): the grid in one wave.
+    // Most of a batch-1 grid's ranges are empty at short contexts, yet each later wave's blocks
+    // start only as the earlier ones end, read the step's metadata and wait; at long contexts one
+    // wave streams as many keys per SM. KAON_DEC_ONE_WAVE=0: four waves (A/B).
+    static const bool one_wave = !kc_env_off("KAON_DEC_ONE_WAVE");
+    if (one_wave && T <= DEC_FEW_TOKENS && kc_attention_decode_tc_takes(nh, nkv, hd)) {
+        const int per_sm = kc_attention_decode_tc_per_sm(b, T, hd);
+        const int64_t fit = per_sm > 0 ? (int64_t)per_sm * b->n_sm / ((int64_t)T * nkv) : want;
+        if (fit < want) want = fit;
+    }
     int S = want > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : (int)want;
     if (S < 1) S = 1;
     if (S > 1 &&

@@ -455,6 +455,32 @@ int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, cons
                     "decode attention (tensor cores)");
 }
 
+// Warps per block for head_dim 128: 2 (3 blocks per SM) for batched steps: 256 x 1K 262 us vs 296
+// with one block of 4 per SM; 4 for launches of <= 4 tokens (batch 1: 242 tok/s with 4, 228 with 2).
+// KAON_DEC_TC_WARPS=2/3/4/6 overrides (A/B).
+int dtc_warps(int tokens) {
+    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
+    return w_env == 2 || w_env == 3 || w_env == 4 || w_env == 6 ? w_env : tokens <= 4 ? 4 : 2;
+}
+
+// Blocks of k_decode_tc<HD, W, bf16> resident per SM (shared memory is what limits them; the FP8
+// instance takes the same), or 0 when unknown: the query fails, or it would run during graph
+// recording (the step's eager first run asks first).
+template <int HD, int W>
+int dtc_per_sm(bool capturing) {
+    static int n = -1;
+    if (n < 0) {
+        if (capturing) return 0;
+        const auto kern = k_decode_tc<HD, W, bf16>;
+        int v = 0;
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dtc_smem_bytes<HD, W>()) ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, W * 32, dtc_smem_bytes<HD, W>()))
+            v = 0;
+        n = v;
+    }
+    return n;
+}
+
 template <typename KT>
 int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
@@ -463,11 +489,7 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
     if (hd == 64)
         return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
                               sl2, vs, window, min_keys, out);
-    // Blocks of 2 warps (3 per SM) for batched steps: 256 x 1K 262 us vs 296 with one block of 4 per
-    // SM; 4 warps for launches of <= 4 tokens (batch 1: 242 tok/s with 4, 228 with 2).
-    // KAON_DEC_TC_WARPS=2/3/4/6 overrides (A/B).
-    static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
-    const int w = w_env ? w_env : grid.x <= 4 ? 4 : 2;
+    const int w = dtc_warps((int)grid.x);
 #define DTC_W(W)                                                                                                   \
     dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs, \
                            window, min_keys, out)
@@ -482,6 +504,17 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
 static int dtc_mode(void) {
     static const bool off = kc_env_off("KAON_DEC_TC");
     return off ? 0 : 1;
+}
+
+int kc_attention_decode_tc_per_sm(const kc_backend *b, int tokens, int hd) {
+    const bool c = b->capturing;
+    if (hd == 64) return dtc_per_sm<64, 4>(c);
+    switch (dtc_warps(tokens)) {
+    case 2: return dtc_per_sm<128, 2>(c);
+    case 3: return dtc_per_sm<128, 3>(c);
+    case 6: return dtc_per_sm<128, 6>(c);
+    default: return dtc_per_sm<128, 4>(c);
+    }
 }
 
 bool kc_attention_decode_tc_takes(int nh, int nkv, int hd) {

@@ -324,6 +324,8 @@ int kc_attention_decode(kc_backend *b, const bf16 *q, const bf16 *kcache, const 
 // is token t). 1 when it leaves the launch to the CUDA-core kernel (KAON_DEC_TC=0, a group
 // outside 2-16, head_dim, a step that may hold prefill runs without tmap), else 0 launched / -1 error.
 bool kc_attention_decode_tc_takes(int nh, int nkv, int hd);
+// Its blocks resident per SM for a launch of this many tokens (0: unknown).
+int kc_attention_decode_tc_per_sm(const kc_backend *b, int tokens, int hd);
 int kc_attention_decode_tc(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                            bool fp8, const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos,
                            const int32_t *d_seq, const int32_t *d_tab, const int32_t *tmap, int nh, int nkv, int hd,
