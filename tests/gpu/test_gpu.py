@@ -839,14 +839,15 @@ def test_norm_split_vs_transformers(tmp_path, name):
 
 # ---- GGUF: GPU greedy ids against our CPU backend -------------------------------------------------
 
-def write_gguf(path, arch_cfg, qtypes, rng):
-    """A llama GGUF with random quantized blocks. qtypes: tensor role -> ggml type id."""
+def write_gguf(path, arch_cfg, qtypes, rng, arch="llama"):
+    """A llama GGUF with random quantized blocks. qtypes: tensor role -> ggml type id. arch "qwen2":
+    NeoX rotary pairs (llama files rotate adjacent ones) and q / k / v biases."""
     import gguf
     c = arch_cfg
     d, f, V, L = c["dim"], c["ffn"], c["vocab"], c["layers"]
     nh, nkv = c["heads"], c["kv_heads"]
     hd = d // nh
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(L)
     w.add_context_length(2048)
     w.add_embedding_length(d)
@@ -878,6 +879,9 @@ def write_gguf(path, arch_cfg, qtypes, rng):
         mat(f"blk.{l}.attn_q.weight", "attn", d, d)
         mat(f"blk.{l}.attn_k.weight", "attn", nkv * hd, d)
         mat(f"blk.{l}.attn_v.weight", "attn", nkv * hd, d)
+        if arch == "qwen2":
+            for t, n in (("q", d), ("k", nkv * hd), ("v", nkv * hd)):
+                w.add_tensor(f"blk.{l}.attn_{t}.bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
         mat(f"blk.{l}.attn_output.weight", "attn", d, d)
         mat(f"blk.{l}.ffn_gate.weight", "ffn", f, d)
         mat(f"blk.{l}.ffn_up.weight", "ffn", f, d)
@@ -1149,18 +1153,21 @@ def test_quant_greedy_gpu_equals_cpu(tmp_path, name):
             assert r["rel_err"] <= 0.1 and r["cpu_gap"] <= 5 * r["rms_diff"], r
 
 
-@pytest.mark.parametrize("name,qtypes", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14)),
-                                         ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14))])
-def test_quant_fused_norm_bit_equal(tmp_path, name, qtypes):
-    """The residual add in the quantized GEMV's epilogue and RMSNorm inside the activations'
-    quantization (kc_quant_linear_residual, kc_quant_norm_linear_*) give the separate ops' logits
-    bit for bit (KAON_QUANT_FUSE=0), one token per step (n = 1) and in chunks of 5 (one GEMV pass
-    of 8 rows); the debug log says the fused forms ran, and only when on."""
+@pytest.mark.parametrize("name,qtypes,arch", [("q4_0", dict(embd=2, attn=2, ffn=2, down=2, out=14), "llama"),
+                                              ("kquants", dict(embd=8, attn=12, ffn=12, down=14, out=14), "llama"),
+                                              ("q8_0-qwen2", dict(embd=8, attn=8, ffn=8, down=8, out=14), "qwen2")])
+def test_quant_fused_norm_bit_equal(tmp_path, name, qtypes, arch):
+    """The residual add in the quantized GEMV's epilogue, RMSNorm inside the activations'
+    quantization (kc_quant_linear_residual, kc_quant_norm_linear_*) and, at one token a step, RoPE
+    and the KV write in the q / k / v GEMV's epilogue (kc_quant_norm_qkv_rope: llama's adjacent
+    pairs, qwen2's NeoX pairs and biases) give the separate ops' logits bit for bit
+    (KAON_QUANT_FUSE=0), one token per step (n = 1) and in chunks of 5 (one GEMV pass of 8 rows);
+    the debug log says the fused forms ran, and only when on."""
     rng = np.random.default_rng()
     shape = dict(dim=512, ffn=1536, vocab=32000, layers=4, heads=8, kv_heads=2)
     V = shape["vocab"]
     path = tmp_path / f"{name}.gguf"
-    write_gguf(path, shape, qtypes, rng)
+    write_gguf(path, shape, qtypes, rng, arch)
     ids = ",".join(map(str, rng.integers(3, V, 12).tolist()))
     for chunk in (1, 5):
         got = {}
@@ -1170,6 +1177,8 @@ def test_quant_fused_norm_bit_equal(tmp_path, name, qtypes):
                                text=True, timeout=600, env=dict(os.environ, KAON_QUANT_FUSE=fuse, KAON_LOG="debug"))
             assert p.returncode == 0, p.stderr
             assert ("RMSNorm fused into the quantized GEMVs" in p.stderr) == (fuse == "1"), p.stderr[-2000:]
+            rope = "RoPE and the KV write fused into the quantized q / k / v GEMV" in p.stderr
+            assert rope == (fuse == "1" and chunk == 1), p.stderr[-2000:]
             got[fuse] = np.fromfile(o, np.float32).reshape(-1, V)
         assert got["1"].shape == (12, V)
         assert np.array_equal(got["1"], got["0"]), (chunk, float(np.abs(got["1"] - got["0"]).max()))

@@ -933,12 +933,43 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
     return gemv_silu_plain(b, b->split_xg, n, gate, up, out, &f);
 }
 
+// The GGUF-quantized form of norm_qkv_rope_kv_write (cuda_quant.cu), or 1 (also for weights that
+// are not GGUF-quantized: kc_quant_norm_qkv_rope declines them).
+static int quant_qkv_rope(kc_backend *b, bool on, const void *x, const kaon_tensor *norm, float eps, int n,
+                          const kaon_linear *const *w, void *q, kaon_kv_layer *kv, const kaon_attn_meta *m, int nh,
+                          int nkv, int hd, const kaon_rope *rope) {
+    if (!on || n != 1 || !kv || !kv->k || !kv->v || kv->dtype == KAON_KV_FP8 || !m || m->n_tokens != 1 || !rope ||
+        rope->rot_dim != hd)
+        return 1;
+    const kaon_tensor *ws[3], *bs[3];
+    for (int i = 0; i < 3; i++) {
+        ws[i] = &w[i]->w;
+        bs[i] = kaon_linear_bias(w[i]);
+    }
+    if (rope_sync(b, rope, hd)) return -1;
+    QkvRope r;
+    r.pos = kc_dev_i32(b, m->positions, 1);
+    r.slot = kc_dev_i32(b, m->slot_mapping, 1);
+    if (!r.pos || !r.slot) return -1;
+    r.kcache = (bf16 *)kv->k;
+    r.vcache = (bf16 *)kv->v;
+    r.n_slots = cache_slots(b, kv, nkv, hd);
+    r.inv_freq = b->d_inv_freq;
+    r.nh = nh;
+    r.nkv = nkv;
+    return kc_quant_norm_qkv_rope(b, x, norm, eps, ws, bs, (bf16 *)q, &r, hd, rope->interleaved);
+}
+
 static int cuda_norm_qkv_rope_kv_write(kaon_backend *be, const void *x, const kaon_tensor *norm, float eps, int n,
                                        const kaon_linear *const *w, void *q, void *k, void *v, kaon_kv_layer *kv,
                                        const kaon_attn_meta *m, int nh, int nkv, int hd, const kaon_rope *rope) {
     (void)k, (void)v;
     static const bool on = !kc_env_off("KAON_QKV_ROPE");  // 0: the qkv GEMV and rope_kv_write apart (A/B)
     kc_backend *b = kc(be);
+    if (quant_layer(w[0]) && quant_layer(w[1]) && quant_layer(w[2])) {  // GGUF-quantized: there, or on
+        const int rc = quant_qkv_rope(b, on, x, norm, eps, n, w, q, kv, m, nh, nkv, hd, rope);
+        if (rc != 1) return rc;
+    }
     kc_gemv_fuse f;
     if (!on || !kv || !kv->k || !kv->v || kv->dtype == KAON_KV_FP8 || !m || m->n_tokens != 1 || hd != 128 || !rope ||
         rope->rot_dim != 128 || rope->interleaved || !split_for(b, x, norm, eps, n, (int)w[0]->w.shape[1], &f))

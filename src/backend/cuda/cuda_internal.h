@@ -394,12 +394,13 @@ typedef struct kc_gemv_fuse {
     int n_parts;        // normed
     float eps;          // normed
 } kc_gemv_fuse;
-// RoPE and the KV write of kc_gemv_qkv_rope (128-wide heads, full NeoX rotary, a bf16 cache).
+// RoPE and the KV write of kc_gemv_qkv_rope (128-wide heads, full NeoX rotary, a bf16 cache) and
+// kc_quant_norm_qkv_rope (full rotary, head_dim hd).
 typedef struct QkvRope {
-    bf16 *kcache, *vcache;     // [slots, nkv, 128]
+    bf16 *kcache, *vcache;     // [slots, nkv, hd]
     const int32_t *pos, *slot;  // the token's position and cache slot (device, one each)
     int64_t n_slots;
-    const float *inv_freq;     // [64]
+    const float *inv_freq;     // [hd / 2]
     int nh, nkv;
 } QkvRope;
 // q, k, v GEMVs of a split norm's xg (fuse: normed) with the rotation and the KV write in their
@@ -465,6 +466,12 @@ int kc_quant_linear_silu_mul(kc_backend *b, const void *x, int n, const kaon_ten
 // 1 where they do not apply (not every weight quantized, a larger batch, KAON_QUANT_FUSE=0).
 int kc_quant_linear_residual(kc_backend *b, const void *x, int n, const kaon_tensor *w, const kaon_tensor *bias,
                              void *res);
+// q, k and v of RMSNorm(x) for one token (GGUF-quantized, one format), with RoPE (full rotary;
+// interleaved or NeoX pairs) and the write of k and v to a bf16 cache in the GEMV's epilogue: q
+// rotated into q; 1 where the shapes or formats do not suit (nothing run).
+int kc_quant_norm_qkv_rope(kc_backend *b, const void *x, const kaon_tensor *norm, float eps,
+                           const kaon_tensor *const *w, const kaon_tensor *const *bias, bf16 *q, const QkvRope *r,
+                           int hd, int interleaved);
 int kc_quant_norm_linear_multi(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n, int count,
                                const kaon_tensor *const *w, const kaon_tensor *const *bias, void *const *y);
 int kc_quant_norm_linear_silu_mul(kc_backend *b, const void *x, const kaon_tensor *norm, float eps, int n,

@@ -253,6 +253,15 @@ struct QArgs {
     const int *xsum;
 };
 
+// RoPE and the KV write in the epilogue of the batch-1 q / k / v GEMV (k_qgemv's ROPE form):
+// weights 0, 1, 2 are q, k, v; q's rows are rotated in place, k's rotated into their cache row,
+// v's copied to theirs. A rotary pair is the rows of warps 2i and 2i + 1 of a block: adjacent rows
+// (interleaved pairs), or rows j and j + hd / 2 of a head (NeoX: the block's rows are remapped).
+struct QRope {
+    QkvRope r;  // kcache, vcache [slots, nkv, hd]; pos, slot; n_slots; inv_freq [hd / 2]
+    int hd, interleaved;
+};
+
 // Rows per warp: enough that the activations read per weight byte stay within L1's bandwidth.
 template <class F, int NB, bool SILU>
 struct QCfg {
@@ -264,13 +273,46 @@ struct QCfg {
     static constexpr int U = F::UB / NR >= 1 ? F::UB / NR : 1;
 };
 
+// The ROPE form's end: v (the row's product, rounded to bf16 as the GEMV's output) of row `row` of
+// weight seg, in lane 0 of every warp: q and k rows meet their pair's in shared memory and are
+// rotated with rope_kv_write's arithmetic (rope_pair); every warp of the block must call it.
+static __device__ __forceinline__ void qrope_epilogue(const QRope &rp, int seg, int row, int warp, int lane,
+                                                      float pos, int64_t slot, float v, bf16 *q) {
+    __shared__ float vals[QW_WARPS];
+    const bool cached = slot >= 0 && slot < rp.r.n_slots;
+    const size_t crow = (size_t)slot * rp.r.nkv * rp.hd;
+    if (seg == 2) {
+        if (lane == 0 && cached) rp.r.vcache[crow + row] = __float2bfloat16(v);
+        return;  // (a block holds one weight's rows: no barrier below for v blocks)
+    }
+    if (lane == 0) vals[warp] = v;
+    __syncthreads();
+    if (lane != 0 || (warp & 1)) return;
+    const int half = rp.hd / 2, in_head = row % rp.hd;
+    const int j = rp.interleaved ? in_head / 2 : in_head;              // the pair
+    const int r1 = rp.interleaved ? row + 1 : row + half;              // its second row
+    const float lo = vals[warp], hi = vals[warp + 1];
+    float sn, cs;
+    sincosf(pos * rp.r.inv_freq[j], &sn, &cs);
+    const bf16 rlo = __float2bfloat16(lo * cs - hi * sn), rhi = __float2bfloat16(lo * sn + hi * cs);
+    if (seg == 0) {
+        q[row] = rlo;
+        q[r1] = rhi;
+    } else if (cached) {
+        rp.r.kcache[crow + row] = rlo;
+        rp.r.kcache[crow + r1] = rhi;
+    }
+}
+
 // y[b, row] = x[b] . w[row] (+ bias) for the rows of up to 4 weights of one format (count > 1:
 // linear_multi), or with SILU: out[b, row] = bf16(bf16(silu(bf16 g)) * bf16 u), g from weight 0
 // (gate) and u from weight 1 (up). Block b of the grid: weight seg with begin[seg] <= b.
-template <class F, int NB, bool SILU>
-__global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a) {
+// ROPE (NB 1, one row a warp, every weight's rows a multiple of the block's): see QRope.
+template <class F, int NB, bool SILU, bool ROPE = false>
+__global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a, const QRope rp) {
     typedef QCfg<F, NB, SILU> C;
     constexpr int R = C::R, NR = C::NR, U = C::U;
+    static_assert(!ROPE || (NB == 1 && !SILU && R == 1 && QW_WARPS % 2 == 0), "k_qgemv: the ROPE form");
     kc_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int seg = 0;
@@ -280,7 +322,17 @@ __global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a) {
             if (i < a.count && (int)blockIdx.x >= a.begin[i]) seg = i;
     }
     const int rows = a.rows[seg];
-    const int row0 = (((int)blockIdx.x - a.begin[seg]) * QW_WARPS + warp) * R;
+    int row0 = (((int)blockIdx.x - a.begin[seg]) * QW_WARPS + warp) * R;
+    float pos = 0.f;
+    int64_t slot = -1;
+    if (ROPE) {
+        if (seg < 2 && !rp.interleaved) {  // pair P of the weight: rows j and j + hd / 2 of its head
+            const int half = rp.hd / 2, P = row0 / 2;
+            row0 = P / half * rp.hd + P % half + (warp & 1) * half;
+        }
+        pos = (float)ld_meta(rp.r.pos);  // the step's metadata: readable before the wait
+        slot = ld_meta(rp.r.slot);
+    }
     if (row0 >= rows) {
         kc_pdl_wait();
         return;
@@ -348,6 +400,12 @@ __global__ void __launch_bounds__(QW_WARPS * 32) k_qgemv(const QArgs a) {
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = warp_sum(acc[r][b]);
+    if (ROPE) {
+        qrope_epilogue(rp, seg, row0, warp, lane, pos, slot,
+                       __bfloat162float(__float2bfloat16(acc[0][0] + (a.bias[seg] ? a.bias[seg][row0] : 0.f))),
+                       (bf16 *)a.y[0]);
+        return;
+    }
     if (lane != 0) return;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -571,7 +629,8 @@ static int q_act(kc_backend *b, const void *x, int n, int K, int bpu, const int8
 
 template <class F, int NB, bool SILU>
 static cudaError_t launch_nb(kc_backend *b, unsigned blocks, const QArgs &a) {
-    return kc_launch(b, k_qgemv<F, NB, SILU>, dim3(blocks), dim3(QW_WARPS * 32), 0, a);
+    const QRope none = {};
+    return kc_launch(b, k_qgemv<F, NB, SILU>, dim3(blocks), dim3(QW_WARPS * 32), 0, a, none);
 }
 
 template <class F, bool SILU>
@@ -849,6 +908,50 @@ int kc_quant_norm_linear_silu_mul(kc_backend *b, const void *x, const kaon_tenso
     if (!fvec(b, norm, wg->shape[1], "rmsnorm")) return -1;
     const QNorm nrm = {(const float *)norm->data, eps};
     return q_silu_gemv(b, x, n, wg, wu, out, &nrm);
+}
+
+int kc_quant_norm_qkv_rope(kc_backend *b, const void *x, const kaon_tensor *norm, float eps,
+                           const kaon_tensor *const *w, const kaon_tensor *const *bias, bf16 *q, const QkvRope *r,
+                           int hd, int interleaved) {
+    const int64_t rows[3] = {(int64_t)r->nh * hd, (int64_t)r->nkv * hd, (int64_t)r->nkv * hd};
+    if (!fusable(x, 1, 3, w) || hd <= 0 || hd % QW_WARPS || hd % 2) return 1;
+    for (int i = 0; i < 3; i++)
+        if (w[i]->dtype != w[0]->dtype || w[i]->shape[0] != rows[i]) return 1;
+    if (!fvec(b, norm, w[0]->shape[1], "rmsnorm")) return -1;
+    static bool said;  // (tests/gpu/test_gpu.py looks for this line)
+    if (!said) KAON_DEBUG("cuda quant: RoPE and the KV write fused into the quantized q / k / v GEMV");
+    said = true;
+    const int K = (int)w[0]->shape[1];
+    const QNorm nrm = {(const float *)norm->data, eps};
+    const int8_t *xq;
+    const float2 *xds;
+    const int *xsum;
+    if (q_act(b, x, 1, K, q_bpu(w[0]->dtype), &xq, &xds, &xsum, &nrm)) return -1;
+    QArgs a;
+    memset(&a, 0, sizeof a);
+    a.count = 3;
+    a.K = K;
+    a.nvalid = 1;
+    a.xq = xq;
+    a.xds = xds;
+    a.xsum = xsum;
+    int blocks = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!qmat(b, w[i], "linear", &a.q[i], &a.a[i]) || !fvec(b, bias ? bias[i] : NULL, rows[i], "linear bias"))
+            return -1;
+        a.bias[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
+        a.rows[i] = (int)rows[i];
+        a.begin[i] = blocks;
+        blocks += (int)rows[i] / QW_WARPS;
+    }
+    a.y[0] = q;
+    const QRope rp = {*r, hd, interleaved};
+    cudaError_t e = cudaErrorInvalidValue;
+    q_visit(w[0]->dtype, [&](auto f) {
+        typedef decltype(f) F;
+        e = kc_launch(b, k_qgemv<F, 1, false, true>, dim3((unsigned)blocks), dim3(QW_WARPS * 32), 0, a, rp);
+    });
+    return kc_check(b, e, "quantized qkv gemv (rope, kv write)");
 }
 
 // Bytes kc_quant_upload's copy of host takes; 0 when it would not keep host quantized.

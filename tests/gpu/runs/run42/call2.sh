@@ -5,6 +5,8 @@
 # tiles' slots looked up before the PDL wait and their K/V copies issued before Q is read ("alt" is
 # the kernel without (2), .snap/alt/, built in the same call). Tests, then batch-1 A/Bs
 # (alternating): bf16 at a 32- and an 8,000-token prompt, Q4_0; bf16 and Q4_0 batch-1 traces.
+# Also (3): GGUF q / k / v GEMV with RoPE and the KV write in its epilogue (KAON_QKV_ROPE=0: apart),
+# its bit-equality test (test_quant_fused_norm_bit_equal) and a Q4_0 A/B.
 # On an H200 first: issue 22's llama.cpp ratios (run40/vs_llama.sh).
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
@@ -17,7 +19,7 @@ cp $f /tmp/head_tc.cu && cp .snap/alt/cuda_attention_decode_tc.cu $f && ninja -C
 grep -q H200 /tmp/gpu.txt && VS_LIMIT=200 bash tests/gpu/runs/run40/vs_llama.sh
 echo "== decode attention tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py tests/gpu/test_gpu_kv_fp8.py \
-    -k "attention_decode_tc or attention_fp8_cache or tiny_model_fp8_cache" 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
+    -k "attention_decode_tc or attention_fp8_cache or tiny_model_fp8_cache or fused_norm_bit_equal" 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
 C8=bench/configs/meta-llama__Llama-3.1-8B.json
 run() {  # label, env, binary, args...
     local l=$1 e=$2 k=$3; shift 3
@@ -31,10 +33,12 @@ done
 run "bf16 b1 p8000 head" KAON_DEC_ONE_WAVE=1 /tmp/kaon-head bench/gpu_decode.py --config $C8 --prompt-len 8000 --tokens 256
 run "bf16 b1 p8000 four-waves" KAON_DEC_ONE_WAVE=0 /tmp/kaon-head bench/gpu_decode.py --config $C8 --prompt-len 8000 --tokens 256
 Q="bench/gpu_decode_gguf.py --qtype Q4_0 --out-qtype Q6_K --keep /tmp/q40.gguf --tokens 128"
-run "Q4_0 b1 head" KAON_DEC_ONE_WAVE=1 /tmp/kaon-head $Q
-run "Q4_0 b1 four-waves" KAON_DEC_ONE_WAVE=0 /tmp/kaon-head $Q
+for i in 1 2; do
+    run "Q4_0 b1 head" KAON_DEC_ONE_WAVE=1 /tmp/kaon-head $Q
+    run "Q4_0 b1 qkv-rope-off" KAON_QKV_ROPE=0 /tmp/kaon-head $Q
+    run "Q4_0 b1 four-waves" KAON_DEC_ONE_WAVE=0 /tmp/kaon-head $Q
+done
 run "Q4_0 b1 alt" KAON_DEC_ONE_WAVE=1 /tmp/kaon-alt $Q
-run "Q4_0 b1 head" KAON_DEC_ONE_WAVE=1 /tmp/kaon-head $Q
 echo "== trace, bf16 batch 1 (head)"
 timeout 90 bash tests/gpu/trace_decode.sh $C8 0 64 1 16 2>&1 | sed -n 1,12p
 echo "== trace, Q4_0 batch 1 (head)"
