@@ -259,7 +259,7 @@ def test_fp8_norm_split_vs_cpu(tmp_path):
     e_q = rel(ref, logits("cpu", len(ids), {"KAON_FP8_ACT": "0"}))  # the activation quantization's effect
     split, ks = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT_QUANT="1")))
     plain, kp = kernel_names(tmp_path, lambda env: logits("cuda", 1, dict(env, KAON_NORM_SPLIT="0")))
-    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES[, MIX]>
+    res_kernel = re.compile(r"void k_fp8_gemv<1, 0, false, true[,>]")  # <NT, MODE, SILU, RES[, SPLIT]>
     assert any(res_kernel.match(k) for k in ks), sorted(ks)
     assert not any(res_kernel.match(k) for k in kp), sorted(kp)
     srt = np.sort(ref, -1)
@@ -294,11 +294,11 @@ def switch_same_logits(tmp_path, switch, kernel):
     return {k for k in k_on if rx.match(k)}
 
 
-def test_fp8_silu_mix_same_logits(tmp_path):
-    """KAON_FP8_SILU_MIX=1 (gate's and up's chunks in one ring stream) changes only when bytes
-    arrive, not the arithmetic: batch-1 decode logits bit-equal to the default's, and the mixed
-    kernel ran."""
-    assert switch_same_logits(tmp_path, "KAON_FP8_SILU_MIX", r"void k_fp8_gemv<1, 0, true, false, true>")
+def test_fp8_silu_split_same_logits(tmp_path):
+    """KAON_FP8_SILU_SPLIT=1 (gate's and up's chunks streamed by half the warps each, at once)
+    changes only when bytes arrive, not the arithmetic: batch-1 decode logits bit-equal to the
+    default's, and the split kernel ran."""
+    assert switch_same_logits(tmp_path, "KAON_FP8_SILU_SPLIT", r"void k_fp8_gemv<1, 0, true, false, true>")
 
 
 def test_fp8_deepseek_v3_moe_cuda_vs_cpu(tmp_path):
