@@ -125,6 +125,55 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     const int32_t *bt = rg.bt;
     const size_t row = (size_t)nkv * HD;
     const KT *kbase = kcache + (size_t)kvh * HD, *vbase = vcache + (size_t)kvh * HD;
+    kc_pdl_wait();  // every block waits, also an idle range
+    if (z >= n_act) return;
+
+    // Q: the g heads of this KV head as rows (the rest zero), then into registers as A fragments.
+    for (int c = tid; c < DTC_ROWS * CH; c += W * 32) {
+        const int r = c / CH, ch = c % CH;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < g) v = *(const uint4 *)(q + ((size_t)t * nh + (size_t)kvh * g + r) * HD + ch * 8);
+        if (F8) {  // to f16, saturating (a |q| past 65504 would otherwise become inf)
+            uint32_t *w = (uint32_t *)&v;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[e]);
+                w[e] = pack_f16(fminf(fmaxf(f.x, -65504.f), 65504.f), fminf(fmaxf(f.y, -65504.f), 65504.f));
+            }
+        }
+        *(uint4 *)(sQ + swz<HD>(r, ch)) = v;
+    }
+    __syncthreads();
+    // ldmatrix addresses as in cuda_attention_prefill.cu: every fragment row is = r8 (mod 8), so
+    // chunk 8a + 2i + half sits at byte 128 a + (x0 ^ 32 i).
+    const int mi = lane >> 3, r8 = lane & 7, qd = lane & 3;
+    const uint32_t xk0 = (uint32_t)(((mi & 1) ^ r8) << 4), xv0 = (uint32_t)(((mi >> 1) ^ r8) << 4);
+    uint32_t qf[KS_Q][4];
+    if constexpr (F8) {
+        // Step kk = 4h + i of S takes dims 64h + 16qd + 4i + {0, 1} (a0, a1) and + {2, 3} (a2, a3): the
+        // order in which word i of a lane's 16 bytes of a K row holds them (the loop's K reads).
+#pragma unroll
+        for (int h = 0; h < HD / 64; h++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = (lane >> 2) + 8 * hr;
+                const uint4 a = *(const uint4 *)(sQ + swz<HD>(r, 8 * h + 2 * qd));
+                const uint4 c = *(const uint4 *)(sQ + swz<HD>(r, 8 * h + 2 * qd + 1));
+                const uint32_t w8[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) qf[4 * h + i][hr] = w8[2 * i], qf[4 * h + i][2 + hr] = w8[2 * i + 1];
+            }
+    } else {
+        const uint32_t aQ = smem_addr(sQ) + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
+#pragma unroll
+        for (int kk = 0; kk < KS_Q; kk++) ldsm_x4(qf[kk], aQ + (xv0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128);
+    }
+    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8: stage s at s
+    // (the loop below).
+    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);
+    const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
+    const uint32_t aV = wb + TILEB + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
+
     // Lane j's key of the tile at kt: its cache slot, -1 when there is none.
     auto slot_of = [&](int kt) {
         const int kk = kt + lane;
@@ -133,70 +182,12 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         const int64_t s64 = (int64_t)blk * bs + kk % bs;
         return blk >= 0 && s64 < n_slots ? (int)s64 : -1;
     };
-    const int step = W * DTC_BN;
-    int kt = k0 + warp * DTC_BN;
-    // The slots of the warp's first tiles (the block table is the step's metadata) are looked up
-    // before the wait, and their K and V copies start before Q is read: one round trip after it.
-    constexpr int NPRE = F8 ? 4 : 2;
-    int pre[NPRE];
-#pragma unroll
-    for (int p = 0; p < NPRE; p++) pre[p] = z < n_act && kt + p * step < k1 ? slot_of(kt + p * step) : -1;
-    kc_pdl_wait();  // every block waits, also an idle range
-    if (z >= n_act) return;
-
-    // Q: the g heads of this KV head as rows (the rest zero), then into registers as A fragments
-    // (once the first tiles' copies are on their way).
-    const int mi = lane >> 3, r8 = lane & 7, qd = lane & 3;
-    // ldmatrix addresses as in cuda_attention_prefill.cu: every fragment row is = r8 (mod 8), so
-    // chunk 8a + 2i + half sits at byte 128 a + (x0 ^ 32 i).
-    const uint32_t xk0 = (uint32_t)(((mi & 1) ^ r8) << 4), xv0 = (uint32_t)(((mi >> 1) ^ r8) << 4);
-    uint32_t qf[KS_Q][4];
-    auto load_q = [&]() {
-        for (int c = tid; c < DTC_ROWS * CH; c += W * 32) {
-            const int r = c / CH, ch = c % CH;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < g) v = *(const uint4 *)(q + ((size_t)t * nh + (size_t)kvh * g + r) * HD + ch * 8);
-            if (F8) {  // to f16, saturating (a |q| past 65504 would otherwise become inf)
-                uint32_t *w = (uint32_t *)&v;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[e]);
-                    w[e] = pack_f16(fminf(fmaxf(f.x, -65504.f), 65504.f), fminf(fmaxf(f.y, -65504.f), 65504.f));
-                }
-            }
-            *(uint4 *)(sQ + swz<HD>(r, ch)) = v;
-        }
-        __syncthreads();
-        if constexpr (F8) {
-            // Step kk = 4h + i of S takes dims 64h + 16qd + 4i + {0, 1} (a0, a1) and + {2, 3} (a2, a3): the
-            // order in which word i of a lane's 16 bytes of a K row holds them (the loop's K reads).
-#pragma unroll
-            for (int h = 0; h < HD / 64; h++)
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++) {
-                    const int r = (lane >> 2) + 8 * hr;
-                    const uint4 a = *(const uint4 *)(sQ + swz<HD>(r, 8 * h + 2 * qd));
-                    const uint4 c = *(const uint4 *)(sQ + swz<HD>(r, 8 * h + 2 * qd + 1));
-                    const uint32_t w8[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-#pragma unroll
-                    for (int i = 0; i < 4; i++) qf[4 * h + i][hr] = w8[2 * i], qf[4 * h + i][2 + hr] = w8[2 * i + 1];
-                }
-        } else {
-            const uint32_t aQ = smem_addr(sQ) + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
-#pragma unroll
-            for (int kk = 0; kk < KS_Q; kk++) ldsm_x4(qf[kk], aQ + (xv0 ^ ((uint32_t)(kk & 3) << 5)) + (kk >> 2) * 128);
-        }
-    };
-    // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8: stage s at s
-    // (the loop below).
-    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);
-    const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
-    const uint32_t aV = wb + TILEB + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
-
     float oacc[NT_O][4];
 #pragma unroll
     for (int n = 0; n < NT_O; n++) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
+    const int step = W * DTC_BN;
+    int kt = k0 + warp * DTC_BN;
     if constexpr (F8) {
         // Stage st of NST (three tiles in flight while one is used): the tile's e4m3 K rows at st TILEB,
         // its V rows at st TILEB + TILEB / 2, HD bytes a row. The 16-byte chunks are swizzled so that
@@ -241,12 +232,12 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         unsigned vq[NST - 1];  // the tiles in flight: their lanes with a slot
 #pragma unroll
         for (int p = 0; p < NST - 1; p++) {
-            vq[p] = __ballot_sync(0xffffffffu, pre[p] >= 0);
-            if (kt + p * step < k1) issue8(pre[p], p);
+            const int kp = kt + p * step, sl = kp < k1 ? slot_of(kp) : -1;
+            vq[p] = __ballot_sync(0xffffffffu, sl >= 0);
+            if (kp < k1) issue8(sl, p);
             else cp_async_commit();  // (empty groups keep the count of wait_group)
         }
-        int nslot = pre[NST - 1];
-        load_q();
+        int nslot = kt + (NST - 1) * step < k1 ? slot_of(kt + (NST - 1) * step) : -1;
         for (int j = 0; kt < k1; j++, kt += step) {
             const int kn = kt + (NST - 1) * step;
             if (kn < k1) issue8(nslot, (j + NST - 1) % NST);  // into the stage the last tile freed
@@ -329,10 +320,9 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
             }
             cp_async_commit();
         };
-        int slot = pre[0];
+        int slot = kt < k1 ? slot_of(kt) : -1;
         if (kt < k1) issue(slot, 0);
-        int nslot = pre[1];
-        load_q();
+        int nslot = kt + step < k1 ? slot_of(kt + step) : -1;
         for (int j = 0; kt < k1; j++, kt += step) {
             const int st = j & 1;
             if (kt + step < k1) issue(nslot, st ^ 1);  // the next tile flies while this one is used

@@ -425,8 +425,8 @@ struct Fp8Args {
 // y[t, row] = sum over 128-column chunks c of (w[row, c] . xq[t, c]) * sw * sx for the tokens
 // t of [tok0, tok0 + 8 NT) below n: NT tiles of 8 tokens; FP8_WARPS warps split the chunks; partial sums meet in shared memory. SILU: weight 0 is
 // the gate and weight 1 the up projection of the same rows: out = bf16(bf16(silu(bf16 g)) * bf16 u).
-// RES: see Fp8Args (NT 1, not SILU). SPLIT (SILU, NT 1): gate and up streamed by half the warps each (below).
-template <int NT, int MODE, bool SILU, bool RES = false, bool SPLIT = false>
+// RES: see Fp8Args (NT 1, not SILU).
+template <int NT, int MODE, bool SILU, bool RES = false>
 __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(const Fp8Args a) {
     __shared__ float part[SILU ? 2 : 1][FP8_WARPS][NT][32][4];
     extern __shared__ uint4 ring_all[];  // [warp][stage][4 x 16 bytes][lane]
@@ -441,30 +441,20 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
     const int r0 = min(m0 + g, M - 1), r1 = min(m0 + g + 8, M - 1);  // rows past M: loaded, never stored
     const int lane_off = t * 16;
     float old_y = 0.0f;  // RES: the residual stream's value at the row this thread finishes (NT 1)
-    // SPLIT (SILU, one tile): the first half of the warps stream gate's chunks and the second half
-    // up's, both at once (otherwise every warp streams gate's chunks, then up's: two pipeline fills
-    // and drains a block). A warp then takes the chunks of two warps of the other order, wl and
-    // wl + HW (stream position k is chunk wl + k HW, warp wl + (k % 2) HW's), into two sums stored
-    // as theirs: every sum adds the same products in the same order (bit-equal outputs).
-    constexpr int HW = SPLIT ? FP8_WARPS / 2 : FP8_WARPS;  // warps per weight
-    constexpr int NV = SPLIT ? 2 : 1;                      // sums a warp keeps
-    const int wl = warp % HW, w_first = SPLIT ? warp / HW : 0, w_end = SPLIT ? w_first + 1 : SILU ? 2 : 1;
-    for (int wi = w_first; wi < w_end; wi++) {
+    for (int wi = 0; wi < (SILU ? 2 : 1); wi++) {  // SILU: gate's chunks, then up's
         const uint8_t *w = a.w[SILU ? wi : seg];
         const float *wsc = a.ws[SILU ? wi : seg];
         const uint8_t *wr0 = w + (size_t)r0 * K + lane_off, *wr1 = w + (size_t)r1 * K + lane_off;
-        float acc[NV][NT][4];
+        float acc[NT][4];
 #pragma unroll
-        for (int v = 0; v < NV; v++)
-#pragma unroll
-            for (int j = 0; j < NT; j++) acc[v][j][0] = acc[v][j][1] = acc[v][j][2] = acc[v][j][3] = 0.0f;
+        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         // Each warp streams its chunks through a ring of FP8_STAGES slots in shared memory with
         // cp.async, FP8_STAGES - 1 chunks ahead of the one it multiplies: the bytes in flight do
         // not cost registers. A lane reads back only the 64 bytes it copied, so waiting for its
         // own copies is all the synchronisation a slot needs.
         uint4 *ring = ring_all + (size_t)warp * FP8_STAGES * 128;
         auto issue = [&](int i) {  // stream position i into slot i % FP8_STAGES
-            const int c = wl + i * HW;
+            const int c = warp + i * FP8_WARPS;
             if (c < nch) {
                 uint4 *slot = ring + (i % FP8_STAGES) * 128 + lane;
 #pragma unroll
@@ -482,8 +472,9 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
             const int e = threadIdx.x, row = m0 + (e >> 4) + ((e & 3) >= 2 ? 8 : 0);
             if (row < M && (e & 13) == 0) old_y = __bfloat162float(((const bf16 *)a.y[0])[row]);
         }
-        // Stream position k (chunk c) into the sum av.
-        auto step = [&](int k, int c, float(&av)[NT][4]) {
+        for (int k = 0;; k++) {
+            const int c = warp + k * FP8_WARPS;
+            if (c >= nch) break;
             issue(k + FP8_STAGES - 1);
             asm volatile("cp.async.wait_group %0;" ::"n"(FP8_STAGES - 1) : "memory");
             const uint4 *slot = ring + (k % FP8_STAGES) * 128 + lane;
@@ -512,29 +503,21 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
                     const int t0 = tok0 + j * 8 + 2 * t, t1 = t0 + 1;
                     const float s0 = t0 < n ? sw * a.xs[(size_t)c * n + t0] : 0.0f;
                     const float s1 = t1 < n ? sw * a.xs[(size_t)c * n + t1] : 0.0f;
-                    av[j][0] = fmaf(cc[0], s0, av[j][0]);
-                    av[j][1] = fmaf(cc[1], s1, av[j][1]);
-                    av[j][2] = fmaf(cc[2], s0, av[j][2]);
-                    av[j][3] = fmaf(cc[3], s1, av[j][3]);
+                    acc[j][0] = fmaf(cc[0], s0, acc[j][0]);
+                    acc[j][1] = fmaf(cc[1], s1, acc[j][1]);
+                    acc[j][2] = fmaf(cc[2], s0, acc[j][2]);
+                    acc[j][3] = fmaf(cc[3], s1, acc[j][3]);
                 } else {
 #pragma unroll
-                    for (int q = 0; q < 4; q++) av[j][q] += cc[q];
+                    for (int q = 0; q < 4; q++) acc[j][q] += cc[q];
                 }
             }
-        };
-        for (int k = 0;; k++) {
-            const int c = wl + k * HW;
-            if (c >= nch) break;
-            if (SPLIT && (k & 1)) step(k, c, acc[NV - 1]);  // (two calls: the sums stay in registers)
-            else step(k, c, acc[0]);
         }
         asm volatile("cp.async.wait_group 0;" ::: "memory");  // (empty groups past the end)
 #pragma unroll
-        for (int v = 0; v < NV; v++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[wi][wl + v * HW][j][lane][i] = acc[v][j][i];
+            for (int i = 0; i < 4; i++) part[wi][warp][j][lane][i] = acc[j][i];
     }
     __syncthreads();
     float sq = 0.0f;  // RES: this thread's y^2
@@ -587,36 +570,21 @@ __global__ void __launch_bounds__(FP8_WARPS * 32, NT == 1 ? 2 : 1) k_fp8_gemv(co
 // (SILU keeps two sets of partial sums in shared memory: at most 4 tiles.)
 #define FP8_SILU_MAX_N 32
 
-template <int NT, int MODE, bool SILU, bool RES = false, bool SPLIT = false>
+template <int NT, int MODE, bool SILU, bool RES = false>
 static void launch_nt(kc_backend *b, unsigned blocks, const Fp8Args &a) {
     static bool sized;  // the ring is more dynamic shared memory than a kernel gets by default
     if (!sized) {
-        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU, RES, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(k_fp8_gemv<NT, MODE, SILU, RES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              FP8_RING_BYTES);
         sized = true;
     }
-    kc_launch(b, k_fp8_gemv<NT, MODE, SILU, RES, SPLIT>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
-}
-
-// KAON_FP8_SILU_SPLIT=1: the one-tile gate/up GEMV streams gate's and up's chunks with half the
-// warps each, at once (one pipeline fill per block instead of two). Off by default until measured.
-static bool silu_split_on(void) {
-    static const bool on = kc_env_on("KAON_FP8_SILU_SPLIT");
-    return on;
+    kc_launch(b, k_fp8_gemv<NT, MODE, SILU, RES>, dim3(blocks), dim3(FP8_WARPS * 32), FP8_RING_BYTES, a);
 }
 
 template <int MODE, bool SILU>
 static void launch_gemv(kc_backend *b, int tiles, unsigned blocks, const Fp8Args &a) {
     switch (tiles) {
-    case 1:
-        if constexpr (SILU) {
-            if (silu_split_on()) {
-                launch_nt<1, MODE, true, false, true>(b, blocks, a);
-                break;
-            }
-        }
-        launch_nt<1, MODE, SILU>(b, blocks, a);
-        break;
+    case 1: launch_nt<1, MODE, SILU>(b, blocks, a); break;
     case 2: launch_nt<2, MODE, SILU>(b, blocks, a); break;
     case 3:
     case 4: launch_nt<4, MODE, SILU>(b, blocks, a); break;
