@@ -203,17 +203,29 @@ __global__ void __launch_bounds__(256) k_qact(const bf16 *__restrict__ x, int to
 // RMSNorm, then the quantization above, in one launch: one block per row of x [n, dim], thread j
 // of the row's dim / 8 groups of 8 values (dim a multiple of 32: four threads per block of 32).
 // The norm's numbers are k_rmsnorm<true, false>'s (the same per-thread sums in the same order, the
-// same block sum): out = bf16(w * bf16(x / rms(x))), which is then quantized as k_qact would.
+// same block sum): out = bf16(w * bf16(x / rms(x))), which is then quantized as k_qact would. With
+// one group a thread (dim <= 8 x threads: the host's launches up to 8,192; w 16-byte aligned), the group's x stays in
+// registers between the two passes and its 8 norm weights (the model's, not the kernel before's)
+// are read before the wait: no global read after the block sum.
 __global__ void k_qact_norm(const bf16 *__restrict__ x, const float *__restrict__ w, float eps, int dim, int bpu,
                             int8_t *__restrict__ xq, float2 *__restrict__ xds, int *__restrict__ xsum) {
     __shared__ float red[33];
     kc_pdl_trigger();
-    kc_pdl_wait();
     const int row = blockIdx.x, groups = dim / 8, nb32 = dim / 32;
+    const bool one = groups <= (int)blockDim.x && ((uintptr_t)w & 15) == 0;
+    float wk[8];  // one: this thread's norm weights
+    if (one && (int)threadIdx.x < groups) {
+        const float4 *w4 = (const float4 *)(w + 8 * threadIdx.x);
+        const float4 a = w4[0], b = w4[1];
+        wk[0] = a.x, wk[1] = a.y, wk[2] = a.z, wk[3] = a.w, wk[4] = b.x, wk[5] = b.y, wk[6] = b.z, wk[7] = b.w;
+    }
+    kc_pdl_wait();
     const uint4 *xr = (const uint4 *)(x + (size_t)row * dim);
     float ss = 0.f;
+    uint4 xk = make_uint4(0u, 0u, 0u, 0u);  // one: this thread's group of x
     for (int j = threadIdx.x; j < groups; j += blockDim.x) {
         const uint4 xv = xr[j];
+        if (one) xk = xv;
         const bf16 *xe = (const bf16 *)&xv;
 #pragma unroll
         for (int e = 0; e < 8; e++) ss += __bfloat162float(xe[e]) * __bfloat162float(xe[e]);
@@ -224,12 +236,12 @@ __global__ void k_qact_norm(const bf16 *__restrict__ x, const float *__restrict_
         const bool ok = j < groups;
         float v[8];
         if (ok) {
-            const uint4 xv = xr[j];
+            const uint4 xv = one ? xk : xr[j];
             const bf16 *xe = (const bf16 *)&xv;
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const float nx = __bfloat162float(__float2bfloat16(__bfloat162float(xe[e]) * r));
-                v[e] = __bfloat162float(__float2bfloat16(w[8 * j + e] * nx));
+                v[e] = __bfloat162float(__float2bfloat16((one ? wk[e] : w[8 * j + e]) * nx));
             }
         } else {
 #pragma unroll
