@@ -2,7 +2,7 @@
 # (GGUF RMSNorm + int8 activations, one block a row) keeps each thread's x group in registers between
 # its two passes and reads its norm weights before the PDL wait (bit-equal; "alt" = 6391a87's
 # cuda_quant.cu from .snap/alt/, built in the same call): the fused-norm tests, Q4_0 batch 1
-# alternating x3, the Q4_0 batch-1 trace.
+# alternating x3, the Q4_0 batch-1 trace; then the decode-attention kernel alone (dec_bench, ncu_dec.sh).
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|error" /tmp/build_stdout.txt | head -8
@@ -25,4 +25,8 @@ ids=$(python3 -c "print(','.join(str(1000 + i * 7919 % 30000) for i in range(32)
 KAON_TRACE_OUT=/tmp/trace_q40.csv CUDA_INJECTION64_PATH=/tmp/libkaon_trace.so timeout 60 /tmp/kaon-head run --device cuda \
     -m /tmp/q40.gguf --prompt-ids "$ids" -n 40 --temp 0 --ignore-eos --ctx-size 128 > $OUT/trace_q40.log 2>&1
 python3 tests/gpu/trace_table.py /tmp/trace_q40.csv 32 | tee $OUT/trace_q40.txt | head -10
+echo "== decode attention alone (gpu_driver dec_bench, FP8 cache), then ncu of B256 x 1.5K and B1 x 1K"
+timeout 40 build-gpu/gpu_driver dec_bench 32 8 128 fp8 2>&1 | grep timing | cut -c1-150
+timeout 60 bash tests/gpu/ncu_dec.sh 7 fp8 2>&1 | tail -9
+timeout 60 bash tests/gpu/ncu_dec.sh 0 2>&1 | tail -9
 find $OUT -type f ! -name "trace_*.txt" -delete
