@@ -77,9 +77,13 @@ TENSOR_CORES = {"KAON_DEC_TC": "1"}  # the tensor-core decode kernel for every l
 # Its FP8 path (mma fragments straight from the e4m3 codes) with the warps the launch picks (2 for
 # batched steps, 4 for these cases' few tokens) and with 2.
 TC_W2 = {"KAON_DEC_TC_WARPS": "2"}
+# ... and with 3 or 2 stages a warp instead of 4 (KAON_DEC_TC_FP8_STAGES; head_dim 128).
+TC_W2_ST3 = {"KAON_DEC_TC_WARPS": "2", "KAON_DEC_TC_FP8_STAGES": "3"}
+TC_ST2 = {"KAON_DEC_TC_FP8_STAGES": "2"}
 
 
-@pytest.mark.parametrize("env", [None, SPLIT_K, TENSOR_CORES, TC_W2], ids=["default", "split-k", "tc", "tc-w2"])
+@pytest.mark.parametrize("env", [None, SPLIT_K, TENSOR_CORES, TC_W2, TC_W2_ST3, TC_ST2],
+                         ids=["default", "split-k", "tc", "tc-w2", "tc-w2-st3", "tc-st2"])
 @pytest.mark.parametrize("name,ctx,new,nh,nkv,hd,bs,window,ks,vs,contig", CASES)
 def test_attention_fp8_cache(tmp_path, name, ctx, new, nh, nkv, hd, bs, window, ks, vs, contig, env):
     rng = np.random.default_rng(abs(hash(name)) % 2**32)

@@ -43,12 +43,13 @@
 
 namespace {
 
-// Q tile, then per warp two stages of a K and a V tile (FP8: four stages of e4m3 K and V tiles,
-// half the bytes: the same area); after the loop the merge buffers (wm, wl [W][16], wacc [W][16][HD], w_s
-// [16][DEC_MAX_SPLITS]) take the stages' place; the last 16 bytes hold the merge's flag.
-template <int HD, int W>
+// Q tile, then per warp SL slots of DTC_BN bf16 rows (bf16: two stages of a K and a V tile, SL 4;
+// FP8: SL stages of e4m3 K and V tiles, half the bytes each, SL 4 by default); after the loop the
+// merge buffers (wm, wl [W][16], wacc [W][16][HD], w_s [16][DEC_MAX_SPLITS]) take the stages' place;
+// the last 16 bytes hold the merge's flag.
+template <int HD, int W, int SL = 4>
 __host__ __device__ constexpr size_t dtc_smem_bytes() {
-    constexpr size_t q = (size_t)DTC_ROWS * HD * 2, st = (size_t)W * 2 * 2 * DTC_BN * HD * 2;
+    constexpr size_t q = (size_t)DTC_ROWS * HD * 2, st = (size_t)W * SL * DTC_BN * HD * 2;
     constexpr size_t mg = (size_t)W * DTC_ROWS * 2 * 4 + (size_t)W * DTC_ROWS * HD * 4 +
                           (size_t)DTC_ROWS * DEC_MAX_SPLITS * 4;
     return q + (st > mg ? st : mg) + 16;
@@ -100,7 +101,8 @@ __device__ __forceinline__ void dtc_softmax(float (&s)[NT_S][4], unsigned valid,
 }
 
 // KT: bf16 (a bf16 cache, bf16 mma) or uint8_t (e4m3 codes, f16 mma, fragments from the codes).
-template <int HD, int W, typename KT>
+// NST: the FP8 path's stages a warp (NST - 1 tiles in flight; 2-4); the bf16 path takes 4 slots.
+template <int HD, int W, typename KT, int NST = 4>
 __global__ void __launch_bounds__(W * 32, 1)
 k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT *__restrict__ vcache,
             const int32_t *__restrict__ pos, const int32_t *__restrict__ seq, const int32_t *__restrict__ tables,
@@ -114,7 +116,9 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     constexpr int LDN = DTC_BN * CHG / 32;          // per lane per K (or V) tile
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *sQ = smem, *sW = smem + DTC_ROWS * ROWB;
-    int *last_flag = (int *)(smem + dtc_smem_bytes<HD, W>() - 16);
+    static_assert(NST >= 2 && NST <= 4, "k_decode_tc: FP8 stages");
+    constexpr int SL = F8 ? NST : 4;  // TILEB slots a warp
+    int *last_flag = (int *)(smem + dtc_smem_bytes<HD, W, SL>() - 16);
     kc_pdl_trigger();
 
     // Block row bx serves token tmap[bx] (a mixed step's decode tokens) or token bx.
@@ -170,7 +174,7 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     }
     // bf16: stage s's K tile at 2s, its V tile at 2s + 1 (tiles of TILEB bytes). FP8: stage s at s
     // (the loop below).
-    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * 4 * TILEB);
+    const uint32_t wb = smem_addr(sW) + (uint32_t)(warp * SL * TILEB);
     const uint32_t aK = wb + (uint32_t)(((mi >> 1) * 8 + r8) * ROWB);
     const uint32_t aV = wb + TILEB + (uint32_t)(((mi & 1) * 8 + r8) * ROWB);
 
@@ -189,7 +193,7 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
     const int step = W * DTC_BN;
     int kt = k0 + warp * DTC_BN;
     if constexpr (F8) {
-        // Stage st of NST (three tiles in flight while one is used): the tile's e4m3 K rows at st TILEB,
+        // Stage st of NST (NST - 1 tiles in flight while one is used): the tile's e4m3 K rows at st TILEB,
         // its V rows at st TILEB + TILEB / 2, HD bytes a row. The 16-byte chunks are swizzled so that
         // the fragment reads of a quarter warp (16 bytes a lane; HD 64's V: a half warp, 8 bytes) meet
         // every bank once (checked by an emulation of the lanes' addresses):
@@ -199,7 +203,6 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
         // 4(2e + b) + c, so lane c's rows 4r + c hold its keys 2c, 2c + 1, 2c + 8, 2c + 9, and two byte
         // permutes (zip_*) of a word from each row give both registers of its B fragments of 4
         // dims; chunk ch at ch ^ vx(row) (a quarter warp reads the same chunk column of rows 4r .. 4r + 3).
-        constexpr int NST = 4;
         auto kx = [](int r) { return HD == 128 ? 4 * (r & 1) : 0; };
         auto vx = [](int r) { return HD == 128 ? 2 * (r & 3) : r & 2; };
         auto vrow = [](int k) { return (k & ~15) + 4 * (2 * ((k >> 3) & 1) + (k & 1)) + ((k >> 1) & 3); };
@@ -436,13 +439,13 @@ k_decode_tc(const bf16 *__restrict__ q, const KT *__restrict__ kcache, const KT 
                                 count);
 }
 
-template <int HD, int W, typename KT>
+template <int HD, int W, typename KT, int NST = 4>
 int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                const int32_t *pos, const int32_t *seq, const int32_t *tab, const int32_t *tmap,
                const kaon_attn_meta *m, int64_t n_slots, int nh, int nkv, float sl2, float vs, int window,
                int min_keys, bf16 *out) {
-    constexpr size_t smem = dtc_smem_bytes<HD, W>();
-    auto kern = k_decode_tc<HD, W, KT>;
+    constexpr size_t smem = dtc_smem_bytes<HD, W, sizeof(KT) == 1 ? NST : 4>();
+    auto kern = k_decode_tc<HD, W, KT, NST>;
     // Set outside graph recording (the step's eager first run sets it before any recording).
     if (!b->capturing &&
         kc_check(b, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -481,6 +484,9 @@ int dtc_per_sm(bool capturing) {
     return n;
 }
 
+// The FP8 path's stage count n where KT is e4m3 codes, else 4 (the bf16 kernels take no other).
+#define F8_ST(n) (sizeof(KT) == 1 ? (n) : 4)
+
 template <typename KT>
 int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, const void *vcache,
                  const kaon_attn_meta *m, int64_t n_slots, const int32_t *d_pos, const int32_t *d_seq,
@@ -490,12 +496,19 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
         return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
                               sl2, vs, window, min_keys, out);
     const int w = dtc_warps((int)grid.x);
-#define DTC_W(W)                                                                                                   \
-    dtc_launch<128, W, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs, \
-                           window, min_keys, out)
+    // KAON_DEC_TC_FP8_STAGES=2/3 (head_dim 128, an FP8 cache): fewer stages a warp, less shared memory
+    // a block, more blocks a SM (W 2: 3 -> 4 blocks at 3 stages, 6 at 2). Default 4 (A/B).
+    static const int st_env = getenv("KAON_DEC_TC_FP8_STAGES") ? atoi(getenv("KAON_DEC_TC_FP8_STAGES")) : 4;
+    const int nst = sizeof(KT) == 1 && (st_env == 2 || st_env == 3) ? st_env : 4;
+#define DTC_WN(W, N)                                                                                               \
+    dtc_launch<128, W, KT, N>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs, \
+                              window, min_keys, out)
+#define DTC_W(W) (nst == 2 ? DTC_WN(W, F8_ST(2)) : nst == 3 ? DTC_WN(W, F8_ST(3)) : DTC_WN(W, 4))
     return w == 2 ? DTC_W(2) : w == 3 ? DTC_W(3) : w == 6 ? DTC_W(6) : DTC_W(4);
 #undef DTC_W
+#undef DTC_WN
 }
+#undef F8_ST
 
 }  // namespace
 

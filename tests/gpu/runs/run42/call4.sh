@@ -2,7 +2,9 @@
 # (GGUF RMSNorm + int8 activations, one block a row) keeps each thread's x group in registers between
 # its two passes and reads its norm weights before the PDL wait (bit-equal; "alt" = 6391a87's
 # cuda_quant.cu from .snap/alt/, built in the same call): the fused-norm tests, Q4_0 batch 1
-# alternating x3, the Q4_0 batch-1 trace; then the decode-attention kernel alone (dec_bench, ncu_dec.sh).
+# alternating x3, the Q4_0 batch-1 trace; then the decode-attention kernel alone: KAON_DEC_TC_FP8_STAGES=3/2
+# (the FP8 path's stages a warp: more blocks a SM; the 483 x 1,500 serving step is 61% this kernel at
+# 2.43 TB/s on the H100), its tests and dec_bench; ncu_dec.sh.
 nvidia-smi --query-gpu=name --format=csv,noheader | tee /tmp/gpu.txt
 export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|error" /tmp/build_stdout.txt | head -8
@@ -25,8 +27,13 @@ ids=$(python3 -c "print(','.join(str(1000 + i * 7919 % 30000) for i in range(32)
 KAON_TRACE_OUT=/tmp/trace_q40.csv CUDA_INJECTION64_PATH=/tmp/libkaon_trace.so timeout 60 /tmp/kaon-head run --device cuda \
     -m /tmp/q40.gguf --prompt-ids "$ids" -n 40 --temp 0 --ignore-eos --ctx-size 128 > $OUT/trace_q40.log 2>&1
 python3 tests/gpu/trace_table.py /tmp/trace_q40.csv 32 | tee $OUT/trace_q40.txt | head -10
-echo "== decode attention alone (gpu_driver dec_bench, FP8 cache), then ncu of B256 x 1.5K and B1 x 1K"
-timeout 40 build-gpu/gpu_driver dec_bench 32 8 128 fp8 2>&1 | grep timing | cut -c1-150
+echo "== FP8-cache attention tests with 3 and 2 stages a warp (KAON_DEC_TC_FP8_STAGES)"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_kv_fp8.py -k "attention_fp8_cache and (st3 or st2)" 2>&1 \
+    | grep -E "passed|failed|Error|assert" | tail -4
+echo "== decode attention alone (gpu_driver dec_bench, FP8 cache; stages 4 / 3 / 2), then ncu of B256 x 1.5K and B1 x 1K"
+for st in 4 3 2; do
+    echo "stages $st"; KAON_DEC_TC_FP8_STAGES=$st timeout 40 build-gpu/gpu_driver dec_bench 32 8 128 fp8 2>&1 | grep timing | cut -c1-150
+done
 timeout 60 bash tests/gpu/ncu_dec.sh 7 fp8 2>&1 | tail -9
 timeout 60 bash tests/gpu/ncu_dec.sh 0 2>&1 | tail -9
 find $OUT -type f ! -name "trace_*.txt" -delete
