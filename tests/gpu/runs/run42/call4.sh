@@ -35,5 +35,5 @@ for st in 4 3 2; do
     echo "stages $st"; KAON_DEC_TC_FP8_STAGES=$st timeout 40 build-gpu/gpu_driver dec_bench 32 8 128 fp8 2>&1 | grep timing | cut -c1-150
 done
 timeout 60 bash tests/gpu/ncu_dec.sh 7 fp8 2>&1 | tail -9
-timeout 60 bash tests/gpu/ncu_dec.sh 0 2>&1 | tail -9
+timeout 120 bash tests/gpu/ncu_dec.sh 0 bf16 sass 2>&1 | tail -42
 find $OUT -type f ! -name "trace_*.txt" -delete
