@@ -933,6 +933,22 @@ static int cuda_norm_linear_silu_mul(kaon_backend *be, const void *x, const kaon
     return gemv_silu_plain(b, b->split_xg, n, gate, up, out, &f);
 }
 
+// The rotation and KV write of a one-token q / k / v GEMV (norm_qkv_rope_kv_write's): 0, or -1.
+static int qkv_rope_args(kc_backend *b, kaon_kv_layer *kv, const kaon_attn_meta *m, int nh, int nkv, int hd,
+                         const kaon_rope *rope, QkvRope *r) {
+    if (rope_sync(b, rope, hd)) return -1;
+    r->pos = kc_dev_i32(b, m->positions, 1);
+    r->slot = kc_dev_i32(b, m->slot_mapping, 1);
+    if (!r->pos || !r->slot) return -1;
+    r->kcache = (bf16 *)kv->k;
+    r->vcache = (bf16 *)kv->v;
+    r->n_slots = cache_slots(b, kv, nkv, hd);
+    r->inv_freq = b->d_inv_freq;
+    r->nh = nh;
+    r->nkv = nkv;
+    return 0;
+}
+
 // The GGUF-quantized form of norm_qkv_rope_kv_write (cuda_quant.cu), or 1 (also for weights that
 // are not GGUF-quantized: kc_quant_norm_qkv_rope declines them).
 static int quant_qkv_rope(kc_backend *b, bool on, const void *x, const kaon_tensor *norm, float eps, int n,
@@ -946,17 +962,8 @@ static int quant_qkv_rope(kc_backend *b, bool on, const void *x, const kaon_tens
         ws[i] = &w[i]->w;
         bs[i] = kaon_linear_bias(w[i]);
     }
-    if (rope_sync(b, rope, hd)) return -1;
     QkvRope r;
-    r.pos = kc_dev_i32(b, m->positions, 1);
-    r.slot = kc_dev_i32(b, m->slot_mapping, 1);
-    if (!r.pos || !r.slot) return -1;
-    r.kcache = (bf16 *)kv->k;
-    r.vcache = (bf16 *)kv->v;
-    r.n_slots = cache_slots(b, kv, nkv, hd);
-    r.inv_freq = b->d_inv_freq;
-    r.nh = nh;
-    r.nkv = nkv;
+    if (qkv_rope_args(b, kv, m, nh, nkv, hd, rope, &r)) return -1;
     return kc_quant_norm_qkv_rope(b, x, norm, eps, ws, bs, (bf16 *)q, &r, hd, rope->interleaved);
 }
 
@@ -984,17 +991,8 @@ static int cuda_norm_qkv_rope_kv_write(kaon_backend *be, const void *x, const ka
         ws[i] = (const bf16 *)w[i]->w.data;
         bs[i] = bias ? (const float *)bias->data : NULL;
     }
-    if (rope_sync(b, rope, hd)) return -1;
     QkvRope r;
-    r.pos = kc_dev_i32(b, m->positions, 1);
-    r.slot = kc_dev_i32(b, m->slot_mapping, 1);
-    if (!r.pos || !r.slot) return -1;
-    r.kcache = (bf16 *)kv->k;
-    r.vcache = (bf16 *)kv->v;
-    r.n_slots = cache_slots(b, kv, nkv, hd);
-    r.inv_freq = b->d_inv_freq;
-    r.nh = nh;
-    r.nkv = nkv;
+    if (qkv_rope_args(b, kv, m, nh, nkv, hd, rope, &r)) return -1;
     return kc_gemv_qkv_rope(b, b->split_xg, (int)w[0]->w.shape[1], ws, bs, (bf16 *)q, &f, &r);
 }
 
