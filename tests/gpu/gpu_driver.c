@@ -729,7 +729,7 @@ static int run_dec_bench(int nh, int nkv, int hd, bool fp8) {
     const kaon_backend_ops *o = be->ops;
     const int bs = 16, esz = fp8 ? 1 : 2;
     struct { int B, L; } cases[] = {{1, 1024}, {1, 4096}, {1, 32768}, {64, 1024}, {64, 2048}, {64, 4096},
-                                    {256, 1024}, {256, 1536}, {256, 2048}};
+                                    {256, 1024}, {256, 1536}, {256, 2048}, {1, 64}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int B = cases[c].B, L = cases[c].L, nbs = (L + bs - 1) / bs, nb = B * nbs;
         const size_t kv_bytes = (size_t)nb * bs * nkv * hd * esz;

@@ -2,7 +2,7 @@
 # Why the decode-attention kernel takes its time at one gpu_driver dec_bench case: ncu's stall reasons
 # (average warps stalled per issued instruction), issue and warp-slot use, DRAM throughput, duration,
 # for one launch of that case (the dec_bench cases in order: 0 B1 x 1K, 1 B1 x 4K, 2 B1 x 32K,
-# 3 B64 x 1K, 4 B64 x 2K, 5 B64 x 4K, 6 B256 x 1K, 7 B256 x 1.5K, 8 B256 x 2K; 55 launches each).
+# 3 B64 x 1K, 4 B64 x 2K, 5 B64 x 4K, 6 B256 x 1K, 7 B256 x 1.5K, 8 B256 x 2K, 9 B1 x 64; 55 launches each).
 #   tests/gpu/ncu_dec.sh CASE [fp8|bf16] [sass]     (needs build-gpu/gpu_driver: tests/gpu/run_all.sh build)
 # sass: also the SASS lines with the most warp-stall samples (ncu's source page; $OUT/ncu_dec_sass.csv).
 set -uo pipefail

@@ -30,10 +30,10 @@ python3 tests/gpu/trace_table.py /tmp/trace_q40.csv 32 | tee $OUT/trace_q40.txt 
 echo "== FP8-cache attention tests with 3 and 2 stages a warp (KAON_DEC_TC_FP8_STAGES)"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_kv_fp8.py -k "attention_fp8_cache and (st3 or st2)" 2>&1 \
     | grep -E "passed|failed|Error|assert" | tail -4
-echo "== decode attention alone (gpu_driver dec_bench, FP8 cache; stages 4 / 3 / 2), then ncu of B256 x 1.5K and B1 x 1K"
+echo "== decode attention alone (gpu_driver dec_bench, FP8 cache; stages 4 / 3 / 2), then ncu of B256 x 1.5K and B1 x 64"
 for st in 4 3 2; do
     echo "stages $st"; KAON_DEC_TC_FP8_STAGES=$st timeout 40 build-gpu/gpu_driver dec_bench 32 8 128 fp8 2>&1 | grep timing | cut -c1-150
 done
 timeout 60 bash tests/gpu/ncu_dec.sh 7 fp8 2>&1 | tail -9
-timeout 120 bash tests/gpu/ncu_dec.sh 0 bf16 sass 2>&1 | tail -42
+timeout 120 bash tests/gpu/ncu_dec.sh 9 bf16 sass 2>&1 | tail -42
 find $OUT -type f ! -name "trace_*.txt" -delete
