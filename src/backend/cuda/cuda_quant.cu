@@ -670,23 +670,27 @@ static int q_rpw(kaon_dtype t, int nb, bool silu) {
     return r;
 }
 
+// (rope: k_qgemv's ROPE form, one token.)
 static cudaError_t q_launch(kc_backend *b, kaon_dtype t, int nb, bool silu, unsigned blocks,
-                            const QArgs &a) {
+                            const QArgs &a, const QRope *rope) {
     cudaError_t e = cudaErrorInvalidValue;
     q_visit(t, [&](auto f) {
         typedef decltype(f) F;
-        e = silu ? launch_f<F, true>(b, nb, blocks, a) : launch_f<F, false>(b, nb, blocks, a);
+        if (rope) e = kc_launch(b, k_qgemv<F, 1, false, true>, dim3(blocks), dim3(QW_WARPS * 32), 0, a, *rope);
+        else e = silu ? launch_f<F, true>(b, nb, blocks, a) : launch_f<F, false>(b, nb, blocks, a);
     });
     return e;
 }
 
 // The GEMV passes over quantized activations (quantized already): count weights of format t
 // (silu: count = 2, gate and up), activation rows [0, n) in passes of at most 8; residual: y[0]
-// (one weight, bf16) is added to, not written.
+// (one weight, bf16) is added to, not written; rope (n 1; q, k, v): RoPE and the KV write in the
+// epilogue, y[0] being q (QRope).
 static int q_gemv_passes(kc_backend *b, kaon_dtype t, int n, int K, int count,
                          const uint8_t *const *qp, const uint8_t *const *ap, const int *rows,
                          const float *const *bias, void *const *y, int f32out, bool silu,
-                         const int8_t *xq, const float2 *xds, const int *xsum, int residual = 0) {
+                         const int8_t *xq, const float2 *xds, const int *xsum, int residual = 0,
+                         const QRope *rope = NULL) {
     const int nb32 = K / 32;
     const size_t es = f32out ? 4 : 2;
     for (int b0 = 0; b0 < n; b0 += QGEMV_PASS) {
@@ -713,7 +717,7 @@ static int q_gemv_passes(kc_backend *b, kaon_dtype t, int n, int K, int count,
             a.begin[i] = blocks;
             if (!silu || i == 0) blocks += (rows[i] + QW_WARPS * R - 1) / (QW_WARPS * R);
         }
-        if (kc_check(b, q_launch(b, t, nb, silu, (unsigned)blocks, a), "quantized gemv")) return -1;
+        if (kc_check(b, q_launch(b, t, nb, silu, (unsigned)blocks, a, rope), "quantized gemv")) return -1;
     }
     return 0;
 }
@@ -939,31 +943,18 @@ int kc_quant_norm_qkv_rope(kc_backend *b, const void *x, const kaon_tensor *norm
     const float2 *xds;
     const int *xsum;
     if (q_act(b, x, 1, K, q_bpu(w[0]->dtype), &xq, &xds, &xsum, &nrm)) return -1;
-    QArgs a;
-    memset(&a, 0, sizeof a);
-    a.count = 3;
-    a.K = K;
-    a.nvalid = 1;
-    a.xq = xq;
-    a.xds = xds;
-    a.xsum = xsum;
-    int blocks = 0;
+    const uint8_t *qp[3], *ap[3];
+    const float *bs[3];
+    int rr[3];
     for (int i = 0; i < 3; i++) {
-        if (!qmat(b, w[i], "linear", &a.q[i], &a.a[i]) || !fvec(b, bias ? bias[i] : NULL, rows[i], "linear bias"))
+        if (!qmat(b, w[i], "linear", &qp[i], &ap[i]) || !fvec(b, bias ? bias[i] : NULL, rows[i], "linear bias"))
             return -1;
-        a.bias[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
-        a.rows[i] = (int)rows[i];
-        a.begin[i] = blocks;
-        blocks += (int)rows[i] / QW_WARPS;
+        bs[i] = bias && bias[i] ? (const float *)bias[i]->data : NULL;
+        rr[i] = (int)rows[i];
     }
-    a.y[0] = q;
+    void *ys[3] = {q, NULL, NULL};
     const QRope rp = {*r, hd, interleaved};
-    cudaError_t e = cudaErrorInvalidValue;
-    q_visit(w[0]->dtype, [&](auto f) {
-        typedef decltype(f) F;
-        e = kc_launch(b, k_qgemv<F, 1, false, true>, dim3((unsigned)blocks), dim3(QW_WARPS * 32), 0, a, rp);
-    });
-    return kc_check(b, e, "quantized qkv gemv (rope, kv write)");
+    return q_gemv_passes(b, w[0]->dtype, 1, K, 3, qp, ap, rr, bs, ys, 0, false, xq, xds, xsum, 0, &rp) ? -1 : 0;
 }
 
 // Bytes kc_quant_upload's copy of host takes; 0 when it would not keep host quantized.
