@@ -90,7 +90,9 @@ def test_rmsnorm(tmp_path, n, dim, has_add, inplace):
 
 
 @pytest.mark.parametrize("n,o,i,bias", [(1, 1000, 4096, 0), (3, 515, 1024, 1), (8, 256, 2048, 0),
-                                        (9, 384, 4096, 1), (64, 1024, 512, 0), (300, 2048, 1024, 1)])
+                                        (9, 384, 4096, 1), (64, 1024, 512, 0), (300, 2048, 1024, 1),
+                                        # batch 1, long rows: 7 rounds of loads (two in flight), 2 and a tail
+                                        (1, 515, 14336, 1), (1, 300, 5000, 0), (2, 77, 14336, 0)])
 def test_linear(tmp_path, n, o, i, bias):
     rng = np.random.default_rng()
     x, w = bf16(rng.standard_normal((n, i))), bf16(rng.standard_normal((o, i)) / np.sqrt(i))
