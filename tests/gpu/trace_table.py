@@ -72,8 +72,12 @@ def main():
     steps = len(pairs)
     excl = collections.defaultdict(float)
     count = collections.Counter()
-    wall = busy = 0.0
+    wall = busy = turn = 0.0
     for a, b in pairs:
+        # The host's turnaround: from the end of the step's last kernel before it (the sampling,
+        # whose ids the host waits for) to the start of the next kernel (the next step's first).
+        if a + 1 < len(ks):
+            turn += max(0, ks[a + 1][0] - ks[a][1]) / 1e3
         wall += (ks[b][1] - ks[a][1]) / 1e3
         prev_end = ks[a][1]
         for s, e, name in ks[a + 1:b + 1]:
@@ -83,7 +87,8 @@ def main():
             busy += t
             count[name] += 1
     print(f"{steps} steps; per step: wall {wall / steps:.1f} us, kernels {busy / steps:.1f} us, "
-          f"idle {(wall - busy) / steps:.1f} us, {sum(count.values()) / steps:.0f} launches")
+          f"idle {(wall - busy) / steps:.1f} us, {sum(count.values()) / steps:.0f} launches; "
+          f"between steps {turn / steps:.1f} us")
     print(f"{'kernel [blocks x threads]':<72} {'n':>4} {'us/step':>9} {'us each':>8} {'share':>6}")
     for name, t in sorted(excl.items(), key=lambda kv: -kv[1]):
         n = count[name] / steps
