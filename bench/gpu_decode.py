@@ -110,8 +110,10 @@ def run_kaon(kaon, config, prompt_len, n_new, env_extra=None, tp=1):
                   p.stderr)
     if not m:
         raise RuntimeError(f"no speed line in kaon's output: {p.stderr[-2000:]}")
+    h = re.search(r"decode steps, ([\d.]+) us each, of which ([\d.]+) us on the host", p.stderr)
     return dict(prompt_tokens=int(m.group(1)), prefill_s=float(m.group(2)), prefill_tok_s=float(m.group(3)),
                 generated=int(m.group(4)), decode_tok_s=float(m.group(5)), wall_s=wall,
+                host_us_per_step=float(h.group(2)) if h else None,
                 ids=json.loads(p.stdout.strip().splitlines()[-1]))
 
 
@@ -155,6 +157,7 @@ def main():
                          ms_per_token=1e3 / r["decode_tok_s"], roofline_tok_s=roof,
                          roofline_fraction=r["decode_tok_s"] / roof, copy_bw_TBs=bw / 1e12,
                          bytes_per_token_GB=(w + kv) / 1e9, startup_and_run_wall_s=r["wall_s"],
+                         host_us_per_step=r["host_us_per_step"],
                          first_ids=r["ids"][:8]))
     if a.layers and a.project_layers:
         r1 = run_kaon(a.kaon, cut_config(full, a.layers - 1, td), a.prompt_len, a.tokens)
@@ -192,7 +195,8 @@ def main():
         elif row["kind"] == "decode":
             print(f"decode  {row['variant']:9s} {row['decode_tok_s']:8.1f} tok/s  {row['ms_per_token']:.3f} ms/token  "
                   f"roofline {row['roofline_tok_s']:.1f} tok/s  fraction {row['roofline_fraction'] * 100:.1f}%  "
-                  f"(wall incl. start-up {row['startup_and_run_wall_s']:.1f} s)")
+                  f"(wall incl. start-up {row['startup_and_run_wall_s']:.1f} s)"
+                  + (f"  host {row['host_us_per_step']:.1f} us/step" if row.get("host_us_per_step") is not None else ""))
             if "int4_checkpoint_fraction" in row:
                 print(f"        INT4: roofline of the checkpoint's bytes (f16 scales, 4-bit zeros) "
                       f"{row['int4_checkpoint_roofline_tok_s']:.1f} tok/s, fraction "

@@ -366,13 +366,13 @@ int kaon_cmd_generate(int argc, char **argv) {
             "\"prefix_query_tokens\": %llu, \"prompt_tokens_computed\": %llu, \"generation_tokens\": %llu, "
             "\"kv_blocks_used\": %d, \"seconds\": %.3f, \"spec_drafts\": %llu, \"spec_draft_tokens\": %llu, "
             "\"spec_accepted_tokens\": %llu, \"prefill_steps\": %llu, \"prefill_step_seconds\": %.3f, "
-            "\"decode_step_seconds\": %.3f}\n",
+            "\"decode_step_seconds\": %.3f, \"prefill_host_seconds\": %.3f, \"decode_host_seconds\": %.3f}\n",
             (unsigned long long)st.steps, (unsigned long long)st.preemptions,
             (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.prefix_queries_tokens,
             (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens,
             st.kv_blocks_used, dt, (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_draft_tokens,
             (unsigned long long)st.spec_accepted_tokens, (unsigned long long)stt.prefill_steps,
-            stt.prefill_seconds, stt.decode_seconds);
+            stt.prefill_seconds, stt.decode_seconds, stt.prefill_host_seconds, stt.decode_host_seconds);
     if (eo.expert_stats) print_expert_load(e);
     rc = 0;
 out:

@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "cli/load.h"
+#include "engine/step_times.h"
 #include "kaon.h"
 #include "tokenizer/tokenizer.h"
 #include "util/timer.h"
@@ -281,6 +282,12 @@ int kaon_cmd_run(int argc, char **argv) {
     fprintf(stderr, "\nkaon: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens, %.1f tok/s\n",
             n_prompt, t_first - t0, n_prompt / (t_first - t0), n_gen,
             n_steps > 0 ? n_steps / (t2 - t_first) : 0.0);
+    kaon_step_times stt;
+    kaon_engine_step_times(e, &stt);
+    if (stt.decode_steps)  // the engine thread's own share of each step: what overlapping it would win
+        fprintf(stderr, "kaon: %llu decode steps, %.1f us each, of which %.1f us on the host\n",
+                (unsigned long long)stt.decode_steps, stt.decode_seconds / (double)stt.decode_steps * 1e6,
+                stt.decode_host_seconds / (double)stt.decode_steps * 1e6);
     if (o.spec.method) {
         kaon_engine_stats st;
         kaon_engine_get_stats(e, &st);

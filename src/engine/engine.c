@@ -997,6 +997,7 @@ typedef struct step_plan {
 
 typedef struct step_result {
     int rc;                    // 0, or -1 with err
+    double forward_seconds;    // inside step_execute
     char err[512];
 } step_result;
 
@@ -1030,12 +1031,14 @@ static int step_prepare(kaon_engine *e, step_plan *p) {
 
 // The forward pass (and device sampling): logits into e->logits, ids into e->smp_ids.
 static void step_execute(kaon_engine *e, const step_plan *p, step_result *res) {
+    const double t0 = kaon_now();
     res->rc = p->device_sampling
                   ? kaon_runner_forward_sample(e->runner, &p->batch, &p->sb, e->smp_ids, e->smp_lps,
                                                e->host_rows, p->n_host_rows, e->logits)
                   : kaon_runner_forward(e->runner, &p->batch, e->logits);
     res->err[0] = 0;
     if (res->rc) snprintf(res->err, sizeof res->err, "forward pass failed: %s", kaon_last_error());
+    res->forward_seconds = kaon_now() - t0;
 }
 
 // Samples scheduled sequence i's next token from rows[0], or verifies its drafts: position j's
@@ -1157,6 +1160,7 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
         step_plan plan;
+        const double t_sched = kaon_now();
         if (step_schedule(e, &plan) == 0) {
             // Idle, or nothing fits now (e.g. a gated sibling): wait for a change.
             if (e->n_running == 0 && e->n_waiting == 0) pthread_cond_wait(&e->work_cv, &e->mu);
@@ -1165,16 +1169,25 @@ static void *engine_main(void *arg) {
         }
         pthread_mutex_unlock(&e->mu);
         const double t_step = kaon_now();
-        step_result res = {.rc = step_prepare(e, &plan)};
+        step_result res = {.rc = step_prepare(e, &plan), .forward_seconds = 0.0};
         if (res.rc) snprintf(res.err, sizeof res.err, "step planning failed: %s", kaon_last_error());
         else step_execute(e, &plan, &res);
         step_process(e, &plan, &res, &out);
         // A draft model proposes for the next step (its failure only leaves no drafts).
-        if (!res.rc && kaon_spec_has_draft_model(&e->spec) && kaon_spec_model_propose(e, &plan.batch))
-            KAON_WARN("engine: the draft model failed: %s", kaon_last_error());
+        if (!res.rc && kaon_spec_has_draft_model(&e->spec)) {
+            const double t_draft = kaon_now();
+            if (kaon_spec_model_propose(e, &plan.batch))
+                KAON_WARN("engine: the draft model failed: %s", kaon_last_error());
+            res.forward_seconds += kaon_now() - t_draft;  // the draft's forward, not the host's work
+        }
         const double step_seconds = kaon_now() - t_step;
         pthread_mutex_lock(&e->mu);
         step_publish(e, &plan, &res, &out, step_seconds);
+        // The host's share of the step: from its scheduling to its outputs published, less the
+        // forward pass.
+        const double host = kaon_now() - t_sched - res.forward_seconds;
+        if (out.prompt_tokens) e->step_times.prefill_host_seconds += host;
+        else e->step_times.decode_host_seconds += host;
     }
     // Shutdown: everything still here ends as aborted.
     admit_inbox(e);

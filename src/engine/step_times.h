@@ -12,6 +12,10 @@
 typedef struct kaon_step_times {
     uint64_t prefill_steps, decode_steps;
     double prefill_seconds, decode_seconds;  // plan, forward, sampling and outputs of each step
+    // The engine thread's own work in those steps (schedule, batch, sampling plan, outputs,
+    // publishing: everything but the forward pass and device sampling), which the device waits
+    // for today: what overlapping step N + 1's CPU work with step N's forward would win.
+    double prefill_host_seconds, decode_host_seconds;
 } kaon_step_times;
 
 void kaon_engine_step_times(kaon_engine *e, kaon_step_times *t);
