@@ -77,7 +77,8 @@ TENSOR_CORES = {"KAON_DEC_TC": "1"}  # the tensor-core decode kernel for every l
 # Its FP8 path (mma fragments straight from the e4m3 codes) with the warps the launch picks (2 for
 # batched steps, 4 for these cases' few tokens) and with 2.
 TC_W2 = {"KAON_DEC_TC_WARPS": "2"}
-# ... and with 3 or 2 stages a warp instead of 4 (KAON_DEC_TC_FP8_STAGES; head_dim 128).
+# ... and with 3 or 2 stages a warp (KAON_DEC_TC_FP8_STAGES; head_dim 128; by default 4 for launches of
+# <= 4 tokens, 2 above).
 TC_W2_ST3 = {"KAON_DEC_TC_WARPS": "2", "KAON_DEC_TC_FP8_STAGES": "3"}
 TC_ST2 = {"KAON_DEC_TC_FP8_STAGES": "2"}
 

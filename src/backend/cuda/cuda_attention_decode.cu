@@ -26,7 +26,6 @@
 #include <string.h>
 
 #define DEC_WARPS 4       // warps per block (8 for a few tokens: DEC_FEW_TOKENS)
-#define DEC_FEW_TOKENS 4
 #define DEC_CHUNK 16      // keys per warp per step
 #define DEC_MIN_KEYS 64   // keys per range at least (KAON_DEC_MIN_KEYS, 16..4096, for experiments)
 

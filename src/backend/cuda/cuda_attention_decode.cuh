@@ -6,6 +6,9 @@
 #include <math.h>
 
 #define DEC_MAX_SPLITS 64
+// Launches of at most this many tokens (batch-1 decode, a few drafts) are shaped for latency:
+// more warps a block, the tensor-core grid in one wave, deeper FP8 pipelines.
+#define DEC_FEW_TOKENS 4
 
 // The keys [k0, k1) of range z (of S) that a decode block of token t serves: the token's context
 // (its window's last keys) cut into n_act ranges of at least min_keys; bt is the sequence's block

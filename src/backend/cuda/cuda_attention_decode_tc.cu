@@ -463,7 +463,7 @@ int dtc_launch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, cons
 // KAON_DEC_TC_WARPS=2/3/4/6 overrides (A/B).
 int dtc_warps(int tokens) {
     static const int w_env = getenv("KAON_DEC_TC_WARPS") ? atoi(getenv("KAON_DEC_TC_WARPS")) : 0;
-    return w_env == 2 || w_env == 3 || w_env == 4 || w_env == 6 ? w_env : tokens <= 4 ? 4 : 2;
+    return w_env == 2 || w_env == 3 || w_env == 4 || w_env == 6 ? w_env : tokens <= DEC_FEW_TOKENS ? 4 : 2;
 }
 
 // Blocks of k_decode_tc<HD, W, bf16> resident per SM (shared memory is what limits them; the FP8
@@ -496,10 +496,12 @@ int dtc_dispatch(kc_backend *b, dim3 grid, const bf16 *q, const void *kcache, co
         return dtc_launch<64, 4, KT>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv,
                               sl2, vs, window, min_keys, out);
     const int w = dtc_warps((int)grid.x);
-    // KAON_DEC_TC_FP8_STAGES=2/3 (head_dim 128, an FP8 cache): fewer stages a warp, less shared memory
-    // a block, more blocks a SM (W 2: 3 -> 4 blocks at 3 stages, 6 at 2). Default 4 (A/B).
-    static const int st_env = getenv("KAON_DEC_TC_FP8_STAGES") ? atoi(getenv("KAON_DEC_TC_FP8_STAGES")) : 4;
-    const int nst = sizeof(KT) == 1 && (st_env == 2 || st_env == 3) ? st_env : 4;
+    // Stages a warp on an FP8 cache (head_dim 128): 2 for batched launches (less shared memory a
+    // block: 6 blocks of 2 warps a SM instead of 3; H100 dec_bench 64 x 1-4K 9-12% faster, 256 x
+    // 1-2K 4-5%), 4 for launches of <= 4 tokens (one block a SM either way; batch 1 12% slower at 2).
+    // KAON_DEC_TC_FP8_STAGES=2/3/4 sets it for every launch (A/B).
+    static const int st_env = getenv("KAON_DEC_TC_FP8_STAGES") ? atoi(getenv("KAON_DEC_TC_FP8_STAGES")) : 0;
+    const int nst = sizeof(KT) != 1 ? 4 : st_env >= 2 && st_env <= 4 ? st_env : (int)grid.x <= DEC_FEW_TOKENS ? 4 : 2;
 #define DTC_WN(W, N)                                                                                               \
     dtc_launch<128, W, KT, N>(b, grid, q, kcache, vcache, d_pos, d_seq, d_tab, tmap, m, n_slots, nh, nkv, sl2, vs, \
                               window, min_keys, out)
