@@ -95,51 +95,24 @@ static __device__ __forceinline__ void gemv_load(const uint4 *wr, int c, uint4 (
     for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
 }
 
-// acc[b] += wv . x[b] over the U chunks at c, c + 32, ... (the lane's order: the same sums as one
-// chunk at a time).
-template <int NB, int U>
-static __device__ __forceinline__ void gemv_round(const uint4 *xr, int nc, int c, const uint4 (&wv)[U],
-                                                  float (&acc)[NB]) {
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-        const uint4 *xb = xr + (size_t)b * nc + c;
-        float s = acc[b];
-#pragma unroll
-        for (int u = 0; u < U; u++) s = dot8(wv[u], __ldg(xb + 32 * u), s);
-        acc[b] = s;
-    }
-}
-
 // One warp's dot products of the weight row wr (nc chunks of 8) with the NB rows of x at xr: the
 // lane's chunks lane, lane + 32, ..., U at a time, the first U already in wv when gemv_full;
-// acc[b] ends as the warp's total in every lane. DB (batch 1 at 2 blocks per SM, where the registers
-// allow it): a long row (down's 14,336 columns: 7 rounds) keeps two rounds of loads in flight, the
-// next U chunks requested before this round's dot products (alternating between wv and wn), so a
-// warp does not wait a whole round trip between rounds.
-template <int NB, int U, bool DB = false>
+// acc[b] ends as the warp's total in every lane.
+template <int NB, int U>
 static __device__ __forceinline__ void gemv_dots(const uint4 *wr, const uint4 *xr, int nc, int lane, uint4 (&wv)[U],
                                                  float (&acc)[NB]) {
     int c = lane;
-    if (!DB) {
-        for (bool first = true; gemv_full<U>(c, nc); c += 32 * U, first = false) {
-            if (!first) gemv_load<U>(wr, c, wv);
-            gemv_round<NB, U>(xr, nc, c, wv, acc);
-        }
-    } else if (gemv_full<U>(c, nc)) {
-        uint4 wn[U];
-        for (;;) {
-            const int c1 = c + 32 * U;
-            const bool more1 = gemv_full<U>(c1, nc);
-            if (more1) gemv_load<U>(wr, c1, wn);
-            gemv_round<NB, U>(xr, nc, c, wv, acc);
-            c = c1;
-            if (!more1) break;
-            const int c2 = c + 32 * U;
-            const bool more2 = gemv_full<U>(c2, nc);
-            if (more2) gemv_load<U>(wr, c2, wv);
-            gemv_round<NB, U>(xr, nc, c, wn, acc);
-            c = c2;
-            if (!more2) break;
+    for (bool first = true; c + 32 * (U - 1) < nc; c += 32 * U, first = false) {
+        if (!first) gemv_load<U>(wr, c, wv);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const uint4 *xb = xr + (size_t)b * nc + c;
+            float s = acc[b];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                s = dot8(wv[u], __ldg(xb + 32 * u), s);
+            }
+            acc[b] = s;
         }
     }
     for (; c < nc; c += 32) {
@@ -184,7 +157,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     float old = 0.f, ss = 0.f;
     if (MODE == GV_RESIDUAL && active && lane == 0) old = __bfloat162float(((const bf16 *)y)[row]);
     if (MODE == GV_NORMED) ss = parts_share(a.fuse);
-    if (active) gemv_dots<NB, U, NB == 1 && MINB == 1>(wr, (const uint4 *)x, nc, lane, wv, acc);
+    if (active) gemv_dots<NB, U>(wr, (const uint4 *)x, nc, lane, wv, acc);
     const float bb = active && bias ? bias[row] : 0.f;
     if (MODE == GV_RESIDUAL) {  // linear, then rmsnorm's add: each rounded to bf16
         float v = 0.f;
@@ -318,7 +291,7 @@ k_gemv_qkv_rope(const bf16 *__restrict__ x, int in, GemvArgs a, QkvRope r) {
     kc_pdl_wait();
     const float ss = parts_share(a.fuse);
     float acc[1] = {0.f};
-    gemv_dots<1, U, true>(wr, (const uint4 *)x, nc, lane, wv, acc);
+    gemv_dots<1, U>(wr, (const uint4 *)x, nc, lane, wv, acc);
     const float scale = rsqrtf(block_sum(ss) / (float)in + a.fuse.eps);
     const float v = __bfloat162float(__float2bfloat16(acc[0] * scale + (bias ? bias[row] : 0.f)));
     const bool cached = slot >= 0 && slot < r.n_slots;
