@@ -18,7 +18,8 @@
 //
 // An FP8 cache (e4m3 codes; the mma runs on f16, where every e4m3 value is exact: q and P rounded
 // to f16, k_scale folded into the score scale, v_scale into the output) keeps its codes in shared
-// memory, four stages a warp (three tiles in flight, half a bf16 tile's bytes each), and forms the
+// memory, NST stages a warp (NST - 1 tiles in flight, half a bf16 tile's bytes each; 4 at <= 4
+// tokens, 2 in batched launches: dtc_dispatch), and forms the
 // mma B fragments from them in registers: a 32-bit word of codes widens to two f16 pairs with two
 // cvt.rn.f16x2.e4m3x2. S: since a dot product may take the head dims in any order, S step kk pairs
 // in lane c's k slots the 4 dims that are bytes 4c..4c+3 of a 16-byte group of the K row, and Q's A
