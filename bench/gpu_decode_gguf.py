@@ -183,8 +183,9 @@ def run_kaon(kaon, model, prompt_len, n_new, env_extra=None, device="cuda"):
                   p.stderr)
     if not m:
         raise RuntimeError(f"no speed line in kaon's output: {p.stderr[-2000:]}")
+    h = re.search(r"decode steps, ([\d.]+) us each, of which ([\d.]+) us on the host", p.stderr)
     return dict(prefill_s=float(m.group(2)), generated=int(m.group(4)), decode_tok_s=float(m.group(5)), wall_s=wall,
-                ids=json.loads(p.stdout.strip().splitlines()[-1]))
+                host_us_per_step=float(h.group(2)) if h else None, ids=json.loads(p.stdout.strip().splitlines()[-1]))
 
 
 def main():
@@ -241,7 +242,7 @@ def main():
                          bytes_per_token_GB=(w + kv) / 1e9, bandwidth_TBs=bw / 1e12, roofline_tok_s=roof,
                          roofline_fraction=r["decode_tok_s"] / roof,
                          vs_llama_cpp_q4_0_333=r["decode_tok_s"] / LLAMA_CPP_Q4_0_TG,
-                         wall_s=r["wall_s"], first_ids=r["ids"][:8]))
+                         wall_s=r["wall_s"], host_us_per_step=r["host_us_per_step"], first_ids=r["ids"][:8]))
     for row in rows:
         print(json.dumps(row))
         if a.json:
@@ -252,7 +253,8 @@ def main():
         print(f"decode {row['variant']:9s} {row['qtype']}/{row['out_qtype']}: {row['decode_tok_s']:7.1f} tok/s "
               f"{row['ms_per_token']:.3f} ms/token; roofline {row['roofline_tok_s']:.0f} tok/s "
               f"({row['bytes_per_token_GB']:.2f} GB/token): {row['roofline_fraction'] * 100:.1f}%; "
-              f"{row['vs_llama_cpp_q4_0_333']:.2f}x llama.cpp's 333 tok/s (wall {row['wall_s']:.1f} s)")
+              f"{row['vs_llama_cpp_q4_0_333']:.2f}x llama.cpp's 333 tok/s (wall {row['wall_s']:.1f} s)"
+              + (f"; host {row['host_us_per_step']:.1f} us/step" if row["host_us_per_step"] is not None else ""))
     if tmpdir:
         tmpdir.cleanup()
 
