@@ -309,6 +309,11 @@ typedef struct kaon_backend_ops {
     int (*rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
                          const kaon_attn_meta *m, int n_heads, int n_kv_heads, int head_dim,
                          const kaon_rope *rope);
+    // Qwen3's per-head RMSNorm of q and k (weights q_norm, k_norm [head_dim], eps), then
+    // rope_kv_write, as one op with the same result; 1: declined (the ops apart take it).
+    int (*qk_norm_rope_kv_write)(kaon_backend *be, void *q, void *k, const void *v, const kaon_tensor *q_norm,
+                                 const kaon_tensor *k_norm, float eps, kaon_kv_layer *kv, const kaon_attn_meta *m,
+                                 int n_heads, int n_kv_heads, int head_dim, const kaon_rope *rope);
 
     // DeepSeek MLA's cache row and query rope part in one pass, as blocks.c's unfused sequence
     // computes them: kva [n, kvl + rd] = [latent | k_pe]; the row [bf16 RMSNorm(latent) * norm |

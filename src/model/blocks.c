@@ -194,14 +194,30 @@ static bool fused_qkv_attention(kaon_fwd *f, const kaon_batch *b, int l, const k
     return true;
 }
 
+// Qwen3's q / k head norms, RoPE and the KV write as one backend op (qk_norm_rope_kv_write), then
+// the attention: false where the op declines, nothing run.
+static bool fused_qk_norm_attention(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w,
+                                    const kaon_rope *rope, float scale) {
+    const kaon_backend_ops *op = f->op;
+    if (!w->q_norm || !op->qk_norm_rope_kv_write || f->norm_once) return false;
+    const int nh = f->c->n_heads, nkv = f->c->n_kv_heads, hd = f->c->head_dim;
+    if (op->qk_norm_rope_kv_write(f->be, f->a.q, f->a.k, f->a.v, w->q_norm, w->k_norm, f->c->rms_norm_eps, &f->kv[l],
+                                  &b->attn, nh, nkv, hd, rope) == 1)
+        return false;
+    op->attention(f->be, f->a.q, &f->kv[l], &b->attn, nh, nkv, hd, scale, 0, f->a.att);
+    return true;
+}
+
 void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
     const kaon_model_config *c = f->c;
     const float scale = w->attn_scale > 0 ? w->attn_scale : 1.0f / sqrtf((float)c->head_dim);
     const kaon_rope *rope = &f->m->rope[KAON_ROPE_GLOBAL];
     if (!fused_qkv_attention(f, b, l, w, rope, scale)) {
-        norm_qkv(f, b, w);                                            // q, k, v of norm(x)
-        if (w->q_norm) kaon_blk_qk_norm(f, b, w->q_norm, w->k_norm);  // before RoPE
-        kaon_blk_attention(f, b, l, rope, 0, scale);                  // att
+        norm_qkv(f, b, w);  // q, k, v of norm(x)
+        if (!fused_qk_norm_attention(f, b, l, w, rope, scale)) {
+            if (w->q_norm) kaon_blk_qk_norm(f, b, w->q_norm, w->k_norm);  // before RoPE
+            kaon_blk_attention(f, b, l, rope, 0, scale);                  // att
+        }
     }
     const bool moe = kaon_model_layer_is_moe(f->m, l);
     out_residual(f, b, w->wo, f->a.att, w->residual_scale, moe ? NULL : w->ffn_norm);  // x += att @ wo^T

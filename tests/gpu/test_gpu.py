@@ -839,6 +839,31 @@ def test_norm_split_vs_transformers(tmp_path, name):
     assert e_split <= 1.5 * e_plain + 1e-3, (e_split, e_plain)
 
 
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-8b-2layers"])
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_qk_norm_fused_bit_equal(tmp_path, name, chunk):
+    """Qwen3's q / k head norms folded into the RoPE + KV-write kernel (qk_norm_rope_kv_write,
+    k_rope_kv_write<true, true>): the same logits, bit for bit, as the norm kernels apart
+    (KAON_QK_NORM_FUSE=0), one token a step and in chunks; the fused kernel ran, and not with it off."""
+    if name in BIG and os.environ.get("KAON_GPU_SKIP_BIG") == "1":
+        pytest.skip("KAON_GPU_SKIP_BIG=1")
+    import torch
+    cfg = SMALL[name] if name in SMALL else BIG[name]()
+    folder = tmp_path / name
+    build_hf(folder, cfg, init_std=0.02)  # (the model it returns is dropped)
+    torch.cuda.empty_cache()
+    V = cfg["vocab_size"]
+    ids = np.random.default_rng().integers(0, V, 20).tolist()
+    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", chunk, ids, V, tmp_path, env))
+    apart, ka = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", chunk, ids, V, tmp_path,
+                                                               dict(env, KAON_QK_NORM_FUSE="0")))
+    kern = "void k_rope_kv_write<true, true>("
+    assert any(k.startswith(kern) for k in kf), sorted(kf)
+    assert not any(k.startswith(kern) for k in ka), sorted(ka)
+    record("qk_norm_fused", model=name, chunk=chunk, max_abs_diff=float(np.abs(fused - apart).max()))
+    assert np.array_equal(fused, apart), float(np.abs(fused - apart).max())
+
+
 # ---- GGUF: GPU greedy ids against our CPU backend -------------------------------------------------
 
 def write_gguf(path, arch_cfg, qtypes, rng, arch="llama"):

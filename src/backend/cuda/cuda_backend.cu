@@ -1033,21 +1033,40 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
     return rc;
 }
 
-static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
-                              const kaon_attn_meta *m, int nh, int nkv, int hd, const kaon_rope *rope) {
+// rope_kv_write, and qk_norm_rope_kv_write where qn and kn are given.
+static int rope_kv_write_any(kaon_backend *be, void *q, void *k, const void *v, const kaon_tensor *qn,
+                             const kaon_tensor *kn, float eps, kaon_kv_layer *kv, const kaon_attn_meta *m, int nh,
+                             int nkv, int hd, const kaon_rope *rope) {
     kc_backend *b = kc(be);
     if (!kv || !kv->k || !kv->v || !m || nh <= 0 || nkv <= 0 || hd <= 0)
         return kc_fail(b, "cuda rope_kv_write: bad arguments");
     // An FP8 cache: rope, rope and kv_write (the rotation in bf16, then one rounding to e4m3).
     if (kv->dtype == KAON_KV_FP8) return 1;
+    // The head norm: 128-wide heads, full NeoX rotary (Qwen3); KAON_QK_NORM_FUSE=0: the ops apart (A/B).
+    static const bool qkn_on = !kc_env_off("KAON_QK_NORM_FUSE");
+    if (qn && (!qkn_on || hd != 128 || !rope || rope->rot_dim != 128 || rope->interleaved)) return 1;
     if (m->n_tokens <= 0) return 0;
+    if (qn && (!is_vector(b, qn, hd, "qk_norm q") || !is_vector(b, kn, hd, "qk_norm k"))) return -1;
     if (rope_sync(b, rope, hd)) return -1;
     const int32_t *dp = kc_dev_i32(b, m->positions, (size_t)m->n_tokens);
     const int32_t *ds = kc_dev_i32(b, m->slot_mapping, (size_t)m->n_tokens);
     if (!dp || !ds) return -1;
     kc_rope_kv_write(b, (bf16 *)q, (const bf16 *)k, (const bf16 *)v, (bf16 *)kv->k, (bf16 *)kv->v, dp, ds,
-                     cache_slots(b, kv, nkv, hd), m->n_tokens, nh, nkv, hd, rope->rot_dim, rope->interleaved);
+                     cache_slots(b, kv, nkv, hd), m->n_tokens, nh, nkv, hd, rope->rot_dim, rope->interleaved,
+                     qn ? (const float *)qn->data : NULL, kn ? (const float *)kn->data : NULL, eps);
     return b->err ? -1 : 0;
+}
+
+static int cuda_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, kaon_kv_layer *kv,
+                              const kaon_attn_meta *m, int nh, int nkv, int hd, const kaon_rope *rope) {
+    return rope_kv_write_any(be, q, k, v, NULL, NULL, 0.f, kv, m, nh, nkv, hd, rope);
+}
+
+static int cuda_qk_norm_rope_kv_write(kaon_backend *be, void *q, void *k, const void *v, const kaon_tensor *qn,
+                                      const kaon_tensor *kn, float eps, kaon_kv_layer *kv, const kaon_attn_meta *m,
+                                      int nh, int nkv, int hd, const kaon_rope *rope) {
+    if (!qn || !kn) return kc_fail(kc(be), "cuda qk_norm_rope_kv_write: no norm weights");
+    return rope_kv_write_any(be, q, k, v, qn, kn, eps, kv, m, nh, nkv, hd, rope);
 }
 
 static int cuda_mla_prep(kaon_backend *be, const void *kva, const kaon_tensor *norm, float eps, const void *q,
@@ -1151,6 +1170,7 @@ static kaon_backend_ops make_ops(void) {
     o.linear_residual = cuda_linear_residual;
     o.norm_qkv_rope_kv_write = cuda_norm_qkv_rope_kv_write;
     o.rope_kv_write = cuda_rope_kv_write;
+    o.qk_norm_rope_kv_write = cuda_qk_norm_rope_kv_write;
     o.mla_prep = cuda_mla_prep;
     o.mla_expanded_prefill = true;
     o.kv_fp8 = true;       // kv_write + the split-K attention kernel (cuda_attention.cu)

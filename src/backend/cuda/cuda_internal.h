@@ -260,9 +260,11 @@ void kc_kv_write(kc_backend *b, bf16 *kc_, bf16 *vc, const bf16 *k, const bf16 *
 // Into an FP8 cache (e4m3 of x / scale; vc NULL: no V); row even.
 void kc_kv_write_fp8(kc_backend *b, uint8_t *kc_, uint8_t *vc, const bf16 *k, const bf16 *v,
                      const int32_t *d_slot, int64_t n_slots, int n, int row, float k_scale, float v_scale);
+// qn, kn (both or neither; 128-wide heads, full NeoX rotary): each q / k head RMSNormed first (eps).
 void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
-                      int n, int nh, int nkv, int hd, int rot_dim, int interleaved);
+                      int n, int nh, int nkv, int hd, int rot_dim, int interleaved, const float *qn,
+                      const float *kn, float eps);
 void kc_mla_prep(kc_backend *b, const bf16 *kva, const float *w, float eps, const bf16 *q, int nh, int hd,
                  float pe_scale, bf16 *qm, bf16 *cache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
                  int n, int kvl, int rd, int interleaved);

@@ -232,15 +232,44 @@ static __device__ __forceinline__ void rope128_pairs(__nv_bfloat162 &lo, __nv_bf
 // Llama, Qwen, Mistral): each lane loads its two pairs as 4-byte words, rotates them in
 // registers and stores them once (the per-pair read-modify-write, and a K head's read back from
 // the cache, ran at 1.6 TB/s in an 8k prefill, as did one token per block).
+// QKN (FAST only; Qwen3's q_norm / k_norm): each q and k head is RMSNormed with its weights (qn,
+// kn [hd]) before the rotation, with k_rmsnorm<true, false>'s numbers (head_norm128), so the
+// result is bit for bit that of rmsnorm, rmsnorm and this kernel apart, in one launch instead of three.
 // q [n, nh, hd]; k, v [n, nkv, hd]; caches [slots, nkv, hd].
 #define RKV_WARPS 4
 #define RKV_TOKENS 4
-template <bool FAST>
+
+// A 128-value head at src normed as k_rmsnorm<true, false> norms a row of 128 with one warp:
+// lanes 0-15 sum the squares of 8 consecutive values in order, the warp's butterfly sum as lane 0
+// ends it (kc_block_sum's result for one warp), r = rsqrt(sum / 128 + eps), then each value
+// bf16(w * bf16(x * r)); lo and hi are the lane's NeoX pairs (values 2 lane, 2 lane + 1 and
+// 64 + 2 lane, 65 + 2 lane), as rope128_pairs takes them.
+static __device__ __forceinline__ void head_norm128(const bf16 *src, const float *__restrict__ w, float eps, int lane,
+                                                    __nv_bfloat162 &lo, __nv_bfloat162 &hi) {
+    float ss = 0.f;
+    if (lane < 16) {
+        const uint4 xv = ((const uint4 *)src)[lane];
+        const bf16 *xe = (const bf16 *)&xv;
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss += bf(xe[e]) * bf(xe[e]);
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    ss = __shfl_sync(0xffffffffu, ss, 0);
+    const float r = rsqrtf(ss / 128.f + eps);
+    const float2 a = __bfloat1622float2(lo), c = __bfloat1622float2(hi);
+    const int i = 2 * lane;
+    lo = __halves2bfloat162(tobf(w[i] * rbf(a.x * r)), tobf(w[i + 1] * rbf(a.y * r)));
+    hi = __halves2bfloat162(tobf(w[i + 64] * rbf(c.x * r)), tobf(w[i + 65] * rbf(c.y * r)));
+}
+
+template <bool FAST, bool QKN = false>
 __global__ void __launch_bounds__(RKV_WARPS * 32)
 k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ kcache,
                 bf16 *__restrict__ vcache, const int32_t *__restrict__ pos, const int32_t *__restrict__ slot,
                 int64_t n_slots, int n, int nh, int nkv, int hd, int half, int interleaved,
-                const float *__restrict__ inv_freq) {
+                const float *__restrict__ inv_freq, const float *__restrict__ qn, const float *__restrict__ kn,
+                float eps) {
+    static_assert(FAST || !QKN, "k_rope_kv_write: the head norm is the 128-wide form's");
     kc_pdl_trigger();
     kc_pdl_wait();
     const int lane = threadIdx.x & 31;
@@ -254,6 +283,7 @@ k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
             if (FAST) {
                 __nv_bfloat162 *q2 = (__nv_bfloat162 *)qh;
                 __nv_bfloat162 lo = q2[lane], hi = q2[lane + 32];
+                if (QKN) head_norm128(qh, qn, eps, lane, lo, hi);
                 rope128_pairs(lo, hi, lane, p, inv_freq);
                 q2[lane] = lo;
                 q2[lane + 32] = hi;
@@ -272,7 +302,10 @@ k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
             const __nv_bfloat162 *s2 = (const __nv_bfloat162 *)src;
             __nv_bfloat162 *d2 = (__nv_bfloat162 *)dst;
             __nv_bfloat162 lo = s2[lane], hi = s2[lane + 32];
-            if (kv < nkv) rope128_pairs(lo, hi, lane, p, inv_freq);
+            if (kv < nkv) {
+                if (QKN) head_norm128(src, kn, eps, lane, lo, hi);
+                rope128_pairs(lo, hi, lane, p, inv_freq);
+            }
             d2[lane] = lo;
             d2[lane + 32] = hi;
         } else {
@@ -286,14 +319,20 @@ k_rope_kv_write(bf16 *q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
 
 void kc_rope_kv_write(kc_backend *b, bf16 *q, const bf16 *k, const bf16 *v, bf16 *kcache,
                       bf16 *vcache, const int32_t *d_pos, const int32_t *d_slot, int64_t n_slots,
-                      int n, int nh, int nkv, int hd, int rot_dim, int interleaved) {
+                      int n, int nh, int nkv, int hd, int rot_dim, int interleaved, const float *qn,
+                      const float *kn, float eps) {
     if (n <= 0) return;
     const dim3 grid((unsigned)((n + RKV_TOKENS - 1) / RKV_TOKENS),
                     (unsigned)((nh + 2 * nkv + RKV_WARPS - 1) / RKV_WARPS));
     const bool fast = hd == 128 && rot_dim == 128 && !interleaved;
-    kc_launch(b, fast ? k_rope_kv_write<true> : k_rope_kv_write<false>, grid, dim3(RKV_WARPS * 32), 0, q, k, v,
-              kcache, vcache, d_pos, d_slot, n_slots, n, nh, nkv, hd, rot_dim / 2, interleaved,
-              (const float *)b->d_inv_freq);
+    const bool qkn = qn && kn;
+    if (qkn && !fast) {
+        kc_fail(b, "rope_kv_write: the q / k head norm needs 128-wide heads with full NeoX rotary");
+        return;
+    }
+    kc_launch(b, qkn ? k_rope_kv_write<true, true> : fast ? k_rope_kv_write<true> : k_rope_kv_write<false>, grid,
+              dim3(RKV_WARPS * 32), 0, q, k, v, kcache, vcache, d_pos, d_slot, n_slots, n, nh, nkv, hd, rot_dim / 2,
+              interleaved, (const float *)b->d_inv_freq, qn, kn, eps);
     kc_launched(b, "rope_kv_write");
 }
 
