@@ -106,15 +106,19 @@ def run_kaon(kaon, config, prompt_len, n_new, env_extra=None, tp=1):
     wall = time.time() - t0
     if p.returncode != 0:
         raise RuntimeError(f"kaon failed ({p.returncode}): {p.stderr[-2000:]}")
+    return dict(run_figures(p.stderr), wall_s=wall, ids=json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def run_figures(stderr):
+    """The figures `kaon run` prints on stderr: its speed line, and the host's share of a decode step."""
     m = re.search(r"prompt (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); generated (\d+) tokens, ([\d.]+) tok/s",
-                  p.stderr)
+                  stderr)
     if not m:
-        raise RuntimeError(f"no speed line in kaon's output: {p.stderr[-2000:]}")
-    h = re.search(r"decode steps, ([\d.]+) us each, of which ([\d.]+) us on the host", p.stderr)
+        raise RuntimeError(f"no speed line in kaon's output: {stderr[-2000:]}")
+    h = re.search(r"decode steps, ([\d.]+) us each, of which ([\d.]+) us on the host", stderr)
     return dict(prompt_tokens=int(m.group(1)), prefill_s=float(m.group(2)), prefill_tok_s=float(m.group(3)),
-                generated=int(m.group(4)), decode_tok_s=float(m.group(5)), wall_s=wall,
-                host_us_per_step=float(h.group(2)) if h else None,
-                ids=json.loads(p.stdout.strip().splitlines()[-1]))
+                generated=int(m.group(4)), decode_tok_s=float(m.group(5)),
+                host_us_per_step=float(h.group(2)) if h else None)
 
 
 def main():

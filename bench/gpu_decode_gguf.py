@@ -17,7 +17,6 @@ f16 scales kept small, so writing the 4.6 GB file takes seconds; --keep PATH reu
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -179,13 +178,8 @@ def run_kaon(kaon, model, prompt_len, n_new, env_extra=None, device="cuda"):
     wall = time.time() - t0
     if p.returncode != 0:
         raise RuntimeError(f"kaon failed ({p.returncode}): {p.stderr[-2000:]}")
-    m = re.search(r"prompt (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); generated (\d+) tokens, ([\d.]+) tok/s",
-                  p.stderr)
-    if not m:
-        raise RuntimeError(f"no speed line in kaon's output: {p.stderr[-2000:]}")
-    h = re.search(r"decode steps, ([\d.]+) us each, of which ([\d.]+) us on the host", p.stderr)
-    return dict(prefill_s=float(m.group(2)), generated=int(m.group(4)), decode_tok_s=float(m.group(5)), wall_s=wall,
-                host_us_per_step=float(h.group(2)) if h else None, ids=json.loads(p.stdout.strip().splitlines()[-1]))
+    from gpu_decode import run_figures
+    return dict(run_figures(p.stderr), wall_s=wall, ids=json.loads(p.stdout.strip().splitlines()[-1]))
 
 
 def main():
