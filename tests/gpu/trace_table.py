@@ -72,6 +72,9 @@ def main():
     steps = len(pairs)
     excl = collections.defaultdict(float)
     count = collections.Counter()
+    # A kernel launched twice a layer for two matrices (o_proj and down share k_gemv's residual
+    # form and grid): its exclusive time by the parity of its launch within the step.
+    alt = collections.defaultdict(lambda: [0.0, 0.0, 0, 0])  # time, time, launches, launches
     wall = busy = turn = 0.0
     for a, b in pairs:
         # The host's turnaround: from the end of the step's last kernel before it (the sampling,
@@ -80,12 +83,16 @@ def main():
             turn += max(0, ks[a + 1][0] - ks[a][1]) / 1e3
         wall += (ks[b][1] - ks[a][1]) / 1e3
         prev_end = ks[a][1]
+        nth = collections.Counter()
         for s, e, name in ks[a + 1:b + 1]:
             t = max(0, e - max(s, prev_end)) / 1e3
             prev_end = max(prev_end, e)
             excl[name] += t
             busy += t
             count[name] += 1
+            alt[name][nth[name] % 2] += t
+            alt[name][2 + nth[name] % 2] += 1
+            nth[name] += 1
     print(f"{steps} steps; per step: wall {wall / steps:.1f} us, kernels {busy / steps:.1f} us, "
           f"idle {(wall - busy) / steps:.1f} us, {sum(count.values()) / steps:.0f} launches; "
           f"between steps {turn / steps:.1f} us")
@@ -93,6 +100,10 @@ def main():
     for name, t in sorted(excl.items(), key=lambda kv: -kv[1]):
         n = count[name] / steps
         print(f"{name[:72]:<72} {n:>4.0f} {t / steps:>9.1f} {t / steps / n:>8.2f} {100 * t / wall:>5.1f}%")
+        ev, od, ne, no = alt[name]
+        if no and abs(ev / ne - od / no) > 0.1 * (ev / ne + od / no) / 2:
+            print(f"{'  (its 1st, 3rd, ... launches / its 2nd, 4th, ... in a step: us each)':<72} "
+                  f"{ne / steps:>4.0f} {'':>9} {ev / ne:>8.2f} / {od / no:.2f} ({no / steps:.0f})")
 
 
 if __name__ == "__main__":
