@@ -10,6 +10,8 @@ C8=bench/configs/meta-llama__Llama-3.1-8B.json
 for i in 1 2; do
     timeout 80 python3 bench/gpu_decode.py --config $C8 --tokens 256 --kaon build-gpu/kaon 2>&1 | grep -E "^decode|^copy" | tr '\n' ' '; echo
 done
+echo "== GEMV shapes alone (gpu_driver timings: o 4096 x 4096, down 4096 x 14336, gate/up, qkv, the LM head)"
+timeout 60 build-gpu/gpu_driver timings 2>&1 | grep '"linear"' | grep '"n": 1,' | cut -c1-160
 echo "== 64 in flight, 1,024 / 1,024"
 timeout 200 python3 bench/gpu_throughput.py --kaon build-gpu/kaon --config $C8 --requests 64 --output 1024 2>&1 \
     | python3 -c "
