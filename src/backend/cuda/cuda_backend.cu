@@ -54,6 +54,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
     kc_backend *b = kc(be);
     b->in_graph_step = 1;
     b->cur_graph = -1;
+    b->graph_eager++;  // until it turns out to be a replay or a recording
     if (b->graphs_disabled || b->err || b->capturing) return 0;
     int idx = -1;
     for (int i = 0; i < KC_MAX_GRAPHS; i++)
@@ -61,6 +62,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
     if (idx >= 0 && b->graphs[idx].exec) {
         b->graphs[idx].last_use = ++b->tick;
         if (kc_check(b, cudaGraphLaunch(b->graphs[idx].exec, b->stream), "graph launch")) return -1;
+        b->graph_eager--, b->graph_replays++;
         return 1;
     }
     if (idx < 0) {
@@ -85,6 +87,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
         return -1;
     b->capturing = 1;
     b->cur_graph = idx;
+    b->graph_eager--, b->graph_recordings++;
     return 2;
 }
 
@@ -1094,6 +1097,11 @@ static int cuda_mla_prep(kaon_backend *be, const void *kva, const kaon_tensor *n
 static void cuda_destroy(kaon_backend *be) {
     kc_backend *b = kc(be);
     if (!b) return;
+    // Whether a run's steps came from graphs (a step shape that cannot be recorded stays eager).
+    if (kc_env_on("KAON_GRAPH_STATS"))
+        fprintf(stderr, "kaon: cuda graphs: %llu steps replayed, %llu recorded, %llu eager\n",
+                (unsigned long long)b->graph_replays, (unsigned long long)b->graph_recordings,
+                (unsigned long long)b->graph_eager);
     if (b->capturing) {
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(b->stream, &g);
