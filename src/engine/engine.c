@@ -1169,7 +1169,7 @@ static void *engine_main(void *arg) {
         }
         pthread_mutex_unlock(&e->mu);
         const double t_step = kaon_now();
-        step_result res = {.rc = step_prepare(e, &plan), .forward_seconds = 0.0};
+        step_result res = {.rc = step_prepare(e, &plan)};
         if (res.rc) snprintf(res.err, sizeof res.err, "step planning failed: %s", kaon_last_error());
         else step_execute(e, &plan, &res);
         step_process(e, &plan, &res, &out);

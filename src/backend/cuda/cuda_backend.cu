@@ -54,7 +54,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
     kc_backend *b = kc(be);
     b->in_graph_step = 1;
     b->cur_graph = -1;
-    b->graph_eager++;  // until it turns out to be a replay or a recording
+    b->graph_steps++;
     if (b->graphs_disabled || b->err || b->capturing) return 0;
     int idx = -1;
     for (int i = 0; i < KC_MAX_GRAPHS; i++)
@@ -62,7 +62,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
     if (idx >= 0 && b->graphs[idx].exec) {
         b->graphs[idx].last_use = ++b->tick;
         if (kc_check(b, cudaGraphLaunch(b->graphs[idx].exec, b->stream), "graph launch")) return -1;
-        b->graph_eager--, b->graph_replays++;
+        b->graph_replays++;
         return 1;
     }
     if (idx < 0) {
@@ -87,7 +87,7 @@ static int cuda_graph_begin(kaon_backend *be, uint64_t key) {
         return -1;
     b->capturing = 1;
     b->cur_graph = idx;
-    b->graph_eager--, b->graph_recordings++;
+    b->graph_recordings++;
     return 2;
 }
 
@@ -1101,7 +1101,7 @@ static void cuda_destroy(kaon_backend *be) {
     if (kc_env_on("KAON_GRAPH_STATS"))
         fprintf(stderr, "kaon: cuda graphs: %llu steps replayed, %llu recorded, %llu eager\n",
                 (unsigned long long)b->graph_replays, (unsigned long long)b->graph_recordings,
-                (unsigned long long)b->graph_eager);
+                (unsigned long long)(b->graph_steps - b->graph_replays - b->graph_recordings));
     if (b->capturing) {
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(b->stream, &g);

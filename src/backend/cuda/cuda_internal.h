@@ -126,7 +126,7 @@ typedef struct kc_backend {
     int in_graph_step;   // between graph_begin and graph_end
     int cur_graph;       // index into graphs, -1 when none
     int graphs_disabled;
-    uint64_t graph_replays, graph_recordings, graph_eager;  // steps of each kind (KAON_GRAPH_STATS=1 prints them)
+    uint64_t graph_steps, graph_replays, graph_recordings;  // graph_begin's calls and outcomes (KAON_GRAPH_STATS=1)
     int pdl;             // programmatic dependent launch for the decode kernels (KAON_PDL=0: off)
 
     kc_sampler *sampler;  // NULL until the first sample()
