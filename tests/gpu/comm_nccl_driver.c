@@ -52,6 +52,14 @@ static float stored(float v, kaon_comm_dtype t) {
     return rd(b, 0, t);
 }
 
+// Ranks sharing one GPU (`same`) meet here after recording a graph, before replaying it: seen on
+// an H100 (CUDA 13), a rank's graph capture / instantiation waited for the device while the
+// other rank's replayed all-reduce spun on the device waiting for it, until the 120 s watchdog.
+static pthread_barrier_t g_meet;
+static void meet_if_same(void) {
+    if (g_same) pthread_barrier_wait(&g_meet);
+}
+
 #define FAIL(...)                                                                   \
     do {                                                                            \
         if (a->failures++ == 0) snprintf(a->msg, sizeof a->msg, __VA_ARGS__);       \
@@ -99,6 +107,7 @@ static void sizes_and_graph(rank_arg *a, kaon_comm *c, cudaStream_t st) {
     int rc = c->ops->all_reduce(c, d1, d2, cnt, KAON_COMM_BF16);
     if (cudaStreamEndCapture(st, &g) != cudaSuccess || rc || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
         FAIL("graph capture of an all-reduce failed: %s", rc ? kaon_last_error() : "cuda");
+    meet_if_same();
     for (int k = 0; ge && k < 4; k++) {
         for (size_t i = 0; i < cnt; i++) wr(h, i, val(r, i, 20 + k), KAON_COMM_BF16);
         cudaMemcpyAsync(d1, h, cnt * 2, cudaMemcpyHostToDevice, st);
@@ -144,7 +153,9 @@ static void bench(rank_arg *a, kaon_comm *c, cudaStream_t st, size_t top) {
         cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
         int rc = 0;
         for (int i = 0; i < it; i++) rc |= c->ops->all_reduce(c, d1, d2, bytes / 2, KAON_COMM_BF16);
-        if (cudaStreamEndCapture(st, &g) != cudaSuccess || rc || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+        const int ok = cudaStreamEndCapture(st, &g) == cudaSuccess && !rc && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+        meet_if_same();
+        if (!ok) {
             FAIL("bench: capture at %zu bytes", bytes);
             break;
         }
@@ -279,7 +290,6 @@ static void *rank_main(void *p) {
 // ---- the one-shot kernel alone, every rank on GPU 0 ------------------------------------------
 #define SAME_SLOT ((size_t)16 << 20)
 static uint64_t g_local[3 * MAXN];
-static pthread_barrier_t g_meet;
 
 typedef struct same_comm {
     kaon_comm base;
