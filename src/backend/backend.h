@@ -341,6 +341,13 @@ typedef struct kaon_backend_ops {
     // backend memory (from alloc) that get += the tokens routed to each expert. 0, or -1.
     int (*moe)(kaon_backend *be, const void *x, int n, const int32_t *positions,
                const kaon_moe_weights *w, uint32_t *counts, void *out);
+    // x += moe(rmsnorm(x, NULL, norm, eps)), the MoE output rounded to the activation dtype
+    // before the add (rmsnorm's add), as norm_linear_* and linear_residual do around a dense MLP:
+    // taken only right after a linear_residual into x that prepared this norm, and prepares
+    // next_norm as linear_residual does (NULL: none). 1: declined, nothing run; 0; -1.
+    int (*norm_moe_residual)(kaon_backend *be, void *x, const kaon_tensor *norm, float eps, int n,
+                             const int32_t *positions, const kaon_moe_weights *w, uint32_t *counts,
+                             const kaon_tensor *next_norm);
     // dst[r * dst_stride + i] = src[r * src_stride + i] for r < rows, i < width: f32 backend
     // memory (tensor parallelism puts the ranks' logit slices side by side). NULL: host memory,
     // the caller copies.

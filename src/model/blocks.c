@@ -208,6 +208,16 @@ static bool fused_qk_norm_attention(kaon_fwd *f, const kaon_batch *b, int l, con
     return true;
 }
 
+// x += moe(norm(x)) as one backend op (norm_moe_residual, batch 1 on the GPU after a prepared
+// norm; it prepares the next layer's): false where the op declines, nothing run.
+static bool norm_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
+    if (!fusable_norm(f) || f->tp || !f->op->norm_moe_residual || (w->residual_scale != 0.0f && w->residual_scale != 1.0f))
+        return false;
+    uint32_t *cnt = f->expert_counts ? f->expert_counts + (size_t)l * f->c->n_experts : NULL;
+    return f->op->norm_moe_residual(f->be, f->a.x, w->ffn_norm, f->c->rms_norm_eps, b->n_tokens, b->attn.positions,
+                                    &f->w->moe[l].w, cnt, w->next_norm) != 1;
+}
+
 void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
     const kaon_model_config *c = f->c;
     const float scale = w->attn_scale > 0 ? w->attn_scale : 1.0f / sqrtf((float)c->head_dim);
@@ -220,11 +230,14 @@ void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_ll
         }
     }
     const bool moe = kaon_model_layer_is_moe(f->m, l);
-    out_residual(f, b, w->wo, f->a.att, w->residual_scale, moe ? NULL : w->ffn_norm);  // x += att @ wo^T
+    // x += att @ wo^T (preparing ffn_norm for a fused GEMV or MoE op after it)
+    out_residual(f, b, w->wo, f->a.att, w->residual_scale, !moe || f->op->norm_moe_residual ? w->ffn_norm : NULL);
     if (moe) {
-        kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
-        kaon_blk_moe(f, b, l, &f->w->moe[l]);
-        scale_proj(f, b, w->residual_scale);
+        if (!norm_moe(f, b, l, w)) {
+            kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
+            kaon_blk_moe(f, b, l, &f->w->moe[l]);
+            scale_proj(f, b, w->residual_scale);
+        }
     } else {
         norm_mlp(f, b, w, w->residual_scale);  // x += mlp(norm(x))
     }

@@ -25,7 +25,8 @@ import zlib
 import numpy as np
 import pytest
 
-from test_gpu import BUILD, REPO, agreement, bf16, build_hf, driver, hf_logits, kaon_batch, kaon_logits, out, record, rel, run_op
+from test_gpu import (BUILD, REPO, agreement, bf16, build_hf, driver, hf_logits, kaon_batch, kaon_logits, kernel_names,
+                      out, record, rel, run_op)
 
 ON_CPU = os.environ.get("KAON_OP_DEVICE") == "cpu"
 
@@ -575,6 +576,44 @@ def test_moe_model_real_size_vs_transformers(tmp_path, name):
     if os.environ.get("KAON_GPU_SKIP_BIG") == "1":
         pytest.skip("KAON_GPU_SKIP_BIG=1")
     check_moe_model(name, BIG_MOE[name](), tmp_path, n_tok=40, batch=False)
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe", "mixtral", "qwen3-30b-a3b-2layers"])
+def test_moe_norm_fused_vs_transformers(tmp_path, name):
+    """Batch-1 decode with the MoE layer between two split norms (norm_moe_residual: the router's
+    and gate/up's products scaled by 1 / rms of the attention output's prepared norm, the combine
+    adding into the residual stream and preparing the next layer's norm; no norm kernel around
+    the experts) against transformers, as close as the norm kernels apart (KAON_MOE_NORM_FUSE=0),
+    and the residual combine did run (and not with it off). Seeded, as check_moe_model."""
+    big = name in BIG_MOE
+    if big and os.environ.get("KAON_GPU_SKIP_BIG") == "1":
+        pytest.skip("KAON_GPU_SKIP_BIG=1")
+    import torch
+    cfg = BIG_MOE[name]() if big else SMALL_MOE[name]
+    folder = tmp_path / name
+    seed = sum(map(ord, name))
+    model = build_hf(folder, cfg, 0.02, seed=seed)
+    V = cfg["vocab_size"]
+    ids = np.random.default_rng(seed).integers(0, V, 24).tolist()
+    ref = hf_logits(model, ids)
+    ref32 = hf_logits(model.float(), ids)
+    del model
+    torch.cuda.empty_cache()
+    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
+    apart, ka = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
+                                                               dict(env, KAON_MOE_NORM_FUSE="0")))
+    res = lambda ks: any(k.startswith("void k_moe_small_down<") and ", true>(" in k for k in ks)
+    assert res(kf), sorted(kf)
+    assert not res(ka), sorted(ka)
+    e_f, e_a = rel(fused, ref32), rel(apart, ref32)
+    m_f, m_a = median_row_rel(fused, ref32), median_row_rel(apart, ref32)
+    top1, n_sel = agreement(fused, ref)
+    record("moe_norm_fused", model=name, rel_err_vs_fp32=e_f, rel_err_vs_fp32_apart=e_a, median_row=m_f,
+           median_row_apart=m_a, top1=top1, positions=n_sel, fused_vs_apart=rel(fused, apart))
+    print(name, dict(fused=e_f, apart=e_a, median_fused=m_f, median_apart=m_a, top1=top1))
+    # The median position (a near-tie token's expert may flip either way: check_moe_model).
+    assert m_f <= 1.5 * m_a + 1e-2, (m_f, m_a)
+    assert top1 >= 0.95, top1
 
 
 def test_moe_model_real_size_dummy_qwen3_30b_a3b(tmp_path):

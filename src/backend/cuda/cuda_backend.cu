@@ -1012,8 +1012,9 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
     if (dim > KC_GEMV_NORM_MAX_IN) return 1;
     if (!is_vector(b, next_norm, dim, "rmsnorm")) return -1;
     const int blocks = (dim + KC_GEMV_ROWS - 1) / KC_GEMV_ROWS;  // a sum of squares per GEMV block at most
+    // parts: room for dim (the MoE small path's combine leaves one per 2 rows: norm_moe_residual).
     if (kc_grow(b, (void **)&b->split_xg, &b->split_xg_cap, (size_t)dim, sizeof(bf16), "split norm") ||
-        kc_grow(b, (void **)&b->split_parts, &b->split_parts_cap, (size_t)blocks, sizeof(float), "split norm"))
+        kc_grow(b, (void **)&b->split_parts, &b->split_parts_cap, (size_t)dim, sizeof(float), "split norm"))
         return -1;
     kc_gemv_fuse f;
     memset(&f, 0, sizeof f);
@@ -1031,6 +1032,37 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
         b->split.eps = eps;
         b->split.dim = dim;
         b->split.n_parts = f.n_parts;
+        b->split.launch = b->n_launch;
+    }
+    return rc;
+}
+
+// The MoE layer between two split norms (backend.h's norm_moe_residual; cuda_moe.cu's small
+// path at batch 1). KAON_MOE_NORM_FUSE=0: the norm kernel and the moe op apart (A/B).
+static int cuda_norm_moe_residual(kaon_backend *be, void *x, const kaon_tensor *norm, float eps, int n,
+                                  const int32_t *positions, const kaon_moe_weights *w, uint32_t *counts,
+                                  const kaon_tensor *next_norm) {
+    static const bool on = !kc_env_off("KAON_MOE_NORM_FUSE");
+    kc_backend *b = kc(be);
+    kc_gemv_fuse in, out;
+    if (!on || !w || !w->router || w->router->w.ndim != 2) return 1;
+    const int dim = (int)w->router->w.shape[1];
+    if (!split_for(b, x, norm, eps, n, dim, &in) || b->split_parts_cap < (size_t)dim) return 1;
+    if (next_norm && !is_vector(b, next_norm, dim, "rmsnorm")) return -1;
+    memset(&out, 0, sizeof out);
+    out.residual = 1;
+    out.norm = next_norm ? (const float *)next_norm->data : NULL;
+    out.xg = b->split_xg;
+    out.parts = b->split_parts;
+    const int rc = kc_moe_norm_residual(b, w, positions, counts, x, &in, next_norm ? &out : NULL);
+    if (rc == 1) return 1;
+    b->split.res = NULL;
+    if (rc == 0 && next_norm) {
+        b->split.res = x;
+        b->split.norm = out.norm;
+        b->split.eps = eps;
+        b->split.dim = dim;
+        b->split.n_parts = out.n_parts;
         b->split.launch = b->n_launch;
     }
     return rc;
@@ -1188,6 +1220,7 @@ static kaon_backend_ops make_ops(void) {
     o.sample = cuda_sample;
     o.copy_rows_f32_to_host = cuda_copy_rows_f32_to_host;
     o.moe = kc_moe_op;
+    o.norm_moe_residual = cuda_norm_moe_residual;
     return o;
 }
 

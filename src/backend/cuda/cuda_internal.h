@@ -389,6 +389,27 @@ bool kc_gemv_occ_hi(int which);
 // the dot product instead of before it).
 #define KC_GEMV_NORM_MAX_IN 16384
 #define KC_GEMV_ROWS 8  // output rows per block of the small-batch GEMV (one per warp)
+// The split norm's device side, shared by the GEMVs (cuda_linear.cu) and the MoE small path
+// (cuda_moe.cu) so that both get the same 1 / rms from the same parts. kc_norm_block_sum: the
+// sum of v over a block of KC_GEMV_ROWS warps in a fixed order (the same bits every run), in
+// every thread; every thread of the block must call it. kc_parts_share: the thread's share of
+// the parts a residual kernel left (requested early, summed by kc_norm_block_sum later).
+static __device__ __forceinline__ float kc_norm_block_sum(float v) {
+    __shared__ float red[KC_GEMV_ROWS];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < KC_GEMV_ROWS; i++) s += red[i];
+    return s;
+}
+static __device__ __forceinline__ float kc_parts_share(const float *parts, int n_parts) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n_parts; i += blockDim.x) s += __ldcg(parts + i);
+    return s;
+}
+
 typedef struct kc_gemv_fuse {
     int residual, normed;
     const float *norm;  // residual
@@ -419,6 +440,12 @@ void kc_gemm_cache_free(kc_backend *b);
 // ---- mixture of experts (cuda_moe.cu): the moe op of backend.h ----
 extern "C" int kc_moe_op(kaon_backend *be, const void *x, int n, const int32_t *positions,
                          const kaon_moe_weights *w, uint32_t *counts, void *out);
+// The moe op at batch 1 around the split norm (backend.h's norm_moe_residual): x is
+// b->split_xg, scaled by 1 / rms from in (normed); res += the output, then the next norm's xg and
+// parts from out (residual; NULL: none), whose n_parts it sets. 1: declined before anything
+// ran, 0, -1.
+int kc_moe_norm_residual(kc_backend *b, const kaon_moe_weights *w, const int32_t *positions, uint32_t *counts,
+                         void *res, const kc_gemv_fuse *in, kc_gemv_fuse *out);
 // DeepSeekMoE routing (cuda_moe_route.cu): whether w asks for it (sigmoid scores, a selection
 // bias, expert groups, a routed scaling factor), its argument checks (0 or -1), and the
 // routing kernel writing what k_route writes (ids, weights, per-expert counts).

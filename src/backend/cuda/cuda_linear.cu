@@ -39,26 +39,9 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// The sum of v over the block's threads, in a fixed order (the same bits every run), in every
-// thread. Every thread of the block must call it.
-static __device__ float block_sum(float v) {
-    __shared__ float red[GEMV_WARPS];
-    v = warp_sum(v);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < GEMV_WARPS; i++) s += red[i];
-    return s;
-}
-
 // 1 / rms of the row whose block sums of squares a GV_RESIDUAL GEMV left in f.parts (the
-// thread's share requested now, summed by block_sum later: see k_gemv).
-static __device__ __forceinline__ float parts_share(const kc_gemv_fuse &f) {
-    float s = 0.f;
-    for (int i = threadIdx.x; i < f.n_parts; i += blockDim.x) s += __ldcg(f.parts + i);
-    return s;
-}
+// thread's share requested now, summed by kc_norm_block_sum later: see k_gemv).
+static __device__ __forceinline__ float parts_share(const kc_gemv_fuse &f) { return kc_parts_share(f.parts, f.n_parts); }
 
 // The weight of row block vb: a's weights take consecutive runs of blocks.
 static __device__ __forceinline__ void gemv_pick(const GemvArgs &a, int vb, const bf16 *&w, const float *&bias,
@@ -167,12 +150,12 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
             v = __bfloat162float(s);
             a.fuse.xg[row] = __float2bfloat16(v * a.fuse.norm[row]);
         }
-        v = block_sum(v * v);
+        v = kc_norm_block_sum(v * v);
         if (threadIdx.x == 0) a.fuse.parts[blockIdx.x] = v;
         return;
     }
     float scale = 1.f;
-    if (MODE == GV_NORMED) scale = rsqrtf(block_sum(ss) / (float)in + a.fuse.eps);
+    if (MODE == GV_NORMED) scale = rsqrtf(kc_norm_block_sum(ss) / (float)in + a.fuse.eps);
     if (active && lane == 0) {
 #pragma unroll
         for (int b = 0; b < NB; b++) {
@@ -255,7 +238,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
     if (!NORMED && !active) return;
     const float ss = NORMED ? parts_share(f) : 0.f;
     if (active) gemv_dots2<NB, U>(gr, ur, (const uint4 *)x, nc, lane, gv, uv, ag, au);
-    const float scale = NORMED ? rsqrtf(block_sum(ss) / (float)in + f.eps) : 1.f;
+    const float scale = NORMED ? rsqrtf(kc_norm_block_sum(ss) / (float)in + f.eps) : 1.f;
     if (active && lane == 0) {
 #pragma unroll
         for (int b = 0; b < NB; b++) out[(size_t)b * rows + row] = silu_mul_out(ag[b] * scale, au[b] * scale);
@@ -292,7 +275,7 @@ k_gemv_qkv_rope(const bf16 *__restrict__ x, int in, GemvArgs a, QkvRope r) {
     const float ss = parts_share(a.fuse);
     float acc[1] = {0.f};
     gemv_dots<1, U>(wr, (const uint4 *)x, nc, lane, wv, acc);
-    const float scale = rsqrtf(block_sum(ss) / (float)in + a.fuse.eps);
+    const float scale = rsqrtf(kc_norm_block_sum(ss) / (float)in + a.fuse.eps);
     const float v = __bfloat162float(__float2bfloat16(acc[0] * scale + (bias ? bias[row] : 0.f)));
     const bool cached = slot >= 0 && slot < r.n_slots;
     const size_t crow = (size_t)slot * r.nkv * 128;

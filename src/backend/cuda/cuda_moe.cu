@@ -331,6 +331,7 @@ k_moe_gemv_down(const bf16 *__restrict__ H, int dim, int F, MoeW w, const int *_
 // ---- small batches (n <= MOE_GEMV_MAX_N): three launches ------------------------------------------
 
 #define SR_WARPS 8      // k_moe_route_small: router rows per block; its last block routes token w in warp w
+static_assert(SR_WARPS == KC_GEMV_ROWS && GEMV_WARPS == KC_GEMV_ROWS, "kc_norm_block_sum sums 8 warps");
 #define SM_U 8          // weight loads in flight per lane and matrix (GEMV of the small path): a
                         // 2048-wide row (or 1408: the tail) in one round trip
 
@@ -344,7 +345,7 @@ template <bool DS, bool EP>
 __global__ void __launch_bounds__(SR_WARPS * 32)
 k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__restrict__ router, int E,
                   const bf16 *__restrict__ sg_w, const int32_t *__restrict__ pos, int K, int norm, MoeRouteDs p,
-                  MoeBufs m, uint32_t *__restrict__ counts, int e0, int El) {
+                  MoeBufs m, uint32_t *__restrict__ counts, int e0, int El, MoeNorm nz) {
     __shared__ float c_s[DS ? SR_WARPS * MOE_MAX_E : 1];  // k_route_ds's choice values, per warp
     __shared__ int s_cnt[MOE_MAX_E];
     __shared__ int s_off[MOE_MAX_E + 1];
@@ -363,8 +364,9 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
 #pragma unroll
         for (int u = 0; u < SM_U; u++) wv[u] = ld_stream(wr + c + 32 * u);
     kc_pdl_wait();
+    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
+    float acc[MOE_GEMV_MAX_N];
     if (active) {
-        float acc[MOE_GEMV_MAX_N];
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
         for (bool first = true; c + 32 * (SM_U - 1) < nc; c += 32 * SM_U, first = false) {
@@ -393,10 +395,14 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
                         if (c + 32 * u < nc) acc[b] = dot8(wv[u], __ldg(xr + (size_t)b * nc + c + 32 * u), acc[b]);
                 }
         }
+    }
+    // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block).
+    const float scale = nz.in_parts ? rsqrtf(kc_norm_block_sum(ss) / (float)dim + nz.eps) : 1.f;
+    if (active) {
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
             if (b < n) {
-                const float v = warp_sum(acc[b]);
+                const float v = warp_sum(acc[b]) * scale;
                 if (lane == 0) {
                     if (row < E) m.logits[(size_t)b * E + row] = v;
                     else m.SG[b] = v;
@@ -484,7 +490,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sgate,
                const bf16 *__restrict__ sup, int SF, int ys, const int *__restrict__ active, int E,
                const int *__restrict__ off, const int *__restrict__ slot_tok, bf16 *__restrict__ H,
-               bf16 *__restrict__ HS) {
+               bf16 *__restrict__ HS, MoeNorm nz) {
     kc_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
     const bool sh = (int)blockIdx.y < ys;
@@ -506,19 +512,27 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
             uv[q] = ld_stream(ur + c + 32 * q);
         }
     kc_pdl_wait();
-    int s0 = 0, ne;
+    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
+    int s0 = 0, ne = 0;
+    bool live;
     if (sh) {
-        if (r >= SF) return;
+        live = r < SF;
         ne = n;
     } else {
         const int i = (int)blockIdx.y - ys;
-        if (i >= active[E] || r >= F) return;
-        const int e = active[i];
-        s0 = off[e];
-        ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
-        gr = (const uint4 *)(w.gate + (size_t)e * w.sgate + (size_t)r * dim);
-        ur = (const uint4 *)(w.up + (size_t)e * w.sup + (size_t)r * dim);
+        live = i < active[E] && r < F;
+        if (live) {
+            const int e = active[i];
+            s0 = off[e];
+            ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+            gr = (const uint4 *)(w.gate + (size_t)e * w.sgate + (size_t)r * dim);
+            ur = (const uint4 *)(w.up + (size_t)e * w.sup + (size_t)r * dim);
+        }
     }
+    // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block, so
+    // before the warps without a row leave).
+    const float scale = nz.in_parts ? rsqrtf(kc_norm_block_sum(ss) / (float)dim + nz.eps) : 1.f;
+    if (!live) return;
     const uint4 *xr[MOE_GEMV_MAX_N];
 #pragma unroll
     for (int b = 0; b < MOE_GEMV_MAX_N; b++) {
@@ -568,7 +582,7 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
 #pragma unroll
     for (int b = 0; b < MOE_GEMV_MAX_N; b++)
         if (b < ne) {
-            const float g = bfr(warp_sum(ag[b])), u = bfr(warp_sum(au[b]));
+            const float g = bfr(warp_sum(ag[b]) * scale), u = bfr(warp_sum(au[b]) * scale);
             if (lane == 0) {
                 const bf16 h = __float2bfloat16(bfr(g / (1.f + expf(-g))) * u);
                 if (sh) HS[(size_t)b * SF + r] = h;
@@ -584,12 +598,13 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
 // k_combine's order: sg_t * shared (sg: sigmoid(bf16(SG[t])), 1 without SG), then the choices
 // j = 0..K-1, bf16(w) * Y, one rounding. ys: the shared expert's output when another kernel
 // computed it ([n, dim]; NULL: from sdown, or none when both are NULL). Padding: zeros.
-template <int MINB>
+// RES (nz.res, batch 1): out is the residual stream, and the next norm is prepared (MoeNorm).
+template <int MINB, bool RES>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
                  const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
                  const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
-                 const float *__restrict__ topk_w, bf16 *__restrict__ out) {
+                 const float *__restrict__ topk_w, bf16 *__restrict__ out, MoeNorm nz) {
     __shared__ float s_y[DN_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
     __shared__ float s_ys[DN_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
     kc_pdl_trigger();
@@ -663,25 +678,41 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
         }
     }
     __syncthreads();
-    if (r >= dim || sub != 0 || lane >= n) return;
-    const int t = lane;
-    const int *iv = inv + (size_t)t * K;
-    const float *wt = topk_w + (size_t)t * K;
-    if (iv[0] == -1) {  // padding (-2: another rank's expert, skipped below)
-        out[(size_t)t * dim + r] = __float2bfloat16(0.f);
+    const bool writer = r < dim && sub == 0 && lane < n;
+    float acc = 0.f;  // the block's output for (token lane, row r); padding: 0
+    if (writer) {
+        const int t = lane;
+        const int *iv = inv + (size_t)t * K;
+        const float *wt = topk_w + (size_t)t * K;
+        if (iv[0] != -1) {  // not padding (-2: another rank's expert, skipped below)
+            if (has_sd || YS) {
+                const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
+                acc = sg * (has_sd ? s_ys[lr][t] : __bfloat162float(YS[(size_t)t * dim + r]));
+            }
+            for (int j = 0; j < K; j++) {
+                const int s = iv[j];
+                if (s < 0) continue;
+                acc = fmaf(bfr(wt[j]), s_y[lr][s], acc);  // HF: weights cast to bf16
+            }
+        }
+    }
+    if (!RES) {
+        if (writer) out[(size_t)lane * dim + r] = __float2bfloat16(acc);
         return;
     }
-    float acc = 0.f;
-    if (has_sd || YS) {
-        const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[t]))) : 1.f;
-        acc = sg * (has_sd ? s_ys[lr][t] : __bfloat162float(YS[(size_t)t * dim + r]));
+    // The residual add (the block's output rounded first, then the sum: rmsnorm's add), then
+    // the next norm's xg and this block's sum of squares (batch 1: lane 0 of a row's first warp).
+    float v = 0.f;
+    if (writer) {
+        bf16 *y = out + (size_t)lane * dim + r;
+        const bf16 sum = __float2bfloat16(__bfloat162float(*y) + bfr(acc));
+        *y = sum;
+        v = __bfloat162float(sum);
+        if (nz.norm) nz.xg[r] = __float2bfloat16(v * nz.norm[r]);
     }
-    for (int j = 0; j < K; j++) {
-        const int s = iv[j];
-        if (s < 0) continue;
-        acc = fmaf(bfr(wt[j]), s_y[lr][s], acc);  // HF: weights cast to bf16
-    }
-    out[(size_t)t * dim + r] = __float2bfloat16(acc);
+    if (!nz.norm) return;
+    v = kc_norm_block_sum(v * v);
+    if (threadIdx.x == 0) nz.parts[blockIdx.x] = v;
 }
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
@@ -1058,7 +1089,7 @@ static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
 // Expert parallel (El < E): the experts [e0, e0 + El) only (bf16).
 static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, const kaon_moe_weights *w,
                      uint32_t *counts, bf16 *out, bool ds_route, int dim, int F, int SF, const MoeW &mw,
-                     const MoeW8 *w8, const MoeBufs &m, int max_active, int e0, int El) {
+                     const MoeW8 *w8, const MoeBufs &m, int max_active, int e0, int El, const MoeNorm &nz) {
     const int E = w->n_experts, K = w->top_k;
     const bool ep = El < E;
     if (((uintptr_t)x & 15) || ((uintptr_t)w->router->w.data & 15))
@@ -1068,6 +1099,10 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     const bool fuse_sg = SF > 0 && w->shared_gate_inp && plain_bf16(w->shared_gate_inp, 1, dim);
     const bf16 *router = (const bf16 *)w->router->w.data;
     const bf16 *sg_w = fuse_sg ? (const bf16 *)w->shared_gate_inp->w.data : NULL;
+    // The split norm (norm_moe_residual) where every kernel of the path reads x and writes out
+    // itself; else declined before anything runs.
+    if ((nz.in_parts || nz.res) && (w8 || n != 1 || (SF && !fuse_shared) || (SF && w->shared_gate_inp && !fuse_sg)))
+        return 1;
     const MoeRouteDs p = kc_moe_route_ds_params(w);
     const int norm = w->norm_topk ? 1 : 0;
     const dim3 blk(GEMV_WARPS * 32);
@@ -1077,14 +1112,14 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     const dim3 rblk(SR_WARPS * 32);
     if (ds_route)
         st = ep ? kc_launch(b, k_moe_route_small<true, true>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K, norm,
-                            p, m, counts, e0, El)
+                            p, m, counts, e0, El, nz)
                 : kc_launch(b, k_moe_route_small<true, false>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,
-                            norm, p, m, counts, 0, E);
+                            norm, p, m, counts, 0, E, nz);
     else
         st = ep ? kc_launch(b, k_moe_route_small<false, true>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,
-                            norm, p, m, counts, e0, El)
+                            norm, p, m, counts, e0, El, nz)
                 : kc_launch(b, k_moe_route_small<false, false>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,
-                            norm, p, m, counts, 0, E);
+                            norm, p, m, counts, 0, E, nz);
     if (kc_check(b, st, "moe routing")) return -1;
     if (w8) {  // FP8 experts (cuda_moe_fp8.cu; never expert parallel); the shared expert through the linear ops
         if (kc_moe8_small_gu(b, x, dim, F, *w8, max_active, m, E)) return -1;
@@ -1101,7 +1136,7 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     if (kc_check(b, kc_launch(b, k_moe_small_gu, dim3((unsigned)gx, (unsigned)(ys + max_active)), blk, 0, x, n, dim, F,
                               mw, fuse_shared ? (const bf16 *)w->shared_gate->w.data : NULL,
                               fuse_shared ? (const bf16 *)w->shared_up->w.data : NULL, fuse_shared ? SF : 0, ys,
-                              m.active, El, m.off, m.slot_tok, m.H, m.HS),
+                              m.active, El, m.off, m.slot_tok, m.H, m.HS, nz),
                  "moe experts"))
         return -1;
     if (SF && !fuse_shared && shared_by_ops(b, x, n, w, SF, m)) return -1;
@@ -1111,16 +1146,20 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     }
     const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
     // KAON_GEMV_OCC & 4: the 4-blocks-per-SM instance (64 registers, 8 bytes spilled).
-    return kc_check(b, kc_launch(b, kc_gemv_occ_hi(KC_OCC_MOE_DOWN) ? k_moe_small_down<4> : k_moe_small_down<1>, dgrid, blk, 0, m.H, n, dim, F, mw,
+    const bool hi = kc_gemv_occ_hi(KC_OCC_MOE_DOWN);
+    auto kern = nz.res ? (hi ? k_moe_small_down<4, true> : k_moe_small_down<1, true>)
+                       : (hi ? k_moe_small_down<4, false> : k_moe_small_down<1, false>);
+    return kc_check(b, kc_launch(b, kern, dgrid, blk, 0, m.H, n, dim, F, mw,
                                  fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
                                  m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
-                                 m.active, El, m.off, m.inv, m.topk_w, out),
+                                 m.active, El, m.off, m.inv, m.topk_w, out, nz),
                     "moe down and combine");
 }
 
-extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t *positions,
-                         const kaon_moe_weights *w, uint32_t *counts, void *out_) {
-    kc_backend *b = kc(be);
+// The moe op; nz (MoeNorm): plain (all zero), or the split norm's batch-1 form, declined (1)
+// where the small path cannot take it.
+static int moe_op(kc_backend *b, const void *x_, int n, const int32_t *positions, const kaon_moe_weights *w,
+                  uint32_t *counts, void *out_, const MoeNorm &nz) {
     if (n <= 0) return 0;
     const bf16 *x = (const bf16 *)x_;
     bf16 *out = (bf16 *)out_;
@@ -1181,7 +1220,8 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     // (FP8 experts always: the general path's GEMV kernels read bf16.)
     if (n <= MOE_GEMV_MAX_N && (fp8 || !(small_env && !strcmp(small_env, "0"))))
         return moe_small(b, x, n, dpos, w, counts, out, ds_route, dim, F, SF, mw, fp8 ? &w8 : NULL, m, max_active, e0,
-                         El);
+                         El, nz);
+    if (nz.in_parts || nz.res) return 1;
 
     // 1. router logits (f32)
     if (kc_gemm_bf16(b, x, n, (const bf16 *)R->data, E, dim, NULL, m.logits, 1)) return -1;
@@ -1220,11 +1260,35 @@ extern "C" int kc_moe_op(kaon_backend *be, const void *x_, int n, const int32_t 
     // 6. shared expert
     if (SF && shared_by_ops(b, x, n, w, SF, m)) return -1;
     if (SF && w->shared_gate_inp) {
-        be->ops->linear_f32(be, x, n, w->shared_gate_inp, m.SG);
+        b->base.ops->linear_f32(&b->base, x, n, w->shared_gate_inp, m.SG);
         if (b->err) return -1;
     }
     // 7. combine
     k_combine<<<n, 128, 0, b->stream>>>(m.Y, m.inv, m.topk_w, K, dim, SF ? m.YS : NULL,
                                         SF && w->shared_gate_inp ? m.SG : NULL, out);
     return kc_launched(b, "moe combine");
+}
+
+extern "C" int kc_moe_op(kaon_backend *be, const void *x, int n, const int32_t *positions, const kaon_moe_weights *w,
+                         uint32_t *counts, void *out) {
+    MoeNorm nz;
+    memset(&nz, 0, sizeof nz);
+    return moe_op(kc(be), x, n, positions, w, counts, out, nz);
+}
+
+int kc_moe_norm_residual(kc_backend *b, const kaon_moe_weights *w, const int32_t *positions, uint32_t *counts,
+                         void *res, const kc_gemv_fuse *in, kc_gemv_fuse *out) {
+    MoeNorm nz;
+    memset(&nz, 0, sizeof nz);
+    nz.in_parts = in->parts;
+    nz.in_n = in->n_parts;
+    nz.eps = in->eps;
+    nz.res = 1;
+    if (out) {
+        nz.norm = out->norm;
+        nz.xg = out->xg;
+        nz.parts = out->parts;
+        out->n_parts = (int)((w->router->w.shape[1] + DN_ROWS - 1) / DN_ROWS);  // k_moe_small_down's blocks
+    }
+    return moe_op(b, b->split_xg, 1, positions, w, counts, res, nz);
 }

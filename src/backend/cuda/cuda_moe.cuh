@@ -37,6 +37,22 @@ typedef struct MoeBufs {
     float *SG;         // [n]
 } MoeBufs;
 
+// The batch-1 RMSNorm split around the small path (norm_moe_residual; cuda_internal.h's
+// kc_gemv_fuse for the dense GEMVs). in_parts: x is a residual kernel's xg and the router's and
+// gate/up's products are scaled by 1 / rms from in_parts[:in_n] (NULL: x is the normed row).
+// res: the combine adds into out, the residual stream (each rounded to bf16, as rmsnorm's add),
+// then leaves xg = bf16(out * norm) and each block's sum of out^2 in parts (norm NULL: no next
+// norm to prepare).
+typedef struct MoeNorm {
+    const float *in_parts;
+    int in_n;
+    float eps;
+    int res;
+    const float *norm;
+    bf16 *xg;
+    float *parts;
+} MoeNorm;
+
 // FP8 experts as cuda_fp8.cu uploads a layer (model/moe.c stacks each kind into one): e4m3
 // codes [E * rows, cols] and f32 scales, per 128 x 128 block or one per row.
 typedef struct MoeW8 {
