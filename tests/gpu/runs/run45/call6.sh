@@ -6,7 +6,7 @@ export KAON_NINJA_JOBS=16
 tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|error" /tmp/build_stdout.txt | head -8
 source tests/gpu/runs/run21/env.sh
 echo "== MoE norm fusion and MoE tests"
-timeout 190 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
     -k "norm_fused or small_vs_transformers or (test_moe_op and not fp8)" 2>&1 \
     | grep -E "^(qwen|mixtral)[^ ]* \{|passed|failed|Error|assert" | cut -c1-260 | tail -12
 C=bench/configs/Qwen__Qwen3-30B-A3B.json
