@@ -583,7 +583,8 @@ def test_moe_norm_fused_vs_transformers(tmp_path, name):
     """Batch-1 decode with the MoE layer between two split norms (norm_moe_residual: the router's
     and gate/up's products scaled by 1 / rms of the attention output's prepared norm, the combine
     adding into the residual stream and preparing the next layer's norm; no norm kernel around
-    the experts) against transformers, as close as the norm kernels apart (KAON_MOE_NORM_FUSE=0),
+    the experts; KAON_MOE_NORM_FUSE=1 until it has run on a GPU) against transformers, as close as
+    the norm kernels apart (KAON_MOE_NORM_FUSE=0),
     and the residual combine did run (and not with it off). Seeded, as check_moe_model."""
     big = name in BIG_MOE
     if big and os.environ.get("KAON_GPU_SKIP_BIG") == "1":
@@ -599,7 +600,8 @@ def test_moe_norm_fused_vs_transformers(tmp_path, name):
     ref32 = hf_logits(model.float(), ids)
     del model
     torch.cuda.empty_cache()
-    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path, env))
+    fused, kf = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
+                                                               dict(env, KAON_MOE_NORM_FUSE="1")))
     apart, ka = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
                                                                dict(env, KAON_MOE_NORM_FUSE="0")))
     res = lambda ks: any(k.startswith("void k_moe_small_down<") and ", true>(" in k for k in ks)

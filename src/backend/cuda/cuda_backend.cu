@@ -1038,14 +1038,14 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
 }
 
 // The MoE layer between two split norms (backend.h's norm_moe_residual; cuda_moe.cu's small
-// path at batch 1). KAON_MOE_NORM_FUSE=0: the norm kernel and the moe op apart (A/B).
+// path at batch 1). Off until it has run on a GPU (written in session 60 without one):
+// KAON_MOE_NORM_FUSE=1 puts it in the op table (make_ops); without it the layer runs as before.
 static int cuda_norm_moe_residual(kaon_backend *be, void *x, const kaon_tensor *norm, float eps, int n,
                                   const int32_t *positions, const kaon_moe_weights *w, uint32_t *counts,
                                   const kaon_tensor *next_norm) {
-    static const bool on = !kc_env_off("KAON_MOE_NORM_FUSE");
     kc_backend *b = kc(be);
     kc_gemv_fuse in, out;
-    if (!on || !w || !w->router || w->router->w.ndim != 2) return 1;
+    if (!w || !w->router || w->router->w.ndim != 2) return 1;
     const int dim = (int)w->router->w.shape[1];
     if (!split_for(b, x, norm, eps, n, dim, &in) || b->split_parts_cap < (size_t)dim) return 1;
     if (next_norm && !is_vector(b, next_norm, dim, "rmsnorm")) return -1;
@@ -1220,7 +1220,7 @@ static kaon_backend_ops make_ops(void) {
     o.sample = cuda_sample;
     o.copy_rows_f32_to_host = cuda_copy_rows_f32_to_host;
     o.moe = kc_moe_op;
-    o.norm_moe_residual = cuda_norm_moe_residual;
+    o.norm_moe_residual = kc_env_on("KAON_MOE_NORM_FUSE") ? cuda_norm_moe_residual : NULL;
     return o;
 }
 
