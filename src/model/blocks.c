@@ -159,8 +159,8 @@ static void norm_qkv(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w
 
 // proj = in @ w^T, or x += it at once where no scale or tensor-parallel sum comes between
 // (next_norm: the norm that reads x next, NULL if no fused GEMV follows).
-static void out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in, float scale,
-                         const kaon_tensor *next_norm) {
+void kaon_blk_out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in, float scale,
+                           const kaon_tensor *next_norm) {
     if (!f->pending && !f->tp && !f->norm_once && (scale == 0.0f || scale == 1.0f) && f->op->linear_residual &&
         f->op->linear_residual(f->be, in, b->n_tokens, w, f->a.x, next_norm, f->c->rms_norm_eps) != 1)
         return;
@@ -168,15 +168,16 @@ static void out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w,
     scale_proj(f, b, scale);
 }
 
-static void norm_mlp(kaon_fwd *f, const kaon_batch *b, const kaon_llama_block *w, float scale) {
+void kaon_blk_norm_mlp(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *gate,
+                       const kaon_linear *up, const kaon_linear *down, float scale, const kaon_tensor *next_norm) {
     const bool fused = fusable_norm(f) && f->op->norm_linear_silu_mul &&
-                       f->op->norm_linear_silu_mul(f->be, f->a.x, w->ffn_norm, f->c->rms_norm_eps, b->n_tokens,
-                                                   w->w_gate, w->w_up, f->a.gate) != 1;
+                       f->op->norm_linear_silu_mul(f->be, f->a.x, norm, f->c->rms_norm_eps, b->n_tokens, gate, up,
+                                                   f->a.gate) != 1;
     if (!fused) {
-        kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
-        gated_ffn(f, b, KAON_ACT_SILU, w->w_gate, w->w_up);
+        kaon_blk_norm(f, b, norm);  // x += proj; xn
+        gated_ffn(f, b, KAON_ACT_SILU, gate, up);
     }
-    out_residual(f, b, w->w_down, f->a.gate, scale, w->next_norm);
+    kaon_blk_out_residual(f, b, down, f->a.gate, scale, next_norm);
 }
 
 // norm, q / k / v, RoPE and the KV write as one backend op (norm_qkv_rope_kv_write, batch 1 on
@@ -208,14 +209,13 @@ static bool fused_qk_norm_attention(kaon_fwd *f, const kaon_batch *b, int l, con
     return true;
 }
 
-// x += moe(norm(x)) as one backend op (norm_moe_residual, batch 1 on the GPU after a prepared
-// norm; it prepares the next layer's): false where the op declines, nothing run.
-static bool norm_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
-    if (!fusable_norm(f) || f->tp || !f->op->norm_moe_residual || (w->residual_scale != 0.0f && w->residual_scale != 1.0f))
-        return false;
+// (norm_moe_residual: batch 1 on the GPU after a prepared norm.)
+bool kaon_blk_norm_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_tensor *norm, float scale,
+                       const kaon_tensor *next_norm) {
+    if (!fusable_norm(f) || f->tp || !f->op->norm_moe_residual || (scale != 0.0f && scale != 1.0f)) return false;
     uint32_t *cnt = f->expert_counts ? f->expert_counts + (size_t)l * f->c->n_experts : NULL;
-    return f->op->norm_moe_residual(f->be, f->a.x, w->ffn_norm, f->c->rms_norm_eps, b->n_tokens, b->attn.positions,
-                                    &f->w->moe[l].w, cnt, w->next_norm) != 1;
+    return f->op->norm_moe_residual(f->be, f->a.x, norm, f->c->rms_norm_eps, b->n_tokens, b->attn.positions,
+                                    &f->w->moe[l].w, cnt, next_norm) != 1;
 }
 
 void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_llama_block *w) {
@@ -231,14 +231,15 @@ void kaon_blk_llama_layer(kaon_fwd *f, const kaon_batch *b, int l, const kaon_ll
     }
     const bool moe = kaon_model_layer_is_moe(f->m, l);
     // x += att @ wo^T (preparing ffn_norm for a fused GEMV or MoE op after it)
-    out_residual(f, b, w->wo, f->a.att, w->residual_scale, !moe || f->op->norm_moe_residual ? w->ffn_norm : NULL);
+    kaon_blk_out_residual(f, b, w->wo, f->a.att, w->residual_scale, !moe || f->op->norm_moe_residual ? w->ffn_norm : NULL);
     if (moe) {
-        if (!norm_moe(f, b, l, w)) {
+        if (!kaon_blk_norm_moe(f, b, l, w->ffn_norm, w->residual_scale, w->next_norm)) {
             kaon_blk_norm(f, b, w->ffn_norm);  // x += proj; xn
             kaon_blk_moe(f, b, l, &f->w->moe[l]);
             scale_proj(f, b, w->residual_scale);
         }
     } else {
-        norm_mlp(f, b, w, w->residual_scale);  // x += mlp(norm(x))
+        kaon_blk_norm_mlp(f, b, w->ffn_norm, w->w_gate, w->w_up, w->w_down, w->residual_scale,
+                          w->next_norm);  // x += mlp(norm(x))
     }
 }

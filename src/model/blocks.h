@@ -95,6 +95,18 @@ void kaon_blk_mlp(kaon_fwd *f, const kaon_batch *b, kaon_act_fn act, const kaon_
                   const kaon_linear *up, const kaon_linear *down);
 // proj = the experts of layer l on xn, pending.
 void kaon_blk_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_moe_layer *moe);
+// The fused forms around the split norm (backend.h's linear_residual, norm_linear_silu_mul,
+// norm_moe_residual), each falling back to the separate ops where the backend declines; next_norm:
+// the norm that reads x next (NULL: none to prepare).
+// x += (in @ w^T) * scale, or proj = in @ w^T pending where the backend declines.
+void kaon_blk_out_residual(kaon_fwd *f, const kaon_batch *b, const kaon_linear *w, const void *in, float scale,
+                           const kaon_tensor *next_norm);
+// x += down(silu(norm(x) @ gate^T) * (norm(x) @ up^T)) * scale.
+void kaon_blk_norm_mlp(kaon_fwd *f, const kaon_batch *b, const kaon_tensor *norm, const kaon_linear *gate,
+                       const kaon_linear *up, const kaon_linear *down, float scale, const kaon_tensor *next_norm);
+// x += moe_l(norm(x)) as one backend op: false where it declines (nothing ran).
+bool kaon_blk_norm_moe(kaon_fwd *f, const kaon_batch *b, int l, const kaon_tensor *norm, float scale,
+                       const kaon_tensor *next_norm);
 // One MLA layer's attention weights (DeepSeek): q through wq, or wq_a -> q_a_norm -> wq_b;
 // the latent and rope key through wkv_a (then kv_a_norm on the latent); the absorbed per-head
 // W_UK^T (wk_b) and W_UV (wv_b); the output projection wo.
@@ -105,6 +117,10 @@ typedef struct kaon_mla_weights {
     const kaon_tensor *kv_a_norm;
     const kaon_linear *wk_b, *wv_b, *wo;
     const kaon_linear *wk_n;  // [nh * qk_nope, kv_lora]: W_UK of each head (expanded prefill); NULL: none
+    // The split norms (backend.h's norm_linear_multi / linear_residual): norm, the attention's
+    // norm of x, which kaon_blk_mla then applies itself (NULL: xn is ready); next_norm, the
+    // norm after it, which wo's residual GEMV prepares (NULL: proj is left pending).
+    const kaon_tensor *norm, *next_norm;
 } kaon_mla_weights;
 // Activation elements per token kaon_blk_mla needs in a.scratch.
 size_t kaon_blk_mla_scratch(const kaon_model_config *c);

@@ -129,8 +129,14 @@ void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weight
     const kaon_linear *first = w->wq ? w->wq : w->wq_a;
     const kaon_linear *ws[2] = {first, w->wkv_a};
     void *ys[2] = {w->wq ? f->a.q : (void *)qa, kva};
-    if (!op->linear_multi || op->linear_multi(f->be, f->a.xn, T, 2, ws, ys) == 1)
-        for (int i = 0; i < 2; i++) op->linear(f->be, f->a.xn, T, ws[i], ys[i]);
+    // w->norm: this layer's norm of x here, split around the GEMVs where a residual GEMV prepared it.
+    const bool split = w->norm && !f->pending && !f->norm_once && !f->tp && op->norm_linear_multi &&
+                       op->norm_linear_multi(f->be, f->a.x, w->norm, c->rms_norm_eps, T, 2, ws, ys) != 1;
+    if (!split) {
+        if (w->norm) kaon_blk_norm(f, b, w->norm);
+        if (!op->linear_multi || op->linear_multi(f->be, f->a.xn, T, 2, ws, ys) == 1)
+            for (int i = 0; i < 2; i++) op->linear(f->be, f->a.xn, T, ws[i], ys[i]);
+    }
     if (!w->wq) {
         op->rmsnorm(f->be, qa, NULL, w->q_a_norm, MLA_NORM_EPS, T, c->q_lora_rank, qa);
         op->linear(f->be, qa, T, w->wq_b, f->a.q);
@@ -175,5 +181,6 @@ void kaon_blk_mla(kaon_fwd *f, const kaon_batch *b, int l, const kaon_mla_weight
                         (size_t)vh);
     }
 #undef AT
-    kaon_blk_out(f, b, w->wo, f->a.att);
+    if (w->next_norm) kaon_blk_out_residual(f, b, w->wo, f->a.att, 1.0f, w->next_norm);
+    else kaon_blk_out(f, b, w->wo, f->a.att);
 }

@@ -387,15 +387,29 @@ static void decoder_layer(kaon_fwd *f, const kaon_batch *b, int l) {
     }
     const float pe_scale = c->rope_attn_factor * c->rope_attn_factor;  // HF's cos/sin factor, on q and k
     const ds_layer *w = (const ds_layer *)f->w->layers + l;
+    const bool split = f->op->norm_moe_residual != NULL && !f->tp;
     const kaon_mla_weights mla = {
         .wq = c->q_lora_rank > 0 ? NULL : &w->wq, .wq_a = &w->wq_a, .q_a_norm = &w->q_a_norm,
         .wq_b = &w->wq_b, .wkv_a = &w->wkv_a, .kv_a_norm = &w->kv_a_norm, .wk_b = &w->wk_b,
-        .wv_b = &w->wv_b, .wo = &w->wo, .wk_n = w->wk_n.w.data ? &w->wk_n : NULL};
-    kaon_blk_norm(f, b, &w->attn_norm);
+        .wv_b = &w->wv_b, .wo = &w->wo, .wk_n = w->wk_n.w.data ? &w->wk_n : NULL,
+        // The split norms around MLA and the experts ride with the fused MoE op (KAON_MOE_NORM_FUSE=1
+        // on CUDA) until both have run on a GPU; without it the layer runs its norm ops as before.
+        .norm = split ? &w->attn_norm : NULL, .next_norm = split ? &w->ffn_norm : NULL};
+    if (!split) kaon_blk_norm(f, b, &w->attn_norm);
     kaon_blk_mla(f, b, l, &mla, &f->m->rope[KAON_ROPE_GLOBAL], (float)scale, pe_scale);
-    kaon_blk_norm(f, b, &w->ffn_norm);
-    if (kaon_model_layer_is_moe(f->m, l)) kaon_blk_moe(f, b, l, &f->w->moe[l]);
-    else kaon_blk_mlp(f, b, KAON_ACT_SILU, &w->w_gate, &w->w_up, &w->w_down);
+    // The norm that reads x after this layer: the next decoder layer's (not the MTP layer's).
+    const kaon_tensor *next = split && l + 1 < c->n_layers - c->n_mtp_layers ? &w[1].attn_norm : NULL;
+    if (kaon_model_layer_is_moe(f->m, l)) {
+        if (!kaon_blk_norm_moe(f, b, l, &w->ffn_norm, 1.0f, next)) {
+            kaon_blk_norm(f, b, &w->ffn_norm);
+            kaon_blk_moe(f, b, l, &f->w->moe[l]);
+        }
+    } else if (split) {
+        kaon_blk_norm_mlp(f, b, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down, 1.0f, next);
+    } else {
+        kaon_blk_norm(f, b, &w->ffn_norm);
+        kaon_blk_mlp(f, b, KAON_ACT_SILU, &w->w_gate, &w->w_up, &w->w_down);
+    }
 }
 
 static void forward(kaon_fwd *f, const kaon_batch *b) {
