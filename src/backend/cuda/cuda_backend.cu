@@ -999,6 +999,16 @@ static int cuda_norm_qkv_rope_kv_write(kaon_backend *be, const void *x, const ka
     return kc_gemv_qkv_rope(b, b->split_xg, (int)w[0]->w.shape[1], ws, bs, (bf16 *)q, &f, &r);
 }
 
+// What a residual kernel just launched left for the next norm of res (split_for reads it).
+static void split_record(kc_backend *b, const void *res, const float *norm, float eps, int dim, int n_parts) {
+    b->split.res = res;
+    b->split.norm = norm;
+    b->split.eps = eps;
+    b->split.dim = dim;
+    b->split.n_parts = n_parts;
+    b->split.launch = b->n_launch;
+}
+
 static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const kaon_linear *l, void *res,
                                 const kaon_tensor *next_norm, float eps) {
     kc_backend *b = kc(be);
@@ -1026,14 +1036,7 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
     const int rc = fp8_layer(l)    ? kc_fp8_linear_residual(b, x, n, l, res, &f)
                    : int4_layer(l) ? kc_int4_linear_residual(b, x, n, l, res, &f)
                                    : gemv_multi_plain(b, x, n, 1, &l, &res, &f);
-    if (rc == 0) {
-        b->split.res = res;
-        b->split.norm = f.norm;
-        b->split.eps = eps;
-        b->split.dim = dim;
-        b->split.n_parts = f.n_parts;
-        b->split.launch = b->n_launch;
-    }
+    if (rc == 0) split_record(b, res, f.norm, eps, dim, f.n_parts);
     return rc;
 }
 
@@ -1057,14 +1060,7 @@ static int cuda_norm_moe_residual(kaon_backend *be, void *x, const kaon_tensor *
     const int rc = kc_moe_norm_residual(b, w, positions, counts, x, &in, next_norm ? &out : NULL);
     if (rc == 1) return 1;
     b->split.res = NULL;
-    if (rc == 0 && next_norm) {
-        b->split.res = x;
-        b->split.norm = out.norm;
-        b->split.eps = eps;
-        b->split.dim = dim;
-        b->split.n_parts = out.n_parts;
-        b->split.launch = b->n_launch;
-    }
+    if (rc == 0 && next_norm) split_record(b, x, out.norm, eps, dim, out.n_parts);
     return rc;
 }
 
