@@ -1053,7 +1053,6 @@ static int cuda_norm_moe_residual(kaon_backend *be, void *x, const kaon_tensor *
     if (!split_for(b, x, norm, eps, n, dim, &in) || b->split_parts_cap < (size_t)dim) return 1;
     if (next_norm && !is_vector(b, next_norm, dim, "rmsnorm")) return -1;
     memset(&out, 0, sizeof out);
-    out.residual = 1;
     out.norm = next_norm ? (const float *)next_norm->data : NULL;
     out.xg = b->split_xg;
     out.parts = b->split_parts;

@@ -393,7 +393,7 @@ bool kc_gemv_occ_hi(int which);
 // (cuda_moe.cu) so that both get the same 1 / rms from the same parts. kc_norm_block_sum: the
 // sum of v over a block of KC_GEMV_ROWS warps in a fixed order (the same bits every run), in
 // every thread; every thread of the block must call it. kc_parts_share: the thread's share of
-// the parts a residual kernel left (requested early, summed by kc_norm_block_sum later).
+// the parts a residual kernel left (requested early, summed by kc_norm_rinv later).
 static __device__ __forceinline__ float kc_norm_block_sum(float v) {
     __shared__ float red[KC_GEMV_ROWS];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -408,6 +408,10 @@ static __device__ __forceinline__ float kc_parts_share(const float *parts, int n
     float s = 0.f;
     for (int i = threadIdx.x; i < n_parts; i += blockDim.x) s += __ldcg(parts + i);
     return s;
+}
+// 1 / rms of a row of `in` values from the block's shares of its parts (every thread calls it).
+static __device__ __forceinline__ float kc_norm_rinv(float share, int in, float eps) {
+    return rsqrtf(kc_norm_block_sum(share) / (float)in + eps);
 }
 
 typedef struct kc_gemv_fuse {

@@ -40,7 +40,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // 1 / rms of the row whose block sums of squares a GV_RESIDUAL GEMV left in f.parts (the
-// thread's share requested now, summed by kc_norm_block_sum later: see k_gemv).
+// thread's share requested now, summed by kc_norm_rinv later: see k_gemv).
 static __device__ __forceinline__ float parts_share(const kc_gemv_fuse &f) { return kc_parts_share(f.parts, f.n_parts); }
 
 // The weight of row block vb: a's weights take consecutive runs of blocks.
@@ -155,7 +155,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
         return;
     }
     float scale = 1.f;
-    if (MODE == GV_NORMED) scale = rsqrtf(kc_norm_block_sum(ss) / (float)in + a.fuse.eps);
+    if (MODE == GV_NORMED) scale = kc_norm_rinv(ss, in, a.fuse.eps);
     if (active && lane == 0) {
 #pragma unroll
         for (int b = 0; b < NB; b++) {
@@ -238,7 +238,7 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
     if (!NORMED && !active) return;
     const float ss = NORMED ? parts_share(f) : 0.f;
     if (active) gemv_dots2<NB, U>(gr, ur, (const uint4 *)x, nc, lane, gv, uv, ag, au);
-    const float scale = NORMED ? rsqrtf(kc_norm_block_sum(ss) / (float)in + f.eps) : 1.f;
+    const float scale = NORMED ? kc_norm_rinv(ss, in, f.eps) : 1.f;
     if (active && lane == 0) {
 #pragma unroll
         for (int b = 0; b < NB; b++) out[(size_t)b * rows + row] = silu_mul_out(ag[b] * scale, au[b] * scale);
@@ -275,7 +275,7 @@ k_gemv_qkv_rope(const bf16 *__restrict__ x, int in, GemvArgs a, QkvRope r) {
     const float ss = parts_share(a.fuse);
     float acc[1] = {0.f};
     gemv_dots<1, U>(wr, (const uint4 *)x, nc, lane, wv, acc);
-    const float scale = rsqrtf(kc_norm_block_sum(ss) / (float)in + a.fuse.eps);
+    const float scale = kc_norm_rinv(ss, in, a.fuse.eps);
     const float v = __bfloat162float(__float2bfloat16(acc[0] * scale + (bias ? bias[row] : 0.f)));
     const bool cached = slot >= 0 && slot < r.n_slots;
     const size_t crow = (size_t)slot * r.nkv * 128;

@@ -397,7 +397,7 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
         }
     }
     // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block).
-    const float scale = nz.in_parts ? rsqrtf(kc_norm_block_sum(ss) / (float)dim + nz.eps) : 1.f;
+    const float scale = nz.in_parts ? kc_norm_rinv(ss, dim, nz.eps) : 1.f;
     if (active) {
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
@@ -531,7 +531,7 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
     }
     // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block, so
     // before the warps without a row leave).
-    const float scale = nz.in_parts ? rsqrtf(kc_norm_block_sum(ss) / (float)dim + nz.eps) : 1.f;
+    const float scale = nz.in_parts ? kc_norm_rinv(ss, dim, nz.eps) : 1.f;
     if (!live) return;
     const uint4 *xr[MOE_GEMV_MAX_N];
 #pragma unroll
