@@ -162,6 +162,47 @@ def test_moe_op(tmp_path, name, n, dim, E, K, F, norm, SF, npad):
     assert np.abs(gpu_counts - 2 * counts).sum() <= 4 * K * amb
 
 
+
+EARLY_CASES = [
+    # name, n tokens, dim, E, K, ffn, shared ffn, padding, [e0, e1) (None: all experts)
+    ("early-1tok-e128-ffn768", 1, 2048, 128, 8, 768, 0, 0, None),        # Qwen3-30B-A3B widths
+    ("early-1tok-shared-ffn1408", 1, 1024, 64, 6, 1408, 2816, 0, None),  # V2-Lite's expert rows
+    ("early-batch8-pad-shared", 8, 512, 16, 4, 128, 256, 3, None),
+    ("early-ep-batch5", 5, 512, 32, 4, 2560, 0, 0, (8, 20)),            # rows over one round
+]
+
+
+@pytest.mark.skipif(ON_CPU, reason="a CUDA launch order")
+@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,erange", EARLY_CASES)
+def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange):
+    """KAON_MOE_DOWN_EARLY=1 (the small path's down kernel requests its experts' first weights
+    before waiting for gate/up, which launches it only after the routing) moves loads, not
+    arithmetic: its outputs and counters must be the same bits as without, over 20 timed
+    repetitions (a plan read too early would pick other experts' rows)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    arrays = random_moe(rng, n, dim, E, F)
+    if SF:
+        arrays.update(sgate=bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
+                      sup=bf16(rng.standard_normal((SF, dim)) / np.sqrt(dim)),
+                      sdown=bf16(rng.standard_normal((dim, SF)) / np.sqrt(SF)),
+                      sgi=bf16(rng.standard_normal((1, dim)) / np.sqrt(dim)))
+    params = dict(n=n, dim=dim, E=E, K=K, F=F, norm=1, SF=SF, has_pos=int(npad > 0), reps=2, time=20)
+    if npad:
+        pos = np.arange(n, dtype=np.int32)
+        pos[rng.choice(n, npad, replace=False)] = -1
+        arrays["pos"] = pos
+    if erange:
+        params.update(e0=erange[0], e1=erange[1])
+    got = {}
+    for early in ("1", "0"):
+        d = tmp_path / f"early{early}"
+        run_op(d, "moe", params, arrays, env={"KAON_MOE_DOWN_EARLY": early})
+        got[early] = (out(d, shape=(n, dim)), np.fromfile(d / "out_counts.bin", np.float32))
+    assert np.abs(got["0"][0]).max() > 0, "the op wrote zeros"
+    assert np.array_equal(got["1"][0], got["0"][0]), \
+        f"{int((got['1'][0] != got['0'][0]).sum())} elements differ with KAON_MOE_DOWN_EARLY=1"
+    assert np.array_equal(got["1"][1], got["0"][1])
+
 # ---- FP8 experts (cuda_moe_fp8.cu) ---------------------------------------------------------------
 
 def fp8_codes(rng, shape):

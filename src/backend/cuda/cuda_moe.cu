@@ -490,8 +490,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sgate,
                const bf16 *__restrict__ sup, int SF, int ys, const int *__restrict__ active, int E,
                const int *__restrict__ off, const int *__restrict__ slot_tok, bf16 *__restrict__ H,
-               bf16 *__restrict__ HS, MoeNorm nz) {
-    kc_pdl_trigger();
+               bf16 *__restrict__ HS, MoeNorm nz, int early) {
+    if (!early) kc_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
     const bool sh = (int)blockIdx.y < ys;
     const int r = sh ? ((int)(blockIdx.y * gridDim.x + blockIdx.x)) * GEMV_WARPS + warp
@@ -512,6 +512,9 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
             uv[q] = ld_stream(ur + c + 32 * q);
         }
     kc_pdl_wait();
+    // early: the down kernel launches only once every block got here (the routing done), so that
+    // it may read the plan before its own wait.
+    if (early) kc_pdl_trigger();
     const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
     int s0 = 0, ne = 0;
     bool live;
@@ -591,6 +594,19 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
         }
 }
 
+// A task's first round of weights, as the loops below request them: SM_U chunks a lane when a
+// full round fits in the row, else the rest's (fewer than SM_U).
+static __device__ __forceinline__ void dn_first_round(uint4 (&dv)[SM_U], const uint4 *wr, int c, int ncs) {
+    if (c + 32 * (SM_U - 1) < ncs) {
+#pragma unroll
+        for (int q = 0; q < SM_U; q++) dv[q] = ld_stream(wr + c + 32 * q);
+    } else {
+#pragma unroll
+        for (int q = 0; q < SM_U - 1; q++)
+            if (c + 32 * q < ncs) dv[q] = ld_stream(wr + c + 32 * q);
+    }
+}
+
 // Down projections fused with the combine. Block: output rows blockIdx.x * DN_ROWS + (warp /
 // DN_WPR); the DN_WPR warps of a row share its dot products (tasks: the shared expert's row
 // when sdown is given, then each active expert's), each dot by one warp as k_moe_gemv_down /
@@ -599,12 +615,15 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
 // j = 0..K-1, bf16(w) * Y, one rounding. ys: the shared expert's output when another kernel
 // computed it ([n, dim]; NULL: from sdown, or none when both are NULL). Padding: zeros.
 // RES (nz.res, batch 1): out is the residual stream, and the next norm is prepared (MoeNorm).
+// Each warp requests its first task's first round of weights before waiting for gate/up: the
+// shared expert's always, a routed expert's when early (the gate/up kernel let this one launch
+// only after the routing finished, so the plan is final; read through L2).
 template <int MINB, bool RES>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
                  const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
                  const int *__restrict__ active, int E, const int *__restrict__ off, const int *__restrict__ inv,
-                 const float *__restrict__ topk_w, bf16 *__restrict__ out, MoeNorm nz) {
+                 const float *__restrict__ topk_w, bf16 *__restrict__ out, MoeNorm nz, int early) {
     __shared__ float s_y[DN_ROWS][MOE_GEMV_MAX_N * MOE_MAX_K];  // routed outputs by slot
     __shared__ float s_ys[DN_ROWS][MOE_GEMV_MAX_N];             // the shared expert's, by token
     kc_pdl_trigger();
@@ -612,11 +631,20 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     const int r = (int)blockIdx.x * DN_ROWS + lr;
     const bool has_sd = sdown != NULL;
     uint4 dv[SM_U];
-    // The shared expert's first weights (task 0 of warp sub 0) before waiting for gate/up.
-    bool pre = has_sd && sub == 0 && r < dim && lane + 32 * (SM_U - 1) < (SF >> 3);
-    if (pre)
-#pragma unroll
-        for (int q = 0; q < SM_U; q++) dv[q] = ld_stream((const uint4 *)(sdown + (size_t)r * SF) + lane + 32 * q);
+    bool pre = false;
+    if (r < dim) {
+        if (has_sd && sub == 0) {
+            dn_first_round(dv, (const uint4 *)(sdown + (size_t)r * SF), lane, SF >> 3);
+            pre = true;
+        } else if (early) {
+            const int i = sub - (has_sd ? 1 : 0);
+            if (i < __ldcg(active + E)) {
+                const int e = __ldcg(active + i);
+                dn_first_round(dv, (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F), lane, F >> 3);
+                pre = true;
+            }
+        }
+    }
     kc_pdl_wait();
     if (r < dim) {
         const int nt = active[E] + (has_sd ? 1 : 0);
@@ -653,11 +681,11 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
                             acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
                     }
             }
-            pre = false;
             if (c < ncs) {  // the rest (fewer than SM_U chunks of this lane), requested together
+                if (!(pre && c == lane))  // else requested before the wait (a row shorter than a round)
 #pragma unroll
-                for (int q = 0; q < SM_U - 1; q++)
-                    if (c + 32 * q < ncs) dv[q] = ld_stream(wr + c + 32 * q);
+                    for (int q = 0; q < SM_U - 1; q++)
+                        if (c + 32 * q < ncs) dv[q] = ld_stream(wr + c + 32 * q);
 #pragma unroll
                 for (int b = 0; b < MOE_GEMV_MAX_N; b++)
                     if (b < ne) {
@@ -666,6 +694,7 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
                             if (c + 32 * q < ncs) acc[b] = dot8(dv[q], __ldg(hr + (size_t)b * ncs + c + 32 * q), acc[b]);
                     }
             }
+            pre = false;
 #pragma unroll
             for (int b = 0; b < MOE_GEMV_MAX_N; b++)
                 if (b < ne) {
@@ -1133,10 +1162,14 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     }
     const int gx = (F + GEMV_WARPS - 1) / GEMV_WARPS;
     const int ys = fuse_shared ? (SF + gx * GEMV_WARPS - 1) / (gx * GEMV_WARPS) : 0;
+    // KAON_MOE_DOWN_EARLY=1: the down kernel requests its experts' first weights before waiting
+    // for gate/up (gate/up lets it launch only after the routing; see k_moe_small_down).
+    static const bool early_on = kc_env_on("KAON_MOE_DOWN_EARLY");
+    const int early = early_on ? 1 : 0;
     if (kc_check(b, kc_launch(b, k_moe_small_gu, dim3((unsigned)gx, (unsigned)(ys + max_active)), blk, 0, x, n, dim, F,
                               mw, fuse_shared ? (const bf16 *)w->shared_gate->w.data : NULL,
                               fuse_shared ? (const bf16 *)w->shared_up->w.data : NULL, fuse_shared ? SF : 0, ys,
-                              m.active, El, m.off, m.slot_tok, m.H, m.HS, nz),
+                              m.active, El, m.off, m.slot_tok, m.H, m.HS, nz, early),
                  "moe experts"))
         return -1;
     if (SF && !fuse_shared && shared_by_ops(b, x, n, w, SF, m)) return -1;
@@ -1152,7 +1185,7 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     return kc_check(b, kc_launch(b, kern, dgrid, blk, 0, m.H, n, dim, F, mw,
                                  fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL, fuse_shared ? SF : 0,
                                  m.HS, SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
-                                 m.active, El, m.off, m.inv, m.topk_w, out, nz),
+                                 m.active, El, m.off, m.inv, m.topk_w, out, nz, early),
                     "moe down and combine");
 }
 
