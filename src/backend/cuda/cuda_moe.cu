@@ -102,33 +102,33 @@ static __device__ __forceinline__ void moe_route_token_n(const float *logits, co
     for (int i = 0; i < PER; i++)
         if (lane + 32 * i < E) sum += expf(v[i] - mx);
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    // Each choice is one warp max over 32-bit keys (redux.sync): the logit's bf16 bits made
+    // order-preserving above, 0xffff - e below, so equal logits go to the lower expert; 0: not
+    // an expert (or NaN), or taken.
+    unsigned key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = lane + 32 * i;
+        const unsigned b = __float_as_uint(v[i] == 0.f ? 0.f : v[i]) >> 16;  // a bf16 value (exact); -0 as 0
+        const unsigned ord = (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+        key[i] = e < E && v[i] == v[i] ? ord << 16 | (0xffffu - (unsigned)e) : 0u;
+    }
     float chosen_p = 0.f, sel = 0.f;
     int chosen_j = -1;
     for (int j = 0; j < K; j++) {
-        // This lane's best untaken (value, lowest index), then the warp's.
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
+        unsigned best = key[0];
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
-            const int e = lane + 32 * i;
-            if (e < E && (v[i] > bv || (v[i] == bv && e < bi))) {
-                bv = v[i];
-                bi = e;
-            }
-        }
-        for (int o = 16; o; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        for (int i = 1; i < PER; i++) best = max(best, key[i]);
+        best = __reduce_max_sync(0xffffffffu, best);
+        if (!best) break;  // fewer than K finite logits (cannot happen with finite inputs)
+        const int bi = (int)(0xffffu - (best & 0xffffu));
+        const unsigned ord = best >> 16;
+        const float bv = __uint_as_float(((ord & 0x8000u) ? (ord & 0x7fffu) : (~ord & 0xffffu)) << 16);
         const float p = expf(bv - mx) / sum;
         sel += p;
 #pragma unroll
-        for (int i = 0; i < PER; i++)  // taken (a static index keeps v in registers)
-            if (lane + 32 * i == bi) v[i] = -INFINITY;
+        for (int i = 0; i < PER; i++)  // taken (a static index keeps the keys in registers)
+            if (lane + 32 * i == bi) key[i] = 0u;
         if (lane == j) {
             chosen_p = p;
             chosen_j = bi;
@@ -140,7 +140,7 @@ static __device__ __forceinline__ void moe_route_token_n(const float *logits, co
     }
     if (lane < K) {
         topk_id[(size_t)t * K + lane] = chosen_j;
-        topk_w[(size_t)t * K + lane] = norm ? chosen_p / sel : chosen_p;
+        topk_w[(size_t)t * K + lane] = norm && sel > 0.f ? chosen_p / sel : chosen_p;
     }
 }
 
