@@ -193,11 +193,14 @@ def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, era
         arrays["pos"] = pos
     if erange:
         params.update(e0=erange[0], e1=erange[1])
-    got = {}
+    got, us = {}, {}
     for early in ("1", "0"):
         d = tmp_path / f"early{early}"
-        run_op(d, "moe", params, arrays, env={"KAON_MOE_DOWN_EARLY": early})
+        so = run_op(d, "moe", params, arrays, env={"KAON_MOE_DOWN_EARLY": early})
         got[early] = (out(d, shape=(n, dim)), np.fromfile(d / "out_counts.bin", np.float32))
+        us[early] = json.loads(so.strip().splitlines()[-1])["us"]
+    record("moe_down_early", case=name, us_early=us["1"], us_off=us["0"])
+    print(name, f"{us['1']} us/call early, {us['0']} off")
     assert np.abs(got["0"][0]).max() > 0, "the op wrote zeros"
     assert np.array_equal(got["1"][0], got["0"][0]), \
         f"{int((got['1'][0] != got['0'][0]).sum())} elements differ with KAON_MOE_DOWN_EARLY=1"

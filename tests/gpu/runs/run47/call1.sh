@@ -10,7 +10,7 @@ source tests/gpu/runs/run21/env.sh
 echo "== MoE: norm fusion vs transformers, early down bit-equal, the op and model tests ($(( $(date +%s) - T0 )) s in)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
     -k "norm_fused or down_early or small_vs_transformers or (test_moe_op and not fp8)" 2>&1 \
-    | grep -E "^(qwen|mixtral)[^ ]* \{|passed|failed|Error|assert" | cut -c1-240 | tail -12
+    | grep -E "^(qwen|mixtral)[^ ]* \{|^early|passed|failed|Error|assert" | cut -c1-240 | tail -16
 echo "== the model tests with both switches on"
 KAON_MOE_NORM_FUSE=1 KAON_MOE_DOWN_EARLY=1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_gpu_moe.py -k "small_vs_transformers or dummy_qwen3_30b" 2>&1 | grep -E "passed|failed|Error|assert" | cut -c1-240 | tail -4
