@@ -617,7 +617,9 @@ static __device__ __forceinline__ void dn_first_round(uint4 (&dv)[SM_U], const u
 // RES (nz.res, batch 1): out is the residual stream, and the next norm is prepared (MoeNorm).
 // Each warp requests its first task's first round of weights before waiting for gate/up: the
 // shared expert's always, a routed expert's when early (the gate/up kernel let this one launch
-// only after the routing finished, so the plan is final; read through L2).
+// only after the routing finished, so the plan is final; read through L2). That rests on the
+// launch chain alone: a kernel between gate/up and this one (the shared expert's linear ops)
+// itself launched after gate/up's trigger, so this one can only launch later still.
 template <int MINB, bool RES>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sdown, int SF,
@@ -1130,7 +1132,8 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     const bf16 *sg_w = fuse_sg ? (const bf16 *)w->shared_gate_inp->w.data : NULL;
     // The split norm (norm_moe_residual) where every kernel of the path reads x and writes out
     // itself; else declined before anything runs.
-    if ((nz.in_parts || nz.res) && (w8 || n != 1 || (SF && !fuse_shared) || (SF && w->shared_gate_inp && !fuse_sg)))
+    // (Expert parallel too: a rank's partial sum must be all-reduced before the residual add.)
+    if ((nz.in_parts || nz.res) && (w8 || n != 1 || ep || (SF && !fuse_shared) || (SF && w->shared_gate_inp && !fuse_sg)))
         return 1;
     const MoeRouteDs p = kc_moe_route_ds_params(w);
     const int norm = w->norm_topk ? 1 : 0;

@@ -215,9 +215,12 @@ __global__ void k_qact_norm(const bf16 *__restrict__ x, const float *__restrict_
     const bool one = groups <= (int)blockDim.x && ((uintptr_t)w & 15) == 0;
     float wk[8];  // one: this thread's norm weights
     if (one && (int)threadIdx.x < groups) {
-        const float4 *w4 = (const float4 *)(w + 8 * threadIdx.x);
-        const float4 a = w4[0], b = w4[1];
-        wk[0] = a.x, wk[1] = a.y, wk[2] = a.z, wk[3] = a.w, wk[4] = b.x, wk[5] = b.y, wk[6] = b.z, wk[7] = b.w;
+        // Weight loads (ld_stream), the only loads allowed before the wait (tests/gpu/pdl_check.py).
+        const uint4 *w4 = (const uint4 *)(w + 8 * threadIdx.x);
+        const uint4 a = ld_stream(w4), b = ld_stream(w4 + 1);
+        const unsigned u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) wk[e] = __uint_as_float(u[e]);
     }
     kc_pdl_wait();
     const uint4 *xr = (const uint4 *)(x + (size_t)row * dim);
