@@ -482,6 +482,26 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
     }
 }
 
+// A row's first round of gate and up weights, as k_moe_small_gu's loops request them: SM_U
+// chunks a lane and matrix when a full round fits in the row, else the rest's (fewer).
+static __device__ __forceinline__ void gu_first_round(uint4 (&gv)[SM_U], uint4 (&uv)[SM_U], const uint4 *gr,
+                                                      const uint4 *ur, int c, int nc) {
+    if (c + 32 * (SM_U - 1) < nc) {
+#pragma unroll
+        for (int q = 0; q < SM_U; q++) {
+            gv[q] = ld_stream(gr + c + 32 * q);
+            uv[q] = ld_stream(ur + c + 32 * q);
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < SM_U - 1; q++)
+            if (c + 32 * q < nc) {
+                gv[q] = ld_stream(gr + c + 32 * q);
+                uv[q] = ld_stream(ur + c + 32 * q);
+            }
+    }
+}
+
 // Gate/up of the routed experts and of the shared expert in one launch. blockIdx.y < ys: the
 // shared expert's rows ((y * gridDim.x + x) * GEMV_WARPS + warp, all n tokens, into HS [n, SF]),
 // first so that their blocks start streaming weights before the routing is done; else active
@@ -500,40 +520,39 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
     uint4 gv[SM_U], uv[SM_U];
     int c = lane;
     // The shared expert's first weights are requested before waiting for the routing.
-    const bool pre = sh && r < SF && c + 32 * (SM_U - 1) < nc;
+    bool pre = false;
     if (sh && r < SF) {
         gr = (const uint4 *)(sgate + (size_t)r * dim);
         ur = (const uint4 *)(sup + (size_t)r * dim);
+        gu_first_round(gv, uv, gr, ur, c, nc);
+        pre = true;
     }
-    if (pre)
-#pragma unroll
-        for (int q = 0; q < SM_U; q++) {
-            gv[q] = ld_stream(gr + c + 32 * q);
-            uv[q] = ld_stream(ur + c + 32 * q);
-        }
     kc_pdl_wait();
     // early: the down kernel launches only once every block got here (the routing done), so that
     // it may read the plan before its own wait.
     if (early) kc_pdl_trigger();
-    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
     int s0 = 0, ne = 0;
     bool live;
     if (sh) {
         live = r < SF;
         ne = n;
     } else {
-        const int i = (int)blockIdx.y - ys;
-        live = i < active[E] && r < F;
+        // The count and this block's expert in one round trip (i < max_active <= E: in bounds),
+        // then the expert's first weights before its offsets and tokens (each one more trip).
+        const int i = (int)blockIdx.y - ys, cnt = active[E], e = active[i];
+        live = i < cnt && r < F;
         if (live) {
-            const int e = active[i];
-            s0 = off[e];
-            ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
             gr = (const uint4 *)(w.gate + (size_t)e * w.sgate + (size_t)r * dim);
             ur = (const uint4 *)(w.up + (size_t)e * w.sup + (size_t)r * dim);
+            gu_first_round(gv, uv, gr, ur, c, nc);
+            pre = true;
+            s0 = off[e];
+            ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
         }
     }
     // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block, so
-    // before the warps without a row leave).
+    // before the warps without a row leave; its parts requested after the weights).
+    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
     const float scale = nz.in_parts ? kc_norm_rinv(ss, dim, nz.eps) : 1.f;
     if (!live) return;
     const uint4 *xr[MOE_GEMV_MAX_N];
@@ -564,12 +583,13 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
             }
     }
     if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
+        if (!(pre && c == lane))  // else requested above (a row shorter than a round)
 #pragma unroll
-        for (int q = 0; q < SM_U - 1; q++)
-            if (c + 32 * q < nc) {
-                gv[q] = ld_stream(gr + c + 32 * q);
-                uv[q] = ld_stream(ur + c + 32 * q);
-            }
+            for (int q = 0; q < SM_U - 1; q++)
+                if (c + 32 * q < nc) {
+                    gv[q] = ld_stream(gr + c + 32 * q);
+                    uv[q] = ld_stream(ur + c + 32 * q);
+                }
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
             if (b < ne) {
@@ -649,7 +669,14 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     }
     kc_pdl_wait();
     if (r < dim) {
-        const int nt = active[E] + (has_sd ? 1 : 0);
+        // The count and the first task's expert in one round trip (clamped into active[0..E]),
+        // then, where not requested before the wait, its first weights before its offsets.
+        const int hs = has_sd ? 1 : 0, cnt = active[E], e0 = active[min(max(sub - hs, 0), E)];
+        const int nt = cnt + hs;
+        if (!pre && sub < nt && sub >= hs) {
+            dn_first_round(dv, (const uint4 *)(w.down + (size_t)e0 * w.sdown + (size_t)r * F), lane, F >> 3);
+            pre = true;
+        }
         for (int task = sub; task < nt; task += DN_WPR) {
             const bool shared = has_sd && task == 0;
             const uint4 *wr, *hr;
