@@ -419,20 +419,21 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
     if (threadIdx.x == 0) *m.ticket = 0;  // for the next launch (and graph replay)
     for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
     __syncthreads();
+    // The choices' ids go to shared memory only (s_id; nothing after this kernel reads them).
     if (warp < n) {
         if (DS)
-            moe_route_ds_token(m.logits, pos, warp, E, K, p, c_s + (DS ? warp * MOE_MAX_E : 0), m.topk_id, m.topk_w,
+            moe_route_ds_token(m.logits, pos, warp, E, K, p, c_s + (DS ? warp * MOE_MAX_E : 0), s_id, m.topk_w,
                                s_cnt, counts, lane);
         else
-            moe_route_token(m.logits, pos, warp, E, K, norm, m.topk_id, m.topk_w, s_cnt, counts, lane);
+            moe_route_token(m.logits, pos, warp, E, K, norm, s_id, m.topk_w, s_cnt, counts, lane);
     }
     __syncthreads();
     const int nk = n * K;
-    for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-        int id = __ldcg(m.topk_id + i);
-        if (EP && id >= 0) id = (unsigned)(id - e0) < (unsigned)El ? id - e0 : -2;  // local id, or another rank's
-        s_id[i] = id;
-    }
+    if (EP)
+        for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+            const int id = s_id[i];
+            if (id >= 0) s_id[i] = (unsigned)(id - e0) < (unsigned)El ? id - e0 : -2;  // local id, or another rank's
+        }
     const int *cl = s_cnt + (EP ? e0 : 0);  // the planned experts' counts: this rank's under EP
     const int EE = EP ? El : E;
     if (warp == 0) {
