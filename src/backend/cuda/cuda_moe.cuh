@@ -20,7 +20,7 @@
 typedef struct MoeBufs {
     unsigned *ticket;  // [1] k_moe_route_small's count of finished blocks (0 between launches)
     float *logits;     // [n, E]
-    int *topk_id;      // [n*K] (-1: none)
+    int *topk_id;      // [n*K] (-1: none); the general path only (the small one keeps its ids in shared memory)
     float *topk_w;     // [n*K]
     int *cnt;          // [E]
     int *off;          // [E+1]
