@@ -12,7 +12,7 @@ for pdl in 1 0; do
     echo "== trace, Qwen3-30B-A3B batch 1, KAON_PDL=$pdl ($(( $(date +%s) - T0 )) s in)"
     KAON_PDL=$pdl timeout 140 bash tests/gpu/trace_decode.sh bench/configs/Qwen__Qwen3-30B-A3B.json 0 32 1 16 \
         | grep -v "^run rc" | head -16 | cut -c1-110
-    for f in $OUT/trace_*.txt; do mv "$f" "${f%.txt}_pdl$pdl.txt"; done
+    for f in $OUT/trace_*.txt; do case $f in *_pdl?.txt) ;; *) mv "$f" "${f%.txt}_pdl$pdl.txt" ;; esac; done
 done
 echo "done in $(( $(date +%s) - T0 )) s"
 find $OUT -type f ! -name "trace_*.txt" -delete
