@@ -196,6 +196,15 @@ static __device__ __forceinline__ float kc_block_sum(float v, float *red) {
 // Warms L2 with the 128-byte line at p (no register result; L2 stays coherent with later writes).
 static __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// A routing-plan value (written by an earlier kernel) loaded here, through L2. Volatile so that
+// ptxas keeps it where it is written: it sank a plain (even .cg) load under the branch on the
+// value loaded before it, making two round trips of what two adjacent loads do in one.
+static __device__ __forceinline__ int ld_plan(const int *p) {
+    int v;
+    asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 // A weight load that streams past L1 (each weight is read once per step).
 static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;

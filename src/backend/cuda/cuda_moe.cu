@@ -540,7 +540,7 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
     } else {
         // The count and this block's expert in one round trip (i < max_active <= E: in bounds),
         // then the expert's first weights before its offsets and tokens (each one more trip).
-        const int i = (int)blockIdx.y - ys, cnt = active[E], e = active[i];
+        const int i = (int)blockIdx.y - ys, cnt = ld_plan(active + E), e = ld_plan(active + i);
         live = i < cnt && r < F;
         if (live) {
             gr = (const uint4 *)(w.gate + (size_t)e * w.sgate + (size_t)r * dim);
@@ -672,7 +672,7 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     if (r < dim) {
         // The count and the first task's expert in one round trip (clamped into active[0..E]),
         // then, where not requested before the wait, its first weights before its offsets.
-        const int hs = has_sd ? 1 : 0, cnt = active[E], e0 = active[min(max(sub - hs, 0), E)];
+        const int hs = has_sd ? 1 : 0, cnt = ld_plan(active + E), e0 = ld_plan(active + min(max(sub - hs, 0), E));
         const int nt = cnt + hs;
         if (!pre && sub < nt && sub >= hs) {
             dn_first_round(dv, (const uint4 *)(w.down + (size_t)e0 * w.sdown + (size_t)r * F), lane, F >> 3);

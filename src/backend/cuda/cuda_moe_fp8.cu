@@ -109,15 +109,15 @@ k_moe8_small_gu(const bf16 *__restrict__ x, int dim, int F, MoeW8 w, const int *
                 const int *__restrict__ off, const int *__restrict__ slot_tok, bf16 *__restrict__ H) {
     kc_pdl_trigger();
     kc_pdl_wait();
-    if ((int)blockIdx.y >= active[E]) return;
-    const int e = active[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // The count and this block's expert in one round trip (blockIdx.y < max_active <= E: in
+    // bounds), then the expert's first weights before its offsets and tokens.
+    const int cnt = ld_plan(active + E), e = ld_plan(active + blockIdx.y);
+    if ((int)blockIdx.y >= cnt) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r0 = (int)blockIdx.x * RPW * GEMV_WARPS + warp;
     const int items = min(RPW, (F - r0 + GEMV_WARPS - 1) / GEMV_WARPS);  // rows r0 + j * GEMV_WARPS < F
     if (items <= 0) return;
-    const int s0 = off[e], ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N), nc = dim >> 4;
-    const uint4 *xr[MOE_GEMV_MAX_N];
-#pragma unroll
-    for (int b = 0; b < MOE_GEMV_MAX_N; b++) xr[b] = (const uint4 *)(x + (size_t)slot_tok[s0 + (b < ne ? b : 0)] * dim);
+    const int nc = dim >> 4;
     const uint8_t *g0 = w.gate + (size_t)e * w.sgate, *u0 = w.up + (size_t)e * w.sup;
     const float *const sc[2] = {w.gs + (size_t)e * w.sgs, w.us + (size_t)e * w.sus};
     auto rows_of = [&](int j, const uint4 *(&wr)[2]) {
@@ -129,6 +129,10 @@ k_moe8_small_gu(const bf16 *__restrict__ x, int dim, int F, MoeW8 w, const int *
     const uint4 *wr[2], *wn[2];
     rows_of(0, wr);
     load_step<2>(cur, wr, 0, nc, lane);
+    const int s0 = off[e], ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+    const uint4 *xr[MOE_GEMV_MAX_N];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) xr[b] = (const uint4 *)(x + (size_t)slot_tok[s0 + (b < ne ? b : 0)] * dim);
     float acc[2][MOE_GEMV_MAX_N];
 #pragma unroll
     for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[0][b] = acc[1][b] = 0.f;
