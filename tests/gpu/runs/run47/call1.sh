@@ -12,7 +12,7 @@ tests/gpu/run_all.sh build > /tmp/build_stdout.txt 2>&1; grep -E "build rc|error
 source tests/gpu/runs/run21/env.sh
 echo "== MoE: early down bit-equal, the op tests, norm fusion vs transformers ($(el) s in)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
-    -k "down_early or (test_moe_op and not fp8) or norm_fused" 2>&1 \
+    -k "down_early or test_moe_op or norm_fused" 2>&1 \
     | grep -E "^(qwen|mixtral)[^ ]* \{|^early|passed|failed|Error|assert" | cut -c1-240 | tail -16
 echo "== GGUF activation quantization with the norm (k_qact_norm's weights now through ld_stream): bit-equal ($(el) s in)"
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "fused_norm_bit_equal" 2>&1 \
