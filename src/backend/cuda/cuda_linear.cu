@@ -78,6 +78,13 @@ static __device__ __forceinline__ void gemv_load(const uint4 *wr, int c, uint4 (
     for (int u = 0; u < U; u++) wv[u] = ld_stream(wr + c + 32 * u);
 }
 
+// gemv_load before the PDL wait where ptxas would otherwise sink it below (ld_stream_early).
+template <int U>
+static __device__ __forceinline__ void gemv_load_early(const uint4 *wr, int c, uint4 (&wv)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) wv[u] = ld_stream_early(wr + c + 32 * u);
+}
+
 // One warp's dot products of the weight row wr (nc chunks of 8) with the NB rows of x at xr: the
 // lane's chunks lane, lane + 32, ..., U at a time, the first U already in wv when gemv_full;
 // acc[b] ends as the warp's total in every lane.
@@ -268,7 +275,7 @@ k_gemv_qkv_rope(const bf16 *__restrict__ x, int in, GemvArgs a, QkvRope r) {
     const uint4 *wr = (const uint4 *)(w + (size_t)row * in);
     constexpr int U = GemvU<1>::U;
     uint4 wv[U];
-    if (gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    if (gemv_full<U>(lane, nc)) gemv_load_early<U>(wr, lane, wv);
     const float pos = (float)ld_meta(r.pos);
     const int64_t slot = ld_meta(r.slot);
     kc_pdl_wait();

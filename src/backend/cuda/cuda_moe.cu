@@ -362,7 +362,7 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
     uint4 wv[SM_U];
     if (active && c + 32 * (SM_U - 1) < nc)
 #pragma unroll
-        for (int u = 0; u < SM_U; u++) wv[u] = ld_stream(wr + c + 32 * u);
+        for (int u = 0; u < SM_U; u++) wv[u] = ld_stream_early(wr + c + 32 * u);
     kc_pdl_wait();
     const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
     float acc[MOE_GEMV_MAX_N];
