@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/cuda/cuda_ld.h"
 #include "util/err.h"
 }
 
@@ -214,12 +215,10 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return r;
 }
 
-// The same load for requests made before kc_pdl_wait(): not .nc, which ptxas treated as free to
-// sink below the wait (k_moe_route_small's and k_gemv_qkv_rope's SASS had their early weight
-// loads after it), so it stays where the source puts it.
+// The same load for requests made before kc_pdl_wait() (why not .nc: cuda_ld.h).
 static __device__ __forceinline__ uint4 ld_stream_early(const uint4 *p) {
     uint4 r;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile(KC_LD_EARLY ".v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;

@@ -141,7 +141,7 @@ k_gemv(const bf16 *__restrict__ x, int in, GemvArgs a) {
     constexpr int U = GemvU<NB>::U;
     // The first weights are requested before waiting for the kernel that writes x.
     uint4 wv[U];
-    if (active && gemv_full<U>(lane, nc)) gemv_load<U>(wr, lane, wv);
+    if (active && gemv_full<U>(lane, nc)) gemv_load_early<U>(wr, lane, wv);
     kc_pdl_wait();
     if (MODE == GV_PLAIN && !active) return;
     float old = 0.f, ss = 0.f;
@@ -238,8 +238,8 @@ k_gemv_silu(const bf16 *__restrict__ x, int in, const bf16 *__restrict__ wg,
     // The first weights are requested before waiting for the kernel that writes x.
     uint4 gv[U], uv[U];
     if (active && gemv_full<U>(lane, nc)) {
-        gemv_load<U>(gr, lane, gv);
-        gemv_load<U>(ur, lane, uv);
+        gemv_load_early<U>(gr, lane, gv);
+        gemv_load_early<U>(ur, lane, uv);
     }
     kc_pdl_wait();
     if (!NORMED && !active) return;

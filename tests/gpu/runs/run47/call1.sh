@@ -14,9 +14,9 @@ echo "== MoE: early down bit-equal, the op tests, norm fusion vs transformers ($
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
     -k "down_early or test_moe_op or norm_fused" 2>&1 \
     | grep -E "^(qwen|mixtral)[^ ]* \{|^early|passed|failed|Error|assert" | cut -c1-240 | tail -16
-echo "== k_qact_norm (weights through ld_stream) bit-equal; k_gemv_qkv_rope (early loads kept before the wait) vs transformers ($(el) s in)"
+echo "== the GEMVs (early loads now kept before the PDL wait), k_qact_norm bit-equal, split norms vs transformers ($(el) s in)"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py \
-    -k "fused_norm_bit_equal or (norm_split_vs_transformers and not 8b)" 2>&1 \
+    -k "fused_norm_bit_equal or (norm_split_vs_transformers and not 8b) or gemv" 2>&1 \
     | grep -E "passed|failed|Error|assert" | cut -c1-240 | tail -3
 if [ $(el) -lt 330 ]; then
     echo "== the MoE model tests and DeepSeek vs transformers with both switches on ($(el) s in)"
