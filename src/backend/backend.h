@@ -344,7 +344,8 @@ typedef struct kaon_backend_ops {
     // x += moe(rmsnorm(x, NULL, norm, eps)), the MoE output rounded to the activation dtype
     // before the add (rmsnorm's add), as norm_linear_* and linear_residual do around a dense MLP:
     // taken only right after a linear_residual into x that prepared this norm, and prepares
-    // next_norm as linear_residual does (NULL: none). 1: declined, nothing run; 0; -1.
+    // next_norm as linear_residual does (NULL: none). 1: declined, x and the prepared norm untouched
+    // (scratch may have been sized); 0; -1.
     int (*norm_moe_residual)(kaon_backend *be, void *x, const kaon_tensor *norm, float eps, int n,
                              const int32_t *positions, const kaon_moe_weights *w, uint32_t *counts,
                              const kaon_tensor *next_norm);
