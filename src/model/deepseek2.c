@@ -393,7 +393,7 @@ static void decoder_layer(kaon_fwd *f, const kaon_batch *b, int l) {
         .wq_b = &w->wq_b, .wkv_a = &w->wkv_a, .kv_a_norm = &w->kv_a_norm, .wk_b = &w->wk_b,
         .wv_b = &w->wv_b, .wo = &w->wo, .wk_n = w->wk_n.w.data ? &w->wk_n : NULL,
         // The split norms around MLA and the experts ride with the fused MoE op (KAON_MOE_NORM_FUSE=1
-        // on CUDA) until both have run on a GPU; without it the layer runs its norm ops as before.
+        // on CUDA; opt-in, slower on Qwen3-30B-A3B); without it the layer runs its norm ops as before.
         .norm = split ? &w->attn_norm : NULL, .next_norm = split ? &w->ffn_norm : NULL};
     if (!split) kaon_blk_norm(f, b, &w->attn_norm);
     kaon_blk_mla(f, b, l, &mla, &f->m->rope[KAON_ROPE_GLOBAL], (float)scale, pe_scale);

@@ -627,7 +627,7 @@ def test_moe_norm_fused_vs_transformers(tmp_path, name):
     """Batch-1 decode with the MoE layer between two split norms (norm_moe_residual: the router's
     and gate/up's products scaled by 1 / rms of the attention output's prepared norm, the combine
     adding into the residual stream and preparing the next layer's norm; no norm kernel around
-    the experts; KAON_MOE_NORM_FUSE=1 until it has run on a GPU) against transformers, as close as
+    the experts; opt-in KAON_MOE_NORM_FUSE=1, slower than without) against transformers, as close as
     the norm kernels apart (KAON_MOE_NORM_FUSE=0),
     and the residual combine did run (and not with it off). Seeded, as check_moe_model."""
     big = name in BIG_MOE

@@ -1041,7 +1041,7 @@ static int cuda_linear_residual(kaon_backend *be, const void *x, int n, const ka
 }
 
 // The MoE layer between two split norms (backend.h's norm_moe_residual; cuda_moe.cu's small
-// path at batch 1). Off until it has run on a GPU (written in session 60 without one):
+// path at batch 1). Off: it passes its tests but measured slower (session 61, docs/PERF.md);
 // KAON_MOE_NORM_FUSE=1 puts it in the op table (make_ops); without it the layer runs as before.
 static int cuda_norm_moe_residual(kaon_backend *be, void *x, const kaon_tensor *norm, float eps, int n,
                                   const int32_t *positions, const kaon_moe_weights *w, uint32_t *counts,
