@@ -1,4 +1,4 @@
-# Session 62, call 2 (any GPU; ~300 s; right after call1.sh on the warm machine: its build is there).
+# Session 62, call 2 (optional: call1 already measured the switches once on an H100 -- the norm fusion slower; any GPU; ~300 s).
 # Batch-1 A/B of the MoE switches, alternating (fuse = KAON_MOE_NORM_FUSE, early =
 # KAON_MOE_DOWN_EARLY). Compare "0 0" with session 60's 245.9 tok/s (H100) for the routing and
 # first-weights changes of session 61, which have no switch (same card kind only).
