@@ -172,13 +172,18 @@ EARLY_CASES = [
 ]
 
 
-@pytest.mark.skipif(ON_CPU, reason="a CUDA launch order")
-@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,erange", EARLY_CASES)
-def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange):
-    """KAON_MOE_DOWN_EARLY=1 (the small path's down kernel requests its experts' first weights
-    before waiting for gate/up, which launches it only after the routing) moves loads, not
-    arithmetic: its outputs and counters must be the same bits as without, over 20 timed
-    repetitions (a plan read too early would pick other experts' rows)."""
+B1_CASES = [
+    # KAON_MOE_B1_DOWN=1: k_moe_small_down_b1 (batch 1, ffn a multiple of 256)
+    ("b1-e128-top8-ffn768", 1, 2048, 128, 8, 768, 0, 0, None),        # Qwen3-30B-A3B: one round
+    ("b1-e64-top6-ffn2048-shared", 1, 1024, 64, 6, 2048, 2048, 0, None),  # V3's widths: rounds of 3 + shared
+    ("b1-e32-top8-ffn1536-ep", 1, 512, 32, 8, 1536, 0, 0, (8, 20)),   # expert parallel: local tasks only
+    ("b1-e16-top4-ffn512-pad", 1, 512, 16, 4, 512, 0, 1, None),       # padding: zeros
+]
+
+
+def switch_bit_equal(tmp_path, switch, name, n, dim, E, K, F, SF, npad, erange):
+    """The moe op's outputs and counters with the environment switch at 1 and at 0 (20 timed
+    repetitions each): the same bits, and the microseconds a call both ways."""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     arrays = random_moe(rng, n, dim, E, F)
     if SF:
@@ -194,17 +199,37 @@ def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, era
     if erange:
         params.update(e0=erange[0], e1=erange[1])
     got, us = {}, {}
-    for early in ("1", "0"):
-        d = tmp_path / f"early{early}"
-        so = run_op(d, "moe", params, arrays, env={"KAON_MOE_DOWN_EARLY": early})
-        got[early] = (out(d, shape=(n, dim)), np.fromfile(d / "out_counts.bin", np.float32))
-        us[early] = json.loads(so.strip().splitlines()[-1])["us"]
-    record("moe_down_early", case=name, us_early=us["1"], us_off=us["0"])
-    print(name, f"{us['1']} us/call early, {us['0']} off")
-    assert np.abs(got["0"][0]).max() > 0, "the op wrote zeros"
+    for on in ("1", "0"):
+        d = tmp_path / f"{switch}{on}"
+        so = run_op(d, "moe", params, arrays, env={switch: on})
+        got[on] = (out(d, shape=(n, dim)), np.fromfile(d / "out_counts.bin", np.float32))
+        us[on] = json.loads(so.strip().splitlines()[-1])["us"]
+    record("moe_switch_bit_equal", switch=switch, case=name, us_on=us["1"], us_off=us["0"])
+    print(name, f"{switch}: {us['1']} us/call on, {us['0']} off")
+    live = np.ones(n, bool) if not npad else arrays["pos"] >= 0
+    assert np.abs(got["0"][0]).max() > 0 or not live.any(), "the op wrote zeros"
+    assert np.all(got["1"][0][~live] == 0), "padding tokens must get zeros"
     assert np.array_equal(got["1"][0], got["0"][0]), \
-        f"{int((got['1'][0] != got['0'][0]).sum())} elements differ with KAON_MOE_DOWN_EARLY=1"
+        f"{int((got['1'][0] != got['0'][0]).sum())} elements differ with {switch}=1"
     assert np.array_equal(got["1"][1], got["0"][1])
+
+
+@pytest.mark.skipif(ON_CPU, reason="a CUDA launch order")
+@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,erange", EARLY_CASES)
+def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange):
+    """KAON_MOE_DOWN_EARLY=1 (the small path's down kernel requests its experts' first weights
+    before waiting for gate/up, which launches it only after the routing) moves loads, not
+    arithmetic: the same bits as without (a plan read too early would pick other experts' rows)."""
+    switch_bit_equal(tmp_path, "KAON_MOE_DOWN_EARLY", name, n, dim, E, K, F, SF, npad, erange)
+
+
+@pytest.mark.skipif(ON_CPU, reason="a CUDA kernel choice")
+@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,erange", B1_CASES)
+def test_moe_b1_down_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange):
+    """KAON_MOE_B1_DOWN=1 (batch 1's down projections and combine one warp per output row, all
+    of a row's tasks requested together) computes each dot product, rounding and the combine as
+    k_moe_small_down does: the same bits, with a fused shared expert, expert parallel, padding."""
+    switch_bit_equal(tmp_path, "KAON_MOE_B1_DOWN", name, n, dim, E, K, F, SF, npad, erange)
 
 # ---- FP8 experts (cuda_moe_fp8.cu) ---------------------------------------------------------------
 

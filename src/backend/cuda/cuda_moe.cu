@@ -774,6 +774,130 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     if (threadIdx.x == 0) nz.parts[blockIdx.x] = v;
 }
 
+// Batch 1 (n == 1), ffn = 256 * CPL: k_moe_small_down's work with one warp per output row, which
+// requests the row's chunks of several tasks at once (TPR tasks x CPL chunks a lane, <= 24
+// loads in flight): Qwen3-30B-A3B's 8 experts x 768 in one round trip and one wave of blocks,
+// where k_moe_small_down's warps take two tasks one after the other in two waves (ncu: 1.1 of
+// 3.35 TB/s). Tasks: the shared expert's row when sdown is given (SF == F; its weights requested
+// before the wait: no earlier kernel writes them), then the active experts in plan order (slot i
+// of the one token is active expert i). Each task's dot product, its bf16 rounding and the
+// combine in choice order are k_moe_small_down's, so the output is the same bits. RES as there,
+// with GEMV_WARPS rows per block (kc_moe_norm_residual's parts).
+template <int CPL, bool RES>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+k_moe_small_down_b1(const bf16 *__restrict__ H, int dim, int F, MoeW w, const bf16 *__restrict__ sdown,
+                    const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
+                    const int *__restrict__ active, int E, const int *__restrict__ inv,
+                    const float *__restrict__ topk_w, bf16 *__restrict__ out, MoeNorm nz) {
+    constexpr int TPR = 24 / CPL > MOE_MAX_K ? MOE_MAX_K : 24 / CPL;  // tasks a round
+    __shared__ float s_y[GEMV_WARPS][MOE_MAX_K + 1];                   // task outputs, by task
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = (int)blockIdx.x * GEMV_WARPS + warp;
+    const int hs = sdown ? 1 : 0;
+    uint4 wv[TPR][CPL];
+    if (hs && r < dim) {
+        const uint4 *wr = (const uint4 *)(sdown + (size_t)r * F);
+#pragma unroll
+        for (int q = 0; q < CPL; q++) wv[0][q] = ld_stream_early(wr + lane + 32 * q);
+    }
+    kc_pdl_wait();
+    float acc = 0.f;  // the row's output (lane 0)
+    if (r < dim) {
+        // The count, lane i's active expert and choice i's slot and weight in one round trip.
+        const int cnt = ld_plan(active + E), a = ld_plan(active + min(lane, E));
+        const int iv = lane < K ? __ldcg(inv + lane) : -1;
+        const float wt = lane < K ? __ldcg(topk_w + lane) : 0.f;
+        const int nt = cnt + hs;
+        for (int t0 = 0; t0 < nt; t0 += TPR) {
+#pragma unroll
+            for (int i = 0; i < TPR; i++) {
+                const int t = t0 + i;
+                const int e = __shfl_sync(0xffffffffu, a, (t - hs) & 31);
+                if (t < nt && !(hs && t == 0)) {
+                    const uint4 *wr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
+#pragma unroll
+                    for (int q = 0; q < CPL; q++) wv[i][q] = ld_stream(wr + lane + 32 * q);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < TPR; i++) {
+                const int t = t0 + i;
+                if (t < nt) {
+                    const uint4 *hr = hs && t == 0 ? (const uint4 *)HS : (const uint4 *)(H + (size_t)(t - hs) * F);
+                    float s = 0.f;
+#pragma unroll
+                    for (int q = 0; q < CPL; q++) s = dot8(wv[i][q], __ldg(hr + lane + 32 * q), s);
+                    s = bfr(warp_sum(s));
+                    if (lane == 0) s_y[warp][t] = s;
+                }
+            }
+        }
+        __syncwarp();
+        // k_moe_small_down's combine: the shared part, then choices j = 0..K-1 in order.
+        const int iv0 = __shfl_sync(0xffffffffu, iv, 0);
+        if (lane == 0 && iv0 != -1) {
+            if (hs || YS) {
+                const float sg = SG ? 1.f / (1.f + expf(-bfr(SG[0]))) : 1.f;
+                acc = sg * (hs ? s_y[warp][0] : __bfloat162float(YS[r]));
+            }
+        }
+        for (int j = 0; j < K; j++) {
+            const int s = __shfl_sync(0xffffffffu, iv, j);
+            const float wj = __shfl_sync(0xffffffffu, wt, j);
+            if (lane == 0 && iv0 != -1 && s >= 0) acc = fmaf(bfr(wj), s_y[warp][s + hs], acc);
+        }
+    }
+    const bool writer = r < dim && lane == 0;
+    if (!RES) {
+        if (writer) out[r] = __float2bfloat16(acc);
+        return;
+    }
+    float v = 0.f;
+    if (writer) {
+        const bf16 sum = __float2bfloat16(__bfloat162float(out[r]) + bfr(acc));
+        out[r] = sum;
+        v = __bfloat162float(sum);
+        if (nz.norm) nz.xg[r] = __float2bfloat16(v * nz.norm[r]);
+    }
+    if (!nz.norm) return;
+    v = kc_norm_block_sum(v * v);
+    if (threadIdx.x == 0) nz.parts[blockIdx.x] = v;
+}
+
+// k_moe_small_down_b1's chunks a lane and task (ffn / 256) where it takes the step (0: not):
+// batch 1, widths it is built for, a fused shared expert only as wide as a routed one.
+// KAON_MOE_B1_DOWN=1 switches it on (not yet the default).
+static int b1_down_cpl(int n, int F, int SF, bool fuse_shared) {
+    static const bool on = kc_env_on("KAON_MOE_B1_DOWN");
+    if (!on || n != 1 || F % 256 || (fuse_shared && SF != F)) return 0;
+    const int cpl = F / 256;
+    return cpl == 2 || cpl == 3 || cpl == 4 || cpl == 6 || cpl == 8 ? cpl : 0;
+}
+
+// Output rows per block of the small path's down kernel (the split norm's parts are per block).
+static int small_down_rows(int n, int F, int SF, bool fuse_shared) {
+    return b1_down_cpl(n, F, SF, fuse_shared) ? GEMV_WARPS : DN_ROWS;
+}
+
+typedef void (*DownB1)(const bf16 *, int, int, MoeW, const bf16 *, const bf16 *, const bf16 *, const float *, int,
+                       const int *, int, const int *, const float *, bf16 *, MoeNorm);
+
+// k_moe_small_down_b1 for cpl (b1_down_cpl's answer) on the small path's buffers.
+static cudaError_t launch_down_b1(kc_backend *b, int cpl, int dim, int F, const MoeW &mw, const bf16 *sdown,
+                                  const bf16 *YS, const float *SG, int K, const MoeBufs &m, int E, bf16 *out,
+                                  const MoeNorm &nz) {
+    static const DownB1 kern[2][5] = {
+        {k_moe_small_down_b1<2, false>, k_moe_small_down_b1<3, false>, k_moe_small_down_b1<4, false>,
+         k_moe_small_down_b1<6, false>, k_moe_small_down_b1<8, false>},
+        {k_moe_small_down_b1<2, true>, k_moe_small_down_b1<3, true>, k_moe_small_down_b1<4, true>,
+         k_moe_small_down_b1<6, true>, k_moe_small_down_b1<8, true>}};
+    const int i = cpl == 2 ? 0 : cpl == 3 ? 1 : cpl == 4 ? 2 : cpl == 6 ? 3 : 4;
+    const dim3 grid((unsigned)((dim + GEMV_WARPS - 1) / GEMV_WARPS)), blk(GEMV_WARPS * 32);
+    return kc_launch(b, kern[nz.res ? 1 : 0][i], grid, blk, 0, m.H, dim, F, mw, sdown, m.HS, YS, SG, K, m.active, E,
+                     m.inv, m.topk_w, out, nz);
+}
+
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
 
 // C tile [TM, BN] of rows (slots [s_begin, s_end)) of A times B^T, B = W [N, Kd] rows n0...
@@ -1208,6 +1332,12 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
         b->base.ops->linear_f32(&b->base, x, n, w->shared_gate_inp, m.SG);
         if (b->err) return -1;
     }
+    const int cpl = b1_down_cpl(n, F, SF, fuse_shared);
+    if (cpl)
+        return kc_check(b, launch_down_b1(b, cpl, dim, F, mw, fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL,
+                                          SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
+                                          m, El, out, nz),
+                        "moe down and combine");
     const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
     // KAON_GEMV_OCC & 4: the 4-blocks-per-SM instance (64 registers, 8 bytes spilled).
     const bool hi = kc_gemv_occ_hi(KC_OCC_MOE_DOWN);
@@ -1352,7 +1482,11 @@ int kc_moe_norm_residual(kc_backend *b, const kaon_moe_weights *w, const int32_t
         nz.norm = out->norm;
         nz.xg = out->xg;
         nz.parts = out->parts;
-        out->n_parts = (int)((w->router->w.shape[1] + DN_ROWS - 1) / DN_ROWS);  // k_moe_small_down's blocks
+        // The down kernel's blocks (under the split norm a shared expert is always fused).
+        const int e0 = w->e1 > 0 ? w->e0 : 0, F = (int)w->gate[e0].w.shape[0];
+        const int SF = w->shared_gate ? (int)w->shared_gate->w.shape[0] : 0;
+        const int rows = small_down_rows(1, F, SF, SF > 0);
+        out->n_parts = (int)((w->router->w.shape[1] + rows - 1) / rows);
     }
     return moe_op(b, b->split_xg, 1, positions, w, counts, res, nz);
 }
