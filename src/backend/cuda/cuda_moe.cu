@@ -43,7 +43,9 @@
 //   k_moe_small_gu: the active experts' gate/up GEMV and, as extra grid rows, the shared expert's
 //     (its blocks first: they load weights before the routing is done, under PDL).
 //   k_moe_small_down: one output row per DN_WPR warps, which share its dot products (shared
-//     expert, active experts) and add them per token in k_combine's order and roundings.
+//     expert, active experts) and add them per token in k_combine's order and roundings;
+//     k_moe_small_down_b1 (KAON_MOE_B1_DOWN=1, batch 1): one warp per output row, all its tasks'
+//     weights requested together.
 // A shared expert these kernels cannot read as bare bf16 goes through the linear ops between the
 // second and third launch. KAON_MOE_SMALL=0: small batches take the general path.
 //
