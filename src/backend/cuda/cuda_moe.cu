@@ -509,6 +509,8 @@ static __device__ __forceinline__ void gu_first_round(uint4 (&gv)[SM_U], uint4 (
 // shared expert's rows ((y * gridDim.x + x) * GEMV_WARPS + warp, all n tokens, into HS [n, SF]),
 // first so that their blocks start streaming weights before the routing is done; else active
 // expert y - ys, rows x * GEMV_WARPS + warp (k_moe_gemv_gu). Roundings as k_gemv_silu's.
+// Batch 1: the one token's slot of active expert i is i and its row is x, so no offsets or token
+// ids are read (two round trips after the weights' request at every block's start).
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const bf16 *__restrict__ sgate,
                const bf16 *__restrict__ sup, int SF, int ys, const int *__restrict__ active, int E,
@@ -549,8 +551,13 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
             ur = (const uint4 *)(w.up + (size_t)e * w.sup + (size_t)r * dim);
             gu_first_round(gv, uv, gr, ur, c, nc);
             pre = true;
-            s0 = off[e];
-            ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+            if (n == 1) {
+                s0 = i;
+                ne = 1;
+            } else {
+                s0 = off[e];
+                ne = min(off[e + 1] - s0, MOE_GEMV_MAX_N);
+            }
         }
     }
     // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block, so
@@ -562,7 +569,7 @@ k_moe_small_gu(const bf16 *__restrict__ x, int n, int dim, int F, MoeW w, const 
 #pragma unroll
     for (int b = 0; b < MOE_GEMV_MAX_N; b++) {
         const int bb = b < ne ? b : 0;
-        xr[b] = (const uint4 *)(x + (size_t)(sh ? bb : slot_tok[s0 + bb]) * dim);
+        xr[b] = (const uint4 *)(x + (size_t)(sh || n == 1 ? bb : slot_tok[s0 + bb]) * dim);
     }
     float ag[MOE_GEMV_MAX_N], au[MOE_GEMV_MAX_N];
 #pragma unroll
