@@ -182,8 +182,9 @@ B1_CASES = [
 
 
 def switch_bit_equal(tmp_path, switch, name, n, dim, E, K, F, SF, npad, erange):
-    """The moe op's outputs and counters with the environment switch at 1 and at 0 (20 timed
-    repetitions each): the same bits, and the microseconds a call both ways."""
+    """The moe op's outputs and counters with the environment switches (comma-separated names)
+    at 1 and at 0 (20 timed repetitions each): the same bits, and the microseconds a call both
+    ways."""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     arrays = random_moe(rng, n, dim, E, F)
     if SF:
@@ -201,7 +202,7 @@ def switch_bit_equal(tmp_path, switch, name, n, dim, E, K, F, SF, npad, erange):
     got, us = {}, {}
     for on in ("1", "0"):
         d = tmp_path / f"{switch}{on}"
-        so = run_op(d, "moe", params, arrays, env={switch: on})
+        so = run_op(d, "moe", params, arrays, env={name: on for name in switch.split(",")})
         got[on] = (out(d, shape=(n, dim)), np.fromfile(d / "out_counts.bin", np.float32))
         us[on] = json.loads(so.strip().splitlines()[-1])["us"]
     record("moe_switch_bit_equal", switch=switch, case=name, us_on=us["1"], us_off=us["0"])
@@ -224,12 +225,14 @@ def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, era
 
 
 @pytest.mark.skipif(ON_CPU, reason="a CUDA kernel choice")
+@pytest.mark.parametrize("switch", ["KAON_MOE_B1_DOWN", "KAON_MOE_B1_DOWN,KAON_MOE_DOWN_EARLY"])
 @pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,erange", B1_CASES)
-def test_moe_b1_down_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange):
+def test_moe_b1_down_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange, switch):
     """KAON_MOE_B1_DOWN=1 (batch 1's down projections and combine one warp per output row, all
-    of a row's tasks requested together) computes each dot product, rounding and the combine as
-    k_moe_small_down does: the same bits, with a fused shared expert, expert parallel, padding."""
-    switch_bit_equal(tmp_path, "KAON_MOE_B1_DOWN", name, n, dim, E, K, F, SF, npad, erange)
+    of a row's tasks requested together; with KAON_MOE_DOWN_EARLY=1 the first round before the
+    wait) computes each dot product, rounding and the combine as k_moe_small_down does: the
+    same bits, with a fused shared expert, expert parallel, padding."""
+    switch_bit_equal(tmp_path, switch, name, n, dim, E, K, F, SF, npad, erange)
 
 # ---- FP8 experts (cuda_moe_fp8.cu) ---------------------------------------------------------------
 

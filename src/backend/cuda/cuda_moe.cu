@@ -787,17 +787,20 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
 // requests the row's chunks of several tasks at once (TPR tasks x CPL chunks a lane, <= 24
 // loads in flight): Qwen3-30B-A3B's 8 experts x 768 in one round trip and one wave of blocks,
 // where k_moe_small_down's warps take two tasks one after the other in two waves (ncu: 1.1 of
-// 3.35 TB/s). Tasks: the shared expert's row when sdown is given (SF == F; its weights requested
-// before the wait: no earlier kernel writes them), then the active experts in plan order (slot i
-// of the one token is active expert i). Each task's dot product, its bf16 rounding and the
-// combine in choice order are k_moe_small_down's, so the output is the same bits. RES as there,
-// with GEMV_WARPS rows per block (kc_moe_norm_residual's parts).
+// 3.35 TB/s). Tasks: the shared expert's row when sdown is given (SF == F), then the active
+// experts in plan order (slot i of the one token is active expert i). The first round's weights
+// are requested before the wait: the shared expert's always (no earlier kernel writes them), the
+// routed experts' when early (KAON_MOE_DOWN_EARLY: gate/up let this kernel launch only after the
+// routing finished, so the plan is final; read through L2), which lets the whole round stream
+// under gate/up's tail. Each task's dot product, its bf16 rounding and the combine in choice
+// order are k_moe_small_down's, so the output is the same bits. RES as there, with GEMV_WARPS
+// rows per block (kc_moe_norm_residual's parts).
 template <int CPL, bool RES>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 k_moe_small_down_b1(const bf16 *__restrict__ H, int dim, int F, MoeW w, const bf16 *__restrict__ sdown,
                     const bf16 *__restrict__ HS, const bf16 *__restrict__ YS, const float *__restrict__ SG, int K,
                     const int *__restrict__ active, int E, const int *__restrict__ inv,
-                    const float *__restrict__ topk_w, bf16 *__restrict__ out, MoeNorm nz) {
+                    const float *__restrict__ topk_w, bf16 *__restrict__ out, MoeNorm nz, int early) {
     constexpr int TPR = 24 / CPL > MOE_MAX_K ? MOE_MAX_K : 24 / CPL;  // tasks a round
     __shared__ float s_y[GEMV_WARPS][MOE_MAX_K + 1];                   // task outputs, by task
     kc_pdl_trigger();
@@ -805,30 +808,47 @@ k_moe_small_down_b1(const bf16 *__restrict__ H, int dim, int F, MoeW w, const bf
     const int r = (int)blockIdx.x * GEMV_WARPS + warp;
     const int hs = sdown ? 1 : 0;
     uint4 wv[TPR][CPL];
-    if (hs && r < dim) {
-        const uint4 *wr = (const uint4 *)(sdown + (size_t)r * F);
+    int cnt = 0, a = 0;
+    bool pre = false;  // the first round requested (plan read) before the wait
+    if (early && r < dim) {
+        cnt = __ldcg(active + E);
+        a = __ldcg(active + min(lane, E));
+        pre = true;
+    }
+    // The weights of round t0's tasks t < nt. Before the wait: the first round (the shared row
+    // always, the routed ones when the plan is final); after it the rest, so a first round after
+    // the wait skips the shared row.
+    auto request = [&](int t0, int nt, bool before) {
 #pragma unroll
-        for (int q = 0; q < CPL; q++) wv[0][q] = ld_stream_early(wr + lane + 32 * q);
+        for (int i = 0; i < TPR; i++) {
+            const int t = t0 + i;
+            const int e = __shfl_sync(0xffffffffu, a, (t - hs) & 31);
+            if (t < nt && (before || !(t == 0 && hs))) {
+                const uint4 *wr = hs && t == 0 ? (const uint4 *)(sdown + (size_t)r * F)
+                                               : (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
+#pragma unroll
+                for (int q = 0; q < CPL; q++)
+                    wv[i][q] = before ? ld_stream_early(wr + lane + 32 * q) : ld_stream(wr + lane + 32 * q);
+            }
+        }
+    };
+    if (r < dim) {
+        if (pre) request(0, cnt + hs, true);
+        else if (hs) request(0, 1, true);  // the shared expert's row alone
     }
     kc_pdl_wait();
     float acc = 0.f;  // the row's output (lane 0)
     if (r < dim) {
         // The count, lane i's active expert and choice i's slot and weight in one round trip.
-        const int cnt = ld_plan(active + E), a = ld_plan(active + min(lane, E));
+        if (!pre) {
+            cnt = ld_plan(active + E);
+            a = ld_plan(active + min(lane, E));
+        }
         const int iv = lane < K ? __ldcg(inv + lane) : -1;
         const float wt = lane < K ? __ldcg(topk_w + lane) : 0.f;
         const int nt = cnt + hs;
         for (int t0 = 0; t0 < nt; t0 += TPR) {
-#pragma unroll
-            for (int i = 0; i < TPR; i++) {
-                const int t = t0 + i;
-                const int e = __shfl_sync(0xffffffffu, a, (t - hs) & 31);
-                if (t < nt && !(hs && t == 0)) {
-                    const uint4 *wr = (const uint4 *)(w.down + (size_t)e * w.sdown + (size_t)r * F);
-#pragma unroll
-                    for (int q = 0; q < CPL; q++) wv[i][q] = ld_stream(wr + lane + 32 * q);
-                }
-            }
+            if (t0 > 0 || !pre) request(t0, nt, false);
 #pragma unroll
             for (int i = 0; i < TPR; i++) {
                 const int t = t0 + i;
@@ -890,12 +910,12 @@ static int small_down_rows(int n, int F, int SF, bool fuse_shared) {
 }
 
 typedef void (*DownB1)(const bf16 *, int, int, MoeW, const bf16 *, const bf16 *, const bf16 *, const float *, int,
-                       const int *, int, const int *, const float *, bf16 *, MoeNorm);
+                       const int *, int, const int *, const float *, bf16 *, MoeNorm, int);
 
 // k_moe_small_down_b1 for cpl (b1_down_cpl's answer) on the small path's buffers.
 static cudaError_t launch_down_b1(kc_backend *b, int cpl, int dim, int F, const MoeW &mw, const bf16 *sdown,
                                   const bf16 *YS, const float *SG, int K, const MoeBufs &m, int E, bf16 *out,
-                                  const MoeNorm &nz) {
+                                  const MoeNorm &nz, int early) {
     static const DownB1 kern[2][5] = {
         {k_moe_small_down_b1<2, false>, k_moe_small_down_b1<3, false>, k_moe_small_down_b1<4, false>,
          k_moe_small_down_b1<6, false>, k_moe_small_down_b1<8, false>},
@@ -904,7 +924,7 @@ static cudaError_t launch_down_b1(kc_backend *b, int cpl, int dim, int F, const 
     const int i = cpl == 2 ? 0 : cpl == 3 ? 1 : cpl == 4 ? 2 : cpl == 6 ? 3 : 4;
     const dim3 grid((unsigned)((dim + GEMV_WARPS - 1) / GEMV_WARPS)), blk(GEMV_WARPS * 32);
     return kc_launch(b, kern[nz.res ? 1 : 0][i], grid, blk, 0, m.H, dim, F, mw, sdown, m.HS, YS, SG, K, m.active, E,
-                     m.inv, m.topk_w, out, nz);
+                     m.inv, m.topk_w, out, nz, early);
 }
 
 // ---- 5b. prefill: grouped GEMM on tensor cores ------------------------------------------------------
@@ -1345,7 +1365,7 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     if (cpl)
         return kc_check(b, launch_down_b1(b, cpl, dim, F, mw, fuse_shared ? (const bf16 *)w->shared_down->w.data : NULL,
                                           SF && !fuse_shared ? m.YS : NULL, SF && w->shared_gate_inp ? m.SG : NULL, K,
-                                          m, El, out, nz),
+                                          m, El, out, nz, early),
                         "moe down and combine");
     const dim3 dgrid((unsigned)((dim + DN_ROWS - 1) / DN_ROWS));
     // KAON_GEMV_OCC & 4: the 4-blocks-per-SM instance (64 registers, 8 bytes spilled).

@@ -1,8 +1,8 @@
 # Session 62, call 3 (the session's last ~500 s of device time; from the repository root; carry
 # .debs, .whl). On an H200, issue 18's one-GPU points first (call1.sh's: NCCL world size 1, two
 # ranks on one device, run_all.sh tp, bench/multigpu.sh refusing one GPU); then on any GPU the
-# batch-1 MoE down kernel (call2.sh's: bit-equal, Qwen3-30B-A3B both ways, the routing kernel's
-# per-instruction stalls), each part skipped when the call has run too long for it.
+# batch-1 MoE down kernel (bit-equal; Qwen3-30B-A3B with it, with it and its first round before the
+# wait, and without; the routing kernel's per-instruction stalls), each part skipped when the call has run too long for it.
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-470}
@@ -26,10 +26,12 @@ if [ $(el) -lt $(( LIMIT - 60 )) ]; then
         -k "b1_down or down_early" 2>&1 | grep -E "us/call|passed|failed|Error|assert" | cut -c1-200 | tail -12
 fi
 C=bench/configs/Qwen__Qwen3-30B-A3B.json
-for on in 1 0 1 0; do
-    [ $(el) -lt $(( LIMIT - 60 )) ] || break
-    echo -n "Qwen3-30B-A3B b1 KAON_MOE_B1_DOWN=$on ($(el) s in): "; KAON_MOE_B1_DOWN=$on timeout 45 \
-        python3 bench/gpu_decode.py --config $C --tokens 256 --kaon build-gpu/kaon 2>&1 | grep -E "^decode" | tail -1 | cut -c1-100
+# B1_DOWN,DOWN_EARLY switches: both on, off, the b1 kernel alone, then again.
+for sw in 11 00 10 11 00 10; do
+    [ $(el) -lt $(( LIMIT - 45 )) ] || break
+    echo -n "Qwen3-30B-A3B b1 KAON_MOE_B1_DOWN=${sw:0:1} KAON_MOE_DOWN_EARLY=${sw:1:1} ($(el) s in): "
+    KAON_MOE_B1_DOWN=${sw:0:1} KAON_MOE_DOWN_EARLY=${sw:1:1} timeout 40 python3 bench/gpu_decode.py --config $C \
+        --tokens 256 --kaon build-gpu/kaon 2>&1 | grep -E "^decode" | tail -1 | cut -c1-100
 done
 if [ $(el) -lt $(( LIMIT - 50 )) ]; then
     echo "== ncu: k_moe_route_small per instruction ($(el) s in)"
