@@ -34,8 +34,8 @@ def allowed(kernel, ins):
 
 
 # Kernel-name fragments whose source requests weights before kc_pdl_wait.
-EARLY = ("k_gemv", "k_fp8_gemv", "k_t4_gemv", "k_qgemv", "k_moe_route_small", "k_moe_small_gu",
-         "k_moe_small_down")
+EARLY = ("k_gemv", "k_fp8_gemv", "k_t4_gemv", "k_qgemv", "k_moe_route_small", "k_moe_route_cluster",
+         "k_moe_small_gu", "k_moe_small_down")
 WEIGHT = re.compile(r"\bLDG\S*\.NA\b|\bLDGSTS\b")
 
 

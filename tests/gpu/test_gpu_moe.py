@@ -181,6 +181,15 @@ B1_CASES = [
 ]
 
 
+ROUTE_CLUSTER_CASES = [
+    # KAON_MOE_ROUTE_CLUSTER=1: k_moe_route_cluster (softmax routing, rows <= 128)
+    ("rc-1tok-e128-top8", 1, 2048, 128, 8, 768, 0, 0, None),            # Qwen3-30B-A3B: 16 blocks
+    ("rc-batch8-pad-shared-gate", 8, 512, 60, 4, 256, 256, 3, None),    # Qwen2-MoE-like: 61 rows
+    ("rc-ep-batch5", 5, 512, 32, 4, 512, 0, 0, (8, 20)),
+    ("rc-3tok-e8-top2", 3, 1024, 8, 2, 512, 0, 0, None),                # Mixtral-like: one block
+]
+
+
 def switch_bit_equal(tmp_path, switch, name, n, dim, E, K, F, SF, npad, erange):
     """The moe op's outputs and counters with the environment switches (comma-separated names)
     at 1 and at 0 (20 timed repetitions each): the same bits, and the microseconds a call both
@@ -222,6 +231,15 @@ def test_moe_down_early_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, era
     before waiting for gate/up, which launches it only after the routing) moves loads, not
     arithmetic: the same bits as without (a plan read too early would pick other experts' rows)."""
     switch_bit_equal(tmp_path, "KAON_MOE_DOWN_EARLY", name, n, dim, E, K, F, SF, npad, erange)
+
+
+@pytest.mark.skipif(ON_CPU, reason="a CUDA kernel choice")
+@pytest.mark.parametrize("name,n,dim,E,K,F,SF,npad,erange", ROUTE_CLUSTER_CASES)
+def test_moe_route_cluster_bit_equal(tmp_path, name, n, dim, E, K, F, SF, npad, erange):
+    """KAON_MOE_ROUTE_CLUSTER=1 (the router GEMV's blocks as one cluster, the logits gathered in
+    block 0's shared memory) routes and plans with k_moe_route_small's code: the same outputs and
+    counters, with padding, a shared-expert gate row and expert parallel."""
+    switch_bit_equal(tmp_path, "KAON_MOE_ROUTE_CLUSTER", name, n, dim, E, K, F, SF, npad, erange)
 
 
 @pytest.mark.skipif(ON_CPU, reason="a CUDA kernel choice")

@@ -252,6 +252,28 @@ static inline cudaError_t kc_launch(kc_backend *b, void (*kernel)(KArgs...), dim
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
+// kc_launch for a grid of thread-block clusters of cluster_x blocks along x.
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kc_launch_cluster(kc_backend *b, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                            unsigned cluster_x, size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = b->stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_x;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = b->pdl ? 2 : 1;
+    b->n_launch++;
+    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
 // Records the first error (later ones are dropped) and returns -1.
 int kc_fail(kc_backend *b, const char *fmt, ...) KAON_PRINTF(2, 3);
 // Checks a CUDA runtime call; on failure records "what: <cuda message>".

@@ -39,7 +39,9 @@
 //   k_moe_route_small: router GEMV (k_gemv's arithmetic) with Qwen2-MoE's gate input as one more
 //     row; the last block to finish (a ticket counter in the scratch) routes every token with
 //     k_route's / k_route_ds's own code, counts in shared memory, and writes offsets, the active
-//     experts, slot_tok and inv (slots of an expert in token order: deterministic).
+//     experts, slot_tok and inv (slots of an expert in token order: deterministic);
+//     k_moe_route_cluster (KAON_MOE_ROUTE_CLUSTER=1, softmax routing): the same with the blocks
+//     as one cluster, the logits gathered in block 0's shared memory.
 //   k_moe_small_gu: the active experts' gate/up GEMV and, as extra grid rows, the shared expert's
 //     (its blocks first: they load weights before the routing is done, under PDL).
 //   k_moe_small_down: one output row per DN_WPR warps, which share its dot products (shared
@@ -63,11 +65,14 @@
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_moe_route.cuh"
 
+#include <atomic>
+#include <cooperative_groups.h>
 #include <mma.h>
 #include <stdlib.h>
 #include <string.h>
 
 using namespace nvcuda;
+namespace cg = cooperative_groups;
 
 typedef struct MoeW {
     const bf16 *gate, *up, *down;    // expert 0 (expert parallel: expert e0, local expert 0)
@@ -78,8 +83,9 @@ typedef struct MoeW {
 
 // Token t (the whole warp; lane = its lane). E <= MOE_MAX_E (each lane keeps E/32 logits),
 // K <= MOE_MAX_K. The chosen experts are counted in cnt (global or shared memory) and counts
-// (NULL: none). logits are read through L2 (ld.cg): the small-batch kernel wrote them itself.
-template <int PER>
+// (NULL: none). logits are read through L2 (ld.cg): the small-batch kernel wrote them itself
+// (SMEM: shared memory, plain loads).
+template <int PER, bool SMEM = false>
 static __device__ __forceinline__ void moe_route_token_n(const float *logits, const int32_t *pos, int t, int E, int K,
                                                        int norm, int *topk_id, float *topk_w, int *cnt,
                                                        uint32_t *counts, int lane) {
@@ -95,7 +101,7 @@ static __device__ __forceinline__ void moe_route_token_n(const float *logits, co
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int e = lane + 32 * i;
-        v[i] = e < E ? bfr(__ldcg(logits + (size_t)t * E + e)) : -INFINITY;
+        v[i] = e < E ? bfr(SMEM ? logits[(size_t)t * E + e] : __ldcg(logits + (size_t)t * E + e)) : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -147,13 +153,14 @@ static __device__ __forceinline__ void moe_route_token_n(const float *logits, co
 }
 
 // Lanes keep PER = ceil(E / 32) logits each; the loops are as long as the experts need.
+template <bool SMEM = false>
 static __device__ __forceinline__ void moe_route_token(const float *logits, const int32_t *pos, int t, int E, int K,
                                                        int norm, int *topk_id, float *topk_w, int *cnt,
                                                        uint32_t *counts, int lane) {
-    if (E <= 64) moe_route_token_n<2>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
-    else if (E <= 128) moe_route_token_n<4>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
-    else if (E <= 256) moe_route_token_n<8>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
-    else moe_route_token_n<MOE_MAX_E / 32>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    if (E <= 64) moe_route_token_n<2, SMEM>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    else if (E <= 128) moe_route_token_n<4, SMEM>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    else if (E <= 256) moe_route_token_n<8, SMEM>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
+    else moe_route_token_n<MOE_MAX_E / 32, SMEM>(logits, pos, t, E, K, norm, topk_id, topk_w, cnt, counts, lane);
 }
 
 // One warp per token.
@@ -337,99 +344,49 @@ static_assert(SR_WARPS == KC_GEMV_ROWS && GEMV_WARPS == KC_GEMV_ROWS, "kc_norm_b
 #define SM_U 8          // weight loads in flight per lane and matrix (GEMV of the small path): a
                         // 2048-wide row (or 1408: the tail) in one round trip
 
-// Router logits (and Qwen2-MoE's shared-expert gate logit) for the n tokens, one warp per row
-// (the arithmetic of cuda_linear.cu's k_gemv, so the logits are the same bits), then the last
-// block to finish (a ticket in the scratch, back to 0 after each launch) routes the tokens and
-// plans the experts: counts in shared memory, offsets, the active experts in expert order,
-// slot_tok and inv (within an expert the slots follow the tokens). EP: the plan of experts
-// [e0, e0 + El) only, numbered from 0; another rank's choice gets inv -2.
-template <bool DS, bool EP>
-__global__ void __launch_bounds__(SR_WARPS * 32)
-k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__restrict__ router, int E,
-                  const bf16 *__restrict__ sg_w, const int32_t *__restrict__ pos, int K, int norm, MoeRouteDs p,
-                  MoeBufs m, uint32_t *__restrict__ counts, int e0, int El, MoeNorm nz) {
-    __shared__ float c_s[DS ? SR_WARPS * MOE_MAX_E : 1];  // k_route_ds's choice values, per warp
-    __shared__ int s_cnt[MOE_MAX_E];
-    __shared__ int s_off[MOE_MAX_E + 1];
-    __shared__ int s_id[MOE_GEMV_MAX_N * MOE_MAX_K];
-    __shared__ int s_last;
-    kc_pdl_trigger();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
-    const int row = blockIdx.x * SR_WARPS + warp, rows = E + (sg_w ? 1 : 0);
-    const bool active = row < rows;
-    const uint4 *wr = (const uint4 *)(!active ? router : row < E ? router + (size_t)row * dim : sg_w);
-    const uint4 *xr = (const uint4 *)x;
+// One router row's dot products with the n token rows (xr: [n, nc] chunks), k_gemv's
+// arithmetic: lane chunks c = lane + 32 u, SM_U a round; wv holds the first round when the row
+// has one (requested before the PDL wait).
+static __device__ __forceinline__ void route_row_dots(const uint4 *wr, const uint4 *xr, int n, int nc, int lane,
+                                                      uint4 (&wv)[SM_U], float (&acc)[MOE_GEMV_MAX_N]) {
     int c = lane;
-    // The first weights are requested before waiting for the kernel that writes x.
-    uint4 wv[SM_U];
-    if (active && c + 32 * (SM_U - 1) < nc)
 #pragma unroll
-        for (int u = 0; u < SM_U; u++) wv[u] = ld_stream_early(wr + c + 32 * u);
-    kc_pdl_wait();
-    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
-    float acc[MOE_GEMV_MAX_N];
-    if (active) {
+    for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
+    for (bool first = true; c + 32 * (SM_U - 1) < nc; c += 32 * SM_U, first = false) {
+        if (!first)
 #pragma unroll
-        for (int b = 0; b < MOE_GEMV_MAX_N; b++) acc[b] = 0.f;
-        for (bool first = true; c + 32 * (SM_U - 1) < nc; c += 32 * SM_U, first = false) {
-            if (!first)
-#pragma unroll
-                for (int u = 0; u < SM_U; u++) wv[u] = ld_stream(wr + c + 32 * u);
-#pragma unroll
-            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-                if (b < n) {
-                    const uint4 *xb = xr + (size_t)b * nc + c;
-                    float s = acc[b];
-#pragma unroll
-                    for (int u = 0; u < SM_U; u++) s = dot8(wv[u], __ldg(xb + 32 * u), s);
-                    acc[b] = s;
-                }
-        }
-        if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
-#pragma unroll
-            for (int u = 0; u < SM_U - 1; u++)
-                if (c + 32 * u < nc) wv[u] = ld_stream(wr + c + 32 * u);
-#pragma unroll
-            for (int b = 0; b < MOE_GEMV_MAX_N; b++)
-                if (b < n) {
-#pragma unroll
-                    for (int u = 0; u < SM_U - 1; u++)
-                        if (c + 32 * u < nc) acc[b] = dot8(wv[u], __ldg(xr + (size_t)b * nc + c + 32 * u), acc[b]);
-                }
-        }
-    }
-    // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block).
-    const float scale = nz.in_parts ? kc_norm_rinv(ss, dim, nz.eps) : 1.f;
-    if (active) {
+            for (int u = 0; u < SM_U; u++) wv[u] = ld_stream(wr + c + 32 * u);
 #pragma unroll
         for (int b = 0; b < MOE_GEMV_MAX_N; b++)
             if (b < n) {
-                const float v = warp_sum(acc[b]) * scale;
-                if (lane == 0) {
-                    if (row < E) m.logits[(size_t)b * E + row] = v;
-                    else m.SG[b] = v;
-                }
+                const uint4 *xb = xr + (size_t)b * nc + c;
+                float s = acc[b];
+#pragma unroll
+                for (int u = 0; u < SM_U; u++) s = dot8(wv[u], __ldg(xb + 32 * u), s);
+                acc[b] = s;
             }
     }
-    // The last block to get here sees every block's logits.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(m.ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    if (threadIdx.x == 0) *m.ticket = 0;  // for the next launch (and graph replay)
-    for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
-    __syncthreads();
-    // The choices' ids go to shared memory only (s_id; nothing after this kernel reads them).
-    if (warp < n) {
-        if (DS)
-            moe_route_ds_token(m.logits, pos, warp, E, K, p, c_s + (DS ? warp * MOE_MAX_E : 0), s_id, m.topk_w,
-                               s_cnt, counts, lane);
-        else
-            moe_route_token(m.logits, pos, warp, E, K, norm, s_id, m.topk_w, s_cnt, counts, lane);
+    if (c < nc) {  // the rest (fewer than SM_U chunks of this lane), requested together
+#pragma unroll
+        for (int u = 0; u < SM_U - 1; u++)
+            if (c + 32 * u < nc) wv[u] = ld_stream(wr + c + 32 * u);
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < n) {
+#pragma unroll
+                for (int u = 0; u < SM_U - 1; u++)
+                    if (c + 32 * u < nc) acc[b] = dot8(wv[u], __ldg(xr + (size_t)b * nc + c + 32 * u), acc[b]);
+            }
     }
-    __syncthreads();
+}
+
+// The last part of routing n tokens (one block; s_id [n * K] the choices, s_cnt [E] their
+// counts, both in shared memory): EP's local ids, offsets (s_off and m.off), the active experts
+// in expert order, slot_tok and inv (within an expert the slots follow the tokens).
+template <bool EP>
+static __device__ __forceinline__ void route_plan(int n, int E, int K, int *s_id, const int *s_cnt, int *s_off,
+                                                  const MoeBufs &m, int e0, int El) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nk = n * K;
     if (EP)
         for (int i = threadIdx.x; i < nk; i += blockDim.x) {
@@ -483,6 +440,126 @@ k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__rest
         m.slot_tok[s] = i / K;
         m.inv[i] = s;
     }
+}
+
+// Router logits (and Qwen2-MoE's shared-expert gate logit) for the n tokens, one warp per row
+// (the arithmetic of cuda_linear.cu's k_gemv, so the logits are the same bits), then the last
+// block to finish (a ticket in the scratch, back to 0 after each launch) routes the tokens and
+// plans the experts: counts in shared memory, offsets, the active experts in expert order,
+// slot_tok and inv (within an expert the slots follow the tokens). EP: the plan of experts
+// [e0, e0 + El) only, numbered from 0; another rank's choice gets inv -2.
+template <bool DS, bool EP>
+__global__ void __launch_bounds__(SR_WARPS * 32)
+k_moe_route_small(const bf16 *__restrict__ x, int n, int dim, const bf16 *__restrict__ router, int E,
+                  const bf16 *__restrict__ sg_w, const int32_t *__restrict__ pos, int K, int norm, MoeRouteDs p,
+                  MoeBufs m, uint32_t *__restrict__ counts, int e0, int El, MoeNorm nz) {
+    __shared__ float c_s[DS ? SR_WARPS * MOE_MAX_E : 1];  // k_route_ds's choice values, per warp
+    __shared__ int s_cnt[MOE_MAX_E];
+    __shared__ int s_off[MOE_MAX_E + 1];
+    __shared__ int s_id[MOE_GEMV_MAX_N * MOE_MAX_K];
+    __shared__ int s_last;
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
+    const int row = blockIdx.x * SR_WARPS + warp, rows = E + (sg_w ? 1 : 0);
+    const bool active = row < rows;
+    const uint4 *wr = (const uint4 *)(!active ? router : row < E ? router + (size_t)row * dim : sg_w);
+    const uint4 *xr = (const uint4 *)x;
+    int c = lane;
+    // The first weights are requested before waiting for the kernel that writes x.
+    uint4 wv[SM_U];
+    if (active && c + 32 * (SM_U - 1) < nc)
+#pragma unroll
+        for (int u = 0; u < SM_U; u++) wv[u] = ld_stream_early(wr + c + 32 * u);
+    kc_pdl_wait();
+    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
+    float acc[MOE_GEMV_MAX_N];
+    if (active) route_row_dots(wr, xr, n, nc, lane, wv, acc);
+    // x a split norm's xg: 1 / rms as the dense GEMVs compute it (every thread of the block).
+    const float scale = nz.in_parts ? kc_norm_rinv(ss, dim, nz.eps) : 1.f;
+    if (active) {
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < n) {
+                const float v = warp_sum(acc[b]) * scale;
+                if (lane == 0) {
+                    if (row < E) m.logits[(size_t)b * E + row] = v;
+                    else m.SG[b] = v;
+                }
+            }
+    }
+    // The last block to get here sees every block's logits.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(m.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *m.ticket = 0;  // for the next launch (and graph replay)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
+    __syncthreads();
+    // The choices' ids go to shared memory only (s_id; nothing after this kernel reads them).
+    if (warp < n) {
+        if (DS)
+            moe_route_ds_token(m.logits, pos, warp, E, K, p, c_s + (DS ? warp * MOE_MAX_E : 0), s_id, m.topk_w,
+                               s_cnt, counts, lane);
+        else
+            moe_route_token(m.logits, pos, warp, E, K, norm, s_id, m.topk_w, s_cnt, counts, lane);
+    }
+    __syncthreads();
+    route_plan<EP>(n, E, K, s_id, s_cnt, s_off, m, e0, El);
+}
+
+#define RC_MAX_BLOCKS 16  // k_moe_route_cluster: blocks (= its one cluster; 16 is non-portable)
+#define RC_MAX_E (RC_MAX_BLOCKS * SR_WARPS)
+
+// k_moe_route_small's work (softmax routing) with the grid as one thread-block cluster: each
+// block's warps put their rows' logits straight into block 0's shared memory (DSMEM), and one
+// cluster barrier replaces the fence, the ticket's atomic round trip, the second fence and the
+// last block's read of the logits back from L2; block 0 then routes and plans as the last block
+// does there (the same code, so the same plan). Rows (E + the shared gate's) <= RC_MAX_E.
+template <bool EP>
+__global__ void __launch_bounds__(SR_WARPS * 32, 2)
+k_moe_route_cluster(const bf16 *__restrict__ x, int n, int dim, const bf16 *__restrict__ router, int E,
+                    const bf16 *__restrict__ sg_w, const int32_t *__restrict__ pos, int K, int norm, MoeBufs m,
+                    uint32_t *__restrict__ counts, int e0, int El, MoeNorm nz) {
+    __shared__ float s_lg[MOE_GEMV_MAX_N * RC_MAX_E];  // block 0's: every row's logits
+    __shared__ int s_cnt[RC_MAX_E];
+    __shared__ int s_off[RC_MAX_E + 1];
+    __shared__ int s_id[MOE_GEMV_MAX_N * MOE_MAX_K];
+    kc_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nc = dim >> 3;
+    const int row = blockIdx.x * SR_WARPS + warp, rows = E + (sg_w ? 1 : 0);
+    const bool active = row < rows;
+    const uint4 *wr = (const uint4 *)(!active ? router : row < E ? router + (size_t)row * dim : sg_w);
+    uint4 wv[SM_U];
+    if (active && lane + 32 * (SM_U - 1) < nc)
+#pragma unroll
+        for (int u = 0; u < SM_U; u++) wv[u] = ld_stream_early(wr + lane + 32 * u);
+    kc_pdl_wait();
+    const float ss = nz.in_parts ? kc_parts_share(nz.in_parts, nz.in_n) : 0.f;
+    float acc[MOE_GEMV_MAX_N];
+    if (active) route_row_dots(wr, (const uint4 *)x, n, nc, lane, wv, acc);
+    const float scale = nz.in_parts ? kc_norm_rinv(ss, dim, nz.eps) : 1.f;
+    cg::cluster_group cl = cg::this_cluster();
+    float *lg0 = cl.map_shared_rank(s_lg, 0);
+    if (active) {
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAX_N; b++)
+            if (b < n) {
+                const float v = warp_sum(acc[b]) * scale;
+                if (lane == 0) {
+                    if (row < E) lg0[b * E + row] = v;
+                    else m.SG[b] = v;
+                }
+            }
+    }
+    cl.sync();  // release / acquire: block 0 sees every block's logits
+    if (cl.block_rank() != 0) return;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
+    __syncthreads();
+    if (warp < n) moe_route_token<true>(s_lg, pos, warp, E, K, norm, s_id, m.topk_w, s_cnt, counts, lane);
+    __syncthreads();
+    route_plan<EP>(n, E, K, s_id, s_cnt, s_off, m, e0, El);
 }
 
 // A row's first round of gate and up weights, as k_moe_small_gu's loops request them: SM_U
@@ -1292,6 +1369,38 @@ static bool plain_bf16(const kaon_linear *l, int64_t rows, int64_t cols) {
            !((uintptr_t)l->w.data & 15);
 }
 
+// Whether the routing takes k_moe_route_cluster (KAON_MOE_ROUTE_CLUSTER=1; not yet the default):
+// its blocks fit one cluster and this device can run such a cluster (checked once per device and
+// kernel: sizes over 8 need the non-portable attribute, set per device).
+#define RC_MAX_DEVICES 16
+static bool route_cluster_ok(kc_backend *b, int blocks, bool ep) {
+    static const bool on = kc_env_on("KAON_MOE_ROUTE_CLUSTER");
+    int dev = 0;
+    if (!on || blocks > RC_MAX_BLOCKS || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= RC_MAX_DEVICES)
+        return false;
+    static std::atomic<int> fits[RC_MAX_DEVICES][2][RC_MAX_BLOCKS + 1];  // 0 unknown, 1 yes, -1 no
+    std::atomic<int> &f = fits[dev][ep ? 1 : 0][blocks];
+    if (!f.load()) {
+        auto kern = ep ? k_moe_route_cluster<true> : k_moe_route_cluster<false>;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)blocks);
+        cfg.blockDim = dim3(SR_WARPS * 32);
+        cfg.stream = b->stream;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = (unsigned)blocks;
+        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        const bool yes = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+                         cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) == cudaSuccess && clusters > 0;
+        if (!yes) (void)cudaGetLastError();  // a refusal is an answer, not the step's error
+        f.store(yes ? 1 : -1);
+    }
+    return f.load() > 0;
+}
+
 // n <= MOE_GEMV_MAX_N (decode): three launches where the general path takes ten.
 //   k_moe_route_small: router (+ shared gate input) GEMV, routing and plan in its last block;
 //   k_moe_small_gu: gate/up of the active experts and of the shared expert;
@@ -1323,7 +1432,12 @@ static int moe_small(kc_backend *b, const bf16 *x, int n, const int32_t *dpos, c
     const dim3 rgrid((unsigned)((rows + SR_WARPS - 1) / SR_WARPS));
     cudaError_t st;
     const dim3 rblk(SR_WARPS * 32);
-    if (ds_route)
+    if (!ds_route && route_cluster_ok(b, (int)rgrid.x, ep))
+        st = ep ? kc_launch_cluster(b, k_moe_route_cluster<true>, rgrid, rblk, rgrid.x, 0, x, n, dim, router, E, sg_w,
+                                    dpos, K, norm, m, counts, e0, El, nz)
+                : kc_launch_cluster(b, k_moe_route_cluster<false>, rgrid, rblk, rgrid.x, 0, x, n, dim, router, E, sg_w,
+                                    dpos, K, norm, m, counts, 0, E, nz);
+    else if (ds_route)
         st = ep ? kc_launch(b, k_moe_route_small<true, true>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K, norm,
                             p, m, counts, e0, El, nz)
                 : kc_launch(b, k_moe_route_small<true, false>, rgrid, rblk, 0, x, n, dim, router, E, sg_w, dpos, K,

@@ -1,8 +1,9 @@
-# Session 62, call 3 (the session's last ~500 s of device time; from the repository root; carry
-# .debs, .whl). On an H200, issue 18's one-GPU points first (call1.sh's: NCCL world size 1, two
-# ranks on one device, run_all.sh tp, bench/multigpu.sh refusing one GPU); then on any GPU the
-# batch-1 MoE down kernel (bit-equal; Qwen3-30B-A3B with it, with it and its first round before the
-# wait, and without; the routing kernel's per-instruction stalls), each part skipped when the call has run too long for it.
+# Written in session 62 (no device came for it); the next session's first call (~470 s; from the
+# repository root; carry .debs, .whl). On an H200, issue 18's one-GPU points first (call1.sh's:
+# NCCL world size 1, two ranks on one device, run_all.sh tp, bench/multigpu.sh refusing one
+# GPU); then on any GPU the batch-1 MoE down kernel and the cluster routing (bit-equal;
+# Qwen3-30B-A3B with and without each; the routing kernel's per-instruction stalls). Each part is
+# skipped when the call has run too long for it (LIMIT seconds).
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 LIMIT=${LIMIT:-470}
@@ -21,17 +22,18 @@ if [[ $gpu == *H200* ]]; then
     timeout 30 bench/multigpu.sh 2 > /tmp/mg.txt 2>&1; echo "bench/multigpu.sh 2: rc=$? $(tail -1 /tmp/mg.txt)"
 fi
 if [ $(el) -lt $(( LIMIT - 60 )) ]; then
-    echo "== KAON_MOE_B1_DOWN / KAON_MOE_DOWN_EARLY bit-equal ($(el) s in)"
-    timeout $(( LIMIT - $(el) > 120 ? 120 : LIMIT - $(el) )) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
-        -k "b1_down or down_early" 2>&1 | grep -E "us/call|passed|failed|Error|assert" | cut -c1-200 | tail -12
+    echo "== KAON_MOE_B1_DOWN / KAON_MOE_DOWN_EARLY / KAON_MOE_ROUTE_CLUSTER bit-equal ($(el) s in)"
+    timeout $(( LIMIT - $(el) > 150 ? 150 : LIMIT - $(el) )) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
+        -k "b1_down or down_early or route_cluster" 2>&1 | grep -E "us/call|passed|failed|Error|assert" | cut -c1-200 | tail -20
 fi
 C=bench/configs/Qwen__Qwen3-30B-A3B.json
-# B1_DOWN,DOWN_EARLY switches: both on, off, the b1 kernel alone, then again.
-for sw in 11 00 10 11 00 10; do
+# Switch sets (B1_DOWN DOWN_EARLY ROUTE_CLUSTER): all on, off, the down kernel alone, the cluster
+# routing alone; twice.
+for sw in 111 000 100 001 111 000 100 001; do
     [ $(el) -lt $(( LIMIT - 45 )) ] || break
-    echo -n "Qwen3-30B-A3B b1 KAON_MOE_B1_DOWN=${sw:0:1} KAON_MOE_DOWN_EARLY=${sw:1:1} ($(el) s in): "
-    KAON_MOE_B1_DOWN=${sw:0:1} KAON_MOE_DOWN_EARLY=${sw:1:1} timeout 40 python3 bench/gpu_decode.py --config $C \
-        --tokens 256 --kaon build-gpu/kaon 2>&1 | grep -E "^decode" | tail -1 | cut -c1-100
+    echo -n "Qwen3-30B-A3B b1 B1_DOWN=${sw:0:1} DOWN_EARLY=${sw:1:1} ROUTE_CLUSTER=${sw:2:1} ($(el) s in): "
+    KAON_MOE_B1_DOWN=${sw:0:1} KAON_MOE_DOWN_EARLY=${sw:1:1} KAON_MOE_ROUTE_CLUSTER=${sw:2:1} timeout 40 \
+        python3 bench/gpu_decode.py --config $C --tokens 256 --kaon build-gpu/kaon 2>&1 | grep -E "^decode" | tail -1 | cut -c1-100
 done
 if [ $(el) -lt $(( LIMIT - 50 )) ]; then
     echo "== ncu: k_moe_route_small per instruction ($(el) s in)"
@@ -45,8 +47,8 @@ import json; c = json.load(open('$C')); c['num_hidden_layers'] = 2; json.dump(c,
     echo "ncu rc=$? $(wc -l < $OUT/route_sass.csv) lines"; tail -2 /tmp/ncu.err
 fi
 if [ $(el) -lt $(( LIMIT - 40 )) ]; then
-    echo "== trace, KAON_PDL=0, KAON_MOE_B1_DOWN=1 ($(el) s in)"
-    KAON_MOE_B1_DOWN=1 KAON_PDL=0 timeout 35 bash tests/gpu/trace_decode.sh $C 0 32 1 16 | grep -v "^run rc" | head -8 | cut -c1-110
+    echo "== trace, KAON_PDL=0, the three switches on ($(el) s in)"
+    KAON_MOE_B1_DOWN=1 KAON_MOE_DOWN_EARLY=1 KAON_MOE_ROUTE_CLUSTER=1 KAON_PDL=0 timeout 35 bash tests/gpu/trace_decode.sh $C 0 32 1 16 | grep -v "^run rc" | head -8 | cut -c1-110
 fi
 echo "done in $(el) s"
 find $OUT -type f ! -name "trace_*.txt" ! -name "route_sass.csv" -delete
