@@ -235,24 +235,7 @@ static __device__ __forceinline__ float dot8(const uint4 &a, const uint4 &b, flo
     return s;
 }
 
-template <typename... KArgs, typename... Args>
-static inline cudaError_t kc_launch(kc_backend *b, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                    size_t smem, Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = b->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = b->pdl ? 1 : 0;
-    b->n_launch++;
-    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
-}
-
-// kc_launch for a grid of thread-block clusters of cluster_x blocks along x.
+// kc_launch for a grid of thread-block clusters of cluster_x blocks along x (0: no clusters).
 template <typename... KArgs, typename... Args>
 static inline cudaError_t kc_launch_cluster(kc_backend *b, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                             unsigned cluster_x, size_t smem, Args... args) {
@@ -262,16 +245,27 @@ static inline cudaError_t kc_launch_cluster(kc_backend *b, void (*kernel)(KArgs.
     cfg.dynamicSmemBytes = smem;
     cfg.stream = b->stream;
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster_x;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    unsigned na = 0;
+    if (b->pdl) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = cluster_x;
+        attr[na].val.clusterDim.y = 1;
+        attr[na++].val.clusterDim.z = 1;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = b->pdl ? 2 : 1;
+    cfg.numAttrs = na;
     b->n_launch++;
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kc_launch(kc_backend *b, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                    size_t smem, Args... args) {
+    return kc_launch_cluster(b, kernel, grid, block, 0, smem, args...);
 }
 
 // Records the first error (later ones are dropped) and returns -1.
