@@ -26,6 +26,11 @@ if [ $(el) -lt $(( LIMIT - 60 )) ]; then
     timeout $(( LIMIT - $(el) > 150 ? 150 : LIMIT - $(el) )) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py -s \
         -k "b1_down or down_early or route_cluster" 2>&1 | grep -E "us/call|passed|failed|Error|assert" | cut -c1-200 | tail -20
 fi
+if [ $(el) -lt $(( LIMIT - 150 )) ]; then
+    echo "== the batch-1 down kernel's residual form (KAON_MOE_NORM_FUSE=1) vs transformers ($(el) s in)"
+    KAON_MOE_B1_DOWN=1 KAON_MOE_NORM_FUSE=1 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py \
+        -k "norm_fused" 2>&1 | grep -E "passed|failed|Error|assert" | cut -c1-200 | tail -3
+fi
 C=bench/configs/Qwen__Qwen3-30B-A3B.json
 # Switch sets (B1_DOWN DOWN_EARLY ROUTE_CLUSTER): all on, off, the down kernel alone, the cluster
 # routing alone; twice.
