@@ -178,6 +178,7 @@ B1_CASES = [
     ("b1-e64-top6-ffn2048-shared", 1, 1024, 64, 6, 2048, 2048, 0, None),  # V3's widths: rounds of 3 + shared
     ("b1-e32-top8-ffn1536-ep", 1, 512, 32, 8, 1536, 0, 0, (8, 20)),   # expert parallel: local tasks only
     ("b1-e16-top4-ffn512-pad", 1, 512, 16, 4, 512, 0, 1, None),       # padding: zeros
+    ("b1-e16-top4-ffn256-shared", 1, 512, 16, 4, 256, 256, 0, None),  # one chunk a lane, shared + gate
 ]
 
 
@@ -694,7 +695,8 @@ def test_moe_norm_fused_vs_transformers(tmp_path, name):
                                                                dict(env, KAON_MOE_NORM_FUSE="1")))
     apart, ka = kernel_names(tmp_path, lambda env: kaon_logits(folder, "cuda", 1, ids, V, tmp_path,
                                                                dict(env, KAON_MOE_NORM_FUSE="0")))
-    res = lambda ks: any(k.startswith("void k_moe_small_down<") and ", true>(" in k for k in ks)
+    res = lambda ks: any(k.startswith(("void k_moe_small_down<", "void k_moe_small_down_b1<")) and ", true>(" in k
+                         for k in ks)
     assert res(kf), sorted(kf)
     assert not res(ka), sorted(ka)
     e_f, e_a = rel(fused, ref32), rel(apart, ref32)

@@ -860,7 +860,7 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     if (threadIdx.x == 0) nz.parts[blockIdx.x] = v;
 }
 
-// Batch 1 (n == 1), ffn = 256 * CPL: k_moe_small_down's work with one warp per output row, which
+// Batch 1 (n == 1), ffn = 256 * CPL (1, 2, 3, 4, 6, 8): k_moe_small_down's work with one warp per output row, which
 // requests the row's chunks of several tasks at once (TPR tasks x CPL chunks a lane, <= 24
 // loads in flight): Qwen3-30B-A3B's 8 experts x 768 in one round trip and one wave of blocks,
 // where k_moe_small_down's warps take two tasks one after the other in two waves (ncu: 1.1 of
@@ -978,7 +978,7 @@ static int b1_down_cpl(int n, int F, int SF, bool fuse_shared) {
     static const bool on = kc_env_on("KAON_MOE_B1_DOWN");
     if (!on || n != 1 || F % 256 || (fuse_shared && SF != F)) return 0;
     const int cpl = F / 256;
-    return cpl == 2 || cpl == 3 || cpl == 4 || cpl == 6 || cpl == 8 ? cpl : 0;
+    return (cpl >= 1 && cpl <= 4) || cpl == 6 || cpl == 8 ? cpl : 0;
 }
 
 // Output rows per block of the small path's down kernel (the split norm's parts are per block).
@@ -993,12 +993,12 @@ typedef void (*DownB1)(const bf16 *, int, int, MoeW, const bf16 *, const bf16 *,
 static cudaError_t launch_down_b1(kc_backend *b, int cpl, int dim, int F, const MoeW &mw, const bf16 *sdown,
                                   const bf16 *YS, const float *SG, int K, const MoeBufs &m, int E, bf16 *out,
                                   const MoeNorm &nz, int early) {
-    static const DownB1 kern[2][5] = {
-        {k_moe_small_down_b1<2, false>, k_moe_small_down_b1<3, false>, k_moe_small_down_b1<4, false>,
-         k_moe_small_down_b1<6, false>, k_moe_small_down_b1<8, false>},
-        {k_moe_small_down_b1<2, true>, k_moe_small_down_b1<3, true>, k_moe_small_down_b1<4, true>,
-         k_moe_small_down_b1<6, true>, k_moe_small_down_b1<8, true>}};
-    const int i = cpl == 2 ? 0 : cpl == 3 ? 1 : cpl == 4 ? 2 : cpl == 6 ? 3 : 4;
+    static const DownB1 kern[2][6] = {
+        {k_moe_small_down_b1<1, false>, k_moe_small_down_b1<2, false>, k_moe_small_down_b1<3, false>,
+         k_moe_small_down_b1<4, false>, k_moe_small_down_b1<6, false>, k_moe_small_down_b1<8, false>},
+        {k_moe_small_down_b1<1, true>, k_moe_small_down_b1<2, true>, k_moe_small_down_b1<3, true>,
+         k_moe_small_down_b1<4, true>, k_moe_small_down_b1<6, true>, k_moe_small_down_b1<8, true>}};
+    const int i = cpl <= 4 ? cpl - 1 : cpl == 6 ? 4 : 5;
     const dim3 grid((unsigned)((dim + GEMV_WARPS - 1) / GEMV_WARPS)), blk(GEMV_WARPS * 32);
     return kc_launch(b, kern[nz.res ? 1 : 0][i], grid, blk, 0, m.H, dim, F, mw, sdown, m.HS, YS, SG, K, m.active, E,
                      m.inv, m.topk_w, out, nz, early);
