@@ -860,9 +860,9 @@ k_moe_small_down(const bf16 *__restrict__ H, int n, int dim, int F, MoeW w, cons
     if (threadIdx.x == 0) nz.parts[blockIdx.x] = v;
 }
 
-// Batch 1 (n == 1), ffn = 256 * CPL (1, 2, 3, 4, 6, 8): k_moe_small_down's work with one warp per output row, which
-// requests the row's chunks of several tasks at once (TPR tasks x CPL chunks a lane, <= 24
-// loads in flight): Qwen3-30B-A3B's 8 experts x 768 in one round trip and one wave of blocks,
+// Batch 1 (n == 1), ffn = 256 * CPL (1, 2, 3, 4, 6, 8): k_moe_small_down's work with one warp
+// per output row, which requests the row's chunks of several tasks at once (TPR tasks x CPL
+// chunks a lane, <= 24 loads in flight): Qwen3-30B-A3B's 8 experts x 768 in one round trip and one wave of blocks,
 // where k_moe_small_down's warps take two tasks one after the other in two waves (ncu: 1.1 of
 // 3.35 TB/s). Tasks: the shared expert's row when sdown is given (SF == F), then the active
 // experts in plan order (slot i of the one token is active expert i). The first round's weights
